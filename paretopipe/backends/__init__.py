@@ -1,0 +1,1 @@
+"""Pipeline backends: ``tcp`` (raw sockets, binary frames) and ``rpc`` (torch.distributed.rpc)."""

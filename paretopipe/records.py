@@ -1,0 +1,225 @@
+"""Run records: per-batch records, run manifest, summaries, and atomic JSON/CSV writing.
+
+Latency is always a difference of two readings of ONE monotonic clock (the source's); per-stage
+times are durations measured by the node that did the work. Throughput is completed items over
+the measured window. See docs/records.md for every field and its unit.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+SCHEMA_FILE = Path(__file__).with_name("run.schema.json")
+BOOTSTRAP_RESAMPLES = 2000
+
+# Per-batch duration fields subtracted from latency to get the transfer time.
+WORK_FIELDS = ("stage1_compute_s", "stage1_encode_s", "stage2_decode_s", "stage2_queue_s",
+               "stage2_compute_s", "stage2_encode_s", "result_decode_s")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_run_id(model: str, split: str) -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{model}-{split}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write via a temp file in the same folder + fsync + rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=1, sort_keys=False, allow_nan=False,
+                                              default=_json_default) + "\n")
+
+
+def atomic_write_csv(path: str | os.PathLike, rows: Sequence[dict[str, Any]],
+                     fields: Sequence[str] | None = None) -> Path:
+    fields = list(fields or _union_keys(rows))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
+    return atomic_write_text(path, buf.getvalue())
+
+
+def _union_keys(rows: Iterable[dict[str, Any]]) -> list[str]:
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row))
+    return list(keys)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def node_manifest(device: str = "cpu", threads: int | None = None, **extra: Any) -> dict[str, Any]:
+    """What this node is: host, CPU, versions, git commit, device, threads."""
+    import torch
+
+    try:
+        import torchvision
+
+        tv = torchvision.__version__
+    except Exception:
+        tv = None
+    gpu = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(torch.device(device))
+    out = {"hostname": socket.gethostname(), "platform": platform.platform(),
+           "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+           "python": platform.python_version(), "torch": torch.__version__, "torchvision": tv,
+           "numpy": np.__version__, "git_commit": _git_commit(), "device": device, "gpu_name": gpu,
+           "torch_threads": threads if threads is not None else torch.get_num_threads(),
+           "pid": os.getpid()}
+    out.update(extra)
+    return out
+
+
+# -- statistics ----------------------------------------------------------------------------------
+def _percentile(xs: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if len(xs) else None
+
+
+def bootstrap_ci(xs: Sequence[float], stat=np.median, seed: int = 0,
+                 resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float | None, float | None]:
+    """95% percentile-bootstrap CI of ``stat`` (seeded, so reproducible)."""
+    arr = np.asarray([x for x in xs if x is not None], dtype=float)
+    if arr.size == 0:
+        return None, None
+    if arr.size == 1:
+        return float(arr[0]), float(arr[0])
+    rng = np.random.default_rng(seed)
+    samples = stat(arr[rng.integers(0, arr.size, size=(resamples, arr.size))], axis=1)
+    return float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5))
+
+
+def describe(xs: Sequence[float], prefix: str, unit: str = "s") -> dict[str, float | None]:
+    xs = [x for x in xs if x is not None]
+    lo, hi = bootstrap_ci(xs)
+    return {f"{prefix}_mean_{unit}": statistics.fmean(xs) if xs else None,
+            f"{prefix}_median_{unit}": _percentile(xs, 50),
+            f"{prefix}_p95_{unit}": _percentile(xs, 95),
+            f"{prefix}_p99_{unit}": _percentile(xs, 99),
+            f"{prefix}_median_ci95_low_{unit}": lo,
+            f"{prefix}_median_ci95_high_{unit}": hi}
+
+
+def _median(batches: list[dict], key: str) -> float | None:
+    xs = [b[key] for b in batches if b.get(key) is not None]
+    return float(np.median(xs)) if xs else None
+
+
+def transfer_time(batch: dict[str, Any]) -> float | None:
+    """Latency minus every measured compute, codec and queue part: time on the network."""
+    if batch.get("latency_s") is None:
+        return None
+    return batch["latency_s"] - sum(batch.get(k) or 0.0 for k in WORK_FIELDS)
+
+
+def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, Any]:
+    """Summary over the measured (non-warm-up) batches that completed."""
+    measured = [b for b in batches if not b.get("warmup") and b.get("latency_s") is not None]
+    warm = [b for b in batches if b.get("warmup") and b.get("end_s") is not None]
+    out: dict[str, Any] = {"batches_measured": len(measured), "batches_warmup": len(warm),
+                           "images_measured": len(measured) * batch_size}
+    out.update(describe([b["latency_s"] for b in measured], "latency"))
+    # Steady-state throughput: items completed in the window after warm-up, over that window.
+    throughput = window = None
+    if measured:
+        begin = max(b["end_s"] for b in warm) if warm else min(b["start_s"] for b in measured)
+        window = max(b["end_s"] for b in measured) - begin
+        if window > 0:
+            throughput = len(measured) * batch_size / window
+    out["measured_window_s"] = window
+    out["throughput_imgs_per_s"] = throughput
+    for key in WORK_FIELDS + ("stage1_send_s",):
+        out[key[:-2] + "_median_s"] = _median(measured, key)
+    transfers = [transfer_time(b) for b in measured]
+    out.update(describe(transfers, "transfer"))
+    payload = [b["payload_bytes"] for b in measured if b.get("payload_bytes") is not None]
+    wire = [b["wire_bytes"] for b in measured if b.get("wire_bytes") is not None]
+    result = [b["result_wire_bytes"] for b in measured if b.get("result_wire_bytes") is not None]
+    out["payload_bytes_mean"] = statistics.fmean(payload) if payload else None
+    out["wire_bytes_mean"] = statistics.fmean(wire) if wire else None
+    out["result_wire_bytes_mean"] = statistics.fmean(result) if result else None
+    total_bits = 8 * (sum(wire) + sum(result))
+    total_transfer = sum(t for t in transfers if t is not None)
+    out["goodput_mbit_per_s"] = total_bits / total_transfer / 1e6 if total_transfer > 0 and wire else None
+    return out
+
+
+def build_run_record(*, backend: str, run_id: str, status: str, error: str | None,
+                     config: dict[str, Any], manifest: dict[str, Any],
+                     batches: Sequence[dict[str, Any]], sysmon: dict[str, Any],
+                     timing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one JSON document per run (schema in run.schema.json, fields in docs/records.md)."""
+    return {"schema_version": SCHEMA_VERSION, "backend": backend, "run_id": run_id,
+            "status": status, "error": error, "created_utc": utc_now(), "config": config,
+            "manifest": manifest, "timing": timing or {}, "batches": list(batches),
+            "sysmon": sysmon, "summary": summarize(batches, int(config["batch_size"]))}
+
+
+def load_schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_FILE.read_text())
