@@ -37,3 +37,21 @@ def root() -> Path:
 
 def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans():
+    """Whatever a test started is killed afterwards, pass or fail: no orphan ever eats the CPU."""
+    yield
+    import signal
+
+    from tcp_helpers import STARTED
+
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)

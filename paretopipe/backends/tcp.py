@@ -297,6 +297,7 @@ def run_stage1(listener: socket.socket, builder: StageBuilder, cfg: RunConfig, *
         "run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
         "return_link": profile.to_dict() if link is not None else None})
     run = _Stage1Run(conn, builder, cfg, link, keep_outputs, max_payload)
+    log.info("stage 1: peer %s passed the handshake; run %s started", hello.get("model"), run_id)
     status, error, failure = "complete", None, None
     started = time.monotonic()
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
