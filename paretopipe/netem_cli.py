@@ -1,0 +1,120 @@
+"""``network_delay.py``: apply, clear, show and measure network conditions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import time
+from typing import Sequence
+
+from . import linkprobe, netem, records
+from .cli import HelpFormatter, add_common_flags, example_epilog, setup_logging
+from .link import get_profile, load_profiles
+
+log = logging.getLogger("paretopipe.netem")
+
+
+def _target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dev", required=True, help="interface to shape, e.g. eth0, wlan0")
+    p.add_argument("--ssh", default=None, help="user@host: run the tc commands on that peer (key-based SSH)")
+    p.add_argument("--ssh-key", default=None, help="private key for --ssh (default: ssh's own)")
+    p.add_argument("--sudo", action="store_true", help="prefix commands with sudo -n (for a non-root SSH user)")
+    p.add_argument("--netns", default=None, help="run inside this network namespace (the lab's pp-edge / pp-server)")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="network_delay.py", formatter_class=HelpFormatter,
+        description="Apply tc netem/tbf network profiles (delay, jitter, loss and rate together), clear "
+                    "them, show what the kernel has, and measure a link for real.",
+        epilog=example_epilog(
+            "sudo python network_delay.py apply --profile lte --dev eth0",
+            "sudo python network_delay.py apply --delay 50ms --jitter 5ms --rate 10mbit --dev eth0 --port 5555 --ingress",
+            "python network_delay.py apply --profile 3g --dev eth0 --dry-run",
+            "sudo python network_delay.py clear --dev eth0",
+            "python network_delay.py show --dev eth0",
+            "python network_delay.py serve --port 5201      # on the peer",
+            "python network_delay.py measure --host 192.168.1.20 --port 5201 --out link.json",
+            "python network_delay.py profiles"))
+    sub = top.add_subparsers(dest="cmd", required=True)
+    ap = sub.add_parser("apply", help="apply a profile (idempotent)", formatter_class=HelpFormatter)
+    ap.add_argument("--profile", default=None, help="name from netem/profiles.toml")
+    ap.add_argument("--profiles-file", default=None)
+    for key, example in (("delay", "50ms"), ("jitter", "5ms"), ("loss", "1%"), ("rate", "10mbit")):
+        ap.add_argument(f"--{key}", default=None, help=f"ad-hoc {key} (e.g. {example}); overrides the profile")
+    ap.add_argument("--distribution", default=None, help="jitter distribution: normal, pareto, paretonormal, uniform")
+    ap.add_argument("--ingress", action="store_true", help="shape incoming traffic too (through an ifb device)")
+    ap.add_argument("--port", type=int, default=None, help="shape only TCP traffic to/from this port (SSH stays untouched)")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, change nothing (no root needed)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="hold the profile this many seconds (or until Ctrl-C), then clear it")
+    _target(ap)
+    cl = sub.add_parser("clear", help="remove everything apply added (no-op on a clean interface)")
+    cl.add_argument("--dry-run", action="store_true")
+    _target(cl)
+    sh = sub.add_parser("show", help="the qdiscs as the kernel reports them")
+    sh.add_argument("--json", action="store_true")
+    _target(sh)
+    me = sub.add_parser("measure", help="RTT and goodput to a 'serve' peer, written as JSON")
+    me.add_argument("--host", required=True)
+    me.add_argument("--port", type=int, default=5201)
+    me.add_argument("--samples", type=int, default=20, help="TCP round trips for the RTT")
+    me.add_argument("--bytes", type=int, default=2_000_000, help="bytes per bulk transfer, each way")
+    me.add_argument("--out", default=None, help="JSON file (default: print)")
+    se = sub.add_parser("serve", help="answer measure clients until Ctrl-C")
+    se.add_argument("--host", default="0.0.0.0")
+    se.add_argument("--port", type=int, default=5201)
+    sub.add_parser("profiles", help="list the known profiles")
+    for p in sub.choices.values():
+        add_common_flags(p)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    if args.cmd == "profiles":
+        for prof in load_profiles().values():
+            print(f"{prof.describe():<60} {prof.comment}")
+        return 0
+    if args.cmd == "serve":
+        print(f"serving measure clients on {args.host}:{args.port} (Ctrl-C to stop)", flush=True)
+        linkprobe.serve(args.host, args.port)
+        return 0
+    if args.cmd == "measure":
+        result = linkprobe.measure(args.host, args.port, args.samples, args.bytes)
+        if args.out:
+            records.atomic_write_json(args.out, result)
+        print(json.dumps(result, indent=1))
+        return 0
+    runner = netem.Runner(args.ssh, args.ssh_key, args.sudo, args.netns)
+    if args.cmd == "show":
+        qdiscs = netem.show(args.dev, runner)
+        print(json.dumps(qdiscs, indent=1) if args.json else netem.format_show(qdiscs))
+        return 0
+    if args.cmd == "clear":
+        if args.dry_run:
+            print("\n".join(map(str, netem.clear_commands(args.dev))))
+            return 0
+        netem.clear(args.dev, runner=runner)
+        print(f"cleared {args.dev}")
+        return 0
+    profile = get_profile(args.profile, args.profiles_file, delay=args.delay, jitter=args.jitter,
+                          loss=args.loss, rate=args.rate, distribution=args.distribution)
+    if args.dry_run:
+        print(f"# {profile.describe()}")
+        print("\n".join(map(str, netem.apply_commands(profile, args.dev, args.ingress, args.port))))
+        return 0
+    if args.duration is None:
+        netem.apply(profile, args.dev, args.ingress, args.port, runner)
+        print(f"applied {profile.describe()} on {args.dev}; now on the link:")
+        print(netem.format_show(netem.show(args.dev, runner)))
+        print(f"remove with: network_delay.py clear --dev {args.dev}")
+        return 0
+    with netem.applied(profile, args.dev, args.ingress, args.port, runner):
+        print(f"applied {profile.describe()} on {args.dev} for {args.duration:g}s (Ctrl-C clears it early)", flush=True)
+        time.sleep(args.duration)
+    print(f"cleared {args.dev}")
+    return 0
