@@ -41,6 +41,9 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
             raise
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. piped into head: not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 def example_epilog(*lines: str) -> str:
