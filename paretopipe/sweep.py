@@ -503,15 +503,15 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         entry = dict(zip(GROUP, key))
         entry["cut"] = members[0]["cut"]
         entry["runs"] = len(members)
-        for metric in ("latency_median_s", "throughput_imgs_per_s"):
+        # Over runs: median, p95 and a bootstrap 95% CI of the median (units end each name).
+        for metric, stem, unit in (("latency_median_s", "latency_median", "_s"),
+                                   ("throughput_imgs_per_s", "throughput", "_imgs_per_s")):
             xs = [m[metric] for m in members if m.get(metric) is not None]
-            base = metric[:-2] if metric.endswith("_s") else metric
-            unit = "_s" if metric.endswith("_s") else ""
             lo, hi = _ci(xs)
             entry[metric] = float(np.median(xs)) if xs else None
-            entry[f"{base}_p95{unit}"] = float(np.percentile(xs, 95)) if xs else None
-            entry[f"{base}_ci95_low{unit}"] = lo
-            entry[f"{base}_ci95_high{unit}"] = hi
+            entry[f"{stem}_p95{unit}"] = float(np.percentile(xs, 95)) if xs else None
+            entry[f"{stem}_ci95_low{unit}"] = lo
+            entry[f"{stem}_ci95_high{unit}"] = hi
         for metric in ("latency_p95_s", "transfer_median_s", "stage1_compute_median_s", "stage2_compute_median_s",
                        "goodput_mbit_per_s"):
             xs = [m[metric] for m in members if m.get(metric) is not None]
