@@ -1,0 +1,102 @@
+"""partition.sh against a real sshd on 127.0.0.1 with a throwaway key pair; both hosts are 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import PYTHON, ROOT, is_root
+from tcp_helpers import free_port
+
+
+def test_partition_sh_is_shellcheck_clean():
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (make test installs it as root)")
+    for script in ("partition.sh", "netem/lab.sh", "scripts/install_sysdeps.sh"):
+        out = subprocess.run(["shellcheck", str(ROOT / script)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout
+
+
+def test_partition_sh_needs_hosts(tmp_path):
+    out = subprocess.run(["bash", "partition.sh", "--env-file", str(tmp_path / "none")], cwd=ROOT,
+                         capture_output=True, text=True, env={k: v for k, v in os.environ.items()
+                                                              if k not in ("PI1_IP", "PI2_IP", "GPU_IP")})
+    assert out.returncode == 2 and "set PI1_IP and PI2_IP" in out.stderr
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    sshd_bin = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(sshd_bin) or shutil.which("ssh-keygen") is None:
+        pytest.skip("openssh-server not installed (make test installs it as root)")
+    if not is_root():
+        pytest.skip("a throwaway sshd logging in as this user needs root here")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("host", "client"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True)
+    (keys / "authorized_keys").write_text((keys / "client.pub").read_text())
+    os.makedirs("/run/sshd", exist_ok=True)
+    port = free_port()
+    config = tmp_path / "sshd_config"
+    config.write_text(f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {keys / 'host'}
+AuthorizedKeysFile {keys / 'authorized_keys'}
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+PidFile {tmp_path / 'sshd.pid'}
+""")
+    proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    import socket
+
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.skip(f"sshd did not start: {proc.stderr.read()[-300:]}")
+            time.sleep(0.2)
+    yield port, keys / "client", tmp_path / "known_hosts"
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_partition_sh_over_real_ssh(sshd, tmp_path):
+    port, key, known = sshd
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"""PI1_IP=127.0.0.1
+PI2_IP=127.0.0.1
+SSH_USER={os.environ.get('USER') or 'root'}
+SSH_KEY={key}
+SSH_PORT={port}
+SSH_KNOWN_HOSTS={known}
+REMOTE_DIR={ROOT}
+REMOTE_PYTHON={PYTHON}
+PORT={free_port()}
+""")
+    out_dir = tmp_path / "results"
+    proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), "--model", "resnet18",
+                           "--batch-size", "1", "--num-batches", "2", "--warmup", "1", "--out", str(out_dir),
+                           "0", "4"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = sorted(out_dir.glob("*.json"))
+    assert len(runs) == 2
+    recs = [json.loads(p.read_text()) for p in runs]
+    assert sorted(r["config"]["split_index"] for r in recs) == [0, 4]
+    assert all(r["status"] == "complete" for r in recs)
+    # Nothing left running: the stages it started are gone.
+    left = subprocess.run(["pgrep", "-f", f"partition[12].py.*--port {env_file.read_text().split('PORT=')[-1].strip()}"],
+                          capture_output=True, text=True)
+    assert left.stdout.strip() == ""
