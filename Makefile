@@ -25,7 +25,8 @@ test: venv sysdeps
 	$(PY) -m pytest -q
 
 demo: venv
-	$(PY) -m paretopipe.split --model mobilenetv2 --list
+	$(PY) automated_split_tester.py --model mobilenetv2 --splits all --runs 2 --profiles lan,wifi,lte \
+	  --batch-size 1 --num-batches 6 --warmup 2 --in-flight 4 --out results
 
 bench: venv
 	$(PY) benchmarks/run_all.py

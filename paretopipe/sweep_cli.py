@@ -107,6 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.cleanup:
         for path in (out / "runs").glob("*.json"):
             path.unlink()
+    if opts.report and (out / "report" / "pareto.csv").is_file():
+        import pandas as pd
+
+        from .report import format_front_table
+
+        print("Pareto-optimal splits (latency_s: median per batch; throughput in images/s):")
+        print(format_front_table(pd.read_csv(out / "report" / "pareto.csv")))
     print(f"sweep done: {out} (runs.csv, summary.csv, failures.csv, session.json"
           + (", report/" if opts.report else "") + ")")
     return 0

@@ -180,3 +180,18 @@ def test_latency_is_clock_skew_proof(tmp_path):
     # ...and the latency, read on stage 1's clock only, did not notice.
     ratio = skewed["summary"]["latency_median_s"] / plain["summary"]["latency_median_s"]
     assert 0.5 < ratio < 2.0
+
+
+def test_atomic_write_leaves_an_ordinary_file_and_no_temp(tmp_path):
+    import os
+
+    path = records.atomic_write_json(tmp_path / "a" / "r.json", {"x": 1})
+    assert json.loads(path.read_text()) == {"x": 1}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+    with pytest.raises(TypeError):
+        records.atomic_write_json(path, {"bad": object()})
+    assert json.loads(path.read_text()) == {"x": 1}  # a failed write leaves the old file intact
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
