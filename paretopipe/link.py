@@ -168,6 +168,48 @@ class EmulatedLink:
                 "note": "in-process emulation at the sender (serialisation at rate, FIFO, then delay)"}
 
 
+class LinkSender:
+    """Runs send actions in FIFO order on a thread, each when the link says its bytes have arrived.
+
+    Without a link each action runs as soon as the previous one finished. Errors are kept in
+    ``error`` for the owner to raise; later actions are dropped.
+    """
+
+    def __init__(self, link: "EmulatedLink | None", name: str) -> None:
+        import queue
+
+        self.link = link
+        self.error: BaseException | None = None
+        self._q: "queue.Queue" = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, nbytes: int, action, on_sent=None) -> None:
+        if self.error is not None:
+            raise self.error
+        self._q.put((nbytes, action, time.monotonic(), on_sent))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            nbytes, action, submitted, on_sent = item
+            try:
+                if self.link is not None:
+                    sleep_until(self.link.schedule(nbytes, now=submitted))
+                action()
+                if on_sent is not None:
+                    on_sent(time.monotonic() - submitted)
+            except BaseException as exc:  # reported to the owner, which ends the run
+                self.error = exc
+                return
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._q.put(None)
+        self._thread.join(timeout)
+
+
 def sleep_until(deadline: float) -> None:
     """Sleep to a monotonic deadline; the last millisecond spins for accuracy."""
     while True:

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -27,9 +28,15 @@ SCHEMA_VERSION = 1
 SCHEMA_FILE = Path(__file__).with_name("run.schema.json")
 BOOTSTRAP_RESAMPLES = 2000
 
-# Per-batch duration fields subtracted from latency to get the transfer time.
+# Per-batch duration fields subtracted from latency to get the transfer time: every stage's
+# compute, codec and queue parts (any number of stages), and decoding the result.
 WORK_FIELDS = ("stage1_compute_s", "stage1_encode_s", "stage2_decode_s", "stage2_queue_s",
                "stage2_compute_s", "stage2_encode_s", "result_decode_s")
+_WORK = re.compile(r"^(stage\d+_(compute|encode|decode|queue)_s|result_decode_s)$")
+
+
+def work_fields(batch: dict[str, Any]) -> list[str]:
+    return [k for k in batch if _WORK.match(k)]
 
 
 def utc_now() -> str:
@@ -178,7 +185,7 @@ def transfer_time(batch: dict[str, Any]) -> float | None:
     """Latency minus every measured compute, codec and queue part: time on the network."""
     if batch.get("latency_s") is None:
         return None
-    return batch["latency_s"] - sum(batch.get(k) or 0.0 for k in WORK_FIELDS)
+    return batch["latency_s"] - sum(batch.get(k) or 0.0 for k in work_fields(batch))
 
 
 def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, Any]:
@@ -197,7 +204,10 @@ def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, A
             throughput = len(measured) * batch_size / window
     out["measured_window_s"] = window
     out["throughput_imgs_per_s"] = throughput
-    for key in WORK_FIELDS + ("stage1_send_s",):
+    keys = dict.fromkeys(WORK_FIELDS + ("stage1_send_s",))
+    for b in measured:
+        keys.update(dict.fromkeys(work_fields(b)))
+    for key in keys:
         out[key[:-2] + "_median_s"] = _median(measured, key)
     transfers = [transfer_time(b) for b in measured]
     out.update(describe(transfers, "transfer"))

@@ -236,6 +236,7 @@ class Sweeper:
         self.dir = self._session_dir()
         self.workers: dict[str, Worker] = {}
         self.failures: list[dict[str, Any]] = []
+        self._rows: dict[str, tuple[int, dict[str, Any]]] = {}
 
     # -- layout --------------------------------------------------------------------------------
     def _session_dir(self) -> Path:
@@ -451,9 +452,19 @@ class Sweeper:
 
     # -- consolidation -------------------------------------------------------------------------
     def consolidate(self, session: dict[str, Any], started: float, measured_s: float, partial: bool) -> None:
-        rows = [run_row(json.loads(p.read_text()), p) for p in sorted((self.dir / "runs").glob("*.json"))]
+        """runs.csv and session.json after every run; summary.csv (bootstrap CIs) at the end.
+
+        The run JSONs are the source of truth, so a killed sweep loses nothing a later
+        consolidation cannot rebuild. Parsed rows are cached: each run JSON is read once.
+        """
+        for path in (self.dir / "runs").glob("*.json"):
+            stamp = path.stat().st_mtime_ns
+            if self._rows.get(path.name, (None,))[0] != stamp:
+                self._rows[path.name] = (stamp, run_row(json.loads(path.read_text()), path))
+        rows = [row for _, (_, row) in sorted(self._rows.items())]
         records.atomic_write_csv(self.dir / "runs.csv", rows, RUN_FIELDS)
-        records.atomic_write_csv(self.dir / "summary.csv", summarize_runs(rows))
+        if not partial:
+            records.atomic_write_csv(self.dir / "summary.csv", summarize_runs(rows))
         records.atomic_write_csv(self.dir / "failures.csv", self.failures,
                                  ["run_key", "attempt", "error", "time_utc"])
         wall = time.monotonic() - started

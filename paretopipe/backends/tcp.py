@@ -22,7 +22,7 @@ import torch
 
 from .. import data, records, wire
 from ..errors import ParetoPipeError, PeerError, UsageError, WireError
-from ..link import EmulatedLink, Profile, sleep_until
+from ..link import EmulatedLink, LinkSender, Profile
 from ..sysmon import SystemMonitor
 from .common import RunConfig, StageBuilder, StageTimer
 
@@ -40,42 +40,16 @@ class RunOutcome:
     outputs: list[torch.Tensor] | None = None
 
 
-class FrameSender:
+class FrameSender(LinkSender):
     """Sends frames in FIFO order from a thread; with an emulated link, each frame is written
     when the link says it has fully arrived, so concurrent frames share the link's rate."""
 
     def __init__(self, sock: socket.socket, link: EmulatedLink | None, name: str) -> None:
+        super().__init__(link, name)
         self.sock = sock
-        self.link = link
-        self.error: BaseException | None = None
-        self._q: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
 
     def submit(self, enc: wire.Encoded, on_sent: Callable[[float], None] | None = None) -> None:
-        if self.error is not None:
-            raise self.error
-        self._q.put((enc, time.monotonic(), on_sent))
-
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            enc, submitted, on_sent = item
-            try:
-                if self.link is not None:
-                    sleep_until(self.link.schedule(enc.total_nbytes, now=submitted))
-                wire.send_encoded(self.sock, enc)
-                if on_sent is not None:
-                    on_sent(time.monotonic() - submitted)
-            except BaseException as exc:  # reported to the owner, which closes the run
-                self.error = exc
-                return
-
-    def close(self, timeout: float = 5.0) -> None:
-        self._q.put(None)
-        self._thread.join(timeout)
+        super().submit(enc.total_nbytes, lambda: wire.send_encoded(self.sock, enc), on_sent)
 
 
 # -- connection setup ----------------------------------------------------------------------------

@@ -1,0 +1,244 @@
+"""``distributed_runner.py``: the RPC backend with the anchor's flags (rank 0 = master, 1..N-1 = workers)."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from . import records
+from .backends.common import RunConfig, StageBuilder
+from .cli import HelpFormatter, add_common_flags, example_epilog, setup_logging
+from .errors import PeerError, UsageError
+from .link import get_profile
+
+log = logging.getLogger("paretopipe.rpc")
+DEPRECATED = {"--use-local-loading": "every worker always builds its own stage locally",
+              "--use-intelligent-splitting": "use --split-block/--split-blocks (see python -m paretopipe.split --list)"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="distributed_runner.py", formatter_class=HelpFormatter,
+        description="N-stage pipeline over torch.distributed.rpc. Rank 0 (master) holds the data and "
+                    "receives results; ranks 1..N-1 each run one stage, forwarding straight to the next. "
+                    "Only connect trusted hosts: PyTorch RPC pickles arguments on its wire.",
+        epilog=example_epilog(
+            "python distributed_runner.py --local --world-size 3 --model mobilenetv2 --split-block 8",
+            "python distributed_runner.py --local --world-size 4 --num-partitions 3 --model resnet18 --split-blocks 3,6 --use-pipelining",
+            "python distributed_runner.py --rank 1 --world-size 3 --model mobilenetv2 --split-block 8   # on worker 1",
+            "python distributed_runner.py --rank 0 --world-size 3 --model mobilenetv2 --split-block 8   # on the master"))
+    p.add_argument("--rank", type=int, default=0, help="0 = master, 1..N-1 = workers")
+    p.add_argument("--world-size", type=int, default=3)
+    p.add_argument("--model", default="mobilenetv2")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--dataset", default="dummy", choices=["dummy", "cifar10"])
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--num-test-samples", type=int, default=64, help="images in the measured batches")
+    p.add_argument("--warmup", type=int, default=2, help="extra batches first, excluded from statistics")
+    p.add_argument("--num-partitions", type=int, default=2, help="stages; at most world-size - 1")
+    p.add_argument("--split-block", type=int, default=None, help="block index k for 2 partitions (0..K)")
+    p.add_argument("--split-blocks", default=None, help="comma list of k for more partitions, e.g. 5,12")
+    p.add_argument("--use-pipelining", action="store_true", help="keep --in-flight batches outstanding")
+    p.add_argument("--in-flight", type=int, default=4)
+    p.add_argument("--num-threads", type=int, default=16, help="RPC worker threads")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads per process")
+    p.add_argument("--metrics-dir", default="./enhanced_metrics")
+    p.add_argument("--models-dir", default="./models")
+    p.add_argument("--weights", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--rpc-transport", default="uv", choices=["uv", "auto"],
+                   help="uv: TCP even on one host (default); auto: TensorPipe may use shared memory")
+    p.add_argument("--master-addr", default=None, help="overrides MASTER_ADDR from .env/environment")
+    p.add_argument("--master-port", type=int, default=None, help="overrides MASTER_PORT")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds: joining, and per result")
+    p.add_argument("--profile", default=None, help="emulated network profile on every hop")
+    p.add_argument("--rate", default=None)
+    p.add_argument("--delay", default=None)
+    p.add_argument("--local", action="store_true", help="spawn every rank as a process on this machine")
+    p.add_argument("--save-outputs", default=None, help="master: write the logits to this .npz")
+    p.add_argument("--env-file", default=".env")
+    p.add_argument("--shards-dir", default=None, help=argparse.SUPPRESS)
+    for flag in DEPRECATED:
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    add_common_flags(p)
+    return p
+
+
+def _env(args: argparse.Namespace) -> tuple[str, int]:
+    from dotenv import dotenv_values
+
+    values = dotenv_values(args.env_file) if os.path.exists(args.env_file) else {}
+    for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+        if values.get(key) and key not in os.environ:
+            os.environ[key] = values[key]
+    addr = args.master_addr or os.environ.get("MASTER_ADDR") or values.get("MASTER_ADDR") or "127.0.0.1"
+    port = args.master_port or os.environ.get("MASTER_PORT") or values.get("MASTER_PORT") or 29500
+    try:
+        port = int(port)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"MASTER_PORT={port!r} is not a TCP port (1..65535)")
+    return addr, port
+
+
+def _cuts(args: argparse.Namespace, builder: StageBuilder) -> tuple[list[str], int | list[int]]:
+    if args.split_blocks:
+        try:
+            ks = [int(k) for k in args.split_blocks.split(",")]
+        except ValueError:
+            raise UsageError(f"--split-blocks {args.split_blocks!r}: give a comma list of integers like 5,12")
+    else:
+        K = builder.partitioner.num_blocks
+        ks = [args.split_block if args.split_block is not None else K // 2]
+    if len(ks) != args.num_partitions - 1:
+        raise UsageError(f"{args.num_partitions} partitions need {args.num_partitions - 1} split block(s), got {ks}")
+    if ks != sorted(ks):
+        raise UsageError(f"--split-blocks must be in increasing order, got {ks}")
+    cuts = [builder.partitioner.block_cut(k) for k in ks]
+    return cuts, (ks[0] if len(ks) == 1 else ks)
+
+
+def _die_with_parent() -> None:
+    # --local workers must never outlive the master: the kernel kills them when it exits.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _spawn_workers(args: argparse.Namespace, argv: list[str], port: int) -> list[subprocess.Popen]:
+    keep = [a for a in argv if a not in ("--local",)]
+    procs = []
+    for rank in range(1, args.world_size):
+        cmd = [sys.executable, str(Path(__file__).resolve().parent.parent / "distributed_runner.py"), *keep,
+               "--rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        procs.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent, stdout=subprocess.DEVNULL))
+    return procs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    for flag, note in DEPRECATED.items():
+        if getattr(args, flag.lstrip("-").replace("-", "_")):
+            log.warning("%s is deprecated and ignored: %s", flag, note)
+    if args.shards_dir:
+        log.warning("--shards-dir is deprecated and ignored: no module is ever shipped; workers build their stage")
+    if args.world_size < 2:
+        raise UsageError("--world-size must be at least 2 (a master and one worker)")
+    if not 1 <= args.num_partitions <= args.world_size - 1:
+        raise UsageError(f"--num-partitions {args.num_partitions} must be within 1..world-size - 1 "
+                         f"({args.world_size - 1} for --world-size {args.world_size})")
+    if not 0 <= args.rank < args.world_size:
+        raise UsageError(f"--rank {args.rank} must be within 0..{args.world_size - 1}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    addr, port = _env(args)
+    if args.local and args.rank == 0:
+        addr = "127.0.0.1"
+        if args.master_port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+    builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
+    cuts, split_index = _cuts(args, builder)
+    adhoc = {"rate": args.rate, "delay": args.delay}
+    profile = get_profile(args.profile, **adhoc) if (args.profile or any(adhoc.values())) else None
+    if args.rank == 0:
+        return _master(args, argv, builder, cuts, split_index, profile, addr, port)
+    return _worker(args, builder, cuts, profile, addr, port)
+
+
+def _watchdog(seconds: float, what: str, procs: list[subprocess.Popen]) -> threading.Timer:
+    def fire():
+        print(f"error: {what} within {seconds:g}s", file=sys.stderr, flush=True)
+        for p in procs:
+            p.kill()
+        os._exit(1)  # the RPC agent cannot be unwound from another thread; exit hard and clean
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def _worker(args, builder, cuts, profile, addr, port) -> int:
+    from .backends import rpc as backend
+
+    stage = args.rank - 1
+    if args.rank <= args.num_partitions:
+        nxt = backend.MASTER if args.rank == args.num_partitions else backend.worker_name(args.rank + 1)
+        backend.setup_worker(builder, cuts, stage, nxt, profile)
+    dog = _watchdog(args.timeout, f"rank {args.rank} could not join the master at {addr}:{port}", [])
+    backend.init(args.rank, args.world_size, addr, port, args.rpc_transport, args.num_threads, args.timeout)
+    dog.cancel()
+    backend.rpc.shutdown()  # waits until the master is done with us
+    return 0
+
+
+def _master(args, argv, builder, cuts, split_index, profile, addr, port) -> int:
+    from .backends import rpc as backend
+
+    procs = _spawn_workers(args, argv, port) if args.local else []
+
+    def check_alive() -> None:
+        for rank, p in enumerate(procs, start=1):
+            if p.poll() is not None:
+                raise PeerError(f"worker rank {rank} (pid {p.pid}) exited with code {p.returncode}")
+
+    dog = _watchdog(args.timeout, f"not all {args.world_size} ranks joined at {addr}:{port} "
+                                  f"(start every rank with the same MASTER_ADDR/MASTER_PORT)", procs)
+    transport = backend.init(0, args.world_size, addr, port, args.rpc_transport, args.num_threads, args.timeout)
+    dog.cancel()
+    num_batches = max(1, -(-args.num_test_samples // args.batch_size))
+    cfg = RunConfig(model=builder.name, cuts=cuts, split_index=split_index, batch_size=args.batch_size,
+                    num_batches=num_batches, warmup=args.warmup,
+                    in_flight=args.in_flight if args.use_pipelining else 1, dataset=args.dataset,
+                    data_dir=args.data_dir, num_classes=args.num_classes, profile=profile.name if profile else None,
+                    link_mode="emulated" if profile else "none", timeout_s=args.timeout,
+                    extra={"rpc_transport": args.rpc_transport, "use_pipelining": args.use_pipelining})
+    try:
+        record, outputs = backend.run_master(cfg, args.world_size, args.num_partitions, builder.fingerprint,
+                                             profile, keep_outputs=bool(args.save_outputs), transport=transport,
+                                             check_alive=check_alive if procs else None)
+    except PeerError as exc:  # handshake mismatch: nothing ran
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        _hard_exit(procs, 1)
+    path = records.atomic_write_json(Path(args.metrics_dir) / f"{record['run_id']}.json", record)
+    if record["status"] != "complete":
+        print(f"error: {record['error']} (incomplete record written to {path})", file=sys.stderr, flush=True)
+        _hard_exit(procs, 1)
+    if args.save_outputs:
+        import numpy as np
+        import torch
+
+        np.savez(args.save_outputs, logits=torch.stack(outputs).numpy())
+    backend.rpc.shutdown()
+    for p in procs:
+        p.wait(args.timeout)
+    s = record["summary"]
+    print(f"{builder.name} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} ms, "
+          f"throughput {s['throughput_imgs_per_s']:.1f} img/s, written {path}")
+    return 0
+
+
+def _hard_exit(procs: list[subprocess.Popen], code: int) -> None:
+    """A dead peer leaves the RPC agent unable to shut down gracefully; stop children and exit."""
+    from .backends import rpc as backend
+
+    for p in procs:
+        p.kill()
+    threading.Thread(target=lambda: backend.rpc.shutdown(graceful=False), daemon=True).start()
+    sys.stderr.flush()
+    os._exit(code)
