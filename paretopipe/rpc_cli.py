@@ -62,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, default=None, help="overrides MASTER_PORT")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds: joining, and per result")
     p.add_argument("--profile", default=None, help="emulated network profile on every hop")
+    p.add_argument("--profiles-file", default=None, help="profiles TOML (default netem/profiles.toml)")
     p.add_argument("--rate", default=None)
     p.add_argument("--delay", default=None)
     p.add_argument("--local", action="store_true", help="spawn every rank as a process on this machine")
@@ -155,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
     cuts, split_index = _cuts(args, builder)
     adhoc = {"rate": args.rate, "delay": args.delay}
-    profile = get_profile(args.profile, **adhoc) if (args.profile or any(adhoc.values())) else None
+    profile = get_profile(args.profile, args.profiles_file, **adhoc) if (args.profile or any(adhoc.values())) else None
     if args.rank == 0:
         return _master(args, argv, builder, cuts, split_index, profile, addr, port)
     return _worker(args, builder, cuts, profile, addr, port)

@@ -226,8 +226,9 @@ class Sweeper:
         unknown = [b for b in opts.backends if b not in ("tcp", "rpc")]
         if unknown:
             raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
-        if "rpc" in opts.backends:
-            raise UsageError("the rpc backend is not available in the sweeper yet; use --backend tcp")
+        if "rpc" in opts.backends and opts.hosts.remote:
+            raise UsageError("the sweeper runs the rpc backend locally only; for hosts, start "
+                             "distributed_runner.py on each (see its --help) or use --backend tcp")
         if opts.link not in ("emulated", "tc", "none"):
             raise UsageError(f"--link {opts.link!r}: valid emulated, tc, none")
         if opts.link == "tc" and not (opts.hosts.iface):
@@ -342,6 +343,35 @@ class Sweeper:
             raise PeerError(record.get("error") or "run incomplete")
         return record
 
+    def run_one_rpc(self, item: Item, info: dict[str, Any]) -> dict[str, Any]:
+        """An RPC configuration: distributed_runner.py --local (master + 2 workers, fresh processes)."""
+        import tempfile
+
+        o = self.opts
+        threads = o.threads or max(1, (os.cpu_count() or 1) // 2)
+        with tempfile.TemporaryDirectory(dir=self.dir) as tmp:
+            cmd = [sys.executable, str(ROOT / "distributed_runner.py"), "--local", "--world-size", "3",
+                   "--model", item.model, "--split-block", str(item.split_index), "--batch-size", str(o.batch_size),
+                   "--num-test-samples", str(o.num_batches * o.batch_size), "--warmup", str(o.warmup),
+                   "--threads", str(threads), "--timeout", str(o.timeout), "--metrics-dir", tmp, "--quiet"]
+            if o.in_flight > 1:
+                cmd += ["--use-pipelining", "--in-flight", str(o.in_flight)]
+            if o.link == "emulated":  # lan too, so the manifest says "emulated lan" as for TCP
+                cmd += ["--profile", item.profile] + (["--profiles-file", o.profiles_file] if o.profiles_file else [])
+            budget = o.wait_time + o.timeout * (o.num_batches + o.warmup + 2)
+            try:
+                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget)
+            except subprocess.TimeoutExpired:
+                raise PeerError(f"rpc run exceeded {budget:g}s")
+            found = list(Path(tmp).glob("*.json"))
+            if proc.returncode != 0 or not found:
+                lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+                raise PeerError(f"rpc: {lines[-1][7:] if lines else proc.stderr.strip()[-300:]}")
+            record = json.loads(found[0].read_text())
+        record["config"].update(profile=item.profile, sweep_run_key=item.run_key, run=item.run,
+                                stage_limits={"torch_threads": threads, "cpu_affinity": None})
+        return record
+
     @staticmethod
     def _observed(profile: Profile, runner: netem.Runner, dev: str) -> dict[str, Any]:
         state = netem.observed_link_state(dev, runner)
@@ -415,7 +445,10 @@ class Sweeper:
             try:
                 if not all(w.alive() for w in self.workers.values()):
                     infos.update(self.start_workers(model))
-                record = self.run_one(item, infos["stage1"], observed)
+                if item.backend == "rpc":
+                    record = self.run_one_rpc(item, infos["stage1"])
+                else:
+                    record = self.run_one(item, infos["stage1"], observed)
                 records.atomic_write_json(self.run_path(item), record)
                 return record
             except (ParetoPipeError, OSError) as exc:

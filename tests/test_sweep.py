@@ -43,21 +43,33 @@ def test_parse_splits():
         sweep.parse_splits("x-y", 4)
 
 
-def test_small_sweep_end_to_end(tmp_path):
-    proc = subprocess.run(_sweep_cmd(tmp_path), capture_output=True, text=True, cwd=ROOT, timeout=900)
+def test_small_sweep_end_to_end_both_backends(tmp_path):
+    proc = subprocess.run(_sweep_cmd(tmp_path, "--backend", "both"), capture_output=True, text=True, cwd=ROOT,
+                          timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Pareto-optimal splits" in proc.stdout
     session = tmp_path / "out" / "s"
     runs = pd.read_csv(session / "runs.csv")
-    assert len(runs) == 3 * 2 * 2 and set(runs["status"]) == {"complete"}
+    assert len(runs) == 2 * 3 * 2 * 2 and set(runs["status"]) == {"complete"}
+    assert set(runs["backend"]) == {"tcp", "rpc"}
     summary = pd.read_csv(session / "summary.csv")
-    assert len(summary) == 6 and set(summary["runs"]) == {2}
+    assert len(summary) == 12 and set(summary["runs"]) == {2}
     assert set(summary["split_index"]) == {0, 5, 19}  # the k=0 and k=K baselines are in
-    # The slow profile costs about the emulated transfer: payload at 20 Mbit/s plus 20 ms each way.
-    for k in (0, 5):
-        lan = summary[(summary.profile == "lan") & (summary.split_index == k)].iloc[0]
-        slow = summary[(summary.profile == "slow") & (summary.split_index == k)].iloc[0]
-        expected = slow["payload_bytes_mean"] * 8 / 20e6 + 2 * 0.020
-        assert slow["latency_median_s"] - lan["latency_median_s"] == pytest.approx(expected, rel=0.35)
+    # The slow profile costs about the emulated transfer of one batch: the bytes that cross the
+    # link at 20 Mbit/s plus 20 ms each way (TCP: stage 1 -> 2; RPC: also master -> stage 1).
+    for backend in ("tcp", "rpc"):
+        for k in (0, 5):
+            pick = (summary.backend == backend) & (summary.split_index == k)
+            lan = summary[pick & (summary.profile == "lan")].iloc[0]
+            slow = summary[pick & (summary.profile == "slow")].iloc[0]
+            if backend == "tcp":
+                crossing, hops = slow["payload_bytes_mean"], 2
+            else:
+                rec = json.loads((session / runs[(runs.backend == "rpc") & (runs.split_index == k)
+                                                  & (runs.profile == "slow")].iloc[0]["json"]).read_text())
+                crossing, hops = sum(rec["batches"][-1]["hop_bytes"]), len(rec["batches"][-1]["hop_bytes"])
+            expected = crossing * 8 / 20e6 + hops * 0.020
+            assert slow["latency_median_s"] - lan["latency_median_s"] == pytest.approx(expected, rel=0.35), backend
     session_json = json.loads((session / "session.json").read_text())
     assert session_json["complete"] and session_json["timing"]["measured_s"] > 0
     assert (session / "report" / "pareto.csv").is_file()
