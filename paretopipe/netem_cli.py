@@ -10,8 +10,8 @@ import time
 from typing import Sequence
 
 from . import linkprobe, netem, records
-from .cli import HelpFormatter, add_common_flags, example_epilog, setup_logging
-from .link import get_profile, load_profiles
+from .cli import HelpFormatter, add_common_flags, add_link_flags, example_epilog, profile_from_args, setup_logging
+from .link import load_profiles
 
 log = logging.getLogger("paretopipe.netem")
 
@@ -40,11 +40,7 @@ def parser() -> argparse.ArgumentParser:
             "python network_delay.py profiles"))
     sub = top.add_subparsers(dest="cmd", required=True)
     ap = sub.add_parser("apply", help="apply a profile (idempotent)", formatter_class=HelpFormatter)
-    ap.add_argument("--profile", default=None, help="name from netem/profiles.toml")
-    ap.add_argument("--profiles-file", default=None)
-    for key, example in (("delay", "50ms"), ("jitter", "5ms"), ("loss", "1%"), ("rate", "10mbit")):
-        ap.add_argument(f"--{key}", default=None, help=f"ad-hoc {key} (e.g. {example}); overrides the profile")
-    ap.add_argument("--distribution", default=None, help="jitter distribution: normal, pareto, paretonormal, uniform")
+    add_link_flags(ap)
     ap.add_argument("--ingress", action="store_true", help="shape incoming traffic too (through an ifb device)")
     ap.add_argument("--port", type=int, default=None, help="shape only TCP traffic to/from this port (SSH stays untouched)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, change nothing (no root needed)")
@@ -101,8 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         netem.clear(args.dev, runner=runner)
         print(f"cleared {args.dev}")
         return 0
-    profile = get_profile(args.profile, args.profiles_file, delay=args.delay, jitter=args.jitter,
-                          loss=args.loss, rate=args.rate, distribution=args.distribution)
+    profile = profile_from_args(args, required=True)
     if args.dry_run:
         print(f"# {profile.describe()}")
         print("\n".join(map(str, netem.apply_commands(profile, args.dev, args.ingress, args.port))))

@@ -16,9 +16,8 @@ from typing import Sequence
 
 from . import records
 from .backends.common import RunConfig, StageBuilder
-from .cli import HelpFormatter, add_common_flags, example_epilog, setup_logging
+from .cli import HelpFormatter, add_common_flags, add_link_flags, example_epilog, profile_from_args, setup_logging
 from .errors import PeerError, UsageError
-from .link import get_profile
 
 log = logging.getLogger("paretopipe.rpc")
 DEPRECATED = {"--use-local-loading": "every worker always builds its own stage locally",
@@ -61,10 +60,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--master-addr", default=None, help="overrides MASTER_ADDR from .env/environment")
     p.add_argument("--master-port", type=int, default=None, help="overrides MASTER_PORT")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds: joining, and per result")
-    p.add_argument("--profile", default=None, help="emulated network profile on every hop")
-    p.add_argument("--profiles-file", default=None, help="profiles TOML (default netem/profiles.toml)")
-    p.add_argument("--rate", default=None)
-    p.add_argument("--delay", default=None)
+    add_link_flags(p.add_argument_group("emulated network conditions on every hop"))
     p.add_argument("--local", action="store_true", help="spawn every rank as a process on this machine")
     p.add_argument("--save-outputs", default=None, help="master: write the logits to this .npz")
     p.add_argument("--env-file", default=".env")
@@ -155,8 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 port = s.getsockname()[1]
     builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
     cuts, split_index = _cuts(args, builder)
-    adhoc = {"rate": args.rate, "delay": args.delay}
-    profile = get_profile(args.profile, args.profiles_file, **adhoc) if (args.profile or any(adhoc.values())) else None
+    profile = profile_from_args(args)
     if args.rank == 0:
         return _master(args, argv, builder, cuts, split_index, profile, addr, port)
     return _worker(args, builder, cuts, profile, addr, port)

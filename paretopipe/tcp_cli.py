@@ -13,9 +13,8 @@ import torch
 from . import wire
 from .backends import tcp
 from .backends.common import RunConfig, StageBuilder
-from .cli import HelpFormatter, add_common_flags, example_epilog, setup_logging
+from .cli import HelpFormatter, add_common_flags, add_link_flags, example_epilog, profile_from_args, setup_logging
 from .errors import UsageError
-from .link import get_profile
 
 log = logging.getLogger("paretopipe.tcp")
 DEFAULT_PORT = 5555
@@ -95,10 +94,7 @@ def stage1_parser() -> argparse.ArgumentParser:
     d.add_argument("--compression-level", type=int, default=3)
     d.add_argument("--wire-dtype", default="float32", choices=list(wire.WIRE_DTYPES))
     k = p.add_argument_group("network conditions")
-    k.add_argument("--profile", default=None, help="profile from netem/profiles.toml (lan, wifi, lte, 4g, 3g, ...)")
-    k.add_argument("--profiles-file", default=None, help="profiles TOML (default netem/profiles.toml)")
-    for key, example in (("delay", "50ms"), ("jitter", "5ms"), ("loss", "1%"), ("rate", "10mbit")):
-        k.add_argument(f"--{key}", default=None, help=f"ad-hoc {key} for the emulated link (e.g. {example})")
+    add_link_flags(k)
     k.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
                    help="emulated: in-process link for --profile (default when --profile is given); tc: shaped by network_delay.py")
     k.add_argument("--network-delay-ms", type=float, default=None, help="anchor label only; the manifest records the link actually used")
@@ -111,10 +107,8 @@ def main_stage1(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.debug, args.quiet)
     _sigterm_as_interrupt()
     builder, cuts = _builder(args)
-    adhoc = {"delay": args.delay, "jitter": args.jitter, "loss": args.loss, "rate": args.rate}
-    shaped = bool(args.profile or any(adhoc.values()))
-    link_mode = args.link or ("emulated" if shaped else "none")
-    profile = get_profile(args.profile, args.profiles_file, **adhoc) if shaped else None
+    profile = profile_from_args(args)
+    link_mode = args.link or ("emulated" if profile else "none")
     cfg = RunConfig(model=builder.name, cuts=cuts, split_index=args.split_index, batch_size=args.batch_size,
                     num_batches=args.num_batches, warmup=args.warmup, in_flight=args.in_flight,
                     dataset=args.dataset, data_dir=args.data_dir, num_classes=args.num_classes,
