@@ -26,7 +26,7 @@ test: venv sysdeps
 
 demo: venv
 	$(PY) automated_split_tester.py --model mobilenetv2 --splits all --runs 2 --profiles lan,wifi,lte \
-	  --batch-size 1 --num-batches 6 --warmup 2 --in-flight 4 --out results
+	  --batch-size 1 --num-batches 10 --warmup 1 --in-flight 4 --out results
 
 bench: venv
 	$(PY) benchmarks/run_all.py
