@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""RPC vs TCP overhead per batch on loopback: same model, same split, measured side by side.
+
+MobileNetV2, batch 1, one torch thread per process, no link emulation. For a late cut (small
+payload) and an early cut (large payload): median latency, RPC / TCP, sequential. Then the
+pipelined (--in-flight 4) throughput ratio at the late cut. Runs alternate TCP, RPC, TCP, RPC
+so drift hits both. Differences come from (a) RPC's extra hop: its master holds the data, so
+the input image crosses a socket before stage 1 (the TCP stage 1 is the data source), and (b)
+per-message cost: TensorPipe + RPC's Python pickling of arguments and future callbacks vs one
+40-byte binary header and a sendmsg.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+BATCHES = 30
+
+
+def tcp(split: int, in_flight: int) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = Path(tempfile.mkdtemp())
+    common = ["--model-name", "mobilenetv2", "--split-index", str(split), "--port", port, "--batch-size", "1",
+              "--threads", "1", "--quiet"]
+    s1 = subprocess.Popen(["taskset", "-c", "0", PY, "partition1.py", *common, "--host", "127.0.0.1",
+                           "--num-batches", str(BATCHES), "--warmup", "3", "--in-flight", str(in_flight)],
+                          cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(["taskset", "-c", "1", PY, "partition2.py", *common, "--output-dir", str(out)], cwd=ROOT,
+                   check=True, capture_output=True)
+    s1.wait(120)
+    return json.loads(next(out.glob("*.json")).read_text())["summary"]
+
+
+def rpc(split: int, in_flight: int) -> dict:
+    out = Path(tempfile.mkdtemp())
+    cmd = [PY, "distributed_runner.py", "--local", "--world-size", "3", "--model", "mobilenetv2", "--split-block",
+           str(split), "--batch-size", "1", "--num-test-samples", str(BATCHES), "--warmup", "3", "--threads", "1",
+           "--metrics-dir", str(out), "--quiet"]
+    if in_flight > 1:
+        cmd += ["--use-pipelining", "--in-flight", str(in_flight)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    return json.loads(next(out.glob("*.json")).read_text())["summary"]
+
+
+def main() -> int:
+    for label, split in (("late cut k=17 (small payload)", 17), ("early cut k=2 (large payload)", 2)):
+        t1, r1, t2, r2 = tcp(split, 1), rpc(split, 1), tcp(split, 1), rpc(split, 1)
+        tl = statistics.median([t1["latency_median_s"], t2["latency_median_s"]])
+        rl = statistics.median([r1["latency_median_s"], r2["latency_median_s"]])
+        print(f"{label:<32} payload {t1['payload_bytes_mean']:>9.0f} B  tcp {tl * 1e3:7.2f} ms  rpc {rl * 1e3:7.2f} ms"
+              f"  rpc/tcp latency {rl / tl:.2f}  (rpc - tcp = {(rl - tl) * 1e3:+.2f} ms)")
+    tp = [tcp(17, 4)["throughput_imgs_per_s"], rpc(17, 4)["throughput_imgs_per_s"]]
+    print(f"pipelined (--in-flight 4, k=17): tcp {tp[0]:.1f} img/s, rpc {tp[1]:.1f} img/s, rpc/tcp throughput {tp[1] / tp[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
