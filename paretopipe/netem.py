@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 
 from .errors import NetemError, UsageError
 from .link import Profile
+from .sshcmd import ssh_argv
 from .units import format_duration, format_rate
 
 MTU_BYTES = 1514
@@ -156,8 +157,9 @@ class Runner:
     """Runs commands here (``ssh=None``) or on a peer over SSH with a key (never a password)."""
 
     def __init__(self, ssh: str | None = None, ssh_key: str | None = None, sudo: bool = False,
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, ssh_port: int | None = None, known_hosts: str | None = None) -> None:
         self.ssh, self.ssh_key, self.sudo, self.netns = ssh, ssh_key, sudo, netns
+        self.ssh_port, self.known_hosts = ssh_port, known_hosts
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         inner = list(argv)
@@ -167,10 +169,7 @@ class Runner:
             inner = ["sudo", "-n"] + inner
         if not self.ssh:
             return inner
-        ssh = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=10"]
-        if self.ssh_key:
-            ssh += ["-i", self.ssh_key]
-        return ssh + [self.ssh, shlex.join(inner)]
+        return ssh_argv(self.ssh, self.ssh_key, self.ssh_port, self.known_hosts) + [shlex.join(inner)]
 
     def run(self, argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
         full = self.argv(argv)

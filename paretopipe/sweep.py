@@ -29,6 +29,7 @@ import numpy as np
 from . import netem, records
 from .errors import ParetoPipeError, PeerError, UsageError
 from .link import Profile, get_profile
+from .sshcmd import ssh_argv
 
 log = logging.getLogger("paretopipe.sweep")
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +93,8 @@ class Hosts:
     remote_python: str = "python3"
     port: int = 5555
     iface: str | None = None
+    ssh_port: int | None = None
+    known_hosts: str | None = None
 
     @property
     def remote(self) -> bool:
@@ -106,7 +109,18 @@ class Hosts:
                    user=env.get("SSH_USER") or None, key=env.get("SSH_KEY") or None,
                    remote_dir=env.get("REMOTE_DIR") or "~/paretopipe",
                    remote_python=env.get("REMOTE_PYTHON") or "python3", port=int(port),
-                   iface=env.get("IFACE") or None)
+                   iface=env.get("IFACE") or None,
+                   ssh_port=int(env["SSH_PORT"]) if env.get("SSH_PORT") else None,
+                   known_hosts=env.get("SSH_KNOWN_HOSTS") or None)
+
+    def ssh(self, host: str) -> list[str]:
+        return ssh_argv(self.target(host), self.key, self.ssh_port, self.known_hosts)
+
+    def runner(self, host: str | None) -> netem.Runner:
+        if host is None:
+            return netem.Runner()
+        return netem.Runner(self.target(host), self.key, sudo=self.user not in (None, "root"),
+                            ssh_port=self.ssh_port, known_hosts=self.known_hosts)
 
     def target(self, host: str) -> str:
         return f"{self.user}@{host}" if self.user else host
@@ -115,8 +129,8 @@ class Hosts:
 class Worker:
     """One stage process (``paretopipe.worker``); stopped by its PID, never by name."""
 
-    def __init__(self, role: str, argv: list[str], ssh: str | None = None, ssh_key: str | None = None) -> None:
-        self.role, self.ssh, self.ssh_key = role, ssh, ssh_key
+    def __init__(self, role: str, argv: list[str], ssh: list[str] | None = None) -> None:
+        self.role, self.ssh = role, ssh
         self.lines: queue.Queue = queue.Queue()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1, cwd=ROOT, start_new_session=True)
@@ -174,8 +188,7 @@ class Worker:
             except (PeerError, subprocess.TimeoutExpired):
                 pass
         if self.ssh and self.pid:
-            ssh = ["ssh", "-o", "BatchMode=yes"] + (["-i", self.ssh_key] if self.ssh_key else [])
-            subprocess.run(ssh + [self.ssh, f"kill -TERM {self.pid} 2>/dev/null; sleep 1; kill -KILL {self.pid} 2>/dev/null; true"],
+            subprocess.run(self.ssh + [f"kill -TERM {self.pid} 2>/dev/null; sleep 1; kill -KILL {self.pid} 2>/dev/null; true"],
                            capture_output=True, timeout=30)
         if self.alive():
             try:
@@ -273,7 +286,7 @@ class Sweeper:
         return items
 
     # -- workers -------------------------------------------------------------------------------
-    def _worker_argv(self, role: str, model: str) -> tuple[list[str], str | None]:
+    def _worker_argv(self, role: str, model: str) -> tuple[list[str], list[str] | None]:
         o, h = self.opts, self.opts.hosts
         args = ["-m", "paretopipe.worker", "--role", role, "--model", model]
         cores = os.cpu_count() or 1
@@ -285,20 +298,16 @@ class Sweeper:
                 cpus = f"0-{half - 1}" if role == "stage1" else f"{half}-{2 * half - 1}"
                 args += ["--cpus", cpus]
             return [sys.executable, *args], None
-        host = h.stage1 if role == "stage1" else h.stage2
-        target = h.target(host)
+        ssh = h.ssh(h.stage1 if role == "stage1" else h.stage2)
         remote = f"cd {shlex.quote(h.remote_dir)} && exec {h.remote_python} " + shlex.join(args)
-        ssh = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=10"]
-        if h.key:
-            ssh += ["-i", h.key]
-        return ssh + [target, remote], target
+        return ssh + [remote], ssh
 
     def start_workers(self, model: str) -> dict[str, Any]:
         self.stop_workers()
         infos = {}
         for role in ("stage1", "stage2"):
-            argv, target = self._worker_argv(role, model)
-            w = Worker(role, argv, target, self.opts.hosts.key)
+            argv, ssh = self._worker_argv(role, model)
+            w = Worker(role, argv, ssh)
             self.workers[role] = w
         for role, w in self.workers.items():
             w.info = w.expect("ready", timeout=self.opts.wait_time)
@@ -388,8 +397,7 @@ class Sweeper:
         with contextlib.ExitStack() as stack:
             runners = []
             for host in ([h.stage1, h.stage2] if h.remote else [None]):
-                runner = netem.Runner(h.target(host) if host else None, h.key,
-                                      sudo=bool(host and h.user not in (None, "root")))
+                runner = h.runner(host)
                 stack.enter_context(netem.applied(profile, h.iface, port=h.port, runner=runner))
                 runners.append(runner)
             yield self._observed(profile, runners[0], h.iface)

@@ -62,7 +62,8 @@ def _env(path: str) -> dict[str, str]:
     from dotenv import dotenv_values
 
     values = {k: v for k, v in dotenv_values(path).items() if v is not None} if os.path.exists(path) else {}
-    keys = ("PI1_IP", "PI2_IP", "GPU_IP", "SSH_USER", "SSH_KEY", "REMOTE_DIR", "REMOTE_PYTHON", "PORT", "IFACE")
+    keys = ("PI1_IP", "PI2_IP", "GPU_IP", "SSH_USER", "SSH_KEY", "SSH_PORT", "SSH_KNOWN_HOSTS", "REMOTE_DIR",
+            "REMOTE_PYTHON", "PORT", "IFACE")
     values.update({k: os.environ[k] for k in keys if os.environ.get(k)})
     return values
 

@@ -55,3 +55,54 @@ def _no_orphans():
             except ProcessLookupError:
                 pass
             proc.wait(10)
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    """A throwaway sshd on 127.0.0.1 (key auth only): yields (port, client key, known_hosts)."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    from tcp_helpers import free_port
+
+    sshd_bin = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(sshd_bin) or shutil.which("ssh-keygen") is None:
+        pytest.skip("openssh-server not installed (make test installs it as root)")
+    if not is_root():
+        pytest.skip("a throwaway sshd logging in as this user needs root here")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("host", "client"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True)
+    (keys / "authorized_keys").write_text((keys / "client.pub").read_text())
+    os.makedirs("/run/sshd", exist_ok=True)
+    port = free_port()
+    config = tmp_path / "sshd_config"
+    config.write_text(f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {keys / 'host'}
+AuthorizedKeysFile {keys / 'authorized_keys'}
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+PidFile {tmp_path / 'sshd.pid'}
+""")
+    proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.skip(f"sshd did not start: {proc.stderr.read()[-300:]}")
+            time.sleep(0.2)
+    yield port, keys / "client", tmp_path / "known_hosts"
+    proc.terminate()
+    proc.wait(10)
+
+

@@ -117,3 +117,33 @@ def test_stage_killed_mid_sweep_is_recorded_and_the_rest_completes(tmp_path):
     assert len(failures) >= 1 and failures["error"].str.contains("stage2|worker|peer", regex=True).all()
     runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv")
     assert len(runs) == 12 and set(runs["status"]) == {"complete"}
+
+
+def test_remote_mode_over_real_ssh(sshd, tmp_path):
+    """Hosts from .env: workers start over SSH (both 'hosts' are 127.0.0.1), records come back."""
+    import os
+
+    from tcp_helpers import free_port
+
+    port, key, known = sshd
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"""PI1_IP=127.0.0.1
+PI2_IP=127.0.0.1
+SSH_USER={os.environ.get('USER') or 'root'}
+SSH_KEY={key}
+SSH_PORT={port}
+SSH_KNOWN_HOSTS={known}
+REMOTE_DIR={ROOT}
+REMOTE_PYTHON={PYTHON}
+PORT={free_port()}
+""")
+    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--env-file", str(env_file), "--model", "mobilenetv2",
+                           "--splits", "0,5", "--profiles", "lan", "--runs", "1", "--batch-size", "1",
+                           "--num-batches", "3", "--warmup", "1", "--link", "emulated", "--threads", "1",
+                           "--out", str(tmp_path / "out"), "--session", "r", "--no-report", "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = pd.read_csv(tmp_path / "out" / "r" / "runs.csv")
+    assert sorted(runs["split_index"]) == [0, 5] and set(runs["status"]) == {"complete"}
+    session = json.loads((tmp_path / "out" / "r" / "session.json").read_text())
+    assert session["options"]["hosts"]["stage1"] == "127.0.0.1" and "key" not in session["options"]["hosts"]
