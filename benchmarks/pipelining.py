@@ -9,37 +9,11 @@ medians the run measured itself; efficiency = measured batches/s x max(term). Go
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
+from stages import tcp_run
 
 
 def run(split: int, profile_args: list[str], rate_bps: float | None, batches: int = 24) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    out = Path(tempfile.mkdtemp())
-    common = ["--model-name", "mobilenetv2", "--split-index", str(split), "--port", port, "--batch-size", "2",
-              "--threads", "1", "--quiet"]
-    cores = os.cpu_count() or 1
-    pin = (["taskset", "-c", "0"], ["taskset", "-c", "1"]) if cores >= 2 else ([], [])
-    s1 = subprocess.Popen(pin[0] + [PY, "partition1.py", *common, "--host", "127.0.0.1", "--num-batches",
-                                    str(batches), "--warmup", "4", "--in-flight", "4", *profile_args],
-                          cwd=ROOT, stdout=subprocess.DEVNULL)
-    s2 = subprocess.run(pin[1] + [PY, "partition2.py", *common, "--output-dir", str(out)], cwd=ROOT,
-                        capture_output=True, text=True)
-    s1.wait(120)
-    if s2.returncode:
-        raise SystemExit(s2.stderr)
-    rec = json.loads(next(out.glob("*.json")).read_text())
-    s = rec["summary"]
+    s = tcp_run(split, ["--in-flight", "4", *profile_args], batches, warmup=4, batch_size=2)
     link = (s["wire_bytes_mean"] * 8 / rate_bps) if rate_bps else 0.0
     terms = {"stage1": s["stage1_compute_median_s"] + s["stage1_encode_median_s"], "link": link,
              "stage2": s["stage2_compute_median_s"] + s["stage2_decode_median_s"]}

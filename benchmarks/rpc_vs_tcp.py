@@ -13,32 +13,17 @@ per-message cost: TensorPipe + RPC's Python pickling of arguments and future cal
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
+from stages import PY, ROOT, tcp_run
 BATCHES = 30
 
 
 def tcp(split: int, in_flight: int) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    out = Path(tempfile.mkdtemp())
-    common = ["--model-name", "mobilenetv2", "--split-index", str(split), "--port", port, "--batch-size", "1",
-              "--threads", "1", "--quiet"]
-    s1 = subprocess.Popen(["taskset", "-c", "0", PY, "partition1.py", *common, "--host", "127.0.0.1",
-                           "--num-batches", str(BATCHES), "--warmup", "3", "--in-flight", str(in_flight)],
-                          cwd=ROOT, stdout=subprocess.DEVNULL)
-    subprocess.run(["taskset", "-c", "1", PY, "partition2.py", *common, "--output-dir", str(out)], cwd=ROOT,
-                   check=True, capture_output=True)
-    s1.wait(120)
-    return json.loads(next(out.glob("*.json")).read_text())["summary"]
+    return tcp_run(split, ["--in-flight", str(in_flight)], BATCHES, warmup=3)
 
 
 def rpc(split: int, in_flight: int) -> dict:

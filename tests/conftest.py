@@ -106,3 +106,22 @@ PidFile {tmp_path / 'sshd.pid'}
     proc.wait(10)
 
 
+
+
+def sshd_env_file(sshd, tmp_path) -> Path:
+    """A .env naming 127.0.0.1 as both hosts, reached through the ``sshd`` fixture's key and port."""
+    from tcp_helpers import free_port
+
+    port, key, known = sshd
+    path = tmp_path / ".env"
+    path.write_text(f"""PI1_IP=127.0.0.1
+PI2_IP=127.0.0.1
+SSH_USER={os.environ.get('USER') or 'root'}
+SSH_KEY={key}
+SSH_PORT={port}
+SSH_KNOWN_HOSTS={known}
+REMOTE_DIR={ROOT}
+REMOTE_PYTHON={PYTHON}
+PORT={free_port()}
+""")
+    return path

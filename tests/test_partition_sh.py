@@ -6,12 +6,10 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
-from conftest import PYTHON, ROOT, is_root
-from tcp_helpers import free_port
+from conftest import PYTHON, ROOT, is_root, sshd_env_file
 
 
 def test_partition_sh_is_shellcheck_clean():
@@ -30,18 +28,7 @@ def test_partition_sh_needs_hosts(tmp_path):
 
 
 def test_partition_sh_over_real_ssh(sshd, tmp_path):
-    port, key, known = sshd
-    env_file = tmp_path / ".env"
-    env_file.write_text(f"""PI1_IP=127.0.0.1
-PI2_IP=127.0.0.1
-SSH_USER={os.environ.get('USER') or 'root'}
-SSH_KEY={key}
-SSH_PORT={port}
-SSH_KNOWN_HOSTS={known}
-REMOTE_DIR={ROOT}
-REMOTE_PYTHON={PYTHON}
-PORT={free_port()}
-""")
+    env_file = sshd_env_file(sshd, tmp_path)
     out_dir = tmp_path / "results"
     proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), "--model", "resnet18",
                            "--batch-size", "1", "--num-batches", "2", "--warmup", "1", "--out", str(out_dir),

@@ -12,7 +12,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, sshd_env_file
 from paretopipe import sweep
 from paretopipe.errors import UsageError
 
@@ -121,22 +121,7 @@ def test_stage_killed_mid_sweep_is_recorded_and_the_rest_completes(tmp_path):
 
 def test_remote_mode_over_real_ssh(sshd, tmp_path):
     """Hosts from .env: workers start over SSH (both 'hosts' are 127.0.0.1), records come back."""
-    import os
-
-    from tcp_helpers import free_port
-
-    port, key, known = sshd
-    env_file = tmp_path / ".env"
-    env_file.write_text(f"""PI1_IP=127.0.0.1
-PI2_IP=127.0.0.1
-SSH_USER={os.environ.get('USER') or 'root'}
-SSH_KEY={key}
-SSH_PORT={port}
-SSH_KNOWN_HOSTS={known}
-REMOTE_DIR={ROOT}
-REMOTE_PYTHON={PYTHON}
-PORT={free_port()}
-""")
+    env_file = sshd_env_file(sshd, tmp_path)
     proc = subprocess.run([PYTHON, "automated_split_tester.py", "--env-file", str(env_file), "--model", "mobilenetv2",
                            "--splits", "0,5", "--profiles", "lan", "--runs", "1", "--batch-size", "1",
                            "--num-batches", "3", "--warmup", "1", "--link", "emulated", "--threads", "1",
