@@ -463,6 +463,8 @@ class Sweeper:
                 self.failures.append({"run_key": item.run_key, "attempt": attempt, "error": str(exc),
                                       "time_utc": records.utc_now()})
                 log.warning("%s attempt %d failed: %s", item.run_key, attempt, exc)
+                if item.backend == "rpc":  # its own fresh processes; the TCP workers are untouched
+                    continue
                 # A half-finished exchange leaves workers in an unknown state: start them afresh.
                 self.stop_workers()
                 try:
@@ -539,10 +541,6 @@ def run_row(rec: dict[str, Any], path: Path) -> dict[str, Any]:
             "link_mode": rec["manifest"]["link"].get("mode"), "json": f"runs/{path.name}"}
 
 
-def _ci(xs: Sequence[float]) -> tuple[float | None, float | None]:
-    return records.bootstrap_ci(xs)
-
-
 def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model/backend/profile/batch/split: median, p95 and 95% CI over runs."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
@@ -559,7 +557,7 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for metric, stem, unit in (("latency_median_s", "latency_median", "_s"),
                                    ("throughput_imgs_per_s", "throughput", "_imgs_per_s")):
             xs = [m[metric] for m in members if m.get(metric) is not None]
-            lo, hi = _ci(xs)
+            lo, hi = records.bootstrap_ci(xs)
             entry[metric] = float(np.median(xs)) if xs else None
             entry[f"{stem}_p95{unit}"] = float(np.percentile(xs, 95)) if xs else None
             entry[f"{stem}_ci95_low{unit}"] = lo
@@ -583,7 +581,3 @@ def describe_plan(items: Sequence[Item], opts: SweepOptions) -> str:
     if len(items) > 10:
         lines.append(f"  ... and {len(items) - 10} more")
     return "\n".join(lines)
-
-
-def iter_sessions(out: str | Path) -> Iterator[Path]:
-    yield from sorted(Path(out).glob("*/session.json"))

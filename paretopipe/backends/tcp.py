@@ -236,7 +236,7 @@ def _send_json(sock: socket.socket, kind: int, obj: dict[str, Any]) -> None:
     wire.send_frame(sock, kind, 0, torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else None)
 
 
-def _link_manifest(cfg: RunConfig, link: EmulatedLink | None, observed: dict | None) -> dict[str, Any]:
+def _link_manifest(link: EmulatedLink | None, observed: dict | None) -> dict[str, Any]:
     if observed is not None:
         return observed
     if link is not None:
@@ -266,7 +266,7 @@ def run_stage1(listener: socket.socket, builder: StageBuilder, cfg: RunConfig, *
     link = EmulatedLink(profile, seed=cfg.seed) if profile is not None and cfg.link_mode == "emulated" else None
     manifest1 = records.node_manifest(builder.device, threads, role="stage1",
                                       weights_fingerprint=builder.fingerprint)
-    link_manifest = _link_manifest(cfg, link, observed_link)
+    link_manifest = _link_manifest(link, observed_link)
     wire.send_frame(conn, wire.HELLO_OK, meta={
         "run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
         "return_link": profile.to_dict() if link is not None else None})
