@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import netem, records
+from . import cpushare, netem, records
 from .errors import ParetoPipeError, PeerError, UsageError
 from .link import Profile, get_profile
 from .sshcmd import ssh_argv
@@ -231,6 +231,8 @@ class SweepOptions:
     profiles_file: str | None = None
     wire_dtype: str = "float32"
     compression: str = "none"
+    stage_cpu: list[float | None] = dataclasses.field(default_factory=lambda: [None, None])
+    stage_threads: list[int | None] = dataclasses.field(default_factory=lambda: [None, None])
 
 
 class Sweeper:
@@ -246,6 +248,13 @@ class Sweeper:
             raise UsageError(f"--link {opts.link!r}: valid emulated, tc, none")
         if opts.link == "tc" and not (opts.hosts.iface):
             raise UsageError("--link tc needs IFACE (in .env or --iface) to shape")
+        if any(x is not None for x in opts.stage_cpu):
+            if opts.hosts.remote:
+                raise UsageError("--stage-cpu emulates slower devices on this machine; with hosts in .env the "
+                                 "stages already run on real devices (use --local to emulate)")
+            if "rpc" in opts.backends:
+                raise UsageError("--stage-cpu applies to the TCP backend's stage workers; use --backend tcp")
+            cpushare.Hierarchy.detect()  # a clear error now rather than from every worker
         self.profiles = {name: get_profile(name, opts.profiles_file) for name in opts.profiles}
         self.dir = self._session_dir()
         self.workers: dict[str, Worker] = {}
@@ -290,8 +299,11 @@ class Sweeper:
         o, h = self.opts, self.opts.hosts
         args = ["-m", "paretopipe.worker", "--role", role, "--model", model]
         cores = os.cpu_count() or 1
-        threads = o.threads or max(1, cores // 2)
+        index = 0 if role == "stage1" else 1
+        threads = o.stage_threads[index] or o.threads or max(1, cores // 2)
         args += ["--threads", str(threads)]
+        if o.stage_cpu[index] is not None:
+            args += ["--cpu-share", repr(o.stage_cpu[index])]
         if not h.remote:
             if o.optimizations and cores >= 2:
                 half = cores // 2
@@ -322,6 +334,8 @@ class Sweeper:
     def stop_workers(self) -> None:
         for w in self.workers.values():
             w.stop()
+        if self.workers and any(x is not None for x in self.opts.stage_cpu):
+            cpushare.remove_stale()  # groups of workers that could not clean up after themselves
         self.workers = {}
 
     # -- one configuration ---------------------------------------------------------------------
@@ -348,6 +362,7 @@ class Sweeper:
         s1.expect("done", timeout=o.wait_time)
         record = result["record"]
         record["config"]["profile"] = item.profile
+        record["config"]["stage_limits"] = {"stage1": s1.info.get("limits"), "stage2": s2.info.get("limits")}
         if record["status"] != "complete":
             raise PeerError(record.get("error") or "run incomplete")
         return record
@@ -378,7 +393,8 @@ class Sweeper:
                 raise PeerError(f"rpc: {lines[-1][7:] if lines else proc.stderr.strip()[-300:]}")
             record = json.loads(found[0].read_text())
         record["config"].update(profile=item.profile, sweep_run_key=item.run_key, run=item.run,
-                                stage_limits={"torch_threads": threads, "cpu_affinity": None})
+                                stage_limits={f"stage{i}": {"torch_threads": threads, "cpu_affinity": None}
+                                              for i in (1, 2)})
         return record
 
     @staticmethod

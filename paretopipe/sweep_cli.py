@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Sequence
 
+from . import cpushare
 from .cli import HelpFormatter, add_common_flags, example_epilog, setup_logging
 from .errors import UsageError
 from .sweep import Hosts, SweepOptions, Sweeper, describe_plan
@@ -47,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-time", type=float, default=120.0, help="readiness timeout for stage processes, seconds")
     p.add_argument("--timeout", type=float, default=60.0, help="per-batch timeout inside a run, seconds")
     p.add_argument("--threads", type=int, default=None, help="torch threads per stage (default: cores/2)")
+    p.add_argument("--stage-cpu", default=None,
+                   help="CPU share per stage via cgroup quota, e.g. 0.25,1 (an edge device and a server on "
+                        "one machine; local TCP only)")
+    p.add_argument("--stage-threads", default=None, help="torch threads per stage, e.g. 1,2 (overrides --threads)")
     p.add_argument("--cleanup", action="store_true", help="delete per-run JSONs after consolidation (CSVs stay)")
     p.add_argument("--no-optimizations", action="store_true",
                    help="do not pin stages to separate cores (the anchor's behaviour; for comparisons)")
@@ -85,7 +90,21 @@ def options_from_args(args: argparse.Namespace) -> SweepOptions:
                         resume=args.resume, wait_time=args.wait_time, timeout=args.timeout, threads=args.threads,
                         optimizations=not args.no_optimizations, dry_run=args.dry_run, cleanup=args.cleanup,
                         report=not args.no_report, hosts=hosts, profiles_file=args.profiles_file,
-                        wire_dtype=args.wire_dtype, compression=args.compression)
+                        wire_dtype=args.wire_dtype, compression=args.compression,
+                        stage_cpu=cpushare.parse_shares(args.stage_cpu, 2),
+                        stage_threads=_stage_threads(args.stage_threads))
+
+
+def _stage_threads(text: str | None) -> list[int | None]:
+    if not text:
+        return [None, None]
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 2 or min(values) < 1:
+        raise UsageError(f"--stage-threads {text!r}: give two positive integers, one per stage, e.g. 1,2")
+    return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = options_from_args(args)
     sweeper = Sweeper(opts)
     if opts.dry_run:
-        from . import models, split
+        from . import split
 
         blocks = {}
         for m in opts.models:

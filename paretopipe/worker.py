@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
+from . import cpushare
 from .backends import tcp
 from .backends.common import RunConfig, StageBuilder
 from .errors import ParetoPipeError
@@ -81,7 +82,6 @@ def serve_forever(role: str, builder: StageBuilder, limits: dict[str, Any]) -> N
                 outcome = tcp.run_stage2(sock, builder, cfg, output_dir=None,
                                          observed_link=msg.get("observed_link"),
                                          threads=limits.get("torch_threads"))
-                outcome.record["config"]["stage_limits"] = limits
                 _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
             else:
                 _emit({"event": "error", "error": f"{role} does not understand {cmd!r}"})
@@ -100,11 +100,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cpus", default=None, help="CPU list to pin to, e.g. 0 or 0-1")
+    p.add_argument("--cpu-share", type=float, default=None,
+                   help="CPU share via a cgroup quota (1 = one core), applied after the model is built")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    share = None
     try:
         limits = apply_cpu_limits(args.cpus, args.threads)
         builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
+        if args.cpu_share is not None:
+            share = cpushare.limit(os.getpid(), args.cpu_share, args.role)
+            limits.update(share)
     except ParetoPipeError as exc:
         _emit({"event": "error", "error": str(exc)})
         return exc.exit_code
@@ -118,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_forever(args.role, builder, limits)
     except KeyboardInterrupt:
         return 130
+    finally:
+        if share is not None:
+            cpushare.release(share, os.getpid())
     return 0
 
 

@@ -75,7 +75,7 @@ def test_small_sweep_end_to_end_both_backends(tmp_path):
     assert (session / "report" / "pareto.csv").is_file()
     rec = json.loads((session / runs.iloc[0]["json"]).read_text())
     assert rec["manifest"]["link"]["mode"] == "emulated"
-    assert rec["config"]["stage_limits"]["torch_threads"] >= 1
+    assert rec["config"]["stage_limits"]["stage1"]["torch_threads"] >= 1
 
 
 def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):

@@ -265,7 +265,8 @@ def run_stage1(listener: socket.socket, builder: StageBuilder, cfg: RunConfig, *
     run_id = records.new_run_id(builder.name, cfg.cuts[0])
     link = EmulatedLink(profile, seed=cfg.seed) if profile is not None and cfg.link_mode == "emulated" else None
     manifest1 = records.node_manifest(builder.device, threads, role="stage1",
-                                      weights_fingerprint=builder.fingerprint)
+                                      weights_fingerprint=builder.fingerprint,
+                                      limits=cfg.extra.get("stage_limits"))
     link_manifest = _link_manifest(link, observed_link)
     wire.send_frame(conn, wire.HELLO_OK, meta={
         "run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
@@ -334,13 +335,14 @@ def run_stage2(sock: socket.socket, builder: StageBuilder, cfg: RunConfig, *,
     except PeerError as exc:
         raise PeerError(f"stage 1 refused the handshake: {exc}".replace("peer reported: ", ""))
     run_id = ok["run_id"]
+    own_limits = cfg.extra.get("stage_limits")
     cfg = RunConfig.from_dict({**ok["config"], "timeout_s": cfg.timeout_s})
     back = ok.get("return_link")
     link = EmulatedLink(Profile.from_dict(back), seed=cfg.seed + 1) if back else None
     stage = builder.stage(cfg.cuts, 1)
     timer = StageTimer(builder.device)
     manifest2 = records.node_manifest(builder.device, threads, role="stage2",
-                                      weights_fingerprint=builder.fingerprint)
+                                      weights_fingerprint=builder.fingerprint, limits=own_limits)
     sender = FrameSender(sock, link, "stage2-send")
     work: queue.Queue = queue.Queue()
     seen: dict[int, dict[str, Any]] = {}
