@@ -245,7 +245,7 @@ def recv_exact_into(sock: socket.socket, view: memoryview, what: str) -> None:
         except ConnectionResetError:
             raise PeerError(f"peer reset the connection while we waited for {what}")
         if n == 0:
-            raise PeerError(f"peer closed the connection" + (f" in the middle of {what}" if got else ""))
+            raise PeerError("peer closed the connection" + (f" in the middle of {what}" if got else ""))
         got += n
 
 

@@ -6,14 +6,13 @@ import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import PYTHON, ROOT, is_root
-from paretopipe import link, netem, units, wire
+from paretopipe import netem, units, wire
 from paretopipe.errors import NetemError, UsageError
 from paretopipe.link import EmulatedLink, get_profile, load_profiles
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, is_root, sshd_env_file
+from conftest import ROOT, sshd_env_file
 
 
 def test_partition_sh_is_shellcheck_clean():

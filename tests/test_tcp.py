@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import PYTHON, ROOT
-from paretopipe import data, records, wire
+from paretopipe import data, records
 from paretopipe.link import get_profile
 from tcp_helpers import builder, free_port, kill_group, run_in_threads, start, wait_for_line
 
