@@ -25,11 +25,11 @@ def main() -> None:
     segments = 73
     sizes = [int(1.6e6 * 0.93 ** i) for i in range(segments)] + [40]
     base = [rng.uniform(0.05, 0.6) * 1e-3 for _ in range(segments)]
-    for n_dev, positions in ((3, 74), (4, 20), (4, 40)):
-        speeds = [4.0, 1.0, 0.1, 0.5][:n_dev]
+    for n_dev, positions in ((3, 74), (4, 20), (4, 40), (5, 20)):
+        speeds = [4.0, 1.0, 0.1, 0.5, 2.0][:n_dev]
         devices = [synthetic_profile([t * s for t in base], sizes, encode_s=2e-5, decode_s=2e-5, frame_overhead=56)
                    for s in speeds]
-        links = [LinkModel(delay_s=0.005, rate_bps=r) for r in (50e6, 1e9, 100e6)[:n_dev - 1]]
+        links = [LinkModel(delay_s=0.005, rate_bps=r) for r in (50e6, 1e9, 100e6, 20e6)[:n_dev - 1]]
         pos = sorted(rng.sample(range(segments + 1), positions - 2) + [0, segments])
         t0 = time.perf_counter()
         dp = pareto_plans(devices, links, 1, pos)
