@@ -24,7 +24,7 @@ from .errors import UsageError
 from .link import Profile, get_profile
 from .planner import pareto_plans, split_blocks
 from .profile import DeviceProfile, check_compatible, codec_key
-from .units import format_rate, parse_rate
+from .units import parse_rate
 
 log = logging.getLogger("paretopipe.predict")
 
@@ -123,14 +123,14 @@ def plot_rate_map(df: pd.DataFrame, path: Path, title: str, split_order: Sequenc
         top.step(df["rate_mbit_per_s"], [pos[s] for s in df[column]], where="mid", color=colour, ls=style,
                  lw=2, label=label)
     used = sorted({pos[s] for c in ("best_latency_split", "best_throughput_split") for s in df[c]})
-    top.set_yticks(used, [split_order[i] for i in used])
+    names = {0: " (all on device 2)", len(split_order) - 1: " (all on device 1)"}
+    top.set_yticks(used, [split_order[i] + names.get(i, "") for i in used])
     top.set_ylabel("split (k: first k blocks on device 1)")
     top.set_title(title)
     top.grid(True, which="both", alpha=0.3)
     top.legend(fontsize=8)
     bottom.plot(df["rate_mbit_per_s"], df["best_latency_s"] * 1e3, color=PALETTE[0], label="best latency (ms)")
     bottom.set_ylabel("predicted latency (ms)")
-    bottom.set_yscale("log")
     twin = bottom.twinx()
     twin.plot(df["rate_mbit_per_s"], df["best_throughput_imgs_per_s"], color=PALETTE[3], ls="--",
               label="best throughput (img/s)")
@@ -436,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for column, what in (("best_latency_split", "latency"), ("best_throughput_split", "throughput")):
             print(f"{what}-optimal split by link rate:")
             for lo, hi, best in rate_ranges(df, column):
-                print(f"  {format_rate(lo * 1e6):>12} .. {format_rate(hi * 1e6):<12} split {best}")
+                print(f"  {lo:9.3g} .. {hi:<9.3g} Mbit/s  split {best}")
         print(f"written: {out / 'optimal_split_vs_rate.csv'}, {fig}")
         return 0
     tables = [predict_splits(profiles, links[0], args.batch_size, codec, args.fine) for links in conditions]
