@@ -39,6 +39,7 @@ DTYPES: dict[int, torch.dtype] = {1: torch.float32, 2: torch.float16, 3: torch.b
                                   4: torch.float64, 5: torch.uint8, 6: torch.int8, 7: torch.int16,
                                   8: torch.int32, 9: torch.int64, 10: torch.bool}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+CAST_DTYPES = (2, 3)  # what --wire-dtype may cast floating tensors to
 CODECS = {"none": 0, "zstd": 1, "lz4": 2}
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
 WIRE_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -276,6 +277,9 @@ def parse_header(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
         raise WireError(f"unknown frame kind {kind}")
     if dtype != NO_TENSOR and dtype not in DTYPES or orig != NO_TENSOR and orig not in DTYPES:
         raise WireError(f"dtype code {dtype}/{orig} not in the allow-list")
+    if orig not in (NO_TENSOR, dtype) and not (dtype in CAST_DTYPES and DTYPES[orig].is_floating_point):
+        raise WireError(f"a {DTYPES[orig]} tensor cannot travel as {DTYPES.get(dtype)}: only floating "
+                        f"tensors are cast, and only to float16 or bfloat16")
     if codec not in CODEC_NAMES:
         raise WireError(f"unknown codec {codec}")
     if ndim > MAX_NDIM:

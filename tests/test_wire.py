@@ -109,6 +109,8 @@ def _header(**over):
     ({"meta_len": 10**6}, "meta of 1000000 bytes exceeds"),
     ({"nbytes": 2**40, "raw": 2**40}, "exceeds the limit"),
     ({"nbytes": 8}, "uncompressed payload of 8 bytes but raw size 16"),
+    ({"dtype": 1, "orig": 2}, "torch.float16 tensor cannot travel as torch.float32"),
+    ({"dtype": 2, "orig": 9}, "torch.int64 tensor cannot travel as torch.float16"),
 ])
 def test_lying_headers_are_rejected(over, match):
     with pytest.raises(WireError, match=match):
@@ -176,8 +178,9 @@ def test_fuzzed_decoder_returns_valid_frame_or_project_error(data):
         pass
     else:
         assert f.kind in wire.KIND_NAMES
-        if f.tensor is not None:
-            assert f.tensor.numel() * f.tensor.element_size() == f.raw_nbytes <= LIMIT
+        if f.tensor is not None:  # raw bytes are in the wire dtype; the tensor is back in its own
+            wire_dtype = wire.DTYPES[wire.parse_header(data[:wire.HEADER.size], LIMIT).dtype]
+            assert f.tensor.numel() * wire_dtype.itemsize == f.raw_nbytes <= LIMIT
     finally:
         monkeypatch.undo()
     assert all(n <= max(LIMIT, wire.MAX_META_BYTES) for n in allocated)
