@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -94,12 +95,7 @@ def _write(path: Path, value: str) -> None:
                          f"(CPU shares need root or a delegated cgroup)")
 
 
-def limit(pid: int, share: float, name: str, hierarchy: Hierarchy | None = None) -> dict[str, Any]:
-    """Move ``pid`` (all its threads) into a new cgroup limited to ``share`` of one core.
-
-    Returns what was applied, for the run manifest. Undo with :func:`release`.
-    """
-    h = hierarchy or Hierarchy.detect()
+def _make_group(h: Hierarchy, share: float, name: str, pid: int) -> dict[str, Any]:
     quota, period = quota_period_us(share)
     group = h.root / f"{GROUP_PREFIX}{name}-{pid}"
     try:
@@ -113,16 +109,65 @@ def limit(pid: int, share: float, name: str, hierarchy: Hierarchy | None = None)
         with contextlib.suppress(OSError):  # enabling may already be done, or be the parent's job
             (h.root / "cgroup.subtree_control").write_text("+cpu")
         _write(group / "cpu.max", f"{quota} {period}")
-    _write(group / "cgroup.procs", str(pid))
     return {"cpu_share": share, "cgroup": str(group), "cgroup_version": h.version,
             "cpu_quota_us": quota, "cpu_period_us": period}
 
 
+def limit(pid: int, share: float, name: str, hierarchy: Hierarchy | None = None) -> dict[str, Any]:
+    """Move ``pid`` (all its threads) into a new cgroup limited to ``share`` of one core.
+
+    Returns what was applied, for the run manifest. Undo with :func:`release`.
+    """
+    h = hierarchy or Hierarchy.detect()
+    applied = _make_group(h, share, name, pid)
+    _write(Path(applied["cgroup"]) / "cgroup.procs", str(pid))
+    applied["scope"] = "process"
+    return applied
+
+
+_compute_group: dict[str, Any] | None = None
+
+
+def limit_compute(pid: int, share: float, name: str, hierarchy: Hierarchy | None = None) -> dict[str, Any]:
+    """A group for this process's compute threads only (they join with :func:`join_compute_thread`).
+
+    A slower device computes slower, but its network threads are not frozen for the rest of a
+    quota period whenever the compute has used its share; holding only the compute threads keeps
+    that artefact of the emulation off the link. cgroup v2 cannot hold single threads of a
+    process in a domain group, so there the whole process is limited.
+    """
+    global _compute_group
+    h = hierarchy or Hierarchy.detect()
+    if h.version != 1:
+        return limit(pid, share, name, h)
+    applied = _make_group(h, share, name, pid)
+    applied["scope"] = "compute threads"
+    _compute_group = applied
+    return applied
+
+
+def join_compute_thread() -> None:
+    """Called by a thread about to run stage compute; a no-op unless :func:`limit_compute` ran."""
+    group = _compute_group
+    if group is not None:
+        _write(Path(group["cgroup"]) / "tasks", str(threading.get_native_id()))
+
+
 def release(applied: dict[str, Any], pid: int) -> None:
-    """Move ``pid`` back to the root group and remove the group (best effort: the pid may be gone)."""
+    """Move what is in the group back to the root group and remove the group (best effort: the
+    processes may be gone)."""
+    global _compute_group
     group = Path(applied["cgroup"])
-    with contextlib.suppress(OSError):
-        (group.parent / "cgroup.procs").write_text(str(pid))
+    if _compute_group is applied:
+        _compute_group = None
+    members = "tasks" if applied.get("scope") == "compute threads" else "cgroup.procs"
+    try:
+        ids = (group / members).read_text().split()
+    except OSError:
+        ids = []
+    for member in ids or [str(pid)]:
+        with contextlib.suppress(OSError):
+            (group.parent / members).write_text(member)
     with contextlib.suppress(OSError):
         group.rmdir()
 

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cpus", default=None, help="CPU list to pin to, e.g. 0 or 0-1")
     p.add_argument("--cpu-share", type=float, default=None,
-                   help="CPU share via a cgroup quota (1 = one core), applied after the model is built")
+                   help="CPU share of the compute threads via a cgroup quota (1 = one core), after the model is built")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     share = None
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         limits = apply_cpu_limits(args.cpus, args.threads)
         builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
         if args.cpu_share is not None:
-            share = cpushare.limit(os.getpid(), args.cpu_share, args.role)
+            share = cpushare.limit_compute(os.getpid(), args.cpu_share, args.role)
             limits.update(share)
     except ParetoPipeError as exc:
         _emit({"event": "error", "error": str(exc)})

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import data, records, wire
+from .. import cpushare, data, records, wire
 from ..errors import ParetoPipeError, PeerError, UsageError, WireError
 from ..link import EmulatedLink, LinkSender, Profile
 from ..sysmon import SystemMonitor
@@ -183,6 +183,7 @@ class _Stage1Run:
 
     def run(self) -> None:
         cfg = self.cfg
+        cpushare.join_compute_thread()  # data generation and stage 1 run on this thread
         self.sender = FrameSender(self.conn, self.link, "stage1-send")
         self.conn.settimeout(cfg.timeout_s)
         receiver = threading.Thread(target=self._receive, name="stage1-recv", daemon=True)
@@ -349,6 +350,7 @@ def run_stage2(sock: socket.socket, builder: StageBuilder, cfg: RunConfig, *,
     compute_error: list[BaseException] = []
 
     def compute_loop() -> None:
+        cpushare.join_compute_thread()
         while True:
             item = work.get()
             if item is None:
