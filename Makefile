@@ -28,22 +28,27 @@ DEMO_SWEEP := --model mobilenetv2 --splits all --runs 2 --profiles lan,wifi,lte 
 	  --batch-size 1 --num-batches 10 --warmup 1 --in-flight 4
 PROFILE    := $(PY) -m paretopipe.profile --model mobilenetv2 --threads 1 --codecs float32/none --quiet
 
-# The sweep, then the cost model's predictions of it from a profile taken just before.
+# The sweep, then the cost model's predictions of it from profiles taken just before and after
+# (averaged with "+": the machine's speed drifts during a sweep).
+CPU_PROFILE := results/profiles/cpu-mobilenet_v2.json+results/profiles/cpu-mobilenet_v2-after.json
 demo: venv
 	$(PROFILE) --cpus 0 --out results/profiles/cpu-mobilenet_v2.json
 	$(PY) automated_split_tester.py $(DEMO_SWEEP) --out results
-	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results \
-	  --stage-profiles results/profiles/cpu-mobilenet_v2.json,results/profiles/cpu-mobilenet_v2.json
+	$(PROFILE) --cpus 0 --out results/profiles/cpu-mobilenet_v2-after.json
+	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results --stage-profiles $(CPU_PROFILE),$(CPU_PROFILE)
 
 # An edge device (a quarter of a core, via a cgroup quota) and a server on one machine (needs root).
+EDGE   := results-edge/profiles/edge-mobilenet_v2.json+results-edge/profiles/edge-mobilenet_v2-after.json
+SERVER := results-edge/profiles/server-mobilenet_v2.json+results-edge/profiles/server-mobilenet_v2-after.json
 demo-edge: venv
 	$(PROFILE) --cpus 0 --cpu-share 0.25 --out results-edge/profiles/edge-mobilenet_v2.json
 	$(PROFILE) --cpus 1 --out results-edge/profiles/server-mobilenet_v2.json
 	$(PY) automated_split_tester.py $(DEMO_SWEEP) --stage-cpu 0.25,1 --out results-edge
-	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results-edge \
-	  --stage-profiles results-edge/profiles/edge-mobilenet_v2.json,results-edge/profiles/server-mobilenet_v2.json
-	$(PY) -m paretopipe.predict --model mobilenetv2 --sweep-rate 1mbit..1gbit --delay 20ms --out results-edge/predictions \
-	  --stage-profiles results-edge/profiles/edge-mobilenet_v2.json,results-edge/profiles/server-mobilenet_v2.json
+	$(PROFILE) --cpus 0 --cpu-share 0.25 --out results-edge/profiles/edge-mobilenet_v2-after.json
+	$(PROFILE) --cpus 1 --out results-edge/profiles/server-mobilenet_v2-after.json
+	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results-edge --stage-profiles $(EDGE),$(SERVER)
+	$(PY) -m paretopipe.predict --model mobilenetv2 --sweep-rate 1mbit..1gbit --delay 20ms \
+	  --out results-edge/predictions --stage-profiles $(EDGE),$(SERVER)
 
 bench: venv
 	$(PY) benchmarks/run_all.py

@@ -361,7 +361,8 @@ def parser() -> argparse.ArgumentParser:
             "python -m paretopipe.predict --model mobilenetv2 --stage-profiles s1.json,s2.json --validate results/"))
     p.add_argument("--model", required=True, help="the model the profiles were taken of")
     p.add_argument("--stage-profiles", required=True,
-                   help="comma list of profile JSONs, one per device in chain order (device 1 holds the data)")
+                   help="comma list of profile JSONs, one per device in chain order (device 1 holds the data); "
+                        "a+b averages two profiles of one device, e.g. taken before and after a sweep")
     p.add_argument("--profiles", default=None, help="comma list of link profiles to evaluate (default lan)")
     p.add_argument("--links", default=None, help="N devices: one link profile per hop, e.g. wifi,lan")
     add_link_flags(p.add_argument_group("ad-hoc link (instead of --profiles)"))
@@ -392,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"--stage-profiles needs at least 2 profiles (one per device), got {len(paths)}")
     if args.batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
-    profiles = [DeviceProfile.load(path) for path in paths]
+    profiles = [DeviceProfile.load_spec(path) for path in paths]
     if args.validate:
         if len(profiles) != 2:
             raise UsageError("--validate compares with a 2-stage TCP sweep: give exactly 2 stage profiles")

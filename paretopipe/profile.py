@@ -243,9 +243,19 @@ class DeviceProfile:
             raise UsageError(f"profile {path} is not a JSON object")
         return cls(doc, str(path))
 
+    @classmethod
+    def load_spec(cls, spec: str) -> "DeviceProfile":
+        """``a.json`` or ``a.json+b.json``: profiles of one device taken at different times (for
+        example before and after a long sweep) are averaged, which halves the effect of the
+        machine's speed drifting in between."""
+        parts = [p.strip() for p in spec.split("+") if p.strip()]
+        if len(parts) == 1:
+            return cls.load(parts[0])
+        return average([cls.load(p) for p in parts])
+
     @property
     def name(self) -> str:
-        return Path(self.path).stem
+        return Path(self.path.split("+")[0]).stem
 
     @property
     def torch_version(self) -> str | None:
@@ -286,6 +296,32 @@ class DeviceProfile:
             return self.boundaries.index(name)
         except ValueError:
             raise UsageError(f"{self.path} has no cut {name!r}: it was made for a different model version")
+
+
+def average(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
+    """One profile whose timings are the means of ``profiles`` (same model, cuts and batch sizes)."""
+    import copy
+
+    first = profiles[0]
+    for p in profiles[1:]:
+        if p.model != first.model or p.boundaries != first.boundaries or set(p.doc["by_batch"]) != set(first.doc["by_batch"]):
+            raise UsageError(f"cannot average {p.path} with {first.path}: they profile different models, cuts "
+                             f"or batch sizes")
+    doc = copy.deepcopy(first.doc)
+
+    def mean(values: list) -> Any:
+        if isinstance(values[0], list):
+            return [mean(list(v)) for v in zip(*values)]
+        if isinstance(values[0], dict):
+            return {k: mean([v[k] for v in values]) if isinstance(values[0][k], (float, list, dict))
+                    else values[0][k] for k in values[0]}
+        return float(statistics.fmean(values))
+
+    for b in doc["by_batch"]:
+        doc["by_batch"][b] = mean([p.doc["by_batch"][b] for p in profiles])
+    doc["loopback"] = mean([p.doc["loopback"] for p in profiles])
+    doc["averaged_from"] = [p.path for p in profiles]
+    return DeviceProfile(doc, "+".join(p.path for p in profiles))
 
 
 def check_compatible(profiles: Sequence[DeviceProfile], model: str | None = None) -> list[str]:
