@@ -113,7 +113,7 @@ def plot_rate_map(df: pd.DataFrame, path: Path, title: str, split_order: Sequenc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import PALETTE
+    from .report import PALETTE, save_figure
 
     pos = {s: i for i, s in enumerate(split_order)}
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True,
@@ -139,12 +139,7 @@ def plot_rate_map(df: pd.DataFrame, path: Path, title: str, split_order: Sequenc
     bottom.set_xlabel("link rate (Mbit/s, log scale)")
     bottom.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=130)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)
 
 
 # -- validation against a measured sweep ---------------------------------------------------------
@@ -289,7 +284,7 @@ def write_validation(table: pd.DataFrame, summary: dict[str, Any], out: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import PALETTE
+    from .report import PALETTE, save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
     for ax, (m, p, unit, scale) in zip(axes, (("latency_s", "predicted_latency_s", "latency (ms)", 1e3),
@@ -310,10 +305,7 @@ def write_validation(table: pd.DataFrame, summary: dict[str, Any], out: Path) ->
                  f"throughput {summary['throughput_median_ape']:.0%}; front Jaccard "
                  f"{summary['front_jaccard_mean']:.2f}", fontsize=10)
     fig.tight_layout()
-    tmp = out / ".prediction_validation.tmp.png"
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    paths.append(tmp.replace(out / "prediction_validation.png"))
+    paths.append(save_figure(fig, out / "prediction_validation.png", dpi=120))
     return paths
 
 

@@ -169,6 +169,21 @@ def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
     ax.grid(True, axis="y", alpha=0.3)
 
 
+def save_figure(fig, path: Path, dpi: int = 130) -> Path:
+    """Write ``fig`` atomically (a temp file in the same folder, then rename) and close it."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def write_report(results: str | Path, out: str | Path | None = None, fmt: str = "png") -> Path:
     """Write pareto.csv and the figures; returns the output folder."""
     import matplotlib
@@ -190,23 +205,19 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
         fig, ax = plt.subplots(figsize=(8, 5.5))
         plot_fronts(panel, ax, f"Pareto fronts: {title}")
         fig.tight_layout()
-        fig.savefig(out / f"front_{stem}.{fmt}", dpi=130)
-        plt.close(fig)
+        save_figure(fig, out / f"front_{stem}.{fmt}")
         fig = plt.figure(figsize=(4 * panel["profile"].nunique() + 1, 4.5))
         plot_breakdown(panel, fig, f"Where the time goes per split: {title}")
         fig.tight_layout()
-        fig.savefig(out / f"breakdown_{stem}.{fmt}", dpi=130)
-        plt.close(fig)
+        save_figure(fig, out / f"breakdown_{stem}.{fmt}")
         fig = plt.figure(figsize=(11, 4.5))
         plot_vs_split(panel, fig, f"Latency and throughput vs split: {title}")
         fig.tight_layout()
-        fig.savefig(out / f"vs_split_{stem}.{fmt}", dpi=130)
-        plt.close(fig)
+        save_figure(fig, out / f"vs_split_{stem}.{fmt}")
         fig, ax = plt.subplots(figsize=(7, 4))
         plot_payload(panel, ax, f"Payload per image vs split: {model}")
         fig.tight_layout()
-        fig.savefig(out / f"payload_{model}.{fmt}", dpi=130)
-        plt.close(fig)
+        save_figure(fig, out / f"payload_{model}.{fmt}")
     return out
 
 
