@@ -94,7 +94,6 @@ class LinkModel:
 class ChainTerms:
     """Every term of one plan: N stages, N - 1 forward links, the result's way back."""
 
-    bounds: list[int]                 # boundary indices: 0, the cuts, last
     batch_size: int
     source_s: float
     compute_s: list[float]
@@ -139,7 +138,7 @@ class ChainTerms:
     def as_row(self) -> dict[str, Any]:
         name, busy = self.bottleneck()
         row: dict[str, Any] = {"predicted_latency_s": self.latency_s(),
-                               "predicted_throughput_imgs_per_s": self.throughput_imgs_per_s(),
+                               "predicted_throughput_imgs_per_s": self.batch_size / busy,
                                "predicted_bottleneck": name, "predicted_source_s": self.source_s}
         for j in range(self.stages):
             row[f"predicted_stage{j + 1}_compute_s"] = self.compute_s[j]
@@ -166,7 +165,7 @@ def chain_terms(profiles: Sequence[DeviceProfile], links: Sequence[LinkModel], c
     arrive = [profiles[j].codec(batch_size, bounds[j], codec) for j in range(1, n)]
     result_out = profiles[-1].codec(batch_size, last, RESULT_CODEC)
     result_in = profiles[0].codec(batch_size, last, RESULT_CODEC)
-    return ChainTerms(bounds=bounds, batch_size=batch_size, source_s=profiles[0].source_s(batch_size),
+    return ChainTerms(batch_size=batch_size, source_s=profiles[0].source_s(batch_size),
                       compute_s=compute,
                       encode_s=[row["encode_s"] for row in fwd] + [result_out["encode_s"]],
                       decode_s=[result_in["decode_s"]] + [row["decode_s"] for row in arrive],

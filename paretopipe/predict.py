@@ -108,12 +108,9 @@ def rate_ranges(df: pd.DataFrame, column: str) -> list[tuple[float, float, str]]
 
 
 def plot_rate_map(df: pd.DataFrame, path: Path, title: str, split_order: Sequence[str]) -> Path:
-    import matplotlib
+    from .report import PALETTE, pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .report import PALETTE, save_figure
+    plt = pyplot()
 
     pos = {s: i for i, s in enumerate(split_order)}
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True,
@@ -279,12 +276,9 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
 def write_validation(table: pd.DataFrame, summary: dict[str, Any], out: Path) -> list[Path]:
     paths = [records.atomic_write_csv(out / "prediction_validation.csv", table.to_dict("records")),
              records.atomic_write_json(out / "prediction_validation.json", summary)]
-    import matplotlib
+    from .report import PALETTE, pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .report import PALETTE, save_figure
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
     for ax, (m, p, unit, scale) in zip(axes, (("latency_s", "predicted_latency_s", "latency (ms)", 1e3),

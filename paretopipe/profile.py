@@ -225,7 +225,6 @@ class DeviceProfile:
         self.doc, self.path = doc, path or "profile"
         self.model: str = doc["model"]
         self.boundaries: list[str] = [b["name"] for b in doc["boundaries"]]
-        self.bytes_per_image: list[int] = [b["bytes_per_image"] for b in doc["boundaries"]]
         self.blocks: dict[int, int] = {int(k): v for k, v in doc["blocks"].items()}
 
     @classmethod
@@ -290,12 +289,6 @@ class DeviceProfile:
 
     def source_s(self, b: int) -> float:
         return self.batch(b)["source_s"]
-
-    def boundary_index(self, name: str) -> int:
-        try:
-            return self.boundaries.index(name)
-        except ValueError:
-            raise UsageError(f"{self.path} has no cut {name!r}: it was made for a different model version")
 
 
 def average(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
@@ -391,8 +384,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                           repetitions=args.repetitions,
                           codecs=[c.strip() for c in args.codecs.split(",") if c.strip()],
                           num_classes=args.num_classes, weights=args.weights)
-    for c in opts.codecs:
-        parse_codec(c)
     doc = measure(opts, progress=log.info)
     path = records.atomic_write_json(args.out, doc)
     for b, per in doc["by_batch"].items():

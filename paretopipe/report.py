@@ -169,6 +169,16 @@ def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
     ax.grid(True, axis="y", alpha=0.3)
 
 
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed, e.g. in CI or over SSH)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure(fig, path: Path, dpi: int = 130) -> Path:
     """Write ``fig`` atomically (a temp file in the same folder, then rename) and close it."""
     import matplotlib.pyplot as plt
@@ -186,10 +196,7 @@ def save_figure(fig, path: Path, dpi: int = 130) -> Path:
 
 def write_report(results: str | Path, out: str | Path | None = None, fmt: str = "png") -> Path:
     """Write pareto.csv and the figures; returns the output folder."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     if fmt not in ("png", "svg", "pdf"):
         raise UsageError(f"--format {fmt!r}: valid png, svg, pdf")

@@ -21,14 +21,19 @@ def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+def _profile(path: Path, codecs: str = "float32/none") -> str:
+    """Profile MobileNetV2 on core 0 with one thread, as the sweeper runs a stage; returns stdout."""
+    proc = _run("paretopipe.profile", "--model", "mobilenetv2", "--threads", "1", "--cpus", "0", "--repetitions", "9",
+                "--codecs", codecs, "--out", str(path), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 @pytest.fixture(scope="module")
 def mobilenet_profile(tmp_path_factory) -> Path:
     """A real profile of MobileNetV2 on core 0 with one thread, as the sweeper runs a stage."""
     path = tmp_path_factory.mktemp("profiles") / "cpu-mobilenet_v2.json"
-    proc = _run("paretopipe.profile", "--model", "mobilenetv2", "--threads", "1", "--cpus", "0",
-                "--repetitions", "9", "--codecs", "float32/none,float16/none", "--out", str(path), "--quiet")
-    assert proc.returncode == 0, proc.stderr
-    assert "segments sum to" in proc.stdout
+    assert "segments sum to" in _profile(path, "float32/none,float16/none")
     return path
 
 
@@ -114,10 +119,6 @@ def test_bad_input_is_one_clear_line(mobilenet_profile, problem, args, message):
     assert len(lines) == 1 and message in lines[0], (problem, proc.stderr)
 
 
-def _profile(path: Path) -> None:
-    proc = _run("paretopipe.profile", "--model", "mobilenetv2", "--threads", "1", "--cpus", "0", "--repetitions", "9",
-                "--codecs", "float32/none", "--out", str(path), "--quiet")
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_prediction_agrees_with_a_small_real_sweep(tmp_path):
