@@ -11,7 +11,6 @@ venv:
 	  python3 -m venv .venv && \
 	  $(PY) -m pip install -q --upgrade pip && \
 	  $(PY) -m pip install -q -r requirements.txt && \
-	  $(PY) -m pip install -q --no-deps --no-build-isolation -e . && \
 	  $(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null && \
 	  echo "$(REQHASH)" > $(STAMP); \
 	fi
@@ -22,9 +21,10 @@ sysdeps:
 	@bash scripts/install_sysdeps.sh
 
 test: venv sysdeps
+	.venv/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest -q
 
-DEMO_SWEEP := --model mobilenetv2 --splits all --runs 2 --profiles lan,wifi,lte \
+DEMO_SWEEP := --model mobilenetv2 --splits all --runs 2 --network lan,wifi,lte \
 	  --batch-size 1 --num-batches 10 --warmup 1 --in-flight 4
 PROFILE    := $(PY) -m paretopipe.profile --model mobilenetv2 --threads 1 --codecs float32/none --quiet
 
@@ -35,7 +35,7 @@ demo: venv
 	$(PROFILE) --cpus 0 --out results/profiles/cpu-mobilenet_v2.json
 	$(PY) automated_split_tester.py $(DEMO_SWEEP) --out results
 	$(PROFILE) --cpus 0 --out results/profiles/cpu-mobilenet_v2-after.json
-	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results --stage-profiles $(CPU_PROFILE),$(CPU_PROFILE)
+	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results --device-profiles $(CPU_PROFILE),$(CPU_PROFILE)
 
 # An edge device (a quarter of a core, via a cgroup quota) and a server on one machine (needs root).
 EDGE   := results-edge/profiles/edge-mobilenet_v2.json+results-edge/profiles/edge-mobilenet_v2-after.json
@@ -46,9 +46,9 @@ demo-edge: venv
 	$(PY) automated_split_tester.py $(DEMO_SWEEP) --stage-cpu 0.25,1 --out results-edge
 	$(PROFILE) --cpus 0 --cpu-share 0.25 --out results-edge/profiles/edge-mobilenet_v2-after.json
 	$(PROFILE) --cpus 1 --out results-edge/profiles/server-mobilenet_v2-after.json
-	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results-edge --stage-profiles $(EDGE),$(SERVER)
+	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results-edge --device-profiles $(EDGE),$(SERVER)
 	$(PY) -m paretopipe.predict --model mobilenetv2 --sweep-rate 1mbit..1gbit --delay 20ms \
-	  --out results-edge/predictions --stage-profiles $(EDGE),$(SERVER)
+	  --out results-edge/predictions --device-profiles $(EDGE),$(SERVER)
 
 bench: venv
 	$(PY) benchmarks/run_all.py

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Sweep every split under every network profile (the suite's main job). See --help."""
-from paretopipe.cli import run_cli
-from paretopipe.sweep_cli import main
+"""Sweep every split under every named network condition (the suite's main job). See --help."""
+from paretopipe.cli.common import run_cli
+from paretopipe.cli.sweep import main
 
 if __name__ == "__main__":
     raise SystemExit(run_cli(main))

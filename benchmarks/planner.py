@@ -9,15 +9,11 @@ ratio, and that the two fronts are identical.
 from __future__ import annotations
 
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from paretopipe.costmodel import LinkModel  # noqa: E402
-from paretopipe.planner import brute_force_plans, pareto_plans  # noqa: E402
-from tests.profile_helpers import synthetic_profile  # noqa: E402
+from paretopipe.predict.costmodel import LinkModel
+from paretopipe.predict.device_profile import synthetic_profile
+from paretopipe.predict.planner import brute_force_plans, pareto_plans
 
 
 def main() -> None:
@@ -29,7 +25,7 @@ def main() -> None:
         speeds = [4.0, 1.0, 0.1, 0.5, 2.0][:n_dev]
         devices = [synthetic_profile([t * s for t in base], sizes, encode_s=2e-5, decode_s=2e-5, frame_overhead=56)
                    for s in speeds]
-        links = [LinkModel(delay_s=0.005, rate_bps=r) for r in (50e6, 1e9, 100e6, 20e6)[:n_dev - 1]]
+        links = [LinkModel.of(delay_s=0.005, rate_bps=r) for r in (50e6, 1e9, 100e6, 20e6)[:n_dev - 1]]
         pos = sorted(rng.sample(range(segments + 1), positions - 2) + [0, segments])
         t0 = time.perf_counter()
         dp = pareto_plans(devices, links, 1, pos)

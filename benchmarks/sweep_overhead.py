@@ -26,7 +26,7 @@ ARGS = ["--batch-size", "2", "--num-batches", "8", "--warmup", "2"]
 def ours(out: Path) -> tuple[float, float]:
     t0 = time.monotonic()
     subprocess.run([PY, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", ",".join(map(str, SPLITS)),
-                    "--runs", "1", "--profiles", "lan", "--out", str(out), "--session", "s", "--no-report",
+                    "--runs", "1", "--network", "lan", "--out", str(out), "--session", "s", "--no-report",
                     "--local", "--quiet", *ARGS], cwd=ROOT, check=True, capture_output=True)
     wall = time.monotonic() - t0
     measured = sum(json.loads(p.read_text())["summary"]["measured_window_s"] for p in (out / "s" / "runs").glob("*.json"))

@@ -16,12 +16,10 @@ import statistics
 import struct
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from paretopipe import wire  # noqa: E402
+from paretopipe.transport import wire
 
 SIZES_MB = (0.1, 1, 4, 16)
 ROUNDS = 5

@@ -12,11 +12,8 @@ import datetime as _dt
 import io
 import json
 import os
-import platform
 import re
-import socket
 import statistics
-import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -24,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA_FILE = Path(__file__).with_name("run.schema.json")
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -73,7 +70,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=1, sort_keys=False, allow_nan=False,
-                                              default=_json_default) + "\n")
+                                              default=json_default) + "\n")
 
 
 def atomic_write_csv(path: str | os.PathLike, rows: Sequence[dict[str, Any]],
@@ -94,7 +91,7 @@ def _union_keys(rows: Iterable[dict[str, Any]]) -> list[str]:
     return list(keys)
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):
@@ -102,49 +99,6 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def node_manifest(device: str = "cpu", threads: int | None = None, **extra: Any) -> dict[str, Any]:
-    """What this node is: host, CPU, versions, git commit, device, threads."""
-    import torch
-
-    try:
-        import torchvision
-
-        tv = torchvision.__version__
-    except Exception:
-        tv = None
-    gpu = None
-    if device.startswith("cuda") and torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(torch.device(device))
-    out = {"hostname": socket.gethostname(), "platform": platform.platform(),
-           "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-           "python": platform.python_version(), "torch": torch.__version__, "torchvision": tv,
-           "numpy": np.__version__, "git_commit": _git_commit(), "device": device, "gpu_name": gpu,
-           "torch_threads": threads if threads is not None else torch.get_num_threads(),
-           "pid": os.getpid()}
-    out.update(extra)
-    return out
 
 
 # -- statistics ----------------------------------------------------------------------------------
@@ -188,6 +142,18 @@ def transfer_time(batch: dict[str, Any]) -> float | None:
     return batch["latency_s"] - sum(batch.get(k) or 0.0 for k in work_fields(batch))
 
 
+def throughput_window(starts: Sequence[float], ends: Sequence[float],
+                      warmup_ends: Sequence[float]) -> tuple[int, float | None]:
+    """(items, seconds) of the steady-state window: the measured batches completed from the last
+    warm-up completion (or the first measured start, with no warm-up) to the last completion.
+    The cost model's replay uses this same rule, so prediction and measurement compare alike."""
+    if not ends:
+        return 0, None
+    begin = max(warmup_ends) if warmup_ends else min(starts)
+    window = max(ends) - begin
+    return len(ends), (window if window > 0 else None)
+
+
 def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, Any]:
     """Summary over the measured (non-warm-up) batches that completed."""
     measured = [b for b in batches if not b.get("warmup") and b.get("latency_s") is not None]
@@ -195,15 +161,10 @@ def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, A
     out: dict[str, Any] = {"batches_measured": len(measured), "batches_warmup": len(warm),
                            "images_measured": len(measured) * batch_size}
     out.update(describe([b["latency_s"] for b in measured], "latency"))
-    # Steady-state throughput: items completed in the window after warm-up, over that window.
-    throughput = window = None
-    if measured:
-        begin = max(b["end_s"] for b in warm) if warm else min(b["start_s"] for b in measured)
-        window = max(b["end_s"] for b in measured) - begin
-        if window > 0:
-            throughput = len(measured) * batch_size / window
+    items, window = throughput_window([b["start_s"] for b in measured], [b["end_s"] for b in measured],
+                                      [b["end_s"] for b in warm])
     out["measured_window_s"] = window
-    out["throughput_imgs_per_s"] = throughput
+    out["throughput_imgs_per_s"] = items * batch_size / window if window else None
     keys = dict.fromkeys(WORK_FIELDS + ("stage1_send_s",))
     for b in measured:
         keys.update(dict.fromkeys(work_fields(b)))

@@ -19,7 +19,7 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 @functools.lru_cache(maxsize=None)
 def traced(name: str, batch: int = 2):
     """(model, partitioner, inputs, other_inputs) for a zoo model at ``batch`` images."""
-    from paretopipe import models, split
+    from paretopipe.partition import models, split
 
     model = models.build(name)
     size = models.input_size(name)

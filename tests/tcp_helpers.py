@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 from conftest import PYTHON, ROOT
-from paretopipe.backends import tcp
-from paretopipe.backends.common import RunConfig, StageBuilder
+from paretopipe.partition.stages import StageBuilder
+from paretopipe.transport import tcp
+from paretopipe.transport.runconfig import RunConfig
 
 
 @functools.lru_cache(maxsize=None)
@@ -21,20 +22,20 @@ def builder(name: str) -> StageBuilder:
     return StageBuilder(name)
 
 
-def run_in_threads(name: str, split_index: int, tmp: Path, profile=None, **cfg_kw):
+def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, **cfg_kw):
     """Both stages in this process over 127.0.0.1; returns (stage-1 outcome, stage-2 outcome)."""
     b = builder(name)
     cuts = b.cuts_for(split_index)
     cfg = RunConfig(model=b.name, cuts=cuts, split_index=split_index, timeout_s=60,
-                    link_mode="emulated" if profile else "none",
-                    profile=profile.name if profile else None, **cfg_kw)
+                    link_mode="emulated" if conditions else "none",
+                    network=conditions.name if conditions else None, **cfg_kw)
     listener = tcp.listen("127.0.0.1", 0)
     port = listener.getsockname()[1]
     out: dict = {}
 
     def stage1():
         try:
-            out["s1"] = tcp.run_stage1(listener, b, cfg, profile=profile, connect_timeout=30,
+            out["s1"] = tcp.run_stage1(listener, b, cfg, conditions=conditions, connect_timeout=30,
                                        keep_outputs=True, output_dir=tmp / "s1")
         except BaseException as exc:  # surfaced by the caller
             out["s1_error"] = exc

@@ -107,7 +107,7 @@ def test_share_half_makes_stage_compute_about_twice_as_long():
     """The issue's check, on a real stage: MobileNetV2's stage 1 (first 8 blocks) at share 0.5."""
     import torch
 
-    from paretopipe.backends.common import StageBuilder, StageTimer
+    from paretopipe.partition.stages import StageBuilder, StageTimer
 
     os.sched_setaffinity(0, {0})
     threads = torch.get_num_threads()
@@ -141,7 +141,8 @@ def test_share_half_makes_stage_compute_about_twice_as_long():
 
 
 def test_sweeper_refuses_shares_where_they_cannot_apply():
-    from paretopipe.sweep import Hosts, SweepOptions, Sweeper
+    from paretopipe.runners.hosts import Hosts
+    from paretopipe.runners.sweep import SweepOptions, Sweeper
 
     with pytest.raises(UsageError, match="TCP backend's stage workers"):
         Sweeper(SweepOptions(models=["mobilenetv2"], backends=["rpc"], stage_cpu=[0.5, None], dry_run=True))

@@ -1,0 +1,1 @@
+"""Reading results: the session folder, Pareto fronts, the report and its figures."""

@@ -1,0 +1,141 @@
+"""Pareto fronts, bootstrap robustness, hypervolume and knee points.
+
+Objectives are columns with a sense (``min`` or ``max``). A row is on the front when no other row
+is at least as good on every objective and strictly better on one, so weakly dominated rows are
+excluded and exact duplicates are all kept. Failed/incomplete rows and rows with NaN objectives
+never take part; how many were left out is reported in ``df.attrs``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from paretoset import paretoset
+
+DEFAULT_OBJECTIVES = {"latency_s": "min", "throughput_imgs_per_s": "max"}
+DEFAULT_GROUP = ("model", "backend", "network", "batch_size")
+#: Reference point of the hypervolume in normalised minimisation space (0 = best seen, 1 = worst seen).
+HV_REFERENCE = (1.1, 1.1)
+
+
+def _usable(df: pd.DataFrame, objectives: Mapping[str, str]) -> tuple[pd.DataFrame, int, int]:
+    failed = 0
+    if "status" in df.columns:
+        ok = df["status"].fillna("complete").eq("complete")
+        failed = int((~ok).sum())
+        df = df[ok]
+    cols = list(objectives)
+    nan = df[cols].isna().any(axis=1)
+    return df[~nan], failed, int(nan.sum())
+
+
+def front_mask(values: np.ndarray, senses: Sequence[str]) -> np.ndarray:
+    """Boolean mask of the non-dominated rows of ``values`` (n x m)."""
+    if len(values) == 0:
+        return np.zeros(0, dtype=bool)
+    return np.asarray(paretoset(pd.DataFrame(values), sense=list(senses), distinct=False), dtype=bool)
+
+
+def front(df: pd.DataFrame, objectives: Mapping[str, str] | None = None,
+          by: Sequence[str] | None = None) -> pd.DataFrame:
+    """Rows on the Pareto front of each group (default: model, backend, profile, batch size)."""
+    objectives = dict(objectives or DEFAULT_OBJECTIVES)
+    bad = [s for s in objectives.values() if s not in ("min", "max")]
+    if bad:
+        raise ValueError(f"objective sense {bad[0]!r}: use 'min' or 'max'")
+    usable, failed, nan = _usable(df, objectives)
+    groups = [c for c in (DEFAULT_GROUP if by is None else by) if c in usable.columns]
+    parts = []
+    for _, g in (usable.groupby(groups, dropna=False, sort=True) if groups else [((), usable)]):
+        mask = front_mask(g[list(objectives)].to_numpy(dtype=float), list(objectives.values()))
+        parts.append(g[mask])
+    out = pd.concat(parts) if parts else usable.iloc[0:0]
+    out.attrs = {"excluded_failed": failed, "excluded_nan": nan, "objectives": objectives, "by": groups}
+    return out
+
+
+def mark_front(df: pd.DataFrame, objectives: Mapping[str, str] | None = None,
+               by: Sequence[str] | None = None) -> pd.DataFrame:
+    """``df`` with an ``on_front`` column (False for excluded rows)."""
+    on = front(df, objectives, by)
+    out = df.copy()
+    out["on_front"] = out.index.isin(on.index)
+    out.attrs = on.attrs
+    return out
+
+
+def robustness(runs: pd.DataFrame, config_cols: Sequence[str], objectives: Mapping[str, str] | None = None,
+               by: Sequence[str] | None = None, resamples: int = 200, seed: int = 0) -> pd.Series:
+    """Share of bootstrap resamples of the runs in which each configuration stays on the front.
+
+    Each resample draws every configuration's runs with replacement, takes per-configuration
+    medians, and recomputes the fronts. Indexed by ``config_cols``.
+    """
+    objectives = dict(objectives or DEFAULT_OBJECTIVES)
+    usable, _, _ = _usable(runs, objectives)
+    if usable.empty:
+        return pd.Series(dtype=float)
+    rng = np.random.default_rng(seed)
+    grouped = [(key, g[list(objectives)].to_numpy(dtype=float)) for key, g in usable.groupby(list(config_cols))]
+    keys = [k for k, _ in grouped]
+    index = pd.MultiIndex.from_tuples(keys, names=list(config_cols)) if len(config_cols) > 1 else \
+        pd.Index([k[0] if isinstance(k, tuple) else k for k in keys], name=config_cols[0])
+    meta = pd.DataFrame(keys, columns=list(config_cols))
+    hits = np.zeros(len(keys))
+    for _ in range(resamples):
+        medians = np.array([np.median(v[rng.integers(0, len(v), len(v))], axis=0) for _, v in grouped])
+        frame = meta.copy()
+        for j, col in enumerate(objectives):
+            frame[col] = medians[:, j]
+        hits += frame.index.isin(front(frame, objectives, by).index)
+    return pd.Series(hits / resamples, index=index, name="front_robustness")
+
+
+def normalise(points: np.ndarray, senses: Sequence[str], lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Map objectives to [0, 1] minimisation space: 0 = best bound, 1 = worst bound."""
+    pts = np.asarray(points, dtype=float)
+    span = np.where(upper > lower, upper - lower, 1.0)
+    out = (pts - lower) / span
+    for j, sense in enumerate(senses):
+        if sense == "max":
+            out[:, j] = 1.0 - out[:, j]
+    return out
+
+
+def hypervolume_2d(points: np.ndarray, reference: Sequence[float] = HV_REFERENCE) -> float:
+    """Exact area dominated by ``points`` (minimisation, normalised) up to ``reference``."""
+    pts = np.asarray(points, dtype=float)
+    if pts.size == 0:
+        return 0.0
+    pts = pts[(pts[:, 0] < reference[0]) & (pts[:, 1] < reference[1])]
+    if pts.size == 0:
+        return 0.0
+    pts = pts[np.lexsort((pts[:, 1], pts[:, 0]))]
+    area, best_y = 0.0, reference[1]
+    for x, y in pts:  # sweep left to right; each point adds the strip it improves
+        if y < best_y:
+            area += (reference[0] - x) * (best_y - y)
+            best_y = y
+    return float(area)
+
+
+def knee(points: np.ndarray) -> int:
+    """Index (into ``points``, normalised minimisation space) of the knee of a 2-D front:
+    the point farthest from the line joining the front's two extremes; with fewer than three
+    points, the one closest to the ideal (0, 0)."""
+    pts = np.asarray(points, dtype=float)
+    if len(pts) < 3:
+        return int(np.argmin(np.hypot(pts[:, 0], pts[:, 1])))
+    order = np.argsort(pts[:, 0])
+    a, b = pts[order[0]], pts[order[-1]]
+    direction = b - a
+    norm = np.hypot(*direction)
+    if norm == 0:
+        return int(order[0])
+    dist = np.abs(direction[0] * (pts[:, 1] - a[1]) - direction[1] * (pts[:, 0] - a[0])) / norm
+    # Points above the chord are not knees; they bulge the wrong way.
+    below = (direction[0] * (pts[:, 1] - a[1]) - direction[1] * (pts[:, 0] - a[0])) <= 0
+    dist = np.where(below, dist, -1)
+    return int(np.argmax(dist))

@@ -1,0 +1,91 @@
+"""Pareto report of a sweep session: ``pareto.csv`` and the figures, from runs.csv/summary.csv.
+
+``paretopipe report RESULTS_DIR [--out DIR] [--format png|svg|pdf]``. RESULTS_DIR is a session
+folder (holding runs.csv) or a results folder, whose newest session is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import records
+from ..errors import UsageError
+from . import pareto
+from .plotting import plot_breakdown, plot_fronts, plot_payload, plot_vs_split, pyplot, save_figure
+from .session import CONFIG_KEY, PANEL_KEY, Session, find_session
+
+OBJECTIVES = pareto.DEFAULT_OBJECTIVES
+GROUP = [k for k in CONFIG_KEY if k != "split_index"]  # one front per model, backend, network, batch
+
+
+def pareto_table(session: Session | str | Path, resamples: int = 200) -> pd.DataFrame:
+    """Every configuration with on_front, robustness, knee flag, and its group's hypervolume."""
+    session = session if isinstance(session, Session) else find_session(session)
+    configs = session.configs()
+    runs = session.runs()
+    if configs.empty:
+        return configs.assign(on_front=[], front_robustness=[], knee=[], hypervolume=[])
+    table = pareto.mark_front(configs, OBJECTIVES, GROUP)
+    rob = pareto.robustness(runs, CONFIG_KEY, OBJECTIVES, GROUP, resamples=resamples)
+    table = table.join(rob, on=CONFIG_KEY)
+    table["front_robustness"] = table["front_robustness"].fillna(0.0)
+    table["knee"] = False
+    table["hypervolume"] = np.nan
+    senses = list(OBJECTIVES.values())
+    # Normalise per model/backend/batch over every network, so hypervolumes compare across networks.
+    for _, panel in table.groupby(PANEL_KEY):
+        values = panel[list(OBJECTIVES)].to_numpy(dtype=float)
+        lower, upper = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+        for _, grp in panel.groupby("network"):
+            on = grp[grp["on_front"]]
+            if on.empty:
+                continue
+            norm = pareto.normalise(on[list(OBJECTIVES)].to_numpy(dtype=float), senses, lower, upper)
+            table.loc[grp.index, "hypervolume"] = pareto.hypervolume_2d(norm)
+            table.loc[on.index[pareto.knee(norm)], "knee"] = True
+    return table
+
+
+def write_report(results: str | Path, out: str | Path | None = None, fmt: str = "png") -> Path:
+    """Write pareto.csv and the figures; returns the output folder."""
+    plt = pyplot()
+    if fmt not in ("png", "svg", "pdf"):
+        raise UsageError(f"--format {fmt!r}: valid png, svg, pdf")
+    session = find_session(results)
+    out = Path(out or session.report_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = pareto_table(session)
+    records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))
+    for key, panel in table.groupby(PANEL_KEY):
+        model, backend, batch = key
+        stem = f"{model}_{backend}_b{batch}"
+        title = f"{model}, {backend} backend, batch {batch}"
+        fig, ax = plt.subplots(figsize=(8, 5.5))
+        plot_fronts(panel, ax, f"Pareto fronts: {title}")
+        fig.tight_layout()
+        save_figure(fig, out / f"front_{stem}.{fmt}")
+        fig = plt.figure(figsize=(4 * panel["network"].nunique() + 1, 4.5))
+        plot_breakdown(panel, fig, f"Where the time goes per split: {title}")
+        fig.tight_layout()
+        save_figure(fig, out / f"breakdown_{stem}.{fmt}")
+        fig = plt.figure(figsize=(11, 4.5))
+        plot_vs_split(panel, fig, f"Latency and throughput vs split: {title}")
+        fig.tight_layout()
+        save_figure(fig, out / f"vs_split_{stem}.{fmt}")
+        fig, ax = plt.subplots(figsize=(7, 4))
+        plot_payload(panel, ax, f"Payload per image vs split: {model}")
+        fig.tight_layout()
+        save_figure(fig, out / f"payload_{model}.{fmt}")
+    return out
+
+
+def format_front_table(table: pd.DataFrame) -> str:
+    cols = ["model", "backend", "network", "split_index", "cut", "latency_s", "throughput_imgs_per_s",
+            "front_robustness", "knee", "hypervolume"]
+    front = table[table["on_front"]][cols].sort_values(["model", "backend", "network", "latency_s"])
+    return front.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+

@@ -1,0 +1,225 @@
+"""A session folder on disk, and the one reader and writer of it.
+
+    SESSION/
+      session.json      options, manifests, network conditions, timing, failures
+      runs/<run_key>.json   one record per run (the source of truth)
+      runs.csv          one row per run
+      summary.csv       one row per configuration (medians over runs, 95% CIs)
+      failures.csv      every failed attempt
+      report/           pareto.csv and the figures
+
+Every file is written atomically, so a killed sweep loses at most the run in flight and a later
+consolidation rebuilds the CSVs from the run records. The configuration key (what identifies a
+configuration across runs) is defined here once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .. import records
+from ..errors import UsageError
+
+log = logging.getLogger("paretopipe.session")
+
+#: What identifies a configuration; runs of one configuration differ only in ``run``.
+CONFIG_KEY = ["model", "backend", "network", "batch_size", "split_index"]
+#: One panel of figures: every network and split of one model, backend and batch size.
+PANEL_KEY = ["model", "backend", "batch_size"]
+RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
+              "batch_size", "in_flight", "latency_median_s", "latency_mean_s", "latency_p95_s",
+              "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
+              "stage2_compute_median_s", "stage2_queue_median_s", "payload_bytes_mean", "wire_bytes_mean",
+              "goodput_mbit_per_s", "measured_window_s", "measured_span_s", "batches_measured", "link_mode",
+              "json"]
+FAILURE_FIELDS = ["run_key", "attempt", "error", "time_utc"]
+
+
+def config_key(model: str, backend: str, network: str, split_index: int | str) -> str:
+    """The text form of a configuration (file names, failures.csv)."""
+    k = f"k{split_index:02d}" if isinstance(split_index, int) else f"k{split_index}"
+    return f"{model}_{backend}_{network}_{k}"
+
+
+def run_key(cfg_key: str, run: int) -> str:
+    return f"{cfg_key}_r{run}"
+
+
+def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
+    """One runs.csv row from a run record (the record's own fields, never its file name)."""
+    s, c = rec["summary"], rec["config"]
+    return {"run_key": c.get("run_key") or rec["run_id"], "config_key": c.get("config_key") or rec["run_id"],
+            "model": c["model"], "backend": rec["backend"], "network": c.get("network"),
+            "split_index": c.get("split_index"), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
+            "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
+            **{k: s.get(k) for k in RUN_FIELDS if k in s},
+            "link_mode": rec["manifest"]["link"].get("mode"), "json": f"runs/{name}"}
+
+
+def _sort_key(key: tuple) -> tuple:
+    return tuple((0, x, "") if isinstance(x, (int, np.integer)) else (1, 0, str(x)) for x in key)
+
+
+def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration: median, p95 and a bootstrap 95% CI of the median over its runs."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["status"] == "complete":
+            groups.setdefault(tuple(row[k] for k in CONFIG_KEY), []).append(row)
+    out = []
+    for key, members in sorted(groups.items(), key=lambda kv: _sort_key(kv[0])):
+        entry = dict(zip(CONFIG_KEY, key))
+        entry["cut"] = members[0]["cut"]
+        entry["runs"] = len(members)
+        for metric, stem, unit in (("latency_median_s", "latency_median", "_s"),
+                                   ("throughput_imgs_per_s", "throughput", "_imgs_per_s")):
+            xs = [m[metric] for m in members if m.get(metric) is not None]
+            lo, hi = records.bootstrap_ci(xs)
+            entry[metric] = float(np.median(xs)) if xs else None
+            entry[f"{stem}_p95{unit}"] = float(np.percentile(xs, 95)) if xs else None
+            entry[f"{stem}_ci95_low{unit}"] = lo
+            entry[f"{stem}_ci95_high{unit}"] = hi
+        for metric in ("latency_p95_s", "transfer_median_s", "stage1_compute_median_s", "stage2_compute_median_s",
+                       "stage2_queue_median_s", "goodput_mbit_per_s"):
+            xs = [m[metric] for m in members if m.get(metric) is not None]
+            entry[metric] = float(np.median(xs)) if xs else None
+        pay = [m["payload_bytes_mean"] for m in members if m.get("payload_bytes_mean") is not None]
+        entry["payload_bytes_mean"] = float(np.mean(pay)) if pay else None
+        out.append(entry)
+    return out
+
+
+class Session:
+    """One session folder: where its files are, and how they are read and written."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._rows: dict[str, tuple[int, dict[str, Any] | None]] = {}
+
+    # -- layout --------------------------------------------------------------------------------
+    @property
+    def runs_dir(self) -> Path:
+        return self.path / "runs"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / "session.json"
+
+    @property
+    def report_dir(self) -> Path:
+        return self.path / "report"
+
+    def run_path(self, key: str) -> Path:
+        return self.runs_dir / f"{key}.json"
+
+    # -- run records ---------------------------------------------------------------------------
+    def write_run(self, key: str, record: dict[str, Any]) -> Path:
+        return records.atomic_write_json(self.run_path(key), record)
+
+    def read_run(self, path: Path) -> dict[str, Any] | None:
+        """A run record, or None (with a warning) when it is truncated or not a record."""
+        try:
+            rec = json.loads(path.read_text())
+            if not isinstance(rec, dict) or not isinstance(rec.get("summary"), dict) \
+                    or not isinstance(rec.get("config"), dict):
+                raise ValueError("not a run record")
+            return rec
+        except (OSError, ValueError) as exc:
+            log.warning("skipping %s: unreadable run record (%s)", path, exc)
+            return None
+
+    def completed(self, key: str) -> bool:
+        rec = self.read_run(self.run_path(key)) if self.run_path(key).exists() else None
+        return bool(rec) and rec.get("status") == "complete"
+
+    def run_rows(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """runs.csv rows from every run record (each file parsed once until it changes), and the
+        names of records that could not be read."""
+        skipped = []
+        present = set()
+        for path in sorted(self.runs_dir.glob("*.json")):
+            present.add(path.name)
+            stamp = path.stat().st_mtime_ns
+            if self._rows.get(path.name, (None,))[0] != stamp:
+                rec = self.read_run(path)
+                self._rows[path.name] = (stamp, None if rec is None else run_row(rec, path.name))
+            if self._rows[path.name][1] is None:
+                skipped.append(path.name)
+        for name in set(self._rows) - present:
+            del self._rows[name]
+        rows = [row for _, (_, row) in sorted(self._rows.items()) if row is not None]
+        return rows, skipped
+
+    # -- consolidated files --------------------------------------------------------------------
+    def consolidate(self, failures: Iterable[dict[str, Any]], final: bool) -> tuple[list[dict[str, Any]], list[str]]:
+        """Rewrite runs.csv and failures.csv (and summary.csv when ``final``)."""
+        rows, skipped = self.run_rows()
+        records.atomic_write_csv(self.path / "runs.csv", rows, RUN_FIELDS)
+        if final:
+            records.atomic_write_csv(self.path / "summary.csv", summarize_runs(rows))
+        records.atomic_write_csv(self.path / "failures.csv", list(failures), FAILURE_FIELDS)
+        return rows, skipped
+
+    def read_meta(self) -> dict[str, Any] | None:
+        try:
+            meta = json.loads(self.meta_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{self.meta_path} is not readable JSON ({exc}); it is not a sweep session")
+        if not isinstance(meta, dict):
+            raise UsageError(f"{self.meta_path} is not a session file")
+        return meta
+
+    def write_meta(self, meta: dict[str, Any]) -> Path:
+        return records.atomic_write_json(self.meta_path, meta)
+
+    # -- reading for analysis ------------------------------------------------------------------
+    def runs(self):
+        """runs.csv as a DataFrame, with ``latency_s`` = each run's median latency."""
+        runs = _read_csv(self.path / "runs.csv")
+        runs["latency_s"] = runs["latency_median_s"]
+        return runs
+
+    def configs(self):
+        """summary.csv as a DataFrame, with ``latency_s`` = the configuration's median latency."""
+        summary = _read_csv(self.path / "summary.csv")
+        summary["latency_s"] = summary["latency_median_s"]
+        return summary
+
+
+def _read_csv(path: Path):
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path)
+    except FileNotFoundError:
+        raise UsageError(f"{path} not found: is {path.parent} a finished sweep session?")
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not a readable CSV ({str(exc).splitlines()[0]}); rebuild it with a "
+                         f"sweep --resume of that session")
+    needed = {"latency_median_s", *CONFIG_KEY}
+    missing = sorted(needed - set(df.columns))
+    if missing:
+        raise UsageError(f"{path} lacks the column {missing[0]!r}: not a ParetoPipe session (or an older one)")
+    return df
+
+
+def find_session(path: str | Path) -> Session:
+    """A session folder itself, or the newest session inside a results folder."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"no sweep results under {path}: no such folder")
+    if not path.is_dir():
+        raise UsageError(f"{path} is a file; give a session folder or a results folder")
+    if (path / "runs.csv").is_file():
+        return Session(path)
+    sessions = sorted((p.parent for p in path.glob("*/runs.csv")), key=lambda p: p.stat().st_mtime)
+    if not sessions:
+        raise UsageError(f"no sweep results under {path} (expected runs.csv in it or in a session folder inside)")
+    return Session(sessions[-1])

@@ -1,1 +1,0 @@
-"""Pipeline backends: ``tcp`` (raw sockets, binary frames) and ``rpc`` (torch.distributed.rpc)."""

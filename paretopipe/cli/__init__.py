@@ -1,0 +1,1 @@
+"""The command-line layer: one module per command, each a thin face over the library."""

@@ -1,0 +1,104 @@
+"""Shared command-line plumbing: one-line errors, exit codes, logging, --debug, shared flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Callable, NoReturn, Sequence
+
+from .. import __version__
+from ..errors import ParetoPipeError, UsageError
+
+# (flag, example) of the ad-hoc network values; "%%" because argparse formats help text.
+NETWORK_VALUES = (("delay", "50ms"), ("jitter", "5ms"), ("loss", "1%%"), ("rate", "10mbit"))
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: <what>; <what is valid> (see --help)``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in --help and examples kept as written."""
+
+
+def add_common_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("--version", action="version", version=f"paretopipe {__version__}")
+
+
+def add_network_flags(group, many: bool = False) -> None:
+    """--network (named conditions from profiles.toml), --network-file and ad-hoc values."""
+    if many:
+        group.add_argument("--network", "--networks", "--profiles", "--profile", dest="network", default=None,
+                           help="comma list of named network conditions from profiles.toml (lan, wifi, lte, 4g, "
+                                "3g, ...); --profiles is the anchor's name")
+    else:
+        group.add_argument("--network", "--profile", dest="network", default=None,
+                           help="named network conditions from profiles.toml (lan, wifi, lte, 4g, 3g, ...)")
+    group.add_argument("--network-file", "--profiles-file", dest="network_file", default=None,
+                       help="a TOML file of named network conditions (default: the shipped profiles.toml)")
+    for key, example in NETWORK_VALUES:
+        group.add_argument(f"--{key}", default=None,
+                           help=f"ad-hoc {key} (e.g. {example}, or UP/DOWN values); overrides the named conditions")
+    group.add_argument("--distribution", default=None, help="jitter distribution: normal, pareto, paretonormal, uniform")
+    group.add_argument("--trace", default=None, help="a rate trace (Mahimahi or CSV) instead of a constant rate")
+
+
+def adhoc_network_values(args: argparse.Namespace) -> dict[str, Any]:
+    out = {key: getattr(args, key, None) for key, _ in NETWORK_VALUES}
+    out["distribution"] = getattr(args, "distribution", None)
+    out["trace"] = getattr(args, "trace", None)
+    return out
+
+
+def network_from_args(args: argparse.Namespace, required: bool = False):
+    """The network conditions the flags describe, or None when none was given (and none is required)."""
+    from ..network.conditions import get_conditions
+
+    adhoc = adhoc_network_values(args)
+    given = {k: v for k, v in adhoc.items() if v and k != "distribution"}
+    if not required and not (args.network or given):
+        return None
+    if args.network and "," in args.network:
+        raise UsageError(f"--network {args.network!r}: this command takes one named condition, not a list")
+    return get_conditions(args.network, args.network_file, **adhoc)
+
+
+def setup_logging(debug: bool = False, quiet: bool = False) -> None:
+    level = logging.DEBUG if debug else (logging.WARNING if quiet else logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr, force=True)
+
+
+def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run ``main`` and turn project errors into one line on stderr plus an exit code.
+
+    Tracebacks appear only with ``--debug``, so users see what went wrong and what is valid,
+    not where in our code it was noticed.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    try:
+        return main(args) or 0
+    except ParetoPipeError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into head: not an error of ours
+        sys.stderr.close()
+        return 0
+
+
+def example_epilog(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)

@@ -1,0 +1,118 @@
+"""``network_delay.py`` and ``paretopipe netem``: apply, clear, show and measure network conditions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from typing import Sequence
+
+from .. import records
+from ..network import probe, tc
+from ..network.conditions import load_conditions
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
+                     network_from_args, setup_logging)
+
+log = logging.getLogger("paretopipe.netem")
+
+
+def _target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dev", required=True, help="interface to shape, e.g. eth0, wlan0")
+    p.add_argument("--ssh", default=None, help="user@host: run the tc commands on that peer (key-based SSH)")
+    p.add_argument("--ssh-key", default=None, help="private key for --ssh (default: ssh's own)")
+    p.add_argument("--sudo", action="store_true", help="prefix commands with sudo -n (for a non-root SSH user)")
+    p.add_argument("--netns", default=None, help="run inside this network namespace (the lab's pp-edge / pp-server)")
+
+
+def parser(prog: str = "network_delay.py") -> ArgumentParser:
+    top = ArgumentParser(
+        prog=prog, formatter_class=HelpFormatter,
+        description="Apply named network conditions with tc (delay, jitter, loss and rate together), clear "
+                    "them, show what the kernel has, and measure a link for real.",
+        epilog=example_epilog(
+            "sudo python network_delay.py apply --network lte --dev eth0",
+            "sudo python network_delay.py apply --delay 50ms --jitter 5ms --rate 10mbit --dev eth0 --port 5555 --ingress",
+            "python network_delay.py apply --network 3g --dev eth0 --dry-run",
+            "sudo python network_delay.py clear --dev eth0",
+            "python network_delay.py show --dev eth0",
+            "python network_delay.py serve --port 5201      # on the peer",
+            "python network_delay.py measure --host 192.168.1.20 --port 5201 --out link.json",
+            "python network_delay.py networks"))
+    sub = top.add_subparsers(dest="cmd", required=True, parser_class=ArgumentParser)
+    ap = sub.add_parser("apply", help="apply network conditions (idempotent)", formatter_class=HelpFormatter)
+    add_network_flags(ap)
+    ap.add_argument("--ingress", action="store_true", help="shape incoming traffic too (through an ifb device)")
+    ap.add_argument("--port", type=int, default=None, help="shape only TCP traffic to/from this port (SSH stays untouched)")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, change nothing (no root needed)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="hold the conditions this many seconds (or until Ctrl-C), then clear them")
+    _target(ap)
+    cl = sub.add_parser("clear", help="remove everything apply added (no-op on a clean interface)")
+    cl.add_argument("--dry-run", action="store_true")
+    _target(cl)
+    sh = sub.add_parser("show", help="the qdiscs as the kernel reports them")
+    sh.add_argument("--json", action="store_true")
+    _target(sh)
+    me = sub.add_parser("measure", help="RTT and goodput to a 'serve' peer, written as JSON")
+    me.add_argument("--host", required=True)
+    me.add_argument("--port", type=int, default=5201)
+    me.add_argument("--samples", type=int, default=20, help="TCP round trips for the RTT")
+    me.add_argument("--bytes", type=int, default=2_000_000, help="bytes per bulk transfer, each way")
+    me.add_argument("--out", default=None, help="JSON file (default: print)")
+    se = sub.add_parser("serve", help="answer measure clients until Ctrl-C")
+    se.add_argument("--host", default="0.0.0.0")
+    se.add_argument("--port", type=int, default=5201)
+    sub.add_parser("networks", aliases=["profiles"], help="list the named network conditions")
+    for p in {id(p): p for p in sub.choices.values()}.values():
+        add_common_flags(p)
+    return top
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> int:
+    args = parser(prog).parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    if args.cmd in ("networks", "profiles"):
+        for cond in load_conditions().values():
+            print(f"{cond.describe():<60} {cond.comment}")
+        return 0
+    if args.cmd == "serve":
+        print(f"serving measure clients on {args.host}:{args.port} (Ctrl-C to stop)", flush=True)
+        probe.serve(args.host, args.port)
+        return 0
+    if args.cmd == "measure":
+        result = probe.measure(args.host, args.port, args.samples, args.bytes)
+        if args.out:
+            records.atomic_write_json(args.out, result)
+        print(json.dumps(result, indent=1))
+        return 0
+    runner = tc.Runner(args.ssh, args.ssh_key, args.sudo, args.netns)
+    if args.cmd == "show":
+        qdiscs = tc.show(args.dev, runner)
+        print(json.dumps(qdiscs, indent=1) if args.json else tc.format_show(qdiscs))
+        return 0
+    if args.cmd == "clear":
+        if args.dry_run:
+            print("\n".join(map(str, tc.clear_commands(args.dev))))
+            return 0
+        tc.clear(args.dev, runner=runner)
+        print(f"cleared {args.dev}")
+        return 0
+    conditions = network_from_args(args, required=True)
+    # This host's egress carries the up direction; with --ingress, its ingress the down direction.
+    direction = conditions.up
+    if args.dry_run:
+        print(f"# {conditions.describe()}")
+        print("\n".join(map(str, tc.apply_commands(direction, args.dev, args.ingress, args.port))))
+        return 0
+    if args.duration is None:
+        tc.apply(direction, args.dev, args.ingress, args.port, runner)
+        print(f"applied {conditions.describe()} on {args.dev}; now on the link:")
+        print(tc.format_show(tc.show(args.dev, runner)))
+        print(f"remove with: network_delay.py clear --dev {args.dev}")
+        return 0
+    with tc.applied(direction, args.dev, args.ingress, args.port, runner):
+        print(f"applied {conditions.describe()} on {args.dev} for {args.duration:g}s (Ctrl-C clears it early)", flush=True)
+        time.sleep(args.duration)
+    print(f"cleared {args.dev}")
+    return 0

@@ -1,0 +1,180 @@
+"""``paretopipe predict`` (and ``python -m paretopipe.predict``): predictions from device profiles.
+
+Every figure printed or written here is modelled (``predicted_*``), never measured; ``--validate``
+says how far it is from a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import UsageError
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
+                     network_from_args, setup_logging)
+
+log = logging.getLogger("paretopipe.predict")
+
+
+def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
+    p = ArgumentParser(
+        prog=prog, formatter_class=HelpFormatter,
+        description="Predict latency and throughput of every split from device profiles (paretopipe profile), "
+                    "under named network conditions or ad-hoc values; draw the optimal split versus bandwidth; "
+                    "plan N-device chains; validate against a measured sweep.",
+        epilog=example_epilog(
+            "python -m paretopipe.predict --model mobilenetv2 --device-profiles edge.json,server.json --network lte,wifi",
+            "python -m paretopipe.predict --model mobilenetv2 --device-profiles edge.json,server.json --rate 10mbit --delay 20ms",
+            "python -m paretopipe.predict --model mobilenetv2 --device-profiles edge.json,server.json --sweep-rate 1mbit..1gbit --delay 20ms",
+            "python -m paretopipe.predict --model resnet18 --device-profiles pi1.json,pi2.json,gpu.json --links wifi,lan",
+            "python -m paretopipe.predict --model mobilenetv2 --device-profiles s1.json,s2.json --validate results/"))
+    p.add_argument("--model", required=True, help="the model the device profiles were taken of")
+    p.add_argument("--device-profiles", "--stage-profiles", dest="device_profiles", required=True,
+                   help="comma list of device profile JSONs, one per device in chain order (device 1 holds the "
+                        "data); a+b averages two profiles of one device, e.g. taken before and after a sweep")
+    p.add_argument("--links", default=None, help="N devices: one named network condition per hop, e.g. wifi,lan")
+    add_network_flags(p.add_argument_group("network conditions (default lan)"), many=True)
+    p.add_argument("--base-rate", default=None,
+                   help="the network beneath the shaping: a rate such as 940mbit, or 'loopback' (default: this "
+                        "host's loopback when all device profiles come from one host, else unlimited)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
+    p.add_argument("--fine", action="store_true", help="every fx cut instead of the block splits")
+    p.add_argument("--sweep-rate", default=None, help="draw the optimal split versus link rate over a range, e.g. 1mbit..1gbit")
+    p.add_argument("--sweep-points", type=int, default=80)
+    p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
+                   help="compare with a measured sweep; writes prediction_validation.* into its report/")
+    p.add_argument("--out", default=None, help="folder for predictions.csv and figures (default: print only; "
+                                               "--sweep-rate defaults to predictions/)")
+    add_common_flags(p)
+    return p
+
+
+def _links_for(args: argparse.Namespace, base: dict[str, Any], hops: int) -> list[list[tuple[Any, Any]]]:
+    """One list of (up, down) hop links per network condition to evaluate."""
+    from ..network.conditions import get_conditions
+    from ..predict.costmodel import LinkModel
+
+    names = [x.strip() for x in (args.network or "").split(",") if x.strip()]
+    if args.links:
+        hop_names = [x.strip() for x in args.links.split(",") if x.strip()]
+        if len(hop_names) != hops:
+            raise UsageError(f"--links {args.links!r}: {hops + 1} devices need {hops} links, one network each")
+        return [[LinkModel.pair(get_conditions(n, args.network_file), base) for n in hop_names]]
+    if len(names) > 1:
+        return [[LinkModel.pair(get_conditions(n, args.network_file), base)] * hops for n in names]
+    conditions = network_from_args(args) or get_conditions("lan", args.network_file)
+    return [[LinkModel.pair(conditions, base)] * hops]
+
+
+def _format_table(df) -> str:
+    lines = [f"{'split':>8} {'cut':<22} {'frame':>10} {'latency ms':>11} {'img/s':>8}  bottleneck  front"]
+    for _, r in df.iterrows():
+        lines.append(f"{r['split']:>8} {r['cut'][:22]:<22} {r['frame_bytes']:>10} {r['predicted_latency_s'] * 1e3:>11.2f} "
+                     f"{r['predicted_throughput_imgs_per_s']:>8.2f}  {r['predicted_bottleneck']:<10}  "
+                     f"{'*' if r['on_front'] else ''}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.predict") -> int:
+    import pandas as pd
+
+    from .. import records
+    from ..predict.device_profile import DeviceProfile, check_compatible, codec_key
+    from ..predict.predictions import (base_transport, parse_rate_range, plot_rate_map, predict_splits, rate_map,
+                                       rate_ranges, split_positions)
+    from ..predict.validate import GOAL_JACCARD, GOAL_MAPE, validate, write_validation
+
+    args = parser(prog).parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    paths = [x.strip() for x in args.device_profiles.split(",") if x.strip()]
+    if len(paths) < 2:
+        raise UsageError(f"--device-profiles needs at least 2 device profiles (one per device), got {len(paths)}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
+    profiles = [DeviceProfile.load_spec(path) for path in paths]
+    if args.validate:
+        if len(profiles) != 2:
+            raise UsageError("--validate compares with a 2-stage TCP sweep: give exactly 2 device profiles")
+        table, summary = validate(args.validate, profiles, args.base_rate)
+        out = Path(summary["session"]) / "report"
+        written = write_validation(table, summary, out)
+        ceiling = summary["run_to_run_jaccard_mean"]
+        print(f"{summary['configurations']} configurations: median |error| latency "
+              f"{summary['latency_median_ape']:.1%}, throughput {summary['throughput_median_ape']:.1%}; "
+              f"front agreement (Jaccard) {summary['front_jaccard_mean']:.2f}"
+              + (f" (the sweep's runs agree with each other at {ceiling:.2f})" if ceiling is not None else ""))
+        for name, v in summary["per_network"].items():
+            rr = v.get("run_to_run_jaccard")
+            print(f"  {name}: latency {v['latency_mape']:.1%}, throughput {v['throughput_mape']:.1%}, Jaccard "
+                  f"{v['jaccard']:.2f} (measured front {v['measured_front']}, predicted {v['predicted_front']}"
+                  + (f"; run to run {rr:.2f})" if rr is not None else ")"))
+        print(f"goals (median error <= {GOAL_MAPE:.0%}, Jaccard >= {GOAL_JACCARD}): "
+              f"{'met' if summary['goals_met'] else 'NOT met'}; written: {', '.join(str(p) for p in written)}")
+        return 0
+    for w in check_compatible(profiles, args.model):
+        log.warning("%s", w)
+    base = base_transport(profiles, args.base_rate)
+    codec = codec_key(args.wire_dtype, args.compression)
+    conditions = _links_for(args, base, len(profiles) - 1)
+    out = Path(args.out) if args.out else None
+    if len(profiles) > 2:
+        return _print_plans(profiles, conditions, args, codec, out)
+    if args.sweep_rate:
+        if len(conditions) != 1:
+            raise UsageError("--sweep-rate varies one link: give one --network (its delay/jitter/loss are kept) "
+                             "or ad-hoc --delay, not several")
+        up, down = conditions[0][0]
+        rates = parse_rate_range(args.sweep_rate, args.sweep_points)
+        df = rate_map(profiles, up, rates, args.batch_size, codec, args.fine, down)
+        out = out or Path("predictions")
+        records.atomic_write_csv(out / "optimal_split_vs_rate.csv", df.to_dict("records"))
+        order = [label for label, _ in split_positions(profiles[0], args.fine)]
+        fig = plot_rate_map(df, out / "optimal_split_vs_rate.png",
+                            f"{profiles[0].model}, batch {args.batch_size}, delay "
+                            f"{up.direction.delay_s * 1e3:g} ms: optimal split vs link rate", order)
+        for column, what in (("best_latency_split", "latency"), ("best_throughput_split", "throughput")):
+            print(f"{what}-optimal split by link rate:")
+            for lo, hi, best in rate_ranges(df, column):
+                print(f"  {lo:9.3g} .. {hi:<9.3g} Mbit/s  split {best}")
+        print(f"written: {out / 'optimal_split_vs_rate.csv'}, {fig}")
+        return 0
+    tables = [predict_splits(profiles, links[0][0], args.batch_size, codec, args.fine, links[0][1])
+              for links in conditions]
+    for links, table in zip(conditions, tables):
+        print(f"\n{profiles[0].model} on {profiles[0].name} -> {profiles[1].name}, network {links[0][0].name}, "
+              f"batch {args.batch_size} (predicted; * = on the predicted front)")
+        print(_format_table(table))
+    if out:
+        path = records.atomic_write_csv(out / "predictions.csv", pd.concat(tables).to_dict("records"))
+        print(f"written: {path}")
+    return 0
+
+
+def _print_plans(profiles, conditions, args: argparse.Namespace, codec: str, out: Path | None) -> int:
+    from .. import records
+    from ..predict.planner import pareto_plans, split_blocks
+    from ..predict.predictions import split_positions
+
+    positions = [b for _, b in split_positions(profiles[0], args.fine)]
+    rows = []
+    for links in conditions:
+        ups, downs = [u for u, _ in links], [d for _, d in links]
+        plans = pareto_plans(profiles, ups, args.batch_size, positions, codec, downs)
+        print(f"\n{profiles[0].model} over {' -> '.join(p.name for p in profiles)}, links "
+              f"{', '.join(link.name for link in ups)}: {len(plans)} Pareto-optimal plans (predicted)")
+        print(f"{'--split-blocks':>16} {'latency ms':>11} {'img/s':>8}")
+        for plan in plans:
+            blocks = split_blocks(plan, profiles[0])
+            print(f"{blocks:>16} {plan.latency_s * 1e3:>11.2f} {plan.throughput_imgs_per_s:>8.2f}")
+            rows.append({"links": ",".join(link.name for link in ups), "split_blocks": blocks,
+                         "predicted_latency_s": plan.latency_s,
+                         "predicted_throughput_imgs_per_s": plan.throughput_imgs_per_s})
+    print(f"\nrun one with: python distributed_runner.py --local --world-size {len(profiles) + 1} "
+          f"--num-partitions {len(profiles)} --model {args.model} --split-blocks <list>")
+    if out:
+        print(f"written: {records.atomic_write_csv(out / 'plans.csv', rows)}")
+    return 0

@@ -1,0 +1,69 @@
+"""``paretopipe profile`` (and ``python -m paretopipe.profile``): measure a device profile."""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from ..errors import UsageError
+from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
+
+log = logging.getLogger("paretopipe.profile")
+
+
+def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
+    from ..predict.device_profile import DEFAULT_CODECS
+
+    p = ArgumentParser(
+        prog=prog, formatter_class=HelpFormatter,
+        description="Measure a device profile of a model on this device: compute time of every segment "
+                    "between fine cuts, activation bytes, FLOPs and codec costs. Run once per device; feed "
+                    "the files to python -m paretopipe.predict --device-profiles.",
+        epilog=example_epilog(
+            "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --out profiles/server-mobilenet_v2.json",
+            "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --cpu-share 0.25 "
+            "--out profiles/edge-mobilenet_v2.json   # an emulated weaker device",
+            "python -m paretopipe.profile --model resnet50 --device cuda --batch-sizes 1,8 --out profiles/gpu-resnet50.json"))
+    p.add_argument("--model", required=True, help="zoo name, e.g. mobilenetv2, resnet18")
+    p.add_argument("--batch-sizes", default="1", help="comma list of batch sizes to time")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (match the stage that will run here)")
+    p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0-3 (as the sweeper pins stages)")
+    p.add_argument("--cpu-share", type=float, default=None,
+                   help="hold this process to a CPU share via cgroups (emulates a weaker device; as --stage-cpu)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed passes first")
+    p.add_argument("--repetitions", type=int, default=15, help="timed passes; the median (mean under a share) is kept")
+    p.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
+                   help="wire-dtype/compression pairs to time on every cut (float32/none is always timed)")
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--weights", default=None)
+    p.add_argument("--out", required=True, help="device profile JSON to write, e.g. profiles/<device>-<model>.json")
+    add_common_flags(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.profile") -> int:
+    from .. import cpushare, records
+    from ..predict.measure import ProfileOptions, measure
+
+    args = parser(prog).parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    try:
+        sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--batch-sizes {args.batch_sizes!r}: give a comma list of integers like 1,8")
+    if args.cpu_share is not None:
+        cpushare.check_share(args.cpu_share)
+    opts = ProfileOptions(model=args.model, batch_sizes=sizes, device=args.device, threads=args.threads,
+                          cpus=args.cpus, cpu_share=args.cpu_share, warmup=args.warmup,
+                          repetitions=args.repetitions,
+                          codecs=[c.strip() for c in args.codecs.split(",") if c.strip()],
+                          num_classes=args.num_classes, weights=args.weights)
+    doc = measure(opts, progress=log.info)
+    path = records.atomic_write_json(args.out, doc)
+    for b, per in doc["by_batch"].items():
+        total = sum(per["segment_compute_s"])
+        print(f"batch {b}: {len(per['segment_compute_s'])} segments sum to {total * 1e3:.2f} ms; the whole model "
+              f"takes {per['whole_model_s'] * 1e3:.2f} ms (ratio {total / per['whole_model_s']:.3f})")
+    print(f"device profile written: {path}")
+    return 0

@@ -1,0 +1,32 @@
+"""``paretopipe report`` (and ``python -m paretopipe.report``): fronts, tables and figures of a session."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
+
+
+def parser(prog: str = "python -m paretopipe.report") -> ArgumentParser:
+    p = ArgumentParser(prog=prog, formatter_class=HelpFormatter,
+                       description="Pareto fronts, tables and figures of a sweep session.",
+                       epilog=example_epilog("python -m paretopipe.report results",
+                                             "python -m paretopipe.report results/20261121-070107 --format svg"))
+    p.add_argument("results", help="a session folder, or a results folder (newest session)")
+    p.add_argument("--out", default=None, help="output folder (default SESSION/report)")
+    p.add_argument("--format", default="png", choices=["png", "svg", "pdf"])
+    add_common_flags(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.report") -> int:
+    import pandas as pd
+
+    from ..analysis.report import format_front_table, write_report
+
+    args = parser(prog).parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    out = write_report(args.results, args.out, args.format)
+    print(format_front_table(pd.read_csv(out / "pareto.csv")))
+    print(f"report written to {out}")
+    return 0

@@ -1,0 +1,1 @@
+"""Networks: named network conditions (profiles.toml), the emulated link, tc trees, the link probe."""

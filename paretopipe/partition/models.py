@@ -1,0 +1,270 @@
+"""Model zoo: names -> deterministic, responsive, eval-mode classification models.
+
+Every node of a pipeline builds its own copy of the model from its name, so the weights must be
+bit-identical everywhere without shipping a file. Untrained ``weights=None`` models are unfit for
+both correctness checks (outputs barely depend on the input) and timing (denormals), so the
+default weights are: seeded init, then BatchNorm statistics calibrated on seeded synthetic
+batches (in float64, rounded to 12 mantissa bits so that CPU-specific summation order cannot
+change a single bit), and no all-zero heads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+
+#: Anchor names (the public ParetoPipe code) mapped to torchvision builders.
+ANCHOR_ALIASES = {
+    "mobilenetv2": "mobilenet_v2",
+    "inceptionv3": "inception_v3",
+    "resnet18": "resnet18",
+    "resnet50": "resnet50",
+    "vgg16": "vgg16",
+    "alexnet": "alexnet",
+    "efficientnetb0": "efficientnet_b0",
+    "vitb16": "vit_b_16",
+}
+#: The eight models the test-suite proves exact for every cut.
+NAMED_MODELS = ("mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3",
+                "efficientnet_b0", "vit_b_16")
+MODELS_DIR_ENV = "PARETOPIPE_MODELS_DIR"
+CALIBRATION_BATCHES = 2
+CALIBRATION_BATCH_SIZE = 4
+_ROUND_BITS = 12
+
+Builder = Callable[[int], nn.Module]
+_CUSTOM: dict[str, tuple[str, Builder, int]] = {}
+
+
+def normalize(name: str) -> str:
+    """Case- and dash/underscore-insensitive key: ``MobileNet-V2`` -> ``mobilenetv2``."""
+    return "".join(ch for ch in name.lower() if ch not in "-_ ")
+
+
+def register(name: str, input_size: int = 224) -> Callable[[Builder], Builder]:
+    """Decorator adding a custom model: ``@register("tiny")`` over ``def f(num_classes) -> Module``."""
+
+    def wrap(builder: Builder) -> Builder:
+        _CUSTOM[normalize(name)] = (name, builder, input_size)
+        return builder
+
+    return wrap
+
+
+def _torchvision_names() -> dict[str, str]:
+    import torchvision.models as tvm
+
+    names = tvm.list_models(module=tvm)
+    return {normalize(n): n for n in names}
+
+
+def canonical_name(name: str) -> str:
+    """The registry's spelling of ``name`` (torchvision's for zoo models); raises on unknown names."""
+    key = normalize(name)
+    if key in _CUSTOM:
+        return _CUSTOM[key][0]
+    if key in ANCHOR_ALIASES:
+        return ANCHOR_ALIASES[key]
+    tv = _torchvision_names()
+    if key in tv:
+        return tv[key]
+    raise UsageError(f"unknown model {name!r}; known: {', '.join(known_models())}")
+
+
+def known_models() -> list[str]:
+    """Anchor names, custom registrations, then every torchvision classification builder."""
+    anchor = ["mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3"]
+    custom = sorted(v[0] for v in _CUSTOM.values())
+    tv = sorted(set(_torchvision_names().values()) - {ANCHOR_ALIASES[normalize(a)] for a in anchor})
+    return anchor + custom + tv
+
+
+def input_size(name: str) -> int:
+    """Square input side the model expects: 299 for Inception, 224 otherwise (or as registered)."""
+    key = normalize(name)
+    if key in _CUSTOM:
+        return _CUSTOM[key][2]
+    return 299 if canonical_name(name) == "inception_v3" else 224
+
+
+def _seed_for(name: str) -> int:
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
+
+
+def construct(canonical: str, num_classes: int) -> nn.Module:
+    """The architecture with torch's own initialisation (seed it first for reproducible weights)."""
+    key = normalize(canonical)
+    if key in _CUSTOM:
+        return _CUSTOM[key][1](num_classes)
+    import torchvision.models as tvm
+
+    kwargs: dict = {"weights": None, "num_classes": num_classes}
+    if canonical == "inception_v3":
+        # transform_input=True is what the anchor ran (pretrained Inception turns it on), and it is
+        # the case that naive children() slicing gets silently wrong.
+        kwargs.update(aux_logits=False, transform_input=True, init_weights=True)
+    elif canonical == "googlenet":
+        kwargs.update(aux_logits=False, init_weights=True)
+    try:
+        return tvm.get_model(canonical, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"torchvision cannot build {canonical!r} with num_classes={num_classes}: {exc}")
+
+
+def _fill_zero_weights(model: nn.Module, gen: torch.Generator) -> None:
+    """Zero-initialised weight matrices (ViT's head) make the output ignore the input."""
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, (nn.Linear, nn.Conv2d)) and weight is not None and not weight.any():
+            with torch.no_grad():
+                weight.copy_(torch.randn(weight.shape, generator=gen) * 0.02)
+
+
+def _round_mantissa(t: torch.Tensor) -> torch.Tensor:
+    mant, exp = torch.frexp(t)
+    scale = float(2 ** _ROUND_BITS)
+    return torch.ldexp(torch.round(mant * scale) / scale, exp)
+
+
+@torch.no_grad()
+def _calibrate_batchnorm(model: nn.Module, size: int, gen: torch.Generator) -> None:
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    model.double()
+    model.eval()
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative average over the calibration batches
+        bn.train()
+    for _ in range(CALIBRATION_BATCHES):
+        model(torch.randn(CALIBRATION_BATCH_SIZE, 3, size, size, generator=gen, dtype=torch.float64))
+    for bn in bns:
+        var = _round_mantissa(bn.running_var)
+        # Means that are zero in exact arithmetic come out as +-1e-16 noise, which relative
+        # rounding keeps; quantise them on a power-of-two grid tied to the channel's std instead.
+        step = torch.exp2(torch.floor(torch.log2(var.clamp_min(1e-30).sqrt())) - _ROUND_BITS)
+        bn.running_var.copy_(var)
+        bn.running_mean.copy_(torch.round(bn.running_mean / step) * step + 0.0)  # -0.0 -> +0.0
+        bn.momentum = 0.1
+    model.float()
+    model.eval()
+
+
+@torch.no_grad()
+def _scale_head(model: nn.Module, size: int, gen: torch.Generator) -> None:
+    """Scale the last Linear by a power of two so logits spread ~1: exact, so still bit-identical.
+
+    Without BatchNorm (AlexNet, VGG) the signal shrinks layer by layer and logits end near 1e-3,
+    where a 1e-5 tolerance would prove little.
+    """
+    heads = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not heads:
+        return
+    head = heads[-1]
+    model.double()
+    out = model(torch.randn(CALIBRATION_BATCH_SIZE, 3, size, size, generator=gen, dtype=torch.float64))
+    model.float()
+    spread = float(out.std())
+    if spread > 0 and torch.isfinite(out).all():
+        factor = 2.0 ** round(-torch.log2(torch.tensor(spread)).item())
+        head.weight.mul_(factor)
+        if head.bias is not None:
+            head.bias.mul_(factor)
+
+
+def default_weights_path(name: str, models_dir: str | os.PathLike | None = None) -> Path | None:
+    """``models/<name>.pth`` (anchor or torchvision spelling) if such a file exists."""
+    base = Path(models_dir or os.environ.get(MODELS_DIR_ENV, "models"))
+    for candidate in (name, canonical_name(name), normalize(name)):
+        path = base / f"{candidate}.pth"
+        if path.is_file():
+            return path
+    return None
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    """Load a state dict with ``weights_only=True``; fail naming the keys/shapes that differ."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UsageError(f"weights file not found: {path}")
+    except Exception as exc:  # a corrupt file or one holding pickled objects
+        raise UsageError(f"cannot load weights {path} safely (weights_only=True): {exc}")
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise UsageError(f"weights file {path} does not hold a state dict")
+    own = model.state_dict()
+    # Pretrained Inception/GoogLeNet files carry auxiliary heads that our eval models drop.
+    state = {k: v for k, v in state.items() if k in own or not k.startswith(("AuxLogits.", "aux1.", "aux2."))}
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(own[k].shape)}"
+             for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} keys (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} keys (e.g. {', '.join(unexpected[:3])})")
+        if wrong:
+            parts.append(f"{len(wrong)} shape mismatches (e.g. {'; '.join(wrong[:3])})")
+        raise UsageError(f"weights {path} do not fit the model: {'; '.join(parts)} "
+                         f"(check --num-classes and the model name)")
+    model.load_state_dict(state, strict=True)
+
+
+def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = None,
+          models_dir: str | os.PathLike | None = None, calibrate: bool = True) -> nn.Module:
+    """Build ``name`` in eval mode with identical weights on every machine.
+
+    ``weights``: a ``.pth`` path to load; ``None`` loads ``models/<name>.pth`` when present and
+    otherwise uses the deterministic responsive initialisation. ``calibrate=False`` skips it:
+    for structure only (cut points, shapes, FLOPs), never for outputs or timing.
+    """
+    canonical = canonical_name(name)
+    path = Path(weights) if weights else default_weights_path(name, models_dir)
+    if num_classes < 1:
+        raise UsageError(f"--num-classes {num_classes}: must be at least 1")
+    seed = _seed_for(canonical)
+
+    def fresh() -> nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            gen = torch.Generator().manual_seed(seed + 1)
+            model = construct(canonical, num_classes)
+            if path is not None:
+                load_weights(model, path)
+            elif calibrate:
+                _fill_zero_weights(model, gen)
+                _calibrate_batchnorm(model, input_size(name), gen)
+                _scale_head(model, input_size(name), gen)
+        return model
+
+    def skeleton() -> nn.Module:
+        with torch.device("meta"):
+            return construct(canonical, num_classes)
+
+    model = fresh()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def fingerprint(module: nn.Module) -> str:
+    """Short sha256 over names, dtypes, shapes and bytes of the state dict."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()[:16]

@@ -1,0 +1,363 @@
+"""Cut points on the torch.fx graph and exact partitions of a model into self-contained stages.
+
+A cut is a position in graph order where exactly one tensor value is live (parameters and
+buffers do not count). Everything before it runs on one stage and everything after on the next,
+so pooling in ``forward``, skip connections, squeeze-excite and Inception's ``transform_input``
+all stay where they belong; ``nn.Sequential(children())`` slicing silently loses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from typing import Iterable, Sequence
+
+import torch
+from torch import fx, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..errors import UsageError
+
+INPUT = "input"   # pseudo-cut: everything on the later stage (k = 0 baseline)
+OUTPUT = "output"  # pseudo-cut: everything on the earlier stage (k = K baseline)
+
+# Anchor block lists: split_index k = "the first k blocks run on stage 1". Each entry names the
+# module whose last graph node ends block k (k = 1..len). k = 0 and k = len + 1 are baselines.
+_ANCHOR_BLOCKS: dict[str, list[str]] = {
+    "mobilenet_v2": [f"features.{i}" for i in range(18)],
+    "alexnet": [f"features.{i}" for i in range(12)],
+    "vgg16": [f"features.{i}" for i in range(30)],
+    "resnet18": [f"layer{s}.{b}" for s in range(1, 5) for b in range(2)],
+    "resnet50": ["maxpool"] + [f"layer{s}.{b}" for s, n in ((1, 3), (2, 4), (3, 6), (4, 6))
+                               for b in range(n)][:15],
+    "inception_v3": ["Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3", "maxpool1",
+                     "Conv2d_3b_1x1", "Conv2d_4a_3x3", "maxpool2", "Mixed_5b", "Mixed_5c",
+                     "Mixed_5d", "Mixed_6a", "Mixed_6b", "Mixed_6c", "Mixed_6d", "Mixed_6e",
+                     "Mixed_7a", "Mixed_7b", "Mixed_7c", "avgpool"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CutPoint:
+    """One valid cut. ``shape``/``nbytes`` are at the example batch size; FLOPs are per example batch."""
+
+    name: str
+    index: int
+    position: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    flops_before: int
+    flops_after: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Anchor-compatible block boundary: split_index ``k`` puts blocks 1..k on stage 1."""
+
+    k: int
+    module: str
+    cut: CutPoint
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    try:
+        return fx.symbolic_trace(model)
+    except Exception as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if "/torch/" not in f.filename.replace("\\", "/")]
+        where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"torch.fx cannot trace {type(model).__name__}{where}: {first}; register a "
+                         f"traceable wrapper with @paretopipe.models.register (no data-dependent "
+                         f"control flow in forward)") from exc
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph once, recording each node's output metadata and cumulative FLOPs."""
+
+    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode) -> None:
+        super().__init__(gm)
+        self.counter = counter
+        self.meta: dict[fx.Node, tuple[bool, tuple[int, ...], str, int, int]] = {}
+
+    def run_node(self, n: fx.Node):
+        out = super().run_node(n)
+        flops = self.counter.get_total_flops()
+        if isinstance(out, torch.Tensor):
+            self.meta[n] = (True, tuple(out.shape), str(out.dtype).replace("torch.", ""),
+                            out.numel() * out.element_size(), flops)
+        else:
+            self.meta[n] = (False, (), type(out).__name__, 0, flops)
+        return out
+
+
+def _module_path(node: fx.Node) -> list[str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [v[0] if isinstance(v, tuple) else k for k, v in stack.items()]
+    if node.op == "call_module":
+        paths.append(str(node.target))
+    return paths
+
+
+class Partitioner:
+    """Traces a model once; answers cut-point questions and builds stages for any cut list."""
+
+    def __init__(self, model: nn.Module, example_input: torch.Tensor, model_name: str | None = None):
+        self.model = model
+        self.model_name = model_name
+        self.gm = _trace(model)
+        self.nodes: list[fx.Node] = list(self.gm.graph.nodes)
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        if len(placeholders) != 1:
+            raise UsageError(f"{type(model).__name__} takes {len(placeholders)} inputs; only "
+                             f"single-input models can be split")
+        self.batch = int(example_input.shape[0]) if example_input.dim() else 1
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            rec = _Recorder(self.gm, counter)
+            rec.run(example_input)
+        self.total_flops = counter.get_total_flops()
+        self._meta = rec.meta
+        self.cuts = self._find_cuts()
+        self._by_name = {c.name: c for c in self.cuts}
+        self.blocks = self._find_blocks()
+
+    # -- cut discovery -------------------------------------------------------------------------
+    def _find_cuts(self) -> list[CutPoint]:
+        index = {n: i for i, n in enumerate(self.nodes)}
+        last_use = {n: max((index[u] for u in n.users), default=-1) for n in self.nodes}
+        output_node = self.nodes[-1]
+        final_values = set(output_node.all_input_nodes)
+        live: set[fx.Node] = set()
+        cuts: list[CutPoint] = []
+        seen: set[fx.Node] = set()
+        for pos, node in enumerate(self.nodes[:-1]):
+            if node.op != "get_attr" and last_use[node] > pos:
+                live.add(node)
+            live = {n for n in live if last_use[n] > pos}
+            if len(live) != 1:
+                continue
+            (value,) = live
+            is_tensor, shape, dtype, nbytes, _ = self._meta.get(value, (False, (), "", 0, 0))
+            if (not is_tensor or value.op == "placeholder" or value in final_values
+                    or value in seen):
+                continue
+            seen.add(value)
+            flops = self._meta[node][4]
+            cuts.append(CutPoint(value.name, len(cuts), pos, shape, dtype, nbytes, flops,
+                                 self.total_flops - flops))
+        return cuts
+
+    def _find_blocks(self) -> list[Block]:
+        canonical = self.model_name
+        names = _ANCHOR_BLOCKS.get(canonical or "") or self._generic_block_modules()
+        last_node_of: dict[str, int] = {}
+        for pos, node in enumerate(self.nodes):
+            for path in _module_path(node):
+                last_node_of[path] = pos
+        by_position = {c.position: c for c in self.cuts}
+        # A cut's position may sit after trailing no-output nodes; map positions back to cuts.
+        blocks: list[Block] = []
+        for module in names:
+            pos = last_node_of.get(module)
+            cut = self._cut_at_or_after(pos, by_position) if pos is not None else None
+            if cut is None:
+                if canonical in _ANCHOR_BLOCKS:
+                    raise RuntimeError(f"block {module} of {canonical} is not a valid cut")
+                continue
+            if blocks and blocks[-1].cut.name == cut.name:
+                continue
+            blocks.append(Block(len(blocks) + 1, module, cut))
+        return blocks
+
+    def _cut_at_or_after(self, pos: int, by_position: dict[int, CutPoint]) -> CutPoint | None:
+        if pos in by_position:
+            return by_position[pos]
+        value = self.nodes[pos]
+        return self._by_name.get(value.name)
+
+    def _generic_block_modules(self) -> list[str]:
+        """Top-level children, with Sequential/ModuleList containers (one level deep) expanded."""
+        names: list[str] = []
+        for name, child in self.model.named_children():
+            if isinstance(child, (nn.Sequential, nn.ModuleList)):
+                names += [f"{name}.{sub}" for sub, _ in child.named_children()]
+                continue
+            seqs = [(n, c) for n, c in child.named_children()
+                    if isinstance(c, (nn.Sequential, nn.ModuleList)) and len(c) >= 4]
+            if len(seqs) == 1:
+                for sub, grand in child.named_children():
+                    if sub == seqs[0][0]:
+                        names += [f"{name}.{sub}.{g}" for g, _ in grand.named_children()]
+                    else:
+                        names.append(f"{name}.{sub}")
+            else:
+                names.append(name)
+        return names
+
+    # -- lookups -------------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        """K: split_index K puts the whole model on stage 1 (and 0 puts it all on stage 2)."""
+        return len(self.blocks) + 1
+
+    def block_cut(self, k: int) -> str:
+        """Cut name for anchor split index ``k`` (0..K); ``input``/``output`` for the baselines."""
+        K = self.num_blocks
+        if not isinstance(k, int) or k < 0 or k > K:
+            label = self.model_name or type(self.model).__name__
+            raise UsageError(f"split index {k} out of range for {label}: valid 0..{K} "
+                             f"(0 = all on stage 2, {K} = all on stage 1, 1..{K - 1} = block cuts)")
+        if k == 0:
+            return INPUT
+        if k == K:
+            return OUTPUT
+        return self.blocks[k - 1].cut.name
+
+    def cut(self, name: str) -> CutPoint:
+        if name not in self._by_name:
+            examples = ", ".join(c.name for c in self.cuts[:5])
+            raise UsageError(f"unknown cut {name!r}; valid: {len(self.cuts)} fx cuts such as "
+                             f"{examples} (list them with python -m paretopipe.split --list --fine)")
+        return self._by_name[name]
+
+    def payload_nbytes(self, name: str, batch: int) -> int:
+        """Bytes of the tensor crossing cut ``name`` at ``batch`` images (input for k=0)."""
+        if name == OUTPUT:
+            out = self._meta[self.nodes[-1].all_input_nodes[0]]
+            return out[3] // self.batch * batch
+        if name == INPUT:
+            return self._meta[self.nodes[0]][3] // self.batch * batch
+        return self.cut(name).nbytes // self.batch * batch
+
+    # -- stages --------------------------------------------------------------------------------
+    def stages(self, cut_names: Sequence[str]) -> list[nn.Module]:
+        """N stages for N-1 cuts (names in graph order); ``input``/``output`` make identity stages."""
+        positions: list[int] = []
+        for name in cut_names:
+            if name == INPUT:
+                positions.append(0)
+            elif name == OUTPUT:
+                positions.append(len(self.nodes) - 1)
+            else:
+                positions.append(self.cut(name).position)
+        if positions != sorted(positions):
+            raise UsageError(f"cuts must be in graph order, got {list(cut_names)}")
+        bounds = [0] + positions + [len(self.nodes) - 1]
+        return [self._stage(a, b) for a, b in zip(bounds, bounds[1:])]
+
+    def _stage(self, start: int, stop: int) -> nn.Module:
+        """Nodes in (start, stop] (the placeholder too when start == 0)."""
+        if start == stop:
+            return nn.Identity()
+        last = len(self.nodes) - 1
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        incoming = self._live_at(start) if start > 0 else None
+        if incoming is not None:
+            env[incoming] = graph.placeholder(incoming.name)
+
+        def lookup(node: fx.Node) -> fx.Node:
+            if node not in env:
+                if node.op != "get_attr":
+                    raise RuntimeError(f"stage ({start}, {stop}] needs {node.name} from outside")
+                env[node] = graph.node_copy(node, lookup)
+            return env[node]
+
+        first = 0 if start == 0 else start + 1
+        for node in self.nodes[first:stop + 1]:
+            if node.op == "output":
+                graph.output(fx.map_arg(node.args[0], lookup))
+                break
+            env[node] = graph.node_copy(node, lookup)
+        if stop != last:
+            graph.output(lookup(self._live_at(stop)))
+        stage = fx.GraphModule(self.gm, graph, class_name="Stage")
+        stage.eval()
+        return stage
+
+    def _live_at(self, pos: int) -> fx.Node:
+        if pos == 0:
+            return self.nodes[0]
+        for cut in self.cuts:
+            if cut.position == pos:
+                return next(n for n in self.nodes if n.name == cut.name)
+        raise RuntimeError(f"position {pos} is not a cut")
+
+
+def cut_points(model: nn.Module, example_input: torch.Tensor) -> list[CutPoint]:
+    """Every valid fx cut of ``model`` in graph order."""
+    return Partitioner(model, example_input).cuts
+
+
+def partition(model: nn.Module, cuts: Iterable[str | CutPoint], example_input: torch.Tensor,
+              model_name: str | None = None) -> list[nn.Module]:
+    """N self-contained stages (each owns its parameters) for N-1 cuts."""
+    names = [c.name if isinstance(c, CutPoint) else c for c in cuts]
+    return Partitioner(model, example_input, model_name).stages(names)
+
+
+def run_stages(stages: Sequence[nn.Module], inputs: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        x = inputs
+        for stage in stages:
+            x = stage(x)
+        return x
+
+
+def verify(model: nn.Module, stages: Sequence[nn.Module], inputs: torch.Tensor) -> float:
+    """Max abs difference between the chained stages and the unsplit model on ``inputs``."""
+    with torch.no_grad():
+        ref = model(inputs)
+    return float((run_stages(stages, inputs) - ref).abs().max())
+
+
+def partitioner_for(name: str, batch: int = 1, num_classes: int = 10, weights: str | None = None,
+                    structure_only: bool = False) -> tuple[nn.Module, Partitioner]:
+    """Build ``name`` from the zoo and trace it at ``batch`` images.
+
+    ``structure_only`` builds the model on the meta device (no weights, no memory, no compute):
+    cut points, shapes, bytes and FLOPs are the same, so ``--list`` and ``--dry-run`` take a
+    fraction of a second. Its stages cannot run."""
+    from . import models
+
+    canonical = models.canonical_name(name)
+    size = models.input_size(name)
+    if structure_only:
+        with torch.device("meta"):
+            model = models.construct(canonical, num_classes).eval()
+        return model, Partitioner(model, torch.zeros(batch, 3, size, size, device="meta"), canonical)
+    model = models.build(name, num_classes=num_classes, weights=weights)
+    return model, Partitioner(model, torch.zeros(batch, 3, size, size), canonical)
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def format_table(part: Partitioner, fine: bool = False) -> str:
+    """The table printed by ``--list``: one row per block split (or per fx cut with ``fine``)."""
+    total = max(part.total_flops, 1)
+    rows = []
+    if fine:
+        header = ("index", "cut", "shape", "bytes@1", "FLOPs %")
+        for c in part.cuts:
+            rows.append((str(c.index), c.name, "x".join(map(str, c.shape[1:])),
+                         _human_bytes(c.nbytes // part.batch), f"{100 * c.flops_before / total:.1f}"))
+    else:
+        header = ("k", "block", "cut", "shape", "bytes@1", "FLOPs %")
+        rows.append(("0", "(input)", INPUT, "-", _human_bytes(part.payload_nbytes(INPUT, 1)), "0.0"))
+        for b in part.blocks:
+            c = b.cut
+            rows.append((str(b.k), b.module, c.name, "x".join(map(str, c.shape[1:])),
+                         _human_bytes(c.nbytes // part.batch), f"{100 * c.flops_before / total:.1f}"))
+        rows.append((str(part.num_blocks), "(whole model)", OUTPUT, "-",
+                     _human_bytes(part.payload_nbytes(OUTPUT, 1)), "100.0"))
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)

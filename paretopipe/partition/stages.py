@@ -1,0 +1,103 @@
+"""Stages from a model name: build the model once per process, partition it for any cut list, time a stage."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from . import models, split
+
+
+class StageBuilder:
+    """Builds the model once per process and hands out stages for any cut list (re-partition in place)."""
+
+    def __init__(self, model: str, num_classes: int = 10, weights: str | None = None,
+                 models_dir: str | None = None, device: str = "cpu") -> None:
+        self.name = models.canonical_name(model)
+        self.model = models.build(model, num_classes=num_classes, weights=weights, models_dir=models_dir)
+        self.input_size = models.input_size(model)
+        self.partitioner = split.Partitioner(self.model, torch.zeros(1, 3, self.input_size, self.input_size),
+                                             self.name)
+        self.fingerprint = models.fingerprint(self.model)
+        self.device = _check_device(device)
+        self._cache: dict[tuple[str, ...], list[nn.Module]] = {}
+        self._lock = threading.Lock()
+
+    def cuts_for(self, split_index: int | None = None, cut: str | None = None) -> list[str]:
+        """The cut list for an anchor block index or a fine cut name."""
+        if cut is not None:
+            if cut not in (split.INPUT, split.OUTPUT):
+                self.partitioner.cut(cut)
+            return [cut]
+        if split_index is None:
+            raise UsageError("give --split-index K or --cut NAME")
+        return [self.partitioner.block_cut(split_index)]
+
+    def stage(self, cuts: list[str], index: int) -> nn.Module:
+        key = tuple(cuts)
+        with self._lock:
+            if key not in self._cache:
+                stages = self.partitioner.stages(list(cuts))
+                self._cache[key] = [s.to(self.device) for s in stages]
+            return self._cache[key][index]
+
+
+def _check_device(device: str) -> str:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device} asked for but CUDA is not available on this node; use cpu")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise UsageError(f"unknown device {device!r}; valid: cpu, cuda, cuda:N")
+    return device
+
+
+class StageTimer:
+    """Times stage compute on this node: perf_counter on CPU, synchronised around CUDA work."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def run(self, stage: nn.Module, x: torch.Tensor, device: str) -> tuple[torch.Tensor, float]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            start.record()
+            with torch.no_grad():
+                out = stage(x.to(device, non_blocking=True))
+            end.record()
+            end.synchronize()
+            # Events time the GPU work; the wall clock includes the host-to-device copy too.
+            return out, max(time.perf_counter() - t0, start.elapsed_time(end) / 1e3)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = stage(x)
+        return out, time.perf_counter() - t0
+
+
+def apply_cpu_limits(cpus: str | None, threads: int | None) -> dict:
+    """Pin this process to ``cpus`` (e.g. "0" or "0-1") and set torch threads; returns what was applied."""
+    import os
+
+    applied: dict = {}
+    if cpus:
+        wanted: set[int] = set()
+        try:
+            for part in cpus.split(","):
+                lo, _, hi = part.partition("-")
+                wanted.update(range(int(lo), int(hi or lo) + 1))
+            os.sched_setaffinity(0, wanted)
+        except (ValueError, OSError) as exc:
+            have = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+            raise UsageError(f"--cpus {cpus!r}: {getattr(exc, 'strerror', None) or 'not a CPU list'}; "
+                             f"give a list such as 0 or 0-1 of the CPUs here ({have})")
+        applied["cpu_affinity"] = sorted(os.sched_getaffinity(0))
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads {threads}: must be a positive number of torch threads")
+        torch.set_num_threads(threads)
+    applied["torch_threads"] = torch.get_num_threads()
+    return applied

@@ -1,0 +1,210 @@
+"""Measuring a device profile: each segment's compute time between consecutive fine cuts, with
+activation bytes, FLOPs and codec costs; measured once per device, read by the cost model
+(:mod:`paretopipe.predict.device_profile`).
+
+A model with n fine cuts has n + 2 boundaries (``input``, the cuts, ``output``) and n + 1
+segments, segment i running from boundary i to boundary i + 1. Any split's stage time is a sum
+of consecutive segments, so one profile answers every split (and every multi-device plan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import cpushare, records
+from ..errors import UsageError
+from ..manifest import node_manifest
+from ..partition import split
+from ..partition.stages import StageBuilder, StageTimer, apply_cpu_limits
+from ..transport import inputs, wire
+from . import hopprobe
+from .device_profile import DEFAULT_CODECS, RESULT_CODEC, SCHEMA
+
+log = logging.getLogger("paretopipe.profile")
+
+
+
+@dataclasses.dataclass
+class ProfileOptions:
+    model: str
+    batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1])
+    device: str = "cpu"
+    threads: int | None = None
+    cpus: str | None = None
+    cpu_share: float | None = None
+    warmup: int = 3
+    repetitions: int = 15
+    codecs: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_CODECS))
+    codec_repetitions: int = 3
+    hop_probe: bool = True
+    num_classes: int = 10
+    weights: str | None = None
+    models_dir: str | None = None
+
+
+def parse_codec(text: str) -> wire.Codec:
+    """``float16/zstd`` -> Codec(wire_dtype=float16, compression=zstd)."""
+    dtype, _, comp = text.partition("/")
+    return wire.Codec(compression=comp or "none", wire_dtype=dtype)
+
+
+def _median_or_mean(xs: Sequence[float], mean: bool) -> float:
+    return float(statistics.fmean(xs) if mean else statistics.median(xs))
+
+
+def _round_trip(tensor: torch.Tensor, codec: wire.Codec, reps: int) -> dict[str, float]:
+    """Encode, send over a real loopback TCP connection, receive and decode, ``reps`` times."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+    for s in (client, server):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    enc_s, dec_s, transfer_s, frame_bytes, wire_bytes = [], [], [], 0, 0
+    try:
+        for _ in range(reps):
+            enc = wire.encode(wire.TENSOR, 0, tensor, codec=codec)
+            started = [0.0]
+
+            def send(e: wire.Encoded = enc) -> None:
+                started[0] = time.perf_counter()
+                wire.send_encoded(client, e)
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            f = wire.recv_frame(server)
+            done = time.perf_counter()
+            sender.join()
+            enc_s.append(enc.encode_s)
+            dec_s.append(f.decode_s)
+            transfer_s.append(done - started[0] - f.decode_s)
+            frame_bytes, wire_bytes = enc.total_nbytes, enc.wire_nbytes
+    finally:
+        client.close()
+        server.close()
+    return {"encode_s": float(np.median(enc_s)), "decode_s": float(np.median(dec_s)),
+            "loopback_transfer_s": float(np.median(transfer_s)), "frame_bytes": frame_bytes,
+            "wire_bytes": wire_bytes}
+
+
+def _fit_transport(points: list[tuple[int, float]]) -> dict[str, Any]:
+    """transfer = fixed + bytes / bytes_per_s: ``fixed`` from the small frames (a least-squares
+    intercept through megabyte frames is all noise), the rate from the rest."""
+    small = [t for n, t in points if n <= 16384]
+    fixed = float(np.median(small)) if small else 0.0
+    large = [(n, t - fixed) for n, t in points if n > 16384]
+    rate = None
+    if large:
+        xs = np.array([n for n, _ in large], dtype=float)
+        ys = np.array([t for _, t in large], dtype=float)
+        slope = float(np.dot(xs, ys) / np.dot(xs, xs))  # through the origin: fixed is already out
+        rate = 1.0 / slope if slope > 0 else None
+    return {"fixed_s": fixed, "bytes_per_s": rate,
+            "note": "one frame between two threads over TCP loopback on this host, as fixed + bytes / "
+                    "bytes_per_s; the cost model's transport beneath unshaped links of co-located stages"}
+
+
+def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Profile ``opts.model`` on this device; returns the profile document (see docs/predict.md)."""
+    if not opts.batch_sizes or min(opts.batch_sizes) < 1:
+        raise UsageError(f"--batch-sizes must be positive integers, got {opts.batch_sizes}")
+    if opts.repetitions < 1 or opts.warmup < 0:
+        raise UsageError("--repetitions must be at least 1 and --warmup 0 or more")
+    codecs = {c: parse_codec(c) for c in dict.fromkeys([RESULT_CODEC, *opts.codecs])}
+    limits = apply_cpu_limits(opts.cpus, opts.threads)
+    builder = StageBuilder(opts.model, opts.num_classes, opts.weights, opts.models_dir, opts.device)
+    part = builder.partitioner
+    boundaries = [split.INPUT] + [c.name for c in part.cuts] + [split.OUTPUT]
+    stages = [s.to(builder.device) for s in part.stages([c.name for c in part.cuts])]
+    model = builder.model.to(builder.device)
+    timer = StageTimer(builder.device)
+    flops = [c.flops_before for c in part.cuts]
+    seg_flops = np.diff([0] + flops + [part.total_flops]) // part.batch
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "created_utc": records.utc_now(), "model": builder.name,
+        "fingerprint": builder.fingerprint, "num_classes": opts.num_classes, "input_size": builder.input_size,
+        "device": builder.device,
+        "boundaries": [{"index": i, "name": name,
+                        "bytes_per_image": part.payload_nbytes(name, 1)} for i, name in enumerate(boundaries)],
+        "segments": [{"index": i, "start": boundaries[i], "end": boundaries[i + 1],
+                      "flops_per_image": int(seg_flops[i])} for i in range(len(boundaries) - 1)],
+        "blocks": {str(k): boundaries.index(part.block_cut(k)) for k in range(part.num_blocks + 1)},
+        "total_flops_per_image": int(part.total_flops // part.batch),
+        "by_batch": {},
+    }
+    share_mean = opts.cpu_share is not None
+    # Before any CPU share: the echo process stands for the other stage and must not inherit it.
+    hop_s = hopprobe.hop_fixed_s() if opts.hop_probe else None
+    with cpushare.limited(opts.cpu_share, "profile") as applied:
+        limits.update(applied)
+        for b in opts.batch_sizes:
+            if progress:
+                progress(f"batch {b}: timing {len(stages)} segments x {opts.repetitions}")
+            doc["by_batch"][str(b)] = _measure_batch(b, builder, model, stages, timer, codecs, opts, share_mean)
+    transport = [(e["frame_bytes"], e["loopback_transfer_s"]) for per in doc["by_batch"].values()
+                 for e in per["codecs"][RESULT_CODEC]]
+    doc["loopback"] = _fit_transport(transport)
+    if hop_s is not None:
+        doc["loopback"].update(fixed_s=hop_s, fixed_source="hopprobe: half the round trip of a tiny frame "
+                               "through two processes' sender, receiver and compute threads")
+    doc["method"] = {"warmup": opts.warmup, "repetitions": opts.repetitions,
+                     "statistic": "mean" if share_mean else "median",
+                     "why_statistic": "under a CPU quota single calls are either full speed or frozen, so only "
+                                      "the mean adds up across segments" if share_mean else
+                                      "median of repetitions after warm-up",
+                     "timer": "CUDA-synchronised wall clock and events" if builder.device.startswith("cuda")
+                     else "perf_counter", "codec_repetitions": opts.codec_repetitions}
+    doc["manifest"] = node_manifest(builder.device, limits.get("torch_threads"), role="profile",
+                                            weights_fingerprint=builder.fingerprint, limits=limits)
+    return doc
+
+
+def _measure_batch(b: int, builder: StageBuilder, model: nn.Module, stages: list[nn.Module],
+                   timer: StageTimer, codecs: dict[str, wire.Codec], opts: ProfileOptions,
+                   mean: bool) -> dict[str, Any]:
+    device = builder.device
+    x = inputs.synthetic_batch(0, b, builder.input_size).to(device)
+
+    def chain(keep: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+        times, outs, y = [], [x], x
+        for stage in stages:
+            y, t = timer.run(stage, y, device)
+            times.append(t)
+            if keep:
+                outs.append(y)
+        return times, outs
+
+    for _ in range(opts.warmup):
+        chain()
+        timer.run(model, x, device)
+    seg_runs, whole_runs = [], []
+    for _ in range(opts.repetitions):  # interleaved, so drift hits both alike
+        seg_runs.append(chain()[0])
+        whole_runs.append(timer.run(model, x, device)[1])
+    source = []
+    for i in range(max(5, opts.repetitions)):
+        t0 = time.perf_counter()
+        inputs.synthetic_batch(i, b, builder.input_size)
+        source.append(time.perf_counter() - t0)
+    _, tensors = chain(keep=True)
+    codec_rows: dict[str, list[dict[str, Any]]] = {}
+    for key, codec in codecs.items():
+        codec_rows[key] = [_round_trip(t.detach().cpu(), codec, opts.codec_repetitions) for t in tensors]
+    segments = [_median_or_mean([r[i] for r in seg_runs], mean) for i in range(len(stages))]
+    whole = _median_or_mean(whole_runs, mean)
+    # What calling a stage costs beyond its work: chained segments pay it once each, a stage once.
+    overhead = max(0.0, (sum(segments) - whole) / max(1, len(segments) - 1))
+    return {"segment_compute_s": segments, "whole_model_s": whole, "call_overhead_s": overhead,
+            "source_s": float(statistics.median(source)),
+            "codecs": codec_rows}

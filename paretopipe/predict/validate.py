@@ -1,0 +1,175 @@
+"""Validation of the cost model against a measured sweep: every TCP configuration is predicted by
+replaying its own protocol, and the errors and the agreement of the fronts are reported."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from .. import records
+from ..analysis import pareto
+from ..analysis.session import Session, find_session
+from ..errors import UsageError
+from ..network.conditions import NetworkConditions, get_conditions
+from .costmodel import LinkModel, chain_terms, simulate
+from .device_profile import DeviceProfile, check_compatible, codec_key
+from .predictions import PREDICTED, base_transport
+
+log = logging.getLogger("paretopipe.predict")
+
+MEASURED = {"latency_s": "min", "throughput_imgs_per_s": "max"}
+GOAL_MAPE = 0.15
+GOAL_JACCARD = 0.8
+
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def run_to_run_jaccard(session: Session) -> dict[str, float]:
+    """Per network: how well the fronts of the sweep's separate runs agree with each other (mean
+    pairwise Jaccard). This is the ceiling for any prediction: measured noise moves fronts too."""
+    runs = session.runs()
+    runs = runs[(runs["backend"] == "tcp") & (runs["status"] == "complete")]
+    out = {}
+    for name, g in runs.groupby("network", sort=False):
+        fronts = [set(r.loc[pareto.mark_front(r, MEASURED, by=[])["on_front"], "split_index"])
+                  for _, r in g.groupby("run")]
+        pairs = [jaccard(a, b) for a, b in combinations(fronts, 2)]
+        if pairs:
+            out[name] = float(statistics.fmean(pairs))
+    return out
+
+
+def _stage_limits(session: Session) -> dict[str, dict[str, Any]]:
+    """What each stage of the sweep ran under (threads, affinity, CPU share), from one run record."""
+    for path in sorted(session.runs_dir.glob("*.json"))[:1]:
+        rec = session.read_run(path)
+        limits = (rec or {}).get("config", {}).get("stage_limits") or {}
+        return {k: v for k, v in limits.items() if isinstance(v, dict)}
+    return {}
+
+
+def _effective_share(limits: dict[str, Any]) -> float | None:
+    """A share at or above the thread count limits nothing: treat it as no share."""
+    share = limits.get("cpu_share")
+    return None if share is None or share >= (limits.get("torch_threads") or 1) else share
+
+
+def limit_mismatches(profiles: Sequence[DeviceProfile], limits: dict[str, dict[str, Any]]) -> list[str]:
+    """Where a device profile was taken under other threads or another CPU share than its stage ran."""
+    out = []
+    for i, p in enumerate(profiles, start=1):
+        ran = limits.get(f"stage{i}") or {}
+        if ran.get("torch_threads") and p.doc["manifest"].get("torch_threads") != ran["torch_threads"]:
+            out.append(f"{p.path} used {p.doc['manifest'].get('torch_threads')} torch threads; stage {i} ran "
+                       f"with {ran['torch_threads']}")
+        if ran and _effective_share(p.limits) != _effective_share(ran):
+            out.append(f"{p.path} was taken at CPU share {_effective_share(p.limits)}; stage {i} ran at "
+                       f"{_effective_share(ran)}")
+    return out
+
+
+def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_rate: str | None = None
+             ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Predict every measured TCP configuration of a sweep with its own protocol and compare."""
+    session = find_session(session_dir)
+    meta = session.read_meta()
+    if meta is None:
+        raise UsageError(f"{session.path} has no session.json; validate a sweeper session")
+    opts = meta.get("options", {})
+    configs = session.configs()
+    configs = configs[configs["backend"] == "tcp"]
+    if configs.empty:
+        raise UsageError(f"{session.path} has no completed TCP configurations to compare with (the cost model "
+                         f"replays the TCP backend's protocol)")
+    warnings = check_compatible(profiles, str(configs["model"].iloc[0]))
+    warnings += limit_mismatches(profiles, _stage_limits(session))
+    for w in warnings:
+        log.warning("%s", w)
+    base = base_transport(profiles, base_rate or ("loopback" if not opts.get("hosts", {}).get("stage1") else None))
+    codec = codec_key(opts.get("wire_dtype", "float32"), opts.get("compression", "none"))
+    known = {name: NetworkConditions.from_dict(d) for name, d in meta.get("networks", {}).items()}
+    rows = []
+    for _, c in configs.iterrows():
+        up, down = LinkModel.pair(known.get(c["network"]) or get_conditions(c["network"]), base)
+        k = int(c["split_index"])
+        if k not in profiles[0].blocks:
+            raise UsageError(f"split {k} of the sweep is not a block split of {profiles[0].path}")
+        terms = chain_terms(profiles, [up], [profiles[0].blocks[k]], int(c["batch_size"]), codec, [down])
+        sim = simulate(terms, int(opts.get("num_batches", 20)), int(opts.get("warmup", 3)),
+                       int(opts.get("in_flight", 1)))
+        row = {"network": c["network"], "split_index": k, "cut": c["cut"], "batch_size": int(c["batch_size"]),
+               "latency_s": c["latency_median_s"], "throughput_imgs_per_s": c["throughput_imgs_per_s"],
+               **sim, "predicted_bottleneck": terms.bottleneck()[0]}
+        row["latency_ape"] = abs(row["predicted_latency_s"] - row["latency_s"]) / row["latency_s"]
+        row["throughput_ape"] = (abs(row["predicted_throughput_imgs_per_s"] - row["throughput_imgs_per_s"])
+                                 / row["throughput_imgs_per_s"])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    measured = pareto.mark_front(table, MEASURED, by=["network"])["on_front"]
+    predicted = pareto.mark_front(table, PREDICTED, by=["network"])["on_front"]
+    table["measured_on_front"], table["predicted_on_front"] = measured, predicted
+    per_network = {}
+    for name, g in table.groupby("network", sort=False):
+        m = set(g.loc[g["measured_on_front"], "split_index"])
+        p = set(g.loc[g["predicted_on_front"], "split_index"])
+        per_network[name] = {"jaccard": jaccard(m, p), "measured_front": sorted(m), "predicted_front": sorted(p),
+                             "latency_mape": float(g["latency_ape"].median()),
+                             "throughput_mape": float(g["throughput_ape"].median())}
+    ceiling = run_to_run_jaccard(session)
+    for name, value in ceiling.items():
+        per_network[name]["run_to_run_jaccard"] = value
+    summary = {
+        "session": str(session.path), "configurations": len(table),
+        "latency_median_ape": float(table["latency_ape"].median()),
+        "throughput_median_ape": float(table["throughput_ape"].median()),
+        "front_jaccard_mean": float(statistics.fmean(v["jaccard"] for v in per_network.values())),
+        "run_to_run_jaccard_mean": float(statistics.fmean(ceiling.values())) if ceiling else None,
+        "per_network": per_network,
+        "goals": {"median_ape_max": GOAL_MAPE, "jaccard_min": GOAL_JACCARD},
+        "device_profiles": [p.path for p in profiles], "protocol": {k: opts.get(k) for k in (
+            "batch_size", "num_batches", "warmup", "in_flight", "wire_dtype", "compression")},
+        "transport_beneath": base, "warnings": warnings,
+        "note": "each configuration is predicted by replaying the TCP protocol (window, warm-up, batch count) "
+                "with durations from the device profiles; measured values are the sweep's per-configuration "
+                "medians; run_to_run_jaccard compares the fronts of the sweep's own runs with each other, the "
+                "most any prediction can agree with a measurement this noisy",
+    }
+    summary["goals_met"] = (summary["latency_median_ape"] <= GOAL_MAPE and summary["throughput_median_ape"] <= GOAL_MAPE
+                            and summary["front_jaccard_mean"] >= GOAL_JACCARD)
+    return table, summary
+
+
+def write_validation(table: pd.DataFrame, summary: dict[str, Any], out: Path) -> list[Path]:
+    from ..analysis.plotting import PALETTE, pyplot, save_figure
+
+    paths = [records.atomic_write_csv(out / "prediction_validation.csv", table.to_dict("records")),
+             records.atomic_write_json(out / "prediction_validation.json", summary)]
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    for ax, (m, p, unit, scale) in zip(axes, (("latency_s", "predicted_latency_s", "latency (ms)", 1e3),
+                                              ("throughput_imgs_per_s", "predicted_throughput_imgs_per_s",
+                                               "throughput (images/s)", 1.0))):
+        for i, (name, g) in enumerate(table.groupby("network", sort=False)):
+            ax.scatter(g[m] * scale, g[p] * scale, s=18, color=PALETTE[i % len(PALETTE)], label=name)
+        lo = min(table[m].min(), table[p].min()) * scale
+        hi = max(table[m].max(), table[p].max()) * scale
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {unit}")
+        ax.set_ylabel(f"predicted {unit}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"prediction vs measurement: median error latency {summary['latency_median_ape']:.0%}, "
+                 f"throughput {summary['throughput_median_ape']:.0%}; front Jaccard "
+                 f"{summary['front_jaccard_mean']:.2f}", fontsize=10)
+    fig.tight_layout()
+    paths.append(save_figure(fig, out / "prediction_validation.png", dpi=120))
+    return paths

@@ -1,0 +1,78 @@
+"""The run configuration: one typed object that both stages, the worker protocol and the record share.
+
+It travels as JSON (worker commands, the TCP handshake, RPC), so :meth:`RunConfig.from_dict`
+refuses an unknown, missing or mistyped key by name instead of dropping it: a renamed field
+fails loudly. The record's ``config`` is exactly :meth:`RunConfig.to_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .. import strict
+from ..errors import UsageError
+
+LINK_MODES = ("none", "emulated", "tc")
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """One measured run of one split. Both stages must agree on the fields the handshake checks."""
+
+    model: str
+    cuts: list[str]
+    split_index: int | list[int] | None = None
+    batch_size: int = 8
+    num_batches: int = 20
+    warmup: int = 3
+    in_flight: int = 1
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    num_classes: int = 10
+    wire_dtype: str = "float32"
+    compression: str = "none"
+    compression_level: int = 3
+    seed: int = 0
+    network: str | None = None
+    link_mode: str = "none"
+    network_delay_ms_label: float | None = None
+    timeout_s: float = 60.0
+    # Set by the sweeper before the run starts, so the record is never patched afterwards.
+    run_key: str | None = None
+    config_key: str | None = None
+    run: int | None = None
+    stage_limits: dict[str, Any] | None = None
+    # The RPC backend's own settings.
+    rpc_transport: str | None = None
+    use_pipelining: bool | None = None
+    world_size: int | None = None
+    num_partitions: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "in_flight"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
+        for name in ("num_batches", "warmup"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be 0 or more")
+        if self.num_batches + self.warmup < 1:
+            raise UsageError("--num-batches and --warmup together must give at least one batch")
+        if self.num_classes < 1:
+            raise UsageError(f"--num-classes {self.num_classes}: must be at least 1")
+        if not self.timeout_s > 0:
+            raise UsageError(f"--timeout {self.timeout_s:g}: must be positive (seconds)")
+        if self.link_mode not in LINK_MODES:
+            raise UsageError(f"link mode {self.link_mode!r}: valid {', '.join(LINK_MODES)}")
+        if not self.cuts:
+            raise UsageError("a run needs at least one cut")
+
+    def to_dict(self) -> dict[str, Any]:
+        return strict.to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, what: str = "run configuration") -> "RunConfig":
+        return strict.from_dict(cls, data, what)
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,90 @@
+"""The data source's per-batch schedule, shared by both backends.
+
+A window of ``in_flight`` batches, warm-up flags, start and end stamps on the source's own
+monotonic clock (the only clock a latency ever comes from), and the rule that turns an error into
+the record's status. The TCP stage 1 and the RPC master both drive one of these.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..errors import PeerError, WireError
+from .runconfig import RunConfig
+
+
+class BatchSchedule:
+    """Bookkeeping of one run's batches at the data source."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.total = cfg.warmup + cfg.num_batches
+        self.warmup = cfg.warmup
+        self.timeout_s = cfg.timeout_s
+        self.window = threading.Semaphore(cfg.in_flight)
+        self.batches: dict[int, dict[str, Any]] = {}
+        self._starts: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self.completed = 0
+        self.finished = threading.Event()
+        self.t0 = time.monotonic()
+
+    def acquire(self, check: Callable[[], None]) -> None:
+        """Wait for a free slot in the window, calling ``check`` (which raises on a dead peer)."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self.window.acquire(timeout=0.05):
+            check()
+            if time.monotonic() > deadline:
+                raise PeerError(f"no result from the pipeline for {self.timeout_s:g}s (timeout)")
+        check()
+
+    def start(self, seq: int, **fields: Any) -> dict[str, Any]:
+        """Stamp batch ``seq`` as started now; returns its record for the caller to fill."""
+        now = time.monotonic()
+        rec = {"seq": seq, "warmup": seq < self.warmup, "start_s": now - self.t0, **fields}
+        with self._lock:
+            self._starts[seq] = now
+            self.batches[seq] = rec
+        return rec
+
+    def complete(self, seq: int, now: float, **fields: Any) -> dict[str, Any]:
+        """Stamp batch ``seq`` as done at ``now`` (its decoded result is usable) and free its slot."""
+        with self._lock:
+            rec = self.batches.get(seq)
+            if rec is None or "end_s" in rec:
+                raise WireError(f"result for unknown or repeated batch {seq}")
+            rec["end_s"] = now - self.t0
+            rec["latency_s"] = now - self._starts[seq]
+            rec.update(fields)
+            self.completed += 1
+            if self.completed >= self.total:
+                self.finished.set()
+        self.window.release()
+        return rec
+
+    def unblock(self) -> None:
+        """Wake a source waiting for a slot (its ``check`` then reports why)."""
+        self.window.release()
+
+    def wait_finished(self, check: Callable[[], None], limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while not self.finished.wait(0.05):
+            check()
+            if time.monotonic() > deadline:
+                raise PeerError("the pipeline never finished the run (timeout)")
+        check()
+
+    def records(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(self.batches[s]) for s in sorted(self.batches)]
+
+
+def status_of(exc: BaseException | None) -> tuple[str, str | None]:
+    """The record's ``status`` and one-line ``error`` for how a run ended."""
+    if exc is None:
+        return "complete", None
+    if isinstance(exc, KeyboardInterrupt):
+        return "incomplete", "interrupted (Ctrl-C or a termination signal)"
+    text = str(exc).strip().splitlines()
+    return "incomplete", (text[0] if text else type(exc).__name__)

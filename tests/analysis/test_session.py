@@ -1,0 +1,60 @@
+"""The session folder has one owner: records in, CSVs out, unreadable records skipped and named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paretopipe import records
+from paretopipe.analysis.session import CONFIG_KEY, Session, config_key, find_session, run_key
+from paretopipe.errors import UsageError
+
+
+def _record(run: int, k: int, latency: float) -> dict:
+    cfg_key = config_key("mobilenet_v2", "tcp", "lan", k)
+    batches = [{"seq": i, "warmup": False, "start_s": i * 0.1, "end_s": i * 0.1 + latency, "latency_s": latency}
+               for i in range(4)]
+    return records.build_run_record(
+        backend="tcp", run_id=f"r{run}k{k}", status="complete", error=None,
+        config={"model": "mobilenet_v2", "cuts": ["c"], "split_index": k, "batch_size": 1, "in_flight": 1,
+                "network": "lan", "run_key": run_key(cfg_key, run), "config_key": cfg_key, "run": run},
+        manifest={"stages": [], "link": {"mode": "emulated"}}, batches=batches, sysmon={})
+
+
+def test_consolidation_from_records_and_truncated_ones_are_skipped(tmp_path):
+    s = Session(tmp_path / "s")
+    for run in (0, 1):
+        for k, lat in ((0, 0.2), (3, 0.1)):
+            s.write_run(run_key(config_key("mobilenet_v2", "tcp", "lan", k), run), _record(run, k, lat + run / 100))
+    (s.runs_dir / "broken.json").write_text('{"summary": {"lat')
+    rows, skipped = s.consolidate([{"run_key": "x", "attempt": 1, "error": "e", "time_utc": "t"}], final=True)
+    assert skipped == ["broken.json"] and len(rows) == 4
+    assert rows[0]["config_key"] == "mobilenet_v2_tcp_lan_k00" and rows[0]["json"].startswith("runs/")
+    configs = s.configs()
+    assert list(configs[CONFIG_KEY].itertuples(index=False, name=None)) == [
+        ("mobilenet_v2", "tcp", "lan", 1, 0), ("mobilenet_v2", "tcp", "lan", 1, 3)]
+    assert configs["runs"].tolist() == [2, 2]
+    assert configs.loc[0, "latency_median_s"] == pytest.approx(0.205)
+    assert s.completed("mobilenet_v2_tcp_lan_k03_r1") and not s.completed("nope")
+    assert find_session(tmp_path).path == s.path
+
+
+def test_meta_round_trip_and_bad_folders(tmp_path):
+    s = Session(tmp_path / "s")
+    assert s.read_meta() is None
+    s.write_meta({"a": 1})
+    assert s.read_meta() == {"a": 1}
+    s.meta_path.write_text("[1, 2")
+    with pytest.raises(UsageError, match="not readable JSON"):
+        s.read_meta()
+    with pytest.raises(UsageError, match="no sweep results under .*no such folder"):
+        find_session(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        find_session(tmp_path / "file")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "runs.csv").write_text("")
+    with pytest.raises(UsageError, match="not a readable CSV"):
+        Session(tmp_path / "empty").runs()
+    json.dumps(_record(0, 0, 0.1))  # a record is plain JSON

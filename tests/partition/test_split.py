@@ -1,0 +1,201 @@
+"""The partitioning engine: every cut of every named model reproduces the unsplit model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import PYTHON, ROOT, traced
+from paretopipe.partition import models, split
+from paretopipe.errors import UsageError
+
+NAMED = models.NAMED_MODELS
+TOL = 1e-5
+# Cut counts under the "exactly one live tensor" rule (torchvision builders, weights=None).
+# Inception: 31 with torchvision's default transform_input=False; we build it with
+# transform_input=True (what the anchor ran), which adds the cut after the transform's cat.
+EXPECTED_CUTS = {"mobilenetv2": 72, "resnet18": 22, "resnet50": 38, "vgg16": 39, "alexnet": 21,
+                 "inceptionv3": 32, "efficientnet_b0": 78, "vit_b_16": 31}
+EXPECTED_K = {"mobilenetv2": 19, "alexnet": 13, "vgg16": 31, "resnet18": 9, "resnet50": 17,
+              "inceptionv3": 20}
+
+
+def _responsive(model, inputs, other) -> float:
+    with torch.no_grad():
+        return float((model(inputs) - model(other)).abs().max())
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_every_fine_cut_is_exact(name):
+    model, part, inputs, other = traced(name)
+    assert len(part.cuts) == EXPECTED_CUTS[name]
+    # The check only means something if outputs depend on the input far beyond the tolerance.
+    assert _responsive(model, inputs, other) > 1000 * TOL
+    with torch.no_grad():
+        ref = model(inputs)
+    for cut in part.cuts:
+        first, second = part.stages([cut.name])
+        with torch.no_grad():
+            mid = first(inputs)
+            assert tuple(mid.shape) == cut.shape, cut.name
+            assert mid.numel() * mid.element_size() == cut.nbytes
+            out = second(mid)
+        diff = float((out - ref).abs().max())
+        assert diff <= TOL, f"{name} cut {cut.name}: max abs diff {diff}"
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_every_block_split_and_baselines_are_exact(name):
+    model, part, inputs, _ = traced(name)
+    if name in EXPECTED_K:
+        assert part.num_blocks == EXPECTED_K[name]
+    assert part.block_cut(0) == split.INPUT and part.block_cut(part.num_blocks) == split.OUTPUT
+    for k in range(part.num_blocks + 1):
+        stages = part.stages([part.block_cut(k)])
+        assert len(stages) == 2
+        assert split.verify(model, stages, inputs) <= TOL, f"{name} k={k}"
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_three_way_partitions_are_exact(name):
+    model, part, inputs, _ = traced(name)
+    n = len(part.cuts)
+    pairs = {(n // 4, n // 2), (n // 3, 2 * n // 3), (0, n - 1), (n // 2, n // 2 + 1)}
+    for a, b in sorted(pairs):
+        stages = part.stages([part.cuts[a].name, part.cuts[b].name])
+        assert len(stages) == 3
+        assert split.verify(model, stages, inputs) <= TOL, f"{name} cuts {a},{b}"
+
+
+def test_stages_own_their_parameters():
+    model, part, inputs, _ = traced("resnet18")
+    first, second = part.stages([part.block_cut(4)])
+    own1, own2 = set(first.state_dict()), set(second.state_dict())
+    assert own1 and own2 and not own1 & own2
+    assert set(model.state_dict()) == own1 | own2
+    # A stage rebuilt elsewhere from its state dict alone computes the same thing.
+    clone = part.stages([part.block_cut(4)])[1]
+    for p in clone.parameters():
+        p.data.zero_()
+    clone.load_state_dict(second.state_dict())
+    with torch.no_grad():
+        assert torch.equal(clone(first(inputs)), second(first(inputs)))
+
+
+def test_anchor_block_semantics_first_k_blocks_on_stage_one():
+    model, part, inputs, _ = traced("mobilenetv2")
+    first, _ = part.stages([part.block_cut(5)])
+    with torch.no_grad():
+        assert torch.equal(first(inputs), model.features[:5](inputs))
+    _, part18, x18, _ = traced("resnet18")
+    m18 = models.build("resnet18")
+    stem = nn.Sequential(m18.conv1, m18.bn1, m18.relu, m18.maxpool, m18.layer1[0])
+    with torch.no_grad():
+        assert torch.equal(part18.stages([part18.block_cut(1)])[0](x18), stem(x18))
+
+
+def test_cut_points_report_shapes_bytes_and_flops():
+    _, part, _, _ = traced("mobilenetv2")
+    flops = [c.flops_before for c in part.cuts]
+    assert flops == sorted(flops) and 0 < flops[0] < part.total_flops
+    for c in part.cuts:
+        assert c.flops_before + c.flops_after == part.total_flops
+        assert c.nbytes == 4 * torch.Size(c.shape).numel()
+
+
+def test_inception_default_flag_gives_the_documented_31_cuts():
+    import torchvision
+
+    m = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=True).eval()
+    assert len(split.cut_points(m, torch.zeros(1, 3, 299, 299))) == 31
+
+
+def test_generic_torchvision_model_splits_exactly():
+    model = models.build("resnet101", num_classes=10)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    part = split.Partitioner(model, x, "resnet101")
+    assert part.num_blocks > 30  # stem layers + 33 bottlenecks + head
+    for k in (1, part.num_blocks // 2, part.num_blocks - 1):
+        assert split.verify(model, part.stages([part.block_cut(k)]), x) <= TOL
+
+
+def test_names_are_case_and_dash_insensitive():
+    assert models.canonical_name("MobileNet-V2") == "mobilenet_v2"
+    assert models.canonical_name("Wide_ResNet50-2") == "wide_resnet50_2"
+    assert models.input_size("InceptionV3") == 299 and models.input_size("resnet18") == 224
+
+
+def test_register_custom_model_and_split_it():
+    @models.register("tiny-test-net", input_size=16)
+    def _tiny(num_classes: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(8, num_classes))
+
+    model = models.build("TinyTestNet", num_classes=4)
+    x = torch.randn(3, 3, 16, 16)
+    part = split.Partitioner(model, x, models.canonical_name("tiny-test-net"))
+    assert len(part.cuts) == 5  # between each of the six layers
+    for cut in part.cuts:
+        assert split.verify(model, part.stages([cut.name]), x) <= TOL
+
+
+def test_weights_are_deterministic_across_processes():
+    # Different thread counts change float summation order; the calibrated weights must not move.
+    code = ("import torch; torch.set_num_threads({t}); from paretopipe.partition import models; "
+            "print(models.fingerprint(models.build('{n}')))")
+    # The weight cache is off in the children: each must calibrate for itself.
+    env = {**os.environ, "PARETOPIPE_CACHE_DIR": "none"}
+    for name in ("mobilenetv2", "vit_b_16"):
+        prints = {subprocess.run([PYTHON, "-c", code.format(n=name, t=t)], capture_output=True, env=env,
+                                 text=True, check=True, cwd=ROOT).stdout.strip() for t in (1, 2)}
+        assert len(prints) == 1
+        assert prints == {models.fingerprint(traced(name)[0])}
+
+
+def test_weights_load_from_file_and_mismatch_is_clear(tmp_path):
+    model = models.build("alexnet")
+    torch.save(model.state_dict(), tmp_path / "alexnet.pth")
+    loaded = models.build("alexnet", models_dir=tmp_path)
+    assert models.fingerprint(loaded) == models.fingerprint(model)
+    with pytest.raises(UsageError, match=r"do not fit the model.*shape mismatches.*num-classes"):
+        models.build("alexnet", num_classes=7, weights=tmp_path / "alexnet.pth")
+
+
+def test_unknown_model_lists_known_names():
+    with pytest.raises(UsageError, match=r"unknown model 'resnet9000'; known: mobilenetv2, resnet18"):
+        models.build("resnet9000")
+
+
+def test_split_out_of_range_states_valid_range():
+    _, part, _, _ = traced("resnet18")
+    with pytest.raises(UsageError, match=r"split index 12 out of range for resnet18: valid 0\.\.9"):
+        part.block_cut(12)
+    with pytest.raises(UsageError, match="unknown cut"):
+        part.cut("no_such_node")
+
+
+def test_untraceable_model_names_the_failing_op():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow
+                return x
+            return -x
+
+    with pytest.raises(UsageError, match=r"cannot trace Branchy at .*test_split.py:\d+ .*register"):
+        split.cut_points(Branchy(), torch.zeros(1, 3))
+
+
+def test_cli_lists_blocks_and_errors_in_one_line():
+    ok = subprocess.run([PYTHON, "-m", "paretopipe.split", "--model", "resnet18", "--list"],
+                        capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0
+    lines = ok.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["k", "block", "cut"] and len(lines) == 1 + 10
+    assert "layer1.0" in ok.stdout and "(whole model)" in ok.stdout
+    bad = subprocess.run([PYTHON, "-m", "paretopipe.split", "--model", "nope", "--list"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

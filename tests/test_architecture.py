@@ -1,0 +1,65 @@
+"""The package's layers hold: import-linter's contracts pass, the arithmetic needs no torch, and
+nothing at run time reaches outside the package."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, ROOT
+
+
+def test_import_contracts_hold():
+    lint = shutil.which("lint-imports", path=str(Path(PYTHON).parent))
+    assert lint, "lint-imports is installed by make (import-linter, the test extra)"
+    proc = subprocess.run([lint, "--no-logo", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert len(contracts) >= 3
+    assert proc.stdout.count("KEPT") == len(contracts) and "BROKEN" not in proc.stdout
+
+
+def test_cost_model_and_planner_import_without_torch():
+    code = ("import sys, paretopipe.predict.costmodel, paretopipe.predict.planner, "
+            "paretopipe.predict.device_profile; assert 'torch' not in sys.modules, 'torch was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_planner_runs_without_torch_on_a_synthetic_chain():
+    code = """
+import sys
+from paretopipe.predict.costmodel import LinkModel
+from paretopipe.predict.device_profile import synthetic_profile
+from paretopipe.predict.planner import pareto_plans
+p = synthetic_profile([1e-3] * 4, [100] * 5)
+plans = pareto_plans([p, p, p], [LinkModel.of(rate_bps=1e6)] * 2, 1, range(5))
+assert plans and 'torch' not in sys.modules
+print(len(plans))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0 and int(proc.stdout) >= 1, proc.stderr
+
+
+@pytest.mark.parametrize("package", ["partition", "network", "transport", "runners", "analysis", "predict", "cli"])
+def test_each_subpackage_has_tests_and_a_docstring(package):
+    assert list((ROOT / "tests" / package).glob("test_*.py")), f"tests/{package}/ has no test module"
+    init = (ROOT / "paretopipe" / package / "__init__.py").read_text()
+    assert init.startswith('"""'), f"paretopipe/{package}/__init__.py names its job in a docstring"
+
+
+def test_no_module_reads_outside_the_package():
+    """profiles.toml is package data; nothing names the repository's folders or scripts."""
+    offenders = []
+    for path in (ROOT / "paretopipe").rglob("*.py"):
+        text = path.read_text()
+        for needle in ("parent.parent", "parents[1]", "parents[2]", '"netem" /', "tests/"):
+            if needle in text:
+                offenders.append(f"{path.relative_to(ROOT)}: {needle}")
+    assert not offenders, offenders
+    assert (ROOT / "paretopipe" / "network" / "profiles.toml").is_file()

@@ -1,0 +1,94 @@
+"""RPC backend end to end with --local: exact outputs, shared schema, dead worker, bad flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import jsonschema
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from conftest import PYTHON, ROOT
+from paretopipe import records
+from paretopipe.partition import models
+from paretopipe.transport import inputs as data
+from tcp_helpers import STARTED
+
+
+def _run(tmp, *args, timeout=300):
+    return subprocess.run([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--metrics-dir", str(tmp),
+                           *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+@pytest.mark.parametrize("name,world,blocks,pipelined", [
+    ("mobilenetv2", 3, "8", False), ("mobilenetv2", 4, "4,12", True),
+    ("resnet18", 3, "0", True), ("resnet18", 4, "3,9", False)])
+def test_local_pipeline_equals_unsplit_model(tmp_path, name, world, blocks, pipelined):
+    flag = ["--split-blocks", blocks, "--num-partitions", str(world - 1)]
+    out = tmp_path / "o.npz"
+    proc = _run(tmp_path, "--world-size", str(world), "--model", name, "--batch-size", "2", "--num-test-samples", "6",
+                "--warmup", "1", "--save-outputs", str(out), *flag, *(["--use-pipelining"] if pipelined else []))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    model = models.build(name)
+    size = models.input_size(name)
+    with torch.no_grad():
+        ref = torch.stack([model(data.synthetic_batch(i, 2, size)) for i in range(4)])
+    assert np.allclose(np.load(out, allow_pickle=False)["logits"], ref.numpy(), atol=1e-5)
+    (path,) = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    jsonschema.validate(rec, records.load_schema())
+    assert rec["backend"] == "rpc" and rec["status"] == "complete"
+    assert rec["config"]["in_flight"] == (4 if pipelined else 1)
+    assert len(rec["manifest"]["stages"]) == world  # master + one per stage
+    b = [x for x in rec["batches"] if not x["warmup"]][0]
+    assert all(f"stage{i}_compute_s" in b for i in range(1, world))
+    assert rec["summary"]["throughput_imgs_per_s"] > 0
+
+
+def test_killed_worker_gives_clear_error_and_incomplete_json(tmp_path):
+    proc = subprocess.Popen([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--world-size", "3",
+                             "--model", "mobilenetv2", "--split-block", "5", "--batch-size", "1",
+                             "--num-test-samples", "100000", "--timeout", "20", "--metrics-dir", str(tmp_path),
+                             "--rate", "50mbit"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    STARTED.append(proc)
+    master = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    victim = None
+    while time.monotonic() < deadline and victim is None:
+        for child in master.children():
+            if "--rank" in child.cmdline() and child.cmdline()[child.cmdline().index("--rank") + 1] == "2":
+                victim = child
+        time.sleep(0.5)
+    assert victim is not None
+    time.sleep(12)  # joined and running (workers build the model first)
+    victim.kill()
+    t0 = time.monotonic()
+    rc = proc.wait(60)
+    assert rc == 1 and time.monotonic() - t0 < 30
+    err = proc.stderr.read()
+    assert "error: worker rank 2" in err and "exited" in err
+    (path,) = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    assert rec["status"] == "incomplete" and rec["summary"]["batches_measured"] >= 1
+    time.sleep(1)
+    assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in [victim])
+    assert not [c for c in psutil.process_iter(["cmdline"]) if "--master-port" in " ".join(c.info["cmdline"] or [])
+                and str(tmp_path) in " ".join(c.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--world-size", "3", "--num-partitions", "3"], "must be within 1..world-size - 1"),
+    (["--world-size", "3", "--split-block", "99"], r"split index 99 out of range for mobilenet_v2: valid 0\.\.19"),
+    (["--world-size", "3", "--model", "nope"], "unknown model 'nope'; known:"),
+    (["--world-size", "4", "--num-partitions", "3", "--split-blocks", "9,3"], "increasing order"),
+])
+def test_bad_flags_one_line_errors(tmp_path, args, match):
+    proc = _run(tmp_path, *args, timeout=120)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and __import__("re").search(match, lines[0]), proc.stderr[-500:]

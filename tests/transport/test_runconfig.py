@@ -1,0 +1,62 @@
+"""The typed run configuration: a renamed, missing or mistyped field fails loudly, by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from paretopipe.errors import UsageError
+from paretopipe.transport.runconfig import RunConfig
+from paretopipe.transport.schedule import BatchSchedule, status_of
+
+
+def _cfg(**kw):
+    return RunConfig(model="mobilenet_v2", cuts=["features_8"], **kw)
+
+
+def test_round_trip_is_exact():
+    cfg = _cfg(split_index=8, batch_size=2, network="lte", run_key="k_r0", stage_limits={"stage1": {"x": 1}})
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"profile": "lte"}, "unknown key 'profile'; valid: model, cuts"),
+    ({"batch_size": "8"}, "batch_size: expected an integer, got '8'"),
+    ({"batch_size": True}, "batch_size: expected an integer"),
+    ({"timeout_s": float("nan")}, "timeout_s: nan is not a finite number"),
+    ({"cuts": "features_8"}, "cuts: expected a list"),
+    ({"split_index": [1, "x"]}, "split_index"),
+    ({"batch_size": 0}, "--batch-size 0: must be at least 1"),
+    ({"link_mode": "carrier-pigeon"}, "link mode 'carrier-pigeon'"),
+    ({"num_batches": 0, "warmup": 0}, "at least one batch"),
+])
+def test_bad_fields_are_refused_by_name(change, message):
+    data = {**_cfg().to_dict(), **change}
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        RunConfig.from_dict(data)
+
+
+def test_missing_key_is_named():
+    data = _cfg().to_dict()
+    del data["model"]
+    with pytest.raises(UsageError, match="missing key 'model'"):
+        RunConfig.from_dict(data)
+
+
+def test_schedule_windows_stamps_and_refuses_repeats():
+    from paretopipe.errors import WireError
+
+    sched = BatchSchedule(_cfg(num_batches=2, warmup=1, in_flight=2, timeout_s=1))
+    checks = []
+    for seq in range(2):
+        sched.acquire(lambda: checks.append(seq))
+        sched.start(seq)
+    rec = sched.complete(0, sched.t0 + 0.5)
+    assert rec["warmup"] and rec["latency_s"] == pytest.approx(0.5 - rec["start_s"])
+    with pytest.raises(WireError, match="unknown or repeated batch 0"):
+        sched.complete(0, sched.t0 + 0.6)
+    with pytest.raises(WireError, match="unknown or repeated batch 7"):
+        sched.complete(7, sched.t0 + 0.6)
+    assert [r["seq"] for r in sched.records()] == [0, 1] and not sched.finished.is_set()
+    assert status_of(None) == ("complete", None)
+    assert status_of(KeyboardInterrupt()) == ("incomplete", "interrupted (Ctrl-C or a termination signal)")
+    assert status_of(OSError("boom\nsecond line")) == ("incomplete", "boom")
