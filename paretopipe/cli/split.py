@@ -22,10 +22,10 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.split") -> int:
-    from ..partition.split import format_table, partitioner_for
+    from ..partition.structure import structure
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    _, part = partitioner_for(args.model, batch=1, num_classes=args.num_classes, structure_only=True)
-    print(format_table(part, fine=args.fine))
+    doc = structure(args.model, args.num_classes)
+    print(doc["fine_table"] if args.fine else doc["block_table"])
     return 0

@@ -116,12 +116,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
     opts = options_from_args(args)
     sweeper = Sweeper(opts)
     if opts.dry_run:
-        from ..partition import split
+        from ..partition.structure import structure
 
-        blocks = {}
-        for m in opts.models:
-            _, part = split.partitioner_for(m, structure_only=True)
-            blocks[m] = part.num_blocks
+        blocks = {m: structure(m)["num_blocks"] for m in opts.models}
         print(describe_plan(sweeper.plan(blocks), opts))
         return 0
     where = f"{opts.hosts.stage1} -> {opts.hosts.stage2} over SSH" if opts.hosts.remote else "locally"

@@ -227,7 +227,8 @@ def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = 
     """Build ``name`` in eval mode with identical weights on every machine.
 
     ``weights``: a ``.pth`` path to load; ``None`` loads ``models/<name>.pth`` when present and
-    otherwise uses the deterministic responsive initialisation. ``calibrate=False`` skips it:
+    otherwise uses the deterministic responsive initialisation, cached on disk
+    (:mod:`paretopipe.partition.weightcache`). ``calibrate=False`` skips that initialisation:
     for structure only (cut points, shapes, FLOPs), never for outputs or timing.
     """
     canonical = canonical_name(name)
@@ -253,7 +254,13 @@ def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = 
         with torch.device("meta"):
             return construct(canonical, num_classes)
 
-    model = fresh()
+    if path is not None or not calibrate or normalize(canonical) in _CUSTOM:
+        model = fresh()
+    else:
+        from . import weightcache
+
+        model, _ = weightcache.cached_build(weightcache.cache_key(canonical, num_classes, seed), skeleton, fresh,
+                                            fingerprint)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -358,6 +358,6 @@ def format_table(part: Partitioner, fine: bool = False) -> str:
         rows.append((str(part.num_blocks), "(whole model)", OUTPUT, "-",
                      _human_bytes(part.payload_nbytes(OUTPUT, 1)), "100.0"))
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""A model's structure (its split tables and block count), cached on disk so that ``split --list``
+and ``--dry-run`` answer without importing torch.
+
+Importing torch and torchvision alone costs about 3 s on a 2-core VM, more than everything else
+``--list`` does. The structure depends only on the model, its number of classes and the torch and
+torchvision versions (their graphs decide the cuts), and on this package's version; those form the
+key, read from package metadata without importing anything heavy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import metadata
+from typing import Any
+
+from .. import __version__
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _normal(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch not in "-_ ")
+
+
+def _path(name: str, num_classes: int):
+    from .weightcache import cache_dir
+
+    root = cache_dir()
+    if root is None:
+        return None
+    key = {"model": _normal(name), "num_classes": num_classes, "torch": _version("torch"),
+           "torchvision": _version("torchvision"), "paretopipe": __version__}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "structure" / f"{_normal(name)}-c{num_classes}-{digest}.json"
+
+
+def structure(name: str, num_classes: int = 10) -> dict[str, Any]:
+    """``{"model", "num_blocks", "block_table", "fine_table"}`` for a zoo model, from the cache or
+    computed on the meta device (no weights) and stored. Files and registered models are computed
+    every time: their code may change under the same name."""
+    cacheable = "/" not in name and ":" not in name and not name.endswith(".py")
+    path = _path(name, num_classes) if cacheable else None
+    if path is not None and path.is_file():
+        try:
+            doc = json.loads(path.read_text())
+            if {"model", "num_blocks", "block_table", "fine_table"} <= set(doc):
+                return doc
+        except (OSError, ValueError):
+            pass
+    from .. import records
+    from .split import format_table, partitioner_for
+
+    _, part = partitioner_for(name, batch=1, num_classes=num_classes, structure_only=True)
+    doc = {"model": part.model_name, "num_blocks": part.num_blocks, "block_table": format_table(part),
+           "fine_table": format_table(part, fine=True)}
+    if path is not None and part.model_name is not None:
+        try:
+            records.atomic_write_json(path, doc)
+        except OSError:
+            pass  # a read-only cache only costs the next call its time
+    return doc
+
