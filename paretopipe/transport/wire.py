@@ -1,21 +1,29 @@
 """Binary tensor frames: a fixed, validated header followed by raw (optionally compressed) bytes.
 
-Frame = header (magic, version, kind, dtype, original dtype, codec, shuffle, ndim, meta length,
-sequence number, wire payload bytes, raw payload bytes) + shape (ndim x int64) + meta (UTF-8
-JSON, at most 64 KiB) + payload. Nothing on the wire is ever unpickled or evaluated. Every rule
-is checked before anything the peer claims is allocated; a frame that breaks one raises
+Frame = header (104 bytes: magic, version, kind, dtype, original dtype, codec, shuffle, ndim,
+meta length, sequence number, wire payload bytes, raw payload bytes, and the shape as 8 int64
+slots) + meta (UTF-8 JSON, at most 64 KiB) + payload. The header and shape arrive in one read;
+meta and payload in one scatter read. Nothing on the wire is ever unpickled or evaluated. Every
+rule is checked before anything the peer claims is allocated; a frame that breaks one raises
 :class:`WireError` and the caller closes the connection.
+
+Receive buffers can come from a :class:`BufferPool`: a run sends one payload size per direction,
+so after the first frame no buffer is allocated or page-faulted again. A frame whose tensor lives
+in a pooled buffer must be :meth:`Frame.release`\\ d by its consumer once the tensor is no longer
+used; without a pool, tensors are ordinary allocations with no obligation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import socket
 import struct
+import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -23,10 +31,9 @@ import torch
 from ..errors import PeerError, UsageError, WireError
 
 MAGIC = b"PPWF"
-VERSION = 1
-HEADER = struct.Struct("<4sBBBBBBBxIQQQ")
+VERSION = 2
 MAX_NDIM = 8
-MAX_HEADER_BYTES = HEADER.size + 8 * MAX_NDIM
+HEADER = struct.Struct("<4sBBBBBBBxIQQQ8q")
 MAX_META_BYTES = 64 * 1024
 DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 MAX_JSON_DEPTH = 16
@@ -35,16 +42,18 @@ _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 # Frame kinds
-HELLO, HELLO_OK, TENSOR, RESULT, RECORDS, ERROR, BYE = range(1, 8)
-KIND_NAMES = {HELLO: "HELLO", HELLO_OK: "HELLO_OK", TENSOR: "TENSOR", RESULT: "RESULT",
-              RECORDS: "RECORDS", ERROR: "ERROR", BYE: "BYE"}
+HELLO, HELLO_OK, TENSOR, RESULT, RECORDS, ERROR, BYE, CHALLENGE, RUN, RUN_OK, SWITCH = range(1, 12)
+KIND_NAMES = {HELLO: "HELLO", HELLO_OK: "HELLO_OK", TENSOR: "TENSOR", RESULT: "RESULT", RECORDS: "RECORDS",
+              ERROR: "ERROR", BYE: "BYE", CHALLENGE: "CHALLENGE", RUN: "RUN", RUN_OK: "RUN_OK", SWITCH: "SWITCH"}
 
 NO_TENSOR = 0
 DTYPES: dict[int, torch.dtype] = {1: torch.float32, 2: torch.float16, 3: torch.bfloat16,
                                   4: torch.float64, 5: torch.uint8, 6: torch.int8, 7: torch.int16,
                                   8: torch.int32, 9: torch.int64, 10: torch.bool}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
-CAST_DTYPES = (2, 3)  # what --wire-dtype may cast floating tensors to
+ITEMSIZE = {code: dt.itemsize for code, dt in DTYPES.items()}
+CAST_DTYPES = (2, 3)   # what --wire-dtype may cast to
+CAST_FROM = 1          # ...and only from float32, so decoding at most doubles the raw bytes
 CODECS = {"none": 0, "zstd": 1, "lz4": 2}
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
 WIRE_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -60,7 +69,7 @@ def _no_constant(name: str) -> Any:
     raise WireError(f"JSON constant {name} is not allowed")
 
 
-def loads_bounded(raw: bytes | bytearray) -> Any:
+def loads_bounded(raw: bytes | bytearray | memoryview) -> Any:
     """JSON from a peer: UTF-8, nested at most 16 deep, numbers of at most 40 characters, no NaN.
 
     The limits are checked before (depth) and while (numbers) parsing, so a hostile document
@@ -99,7 +108,54 @@ class Codec:
             raise UsageError(f"unknown wire dtype {self.wire_dtype!r}; valid: {', '.join(WIRE_DTYPES)}")
 
 
-@dataclasses.dataclass
+class _Buffer:
+    """A receive buffer: the tensor, its byte view for ``recv_into``, and the typed views handed
+    out before (a run receives one dtype and shape per direction, so they are made once)."""
+
+    __slots__ = ("tensor", "view", "typed")
+
+    def __init__(self, nbytes: int) -> None:
+        self.tensor = torch.empty(nbytes, dtype=torch.uint8)
+        self.view = memoryview(self.tensor.numpy()).cast("B")
+        self.typed: dict[tuple, torch.Tensor] = {}
+
+    def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        key = (dtype, shape)
+        t = self.typed.get(key)
+        if t is None:
+            t = self.typed[key] = self.tensor.view(dtype).reshape(shape)
+        return t
+
+
+class BufferPool:
+    """Receive buffers reused frame after frame. ``take`` hands one out; whoever holds the frame
+    gives it back with :meth:`Frame.release`. At most ``max_bytes`` are kept idle."""
+
+    def __init__(self, max_bytes: int = 512 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._free: dict[int, list[_Buffer]] = {}
+        self._idle = 0
+        self._lock = threading.Lock()
+        self.allocated = 0  # how many buffers had to be allocated (benchmarks and tests read it)
+
+    def take(self, nbytes: int) -> _Buffer:
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                self._idle -= nbytes
+                return free.pop()
+            self.allocated += 1
+        return _Buffer(nbytes)
+
+    def give(self, buf: _Buffer) -> None:
+        n = buf.view.nbytes
+        with self._lock:
+            if self._idle + n <= self.max_bytes:
+                self._free.setdefault(n, []).append(buf)
+                self._idle += n
+
+
+@dataclasses.dataclass(slots=True)
 class Frame:
     kind: int
     seq: int
@@ -108,9 +164,18 @@ class Frame:
     raw_nbytes: int = 0
     wire_nbytes: int = 0
     decode_s: float = 0.0
+    _buffer: _Buffer | None = None
+    _pool: BufferPool | None = None
+
+    def release(self) -> None:
+        """Give a pooled receive buffer back; the tensor must not be used afterwards."""
+        if self._buffer is not None and self._pool is not None:
+            self._pool.give(self._buffer)
+        self._buffer = self._pool = None
+        self.tensor = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Encoded:
     """A frame ready to send: buffers for ``sendmsg`` plus what encoding cost."""
 
@@ -126,6 +191,8 @@ class Encoded:
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     """A zero-copy byte view of a contiguous CPU tensor."""
+    if t.dtype is not torch.bfloat16 and t.dim() and t.numel():  # numpy has the dtype: one call
+        return memoryview(t.numpy()).cast("B")
     flat = t.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
@@ -156,7 +223,7 @@ def _compress(codec: str, data: bytes, level: int) -> bytes:
     return lz4.block.compress(data, mode="fast", acceleration=max(1, level), store_size=False)
 
 
-def _decompress(codec: str, data: bytes, raw_nbytes: int) -> bytes:
+def _decompress(codec: str, data: Any, raw_nbytes: int) -> bytes:
     try:
         if codec == "zstd":
             import zstandard
@@ -178,7 +245,7 @@ def _decompress(codec: str, data: bytes, raw_nbytes: int) -> bytes:
     return out
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Payload:
     """An encoded tensor (cast and/or compressed), before framing."""
 
@@ -200,24 +267,25 @@ def encode_payload(tensor: torch.Tensor | None, codec: Codec | None = None) -> P
     """Cast/compress a tensor per ``codec``; uncompressed data stays a view of the tensor's memory."""
     if tensor is None:
         return Payload()
-    codec = codec or Codec()
     t0 = time.perf_counter()
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor
     if t.device.type != "cpu":
         t = t.cpu()
-    if t.dtype not in DTYPE_CODES:
+    orig_code = DTYPE_CODES.get(t.dtype)
+    if orig_code is None:
         raise WireError(f"dtype {t.dtype} is not allowed on the wire; allowed: "
                         f"{', '.join(str(d).replace('torch.', '') for d in DTYPE_CODES)}")
-    orig_code = DTYPE_CODES[t.dtype]
-    target = WIRE_DTYPES[codec.wire_dtype]
-    if target is not None and t.is_floating_point() and t.dtype != target:
-        t = t.to(target)
-    t = t.contiguous()
+    if codec is not None:
+        target = WIRE_DTYPES[codec.wire_dtype]
+        if target is not None and orig_code == CAST_FROM:
+            t = t.to(target)
+    if not t.is_contiguous():
+        t = t.contiguous()
     if t.dim() > MAX_NDIM:
         raise WireError(f"tensor has {t.dim()} dims; the wire allows at most {MAX_NDIM}")
     raw = _tensor_bytes(t)
     out = Payload(DTYPE_CODES[t.dtype], orig_code, 0, 0, tuple(t.shape), raw, raw.nbytes)
-    if codec.compression != "none" and raw.nbytes:
+    if codec is not None and codec.compression != "none" and raw.nbytes:
         out.shuffle = t.element_size()
         out.data = _compress(codec.compression, _shuffle(raw, out.shuffle), codec.level)
         out.codec = CODECS[codec.compression]
@@ -225,18 +293,23 @@ def encode_payload(tensor: torch.Tensor | None, codec: Codec | None = None) -> P
     return out
 
 
+_NO_SHAPE = (0,) * MAX_NDIM
+
+
 def frame(kind: int, seq: int, payload: Payload | None = None, meta: dict | None = None) -> Encoded:
-    """Header + shape + meta + payload buffers, ready for :func:`send_encoded`."""
-    payload = payload or Payload()
+    """Header (with the shape) + meta + payload buffers, ready for :func:`send_encoded`."""
     t0 = time.perf_counter()
     meta_bytes = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
     if len(meta_bytes) > MAX_META_BYTES:
         raise WireError(f"frame meta is {len(meta_bytes)} bytes; the limit is {MAX_META_BYTES}")
+    if payload is None or payload.dtype == NO_TENSOR:
+        header = HEADER.pack(MAGIC, VERSION, kind, 0, 0, 0, 0, 0, len(meta_bytes), seq, 0, 0, *_NO_SHAPE)
+        return Encoded([header + meta_bytes], 0, 0, time.perf_counter() - t0)
     shape = payload.shape
-    header = HEADER.pack(MAGIC, VERSION, kind, payload.dtype, payload.orig_dtype, payload.codec,
-                         payload.shuffle, len(shape), len(meta_bytes), seq, payload.wire_nbytes,
-                         payload.raw_nbytes)
-    head = header + struct.pack(f"<{len(shape)}q", *shape) + meta_bytes
+    header = HEADER.pack(MAGIC, VERSION, kind, payload.dtype, payload.orig_dtype, payload.codec, payload.shuffle,
+                         len(shape), len(meta_bytes), seq, payload.wire_nbytes, payload.raw_nbytes,
+                         *shape, *_NO_SHAPE[len(shape):])
+    head = header + meta_bytes
     buffers = [head, payload.data] if payload.wire_nbytes else [head]
     return Encoded(buffers, payload.raw_nbytes, payload.wire_nbytes,
                    payload.encode_s + time.perf_counter() - t0)
@@ -267,6 +340,37 @@ def send_encoded(sock: socket.socket, enc: Encoded) -> None:
                 sent = 0
 
 
+class FrameWriter:
+    """Sends the frames of one connection. A small frame is copied once into a reused buffer and
+    sent with one ``sendall``: on Linux loopback a two-part ``sendmsg`` of header and payload cost
+    about 10 us more than one contiguous send of 0.1 MB (benchmarks/transport.py). Frames above
+    :attr:`coalesce_limit` go out with ``sendmsg`` straight from the tensor's memory."""
+
+    coalesce_limit = 2 << 20
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._scratch = bytearray(0)
+
+    def send(self, enc: Encoded) -> None:
+        if len(enc.buffers) == 1 or enc.wire_nbytes > self.coalesce_limit:
+            send_encoded(self.sock, enc)
+            return
+        head, payload = enc.buffers
+        total = len(head) + enc.wire_nbytes
+        if len(self._scratch) < total:
+            self._scratch = bytearray(total)
+        view = memoryview(self._scratch)
+        view[:len(head)] = head
+        view[len(head):total] = memoryview(payload).cast("B")
+        try:
+            self.sock.sendall(view[:total])
+        except socket.timeout:
+            raise PeerError("timed out sending to the peer (it stopped reading)")
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise PeerError(f"peer closed the connection while we were sending ({exc.strerror})")
+
+
 def send_frame(sock: socket.socket, kind: int, seq: int = 0, tensor: torch.Tensor | None = None,
                meta: dict | None = None, codec: Codec | None = None) -> Encoded:
     enc = encode(kind, seq, tensor, meta, codec)
@@ -274,10 +378,19 @@ def send_frame(sock: socket.socket, kind: int, seq: int = 0, tensor: torch.Tenso
     return enc
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview, what: str) -> None:
+def _wait(sock: socket.socket, deadline: float | None, what: str) -> None:
+    if deadline is not None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise PeerError(f"timed out waiting for {what}: the peer missed its deadline")
+        sock.settimeout(remaining)
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview, what: str, deadline: float | None = None) -> None:
     got = 0
     total = view.nbytes
     while got < total:
+        _wait(sock, deadline, what)
         try:
             n = sock.recv_into(view[got:], total - got)
         except socket.timeout:
@@ -289,8 +402,7 @@ def recv_exact_into(sock: socket.socket, view: memoryview, what: str) -> None:
         got += n
 
 
-@dataclasses.dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     kind: int
     dtype: int
     orig_dtype: int
@@ -301,23 +413,33 @@ class Header:
     seq: int
     nbytes: int
     raw_nbytes: int
+    shape: tuple[int, ...]
+
+    @property
+    def decoded_nbytes(self) -> int:
+        """What the decoded tensor occupies (a cast frame decodes to its original dtype)."""
+        if self.dtype == NO_TENSOR:
+            return 0
+        orig = self.orig_dtype or self.dtype
+        return self.raw_nbytes // ITEMSIZE[self.dtype] * ITEMSIZE[orig]
 
 
-def parse_header(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
-    """Validate the fixed header. Raises :class:`WireError` on any broken rule."""
+def parse_header(data: bytes | bytearray | memoryview, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
+    """Validate the fixed header and its shape. Raises :class:`WireError` on any broken rule."""
     if len(data) != HEADER.size:
         raise WireError(f"header is {len(data)} bytes, expected {HEADER.size}")
-    magic, version, kind, dtype, orig, codec, shuffle, ndim, meta_len, seq, nbytes, raw = HEADER.unpack(data)
+    (magic, version, kind, dtype, orig, codec, shuffle, ndim, meta_len, seq, nbytes, raw,
+     *dims) = HEADER.unpack(data)
     if magic != MAGIC:
-        raise WireError(f"bad magic {magic!r}: the peer does not speak the ParetoPipe wire format")
+        raise WireError(f"bad magic {bytes(magic)!r}: the peer does not speak the ParetoPipe wire format")
     if version != VERSION:
         raise WireError(f"wire version {version} not supported (this side speaks {VERSION})")
     if kind not in KIND_NAMES:
         raise WireError(f"unknown frame kind {kind}")
     if dtype != NO_TENSOR and dtype not in DTYPES or orig != NO_TENSOR and orig not in DTYPES:
         raise WireError(f"dtype code {dtype}/{orig} not in the allow-list")
-    if orig not in (NO_TENSOR, dtype) and not (dtype in CAST_DTYPES and DTYPES[orig].is_floating_point):
-        raise WireError(f"a {DTYPES[orig]} tensor cannot travel as {DTYPES.get(dtype)}: only floating "
+    if orig not in (NO_TENSOR, dtype) and not (dtype in CAST_DTYPES and orig == CAST_FROM):
+        raise WireError(f"a {DTYPES[orig]} tensor cannot travel as {DTYPES.get(dtype)}: only float32 "
                         f"tensors are cast, and only to float16 or bfloat16")
     if codec not in CODEC_NAMES:
         raise WireError(f"unknown codec {codec}")
@@ -327,70 +449,132 @@ def parse_header(data: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Header:
         raise WireError(f"meta of {meta_len} bytes exceeds the limit of {MAX_META_BYTES}")
     if nbytes > max_payload or raw > max_payload:
         raise WireError(f"payload of {max(nbytes, raw)} bytes exceeds the limit of {max_payload}")
-    if dtype == NO_TENSOR and (ndim or nbytes or raw or codec):
+    if dtype == NO_TENSOR and (ndim or nbytes or raw or codec or shuffle or orig):
         raise WireError("a frame without a tensor declares a shape or payload")
-    if codec == 0 and nbytes != raw:
-        raise WireError(f"uncompressed payload of {nbytes} bytes but raw size {raw}")
-    if codec and shuffle and shuffle != DTYPES[dtype].itemsize:
-        raise WireError(f"shuffle width {shuffle} does not match the dtype's {DTYPES[dtype].itemsize}")
-    return Header(kind, dtype, orig, codec, shuffle, ndim, meta_len, seq, nbytes, raw)
-
-
-def check_shape(header: Header, shape: tuple[int, ...]) -> None:
+    if codec == 0 and (nbytes != raw or shuffle):
+        raise WireError(f"uncompressed payload of {nbytes} bytes but raw size {raw}" if nbytes != raw
+                        else "an uncompressed payload cannot be shuffled")
+    if codec and shuffle and shuffle != ITEMSIZE[dtype]:
+        raise WireError(f"shuffle width {shuffle} does not match the dtype's {ITEMSIZE[dtype]}")
+    shape = tuple(dims[:ndim])
+    if any(d for d in dims[ndim:]):
+        raise WireError(f"shape slots beyond ndim {ndim} are not zero")
     if any(d < 0 for d in shape):
         raise WireError(f"negative dimension in shape {shape}")
-    count = 1
-    for d in shape:
-        count *= d
-    expected = count * DTYPES[header.dtype].itemsize
+    h = Header(kind, dtype, orig, codec, shuffle, ndim, meta_len, seq, nbytes, raw, shape)
+    if dtype != NO_TENSOR:
+        check_shape(h, max_payload)
+    return h
+
+
+def check_shape(header: Header, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+    """The shape must account for exactly the raw bytes, and even an empty tensor's dimensions
+    must be ones a real tensor of the payload limit could have (no overflowing products)."""
+    shape, itemsize = header.shape, ITEMSIZE[header.dtype]
+    if math.prod(max(d, 1) for d in shape) * itemsize > max(max_payload, itemsize):
+        raise WireError(f"shape {shape} is larger than any tensor of at most {max_payload} bytes")
+    expected = math.prod(shape) * itemsize
     if expected != header.raw_nbytes:
         raise WireError(f"shape {shape} of {DTYPES[header.dtype]} needs {expected} bytes, "
                         f"header says {header.raw_nbytes}")
+    if header.decoded_nbytes > max_payload:
+        raise WireError(f"the decoded tensor would take {header.decoded_nbytes} bytes, over the limit of {max_payload}")
 
 
-def recv_frame(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
-    """Read and validate one frame; the payload lands in a buffer allocated after validation."""
-    head = bytearray(HEADER.size)
-    recv_exact_into(sock, memoryview(head), "a frame header")
-    h = parse_header(bytes(head), max_payload)
-    shape: tuple[int, ...] = ()
-    if h.ndim:
-        raw_shape = bytearray(8 * h.ndim)
-        recv_exact_into(sock, memoryview(raw_shape), "a frame shape")
-        shape = struct.unpack(f"<{h.ndim}q", raw_shape)
-    if h.dtype != NO_TENSOR:
-        check_shape(h, shape)
-    meta: dict[str, Any] = {}
-    if h.meta_len:
-        raw_meta = bytearray(h.meta_len)
-        recv_exact_into(sock, memoryview(raw_meta), "frame meta")
-        try:
-            meta = loads_bounded(raw_meta)
-        except WireError as exc:
-            raise WireError(f"frame meta: {exc}")
-        if not isinstance(meta, dict):
-            raise WireError("frame meta must be a JSON object")
-    tensor = None
-    decode_s = 0.0
-    if h.dtype != NO_TENSOR:
-        if h.codec == 0:
-            buf = torch.empty(h.raw_nbytes, dtype=torch.uint8)
-            if h.raw_nbytes:
-                recv_exact_into(sock, memoryview(buf.numpy()).cast("B"), "a tensor payload")
-            t0 = time.perf_counter()
+class FrameReader:
+    """Reads the frames of one connection. With ``read_ahead``, each body read also asks for the
+    next frame's header, so back-to-back frames cost one system call each instead of two; the
+    reader then owns the connection's incoming bytes and must be the only one reading them."""
+
+    def __init__(self, sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 pool: BufferPool | None = None, read_ahead: bool = True) -> None:
+        self.sock, self.max_payload, self.pool = sock, max_payload, pool
+        self.read_ahead = read_ahead and hasattr(sock, "recvmsg_into")
+        self._head = bytearray(HEADER.size)
+        self._view = memoryview(self._head)
+        self._have = 0  # bytes of the next header already read ahead
+
+    def _body(self, views: list[memoryview], deadline: float | None) -> None:
+        views = [v for v in views if v.nbytes]
+        if not self.read_ahead:
+            for v in views:
+                recv_exact_into(self.sock, v, "a frame body", deadline)
+            return
+        ahead = self._view
+        started = False
+        while views:
+            _wait(self.sock, deadline, "a frame body")
+            try:
+                n = self.sock.recvmsg_into(views + [ahead])[0]
+            except socket.timeout:
+                raise PeerError("timed out waiting for a frame body from the peer")
+            except ConnectionResetError:
+                raise PeerError("peer reset the connection while we waited for a frame body")
+            if n == 0:
+                raise PeerError("peer closed the connection" + (" in the middle of a frame body" if started else ""))
+            started = True
+            while n and views:
+                if n >= views[0].nbytes:
+                    n -= views[0].nbytes
+                    views.pop(0)
+                else:
+                    views[0] = views[0][n:]
+                    n = 0
+            self._have = n  # what spilled over belongs to the next header
+
+    def read(self, deadline: float | None = None) -> Frame:
+        """The next frame, validated before anything it claims is allocated; ``deadline``
+        (monotonic) bounds the whole frame, however slowly the peer sends it."""
+        if self._have < HEADER.size:
+            recv_exact_into(self.sock, self._view[self._have:], "a frame header", deadline)
+        self._have = 0
+        h = parse_header(self._head, self.max_payload)
+        pool = self.pool
+        meta_buf = bytearray(h.meta_len)
+        buf = None
+        if h.dtype != NO_TENSOR and h.nbytes:
+            buf = pool.take(h.nbytes) if pool is not None else _Buffer(h.nbytes)
+            self._body([memoryview(meta_buf), buf.view], deadline)
+        elif h.meta_len:
+            self._body([memoryview(meta_buf)], deadline)
+        meta: dict[str, Any] = {}
+        if h.meta_len:
+            try:
+                meta = loads_bounded(meta_buf)
+            except WireError as exc:
+                raise WireError(f"frame meta: {exc}")
+            if not isinstance(meta, dict):
+                raise WireError("frame meta must be a JSON object")
+        if h.dtype == NO_TENSOR:
+            return Frame(h.kind, h.seq, None, meta)
+        t0 = time.perf_counter()
+        dtype = DTYPES[h.dtype]
+        keep: _Buffer | None = None
+        if not h.raw_nbytes:
+            tensor = torch.zeros(h.shape, dtype=dtype)
+        elif h.codec == 0:
+            tensor = buf.as_tensor(dtype, h.shape)
+            keep = buf
         else:
-            packed = bytearray(h.nbytes)
-            recv_exact_into(sock, memoryview(packed), "a compressed payload")
-            t0 = time.perf_counter()
-            raw = _decompress(CODEC_NAMES[h.codec], bytes(packed), h.raw_nbytes)
-            buf = torch.from_numpy(_unshuffle(raw, h.shuffle))
-        tensor = buf.view(DTYPES[h.dtype]).reshape(shape) if h.raw_nbytes else \
-            torch.empty(shape, dtype=DTYPES[h.dtype])
-        orig = DTYPES.get(h.orig_dtype, DTYPES[h.dtype])
-        if orig != tensor.dtype:
-            tensor = tensor.to(orig)
-        decode_s = time.perf_counter() - t0
-    return Frame(h.kind, h.seq, tensor, meta, h.raw_nbytes, h.nbytes, decode_s)
+            raw = _decompress(CODEC_NAMES[h.codec], buf.view, h.raw_nbytes)
+            if pool is not None:
+                pool.give(buf)
+            tensor = torch.from_numpy(_unshuffle(raw, h.shuffle)).view(dtype).reshape(h.shape)
+        if h.orig_dtype not in (NO_TENSOR, h.dtype):
+            tensor = tensor.to(DTYPES[h.orig_dtype])
+            if keep is not None and pool is not None:
+                pool.give(keep)
+            keep = None
+        if pool is None:
+            keep = None
+        return Frame(h.kind, h.seq, tensor, meta, h.raw_nbytes, h.nbytes, time.perf_counter() - t0, keep,
+                     pool if keep is not None else None)
+
+
+def recv_frame(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD, pool: BufferPool | None = None,
+               deadline: float | None = None) -> Frame:
+    """Read one frame (no read-ahead: the caller may hand the socket to someone else afterwards)."""
+    return FrameReader(sock, max_payload, pool, read_ahead=False).read(deadline)
 
 
 def expect(frame: Frame, *kinds: int) -> Frame:
@@ -398,6 +582,7 @@ def expect(frame: Frame, *kinds: int) -> Frame:
     if frame.kind in kinds:
         return frame
     if frame.kind == ERROR:
-        raise PeerError(f"peer reported: {frame.meta.get('reason', 'unknown error')}")
+        reason = frame.meta.get("reason", "unknown error")
+        raise PeerError(f"peer reported: {str(reason)[:300]}")
     wanted = "/".join(KIND_NAMES[k] for k in kinds)
     raise WireError(f"expected a {wanted} frame, got {KIND_NAMES.get(frame.kind, frame.kind)}")

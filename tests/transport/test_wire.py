@@ -92,11 +92,12 @@ def test_real_socket_roundtrip_of_large_tensor():
     assert torch.equal(f.tensor, t)
 
 
-def _header(**over):
+def _header(shape=(4,), **over):
     fields = dict(magic=wire.MAGIC, version=wire.VERSION, kind=wire.TENSOR, dtype=1, orig=1, codec=0,
-                  shuffle=0, ndim=1, meta_len=0, seq=0, nbytes=16, raw=16)
+                  shuffle=0, ndim=len(shape), meta_len=0, seq=0, nbytes=16, raw=16)
     fields.update(over)
-    return wire.HEADER.pack(*fields.values())
+    slots = tuple(shape) + (0,) * (wire.MAX_NDIM - len(shape))
+    return wire.HEADER.pack(*fields.values(), *slots[:wire.MAX_NDIM])
 
 
 @pytest.mark.parametrize("over,match", [
@@ -106,22 +107,100 @@ def _header(**over):
     ({"dtype": 77}, "allow-list"),
     ({"codec": 7}, "unknown codec"),
     ({"ndim": 9}, "ndim 9 exceeds"),
+    ({"ndim": 0}, "shape slots beyond ndim 0 are not zero"),
     ({"meta_len": 10**6}, "meta of 1000000 bytes exceeds"),
     ({"nbytes": 2**40, "raw": 2**40}, "exceeds the limit"),
     ({"nbytes": 8}, "uncompressed payload of 8 bytes but raw size 16"),
     ({"dtype": 1, "orig": 2}, "torch.float16 tensor cannot travel as torch.float32"),
     ({"dtype": 2, "orig": 9}, "torch.int64 tensor cannot travel as torch.float16"),
+    ({"dtype": 2, "orig": 4}, "torch.float64 tensor cannot travel as torch.float16"),
+    ({"shuffle": 4}, "uncompressed payload cannot be shuffled"),
 ])
 def test_lying_headers_are_rejected(over, match):
     with pytest.raises(WireError, match=match):
-        wire.recv_frame(FakeSocket(_header(**over) + struct.pack("<q", 4) + bytes(16)))
+        wire.recv_frame(FakeSocket(_header(**over) + bytes(16)))
 
 
 def test_shape_must_match_byte_count():
     with pytest.raises(WireError, match=r"shape \(5,\) .* needs 20 bytes, header says 16"):
-        wire.recv_frame(FakeSocket(_header() + struct.pack("<q", 5) + bytes(16)))
+        wire.recv_frame(FakeSocket(_header(shape=(5,)) + bytes(16)))
     with pytest.raises(WireError, match="negative dimension"):
-        wire.recv_frame(FakeSocket(_header(ndim=2) + struct.pack("<qq", -2, -2) + bytes(16)))
+        wire.recv_frame(FakeSocket(_header(shape=(-2, -2)) + bytes(16)))
+
+
+def test_overflowing_empty_shapes_are_refused():
+    """The attack that killed the listener: float32 (2^62, 2^62, 0) with 0 payload bytes."""
+    with pytest.raises(WireError, match="larger than any tensor"):
+        wire.recv_frame(FakeSocket(_header(shape=(2**62, 2**62, 0), nbytes=0, raw=0)))
+    f = wire.recv_frame(FakeSocket(_header(shape=(3, 0, 7), nbytes=0, raw=0)))  # an honest empty tensor
+    assert tuple(f.tensor.shape) == (3, 0, 7)
+
+
+def test_decoding_never_allocates_more_than_the_limit_allows():
+    # A float16 frame of 1 KiB decoding to float32 needs 2 KiB: refused under a 1.5 KiB limit.
+    head = _header(shape=(512,), dtype=2, orig=1, nbytes=1024, raw=1024)
+    with pytest.raises(WireError, match="decoded tensor would take 2048 bytes"):
+        wire.recv_frame(FakeSocket(head + bytes(1024)), max_payload=1536)
+    assert wire.recv_frame(FakeSocket(head + bytes(1024)), max_payload=2048).tensor.dtype == torch.float32
+
+
+@pytest.mark.parametrize("meta, match", [
+    (b"[" * 60000, "nested deeper than 16"),
+    (b'{"n": ' + b"9" * 5000 + b"}", "JSON number of 5000 characters"),
+    (b'{"x": NaN}', "constant NaN"),
+    (b"\xff\xfe", "not UTF-8"),
+    (b"[1, 2]", "must be a JSON object"),
+])
+def test_hostile_meta_is_a_wire_error(meta, match):
+    head = _header(shape=(), kind=wire.HELLO, dtype=0, orig=0, nbytes=0, raw=0, meta_len=len(meta))
+    with pytest.raises(WireError, match=match):
+        wire.recv_frame(FakeSocket(head + meta))
+
+
+def test_a_deadline_bounds_a_slow_sender():
+    import threading
+    import time
+
+    a, b = socket.socketpair()
+    data = b"".join(bytes(memoryview(x)) for x in wire.encode(wire.HELLO, 0, meta={"x": 1}).buffers)
+
+    def drip():
+        for byte in data:
+            try:
+                a.send(bytes([byte]))
+            except OSError:
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=drip, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(PeerError, match="missed its deadline|timed out"):
+        wire.recv_frame(b, deadline=time.monotonic() + 0.5)
+    assert time.monotonic() - t0 < 1.0
+    a.close()
+    b.close()
+
+
+def test_pooled_buffers_are_reused_after_release():
+    a, b = socket.socketpair()
+    pool = wire.BufferPool()
+    t = torch.randn(1000)
+    seen = set()
+    for seq in range(5):
+        wire.send_frame(a, wire.TENSOR, seq, t)
+        f = wire.recv_frame(b, pool=pool)
+        assert torch.equal(f.tensor, t)
+        seen.add(f.tensor.data_ptr())
+        f.release()
+        assert f.tensor is None
+    assert pool.allocated == 1 and len(seen) == 1  # one buffer, reused four times
+    wire.send_frame(a, wire.TENSOR, 9, t)
+    kept = wire.recv_frame(b, pool=pool)  # not released: the next frame gets a buffer of its own
+    wire.send_frame(a, wire.TENSOR, 10, t)
+    other = wire.recv_frame(b, pool=pool)
+    assert kept.tensor.data_ptr() != other.tensor.data_ptr() and torch.equal(kept.tensor, t)
+    a.close()
+    b.close()
 
 
 def test_truncated_frame_is_a_peer_error():
@@ -137,7 +216,7 @@ def test_decompression_bomb_is_refused_before_allocation():
     bomb = zstandard.ZstdCompressor().compress(bytes(10_000_000))
     head = _header(codec=1, shuffle=4, nbytes=len(bomb), raw=16)
     with pytest.raises(WireError, match="claims 10000000 bytes"):
-        wire.recv_frame(FakeSocket(head + struct.pack("<q", 4) + bomb))
+        wire.recv_frame(FakeSocket(head + bomb))
 
 
 LIMIT = 4096
@@ -146,9 +225,9 @@ LIMIT = 4096
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(
     st.binary(max_size=300),
-    st.builds(lambda tail, ndim, nbytes, raw, dtype, codec, meta_len:
-              _header(ndim=ndim, nbytes=nbytes, raw=raw, dtype=dtype, codec=codec, meta_len=meta_len) + tail,
-              st.binary(max_size=200), st.integers(0, 9), st.integers(0, 2**63 - 1),
+    st.builds(lambda tail, shape, nbytes, raw, dtype, codec, meta_len:
+              _header(shape=shape, nbytes=nbytes, raw=raw, dtype=dtype, codec=codec, meta_len=meta_len) + tail,
+              st.binary(max_size=200), st.lists(st.integers(-2, 2**62), max_size=8), st.integers(0, 2**63 - 1),
               st.integers(0, 2**63 - 1), st.integers(0, 12), st.integers(0, 3), st.integers(0, 70000)),
     st.builds(lambda good, pos, byte: good[:pos] + bytes([byte]) + good[pos + 1:],
               st.just(b"".join(bytes(memoryview(x)) for x in
