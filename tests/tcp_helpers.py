@@ -17,20 +17,29 @@ from paretopipe.transport import tcp
 from paretopipe.transport.runconfig import RunConfig
 
 
+_BUILD_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=None)
-def builder(name: str) -> StageBuilder:
+def _builder(name: str) -> StageBuilder:
     return StageBuilder(name)
 
 
-def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, **cfg_kw):
+def builder(name: str) -> StageBuilder:
+    """One StageBuilder per model for the whole test session. Tracing is not thread-safe (torch.fx
+    patches modules while it traces), so threads that ask at once take turns."""
+    with _BUILD_LOCK:
+        return _builder(name)
+
+
+def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secret=None, **cfg_kw):
     """Both stages in this process over 127.0.0.1; returns (stage-1 outcome, stage-2 outcome)."""
     b = builder(name)
     cuts = b.cuts_for(split_index)
     cfg = RunConfig(model=b.name, cuts=cuts, split_index=split_index, timeout_s=60,
                     link_mode="emulated" if conditions else "none",
                     network=conditions.name if conditions else None, **cfg_kw)
-    listener = tcp.listen("127.0.0.1", 0)
-    port = listener.getsockname()[1]
+    listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret)
     out: dict = {}
 
     def stage1():
@@ -42,9 +51,9 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, **cf
 
     th = threading.Thread(target=stage1)
     th.start()
-    sock = tcp.connect_with_retry("127.0.0.1", port, 10)
-    s2 = tcp.run_stage2(sock, b, RunConfig(model=b.name, cuts=cuts, batch_size=cfg.batch_size, timeout_s=60),
-                        output_dir=tmp)
+    sock = tcp.connect_with_retry("127.0.0.1", listener.port, 10)
+    session = tcp.open_session(sock, b, cuts=cuts, secret=secret)
+    (s2,) = tcp.serve_session(session, b, output_dir=tmp, timeout_s=60)
     th.join(60)
     listener.close()
     if "s1_error" in out:

@@ -18,7 +18,7 @@ def front_plot_data(table: pd.DataFrame) -> list[dict[str, Any]]:
     out = []
     for _, row in table.iterrows():
         out.append({"network": row["network"], "x": float(row["latency_s"]), "y": float(row["throughput_imgs_per_s"]),
-                    "label": f"k={int(row['split_index'])}", "split_index": int(row["split_index"]),
+                    "label": f"k={row['split_index']}", "split_index": row["split_index"],
                     "on_front": bool(row["on_front"]), "knee": bool(row.get("knee", False))})
     return out
 
@@ -27,6 +27,13 @@ def front_line(points: list[dict[str, Any]], network: str) -> list[tuple[float, 
     """The front of one network as a polyline in latency order."""
     pts = sorted((p["x"], p["y"]) for p in points if p["network"] == network and p["on_front"])
     return pts
+
+
+def _by_split(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows in split order (block index, then plans, then adaptive), whatever the column's dtype."""
+    from .session import split_sort_key
+
+    return frame.iloc[sorted(range(len(frame)), key=lambda i: split_sort_key(frame["split_index"].iloc[i]))]
 
 
 def _colours(networks: Sequence[str]) -> dict[str, str]:
@@ -63,14 +70,14 @@ def plot_breakdown(table: pd.DataFrame, fig, title: str) -> None:
     parts = [("stage1_compute_median_s", "stage 1 compute", PALETTE[0]), ("transfer_median_s", "transfer", PALETTE[1]),
              ("stage2_compute_median_s", "stage 2 compute", PALETTE[2])]
     for ax, network in zip(axes, networks):
-        grp = table[table["network"] == network].sort_values("split_index")
+        grp = _by_split(table[table["network"] == network])
         x = np.arange(len(grp))
         bottom = np.zeros(len(grp))
         for col, label, colour in parts:
             vals = grp[col].fillna(0).to_numpy() * 1e3
             ax.bar(x, vals, bottom=bottom, color=colour, label=label)
             bottom += vals
-        ax.set_xticks(x, [str(int(k)) for k in grp["split_index"]], fontsize=7)
+        ax.set_xticks(x, [str(k) for k in grp["split_index"]], fontsize=7)
         ax.set_xlabel("split index k")
         ax.set_title(network)
         ax.grid(True, axis="y", alpha=0.3)
@@ -81,10 +88,11 @@ def plot_breakdown(table: pd.DataFrame, fig, title: str) -> None:
 
 def plot_vs_split(table: pd.DataFrame, fig, title: str) -> None:
     ax1, ax2 = fig.subplots(1, 2)
+    order = [str(k) for k in _by_split(table.drop_duplicates("split_index"))["split_index"]]
     for i, (network, grp) in enumerate(table.groupby("network", sort=False)):
-        grp = grp.sort_values("split_index")
+        grp = _by_split(grp)
         c = PALETTE[i % len(PALETTE)]
-        k = grp["split_index"]
+        k = [order.index(str(v)) for v in grp["split_index"]]
         ax1.plot(k, grp["latency_median_s"] * 1e3, "-o", color=c, ms=3, label=network)
         ax1.fill_between(k, grp["latency_median_ci95_low_s"] * 1e3, grp["latency_median_ci95_high_s"] * 1e3,
                          color=c, alpha=0.2)
@@ -95,14 +103,17 @@ def plot_vs_split(table: pd.DataFrame, fig, title: str) -> None:
     ax1.set(xlabel="split index k", ylabel="latency per batch, median (ms, log)", title="latency (95% CI band)")
     ax2.set(xlabel="split index k", ylabel="throughput (images/s)", title="throughput (95% CI band)")
     for ax in (ax1, ax2):
+        ax.set_xticks(range(len(order)), order, fontsize=7)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
 
 
 def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
-    grp = table.drop_duplicates("split_index").sort_values("split_index")
-    ax.bar(grp["split_index"], grp["payload_bytes_mean"] / grp["batch_size"], color=PALETTE[0])
+    grp = _by_split(table.drop_duplicates("split_index"))
+    x = np.arange(len(grp))
+    ax.bar(x, grp["payload_bytes_mean"] / grp["batch_size"], color=PALETTE[0])
+    ax.set_xticks(x, [str(k) for k in grp["split_index"]], fontsize=7)
     ax.set_yscale("log")
     ax.set(xlabel="split index k", ylabel="bytes sent stage 1 -> 2 per image (log)", title=title)
     ax.grid(True, axis="y", alpha=0.3)

@@ -50,12 +50,32 @@ def run_key(cfg_key: str, run: int) -> str:
     return f"{cfg_key}_r{run}"
 
 
+def split_label(split: Any) -> Any:
+    """The block index k, or ``3,9`` for an N-stage plan (``adaptive`` stays as it is)."""
+    return ",".join(map(str, split)) if isinstance(split, list) else split
+
+
+def split_sort_key(split: Any) -> tuple:
+    """Block splits in numeric order, then N-stage plans, then ``adaptive``."""
+    text = str(split)
+    if text.lstrip("-").isdigit():
+        return (0, int(text), "")
+    parts = text.split(",")
+    if all(p.strip().isdigit() for p in parts):
+        return (1, len(parts), tuple(int(p) for p in parts))
+    return (2, 0, text)
+
+
+def ordered_splits(values: Iterable[Any]) -> list[Any]:
+    return sorted(dict.fromkeys(values), key=split_sort_key)
+
+
 def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
     """One runs.csv row from a run record (the record's own fields, never its file name)."""
     s, c = rec["summary"], rec["config"]
     return {"run_key": c.get("run_key") or rec["run_id"], "config_key": c.get("config_key") or rec["run_id"],
             "model": c["model"], "backend": rec["backend"], "network": c.get("network"),
-            "split_index": c.get("split_index"), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
+            "split_index": split_label(c.get("split_index")), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             "link_mode": rec["manifest"]["link"].get("mode"), "json": f"runs/{name}"}

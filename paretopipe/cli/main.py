@@ -20,6 +20,8 @@ COMMANDS = {
     "stage1": ("stages", "main_stage1", "stage 1 of a TCP pipeline, the data source (partition1.py)"),
     "stage2": ("stages", "main_stage2", "stage 2 of a TCP pipeline (partition2.py)"),
     "rpc": ("rpc", "main", "an N-stage pipeline over PyTorch RPC (distributed_runner.py)"),
+    "lab": ("lab", "main", "a lab of namespace hosts with their own sshd, on this machine (root)"),
+    "doctor": ("doctor", "main", "check (and --deploy to) every host of a testbed before a sweep"),
 }
 
 

@@ -12,7 +12,7 @@ from .. import records
 from ..network import probe, tc
 from ..network.conditions import load_conditions
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
-                     network_from_args, setup_logging)
+                     network_from_args, port_number, positive_float, positive_int, setup_logging)
 
 log = logging.getLogger("paretopipe.netem")
 
@@ -20,9 +20,9 @@ log = logging.getLogger("paretopipe.netem")
 def _target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dev", required=True, help="interface to shape, e.g. eth0, wlan0")
     p.add_argument("--ssh", default=None, help="user@host: run the tc commands on that peer (key-based SSH)")
-    p.add_argument("--ssh-key", default=None, help="private key for --ssh (default: ssh's own)")
+    p.add_argument("--ssh-key", default=None, help="private key for --ssh (ssh's own when not given)")
     p.add_argument("--sudo", action="store_true", help="prefix commands with sudo -n (for a non-root SSH user)")
-    p.add_argument("--netns", default=None, help="run inside this network namespace (the lab's pp-edge / pp-server)")
+    p.add_argument("--netns", default=None, help="run inside this network namespace (a lab host's)")
 
 
 def parser(prog: str = "network_delay.py") -> ArgumentParser:
@@ -42,10 +42,11 @@ def parser(prog: str = "network_delay.py") -> ArgumentParser:
     sub = top.add_subparsers(dest="cmd", required=True, parser_class=ArgumentParser)
     ap = sub.add_parser("apply", help="apply network conditions (idempotent)", formatter_class=HelpFormatter)
     add_network_flags(ap)
-    ap.add_argument("--ingress", action="store_true", help="shape incoming traffic too (through an ifb device)")
-    ap.add_argument("--port", type=int, default=None, help="shape only TCP traffic to/from this port (SSH stays untouched)")
+    ap.add_argument("--ingress", action="store_true",
+                    help="shape incoming traffic too, with the down direction (through an ifb device)")
+    ap.add_argument("--port", type=port_number, default=None, help="shape only TCP traffic to/from this port (SSH stays untouched)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, change nothing (no root needed)")
-    ap.add_argument("--duration", type=float, default=None,
+    ap.add_argument("--duration", type=positive_float, default=None,
                     help="hold the conditions this many seconds (or until Ctrl-C), then clear them")
     _target(ap)
     cl = sub.add_parser("clear", help="remove everything apply added (no-op on a clean interface)")
@@ -56,13 +57,14 @@ def parser(prog: str = "network_delay.py") -> ArgumentParser:
     _target(sh)
     me = sub.add_parser("measure", help="RTT and goodput to a 'serve' peer, written as JSON")
     me.add_argument("--host", required=True)
-    me.add_argument("--port", type=int, default=5201)
-    me.add_argument("--samples", type=int, default=20, help="TCP round trips for the RTT")
-    me.add_argument("--bytes", type=int, default=2_000_000, help="bytes per bulk transfer, each way")
-    me.add_argument("--out", default=None, help="JSON file (default: print)")
+    me.add_argument("--port", type=port_number, default=5201)
+    me.add_argument("--samples", type=positive_int, default=20, help="TCP round trips for the RTT")
+    me.add_argument("--bytes", type=positive_int, default=2_000_000, help="bytes per bulk transfer, each way")
+    me.add_argument("--out", default=None, help="JSON file (printed when not given)")
     se = sub.add_parser("serve", help="answer measure clients until Ctrl-C")
     se.add_argument("--host", default="0.0.0.0")
-    se.add_argument("--port", type=int, default=5201)
+    se.add_argument("--port", type=port_number, default=5201)
+    se.add_argument("--max-clients", type=positive_int, default=64, help="connections served at once")
     sub.add_parser("networks", aliases=["profiles"], help="list the named network conditions")
     for p in {id(p): p for p in sub.choices.values()}.values():
         add_common_flags(p)
@@ -78,7 +80,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> i
         return 0
     if args.cmd == "serve":
         print(f"serving measure clients on {args.host}:{args.port} (Ctrl-C to stop)", flush=True)
-        probe.serve(args.host, args.port)
+        probe.serve(args.host, args.port, args.max_clients)
         return 0
     if args.cmd == "measure":
         result = probe.measure(args.host, args.port, args.samples, args.bytes)
@@ -101,17 +103,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> i
     conditions = network_from_args(args, required=True)
     # This host's egress carries the up direction; with --ingress, its ingress the down direction.
     direction = conditions.up
+    ingress = conditions.down if args.ingress else False
     if args.dry_run:
         print(f"# {conditions.describe()}")
-        print("\n".join(map(str, tc.apply_commands(direction, args.dev, args.ingress, args.port))))
+        print("\n".join(map(str, tc.apply_commands(direction, args.dev, ingress, args.port))))
         return 0
     if args.duration is None:
-        tc.apply(direction, args.dev, args.ingress, args.port, runner)
+        tc.apply(direction, args.dev, ingress, args.port, runner)
         print(f"applied {conditions.describe()} on {args.dev}; now on the link:")
         print(tc.format_show(tc.show(args.dev, runner)))
         print(f"remove with: network_delay.py clear --dev {args.dev}")
         return 0
-    with tc.applied(direction, args.dev, args.ingress, args.port, runner):
+    with tc.applied(direction, args.dev, ingress, args.port, runner):
         print(f"applied {conditions.describe()} on {args.dev} for {args.duration:g}s (Ctrl-C clears it early)", flush=True)
         time.sleep(args.duration)
     print(f"cleared {args.dev}")

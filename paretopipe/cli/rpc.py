@@ -8,8 +8,10 @@ import logging
 import sys
 from typing import Sequence
 
-from ..errors import UsageError
-from .common import ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog, setup_logging
+from ..errors import PeerError, UsageError
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
+                     network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
+                     setup_logging)
 
 log = logging.getLogger("paretopipe.rpc")
 DEPRECATED = {"--use-local-loading": "every worker always builds its own stage locally",
@@ -27,36 +29,37 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
             "python distributed_runner.py --local --world-size 4 --num-partitions 3 --model resnet18 --split-blocks 3,6 --use-pipelining",
             "python distributed_runner.py --rank 1 --world-size 3 --model mobilenetv2 --split-block 8   # on worker 1",
             "python distributed_runner.py --rank 0 --world-size 3 --model mobilenetv2 --split-block 8   # on the master"))
-    p.add_argument("--rank", type=int, default=0, help="0 = master, 1..N-1 = workers")
-    p.add_argument("--world-size", type=int, default=3)
-    p.add_argument("--model", default="mobilenetv2")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--dataset", default="dummy", choices=["dummy", "cifar10"])
+    p.add_argument("--rank", type=nonneg_int, default=0, help="0 = master, 1..N-1 = workers")
+    p.add_argument("--world-size", type=positive_int, default=3)
+    p.add_argument("--model", "--model-name", dest="model", default="mobilenetv2")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--num-classes", type=positive_int, default=10)
+    p.add_argument("--dataset", default="synthetic", help="synthetic (the anchor's dummy), cifar10")
     p.add_argument("--data-dir", default=None)
-    p.add_argument("--num-test-samples", type=int, default=64, help="images in the measured batches")
-    p.add_argument("--warmup", type=int, default=2, help="extra batches first, excluded from statistics")
-    p.add_argument("--num-partitions", type=int, default=2, help="stages; at most world-size - 1")
-    p.add_argument("--split-block", type=int, default=None, help="block index k for 2 partitions (0..K)")
+    p.add_argument("--num-test-samples", type=positive_int, default=64, help="images in the measured batches")
+    p.add_argument("--warmup", type=nonneg_int, default=2, help="extra batches first, excluded from statistics")
+    p.add_argument("--num-partitions", type=positive_int, default=2,
+                   help="stages; at most world-size - 1 (world-size with --rpc-source stage1)")
+    p.add_argument("--split", "--split-block", dest="split_block", type=nonneg_int, default=None,
+                   help="block index k for 2 partitions (0..K)")
     p.add_argument("--split-blocks", default=None, help="comma list of k for more partitions, e.g. 5,12")
     p.add_argument("--use-pipelining", action="store_true", help="keep --in-flight batches outstanding")
-    p.add_argument("--in-flight", type=int, default=4)
-    p.add_argument("--num-threads", type=int, default=16, help="RPC worker threads")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads per process")
-    p.add_argument("--metrics-dir", default="./enhanced_metrics")
+    p.add_argument("--in-flight", type=positive_int, default=4)
+    p.add_argument("--num-threads", type=positive_int, default=16, help="RPC worker threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads per process")
+    p.add_argument("--out", "--metrics-dir", dest="out", default="./enhanced_metrics", help="folder for the run JSON")
     p.add_argument("--models-dir", default="./models")
     p.add_argument("--weights", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--rpc-transport", default="uv", choices=["uv", "auto"],
-                   help="uv: TCP even on one host (default); auto: TensorPipe may use shared memory")
+                   help="uv: TCP even on one host; auto: TensorPipe may use shared memory")
+    p.add_argument("--rpc-source", default="master", choices=["master", "stage1"],
+                   help="master: the master only holds the data (the anchor's layout; one extra hop); stage1: "
+                        "the master computes stage 1 itself, as the TCP backend's data source does")
     p.add_argument("--master-addr", default=None, help="overrides MASTER_ADDR from .env/environment")
-    p.add_argument("--master-port", type=int, default=None, help="overrides MASTER_PORT")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds: joining, and per result")
+    p.add_argument("--master-port", type=port_number, default=None, help="overrides MASTER_PORT")
+    p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds: joining, and per result")
     add_network_flags(p.add_argument_group("emulated network conditions on every hop"))
-    p.add_argument("--network-label", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--run-key", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--config-key", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--run", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--local", action="store_true", help="spawn every rank as a process on this machine")
     p.add_argument("--save-outputs", default=None, help="master: write the logits to this .npz")
     p.add_argument("--env-file", default=".env")
@@ -67,8 +70,46 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     return p
 
 
+def _master_address(args: argparse.Namespace) -> tuple[str, int]:
+    import os
+
+    values = read_env(args.env_file)
+    for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+        if values.get(key) and key not in os.environ:
+            os.environ[key] = values[key]
+    addr = args.master_addr or values.get("MASTER_ADDR") or "127.0.0.1"
+    port = args.master_port or values.get("MASTER_PORT") or 29500
+    try:
+        port = int(port)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"MASTER_PORT={port!r} is not a TCP port (1..65535)")
+    return addr, port
+
+
+def _split_blocks(args: argparse.Namespace, num_blocks: int) -> list[int]:
+    if args.split_blocks:
+        try:
+            ks = [int(k) for k in args.split_blocks.split(",")]
+        except ValueError:
+            raise UsageError(f"--split-blocks {args.split_blocks!r}: give a comma list of integers like 5,12")
+    else:
+        ks = [args.split_block if args.split_block is not None else num_blocks // 2]
+    if len(ks) != args.num_partitions - 1:
+        raise UsageError(f"{args.num_partitions} partitions need {args.num_partitions - 1} split block(s), got {ks}")
+    if ks != sorted(ks):
+        raise UsageError(f"--split-blocks must be in increasing order, got {ks}")
+    return ks
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py") -> int:
+    import socket
+    from pathlib import Path
+
+    from .. import records
     from ..runners import rpc_ranks
+    from ..transport.runconfig import RunConfig
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser(prog).parse_args(argv)
@@ -78,7 +119,72 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
             log.warning("%s is deprecated and ignored: %s", flag, note)
     if args.shards_dir:
         log.warning("--shards-dir is deprecated and ignored: no module is ever shipped; workers build their stage")
-    return rpc_ranks.run(args, argv)
+    ranks_needed = args.num_partitions + (1 if args.rpc_source == "master" else 0)
+    if args.world_size < 2:
+        raise UsageError(f"--world-size {args.world_size}: must be at least 2 (a master and one worker)")
+    if ranks_needed > args.world_size:
+        limit = args.world_size - (1 if args.rpc_source == "master" else 0)
+        raise UsageError(f"--num-partitions {args.num_partitions} must be within 1..{limit} for --world-size "
+                         f"{args.world_size} with --rpc-source {args.rpc_source}")
+    if not 0 <= args.rank < args.world_size:
+        raise UsageError(f"--rank {args.rank} must be within 0..{args.world_size - 1}")
+    addr, port = _master_address(args)
+    if args.local and args.rank == 0:
+        addr = "127.0.0.1"
+        if args.master_port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+    conditions = network_from_args(args)
+    opts = rpc_ranks.RankOptions(rank=args.rank, world_size=args.world_size, master_addr=addr, master_port=port,
+                                 model=args.model, num_classes=args.num_classes, weights=args.weights,
+                                 models_dir=args.models_dir, device=args.device, threads=args.threads,
+                                 transport=args.rpc_transport, rpc_threads=args.num_threads, timeout=args.timeout,
+                                 source=args.rpc_source)
+    if args.rank != 0:
+        return rpc_ranks.serve_rank(opts)
+
+    def one_run(builder, transport) -> int:
+        from ..transport import rpc as backend
+
+        part = builder.partitioner
+        ks = _split_blocks(args, part.num_blocks)
+        cuts = [part.block_cut(k) for k in ks]
+        num_batches = max(1, -(-args.num_test_samples // args.batch_size))
+        cfg = RunConfig(model=builder.name, cuts=cuts, split_index=ks[0] if len(ks) == 1 else ks,
+                        batch_size=args.batch_size, num_batches=num_batches, warmup=args.warmup,
+                        in_flight=args.in_flight if args.use_pipelining else 1, dataset=args.dataset,
+                        data_dir=args.data_dir, num_classes=args.num_classes,
+                        network=conditions.name if conditions else None,
+                        link_mode="emulated" if conditions else "none", timeout_s=args.timeout,
+                        rpc_transport=args.rpc_transport, rpc_source=args.rpc_source,
+                        use_pipelining=args.use_pipelining, world_size=args.world_size)
+        try:
+            record, outputs = backend.run_master(cfg, builder, source=args.rpc_source, conditions=conditions,
+                                                 keep_outputs=bool(args.save_outputs), transport=transport,
+                                                 check_alive=rpc_ranks.check_alive_of(procs) if procs else None)
+        except PeerError as exc:  # a rank built something else: nothing ran
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            rpc_ranks.hard_exit(procs, 1)
+        path = records.atomic_write_json(Path(args.out) / f"{record['run_id']}.json", record)
+        if record["status"] != "complete":
+            print(f"error: {record['error']} (incomplete record written to {path})", file=sys.stderr, flush=True)
+            rpc_ranks.hard_exit(procs, 1)
+        if args.save_outputs:
+            import numpy as np
+            import torch
+
+            np.savez(args.save_outputs, logits=torch.stack(outputs).numpy())
+        backend.rpc.shutdown()
+        for proc in procs:
+            proc.wait(args.timeout)
+        s = record["summary"]
+        print(f"{builder.name} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} ms, "
+              f"throughput {s['throughput_imgs_per_s']:.1f} img/s, written {path}")
+        return 0
+
+    procs = rpc_ranks.spawn_local(opts) if args.local else []
+    return rpc_ranks.serve_rank(opts, one_run=one_run, procs=procs)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ n bytes). n is capped at 1 GiB. Nothing received is evaluated.
 
 from __future__ import annotations
 
+import errno
 import socket
 import statistics
 import threading
@@ -16,74 +17,101 @@ from typing import Any
 from ..errors import PeerError, UsageError
 
 MAX_LINE = 64
+COMMAND_TIMEOUT_S = 5.0
 MAX_TRANSFER = 1 << 30
 CHUNK = 1 << 16
 
 
-def _readline(conn: socket.socket) -> str:
+def _readline(conn: socket.socket, deadline: float) -> tuple[str, bytes]:
+    """The command line (at most 64 bytes, within the deadline) and any bytes that followed it."""
     buf = b""
-    while not buf.endswith(b"\n"):
-        ch = conn.recv(1)
-        if not ch:
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise PeerError("no command line in time")
+        conn.settimeout(remaining)
+        chunk = conn.recv(MAX_LINE + 1 - len(buf))
+        if not chunk:
             raise PeerError("peer closed before sending a command")
-        buf += ch
-        if len(buf) > MAX_LINE:
+        buf += chunk
+        if len(buf) > MAX_LINE and b"\n" not in buf:
             raise PeerError("command line too long")
-    return buf.decode("ascii", "replace").strip()
+    line, _, rest = buf.partition(b"\n")
+    return line.decode("ascii", "replace").strip(), rest
 
 
-def _handle(conn: socket.socket) -> None:
-    with conn:
-        conn.settimeout(60)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            words = _readline(conn).split()
-            if words == ["PING"]:
-                while True:
-                    b = conn.recv(1)
-                    if not b:
-                        return
-                    conn.sendall(b)
-            if len(words) == 2 and words[0] in ("SINK", "SOURCE") and words[1].isdigit():
-                n = int(words[1])
-                if n > MAX_TRANSFER:
-                    return
-                if words[0] == "SINK":
-                    buf = bytearray(CHUNK)
-                    got = 0
-                    while got < n:
-                        k = conn.recv_into(buf, min(CHUNK, n - got))
-                        if not k:
+def _handle(conn: socket.socket, slots: threading.BoundedSemaphore) -> None:
+    try:
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                line, rest = _readline(conn, time.monotonic() + COMMAND_TIMEOUT_S)
+                conn.settimeout(60)
+                words = line.split()
+                if words == ["PING"]:
+                    if rest:
+                        conn.sendall(rest)
+                    while True:
+                        b = conn.recv(1)
+                        if not b:
                             return
-                        got += k
-                    conn.sendall(b"OK\n")
-                else:
-                    block = bytes(CHUNK)
-                    sent = 0
-                    while sent < n:
-                        sent += conn.send(block[: min(CHUNK, n - sent)])
-        except (OSError, PeerError):
-            return
+                        conn.sendall(b)
+                if len(words) == 2 and words[0] in ("SINK", "SOURCE") and words[1].isdigit() and len(words[1]) < 12:
+                    n = int(words[1])
+                    if n > MAX_TRANSFER:
+                        return
+                    if words[0] == "SINK":
+                        buf = bytearray(CHUNK)
+                        got = len(rest)
+                        while got < n:
+                            k = conn.recv_into(buf, min(CHUNK, n - got))
+                            if not k:
+                                return
+                            got += k
+                        conn.sendall(b"OK\n")
+                    else:
+                        block = bytes(CHUNK)
+                        sent = 0
+                        while sent < n:
+                            sent += conn.send(block[: min(CHUNK, n - sent)])
+            except (OSError, PeerError):
+                return
+    finally:
+        slots.release()
 
 
-def serve(host: str = "0.0.0.0", port: int = 5201, max_clients: int | None = None,
-          ready: threading.Event | None = None) -> None:
-    """Answer measure clients until Ctrl-C (or ``max_clients`` connections)."""
+def serve(host: str = "0.0.0.0", port: int = 5201, max_clients: int = 64,
+          ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
+    """Answer measure clients until Ctrl-C (or ``stop``): at most ``max_clients`` at once, each with
+    a thread; more wait in the kernel's backlog, and running out of descriptors (EMFILE) only
+    pauses accepting."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    slots = threading.BoundedSemaphore(max_clients)
     with socket.socket(family, socket.SOCK_STREAM) as srv:
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             srv.bind((host, port))
-        except OSError as exc:
-            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}")
-        srv.listen(8)
+        except (OSError, OverflowError) as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}")
+        srv.listen(128)
+        srv.settimeout(0.2)
         if ready is not None:
             ready.set()
-        served = 0
-        while max_clients is None or served < max_clients:
-            conn, _ = srv.accept()
-            served += 1
-            threading.Thread(target=_handle, args=(conn,), daemon=True).start()
+        while stop is None or not stop.is_set():
+            if not slots.acquire(timeout=0.2):
+                continue  # every slot busy: leave the rest in the backlog
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                slots.release()
+                continue
+            except OSError as exc:  # EMFILE/ENFILE: wait for descriptors to come back
+                slots.release()
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(0.1)
+                    continue
+                raise
+            threading.Thread(target=_handle, args=(conn, slots), daemon=True).start()
 
 
 def _connect(host: str, port: int, timeout: float) -> socket.socket:

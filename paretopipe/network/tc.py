@@ -1,28 +1,39 @@
-"""tc command builder and apply / clear / show, locally or over SSH.
+"""tc trees for one direction of a link, applied and cleared locally or over SSH.
 
-One tree serves every profile, so delay, jitter, loss and rate always combine:
+One tree serves every case, built only of qdiscs that a kernel without ``sch_prio`` or
+``sch_netem`` still has (htb, pfifo, u32, ingress, ifb):
 
-    root netem (delay, jitter, loss)  --child-->  tbf (rate)
+    root htb (default class 1:1 or 1:2)
+      class 1:1  rate 10gbit            everything else: unshaped (SSH, the controller, other traffic)
+      class 1:2  rate R ceil R          the shaped traffic: the rate, or 10gbit when none is set
+        leaf:    netem (delay, jitter, loss) where needed, else pfifo
+    u32 filters steer the shaped traffic into 1:2:
+      port mode:  TCP to or from the data port, IPv4 and IPv6
+      peers mode: traffic to the other stage hosts' addresses, except SSH (a higher-priority filter)
+      neither:    no filter; htb's default sends everything to 1:2
 
-netem shapes time, tbf shapes rate. We use tbf for the rate (rather than netem's own ``rate``)
-so that a rate-only profile, the only kind a kernel without ``sch_netem`` can apply, goes
-through the very same qdisc and is measured the same way. With ``--port`` the root is a
-``prio`` qdisc whose priomap sends everything to band 0 (unshaped; the anchor's default
-priomap let best-effort packets escape) and u32 filters steer the port's TCP traffic, both
-directions and IPv4/IPv6, into band 2, which carries the netem/tbf tree. ``--ingress``
-redirects incoming traffic through an ifb device that gets the same tree.
+htb carries the rate, so a rate-only condition runs for real on such a kernel, and a trace can
+change it while a run goes on (``tc class change``). ``--ingress`` redirects incoming traffic
+through an ifb device that gets the same tree. Each host shapes its own egress; a sweep gives
+stage 1's host the *up* direction and the last stage's host the *down* direction.
+
+:func:`applied` clears what it applied on exit, error, Ctrl-C, SIGTERM or SIGHUP (an SSH session
+that drops), and a second signal during the clean-up waits until the clean-up is done.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -33,6 +44,11 @@ from .conditions import Direction
 
 MTU_BYTES = 1514
 ROOT = "1:"
+OPEN_RATE = "10gbit"       # the unshaped class, and the shaped one when no rate is given
+SHAPED = "1:2"
+UNSHAPED = "1:1"
+LEAF = "20:"
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +60,25 @@ class Cmd:
 
     def __str__(self) -> str:
         return shlex.join(self.argv) + ("   # may fail harmlessly" if self.tolerant else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """What the shaped class carries: TCP on ``port``, traffic to ``peers`` (except SSH on
+    ``ssh_port``), or everything when neither is given."""
+
+    port: int | None = None
+    peers: tuple[str, ...] = ()
+    ssh_port: int = 22
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 < self.port < 65536:
+            raise UsageError(f"--port {self.port} is not a TCP port (1..65535)")
+        for peer in self.peers:
+            try:
+                ipaddress.ip_address(peer)
+            except ValueError:
+                raise UsageError(f"peer {peer!r} is not an IP address (tc matches addresses, not names)")
 
 
 def _tc(*args: str, tolerant: bool = False) -> Cmd:
@@ -71,72 +106,96 @@ def _netem_args(p: Direction) -> list[str]:
     return args + ["limit", str(limit)]
 
 
-def _tbf_args(p: Direction) -> list[str]:
-    rate_bytes = p.rate_bps / 8
-    burst = max(2 * MTU_BYTES, math.ceil(rate_bytes * 0.004))  # 4 ms of tokens
-    limit = max(30000, math.ceil(rate_bytes * 0.1))  # 100 ms of queue
-    return ["tbf", "rate", format_rate(p.rate_bps), "burst", str(burst), "limit", str(limit)]
+def burst_bytes(rate_bps: float) -> int:
+    """4 ms of tokens, at least two full frames: small enough to shape, large enough for htb's timer."""
+    return max(2 * MTU_BYTES, math.ceil(rate_bps / 8 * 0.004))
 
 
-def _tree(dev: str, p: Direction, parent: str, handle: str) -> list[Cmd]:
-    """netem (if needed) with a tbf child (if a rate is set) under ``parent``."""
-    where = ["root"] if parent == "root" else ["parent", parent]
-    major = handle.rstrip(":")
-    cmds: list[Cmd] = []
+def class_args(rate_bps: float | None) -> list[str]:
+    """The shaped class's options: ``rate R ceil R burst B cburst B quantum Q``."""
+    if not rate_bps:
+        return ["rate", OPEN_RATE, "ceil", OPEN_RATE, "quantum", "60000"]
+    rate, burst = format_rate(rate_bps), str(burst_bytes(rate_bps))
+    return ["rate", rate, "ceil", rate, "burst", burst, "cburst", burst, "quantum", str(min(60000, max(MTU_BYTES,
+            math.ceil(rate_bps / 8 / 100))))]
+
+
+def _tree(dev: str, p: Direction, match: Match) -> list[Cmd]:
+    classified = match.port is not None or bool(match.peers)
+    # htb cannot change its own root in place ("Change operation not supported"), so a tree already
+    # there goes first: applying twice gives the same tree.
+    cmds = [_tc("qdisc", "del", "dev", dev, "root", tolerant=True),
+            _tc("qdisc", "replace", "dev", dev, "root", "handle", ROOT, "htb", "default",
+                UNSHAPED.split(":")[1] if classified else SHAPED.split(":")[1]),
+            _tc("class", "replace", "dev", dev, "parent", ROOT, "classid", UNSHAPED, "htb", "rate", OPEN_RATE,
+                "ceil", OPEN_RATE, "quantum", "60000"),
+            _tc("class", "replace", "dev", dev, "parent", ROOT, "classid", SHAPED, "htb", *class_args(p.rate_bps))]
     if p.needs_netem:
-        cmds.append(_tc("qdisc", "replace", "dev", dev, *where, "handle", handle, "netem", *_netem_args(p)))
-        if p.rate_bps:
-            cmds.append(_tc("qdisc", "replace", "dev", dev, "parent", f"{major}:1", "handle",
-                            f"{int(major) + 1}:", *_tbf_args(p)))
-    elif p.rate_bps:
-        cmds.append(_tc("qdisc", "replace", "dev", dev, *where, "handle", handle, *_tbf_args(p)))
+        cmds.append(_tc("qdisc", "replace", "dev", dev, "parent", SHAPED, "handle", LEAF, "netem", *_netem_args(p)))
+    else:
+        cmds.append(_tc("qdisc", "replace", "dev", dev, "parent", SHAPED, "handle", LEAF, "pfifo", "limit", "10000"))
     return cmds
 
 
-def _port_filters(dev: str, parent: str, port: int, action: Sequence[str]) -> list[Cmd]:
-    """u32 filters matching TCP to or from ``port`` over IPv4 (prio 1, 2) and IPv6 (prio 3, 4)."""
+def _filters(dev: str, parent: str, match: Match, action: Sequence[str]) -> list[Cmd]:
+    """u32 filters sending ``match``'s traffic to ``action`` (a flowid, or a redirect to the ifb)."""
     cmds = [_tc("filter", "del", "dev", dev, "parent", parent, tolerant=True)]
     prio = 1
+    if match.peers:  # SSH first, into the unshaped class: the controller keeps its connections
+        keep = ["flowid", UNSHAPED] if action[0] == "flowid" else ["action", "pass"]
+        for proto, family in (("ip", "ip"), ("ipv6", "ip6")):
+            for direction in ("dport", "sport"):
+                cmds.append(_tc("filter", "add", "dev", dev, "parent", parent, "protocol", proto, "prio", str(prio),
+                                "u32", "match", family, "protocol", "6", "0xff", "match", family, direction,
+                                str(match.ssh_port), "0xffff", *keep))
+                prio += 1
+        for peer in match.peers:
+            v6 = ipaddress.ip_address(peer).version == 6
+            where = "src" if action[0] != "flowid" else "dst"  # ingress: traffic from the peers
+            cmds.append(_tc("filter", "add", "dev", dev, "parent", parent, "protocol", "ipv6" if v6 else "ip",
+                            "prio", str(prio), "u32", "match", "ip6" if v6 else "ip", where,
+                            f"{peer}/{128 if v6 else 32}", *action))
+            prio += 1
+        return cmds
     for proto, family in (("ip", "ip"), ("ipv6", "ip6")):
         for direction in ("dport", "sport"):
             cmds.append(_tc("filter", "add", "dev", dev, "parent", parent, "protocol", proto, "prio", str(prio),
-                            "u32", "match", family, "protocol", "6", "0xff",
-                            "match", family, direction, str(port), "0xffff", *action))
+                            "u32", "match", family, "protocol", "6", "0xff", "match", family, direction,
+                            str(match.port), "0xffff", *action))
             prio += 1
     return cmds
 
 
-def _egress(dev: str, p: Direction, port: int | None) -> list[Cmd]:
-    if port is None:
-        return _tree(dev, p, "root", ROOT)
-    cmds = [_tc("qdisc", "replace", "dev", dev, "root", "handle", ROOT, "prio", "bands", "3",
-                "priomap", *(["0"] * 16))]
-    cmds += _tree(dev, p, "1:3", "30:")
-    cmds += _port_filters(dev, ROOT, port, ["flowid", "1:3"])
-    return cmds
-
-
-def apply_commands(p: Direction, dev: str, ingress: bool = False, port: int | None = None) -> list[Cmd]:
-    """The exact commands that apply ``p`` on ``dev`` (golden-tested)."""
-    if not p.is_shaped:
-        return clear_commands(dev, ingress)
-    if port is not None and not 0 < port < 65536:
-        raise UsageError(f"--port {port} is not a TCP port (1..65535)")
-    cmds = _egress(dev, p, port)
-    if ingress:
+def apply_commands(p: Direction, dev: str, ingress: bool | Direction = False, port: int | None = None,
+                   peers: Sequence[str] = (), ssh_port: int = 22) -> list[Cmd]:
+    """The exact commands that shape ``dev``'s egress with ``p`` (golden-tested). ``ingress`` (True:
+    the same direction; a Direction: that one) shapes incoming traffic through an ifb device."""
+    down = p if ingress is True else (ingress or None)
+    if not p.is_shaped and not (down and down.is_shaped):
+        return clear_commands(dev, bool(ingress))
+    match = Match(port, tuple(peers), ssh_port)
+    cmds = _tree(dev, p, match)
+    if match.port is not None or match.peers:
+        cmds += _filters(dev, ROOT, match, ["flowid", SHAPED])
+    if down is not None:
         ifb = ifb_name(dev)
         redirect = ["action", "mirred", "egress", "redirect", "dev", ifb]
         cmds += [Cmd(("ip", "link", "add", ifb, "type", "ifb"), tolerant=True),
                  Cmd(("ip", "link", "set", "dev", ifb, "up")),
                  _tc("qdisc", "replace", "dev", dev, "handle", "ffff:", "ingress")]
-        if port is None:
+        if match.port is None and not match.peers:
             cmds += [_tc("filter", "del", "dev", dev, "parent", "ffff:", tolerant=True),
                      _tc("filter", "add", "dev", dev, "parent", "ffff:", "protocol", "all", "prio", "1", "u32",
                          "match", "u32", "0", "0", *redirect)]
         else:
-            cmds += _port_filters(dev, "ffff:", port, redirect)
-        cmds += _tree(ifb, p, "root", ROOT)
+            cmds += _filters(dev, "ffff:", match, redirect)
+        cmds += _tree(ifb, down, Match())
     return cmds
+
+
+def change_rate_commands(dev: str, rate_bps: float | None) -> list[Cmd]:
+    """Change the shaped class's rate in place (a trace's next step); queued packets are kept."""
+    return [_tc("class", "change", "dev", dev, "parent", ROOT, "classid", SHAPED, "htb", *class_args(rate_bps))]
 
 
 def clear_commands(dev: str, ingress: bool = True) -> list[Cmd]:
@@ -156,6 +215,8 @@ class Runner:
                  netns: str | None = None, ssh_port: int | None = None, known_hosts: str | None = None) -> None:
         self.ssh, self.ssh_key, self.sudo, self.netns = ssh, ssh_key, sudo, netns
         self.ssh_port, self.known_hosts = ssh_port, known_hosts
+        if ssh:
+            ssh_argv(ssh, ssh_key, ssh_port, known_hosts)  # refuses a user or host that is not one
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         inner = list(argv)
@@ -167,10 +228,11 @@ class Runner:
             return inner
         return ssh_argv(self.ssh, self.ssh_key, self.ssh_port, self.known_hosts) + [shlex.join(inner)]
 
-    def run(self, argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    def run(self, argv: Sequence[str], check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
         full = self.argv(argv)
         try:
-            out = subprocess.run(full, capture_output=True, text=True, timeout=30)
+            # A session of its own: Ctrl-C at the terminal must not kill the clean-up's own commands.
+            out = subprocess.run(full, capture_output=True, text=True, timeout=timeout, start_new_session=True)
         except FileNotFoundError as exc:
             raise NetemError(f"{exc.filename} not found: install iproute2 (tc, ip)")
         except subprocess.TimeoutExpired:
@@ -183,6 +245,10 @@ class Runner:
     def local(self) -> bool:
         return self.ssh is None
 
+    @property
+    def where(self) -> str:
+        return self.ssh or (f"netns {self.netns}" if self.netns else "local")
+
 
 def _explain(stderr: str) -> str:
     text = " ".join(stderr.split())
@@ -192,6 +258,8 @@ def _explain(stderr: str) -> str:
         return f"{text} (no such interface; list them with: ip -br link)"
     if "Operation not permitted" in text:
         return f"{text} (needs root)"
+    if "a password is required" in text or "a terminal is required" in text:
+        return f"{text} (the SSH user needs passwordless sudo for tc and ip, or log in as root)"
     return text or "unknown error"
 
 
@@ -214,28 +282,32 @@ def netem_available(runner: Runner | None = None) -> bool:
 
 
 def check_interface(dev: str, runner: Runner) -> None:
+    if not dev or dev.startswith("-") or "/" in dev or len(dev) > 15:
+        raise NetemError(f"{dev!r} is not an interface name")
     out = runner.run(["ip", "-br", "link", "show", "dev", dev], check=False)
     if out.returncode != 0:
         names = runner.run(["ip", "-br", "link"], check=False).stdout.split("\n")
         known = ", ".join(line.split()[0].split("@")[0] for line in names if line.strip())
-        raise NetemError(f"no interface {dev!r} here; interfaces: {known}")
+        raise NetemError(f"no interface {dev!r} on {runner.where}; interfaces: {known}")
 
 
-def apply(p: Direction, dev: str, ingress: bool = False, port: int | None = None,
-          runner: Runner | None = None) -> list[Cmd]:
+def apply(p: Direction, dev: str, ingress: bool | Direction = False, port: int | None = None,
+          runner: Runner | None = None, peers: Sequence[str] = (), ssh_port: int = 22) -> list[Cmd]:
     """Apply ``p``; on any failure roll back to a clean interface and raise. Idempotent."""
     runner = runner or Runner()
     require_root(runner)
     check_interface(dev, runner)
-    if p.needs_netem and not netem_available(runner):
-        raise NetemError(f"this kernel has no sch_netem, so {p.describe()} cannot be applied (delay, "
-                         f"jitter and loss need netem); a rate-only profile (--rate) uses tbf and works here")
-    cmds = apply_commands(p, dev, ingress, port)
+    down = p if ingress is True else (ingress or None)
+    if (p.needs_netem or (down is not None and down.needs_netem)) and not netem_available(runner):
+        raise NetemError(f"the kernel on {runner.where} has no sch_netem, so delay, jitter and loss cannot be "
+                         f"applied ({p.describe()}); a rate-only condition (--rate) uses htb and works there")
+    cmds = apply_commands(p, dev, ingress, port, peers, ssh_port)
     try:
         for cmd in cmds:
             runner.run(cmd.argv, check=not cmd.tolerant)
     except BaseException:
-        clear(dev, ingress=True, runner=runner)
+        with _signals_held():
+            clear(dev, ingress=True, runner=runner)
         raise
     return cmds
 
@@ -250,23 +322,52 @@ def clear(dev: str, ingress: bool = True, runner: Runner | None = None) -> list[
     return cmds
 
 
+def set_rate(dev: str, rate_bps: float | None, runner: Runner | None = None) -> None:
+    """Change the shaped rate of an applied tree (the trace controller's step)."""
+    runner = runner or Runner()
+    for cmd in change_rate_commands(dev, rate_bps):
+        runner.run(cmd.argv, timeout=10)
+
+
 def show(dev: str, runner: Runner | None = None) -> list[dict[str, Any]]:
     """The qdiscs on ``dev`` as the kernel reports them (``tc -j``), parsed."""
     runner = runner or Runner()
     check_interface(dev, runner)
-    out = runner.run(["tc", "-j", "qdisc", "show", "dev", dev])
+    return [{"kind": q.get("kind"), "handle": q.get("handle"),
+             "parent": q.get("parent", "root" if q.get("root") else None), "root": bool(q.get("root")),
+             "options": q.get("options", {})} for q in _json(runner, ["tc", "-j", "qdisc", "show", "dev", dev])]
+
+
+_CLASS = re.compile(r"^class (\S+) (\S+) (?:parent (\S+)|root)(?: leaf (\S+))?.*? rate (\S+) ceil (\S+)")
+
+
+def classes(dev: str, runner: Runner | None = None) -> list[dict[str, Any]]:
+    """The htb classes on ``dev`` with their rates as the kernel holds them (parsed from ``tc class
+    show``: iproute2 prints no JSON for classes)."""
+    runner = runner or Runner()
+    out = []
+    for line in runner.run(["tc", "class", "show", "dev", dev]).stdout.splitlines():
+        m = _CLASS.match(line.strip())
+        if m:
+            out.append({"kind": m.group(1), "class": m.group(2), "parent": m.group(3) or "root",
+                        "leaf": m.group(4), "rate": m.group(5), "ceil": m.group(6)})
+    return out
+
+
+def _json(runner: Runner, argv: list[str]) -> list[dict[str, Any]]:
+    out = runner.run(argv)
     try:
         raw = json.loads(out.stdout or "[]")
     except json.JSONDecodeError:
-        raise NetemError(f"could not parse tc -j output for {dev}: {out.stdout[:200]!r}")
-    return [{"kind": q.get("kind"), "handle": q.get("handle"), "parent": q.get("parent", "root" if q.get("root") else None),
-             "root": bool(q.get("root")), "options": q.get("options", {})} for q in raw]
+        raise NetemError(f"could not parse {' '.join(argv)} output: {out.stdout[:200]!r}")
+    return [x for x in raw if isinstance(x, dict)]
 
 
 def observed_link_state(dev: str, runner: Runner | None = None) -> dict[str, Any]:
     """For run manifests: what the kernel says is on the link, not what a user typed."""
     runner = runner or Runner()
-    state: dict[str, Any] = {"mode": "tc", "dev": dev, "host": runner.ssh or "local", "qdiscs": show(dev, runner)}
+    state: dict[str, Any] = {"mode": "tc", "dev": dev, "host": runner.where, "qdiscs": show(dev, runner),
+                             "classes": classes(dev, runner)}
     ifb = ifb_name(dev)
     if runner.run(["ip", "link", "show", "dev", ifb], check=False).returncode == 0:
         state["ingress_qdiscs"] = show(ifb, runner)
@@ -281,30 +382,50 @@ def format_show(qdiscs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) or "(no qdiscs)"
 
 
+# -- holding a tree for the duration of a block ----------------------------------------------------
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 @contextlib.contextmanager
-def applied(p: Direction, dev: str, ingress: bool = False, port: int | None = None,
-            runner: Runner | None = None) -> Iterator[list[Cmd]]:
-    """Apply for the duration of a block; cleared on exit, error, Ctrl-C or SIGTERM."""
-    runner = runner or Runner()
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    in_main = _in_main_thread()
-    if in_main:
-        signal.signal(signal.SIGTERM, on_term)
+def _signals_held() -> Iterator[None]:
+    """Block SIGINT, SIGTERM and SIGHUP (a second Ctrl-C included) until the block ends; they are
+    delivered afterwards. Only the main thread receives them, so only it needs holding."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
-        yield apply(p, dev, ingress, port, runner)
+        yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt like Ctrl-C does, for the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig in previous:
+        signal.signal(sig, _interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def applied(p: Direction, dev: str, ingress: bool | Direction = False, port: int | None = None,
+            runner: Runner | None = None, peers: Sequence[str] = (), ssh_port: int = 22) -> Iterator[list[Cmd]]:
+    """Apply for the duration of a block; cleared on exit, error, Ctrl-C, SIGTERM or SIGHUP, with
+    further signals held off until the interface is clean."""
+    runner = runner or Runner()
+    with signals_interrupt():
         try:
-            clear(dev, ingress=True, runner=runner)
+            yield apply(p, dev, ingress, port, runner, peers, ssh_port)
         finally:
-            if in_main:
-                signal.signal(signal.SIGTERM, previous)
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+            with _signals_held():
+                clear(dev, ingress=True, runner=runner)

@@ -18,6 +18,7 @@ class StageBuilder:
     def __init__(self, model: str, num_classes: int = 10, weights: str | None = None,
                  models_dir: str | None = None, device: str = "cpu") -> None:
         self.name = models.canonical_name(model)
+        self.num_classes = num_classes
         self.model = models.build(model, num_classes=num_classes, weights=weights, models_dir=models_dir)
         self.input_size = models.input_size(model)
         self.partitioner = split.Partitioner(self.model, torch.zeros(1, 3, self.input_size, self.input_size),

@@ -1,4 +1,10 @@
-"""Where stages run: this machine or hosts from ``.env`` over SSH, and the stage processes there."""
+"""Where stages run: this machine, or hosts reached over SSH with keys (a Pi, a GPU server, a lab
+namespace), and the processes started there.
+
+Hosts come from ``.env`` (``HOSTS=a,b,c``, or the anchor's ``PI1_IP`` and ``PI2_IP``/``GPU_IP``),
+or from an experiment file. Every value that reaches a remote shell line is quoted, and user and
+host names are checked before they reach ssh, which gets ``--`` before the destination.
+"""
 
 from __future__ import annotations
 
@@ -6,71 +12,160 @@ import dataclasses
 import json
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import PeerError, UsageError
 from ..network import tc
-from ..sshcmd import ssh_argv
+from ..sshcmd import check_host, check_user, remote_path, ssh_argv
+
+DEVICES_HELP = "cpu, cuda or cuda:N"
+
+
+def check_device_name(device: str, what: str = "device") -> str:
+    if device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        return device
+    raise UsageError(f"{what} {device!r}: valid {DEVICES_HELP}")
+
+
+def _port(value: str | int | None, what: str, default: int | None) -> int | None:
+    if value in (None, ""):
+        return default
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{what}={value!r} is not a TCP port (1..65535)")
+    if not 0 < port < 65536:
+        raise UsageError(f"{what}={value!r} is not a TCP port (1..65535)")
+    return port
+
+
+def _path(value: str | None) -> str | None:
+    """A local file named in .env: ``~`` expanded here (ssh gets it as an argument, not via a shell)."""
+    return os.path.expanduser(value) if value else None
 
 
 @dataclasses.dataclass
-class Hosts:
-    """Where the stages run: local processes, or two hosts over SSH (from .env)."""
+class Host:
+    """One machine reached over SSH, and how to run this package there."""
 
-    stage1: str | None = None
-    stage2: str | None = None
+    address: str
     user: str | None = None
     key: str | None = None
-    remote_dir: str = "~/paretopipe"
-    remote_python: str = "python3"
-    port: int = 5555
-    iface: str | None = None
     ssh_port: int | None = None
     known_hosts: str | None = None
+    remote_dir: str = "~/paretopipe"
+    remote_python: str = "python3"
+    device: str = "cpu"
+    iface: str | None = None
+
+    def __post_init__(self) -> None:
+        check_host(self.address)
+        if self.user is not None:
+            check_user(self.user)
+        check_device_name(self.device, f"device of {self.address}")
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{self.address}" if self.user else self.address
+
+    def ssh(self) -> list[str]:
+        return ssh_argv(self.target, self.key, self.ssh_port, self.known_hosts)
+
+    def runner(self) -> tc.Runner:
+        """Runs commands there (tc, ip) with ``sudo -n`` unless we log in as root."""
+        return tc.Runner(self.target, self.key, sudo=self.user not in (None, "root"), ssh_port=self.ssh_port,
+                         known_hosts=self.known_hosts)
+
+    def shell_line(self, module: str, args: Sequence[str], env: dict[str, str] | None = None) -> str:
+        """``cd REMOTE_DIR && exec [env K=V] REMOTE_PYTHON -m module args``, every value quoted."""
+        prefix = ""
+        if env:
+            prefix = "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
+        return (f"cd {remote_path(self.remote_dir)} && exec {prefix}{shlex.quote(self.remote_python)} -m "
+                f"{shlex.quote(module)} {shlex.join(list(args))}")
+
+    def argv(self, module: str, args: Sequence[str], env: dict[str, str] | None = None) -> list[str]:
+        return self.ssh() + [self.shell_line(module, args, env)]
+
+
+@dataclasses.dataclass
+class Testbed:
+    """The hosts of an experiment (none: every stage runs on this machine) and their shared settings."""
+
+    hosts: list[Host] = dataclasses.field(default_factory=list)
+    data_port: int = 5555
+    rpc_port: int = 29500
+    iface: str | None = None
+    secret: str | None = None
 
     @property
     def remote(self) -> bool:
-        return bool(self.stage1 and self.stage2)
+        return len(self.hosts) >= 2
+
+    def stage_hosts(self, stages: int) -> list[Host]:
+        if len(self.hosts) < stages:
+            raise UsageError(f"{stages} stages need {stages} hosts; .env names {len(self.hosts)} "
+                             f"({', '.join(h.address for h in self.hosts) or 'none'}): add them to HOSTS")
+        return self.hosts[:stages]
+
+    def describe(self) -> dict[str, Any]:
+        """For session.json: everything but the key path and the secret."""
+        return {"hosts": [{k: v for k, v in dataclasses.asdict(h).items() if k != "key"} for h in self.hosts],
+                "data_port": self.data_port, "rpc_port": self.rpc_port, "iface": self.iface,
+                "authenticated": self.secret is not None}
 
     @classmethod
-    def from_env(cls, env: dict[str, str]) -> "Hosts":
-        port = env.get("PORT", "5555")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"PORT={port!r} in .env is not a TCP port (1..65535)")
-        return cls(stage1=env.get("PI1_IP") or None, stage2=env.get("PI2_IP") or env.get("GPU_IP") or None,
-                   user=env.get("SSH_USER") or None, key=env.get("SSH_KEY") or None,
-                   remote_dir=env.get("REMOTE_DIR") or "~/paretopipe",
-                   remote_python=env.get("REMOTE_PYTHON") or "python3", port=int(port),
-                   iface=env.get("IFACE") or None,
-                   ssh_port=int(env["SSH_PORT"]) if env.get("SSH_PORT") else None,
-                   known_hosts=env.get("SSH_KNOWN_HOSTS") or None)
-
-    def ssh(self, host: str) -> list[str]:
-        return ssh_argv(self.target(host), self.key, self.ssh_port, self.known_hosts)
-
-    def runner(self, host: str | None) -> tc.Runner:
-        if host is None:
-            return tc.Runner()
-        return tc.Runner(self.target(host), self.key, sudo=self.user not in (None, "root"),
-                            ssh_port=self.ssh_port, known_hosts=self.known_hosts)
-
-    def target(self, host: str) -> str:
-        return f"{self.user}@{host}" if self.user else host
+    def from_env(cls, env: dict[str, str], devices: Sequence[str] | None = None) -> "Testbed":
+        """``HOSTS=a,b,c`` (or ``PI1_IP`` + ``PI2_IP``/``GPU_IP``), ``SSH_*``, ``REMOTE_*`` (``REMOTE_DIRS``
+        gives one folder per host), ``PORT``,
+        ``MASTER_PORT``, ``IFACE``, devices from ``DEVICES=cpu,cuda`` or ``PI1_DEVICE``/``PI2_DEVICE``/
+        ``GPU_DEVICE`` (``devices`` overrides), and ``PARETOPIPE_SECRET``."""
+        names: list[tuple[str, str | None]] = []
+        if env.get("HOSTS"):
+            names = [(h.strip(), None) for h in env["HOSTS"].split(",") if h.strip()]
+        elif env.get("PI1_IP"):
+            names = [(env["PI1_IP"], env.get("PI1_DEVICE"))]
+            if env.get("PI2_IP"):
+                names.append((env["PI2_IP"], env.get("PI2_DEVICE")))
+            elif env.get("GPU_IP"):
+                names.append((env["GPU_IP"], env.get("GPU_DEVICE") or "cuda"))
+        listed = [d.strip() for d in env.get("DEVICES", "").split(",") if d.strip()]
+        dirs = [d.strip() for d in env.get("REMOTE_DIRS", "").split(",") if d.strip()]
+        ssh_port = _port(env.get("SSH_PORT"), "SSH_PORT", None)
+        hosts = []
+        for i, (name, device) in enumerate(names):
+            user, _, address = name.rpartition("@")
+            pick = (list(devices)[i] if devices and i < len(devices) else None) or \
+                (listed[i] if i < len(listed) else None) or device or "cpu"
+            hosts.append(Host(address=address, user=user or env.get("SSH_USER") or None, key=_path(env.get("SSH_KEY")),
+                              ssh_port=ssh_port, known_hosts=_path(env.get("SSH_KNOWN_HOSTS")),
+                              remote_dir=(dirs[i] if i < len(dirs) else None) or env.get("REMOTE_DIR") or "~/paretopipe",
+                              remote_python=env.get("REMOTE_PYTHON") or "python3", device=pick,
+                              iface=env.get("IFACE") or None))
+        if len(hosts) == 1:
+            raise UsageError(f".env names one host ({hosts[0].address}); a testbed needs at least two "
+                             f"(HOSTS=a,b or PI1_IP and PI2_IP/GPU_IP), or none to run locally")
+        return cls(hosts=hosts, data_port=_port(env.get("PORT"), "PORT", 5555),
+                   rpc_port=_port(env.get("MASTER_PORT"), "MASTER_PORT", 29500), iface=env.get("IFACE") or None,
+                   secret=env.get("PARETOPIPE_SECRET") or None)
 
 
 class StageProcess:
-    """One stage worker process (``paretopipe.runners.worker``), here or over SSH; stopped by the PID
-    it reported, never by name."""
+    """One process of the sweep (a TCP stage worker or an RPC rank), here or over SSH, that speaks
+    JSON lines on stdin/stdout; stopped by the PID it reported, never by name."""
 
-    def __init__(self, role: str, argv: list[str], ssh: list[str] | None = None) -> None:
+    def __init__(self, role: str, argv: list[str], ssh: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.role, self.ssh = role, ssh
         self.lines: queue.Queue = queue.Queue()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1, start_new_session=True)
+                                     text=True, bufsize=1, start_new_session=True,
+                                     env={**os.environ, **(env or {})} if env else None)
         self.stderr_tail: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True).start()
         threading.Thread(target=self._pump, args=(self.proc.stderr, False), daemon=True).start()
@@ -81,8 +176,11 @@ class StageProcess:
         for line in stream:
             if is_stdout:
                 try:
-                    self.lines.put(json.loads(line))
-                except json.JSONDecodeError:
+                    msg = json.loads(line)
+                    if not isinstance(msg, dict):
+                        raise ValueError
+                    self.lines.put(msg)
+                except ValueError:
                     self.stderr_tail = (self.stderr_tail + [line])[-20:]
             else:
                 self.stderr_tail = (self.stderr_tail + [line])[-20:]
@@ -93,25 +191,33 @@ class StageProcess:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PeerError(f"{self.role} worker gave no {'/'.join(events)} within {timeout:g}s")
+                raise PeerError(f"{self.role} gave no {'/'.join(events)} within {timeout:g}s")
             try:
                 msg = self.lines.get(timeout=remaining)
             except queue.Empty:
                 continue
             if msg is None:
+                self.lines.put(None)  # later calls see the end too
                 tail = "".join(self.stderr_tail[-3:]).strip().replace("\n", " | ")
-                raise PeerError(f"{self.role} worker exited (code {self.proc.poll()})" + (f": {tail}" if tail else ""))
+                raise PeerError(f"{self.role} exited (code {self.proc.poll()})" + (f": {tail[-400:]}" if tail else ""))
             if msg.get("event") == "error":
-                raise PeerError(f"{self.role}: {msg.get('error')}")
+                raise PeerError(f"{self.role}: {str(msg.get('error'))[:500]}")
             if msg.get("event") in events:
                 return msg
+
+    def ready(self, timeout: float) -> dict[str, Any]:
+        self.info = self.expect("ready", timeout=timeout)
+        if not isinstance(self.info.get("pid"), int) or self.info["pid"] <= 1:
+            raise PeerError(f"{self.role} reported no usable pid")
+        self.pid = self.info["pid"]
+        return self.info
 
     def send(self, obj: dict[str, Any]) -> None:
         try:
             self.proc.stdin.write(json.dumps(obj) + "\n")
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise PeerError(f"{self.role} worker is gone")
+        except (BrokenPipeError, OSError, ValueError):
+            raise PeerError(f"{self.role} is gone")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -124,9 +230,13 @@ class StageProcess:
                 self.proc.wait(5)
             except (PeerError, subprocess.TimeoutExpired):
                 pass
-        if self.ssh and self.pid:
-            subprocess.run(self.ssh + [f"kill -TERM {self.pid} 2>/dev/null; sleep 1; kill -KILL {self.pid} 2>/dev/null; true"],
-                           capture_output=True, timeout=30)
+        if self.ssh and isinstance(self.pid, int):
+            pid = int(self.pid)
+            try:
+                subprocess.run(self.ssh + [f"kill -TERM {pid} 2>/dev/null; sleep 1; kill -KILL {pid} 2>/dev/null; true"],
+                               capture_output=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         if self.alive():
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)

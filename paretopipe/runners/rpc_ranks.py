@@ -1,186 +1,93 @@
-"""The ranks of an RPC run: spawning local ranks, joining as a worker, driving the run as the master."""
+"""RPC ranks as processes: each joins one RPC group and stays for a whole sweep (or one run).
+
+``python -m paretopipe.runners.rpc_ranks --rank R ...`` is what the sweeper starts, here or over
+SSH, one process per rank. Rank 0 (the master) answers JSON lines on stdin/stdout like a TCP stage
+worker: ``run`` (configure the ranks for one configuration, run it, answer with the record) and
+``quit``. Ranks 1..N-1 build their model, join, and serve until the master shuts the group down.
+``distributed_runner.py`` uses the same code for one run (``--local`` spawns the ranks here).
+"""
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
+import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-from .. import records
-from ..errors import PeerError, UsageError
-from ..network.conditions import get_conditions
-from ..partition.stages import StageBuilder
-from ..transport.runconfig import RunConfig
+from .. import strict
+from ..errors import ParetoPipeError, PeerError, UsageError
 
 log = logging.getLogger("paretopipe.rpc")
-ADHOC = ("delay", "jitter", "loss", "rate", "distribution", "trace")
 
 
-def _env(args: argparse.Namespace) -> tuple[str, int]:
-    from dotenv import dotenv_values
+@dataclasses.dataclass
+class RankOptions:
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    model: str
+    num_classes: int = 10
+    weights: str | None = None
+    models_dir: str | None = None
+    device: str = "cpu"
+    threads: int | None = None
+    cpus: str | None = None
+    transport: str = "uv"
+    rpc_threads: int = 16
+    timeout: float = 60.0
+    source: str = "master"
 
-    values = dotenv_values(args.env_file) if os.path.exists(args.env_file) else {}
-    for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
-        if values.get(key) and key not in os.environ:
-            os.environ[key] = values[key]
-    addr = args.master_addr or os.environ.get("MASTER_ADDR") or values.get("MASTER_ADDR") or "127.0.0.1"
-    port = args.master_port or os.environ.get("MASTER_PORT") or values.get("MASTER_PORT") or 29500
-    try:
-        port = int(port)
-        if not 0 < port < 65536:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"MASTER_PORT={port!r} is not a TCP port (1..65535)")
-    return addr, port
-
-
-def _cuts(args: argparse.Namespace, builder: StageBuilder) -> tuple[list[str], int | list[int]]:
-    if args.split_blocks:
-        try:
-            ks = [int(k) for k in args.split_blocks.split(",")]
-        except ValueError:
-            raise UsageError(f"--split-blocks {args.split_blocks!r}: give a comma list of integers like 5,12")
-    else:
-        K = builder.partitioner.num_blocks
-        ks = [args.split_block if args.split_block is not None else K // 2]
-    if len(ks) != args.num_partitions - 1:
-        raise UsageError(f"{args.num_partitions} partitions need {args.num_partitions - 1} split block(s), got {ks}")
-    if ks != sorted(ks):
-        raise UsageError(f"--split-blocks must be in increasing order, got {ks}")
-    cuts = [builder.partitioner.block_cut(k) for k in ks]
-    return cuts, (ks[0] if len(ks) == 1 else ks)
+    def argv(self) -> list[str]:
+        """This rank's command line (``python -m paretopipe.runners.rpc_ranks`` + these)."""
+        out = ["--rank", str(self.rank), "--world-size", str(self.world_size), "--master-addr", self.master_addr,
+               "--master-port", str(self.master_port), "--model", self.model, "--num-classes", str(self.num_classes),
+               "--device", self.device, "--transport", self.transport, "--rpc-threads", str(self.rpc_threads),
+               "--timeout", repr(self.timeout), "--source", self.source]
+        for flag, value in (("--weights", self.weights), ("--models-dir", self.models_dir),
+                            ("--threads", self.threads), ("--cpus", self.cpus)):
+            if value is not None:
+                out += [flag, str(value)]
+        return out
 
 
-def _die_with_parent() -> None:
-    # --local workers must never outlive the master: the kernel kills them when it exits.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+@dataclasses.dataclass
+class RpcRunCommand:
+    """Rank 0: one run of ``config`` (a RunConfig) under ``conditions`` (emulated) or ``observed_link`` (tc)."""
+
+    cmd: str
+    config: dict[str, Any]
+    conditions: dict[str, Any] | None = None
+    observed_link: dict[str, Any] | None = None
 
 
-def _spawn_workers(args: argparse.Namespace, argv: list[str], port: int) -> list[subprocess.Popen]:
-    keep = [a for a in argv if a not in ("--local",)]
-    procs = []
-    for rank in range(1, args.world_size):
-        cmd = [sys.executable, "-m", "paretopipe.cli.rpc", *keep,
-               "--rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)]
-        procs.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent, stdout=subprocess.DEVNULL))
-    return procs
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
-    """Act as ``args.rank`` (with ``--local``, rank 0 spawns the others here); returns the exit status."""
-    if args.world_size < 2:
-        raise UsageError("--world-size must be at least 2 (a master and one worker)")
-    if not 1 <= args.num_partitions <= args.world_size - 1:
-        raise UsageError(f"--num-partitions {args.num_partitions} must be within 1..world-size - 1 "
-                         f"({args.world_size - 1} for --world-size {args.world_size})")
-    if not 0 <= args.rank < args.world_size:
-        raise UsageError(f"--rank {args.rank} must be within 0..{args.world_size - 1}")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    addr, port = _env(args)
-    if args.local and args.rank == 0:
-        addr = "127.0.0.1"
-        if args.master_port is None:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-    builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
-    cuts, split_index = _cuts(args, builder)
-    conditions = (get_conditions(args.network, args.network_file, **{k: getattr(args, k) for k in ADHOC})
-                  if args.network or any(getattr(args, k) for k in ADHOC) else None)
-    if args.rank == 0:
-        return _master(args, argv, builder, cuts, split_index, conditions, addr, port)
-    return _worker(args, builder, cuts, conditions, addr, port)
-
-
-def _watchdog(seconds: float, what: str, procs: list[subprocess.Popen]) -> threading.Timer:
+def watchdog(seconds: float, what: str, procs: Sequence[subprocess.Popen] = ()) -> threading.Timer:
+    """Exit hard with one line if ``what`` has not happened within ``seconds``: a rank that cannot
+    join blocks inside the RPC agent, which cannot be unwound from another thread."""
     def fire():
         print(f"error: {what} within {seconds:g}s", file=sys.stderr, flush=True)
         for p in procs:
             p.kill()
-        os._exit(1)  # the RPC agent cannot be unwound from another thread; exit hard and clean
+        os._exit(1)
     t = threading.Timer(seconds, fire)
     t.daemon = True
     t.start()
     return t
 
 
-def _worker(args, builder, cuts, conditions, addr, port) -> int:
-    from ..transport import rpc as backend
-
-    stage = args.rank - 1
-    if args.rank <= args.num_partitions:
-        nxt = backend.MASTER if args.rank == args.num_partitions else backend.worker_name(args.rank + 1)
-        backend.setup_worker(builder, cuts, stage, nxt, conditions, last=args.rank == args.num_partitions)
-    dog = _watchdog(args.timeout, f"rank {args.rank} could not join the master at {addr}:{port}", [])
-    backend.init(args.rank, args.world_size, addr, port, args.rpc_transport, args.num_threads, args.timeout)
-    dog.cancel()
-    backend.rpc.shutdown()  # waits until the master is done with us
-    return 0
-
-
-def _master(args, argv, builder, cuts, split_index, conditions, addr, port) -> int:
-    from ..transport import rpc as backend
-
-    procs = _spawn_workers(args, argv, port) if args.local else []
-
-    def check_alive() -> None:
-        for rank, p in enumerate(procs, start=1):
-            if p.poll() is not None:
-                raise PeerError(f"worker rank {rank} (pid {p.pid}) exited with code {p.returncode}")
-
-    dog = _watchdog(args.timeout, f"not all {args.world_size} ranks joined at {addr}:{port} "
-                                  f"(start every rank with the same MASTER_ADDR/MASTER_PORT)", procs)
-    transport = backend.init(0, args.world_size, addr, port, args.rpc_transport, args.num_threads, args.timeout)
-    dog.cancel()
-    num_batches = max(1, -(-args.num_test_samples // args.batch_size))
-    cfg = RunConfig(model=builder.name, cuts=cuts, split_index=split_index, batch_size=args.batch_size,
-                    num_batches=num_batches, warmup=args.warmup,
-                    in_flight=args.in_flight if args.use_pipelining else 1, dataset=args.dataset,
-                    data_dir=args.data_dir, num_classes=args.num_classes,
-                    network=args.network_label or (conditions.name if conditions else None),
-                    link_mode="emulated" if conditions else "none", timeout_s=args.timeout,
-                    run_key=args.run_key, config_key=args.config_key, run=args.run,
-                    rpc_transport=args.rpc_transport, use_pipelining=args.use_pipelining,
-                    stage_limits={f"stage{i}": {"torch_threads": args.threads, "cpu_affinity": None}
-                                  for i in range(1, args.num_partitions + 1)} if args.run_key else None)
-    try:
-        record, outputs = backend.run_master(cfg, args.world_size, args.num_partitions, builder.fingerprint,
-                                             conditions, keep_outputs=bool(args.save_outputs), transport=transport,
-                                             check_alive=check_alive if procs else None)
-    except PeerError as exc:  # handshake mismatch: nothing ran
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        _hard_exit(procs, 1)
-    path = records.atomic_write_json(Path(args.metrics_dir) / f"{record['run_id']}.json", record)
-    if record["status"] != "complete":
-        print(f"error: {record['error']} (incomplete record written to {path})", file=sys.stderr, flush=True)
-        _hard_exit(procs, 1)
-    if args.save_outputs:
-        import numpy as np
-        import torch
-
-        np.savez(args.save_outputs, logits=torch.stack(outputs).numpy())
-    backend.rpc.shutdown()
-    for p in procs:
-        p.wait(args.timeout)
-    s = record["summary"]
-    print(f"{builder.name} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} ms, "
-          f"throughput {s['throughput_imgs_per_s']:.1f} img/s, written {path}")
-    return 0
-
-
-def _hard_exit(procs: list[subprocess.Popen], code: int) -> None:
+def hard_exit(procs: Sequence[subprocess.Popen], code: int) -> None:
     """A dead peer leaves the RPC agent unable to shut down gracefully; stop children and exit."""
     from ..transport import rpc as backend
 
@@ -189,3 +96,137 @@ def _hard_exit(procs: list[subprocess.Popen], code: int) -> None:
     threading.Thread(target=lambda: backend.rpc.shutdown(graceful=False), daemon=True).start()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _die_with_parent() -> None:
+    # Local ranks must never outlive the rank that spawned them: the kernel kills them when it exits.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def spawn_local(opts: RankOptions) -> list[subprocess.Popen]:
+    """Ranks 1..world-1 as processes on this machine (for ``--local``); they die with this one."""
+    procs = []
+    for rank in range(1, opts.world_size):
+        argv = dataclasses.replace(opts, rank=rank).argv()
+        procs.append(subprocess.Popen([sys.executable, "-m", "paretopipe.runners.rpc_ranks", *argv],
+                                      preexec_fn=_die_with_parent, stdout=subprocess.DEVNULL))
+    return procs
+
+
+def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = None,
+               procs: Sequence[subprocess.Popen] = ()) -> int:
+    """Be rank ``opts.rank``. Rank 0 then takes ``run`` commands on stdin until ``quit``, or calls
+    ``one_run(builder, transport)`` once (the command-line face) and returns its status."""
+    import warnings
+
+    from ..partition.stages import StageBuilder, apply_cpu_limits
+    from ..transport import rpc as backend
+
+    # torch's own deprecation notice from inside rpc.shutdown, on every rank: not ours to act on.
+    warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+    limits = apply_cpu_limits(opts.cpus, opts.threads)
+    builder = StageBuilder(opts.model, opts.num_classes, opts.weights, opts.models_dir, opts.device)
+    backend.set_builder(builder, opts.rank)
+    part = builder.partitioner
+    if one_run is None:
+        emit({"event": "ready", "pid": os.getpid(), "rank": opts.rank, "model": builder.name,
+              "fingerprint": builder.fingerprint, "num_blocks": part.num_blocks,
+              "block_cuts": [part.block_cut(k) for k in range(part.num_blocks + 1)], "limits": limits})
+    what = (f"rank {opts.rank} could not join the master at {opts.master_addr}:{opts.master_port}" if opts.rank else
+            f"not all {opts.world_size} ranks joined at {opts.master_addr}:{opts.master_port} (start every rank "
+            f"with the same MASTER_ADDR/MASTER_PORT)")
+    dog = watchdog(opts.timeout, what, procs)
+    transport = backend.init(opts.rank, opts.world_size, opts.master_addr, opts.master_port, opts.transport,
+                             opts.rpc_threads, opts.timeout)
+    dog.cancel()
+    if opts.rank != 0:
+        backend.rpc.shutdown()  # serves the master's calls until it shuts the group down
+        return 0
+    if one_run is not None:
+        return one_run(builder, transport)
+    emit({"event": "joined"})
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError):
+            emit({"event": "error", "error": "command is not JSON"})
+            continue
+        if isinstance(msg, dict) and msg.get("cmd") == "quit":
+            break
+        try:
+            cmd = strict.from_dict(RpcRunCommand, msg, "rpc run command")
+            if cmd.cmd != "run":
+                raise UsageError(f"rank 0 does not understand {cmd.cmd[:40]!r} (it takes run and quit)")
+            record = run_config(builder, transport, cmd, limits)
+        except (ParetoPipeError, OSError) as exc:
+            emit({"event": "error", "error": str(exc) or type(exc).__name__})
+            continue
+        emit({"event": "done", "status": record["status"], "record": record})
+        if record["status"] != "complete":
+            hard_exit([], 1)  # a rank is gone or stuck: the group cannot be reused
+    emit({"event": "bye"})
+    backend.rpc.shutdown()
+    return 0
+
+
+def run_config(builder, transport: dict, cmd: RpcRunCommand, limits: dict[str, Any]) -> dict[str, Any]:
+    from ..network.conditions import NetworkConditions
+    from ..transport import rpc as backend
+    from ..transport.runconfig import RunConfig
+
+    cfg = RunConfig.from_dict(cmd.config)
+    conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
+    source = cfg.rpc_source or "master"
+    record, _ = backend.run_master(cfg, builder, source=source, conditions=conditions, transport=transport,
+                                   limits=limits, observed_link=cmd.observed_link)
+    return record
+
+
+def check_alive_of(procs: Sequence[subprocess.Popen]) -> Callable[[], None]:
+    def check() -> None:
+        for rank, proc in enumerate(procs, start=1):
+            if proc.poll() is not None:
+                raise PeerError(f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}")
+    return check
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ..transport.rpc import SOURCES, TRANSPORTS
+
+    p = argparse.ArgumentParser(prog="python -m paretopipe.runners.rpc_ranks",
+                                description="One RPC rank for the sweeper (rank 0 takes JSON lines on stdin).")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--master-addr", required=True)
+    p.add_argument("--master-port", type=int, required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--weights", default=None)
+    p.add_argument("--models-dir", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cpus", default=None)
+    p.add_argument("--transport", default="uv", choices=TRANSPORTS)
+    p.add_argument("--rpc-threads", type=int, default=16)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--source", default="master", choices=SOURCES)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    opts = RankOptions(rank=args.rank, world_size=args.world_size, master_addr=args.master_addr,
+                       master_port=args.master_port, model=args.model, num_classes=args.num_classes,
+                       weights=args.weights, models_dir=args.models_dir, device=args.device, threads=args.threads,
+                       cpus=args.cpus, transport=args.transport, rpc_threads=args.rpc_threads, timeout=args.timeout,
+                       source=args.source)
+    try:
+        return serve_rank(opts)
+    except ParetoPipeError as exc:
+        emit({"event": "error", "error": str(exc)})
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,9 +1,12 @@
 """The sweeper: model x split x network x backend x run, resumable, with consolidated outputs.
 
-Stage processes are started once per model (locally, pinned to different cores, or over SSH)
-and re-partitioned in place for each configuration. A configuration that fails is recorded,
-retried once, and the sweep goes on. Every file is written atomically, so killing the sweep at
-any moment loses at most the configuration in flight; ``--resume`` finishes what is missing.
+Stage processes start once per model and backend (locally, each pinned to its own cores, or on
+the testbed's hosts over SSH) and re-partition in place for every configuration. With ``--link
+tc`` each host shapes its own egress (stage 1's host the up direction, the last stage's host the
+down direction), only for the sweep's traffic. A configuration that fails is recorded, retried
+once on fresh processes, and the sweep goes on; the exit status then says how many failed. Every
+file is written atomically, so killing the sweep loses at most the configuration in flight, and
+``--resume`` finishes what is missing. A full disk stops the sweep at once, never retried.
 """
 
 from __future__ import annotations
@@ -11,13 +14,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import json
+import errno
 import logging
-import os
-import shlex
-import subprocess
-import sys
-import tempfile
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -29,9 +28,16 @@ from ..manifest import node_manifest
 from ..network import tc
 from ..network.conditions import NetworkConditions, get_conditions
 from ..transport.runconfig import RunConfig
-from .hosts import Hosts, StageProcess
+from .hosts import Host, Testbed
+from .processes import Placement, RpcRanks, TcpStages
 
 log = logging.getLogger("paretopipe.sweep")
+BACKENDS = ("tcp", "rpc")
+LINKS = ("emulated", "tc", "none")
+
+
+class DiskFullError(ParetoPipeError):
+    """No room left to write results: the sweep stops, nothing is retried."""
 
 
 def parse_splits(text: str, num_blocks: int) -> list[int]:
@@ -44,6 +50,8 @@ def parse_splits(text: str, num_blocks: int) -> list[int]:
         try:
             if "-" in part:
                 lo, hi = (int(x) for x in part.split("-", 1))
+                if lo > hi:
+                    raise UsageError(f"bad --splits range {part!r}: write it low-high, e.g. 2-10")
                 out.extend(range(lo, hi + 1))
             elif part:
                 out.append(int(part))
@@ -53,7 +61,36 @@ def parse_splits(text: str, num_blocks: int) -> list[int]:
     if bad:
         raise UsageError(f"split index {bad[0]} out of range: valid 0..{num_blocks} "
                          f"(0 = all on stage 2, {num_blocks} = all on stage 1)")
+    if not out:
+        raise UsageError(f"--splits {text!r} names no split: use all, a list like 1,4,8 or a range like 2-10")
     return sorted(set(out))
+
+
+def parse_plans(text: str) -> list[tuple[int, ...]]:
+    """``3,9;5,12``: N-stage plans as ``--split-blocks`` lists (the planner prints them so)."""
+    plans = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            ks = tuple(int(k) for k in part.split(","))
+        except ValueError:
+            raise UsageError(f"bad --split-blocks {text!r}: plans are comma lists of block indices separated by "
+                             f"';', e.g. 3,9;5,12")
+        if list(ks) != sorted(ks) or min(ks) < 0:
+            raise UsageError(f"--split-blocks plan {part!r}: block indices must be increasing and at least 0")
+        plans.append(ks)
+    if not plans:
+        raise UsageError(f"--split-blocks {text!r} names no plan")
+    if len({len(p) for p in plans}) != 1:
+        raise UsageError(f"--split-blocks {text!r}: every plan needs the same number of stages")
+    return plans
+
+
+def split_label(split: int | tuple[int, ...]) -> int | str:
+    """runs.csv's ``split_index``: the block index k, or ``3,9`` for an N-stage plan."""
+    return split if isinstance(split, int) else ",".join(map(str, split))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +100,21 @@ class PlannedRun:
     model: str
     backend: str
     network: str
-    split_index: int
+    split: int | tuple[int, ...]
     run: int
 
     @property
+    def split_index(self) -> int | str:
+        return split_label(self.split)
+
+    @property
+    def stages(self) -> int:
+        return 2 if isinstance(self.split, int) else len(self.split) + 1
+
+    @property
     def config_key(self) -> str:
-        return config_key(self.model, self.backend, self.network, self.split_index)
+        return config_key(self.model, self.backend, self.network,
+                          self.split if isinstance(self.split, int) else "-".join(map(str, self.split)))
 
     @property
     def run_key(self) -> str:
@@ -79,6 +125,7 @@ class PlannedRun:
 class SweepOptions:
     models: list[str]
     splits: str = "all"
+    plans: list[tuple[int, ...]] | None = None
     runs: int = 3
     networks: list[str] = dataclasses.field(default_factory=lambda: ["lan"])
     backends: list[str] = dataclasses.field(default_factory=lambda: ["tcp"])
@@ -97,38 +144,59 @@ class SweepOptions:
     dry_run: bool = False
     cleanup: bool = False
     report: bool = True
-    hosts: Hosts = dataclasses.field(default_factory=Hosts)
+    testbed: Testbed = dataclasses.field(default_factory=Testbed)
     network_file: str | None = None
     wire_dtype: str = "float32"
     compression: str = "none"
     stage_cpu: list[float | None] = dataclasses.field(default_factory=lambda: [None, None])
     stage_threads: list[int | None] = dataclasses.field(default_factory=lambda: [None, None])
+    stage_devices: list[str] = dataclasses.field(default_factory=list)
+    rpc_source: str = "master"
+    rpc_transport: str = "uv"
+    num_classes: int = 10
+    weights: str | None = None
+
+
+@dataclasses.dataclass
+class SweepResult:
+    path: Path
+    configurations: int
+    failed: list[PlannedRun]
 
 
 class Sweeper:
     def __init__(self, opts: SweepOptions) -> None:
         self.opts = opts
-        unknown = [b for b in opts.backends if b not in ("tcp", "rpc")]
+        tb = opts.testbed
+        unknown = [b for b in opts.backends if b not in BACKENDS]
         if unknown:
             raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
-        if "rpc" in opts.backends and opts.hosts.remote:
-            raise UsageError("the sweeper runs the rpc backend locally only; for hosts, start "
-                             "distributed_runner.py on each (see its --help) or use --backend tcp")
-        if opts.link not in ("emulated", "tc", "none"):
-            raise UsageError(f"--link {opts.link!r}: valid emulated, tc, none")
-        if opts.link == "tc" and not (opts.hosts.iface):
-            raise UsageError("--link tc needs IFACE (in .env or --iface) to shape")
+        if opts.link not in LINKS:
+            raise UsageError(f"--link {opts.link!r}: valid {', '.join(LINKS)}")
+        if opts.plans and "tcp" in opts.backends:
+            raise UsageError("N-stage plans (--split-blocks) run on the rpc backend: add --backend rpc")
+        if opts.link == "tc" and not (tb.iface or any(h.iface for h in tb.hosts)):
+            raise UsageError("--link tc needs IFACE (in .env or --iface): the interface tc shapes on each host")
         if any(x is not None for x in opts.stage_cpu):
-            if opts.hosts.remote:
+            if tb.remote:
                 raise UsageError("--stage-cpu emulates slower devices on this machine; with hosts in .env the "
                                  "stages already run on real devices (use --local to emulate)")
             if "rpc" in opts.backends:
                 raise UsageError("--stage-cpu applies to the TCP backend's stage workers; use --backend tcp")
             cpushare.Hierarchy.detect()  # a clear error now rather than from every worker
+        if tb.remote and opts.link == "tc" and "rpc" in opts.backends:
+            for h in tb.hosts:
+                try:
+                    import ipaddress
+
+                    ipaddress.ip_address(h.address)
+                except ValueError:
+                    raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
+                                     f"addresses, not {h.address!r}")
         self.networks = {name: get_conditions(name, opts.network_file) for name in opts.networks}
         self.session = Session(self._session_dir())
         self.dir = self.session.path
-        self.workers: dict[str, StageProcess] = {}
+        self.group: TcpStages | RpcRanks | None = None
         self.failures: list[dict[str, Any]] = []
 
     # -- layout --------------------------------------------------------------------------------
@@ -137,6 +205,8 @@ class Sweeper:
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out} is a file; give a folder for the sessions")
         if self.opts.session:
+            if "/" in self.opts.session or self.opts.session in (".", ".."):
+                raise UsageError(f"--session {self.opts.session!r}: a folder name, not a path")
             return out / self.opts.session
         if self.opts.resume:
             sessions = sorted(p for p in out.glob("*/session.json"))
@@ -146,148 +216,125 @@ class Sweeper:
         return out / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
     # -- plan ----------------------------------------------------------------------------------
+    def splits_for(self, num_blocks: int) -> list[int | tuple[int, ...]]:
+        if self.opts.plans:
+            bad = [p for p in self.opts.plans if max(p) > num_blocks]
+            if bad:
+                raise UsageError(f"--split-blocks plan {','.join(map(str, bad[0]))}: block indices go up to {num_blocks}")
+            return list(self.opts.plans)
+        return list(parse_splits(self.opts.splits, num_blocks))
+
     def plan(self, num_blocks: dict[str, int]) -> list[PlannedRun]:
         planned = []
         for model in self.opts.models:
-            splits = parse_splits(self.opts.splits, num_blocks[model])
             for backend in self.opts.backends:
                 for network in self.opts.networks:
-                    for k in splits:
+                    for split in self.splits_for(num_blocks[model]):
                         for r in range(self.opts.runs):
-                            planned.append(PlannedRun(model, backend, network, k, r))
+                            planned.append(PlannedRun(model, backend, network, split, r))
         return planned
 
-    # -- workers -------------------------------------------------------------------------------
-    def _worker_argv(self, role: str, model: str) -> tuple[list[str], list[str] | None]:
-        o, h = self.opts, self.opts.hosts
-        args = ["-m", "paretopipe.runners.worker", "--role", role, "--model", model]
-        cores = os.cpu_count() or 1
-        index = 0 if role == "stage1" else 1
-        threads = o.stage_threads[index] or o.threads or max(1, cores // 2)
-        args += ["--threads", str(threads)]
-        if o.stage_cpu[index] is not None:
-            args += ["--cpu-share", repr(o.stage_cpu[index])]
-        if not h.remote:
-            if o.optimizations and cores >= 2:
-                half = cores // 2
-                cpus = f"0-{half - 1}" if role == "stage1" else f"{half}-{2 * half - 1}"
-                args += ["--cpus", cpus]
-            return [sys.executable, *args], None
-        ssh = h.ssh(h.stage1 if role == "stage1" else h.stage2)
-        remote = f"cd {shlex.quote(h.remote_dir)} && exec {shlex.quote(h.remote_python)} " + shlex.join(args)
-        return ssh + [remote], ssh
+    # -- processes -----------------------------------------------------------------------------
+    def placement(self) -> Placement:
+        o = self.opts
+        stages = max(2, (len(o.plans[0]) + 1) if o.plans else 2)
+        devices = o.stage_devices or ["cpu"] * stages
+        return Placement(testbed=o.testbed, devices=devices,
+                         threads=[t or o.threads for t in o.stage_threads] + [o.threads] * stages,
+                         cpu_shares=o.stage_cpu, pin=o.optimizations, wait_time=o.wait_time,
+                         num_classes=o.num_classes, weights=o.weights)
 
-    def start_workers(self, model: str) -> dict[str, Any]:
-        self.stop_workers()
-        infos = {}
-        for role in ("stage1", "stage2"):
-            argv, ssh = self._worker_argv(role, model)
-            self.workers[role] = StageProcess(role, argv, ssh)
-        for role, w in self.workers.items():
-            w.info = w.expect("ready", timeout=self.opts.wait_time)
-            if not isinstance(w.info.get("pid"), int):
-                raise PeerError(f"{role} worker reported no numeric pid")
-            w.pid = w.info["pid"]
-            infos[role] = w.info
-        if infos["stage1"]["fingerprint"] != infos["stage2"]["fingerprint"]:
-            raise PeerError(f"the two hosts build different weights for {model} "
-                            f"({infos['stage1']['fingerprint']} vs {infos['stage2']['fingerprint']}): "
-                            f"check torch versions and models/*.pth")
-        return infos
+    def start(self, model: str, backend: str) -> dict[str, Any]:
+        self.stop()
+        o = self.opts
+        if backend == "tcp":
+            self.group = TcpStages(self.placement(), model, shaped_port=o.link == "tc")
+        else:
+            stages = (len(o.plans[0]) + 1) if o.plans else 2
+            self.group = RpcRanks(self.placement(), model, stages, o.rpc_source, o.rpc_transport, o.timeout)
+        try:
+            return self.group.start()
+        except BaseException:
+            self.stop()
+            raise
 
-    def stop_workers(self) -> None:
-        for w in self.workers.values():
-            w.stop()
-        if self.workers and any(x is not None for x in self.opts.stage_cpu):
-            cpushare.remove_stale()  # groups of workers that could not clean up after themselves
-        self.workers = {}
+    def stop(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+            self.group = None
+            if any(x is not None for x in self.opts.stage_cpu):
+                cpushare.remove_stale()  # groups of workers that could not clean up after themselves
 
     # -- one configuration ---------------------------------------------------------------------
-    def run_config(self, planned: PlannedRun, info: dict[str, Any], **extra: Any) -> RunConfig:
+    def run_config(self, planned: PlannedRun, info: dict[str, Any]) -> RunConfig:
         """The typed configuration of one planned run; the record's ``config`` is exactly this."""
         o = self.opts
-        return RunConfig(model=info["model"], cuts=[info["block_cuts"][planned.split_index]],
-                         split_index=planned.split_index, batch_size=o.batch_size, num_batches=o.num_batches,
+        blocks = [planned.split] if isinstance(planned.split, int) else list(planned.split)
+        cuts = [info["block_cuts"][k] for k in blocks]
+        rpc = planned.backend == "rpc"
+        return RunConfig(model=info["model"], cuts=cuts, split_index=planned.split if isinstance(planned.split, int)
+                         else list(planned.split), batch_size=o.batch_size, num_batches=o.num_batches,
                          warmup=o.warmup, in_flight=o.in_flight, network=planned.network, link_mode=o.link,
-                         timeout_s=o.timeout, seed=planned.run, wire_dtype=o.wire_dtype,
-                         compression=o.compression, run_key=planned.run_key, config_key=planned.config_key,
-                         run=planned.run, **extra)
+                         timeout_s=o.timeout, seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
+                         num_classes=o.num_classes, run_key=planned.run_key, config_key=planned.config_key,
+                         run=planned.run, stage_limits=info.get("limits"),
+                         rpc_transport=o.rpc_transport if rpc else None, rpc_source=o.rpc_source if rpc else None,
+                         use_pipelining=(o.in_flight > 1) if rpc else None,
+                         world_size=info.get("world_size") if rpc else None)
 
-    def run_one(self, planned: PlannedRun, info: dict[str, Any], observed_link: dict | None) -> dict[str, Any]:
-        o, h = self.opts, self.opts.hosts
-        s1, s2 = self.workers["stage1"], self.workers["stage2"]
-        cfg = self.run_config(planned, info, stage_limits={"stage1": s1.info.get("limits"),
-                                                           "stage2": s2.info.get("limits")}).to_dict()
-        conditions = self.networks[planned.network]
-        host = "0.0.0.0" if h.remote else "127.0.0.1"
-        port = h.port if (h.remote or o.link == "tc") else 0  # tc shapes one known port
-        s1.send({"cmd": "serve", "config": cfg, "host": host, "port": port,
-                 "conditions": conditions.to_dict() if o.link == "emulated" else None,
-                 "observed_link": observed_link, "connect_timeout": o.wait_time})
-        listening = s1.expect("listening", timeout=o.wait_time)
-        s2.send({"cmd": "connect", "config": cfg, "host": h.stage1 if h.remote else "127.0.0.1",
-                 "port": listening["port"], "connect_timeout": o.wait_time, "observed_link": observed_link})
+    def run_one(self, planned: PlannedRun, info: dict[str, Any], observed: dict | None) -> dict[str, Any]:
+        o = self.opts
+        cfg = self.run_config(planned, info).to_dict()
+        conditions = self.networks[planned.network].to_dict() if o.link == "emulated" else None
         budget = o.wait_time + o.timeout * (o.num_batches + o.warmup + 2)
-        result = s2.expect("done", timeout=budget)
-        s1.expect("done", timeout=o.wait_time)
-        record = result.get("record")
+        record = self.group.run(cfg, conditions, observed, budget)
         if not isinstance(record, dict) or not isinstance(record.get("summary"), dict):
-            raise PeerError("stage 2 returned no run record")
+            raise PeerError(f"{planned.backend}: the run returned no record")
         if record["status"] != "complete":
             raise PeerError(record.get("error") or "run incomplete")
         return record
 
-    def run_one_rpc(self, planned: PlannedRun) -> dict[str, Any]:
-        """An RPC configuration: the RPC ranks with --local (master + 2 workers, fresh processes)."""
-        o = self.opts
-        threads = o.threads or max(1, (os.cpu_count() or 1) // 2)
-        with tempfile.TemporaryDirectory(dir=self.dir) as tmp:
-            cmd = [sys.executable, "-m", "paretopipe.cli.rpc", "--local", "--world-size", "3",
-                   "--model", planned.model, "--split-block", str(planned.split_index),
-                   "--batch-size", str(o.batch_size), "--num-test-samples", str(o.num_batches * o.batch_size),
-                   "--warmup", str(o.warmup), "--threads", str(threads), "--timeout", str(o.timeout),
-                   "--metrics-dir", tmp, "--network-label", planned.network, "--run-key", planned.run_key,
-                   "--config-key", planned.config_key, "--run", str(planned.run), "--quiet"]
-            if o.in_flight > 1:
-                cmd += ["--use-pipelining", "--in-flight", str(o.in_flight)]
-            if o.link == "emulated":  # lan too, so the manifest says "emulated lan" as for TCP
-                cmd += ["--network", planned.network] + (["--network-file", o.network_file] if o.network_file else [])
-            budget = o.wait_time + o.timeout * (o.num_batches + o.warmup + 2)
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget)
-            except subprocess.TimeoutExpired:
-                raise PeerError(f"rpc run exceeded {budget:g}s")
-            found = list(Path(tmp).glob("*.json"))
-            if proc.returncode != 0 or not found:
-                lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-                raise PeerError(f"rpc: {lines[-1][7:] if lines else proc.stderr.strip()[-300:]}")
-            return json.loads(found[0].read_text())
-
-    @staticmethod
-    def _observed(conditions: NetworkConditions, runner: tc.Runner, dev: str) -> dict[str, Any]:
-        state = tc.observed_link_state(dev, runner)
-        state["conditions_requested"] = conditions.to_dict()
-        return state
+    # -- network conditions on the hosts -------------------------------------------------------
+    def _shaped_hosts(self, backend: str, stages: int) -> list[tuple[Host | None, Any]]:
+        """(host, direction) pairs: every stage host's egress, the last one the way back."""
+        tb = self.opts.testbed
+        if not tb.remote:
+            return [(None, None)]
+        return [(h, "down" if j == stages - 1 else "up") for j, h in enumerate(tb.stage_hosts(stages))]
 
     @contextlib.contextmanager
-    def _tc_context(self, conditions: NetworkConditions) -> Iterator[dict[str, Any] | None]:
-        """With --link tc: apply the conditions on each host's IFACE, data port only; cleared after.
-        Stage 1's host shapes its egress with the up direction, stage 2's with the down one."""
-        h = self.opts.hosts
-        if self.opts.link != "tc":
+    def _tc_context(self, backend: str, conditions: NetworkConditions) -> Iterator[dict[str, Any] | None]:
+        """With --link tc: apply the conditions for the duration of a group of runs; cleared after."""
+        o, tb = self.opts, self.opts.testbed
+        if o.link != "tc":
             yield None
             return
+        stages = (len(o.plans[0]) + 1) if (o.plans and backend == "rpc") else 2
+        hosts = self._shaped_hosts(backend, stages)
+        addresses = [h.address for h, _ in hosts if h is not None]
         with contextlib.ExitStack() as stack:
             runners = []
-            hosts = [(h.stage1, conditions.up), (h.stage2, conditions.down)] if h.remote else [(None, conditions.up)]
-            for host, direction in hosts:
-                runner = h.runner(host)
-                stack.enter_context(tc.applied(direction, h.iface, port=h.port, runner=runner))
-                runners.append(runner)
-            yield self._observed(conditions, runners[0], h.iface)
+            for host, which in hosts:
+                runner = host.runner() if host is not None else tc.Runner()
+                iface = (host.iface if host is not None else None) or tb.iface
+                direction = conditions.direction(which) if which else conditions.up
+                if backend == "tcp":
+                    kw: dict[str, Any] = {"port": tb.data_port}
+                elif host is not None:
+                    kw = {"peers": [a for a in addresses if a != host.address],
+                          "ssh_port": host.ssh_port or 22}
+                else:
+                    kw = {}  # RPC on one machine: its ports are not known in advance; shape the interface
+                stack.enter_context(tc.applied(direction, iface, runner=runner, **kw))
+                runners.append((runner, iface))
+            state = tc.observed_link_state(runners[0][1], runners[0][0])
+            state["conditions_requested"] = conditions.to_dict()
+            if len(runners) > 1:
+                state["other_hosts"] = [tc.observed_link_state(i, r) for r, i in runners[1:]]
+            yield state
 
     # -- the sweep -----------------------------------------------------------------------------
-    def run(self) -> Path:
+    def run(self) -> SweepResult:
         from tqdm import tqdm
 
         o = self.opts
@@ -296,61 +343,68 @@ class Sweeper:
         meta = self._load_session()
         measured_s = 0.0
         interrupted = False
+        total = 0
+        failed: list[PlannedRun] = []
         try:
             for model in o.models:
-                infos = self.start_workers(model)
-                planned = [p for p in self.plan({model: infos["stage1"]["num_blocks"]}) if p.model == model]
-                todo = [p for p in planned if not (o.resume and self.session.completed(p.run_key))]
-                bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=model, unit="run",
-                           dynamic_ncols=True, disable=None)
-                for network in o.networks:
-                    group = [p for p in todo if p.network == network]
-                    if not group:
-                        continue
-                    with self._tc_context(self.networks[network]) as observed:
-                        for one in group:
-                            record = self._attempt(one, infos, observed, model)
-                            if record is not None:
-                                measured_s += record["summary"].get("measured_window_s") or 0.0
-                            bar.update(1)
-                            self.consolidate(meta, started, measured_s, final=False)
-                bar.close()
-                self.stop_workers()
+                for backend in o.backends:
+                    info = self.start(model, backend)
+                    planned = [p for p in self.plan({model: info["num_blocks"]})
+                               if p.model == model and p.backend == backend]
+                    total += len({p.config_key for p in planned})
+                    todo = [p for p in planned if not (o.resume and self.session.completed(p.run_key))]
+                    bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=f"{model} {backend}",
+                               unit="run", dynamic_ncols=True, disable=None)
+                    for network in o.networks:
+                        group = [p for p in todo if p.network == network]
+                        if not group:
+                            continue
+                        with self._tc_context(backend, self.networks[network]) as observed:
+                            for one in group:
+                                record = self._attempt(one, info, observed, model, backend)
+                                if record is None:
+                                    failed.append(one)
+                                else:
+                                    measured_s += record["summary"].get("measured_window_s") or 0.0
+                                bar.update(1)
+                                self.consolidate(meta, started, measured_s, final=False)
+                    bar.close()
+                    self.stop()
         except KeyboardInterrupt:
             interrupted = True
-            log.warning("interrupted: stopping workers; finished runs stay valid, --resume completes the rest")
+            log.warning("interrupted: stopping the stages; finished runs stay valid, --resume completes the rest")
         finally:
-            self.stop_workers()
+            self.stop()
             meta["interrupted"] = interrupted
-            self.consolidate(meta, started, measured_s, final=True)
+            try:
+                self.consolidate(meta, started, measured_s, final=True)
+            except DiskFullError as exc:
+                log.error("%s", exc)
         if interrupted:
             raise KeyboardInterrupt
         if o.report:
             self._report()
-        return self.dir
+        return SweepResult(self.dir, total, failed)
 
-    def _attempt(self, planned: PlannedRun, infos: dict[str, Any], observed: dict | None,
-                 model: str) -> dict | None:
+    def _attempt(self, planned: PlannedRun, info: dict[str, Any], observed: dict | None, model: str,
+                 backend: str) -> dict | None:
         for attempt in (1, 2):
             try:
-                if not all(w.alive() for w in self.workers.values()):
-                    infos.update(self.start_workers(model))
-                if planned.backend == "rpc":
-                    record = self.run_one_rpc(planned)
-                else:
-                    record = self.run_one(planned, infos["stage1"], observed)
-                self.session.write_run(planned.run_key, record)
+                if self.group is None or not self.group.alive():
+                    info.update(self.start(model, backend))
+                record = self.run_one(planned, info, observed)
+                self._write(lambda: self.session.write_run(planned.run_key, record), self.session.run_path(planned.run_key))
                 return record
+            except DiskFullError:
+                raise
             except (ParetoPipeError, OSError) as exc:
                 self.failures.append({"run_key": planned.run_key, "attempt": attempt, "error": str(exc),
                                       "time_utc": records.utc_now()})
                 log.warning("%s attempt %d failed: %s", planned.run_key, attempt, exc)
-                if planned.backend == "rpc":  # its own fresh processes; the TCP workers are untouched
-                    continue
-                # A half-finished exchange leaves workers in an unknown state: start them afresh.
-                self.stop_workers()
+                # A half-finished exchange leaves the processes in an unknown state: start them afresh.
+                self.stop()
                 try:
-                    infos.update(self.start_workers(model))
+                    info.update(self.start(model, backend))
                 except ParetoPipeError as exc2:
                     self.failures.append({"run_key": planned.run_key, "attempt": attempt,
                                           "error": f"restart failed: {exc2}", "time_utc": records.utc_now()})
@@ -358,9 +412,20 @@ class Sweeper:
                         raise
         return None
 
+    def _write(self, write, path: Path):
+        """Run a write; a full disk becomes one DiskFullError naming the path and the space left."""
+        try:
+            return write()
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = shutil.disk_usage(self.dir).free if self.dir.exists() else 0
+                raise DiskFullError(f"disk full: cannot write {path} ({free} bytes free on that file system); "
+                                    f"free some space and run the sweep again with --resume")
+            raise
+
     def _load_session(self) -> dict[str, Any]:
         opts = dataclasses.asdict(self.opts)
-        opts["hosts"] = {k: v for k, v in opts["hosts"].items() if k != "key"}
+        opts["testbed"] = self.opts.testbed.describe()
         meta = {"schema_version": records.SCHEMA_VERSION, "created_utc": records.utc_now(),
                 "options": opts, "manifest": node_manifest(role="controller"),
                 "networks": {n: c.to_dict() for n, c in self.networks.items()}}
@@ -378,11 +443,8 @@ class Sweeper:
     # -- consolidation -------------------------------------------------------------------------
     def consolidate(self, meta: dict[str, Any], started: float, measured_s: float, final: bool) -> None:
         """runs.csv and session.json after every run; summary.csv (bootstrap CIs) at the end.
-
-        The run JSONs are the source of truth, so a killed sweep loses nothing a later
-        consolidation cannot rebuild.
-        """
-        rows, skipped = self.session.consolidate(self.failures, final)
+        The run records are the source of truth: a later consolidation rebuilds everything else."""
+        rows, skipped = self._write(lambda: self.session.consolidate(self.failures, final), self.dir / "runs.csv")
         wall = time.monotonic() - started
         meta.update({"updated_utc": records.utc_now(), "complete": final and not meta.get("interrupted"),
                      "runs_complete": sum(r["status"] == "complete" for r in rows),
@@ -394,7 +456,7 @@ class Sweeper:
                                         "overhead is everything else (start-up, model builds, warm-up, "
                                         "handshakes, writing)"},
                      "failures": self.failures})
-        self.session.write_meta(meta)
+        self._write(lambda: self.session.write_meta(meta), self.session.meta_path)
 
     def _report(self) -> None:
         from ..analysis import report
@@ -404,9 +466,11 @@ class Sweeper:
 
 def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
     per = opts.warmup + opts.num_batches
-    lines = [f"{len(planned)} runs: models {', '.join(opts.models)} x backends {', '.join(opts.backends)} x "
-             f"networks {', '.join(opts.networks)} x splits ({opts.splits}) x {opts.runs} runs; "
-             f"{per} batches of {opts.batch_size} each ({opts.warmup} warm-up)"]
+    where = ("locally" if not opts.testbed.remote else
+             "on " + ", ".join(f"{h.address} ({h.device})" for h in opts.testbed.hosts))
+    lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)} x "
+             f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
+             f"{opts.runs} runs; {per} batches of {opts.batch_size} each ({opts.warmup} warm-up)"]
     lines += [f"  {p.run_key}" for p in planned[:10]]
     if len(planned) > 10:
         lines.append(f"  ... and {len(planned) - 10} more")

@@ -2,9 +2,11 @@
 
 The sweeper starts one worker per stage and model, and re-partitions in place for every
 configuration, so process start-up and model build are paid once per model, not per run.
-Commands (one JSON object per line, each checked field by field): ``serve`` (stage 1: listen,
-answer ``listening``, run), ``connect`` (stage 2: connect, run, answer with the run record),
-``quit``. Nothing received is evaluated; JSON only.
+Commands (one JSON object per line, each checked field by field): stage 1 takes ``listen`` (open
+the data port once) and ``run`` (one run over the current session, answered with the record);
+stage 2 takes ``connect`` (connect, authenticate, then serve stage 1's runs in the background);
+both take ``quit``. Nothing received is evaluated; JSON only. The shared secret travels in these
+commands (over the SSH channel), never on a command line.
 """
 
 from __future__ import annotations
@@ -15,22 +17,32 @@ import json
 import logging
 import os
 import sys
+import threading
 from typing import Any, Sequence
 
 from .. import cpushare, strict
 from ..errors import ParetoPipeError, UsageError
 
 log = logging.getLogger("paretopipe.worker")
+_EMIT_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
-class ServeCommand:
-    """Stage 1: listen on ``host:port`` (0 = any free port) and serve one run."""
+class ListenCommand:
+    """Stage 1: open the data port on ``host:port`` (0 = any free port) and accept stage 2 sessions."""
+
+    cmd: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    secret: str | None = None
+
+
+@dataclasses.dataclass
+class RunCommand:
+    """Stage 1: one run over the current session (waiting up to ``connect_timeout`` for one)."""
 
     cmd: str
     config: dict[str, Any]
-    host: str = "127.0.0.1"
-    port: int = 0
     conditions: dict[str, Any] | None = None
     observed_link: dict[str, Any] | None = None
     connect_timeout: float = 60.0
@@ -38,56 +50,86 @@ class ServeCommand:
 
 @dataclasses.dataclass
 class ConnectCommand:
-    """Stage 2: connect to stage 1 at ``host:port`` and run."""
+    """Stage 2: connect to stage 1 at ``host:port`` and serve its runs until it says goodbye."""
 
     cmd: str
-    config: dict[str, Any]
     host: str
     port: int
-    observed_link: dict[str, Any] | None = None
+    secret: str | None = None
     connect_timeout: float = 60.0
+    timeout: float = 60.0
 
 
-COMMANDS = {"serve": ServeCommand, "connect": ConnectCommand}
+COMMANDS = {"stage1": {"listen": ListenCommand, "run": RunCommand}, "stage2": {"connect": ConnectCommand}}
 
 
 def _emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    sys.stdout.flush()
+    with _EMIT_LOCK:
+        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+        sys.stdout.flush()
 
 
-def handle(role: str, msg: dict[str, Any], builder, limits: dict[str, Any]) -> None:
-    """Run one command; errors become an ``error`` event (the worker itself stays up)."""
-    from ..network.conditions import NetworkConditions
-    from ..transport import tcp
-    from ..transport.runconfig import RunConfig
+class StageWorker:
+    """The state of one stage process between commands: its model, its listener or its session."""
 
-    name = msg.get("cmd")
-    wanted = {"stage1": "serve", "stage2": "connect"}[role]
-    if name != wanted:
-        raise UsageError(f"{role} does not understand {str(name)[:40]!r} (it takes {wanted!r} and 'quit')")
-    cmd = strict.from_dict(COMMANDS[name], msg, f"{name} command")
-    cfg = RunConfig.from_dict(cmd.config)
-    threads = limits.get("torch_threads")
-    if isinstance(cmd, ServeCommand):
-        listener = tcp.listen(cmd.host, cmd.port)
-        try:
-            _emit({"event": "listening", "port": listener.getsockname()[1]})
+    def __init__(self, role: str, builder, limits: dict[str, Any]) -> None:
+        self.role, self.builder, self.limits = role, builder, limits
+        self.listener = None
+        self.session = None
+        self.serving: threading.Thread | None = None
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        """Run one command; errors become an ``error`` event (the worker itself stays up)."""
+        from ..network.conditions import NetworkConditions
+        from ..transport import auth, tcp
+        from ..transport.runconfig import RunConfig
+
+        name = msg.get("cmd")
+        known = COMMANDS[self.role]
+        if name not in known:
+            raise UsageError(f"{self.role} does not understand {str(name)[:40]!r} "
+                             f"(it takes {', '.join(known)} and quit)")
+        cmd = strict.from_dict(known[name], msg, f"{name} command")
+        threads = self.limits.get("torch_threads")
+        if isinstance(cmd, ListenCommand):
+            if self.listener is None:
+                self.listener = tcp.StageListener(tcp.listen(cmd.host, cmd.port), tcp.identity_of(self.builder),
+                                                  auth.load_secret(cmd.secret or ""))
+            _emit({"event": "listening", "port": self.listener.port})
+        elif isinstance(cmd, RunCommand):
+            if self.listener is None:
+                raise UsageError("run before listen: stage 1 has no data port yet")
+            cfg = RunConfig.from_dict(cmd.config)
+            self.session = self.listener.session(cmd.connect_timeout, self.session)
             conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
-            outcome = tcp.run_stage1(listener, builder, cfg, conditions=conditions,
-                                     connect_timeout=cmd.connect_timeout, output_dir=None,
-                                     observed_link=cmd.observed_link, threads=threads, limits=limits)
-        finally:
-            listener.close()
-        _emit({"event": "done", "status": outcome.record["status"]})
-    else:
-        sock = tcp.connect_with_retry(cmd.host, cmd.port, cmd.connect_timeout)
-        outcome = tcp.run_stage2(sock, builder, cfg, output_dir=None, observed_link=cmd.observed_link,
-                                 threads=threads, limits=limits)
-        _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
+            outcome = tcp.run_on_session(self.session, self.builder, cfg, conditions=conditions,
+                                         observed_link=cmd.observed_link, threads=threads, limits=self.limits)
+            _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
+        else:
+            if self.serving is not None and self.serving.is_alive():
+                raise UsageError("stage 2 is already serving a session")
+            sock = tcp.connect_with_retry(cmd.host, cmd.port, cmd.connect_timeout)
+            session = tcp.open_session(sock, self.builder, secret=auth.load_secret(cmd.secret or ""))
+            _emit({"event": "connected"})
+
+            def serve() -> None:
+                try:
+                    tcp.serve_session(session, self.builder, threads=threads, limits=self.limits, timeout_s=cmd.timeout)
+                    _emit({"event": "session_ended", "error": None})
+                except (ParetoPipeError, OSError) as exc:
+                    _emit({"event": "session_ended", "error": str(exc)})
+
+            self.serving = threading.Thread(target=serve, name="stage2-session", daemon=True)
+            self.serving.start()
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close(bye=True)
+        if self.listener is not None:
+            self.listener.close()
 
 
-def serve_forever(role: str, builder, limits: dict[str, Any]) -> None:
+def serve_forever(worker: StageWorker) -> None:
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -98,12 +140,13 @@ def serve_forever(role: str, builder, limits: dict[str, Any]) -> None:
             _emit({"event": "error", "error": "command is not JSON"})
             continue
         if isinstance(msg, dict) and msg.get("cmd") == "quit":
+            worker.close()
             _emit({"event": "bye"})
             return
         try:
             if not isinstance(msg, dict):
                 raise UsageError("a command must be a JSON object")
-            handle(role, msg, builder, limits)
+            worker.handle(msg)
         except (ParetoPipeError, OSError) as exc:
             _emit({"event": "error", "error": str(exc) or type(exc).__name__})
 
@@ -140,11 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
            "num_blocks": part.num_blocks, "block_cuts": [part.block_cut(k) for k in range(part.num_blocks + 1)],
            "payload_bytes_per_image": [part.payload_nbytes(part.block_cut(k), 1) for k in range(part.num_blocks + 1)],
            "limits": limits})
+    worker = StageWorker(args.role, builder, limits)
     try:
-        serve_forever(args.role, builder, limits)
+        serve_forever(worker)
     except KeyboardInterrupt:
         return 130
     finally:
+        worker.close()
         if share is not None:
             cpushare.release(share, os.getpid())
     return 0

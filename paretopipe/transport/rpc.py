@@ -1,14 +1,17 @@
 """PyTorch RPC backend: an N-stage pipeline over torch.distributed.rpc (TensorPipe).
 
-Rank 0 (``master``) holds the data; ranks 1..N each build their own stage from the model name,
-the cuts and the weights (no module ever crosses the network) and check the weights fingerprint
-with the master before any batch moves. A batch travels master -> worker1 -> worker2 -> ... ->
-last worker, each worker forwarding straight to the next; the last worker hands the result to the
-master, which stamps it on its own monotonic clock. Workers measure their own durations and the
-master matches results to batches by sequence number (RPC does not keep order).
+Rank 0 (``master``) holds the data. Every other rank builds the model itself (no module ever
+crosses the network) and, before each run, is *configured* by the master: its stage's cuts, where
+to send its output, and its link's direction; it re-partitions in place, so ranks live for a whole
+sweep. A batch travels master -> stage 1 -> ... -> last stage, each stage forwarding straight to
+the next; the last stage hands the result to the master, which stamps it on its own monotonic clock.
+
+Where the data source sits is a choice (``source``): ``master`` (the anchor's layout: the master
+only holds the data, so the input crosses one extra socket before stage 1) or ``stage1`` (the
+master computes stage 1 itself, as the TCP backend's stage 1 does; one rank fewer).
 
 Trust: torch.distributed.rpc serialises Python arguments with pickle on its wire. We send only
-tensors, integers and small lists of floats, but the transport itself must only ever connect
+tensors, numbers, short strings and small lists, but the transport itself must only ever connect
 hosts you trust, on a private network. The TCP backend has no such caveat.
 """
 
@@ -25,7 +28,7 @@ import torch.distributed.rpc as rpc
 from .. import records
 from ..errors import PeerError, UsageError
 from ..manifest import node_manifest
-from ..network.conditions import NetworkConditions
+from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import EmulatedLink, LinkSender
 from ..partition.stages import StageBuilder, StageTimer
 from ..sysmon import SystemMonitor
@@ -37,6 +40,7 @@ log = logging.getLogger("paretopipe.rpc")
 
 MASTER = "master"
 TRANSPORTS = ("uv", "auto")
+SOURCES = ("master", "stage1")
 _STATE: dict[str, Any] = {}
 
 
@@ -65,25 +69,28 @@ def init(rank: int, world_size: int, master_addr: str, master_port: int, transpo
             "num_worker_threads": num_threads}
 
 
-# -- worker side ----------------------------------------------------------------------------------
-def setup_worker(builder: StageBuilder, cuts: list[str], stage_index: int, next_name: str,
-                 conditions: NetworkConditions | None, seed: int = 0, last: bool = False) -> None:
-    """Prepare this process's stage before joining: the master may call in at once. The last
-    stage sends results back (the down direction); every other stage sends activations up."""
-    direction = None if conditions is None else (conditions.down if last else conditions.up)
-    link = EmulatedLink(direction, seed=seed + stage_index) if direction is not None else None
-    _STATE.update(builder=builder, stage=builder.stage(cuts, stage_index), index=stage_index,
-                  next=next_name, timer=StageTimer(builder.device), lock=threading.Lock(),
-                  sender=LinkSender(link, f"rpc-send-{stage_index}"), cuts=list(cuts),
-                  manifest=node_manifest(builder.device, role=f"stage{stage_index + 1}",
-                                         weights_fingerprint=builder.fingerprint))
+def set_builder(builder: StageBuilder, rank: int) -> None:
+    """What this rank built; the master may configure it as soon as it has joined."""
+    _STATE.update(builder=builder, rank=rank, lock=threading.Lock(), timer=StageTimer(builder.device),
+                  manifest=node_manifest(builder.device, role=f"rank{rank}", weights_fingerprint=builder.fingerprint))
 
 
-def stage_info() -> dict[str, Any]:
-    """Called by the master: what this worker built (its handshake)."""
-    b = _STATE["builder"]
-    return {"model": b.name, "fingerprint": b.fingerprint, "cuts": _STATE["cuts"], "stage": _STATE["index"],
-            "manifest": _STATE["manifest"]}
+# -- a stage rank ---------------------------------------------------------------------------------
+def configure(stage_index: int, cuts: list[str], next_name: str, direction: dict[str, Any] | None,
+              seed: int) -> dict[str, Any]:
+    """Called by the master before a run: become stage ``stage_index`` for ``cuts`` (re-partitioned
+    in place), send to ``next_name`` over an emulated ``direction`` (if any); returns what this
+    rank built, the master's check that it runs the same model, weights and cuts."""
+    st = _STATE
+    b: StageBuilder = st["builder"]
+    old = st.get("sender")
+    if old is not None:
+        old.close()
+    link = EmulatedLink(Direction.from_dict(direction), seed=seed + stage_index) if direction else None
+    st.update(stage=b.stage(list(cuts), stage_index), index=stage_index, next=next_name, cuts=list(cuts),
+              sender=LinkSender(link, f"rpc-send-{stage_index}"))
+    return {"model": b.name, "fingerprint": b.fingerprint, "cuts": list(cuts), "stage": stage_index,
+            "manifest": {**st["manifest"], "role": f"stage{stage_index + 1}"}}
 
 
 def forward(seq: int, x: torch.Tensor, hops: list[list[float]]) -> None:
@@ -108,7 +115,7 @@ def _check(fut) -> None:
         log.error("forwarding failed: %s", exc)
 
 
-# -- master side ----------------------------------------------------------------------------------
+# -- the master -----------------------------------------------------------------------------------
 def deliver(seq: int, result: torch.Tensor, hops: list[list[float]]) -> None:
     """Runs on the master when the last stage hands back a result."""
     now = time.monotonic()
@@ -119,65 +126,103 @@ def deliver(seq: int, result: torch.Tensor, hops: list[list[float]]) -> None:
         _STATE["schedule"].unblock()
 
 
-def _hop_fields(result: torch.Tensor, hops: list[list[float]]) -> dict[str, Any]:
+def _hop_fields(result: torch.Tensor, hops: list[list[float]], first: int) -> dict[str, Any]:
+    """Per-stage durations and the bytes each hop carried; ``first`` is the first stage's number
+    among the ranks' hops (stage 1 reports its own when the master computes it)."""
     out: dict[str, Any] = {"hop_bytes": []}
-    for i, (queue_s, compute_s, in_bytes) in enumerate(hops, start=1):
+    for i, (queue_s, compute_s, in_bytes) in enumerate(hops, start=first):
         out[f"stage{i}_queue_s"] = queue_s
         out[f"stage{i}_compute_s"] = compute_s
         out["hop_bytes"].append(int(in_bytes))
     out["hop_bytes"].append(int(result.numel() * result.element_size()))
-    # The tensor crossing the first cut (stage 1 -> stage 2) is the split's payload.
-    out["payload_bytes"] = out["wire_bytes"] = out["hop_bytes"][1] if len(hops) > 1 else None
-    out["result_wire_bytes"] = out["hop_bytes"][-1]
     return out
 
 
-def run_master(cfg: RunConfig, world_size: int, num_partitions: int, fingerprint: str,
+def layout(num_stages: int, source: str) -> list[int]:
+    """The rank of each stage (0-based): ``master`` puts stage j on rank j + 1 (the master only
+    holds the data); ``stage1`` puts stage j on rank j, the first stage on the master itself."""
+    if source not in SOURCES:
+        raise UsageError(f"--rpc-source {source!r}: valid {', '.join(SOURCES)}")
+    return list(range(1, num_stages + 1)) if source == "master" else list(range(num_stages))
+
+
+def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
                conditions: NetworkConditions | None = None, keep_outputs: bool = False,
-               transport: dict | None = None,
+               transport: dict | None = None, limits: dict[str, Any] | None = None,
+               observed_link: dict[str, Any] | None = None,
                check_alive: Callable[[], None] | None = None) -> tuple[dict[str, Any], list[torch.Tensor] | None]:
-    """Drive the run from rank 0; returns (record, outputs). Raises :class:`PeerError` when the
-    workers built something else (nothing ran); a dead or silent worker gives an incomplete record."""
-    stages = [rpc.rpc_sync(worker_name(r), stage_info, timeout=cfg.timeout_s) for r in range(1, num_partitions + 1)]
-    for info in stages:
-        problems = [f"{k}: master {want!r}, worker{info['stage'] + 1} {info[k]!r}"
-                    for k, want in (("model", cfg.model), ("cuts", list(cfg.cuts)), ("fingerprint", fingerprint))
+    """Configure the stage ranks for ``cfg`` and drive one run from rank 0; returns (record, outputs).
+    Raises :class:`PeerError` when a rank built something else (nothing ran); a dead or silent rank
+    gives an incomplete record."""
+    n = len(cfg.cuts) + 1
+    ranks = layout(n, source)
+    emulated = conditions is not None and cfg.link_mode == "emulated"
+
+    def direction(stage: int) -> dict[str, Any] | None:
+        if not emulated:
+            return None
+        return (conditions.down if stage == n - 1 else conditions.up).to_dict()
+
+    infos = []
+    local_stage = None
+    for j, rank in enumerate(ranks):
+        nxt = MASTER if j == n - 1 else worker_name(ranks[j + 1])
+        if rank == 0:  # the master computes stage 1 itself
+            local_stage = builder.stage(list(cfg.cuts), 0)
+            continue
+        infos.append(rpc.rpc_sync(worker_name(rank), configure, args=(j, list(cfg.cuts), nxt, direction(j), cfg.seed),
+                                  timeout=cfg.timeout_s))
+    for info in infos:
+        problems = [f"{k}: master {want!r}, {worker_name(ranks[info['stage']])} {info[k]!r}"
+                    for k, want in (("model", cfg.model), ("cuts", list(cfg.cuts)), ("fingerprint", builder.fingerprint))
                     if info[k] != want]
         if problems:
             raise PeerError("handshake mismatch: " + "; ".join(problems))
-    from ..partition import models
-
     schedule = BatchSchedule(cfg)
     outputs: dict[int, torch.Tensor] = {}
+    first_remote = 2 if local_stage is not None else 1
 
     def on_result(seq: int, now: float, result: torch.Tensor, hops: list[list[float]]) -> None:
-        schedule.complete(seq, now, **_hop_fields(result, hops))
+        fields = _hop_fields(result, hops, first_remote)
+        if local_stage is not None:
+            fields["hop_bytes"].insert(0, schedule.batches[seq]["input_bytes"])
+        # The tensor crossing the first cut (stage 1 -> stage 2) is the split's payload.
+        fields["payload_bytes"] = fields["wire_bytes"] = fields["hop_bytes"][1] if n > 1 else None
+        fields["result_wire_bytes"] = fields["hop_bytes"][-1]
+        schedule.complete(seq, now, **fields)
         if keep_outputs:
             outputs[seq] = result
 
     _STATE.update(schedule=schedule, on_result=on_result, error=None)
-    link = EmulatedLink(conditions.up, seed=cfg.seed) if conditions is not None else None
-    sender = LinkSender(link, "rpc-send-master")
+    up = EmulatedLink(conditions.up, seed=cfg.seed) if emulated else None
+    sender = LinkSender(up, "rpc-send-master")
+    timer = StageTimer(builder.device)
+    first = worker_name(ranks[1] if local_stage is not None else ranks[0])
 
     def check() -> None:
         if _STATE.get("error") is not None:
             raise PeerError(f"a result could not be used: {_STATE['error']}")
         if sender.error is not None:
-            raise PeerError(f"sending to worker1 failed: {sender.error}")
+            raise PeerError(f"sending to {first} failed: {sender.error}")
         if check_alive is not None:
             check_alive()
 
-    size = models.input_size(cfg.model)
     failure: BaseException | None = None
-    with SystemMonitor() as mon:
+    with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
         try:
-            batches = inputs.batches(cfg.dataset, cfg.batch_size, size, schedule.total, cfg.data_dir, cfg.seed)
+            batches = inputs.batches(cfg.dataset, cfg.batch_size, builder.input_size, schedule.total, cfg.data_dir,
+                                     cfg.seed)
             for seq in range(schedule.total):
                 x = next(batches)
                 schedule.acquire(check)
-                schedule.start(seq, input_bytes=x.numel() * x.element_size())
+                rec = schedule.start(seq, input_bytes=x.numel() * x.element_size())
+                hops: list[list[float]] = []
+                if local_stage is not None:
+                    out, compute_s = timer.run(local_stage, x, builder.device)
+                    x = out.detach().cpu().contiguous()
+                    rec["stage1_compute_s"] = compute_s
                 sender.submit(x.numel() * x.element_size(),
-                              lambda s=seq, x=x: rpc.rpc_async(worker_name(1), forward, args=(s, x, []))
+                              lambda s=seq, x=x, h=hops: rpc.rpc_async(first, forward, args=(s, x, h))
                               .add_done_callback(_check))
             schedule.wait_finished(check, cfg.timeout_s * cfg.in_flight)
         except (PeerError, RuntimeError, KeyboardInterrupt) as exc:
@@ -185,10 +230,14 @@ def run_master(cfg: RunConfig, world_size: int, num_partitions: int, fingerprint
         finally:
             sender.close()
     status, error = status_of(failure)
-    manifest = {"stages": [node_manifest(role="master")] + [i["manifest"] for i in stages],
-                "link": ({"mode": "emulated", "conditions": conditions.to_dict()} if conditions is not None
-                         else {"mode": "none"}), "rpc": transport or {}}
-    config = cfg.replace(world_size=world_size, num_partitions=num_partitions).to_dict()
+    master = node_manifest(builder.device, role="master" if local_stage is None else "master+stage1",
+                           weights_fingerprint=builder.fingerprint, limits=limits)
+    manifest = {"stages": [master] + [i["manifest"] for i in infos],
+                "link": observed_link or ({"mode": "emulated", "conditions": conditions.to_dict()} if emulated
+                                          else {"mode": "none"}),
+                "rpc": {**(transport or {}), "source": source, "stage_ranks": ranks}}
+    world = max(ranks) + 1
+    config = cfg.replace(world_size=cfg.world_size or world, num_partitions=n).to_dict()
     record = records.build_run_record(backend="rpc", run_id=records.new_run_id(cfg.model, "-".join(cfg.cuts)),
                                       status=status, error=error, config=config, manifest=manifest,
                                       batches=schedule.records(), sysmon={"master": mon.summary()},

@@ -45,6 +45,7 @@ class RunConfig:
     stage_limits: dict[str, Any] | None = None
     # The RPC backend's own settings.
     rpc_transport: str | None = None
+    rpc_source: str | None = None
     use_pipelining: bool | None = None
     world_size: int | None = None
     num_partitions: int | None = None

@@ -1,0 +1,49 @@
+"""``paretopipe lab`` (and ``netem/lab.sh``): a lab of namespace hosts with their own sshd."""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
+
+
+def parser(prog: str = "paretopipe lab") -> ArgumentParser:
+    top = ArgumentParser(
+        prog=prog, formatter_class=HelpFormatter,
+        description="A lab of N hosts on this machine: network namespaces on a bridge, each with an address, an "
+                    "eth0 and its own key-only sshd. 'up' writes a .env that points the sweeper at them as a "
+                    "user's .env points at Pis; 'down' removes everything. Needs root.",
+        epilog=example_epilog("sudo paretopipe lab up --hosts 2",
+                              "sudo paretopipe sweep --env-file /tmp/paretopipe-lab-pplab/lab.env --model mobilenetv2 "
+                              "--network lan --link tc",
+                              "sudo paretopipe lab down"))
+    sub = top.add_subparsers(dest="cmd", required=True, parser_class=ArgumentParser)
+    up = sub.add_parser("up", help="create the lab (replacing one of the same name)", formatter_class=HelpFormatter)
+    up.add_argument("--hosts", type=positive_int, default=2, help="how many hosts (2..8)")
+    up.add_argument("--subnet", type=int, default=0, help="S in 10.77.S.0/24")
+    up.add_argument("--env", default=None, help="also write the lab's .env here (it is always in the lab's folder)")
+    up.add_argument("--remote-dir", default=None, help="REMOTE_DIR of the .env (where this package is, if not given)")
+    for p in (up, sub.add_parser("down", help="remove the lab"), sub.add_parser("status", help="what is up")):
+        p.add_argument("--name", default="pplab", help="lab name (1-8 lowercase letters and digits)")
+        add_common_flags(p)
+    return top
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "paretopipe lab") -> int:
+    from ..runners import lab
+
+    args = parser(prog).parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    if args.cmd == "up":
+        made = lab.up(args.name, args.hosts, args.subnet, args.env, args.remote_dir)
+        print(f"lab {made.name} up: {made.hosts} hosts {', '.join(made.addresses())} on bridge {made.bridge} "
+              f"({made.gateway}); sshd on each; .env: {made.env_file}")
+        return 0
+    if args.cmd == "down":
+        lab.require_root()
+        removed = lab.down(args.name)
+        print(f"lab {args.name} down" + (f": removed {', '.join(removed)}" if removed else " (nothing was up)"))
+        return 0
+    print(json.dumps(lab.status(args.name), indent=1))
+    return 0

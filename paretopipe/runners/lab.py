@@ -1,0 +1,291 @@
+"""A lab of N hosts on one machine: network namespaces on a bridge, each with an ``eth0``, an
+address and its own sshd (key-only, a throwaway host key, authorized_keys in a temporary folder).
+
+    root namespace: bridge <name>-br 10.77.S.1/24 (the controller reaches the hosts through it)
+      host i: namespace <name>-h<i>, eth0 10.77.S.(10 + i)/24, sshd on port 22 of that address
+
+``up`` writes a ``.env`` that points the sweeper at these hosts exactly as a user's ``.env`` points
+at Pis (SSH_USER=root, the lab's key and known_hosts, IFACE=eth0, a fresh shared secret), and
+``down`` removes everything ``up`` made, sshd stopped by its PID. Root only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import NetemError, UsageError
+
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+MAX_HOSTS = 8
+SSHD = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
+
+
+def state_dir(name: str) -> Path:
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"paretopipe-lab-{name}"
+
+
+@dataclasses.dataclass
+class Lab:
+    name: str
+    hosts: int
+    subnet: int                      # the third octet of 10.77.S.0/24
+    dir: Path
+    sshd_pids: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.name}-br"
+
+    @property
+    def gateway(self) -> str:
+        return f"10.77.{self.subnet}.1"
+
+    def namespace(self, i: int) -> str:
+        return f"{self.name}-h{i}"
+
+    def address(self, i: int) -> str:
+        return f"10.77.{self.subnet}.{10 + i}"
+
+    def veth(self, i: int) -> str:
+        return f"{self.name}h{i}"
+
+    @property
+    def key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def env_file(self) -> Path:
+        return self.dir / "lab.env"
+
+    def addresses(self) -> list[str]:
+        return [self.address(i) for i in range(1, self.hosts + 1)]
+
+    def save(self) -> None:
+        (self.dir / "state.json").write_text(json.dumps({**dataclasses.asdict(self), "dir": str(self.dir)}, indent=1))
+
+    @classmethod
+    def load(cls, name: str) -> "Lab | None":
+        path = state_dir(name) / "state.json"
+        try:
+            data = json.loads(path.read_text())
+            return cls(name=data["name"], hosts=int(data["hosts"]), subnet=int(data["subnet"]), dir=Path(data["dir"]),
+                       sshd_pids=[int(p) for p in data.get("sshd_pids", [])])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def _run(*argv: str, check: bool = True, ns: str | None = None) -> subprocess.CompletedProcess:
+    full = (["ip", "netns", "exec", ns] if ns else []) + list(argv)
+    out = subprocess.run(full, capture_output=True, text=True, timeout=30)
+    if check and out.returncode != 0:
+        raise NetemError(f"{' '.join(full)} failed: {' '.join(out.stderr.split()) or out.returncode}")
+    return out
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise UsageError("the lab needs root (network namespaces, a bridge, sshd): run it with sudo")
+    missing = [tool for tool in ("ip", "tc", "ssh", "ssh-keygen") if shutil.which(tool) is None]
+    if not any(Path(p).exists() for p in SSHD):
+        missing.append("sshd")
+    if missing:
+        raise UsageError(f"the lab needs {', '.join(missing)}: apt-get install iproute2 openssh-server openssh-client")
+
+
+def _check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise UsageError(f"lab name {name!r}: 1-8 lowercase letters and digits, starting with a letter")
+    return name
+
+
+def up(name: str = "pplab", hosts: int = 2, subnet: int = 0, env_out: str | Path | None = None,
+       remote_dir: str | None = None, remote_python: str | None = None) -> Lab:
+    """Create the lab (after removing any earlier one of that name); returns it."""
+    _check_name(name)
+    if not 2 <= hosts <= MAX_HOSTS:
+        raise UsageError(f"--hosts {hosts}: a lab has 2..{MAX_HOSTS} hosts")
+    if not 0 <= subnet <= 255:
+        raise UsageError(f"--subnet {subnet}: the third octet of 10.77.S.0/24, 0..255")
+    require_root()
+    down(name)
+    lab = Lab(name, hosts, subnet, state_dir(name))
+    lab.dir.mkdir(parents=True, mode=0o700)
+    lab.save()  # so that down() can undo a half-made lab
+    try:
+        _network(lab)
+        _sshd(lab)
+    except BaseException:
+        down(name)
+        raise
+    lab.save()
+    _write_env(lab, env_out, remote_dir, remote_python)
+    return lab
+
+
+def _network(lab: Lab) -> None:
+    _run("ip", "link", "add", lab.bridge, "type", "bridge")
+    _run("ip", "addr", "add", f"{lab.gateway}/24", "dev", lab.bridge)
+    _run("ip", "link", "set", lab.bridge, "up")
+    for i in range(1, lab.hosts + 1):
+        ns, veth = lab.namespace(i), lab.veth(i)
+        _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        _run("ip", "link", "set", f"{veth}p", "netns", ns)
+        _run("ip", "link", "set", f"{veth}p", "name", "eth0", ns=ns)
+        _run("ip", "addr", "add", f"{lab.address(i)}/24", "dev", "eth0", ns=ns)
+        _run("ip", "link", "set", "lo", "up", ns=ns)
+        _run("ip", "link", "set", "eth0", "up", ns=ns)
+        _run("ip", "link", "set", veth, "master", lab.bridge)
+        _run("ip", "link", "set", veth, "up")
+
+
+def _sshd(lab: Lab) -> None:
+    sshd = next(p for p in SSHD if Path(p).exists())
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(lab.key)], check=True)
+    (lab.dir / "authorized_keys").write_text(lab.key.with_suffix(".pub").read_text())
+    os.makedirs("/run/sshd", exist_ok=True)
+    known = []
+    for i in range(1, lab.hosts + 1):
+        host_key = lab.dir / f"host{i}_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
+        known.append(f"{lab.address(i)} {' '.join(host_key.with_suffix('.pub').read_text().split()[:2])}")
+        config = lab.dir / f"sshd{i}.conf"
+        pid_file = lab.dir / f"sshd{i}.pid"
+        config.write_text(f"""ListenAddress {lab.address(i)}
+Port 22
+HostKey {host_key}
+AuthorizedKeysFile {lab.dir / 'authorized_keys'}
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+PidFile {pid_file}
+""")
+        _run(sshd, "-f", str(config), ns=lab.namespace(i))
+        deadline = time.monotonic() + 10
+        while not _read_pid(pid_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = _read_pid(pid_file)
+        if not pid:
+            raise NetemError(f"sshd in {lab.namespace(i)} did not start")
+        lab.sshd_pids.append(pid)
+        lab.save()
+    lab.known_hosts.write_text("\n".join(known) + "\n")
+    for i in range(1, lab.hosts + 1):  # every sshd answers before up() returns
+        _wait_ssh(lab, i)
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()  # sshd may have created it and not yet written it
+        return int(text) if text.isdigit() else None
+    except OSError:
+        return None
+
+
+def _wait_ssh(lab: Lab, i: int) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        out = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={lab.known_hosts}",
+                              "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=3", "-i", str(lab.key),
+                              "--", f"root@{lab.address(i)}", "true"], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise NetemError(f"cannot ssh to lab host {lab.address(i)}: {out.stderr.strip()[-200:]}")
+        time.sleep(0.2)
+
+
+def _write_env(lab: Lab, env_out: str | Path | None, remote_dir: str | None, remote_python: str | None) -> None:
+    root = Path(__file__).resolve().parents[2] if remote_dir is None else Path(remote_dir)
+    text = f"""# Written by `paretopipe lab up` for the lab {lab.name!r}: {lab.hosts} namespace hosts with their own sshd.
+# Point the sweeper at it with --env-file {lab.env_file}; `paretopipe lab down` removes it all.
+HOSTS={','.join(lab.addresses())}
+SSH_USER=root
+SSH_KEY={lab.key}
+SSH_KNOWN_HOSTS={lab.known_hosts}
+SSH_PORT=22
+REMOTE_DIR={root}
+REMOTE_PYTHON={remote_python or sys.executable}
+PORT=5555
+MASTER_PORT=29500
+IFACE=eth0
+PARETOPIPE_SECRET={secrets.token_hex(16)}
+"""
+    lab.env_file.write_text(text)
+    if env_out is not None:
+        out = Path(env_out)
+        if out.exists() and "Written by `paretopipe lab up`" not in out.read_text(errors="replace"):
+            raise UsageError(f"{out} exists and was not written by the lab: not overwriting it (give --env another path)")
+        out.write_text(text)
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
+def down(name: str = "pplab") -> list[str]:
+    """Remove what ``up`` made: sshd (by PID), namespaces (with their qdiscs), veths, bridge, files."""
+    _check_name(name)
+    removed = []
+    lab = Lab.load(name)
+    # The recorded PIDs, and any sshd still started with one of this lab's configs (a half-made lab's
+    # last one): never someone else's process.
+    marker = f"{state_dir(name)}/sshd".encode()
+    pids = set(lab.sshd_pids if lab else [])
+    pids |= {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(b"sshd")
+             and marker in _cmdline(p)}
+    for pid in sorted(pids):
+        if b"sshd" in _cmdline(Path(f"/proc/{pid}")) and marker in _cmdline(Path(f"/proc/{pid}")):
+            try:
+                os.kill(pid, signal.SIGTERM)
+                removed.append(f"sshd {pid}")
+            except ProcessLookupError:
+                pass
+    namespaces = _run("ip", "netns", "list", check=False).stdout.split("\n")
+    for line in namespaces:
+        ns = line.split(" ")[0]
+        if re.fullmatch(rf"{re.escape(name)}-h\d+", ns):
+            _run("ip", "netns", "del", ns, check=False)
+            removed.append(f"namespace {ns}")
+    links = _run("ip", "-o", "link", "show", check=False).stdout.split("\n")
+    for line in links:
+        parts = line.split(":")
+        if len(parts) > 1:
+            link = parts[1].strip().split("@")[0]
+            if link == f"{name}-br" or re.fullmatch(rf"{re.escape(name)}h\d+", link):
+                _run("ip", "link", "del", link, check=False)
+                removed.append(f"link {link}")
+    if lab is not None or state_dir(name).exists():
+        shutil.rmtree(state_dir(name), ignore_errors=True)
+    return removed
+
+
+def status(name: str = "pplab") -> dict[str, Any]:
+    _check_name(name)
+    lab = Lab.load(name)
+    namespaces = [line.split(" ")[0] for line in _run("ip", "netns", "list", check=False).stdout.split("\n")
+                  if line.startswith(f"{name}-h")]
+    return {"name": name, "up": lab is not None and bool(namespaces), "namespaces": namespaces,
+            "hosts": lab.addresses() if lab else [], "env_file": str(lab.env_file) if lab else None,
+            "sshd_pids": [p for p in (lab.sshd_pids if lab else []) if Path(f"/proc/{p}").exists()]}

@@ -1,0 +1,194 @@
+"""The long-lived processes of a sweep, for one model: a pair of TCP stage workers, or a group of
+RPC ranks. Each lives here or on a testbed host, is started once per model (its weights come from
+the cache), re-partitions in place for every configuration, and is stopped by the PID it reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+from typing import Any
+
+from ..errors import PeerError, UsageError
+from .hosts import Host, StageProcess, Testbed
+
+WORKER = "paretopipe.runners.worker"
+RANKS = "paretopipe.runners.rpc_ranks"
+
+
+@dataclasses.dataclass
+class Placement:
+    """How the sweep runs its stages: devices, threads, CPU pinning and shares per stage."""
+
+    testbed: Testbed
+    devices: list[str]                  # one per stage (local runs)
+    threads: list[int | None]           # torch threads per stage
+    cpu_shares: list[float | None]
+    pin: bool = True                    # local: each stage on its own share of the cores
+    wait_time: float = 120.0
+    num_classes: int = 10
+    weights: str | None = None
+
+    def local_cpus(self, stage: int, stages: int) -> str | None:
+        cores = os.cpu_count() or 1
+        if not self.pin or cores < stages:
+            return None
+        per = cores // stages
+        return f"{stage * per}-{stage * per + per - 1}"
+
+    def threads_for(self, stage: int, stages: int) -> int:
+        return self.threads[stage] if stage < len(self.threads) and self.threads[stage] else \
+            max(1, (os.cpu_count() or 1) // stages)
+
+    def device_for(self, stage: int, host: Host | None) -> str:
+        if host is not None:
+            return host.device
+        return self.devices[stage] if stage < len(self.devices) else "cpu"
+
+    def model_args(self, model: str) -> list[str]:
+        out = ["--model", model, "--num-classes", str(self.num_classes)]
+        return out + (["--weights", self.weights] if self.weights else [])
+
+
+def _spawn(role: str, module: str, args: list[str], host: Host | None, env: dict[str, str] | None = None) -> StageProcess:
+    if host is None:
+        return StageProcess(role, [sys.executable, "-m", module, *args], env=env)
+    return StageProcess(f"{role} on {host.address}", host.argv(module, args, env), ssh=host.ssh())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TcpStages:
+    """Stage 1 and stage 2 workers joined by one authenticated session that carries every run."""
+
+    backend = "tcp"
+
+    def __init__(self, placement: Placement, model: str, shaped_port: bool) -> None:
+        self.p, self.model = placement, model
+        tb = placement.testbed
+        self.hosts: list[Host | None] = list(tb.stage_hosts(2)) if tb.remote else [None, None]
+        self.port = tb.data_port if (tb.remote or shaped_port) else 0
+        self.procs: list[StageProcess] = []
+        self.info: dict[str, Any] = {}
+
+    def start(self) -> dict[str, Any]:
+        p = self.p
+        for j, host in enumerate(self.hosts):
+            args = ["--role", f"stage{j + 1}", *p.model_args(self.model), "--device", p.device_for(j, host),
+                    "--threads", str(p.threads_for(j, 2))]
+            if host is None:
+                cpus = p.local_cpus(j, 2)
+                args += ["--cpus", cpus] if cpus else []
+                if j < len(p.cpu_shares) and p.cpu_shares[j] is not None:
+                    args += ["--cpu-share", repr(p.cpu_shares[j])]
+            self.procs.append(_spawn(f"stage{j + 1}", WORKER, args, host))
+        infos = [proc.ready(p.wait_time) for proc in self.procs]
+        if infos[0]["fingerprint"] != infos[1]["fingerprint"]:
+            raise PeerError(f"the two hosts build different weights for {self.model} ({infos[0]['fingerprint']} vs "
+                            f"{infos[1]['fingerprint']}): check torch versions and models/*.pth (paretopipe doctor)")
+        s1, s2 = self.procs
+        remote = self.hosts[0] is not None
+        s1.send({"cmd": "listen", "host": "0.0.0.0" if remote else "127.0.0.1", "port": self.port,
+                 "secret": p.testbed.secret})
+        port = s1.expect("listening", timeout=p.wait_time)["port"]
+        s2.send({"cmd": "connect", "host": self.hosts[0].address if remote else "127.0.0.1", "port": port,
+                 "secret": p.testbed.secret, "connect_timeout": p.wait_time})
+        s2.expect("connected", timeout=p.wait_time)
+        self.info = {**infos[0], "limits": {"stage1": infos[0].get("limits"), "stage2": infos[1].get("limits")},
+                     "devices": [p.device_for(j, h) for j, h in enumerate(self.hosts)]}
+        return self.info
+
+    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None, budget: float) -> dict[str, Any]:
+        s1 = self.procs[0]
+        s1.send({"cmd": "run", "config": cfg, "conditions": conditions, "observed_link": observed,
+                 "connect_timeout": self.p.wait_time})
+        return s1.expect("done", timeout=budget)["record"]
+
+    def alive(self) -> bool:
+        return bool(self.procs) and all(proc.alive() for proc in self.procs)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+        self.procs = []
+
+
+class RpcRanks:
+    """The ranks of one RPC group: the master (rank 0, driven by JSON lines) and one rank per stage
+    that the master does not compute itself."""
+
+    backend = "rpc"
+
+    def __init__(self, placement: Placement, model: str, stages: int, source: str, transport: str,
+                 timeout: float) -> None:
+        from ..transport.rpc import layout
+
+        self.p, self.model, self.stages, self.source, self.transport = placement, model, stages, source, transport
+        self.timeout = timeout
+        tb = placement.testbed
+        self.stage_hosts: list[Host | None] = list(tb.stage_hosts(stages)) if tb.remote else [None] * stages
+        self.layout = layout(stages, source)
+        self.world = max(self.layout) + 1
+        self.procs: list[StageProcess] = []
+        self.info: dict[str, Any] = {}
+
+    def _rank_host(self, rank: int) -> tuple[Host | None, int]:
+        """The host of a rank and the stage it runs (the master: host 0, stage 0 or none)."""
+        if rank in self.layout:
+            stage = self.layout.index(rank)
+            return self.stage_hosts[stage], stage
+        return self.stage_hosts[0], 0
+
+    def start(self) -> dict[str, Any]:
+        p, tb = self.p, self.p.testbed
+        remote = self.stage_hosts[0] is not None
+        addr = self.stage_hosts[0].address if remote else "127.0.0.1"
+        port = tb.rpc_port if remote else _free_port()
+        for rank in range(self.world):
+            host, stage = self._rank_host(rank)
+            args = ["--rank", str(rank), "--world-size", str(self.world), "--master-addr", addr,
+                    "--master-port", str(port), *p.model_args(self.model), "--device", p.device_for(stage, host),
+                    "--threads", str(p.threads_for(stage, self.stages)), "--transport", self.transport,
+                    "--timeout", repr(max(self.timeout, p.wait_time)), "--source", self.source]
+            env = None
+            if host is not None and (host.iface or tb.iface):
+                iface = host.iface or tb.iface
+                env = {"TP_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+            self.procs.append(_spawn("rpc master" if rank == 0 else f"rpc rank {rank}", RANKS, args, host, env))
+        infos = [proc.ready(p.wait_time) for proc in self.procs]
+        prints = {i["fingerprint"] for i in infos}
+        if len(prints) != 1:
+            raise PeerError(f"the ranks build different weights for {self.model} ({', '.join(sorted(prints))}): "
+                            f"check torch versions and models/*.pth (paretopipe doctor)")
+        self.procs[0].expect("joined", timeout=p.wait_time)
+        self.info = {**infos[0], "world_size": self.world, "stage_ranks": self.layout,
+                     "limits": {f"stage{j + 1}": infos[r].get("limits") for j, r in enumerate(self.layout)},
+                     "devices": [p.device_for(j, h) for j, h in enumerate(self.stage_hosts)]}
+        return self.info
+
+    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None, budget: float) -> dict[str, Any]:
+        master = self.procs[0]
+        master.send({"cmd": "run", "config": cfg, "conditions": conditions, "observed_link": observed})
+        return master.expect("done", timeout=budget)["record"]
+
+    def alive(self) -> bool:
+        return bool(self.procs) and all(proc.alive() for proc in self.procs)
+
+    def stop(self) -> None:
+        for proc in self.procs:  # the master first: it shuts the group down
+            proc.stop()
+        self.procs = []
+
+
+def check_stage_devices(devices: list[str], stages: int) -> list[str]:
+    from .hosts import check_device_name
+
+    if len(devices) not in (0, 1, stages):
+        raise UsageError(f"--stage-devices {','.join(devices)}: give one device per stage ({stages})")
+    return [check_device_name(d, "--stage-devices") for d in (devices * stages if len(devices) == 1 else devices)]
