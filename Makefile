@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps test demo demo-edge bench clean
+.PHONY: venv sysdeps test demo demo-edge lab-demo bench clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -49,6 +49,17 @@ demo-edge: venv
 	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results-edge --device-profiles $(EDGE),$(SERVER)
 	$(PY) -m paretopipe.predict --model mobilenetv2 --sweep-rate 1mbit..1gbit --delay 20ms \
 	  --out results-edge/predictions --device-profiles $(EDGE),$(SERVER)
+
+# The demo sweep on a lab of two namespace hosts (each with its own sshd), over SSH with real tc
+# (htb rate shaping), then the preflight's table. Needs root. The lab is removed afterwards.
+LAB_ENV := /tmp/paretopipe-lab-pplab/lab.env
+lab-demo: venv sysdeps
+	$(PY) -m paretopipe lab up --hosts 2
+	$(PY) -m paretopipe sweep --env-file $(LAB_ENV) --model mobilenetv2 --splits all --runs 1 \
+	  --network-file examples/lab-networks.toml --network lan,edge-20mbit,cell-10up-40down --link tc \
+	  --batch-size 1 --num-batches 6 --warmup 1 --in-flight 2 --threads 1 --out results-lab; \
+	  status=$$?; $(PY) -m paretopipe doctor --env-file $(LAB_ENV) --model mobilenetv2 || status=1; \
+	  $(PY) -m paretopipe lab down; exit $$status
 
 bench: venv
 	$(PY) benchmarks/run_all.py

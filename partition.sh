@@ -16,13 +16,14 @@ set -euo pipefail
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 
 args=()
+link="--link=none"   # no shaping unless --profile names network conditions
 splits=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --model|--profile|--batch-size|--num-batches|--warmup|--out|--env-file)
       [ $# -ge 2 ] || { echo "error: $1 needs a value (see --help)" >&2; exit 2; }
       case "$1" in
-        --profile) args+=("--network=$2" "--link=tc") ;;
+        --profile) args+=("--network=$2"); link="--link=tc" ;;
         *) args+=("$1=$2") ;;
       esac
       shift 2 ;;
@@ -43,4 +44,4 @@ here=$(cd "$(dirname "$0")" && pwd)
 python=${LOCAL_PYTHON:-python3}
 [ -x "$here/.venv/bin/python" ] && python="$here/.venv/bin/python"
 cd "$here"
-exec "$python" -m paretopipe sweep --hosts-required --backend=tcp --runs=1 --no-report --quiet "${args[@]}"
+exec "$python" -m paretopipe sweep --hosts-required --backend=tcp --runs=1 --no-report --quiet "$link" "${args[@]}"

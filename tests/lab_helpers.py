@@ -50,6 +50,14 @@ def leftovers(name: str) -> list[str]:
     return found
 
 
+def _in_another_namespace(pid: int) -> bool:
+    """A process started inside a lab host: its network namespace is not this machine's."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def lab(name: str, hosts: int = 2, subnet: int = 50) -> Iterator:
     """A lab for one test; afterwards nothing of it may remain."""
@@ -64,7 +72,7 @@ def lab(name: str, hosts: int = 2, subnet: int = 50) -> Iterator:
         labs.down(name)
         stages = [p for p in psutil.process_iter(["cmdline"]) if any(
             m in " ".join(p.info["cmdline"] or []) for m in ("paretopipe.runners.worker", "paretopipe.runners.rpc_ranks"))
-            and p.pid != os.getpid()]
+            and _in_another_namespace(p.pid)]
         for p in stages:  # a stage a failed test could not stop: kill it, and fail below
             p.kill()
         left = leftovers(name) + [f"stage process {p.pid}" for p in stages]

@@ -141,14 +141,14 @@ def test_share_half_makes_stage_compute_about_twice_as_long():
 
 
 def test_sweeper_refuses_shares_where_they_cannot_apply():
-    from paretopipe.runners.hosts import Hosts
+    from paretopipe.runners.hosts import Host, Testbed
     from paretopipe.runners.sweep import SweepOptions, Sweeper
 
     with pytest.raises(UsageError, match="TCP backend's stage workers"):
         Sweeper(SweepOptions(models=["mobilenetv2"], backends=["rpc"], stage_cpu=[0.5, None], dry_run=True))
     with pytest.raises(UsageError, match="already run on real devices"):
         Sweeper(SweepOptions(models=["mobilenetv2"], stage_cpu=[0.5, None], dry_run=True,
-                             hosts=Hosts(stage1="10.0.0.1", stage2="10.0.0.2")))
+                             testbed=Testbed([Host("10.0.0.1"), Host("10.0.0.2")])))
 
 
 @pytest.mark.skipif(_real_cgroups() is not None, reason=f"no usable cgroup cpu controller: {_real_cgroups()}")

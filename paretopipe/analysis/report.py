@@ -56,6 +56,8 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
         raise UsageError(f"--format {fmt!r}: valid png, svg, pdf")
     session = find_session(results)
     out = Path(out or session.report_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the report")
     out.mkdir(parents=True, exist_ok=True)
     table = pareto_table(session)
     records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))

@@ -12,6 +12,7 @@ from ..errors import UsageError
 from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices
 from ..runners.sweep import SweepOptions, Sweeper, describe_plan, parse_plans
+from ..transport.auth import load_secret
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, example_epilog, nonneg_int, positive_float,
                      positive_int, read_env, setup_logging)
 
@@ -99,9 +100,13 @@ def _per_stage_ints(text: str | None, flag: str) -> list[int | None]:
 
 
 def options_from_args(args: argparse.Namespace) -> SweepOptions:
+    from ..partition.models import canonical_name
+
     models = [m.strip() for m in (args.models or args.model or "mobilenetv2").split(",") if m.strip()]
     if not models:
         raise UsageError("--models names no model")
+    for model in models:  # here, before any host is asked to build it
+        canonical_name(model)
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else []
     env = read_env(args.env_file)
     testbed = Testbed() if args.local else Testbed.from_env(env, devices or None)
@@ -110,10 +115,17 @@ def options_from_args(args: argparse.Namespace) -> SweepOptions:
                          f"(see .env.example)")
     if args.local:
         testbed.secret = env.get("PARETOPIPE_SECRET") or None
+        load_secret(testbed.secret or "")
     if args.iface:
         testbed.iface = args.iface
         for h in testbed.hosts:
             h.iface = args.iface
+    if not testbed.remote and any(d.startswith("cuda") for d in devices):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--stage-devices {args.stage_devices}: CUDA is not available on this machine; "
+                             f"valid here: cpu")
     plans = parse_plans(args.split_blocks) if args.split_blocks else None
     stages = (len(plans[0]) + 1) if plans else 2
     link = args.link or ("tc" if testbed.remote else "emulated")

@@ -383,14 +383,10 @@ def format_show(qdiscs: list[dict[str, Any]]) -> str:
 
 
 # -- holding a tree for the duration of a block ----------------------------------------------------
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Block SIGINT, SIGTERM and SIGHUP (a second Ctrl-C included) until the block ends; they are
-    delivered afterwards. Only the main thread receives them, so only it needs holding."""
+    """Block SIGINT, SIGTERM and SIGHUP until the block ends; they are delivered afterwards. Only the
+    main thread receives them, so only it needs holding."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -402,30 +398,33 @@ def _signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt like Ctrl-C does, for the block (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    for sig in previous:
-        signal.signal(sig, _interrupt)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
 def applied(p: Direction, dev: str, ingress: bool | Direction = False, port: int | None = None,
             runner: Runner | None = None, peers: Sequence[str] = (), ssh_port: int = 22) -> Iterator[list[Cmd]]:
-    """Apply for the duration of a block; cleared on exit, error, Ctrl-C, SIGTERM or SIGHUP, with
-    further signals held off until the interface is clean."""
+    """Apply for the duration of a block; cleared on exit, error, Ctrl-C, SIGTERM or SIGHUP (an SSH
+    session that drops). The first signal blocks the others before it interrupts, so a second Ctrl-C
+    during the clean-up waits until the interface is clean; then the old handlers get them."""
     runner = runner or Runner()
-    with signals_interrupt():
+    main = threading.current_thread() is threading.main_thread()
+    previous: dict[int, Any] = {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if main else set()
+
+    def interrupt(signum, frame):
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    if main:
+        for sig in SIGNALS:
+            previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, interrupt)
+    try:
+        yield apply(p, dev, ingress, port, runner, peers, ssh_port)
+    finally:
         try:
-            yield apply(p, dev, ingress, port, runner, peers, ssh_port)
+            if main:
+                signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+            clear(dev, ingress=True, runner=runner)
         finally:
-            with _signals_held():
-                clear(dev, ingress=True, runner=runner)
+            if main:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -196,12 +196,21 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise UsageError(f"weights file not found: {path}")
-    except Exception as exc:  # a corrupt file or one holding pickled objects
-        raise UsageError(f"cannot load weights {path} safely (weights_only=True): {exc}")
+    except IsADirectoryError:
+        raise UsageError(f"weights {path} is a folder; give a .pth file")
+    except Exception as exc:  # a corrupt file or one holding pickled objects: torch's text is long
+        first = " ".join(str(exc).split())[:160]
+        raise UsageError(f"cannot load weights {path} safely (weights_only=True): {first}; give a state-dict .pth "
+                         f"saved with torch.save(model.state_dict())")
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
-        raise UsageError(f"weights file {path} does not hold a state dict")
+        raise UsageError(f"weights file {path} does not hold a state dict (it holds {type(state).__name__}); "
+                         f"save one with torch.save(model.state_dict())")
+    bad = [k for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if bad:
+        raise UsageError(f"weights file {path} is not a state dict: key {str(bad[0])[:40]!r} is not a parameter name "
+                         f"with a tensor; save one with torch.save(model.state_dict())")
     own = model.state_dict()
     # Pretrained Inception/GoogLeNet files carry auxiliary heads that our eval models drop.
     state = {k: v for k, v in state.items() if k in own or not k.startswith(("AuxLogits.", "aux1.", "aux2."))}

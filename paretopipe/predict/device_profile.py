@@ -72,7 +72,7 @@ class DeviceProfile:
         machine's speed drifting in between."""
         parts = [p.strip() for p in spec.split("+") if p.strip()]
         if not parts:
-            raise UsageError(f"empty device profile name {spec!r}")
+            raise UsageError(f"empty device profile name {spec!r}: give a file, or a.json+b.json to average two")
         if len(parts) == 1:
             return cls.load(parts[0])
         return average([cls.load(p) for p in parts])

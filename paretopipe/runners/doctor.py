@@ -58,7 +58,7 @@ def check_testbed(testbed: Testbed, models: Sequence[str], num_classes: int = 10
                   tc_needed: bool = True) -> tuple[list[dict[str, str]], list[str]]:
     """(table rows, problems) for every host of ``testbed``."""
     if not testbed.hosts:
-        raise UsageError("no hosts to check: name them in .env (HOSTS=a,b or PI1_IP and PI2_IP/GPU_IP)")
+        raise UsageError("no hosts to check: give them in .env (HOSTS=a,b or PI1_IP and PI2_IP/GPU_IP)")
     ref = reference(models, num_classes)
     rows, problems = [], []
     for host in testbed.hosts:

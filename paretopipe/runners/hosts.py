@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from ..errors import PeerError, UsageError
 from ..network import tc
+from ..transport.auth import load_secret
 from ..sshcmd import check_host, check_user, remote_path, ssh_argv
 
 DEVICES_HELP = "cpu, cuda or cuda:N"
@@ -150,9 +151,11 @@ class Testbed:
         if len(hosts) == 1:
             raise UsageError(f".env names one host ({hosts[0].address}); a testbed needs at least two "
                              f"(HOSTS=a,b or PI1_IP and PI2_IP/GPU_IP), or none to run locally")
+        secret = env.get("PARETOPIPE_SECRET") or None
+        load_secret(secret or "")  # a secret too short to be one is refused now, not at the first run
         return cls(hosts=hosts, data_port=_port(env.get("PORT"), "PORT", 5555),
                    rpc_port=_port(env.get("MASTER_PORT"), "MASTER_PORT", 29500), iface=env.get("IFACE") or None,
-                   secret=env.get("PARETOPIPE_SECRET") or None)
+                   secret=secret)
 
 
 class StageProcess:

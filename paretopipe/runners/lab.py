@@ -109,7 +109,7 @@ def require_root() -> None:
 
 def _check_name(name: str) -> str:
     if not _NAME.match(name):
-        raise UsageError(f"lab name {name!r}: 1-8 lowercase letters and digits, starting with a letter")
+        raise UsageError(f"lab name {name!r}: valid are 1-8 lowercase letters and digits, starting with a letter")
     return name
 
 
@@ -118,9 +118,9 @@ def up(name: str = "pplab", hosts: int = 2, subnet: int = 0, env_out: str | Path
     """Create the lab (after removing any earlier one of that name); returns it."""
     _check_name(name)
     if not 2 <= hosts <= MAX_HOSTS:
-        raise UsageError(f"--hosts {hosts}: a lab has 2..{MAX_HOSTS} hosts")
+        raise UsageError(f"--hosts {hosts}: valid 2..{MAX_HOSTS} hosts in a lab")
     if not 0 <= subnet <= 255:
-        raise UsageError(f"--subnet {subnet}: the third octet of 10.77.S.0/24, 0..255")
+        raise UsageError(f"--subnet {subnet}: valid 0..255 (the third octet of 10.77.S.0/24)")
     require_root()
     down(name)
     lab = Lab(name, hosts, subnet, state_dir(name))

@@ -187,7 +187,7 @@ def check_alive_of(procs: Sequence[subprocess.Popen]) -> Callable[[], None]:
     def check() -> None:
         for rank, proc in enumerate(procs, start=1):
             if proc.poll() is not None:
-                raise PeerError(f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}")
+                raise PeerError(f"worker rank {rank} (pid {proc.pid}) exited with code {proc.returncode}")
     return check
 
 

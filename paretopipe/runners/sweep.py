@@ -211,7 +211,7 @@ class Sweeper:
         if self.opts.resume:
             sessions = sorted(p for p in out.glob("*/session.json"))
             if not sessions:
-                raise UsageError(f"--resume: no session found under {out}")
+                raise UsageError(f"--resume: no session found under {out}; give the --out of an earlier sweep")
             return max(sessions, key=lambda p: p.stat().st_mtime).parent
         return out / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 

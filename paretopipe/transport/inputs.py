@@ -20,6 +20,12 @@ def synthetic_batch(index: int, batch_size: int, size: int, seed: int = 0) -> to
     return torch.randn(batch_size, 3, size, size, generator=gen)
 
 
+def check_dataset(dataset: str) -> str:
+    if dataset not in DATASETS and dataset != "dummy":
+        raise UsageError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASETS)} (the anchor's dummy is synthetic)")
+    return dataset
+
+
 def batches(dataset: str, batch_size: int, size: int, count: int, data_dir: str | None = None,
             seed: int = 0) -> Iterator[torch.Tensor]:
     """``count`` batches of ``batch_size`` images at ``size`` x ``size``."""

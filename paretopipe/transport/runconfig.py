@@ -67,6 +67,9 @@ class RunConfig:
             raise UsageError(f"link mode {self.link_mode!r}: valid {', '.join(LINK_MODES)}")
         if not self.cuts:
             raise UsageError("a run needs at least one cut")
+        from .inputs import check_dataset
+
+        check_dataset(self.dataset)
 
     def to_dict(self) -> dict[str, Any]:
         return strict.to_dict(self)

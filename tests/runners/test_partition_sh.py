@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 import subprocess
 
 import pytest
@@ -24,7 +25,7 @@ def test_partition_sh_needs_hosts(tmp_path):
     out = subprocess.run(["bash", "partition.sh", "--env-file", str(tmp_path / "none")], cwd=ROOT,
                          capture_output=True, text=True, env={k: v for k, v in os.environ.items()
                                                               if k not in ("PI1_IP", "PI2_IP", "GPU_IP")})
-    assert out.returncode == 2 and "set PI1_IP and PI2_IP" in out.stderr
+    assert out.returncode == 2 and "set PI1_IP and PI2_IP" in out.stderr and out.stderr.count("\n") == 1
 
 
 def test_partition_sh_over_real_ssh(sshd, tmp_path):
@@ -35,12 +36,45 @@ def test_partition_sh_over_real_ssh(sshd, tmp_path):
                            "0", "4"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = sorted(out_dir.glob("*.json"))
+    runs = sorted(out_dir.glob("*/runs/*.json"))
     assert len(runs) == 2
     recs = [json.loads(p.read_text()) for p in runs]
     assert sorted(r["config"]["split_index"] for r in recs) == [0, 4]
     assert all(r["status"] == "complete" for r in recs)
     # Nothing left running: the stages it started are gone.
-    left = subprocess.run(["pgrep", "-f", f"partition[12].py.*--port {env_file.read_text().split('PORT=')[-1].strip()}"],
-                          capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", "paretopipe.runners.worker"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "x' if __import__('os').system('touch F') else 'mobilenetv2"], "unknown model"),
+    (["99"], "split index 99 out of range"),
+    (["5", "x;touch F"], "is not a block index"),
+    (["--batch-size", "$(touch F)"], "is not a whole number"),
+    (["--profile"], "needs a value"),
+])
+def test_partition_sh_takes_hostile_values_as_data(sshd, tmp_path, args, message):
+    """Rows 10-13 of the attack table: values are arguments, never code or shell; bad ones exit 2."""
+    env_file = sshd_env_file(sshd, tmp_path)
+    proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), *args], cwd=tmp_path if False else ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (ROOT / "F").exists() and not (tmp_path / "F").exists()
+
+
+def test_hostile_env_values_never_reach_a_shell(sshd, tmp_path):
+    """REMOTE_PYTHON, PORT and SSH_USER holding shell syntax or ssh options: refused or quoted."""
+    base = sshd_env_file(sshd, tmp_path).read_text()
+    for bad, message in (("SSH_USER=-oProxyCommand=touch%20F", "is not a user name"),
+                         ("PORT=5555;touch F", "is not a TCP port"),
+                         ("REMOTE_PYTHON=python3;touch F", "exited")):
+        env_file = tmp_path / f"bad-{bad.split('=')[0]}.env"
+        key = bad.split("=")[0]
+        env_file.write_text("\n".join(line for line in base.splitlines() if not line.startswith(key + "=")) + f"\n{bad}\n")
+        proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), "0"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode in (1, 2), proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert not (ROOT / "F").exists() and not Path("/root/F").exists() and not (tmp_path / "F").exists()

@@ -131,4 +131,6 @@ def test_remote_mode_over_real_ssh(sshd, tmp_path):
     runs = pd.read_csv(tmp_path / "out" / "r" / "runs.csv")
     assert sorted(runs["split_index"]) == [0, 5] and set(runs["status"]) == {"complete"}
     session = json.loads((tmp_path / "out" / "r" / "session.json").read_text())
-    assert session["options"]["hosts"]["stage1"] == "127.0.0.1" and "key" not in session["options"]["hosts"]
+    hosts = session["options"]["testbed"]["hosts"]
+    assert [h["address"] for h in hosts] == ["127.0.0.1", "127.0.0.1"] and all("key" not in h for h in hosts)
+    assert "secret" not in json.dumps(session["options"])

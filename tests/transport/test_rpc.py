@@ -82,7 +82,7 @@ def test_killed_worker_gives_clear_error_and_incomplete_json(tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--world-size", "3", "--num-partitions", "3"], "must be within 1..world-size - 1"),
+    (["--world-size", "3", "--num-partitions", "3"], "must be within 1..2 for --world-size 3"),
     (["--world-size", "3", "--split-block", "99"], r"split index 99 out of range for mobilenet_v2: valid 0\.\.19"),
     (["--world-size", "3", "--model", "nope"], "unknown model 'nope'; known:"),
     (["--world-size", "4", "--num-partitions", "3", "--split-blocks", "9,3"], "increasing order"),
@@ -92,3 +92,36 @@ def test_bad_flags_one_line_errors(tmp_path, args, match):
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and __import__("re").search(match, lines[0]), proc.stderr[-500:]
+
+
+def test_the_uv_transport_really_is_tcp_and_auto_is_not(tmp_path):
+    """Row 7 of the attack table: --rpc-transport uv must reach TensorPipe. Inside a namespace whose
+    loopback is shaped to 20 Mbit/s, uv's TCP pays for the 602 KB input; shared memory does not."""
+    from lab_helpers import LAB_SKIP
+
+    if LAB_SKIP:
+        pytest.skip(LAB_SKIP)
+    from paretopipe.network import tc
+    from paretopipe.network.conditions import get_conditions
+
+    ns = "pprpc"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        tc.apply(get_conditions(None, rate="20mbit").up, "lo", runner=tc.Runner(netns=ns))
+        latency = {}
+        for transport in ("uv", "auto"):
+            out = tmp_path / transport
+            proc = subprocess.run(["ip", "netns", "exec", ns, PYTHON, "distributed_runner.py", "--local", "--threads",
+                                   "1", "--world-size", "3", "--model", "resnet18", "--split-block", "0",
+                                   "--batch-size", "1", "--num-test-samples", "3", "--warmup", "1",
+                                   "--rpc-transport", transport, "--out", str(out)],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-1500:]
+            rec = json.loads(next(out.glob("*.json")).read_text())
+            assert rec["manifest"]["rpc"]["transport"].startswith(f"tensorpipe/{transport}")
+            latency[transport] = rec["summary"]["latency_median_s"]
+        # k = 0: the 602 KB input crosses master -> stage 1 -> stage 2: twice at 20 Mbit/s is 0.48 s.
+        assert latency["uv"] > 0.4 > latency["auto"], latency
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)

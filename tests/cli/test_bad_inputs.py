@@ -1,0 +1,279 @@
+"""Every bad input gets one line: exit status 2, a single ``error:`` line that names what was wrong and
+what is valid, and no traceback. A table of 150+ inputs across every command (flags, .env files,
+network-condition files, results folders, weights files), run in-process; a sample also as real
+processes through the anchor's scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PYTHON, ROOT
+
+GUIDANCE = re.compile(r"valid|must|give|use |add |expected|accepted|choose from|one of|at least|see --help|needs? |"
+                      r"known|write|set |is not|not a|out of range|a whole number|a positive|run it|install|"
+                      r"does not|cannot|no such|not found|refused|save one|are required|only|a folder|a file|"
+                      r"names no|for example|e\.g\.", re.IGNORECASE)
+
+
+def _files(tmp: Path) -> dict[str, str]:
+    """Bad files of every kind the commands read."""
+    (tmp / "nets").mkdir()
+    for name, text in {"unknown-key.toml": '[x]\nbandwidth = "1mbit"\n', "mbps.toml": '[x]\nrate = "1mbps"\n',
+                       "notoml.toml": "[x\n", "flat.toml": "x = 1\n", "dist.toml": '[x]\njitter = "1ms"\ndistribution = "gamma"\n',
+                       "neg.toml": '[x]\ndelay = "-5ms"\n', "loss.toml": '[x]\nloss = "140%"\n',
+                       "binary.toml": "\udcff"}.items():
+        (tmp / "nets" / name).write_bytes(text.encode("utf-8", "surrogateescape"))
+    torch.save({1: torch.zeros(1)}, tmp / "intkeys.pth")
+    torch.save([1, 2, 3], tmp / "list.pth")
+    (tmp / "garbage.pth").write_bytes(b"not a torch file at all" * 10)
+    torch.save({"features.0.weight": torch.zeros(1)}, tmp / "wrongshape.pth")
+    (tmp / "empty-session").mkdir()
+    (tmp / "empty-session" / "runs.csv").write_text("")
+    (tmp / "empty-session" / "summary.csv").write_text("")
+    (tmp / "nocols").mkdir()
+    (tmp / "nocols" / "runs.csv").write_text("a,b\n1,2\n")
+    (tmp / "nocols" / "summary.csv").write_text("a,b\n1,2\n")
+    (tmp / "afile").write_text("x")
+    (tmp / "badprofile.json").write_text('{"schema": "something else"}')
+    (tmp / "notjson.json").write_text("{{{")
+    envs = {"port.env": "PI1_IP=10.0.0.1\nPI2_IP=10.0.0.2\nPORT=99999\n",
+            "sshport.env": "HOSTS=10.0.0.1,10.0.0.2\nSSH_PORT=abc\n",
+            "user.env": "HOSTS=10.0.0.1,10.0.0.2\nSSH_USER=-oProxyCommand=touch\n",
+            "host.env": "HOSTS=10.0.0.1,-oProxyCommand=x\n",
+            "onehost.env": "PI1_IP=10.0.0.1\n",
+            "device.env": "HOSTS=10.0.0.1,10.0.0.2\nDEVICES=cpu,tpu\n",
+            "master.env": "MASTER_PORT=abc\n",
+            "secret.env": "PARETOPIPE_SECRET=short\n",
+            "badhost.env": "HOSTS=10.0.0.1,bad host name\n"}
+    for name, text in envs.items():
+        (tmp / name).write_text(text)
+    return {"tmp": str(tmp)}
+
+
+def cases() -> list[tuple[str, list[str], str]]:
+    """(id, argv for the paretopipe command, what the error line must name)."""
+    T = "{tmp}"
+    c: list[tuple[str, list[str], str]] = []
+    add = lambda i, argv, what: c.append((i, argv, what))  # noqa: E731
+    # split
+    for bad, what in (("nope", "unknown model 'nope'"), ("", "unknown model ''"), ("../../etc/passwd", "unknown model")):
+        add(f"split-model-{bad or 'empty'}", ["split", "--model", bad, "--list"], what)
+    add("split-classes", ["split", "--model", "resnet18", "--num-classes", "x"], "--num-classes")
+    add("split-no-model", ["split", "--list"], "--model")
+    add("split-unknown-flag", ["split", "--model", "resnet18", "--bogus"], "--bogus")
+    # stage 1 and stage 2 (partition1.py, partition2.py)
+    for cmd in ("stage1", "stage2"):
+        for flag, value, what in (("--port", "0", "out of range"), ("--port", "70000", "out of range"),
+                                  ("--port", "-1", "out of range"), ("--port", "http", "'http' is not"),
+                                  ("--threads", "-1", "--threads"), ("--threads", "0", "--threads"),
+                                  ("--num-classes", "-3", "--num-classes"), ("--timeout", "0", "--timeout"),
+                                  ("--timeout", "nan", "--timeout"), ("--timeout", "inf", "--timeout"),
+                                  ("--connect-timeout", "-5", "--connect-timeout"), ("--max-payload", "0", "--max-payload"),
+                                  ("--split", "-2", "--split"), ("--split", "two", "--split")):
+            add(f"{cmd}{flag}={value}", [cmd, "--model", "resnet18", flag, value], flag if flag != "--port" else what)
+        add(f"{cmd}-model", [cmd, "--model", "nope", "--split", "1"], "unknown model 'nope'")
+        add(f"{cmd}-split-range", [cmd, "--model", "resnet18", "--split", "99"], "split index 99 out of range")
+        add(f"{cmd}-cut", [cmd, "--model", "resnet18", "--cut", "nope"], "unknown cut 'nope'")
+        add(f"{cmd}-device", [cmd, "--model", "resnet18", "--split", "2", "--device", "tpu"], "unknown device 'tpu'")
+        add(f"{cmd}-cuda", [cmd, "--model", "resnet18", "--split", "2", "--device", "cuda"], "CUDA is not available")
+        add(f"{cmd}-weights-int-keys", [cmd, "--model", "resnet18", "--split", "2", "--weights", f"{T}/intkeys.pth"],
+            "is not a state dict")
+        add(f"{cmd}-weights-list", [cmd, "--model", "resnet18", "--split", "2", "--weights", f"{T}/list.pth"],
+            "does not hold a state dict")
+        add(f"{cmd}-weights-garbage", [cmd, "--model", "resnet18", "--split", "2", "--weights", f"{T}/garbage.pth"],
+            "cannot load weights")
+        add(f"{cmd}-weights-missing", [cmd, "--model", "resnet18", "--split", "2", "--weights", f"{T}/none.pth"],
+            "weights file not found")
+        add(f"{cmd}-weights-folder", [cmd, "--model", "resnet18", "--split", "2", "--weights", T], "is a folder")
+        add(f"{cmd}-weights-shape", [cmd, "--model", "alexnet", "--split", "2", "--weights", f"{T}/wrongshape.pth"],
+            "do not fit the model")
+        add(f"{cmd}-secret", [cmd, "--model", "resnet18", "--split", "2", "--env-file", f"{T}/secret.env"],
+            "PARETOPIPE_SECRET has 5 characters")
+        add(f"{cmd}-env-folder", [cmd, "--model", "resnet18", "--split", "2", "--env-file", T], "is not a file")
+    for flag, value in (("--batch-size", "0"), ("--num-batches", "-1"), ("--warmup", "-1"), ("--in-flight", "0"),
+                        ("--seed", "-1"), ("--compression", "gzip"), ("--wire-dtype", "int4"),
+                        ("--compression-level", "0"), ("--link", "pigeon")):
+        add(f"stage1{flag}={value}", ["stage1", "--model", "resnet18", "--split", "2", flag, value], flag)
+    add("stage1-zero-batches", ["stage1", "--model", "resnet18", "--split", "2", "--num-batches", "0", "--warmup", "0"],
+        "at least one batch")
+    add("stage1-dataset", ["stage1", "--model", "resnet18", "--split", "2", "--dataset", "imagenet"], "unknown dataset")
+    for value, what in (("moon", "unknown network 'moon'"), ("lan,lte", "one named condition, not a list")):
+        add(f"stage1-network-{value}", ["stage1", "--model", "resnet18", "--split", "2", "--network", value], what)
+    for flag, value, what in (("--rate", "10mbps", "bytes per second"), ("--rate", "fast", "bad rate"),
+                              ("--rate=", "-1mbit", "bad rate"), ("--delay", "5 parsecs", "bad duration"),
+                              ("--loss", "120%", "within 0..100"), ("--jitter", "x", "bad duration"),
+                              ("--distribution", "gamma", "distribution 'gamma'")):
+        given = [flag + value] if flag.endswith("=") else [flag, value]  # a value starting with '-' needs '='
+        add(f"stage1{flag.rstrip('=')}={value}", ["stage1", "--model", "resnet18", "--split", "2", *given,
+                                                  *(["--jitter", "1ms"] if flag == "--distribution" else [])], what)
+    for name, what in (("unknown-key", "unknown key 'bandwidth'"), ("mbps", "bytes per second"),
+                       ("notoml", "not valid TOML"), ("flat", "is not a table"), ("dist", "distribution 'gamma'"),
+                       ("neg", "bad duration"), ("loss", "within 0..100"), ("binary", "not valid TOML")):
+        add(f"stage1-file-{name}", ["stage1", "--model", "resnet18", "--split", "2", "--network", "x",
+                                    "--network-file", f"{T}/nets/{name}.toml"], what)
+        add(f"sweep-file-{name}", ["sweep", "--model", "resnet18", "--network", "x", "--network-file",
+                                   f"{T}/nets/{name}.toml", "--local", "--dry-run"], what)
+    add("stage1-file-missing", ["stage1", "--model", "resnet18", "--split", "2", "--network", "x", "--network-file",
+                                f"{T}/nope.toml"], "not found")
+    add("stage1-file-folder", ["stage1", "--model", "resnet18", "--split", "2", "--network", "x", "--network-file", T],
+        "is a folder")
+    # sweep (automated_split_tester.py)
+    sweep = ["sweep", "--model", "resnet18", "--local"]
+    for flag, value, what in (("--splits", "5-2", "low-high"), ("--splits", "x-y", "bad --splits"),
+                              ("--splits", "99", "split index 99 out of range"), ("--splits", ",", "names no split"),
+                              ("--splits", "-3", "bad --splits"), ("--num-batches", "0", "--num-batches"),
+                              ("--num-batches", "-1", "--num-batches"), ("--runs", "0", "--runs"),
+                              ("--batch-size", "0", "--batch-size"), ("--in-flight", "0", "--in-flight"),
+                              ("--warmup", "-1", "--warmup"), ("--wait-time", "0", "--wait-time"),
+                              ("--timeout", "-1", "--timeout"), ("--threads", "-1", "--threads"),
+                              ("--backend", "udp", "--backend"), ("--link", "carrier", "--link"),
+                              ("--network", "moon", "unknown network 'moon'"),
+                              ("--stage-cpu", "2,abc", "is not a number"), ("--stage-cpu", "0.5", "one share per stage"),
+                              ("--stage-cpu", "999,1", "out of range"), ("--stage-threads", "1", "one positive integer"),
+                              ("--stage-threads", "0,1", "one positive integer"),
+                              ("--stage-devices", "cpu,tpu", "tpu"), ("--stage-devices", "cuda,cpu", "CUDA is not available"),
+                              ("--stage-devices", "cpu,cpu,cpu", "one device per stage"),
+                              ("--split-blocks", "9,3", "increasing"), ("--split-blocks", "a,b", "bad --split-blocks"),
+                              ("--split-blocks", "2,5;3", "same number of stages"), ("--split-blocks", ";", "names no plan"),
+                              ("--out", "{tmp}/afile", "is a file"), ("--session", "../x", "a folder name"),
+                              ("--rpc-source", "moon", "--rpc-source"), ("--num-classes", "0", "--num-classes"),
+                              ("--models", ",", "names no model"), ("--model", "nope", "unknown model 'nope'"),
+                              ("--compression", "gzip", "--compression"), ("--wire-dtype", "int4", "--wire-dtype")):
+        argv = sweep + [flag, value] + ["--dry-run"] * (flag not in ("--out",))
+        if flag in ("--model", "--models"):
+            argv = ["sweep", flag, value, "--local", "--dry-run"]
+        add(f"sweep{flag}={value}", argv, what.replace("{tmp}", T))
+    add("sweep-tcp-plans", sweep + ["--split-blocks", "2,5", "--dry-run"], "add --backend rpc")
+    add("sweep-resume-none", sweep + ["--resume", "--out", f"{T}/no-results"], "no session found")
+    add("sweep-shares-rpc", sweep + ["--stage-cpu", "0.5,1", "--backend", "rpc"], "TCP backend's stage workers")
+    add("sweep-tc-no-iface", sweep + ["--link", "tc", "--dry-run"], "needs IFACE")
+    for env, what in (("port", "PORT='99999'"), ("sshport", "SSH_PORT='abc'"), ("user", "is not a user name"),
+                      ("host", "is not a host name"), ("onehost", "one host"), ("device", "'tpu'"),
+                      ("badhost", "is not a host name"), ("secret", "PARETOPIPE_SECRET")):
+        add(f"sweep-env-{env}", ["sweep", "--model", "resnet18", "--env-file", f"{T}/{env}.env", "--dry-run"], what)
+    add("sweep-env-folder", ["sweep", "--model", "resnet18", "--env-file", T, "--dry-run"], "is not a file")
+    add("sweep-hosts-required", ["sweep", "--model", "resnet18", "--hosts-required", "--env-file", f"{T}/none.env"],
+        "set PI1_IP and PI2_IP")
+    # report
+    for argv, what in ((["report", f"{T}/nothing"], "no sweep results"), (["report", f"{T}/afile"], "is a file"),
+                       (["report", f"{T}/empty-session"], "not a readable CSV"),
+                       (["report", f"{T}/nocols"], "lacks the column"),
+                       (["report", str(ROOT / "tests/analysis/fixtures/results_small"), "--out", f"{T}/afile"], "is a file"),
+                       (["report", str(ROOT / "tests/analysis/fixtures/results_small"), "--format", "gif"], "--format"),
+                       (["report"], "results")):
+        add(f"report-{len(c)}", argv, what)
+    # predict
+    pred = ["predict", "--model", "mobilenetv2"]
+    for argv, what in ((pred + ["--device-profiles", f"{T}/nope.json,{T}/nope.json"], "device profile not found"),
+                       (pred + ["--device-profiles", f"{T}/badprofile.json,{T}/badprofile.json"], "not a ParetoPipe device profile"),
+                       (pred + ["--device-profiles", f"{T}/notjson.json,{T}/notjson.json"], "not readable JSON"),
+                       (pred + ["--device-profiles", f"{T}/nope.json"], "at least 2 device profiles"),
+                       (pred + ["--device-profiles", ","], "at least 2 device profiles"),
+                       (pred + ["--device-profiles", "+,+"], "empty device profile name"),
+                       (pred + ["--device-profiles", "a,b", "--batch-size", "0"], "--batch-size"),
+                       (pred + ["--device-profiles", "a,b", "--wire-dtype", "int4"], "--wire-dtype"),
+                       (pred + ["--device-profiles", "a,b", "--sweep-points", "x"], "--sweep-points"),
+                       (["predict", "--device-profiles", "a,b"], "--model")):
+        add(f"predict-{len(c)}", argv, what)
+    # profile
+    prof = ["profile", "--model", "alexnet", "--out", f"{T}/p.json"]
+    for argv, what in ((prof + ["--batch-sizes", "1,x"], "--batch-sizes"), (prof + ["--cpus", "abc"], "--cpus"),
+                       (prof + ["--cpus", "99"], "--cpus"), (prof + ["--threads", "0"], "--threads"),
+                       (prof + ["--cpu-share", "99"], "out of range"), (prof + ["--weights", f"{T}/intkeys.pth"],
+                                                                        "is not a state dict"),
+                       (prof + ["--device", "tpu"], "unknown device"), (["profile", "--model", "alexnet"], "--out"),
+                       (prof + ["--repetitions", "0"], "--repetitions"), (prof + ["--warmup", "-1"], "--warmup")):
+        add(f"profile-{len(c)}", argv, what)
+    # netem (network_delay.py)
+    for argv, what in ((["netem", "apply", "--dev", "eth0", "--dry-run"], "give --network NAME"),
+                       (["netem", "apply", "--dev", "eth0", "--rate", "10mbps", "--dry-run"], "bytes per second"),
+                       (["netem", "apply", "--dev", "eth0", "--rate", "1mbit", "--port", "0", "--dry-run"], "--port"),
+                       (["netem", "apply", "--dev", "eth0", "--rate", "1mbit", "--port", "99999", "--dry-run"], "--port"),
+                       (["netem", "apply", "--dev", "eth0", "--rate", "1mbit", "--duration", "-5"], "--duration"),
+                       (["netem", "apply", "--dev", "eth0", "--rate", "1mbit", "--duration", "0"], "--duration"),
+                       (["netem", "apply", "--dev", "eth0", "--network", "moon", "--dry-run"], "unknown network 'moon'"),
+                       (["netem", "apply", "--rate", "1mbit"], "--dev"),
+                       (["netem", "measure", "--host", "127.0.0.1", "--samples", "0"], "--samples"),
+                       (["netem", "measure", "--host", "127.0.0.1", "--bytes", "-1"], "--bytes"),
+                       (["netem", "measure", "--host", "127.0.0.1", "--port", "70000"], "--port"),
+                       (["netem", "serve", "--port", "-1"], "--port"),
+                       (["netem", "serve", "--max-clients", "0"], "--max-clients"),
+                       (["netem", "apply", "--dev", "eth0", "--rate", "1mbit", "--ssh=-oProxyCommand=x", "--sudo"],
+                        "is not a host name"),
+                       (["netem", "dance"], "invalid choice"), (["netem"], "required")):
+        add(f"netem-{len(c)}", argv, what)
+    # rpc (distributed_runner.py)
+    rpc = ["rpc", "--model", "resnet18"]
+    for argv, what in ((rpc + ["--world-size", "1"], "--world-size 1"), (rpc + ["--world-size", "0"], "--world-size"),
+                       (rpc + ["--num-partitions", "5"], "--num-partitions 5 must be within"),
+                       (rpc + ["--rank", "7"], "--rank 7 must be within"), (rpc + ["--rank", "-1"], "--rank"),
+                       (rpc + ["--master-port", "0"], "--master-port"), (rpc + ["--batch-size", "0"], "--batch-size"),
+                       (rpc + ["--in-flight", "0"], "--in-flight"), (rpc + ["--rpc-transport", "shm"], "--rpc-transport"),
+                       (rpc + ["--env-file", f"{T}/master.env"], "MASTER_PORT='abc'"),
+                       (rpc + ["--timeout", "0"], "--timeout"), (rpc + ["--num-test-samples", "0"], "--num-test-samples")):
+        add(f"rpc-{len(c)}", argv, what)
+    # lab, doctor and the umbrella itself
+    for argv, what in ((["lab", "up", "--hosts", "1"], "valid 2..8 hosts"), (["lab", "up", "--hosts", "99"], "2..8"),
+                       (["lab", "up", "--name", "Bad-Name"], "lab name 'Bad-Name'"), (["lab", "up", "--subnet", "300"], "--subnet"),
+                       (["lab", "explode"], "invalid choice"), (["doctor", "--env-file", f"{T}/none.env"], "no hosts to check"),
+                       (["doctor", "--env-file", f"{T}/onehost.env"], "one host"),
+                       (["doctor", "--env-file", f"{T}/user.env"], "is not a user name"),
+                       (["frobnicate"], "unknown command 'frobnicate'")):
+        add(f"misc-{len(c)}", argv, what)
+    return c
+
+
+CASES = cases()
+
+
+def test_there_are_at_least_150_bad_inputs_with_unique_ids():
+    assert len(CASES) >= 150, len(CASES)
+    assert len({i for i, _, _ in CASES}) == len(CASES)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return _files(tmp_path_factory.mktemp("bad"))
+
+
+@pytest.mark.parametrize("ident, argv, what", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_exit_2(files, ident, argv, what, capsys, monkeypatch):
+    from paretopipe.cli.common import run_cli
+    from paretopipe.cli.main import main
+
+    for key in ("PI1_IP", "PI2_IP", "GPU_IP", "HOSTS", "PARETOPIPE_SECRET", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    argv = [a.replace("{tmp}", files["tmp"]) for a in argv]
+    what = what.replace("{tmp}", files["tmp"])
+    try:
+        code = run_cli(main, argv)
+    except SystemExit as exc:  # argparse's own exit
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if line.strip() and " WARNING " not in line]
+    assert code == 2, (argv, err)
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert what in lines[0], (what, lines[0])
+    assert GUIDANCE.search(lines[0]), f"the line does not say what is valid: {lines[0]}"
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("script, args, what", [
+    ("partition1.py", ["--port", "70000"], "out of range"),
+    ("partition2.py", ["--threads", "-1"], "--threads"),
+    ("automated_split_tester.py", ["--splits", "5-2", "--local", "--dry-run"], "low-high"),
+    ("network_delay.py", ["apply", "--dev", "eth0", "--duration", "-5"], "--duration"),
+    ("distributed_runner.py", ["--world-size", "1"], "--world-size"),
+])
+def test_the_anchor_scripts_give_the_same_one_line(script, args, what):
+    env = {k: v for k, v in os.environ.items() if k not in ("PI1_IP", "PI2_IP", "GPU_IP", "HOSTS")}
+    proc = subprocess.run([PYTHON, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and what in proc.stderr, proc.stderr
+    assert json.dumps(proc.stderr).count("Traceback") == 0

@@ -1,0 +1,95 @@
+"""Shaping is always removed: SIGHUP, SIGTERM, SIGINT, a second signal during the clean-up, and an SSH
+session that drops all leave no qdisc and no ifb behind (tested for real, in a network namespace)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import PYTHON, ROOT
+from lab_helpers import LAB_SKIP, in_host, lab
+
+NS, DEV = "ppsig", "ppsig0"
+
+
+@pytest.fixture
+def namespace():
+    if LAB_SKIP:
+        pytest.skip(LAB_SKIP)
+    subprocess.run(["ip", "netns", "add", NS], check=True)
+    subprocess.run(["ip", "link", "add", DEV, "type", "veth", "peer", "name", "ppsig1"], check=True)
+    subprocess.run(["ip", "link", "set", DEV, "netns", NS], check=True)
+    subprocess.run(["ip", "netns", "exec", NS, "ip", "link", "set", DEV, "up"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+        subprocess.run(["ip", "link", "del", "ppsig1"], capture_output=True)
+
+
+def _state() -> str:
+    qdiscs = subprocess.run(["ip", "netns", "exec", NS, "tc", "qdisc", "show", "dev", DEV], capture_output=True,
+                            text=True).stdout
+    links = subprocess.run(["ip", "netns", "exec", NS, "ip", "-o", "link"], capture_output=True, text=True).stdout
+    return qdiscs + links
+
+
+def _wait(predicate, what: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {seconds}s: {_state()}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signals", [[signal.SIGHUP], [signal.SIGTERM], [signal.SIGINT], [signal.SIGINT, signal.SIGINT],
+                                     [signal.SIGTERM, signal.SIGINT]],
+                         ids=["SIGHUP", "SIGTERM", "SIGINT", "SIGINT-twice", "SIGTERM-then-SIGINT"])
+def test_a_signal_clears_the_shaping(namespace, signals):
+    proc = subprocess.Popen([PYTHON, "network_delay.py", "apply", "--netns", NS, "--dev", DEV, "--rate", "10mbit",
+                             "--ingress", "--duration", "120"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait(lambda: "htb" in _state() and "ifb-ppsig0" in _state(), "the profile was applied")
+        for i, sig in enumerate(signals):
+            if i:
+                time.sleep(0.01)  # the second signal lands while the first one's clean-up runs
+            os.kill(proc.pid, sig)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = _state()
+    assert "htb" not in state and "ingress" not in state and "ifb-" not in state, state
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_an_ssh_session_that_drops_clears_the_shaping():
+    """The controlling SSH session dies: sshd hangs the session up (SIGHUP) and the tree goes."""
+    with lab("ppls", 2, subnet=57) as made:
+        ssh = ["ssh", "-tt", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={made.known_hosts}", "-i",
+               str(made.key), "--", f"root@{made.address(1)}",
+               f"cd {ROOT} && exec {PYTHON} network_delay.py apply --dev eth0 --rate 10mbit --ingress --duration 120"]
+        client = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while "htb" not in in_host(made, 1, "tc", "qdisc", "show", "dev", "eth0").stdout:
+                assert time.monotonic() < deadline, "never applied"
+                time.sleep(0.1)
+            client.kill()  # the connection drops without a goodbye
+            deadline = time.monotonic() + 20
+            while True:
+                shown = in_host(made, 1, "tc", "qdisc", "show", "dev", "eth0").stdout
+                links = in_host(made, 1, "ip", "-o", "link").stdout
+                if "htb" not in shown and "ingress" not in shown and "ifb-" not in links:
+                    break
+                assert time.monotonic() < deadline, shown + links
+                time.sleep(0.1)
+        finally:
+            client.kill()
+            client.wait(10)

@@ -1,0 +1,58 @@
+"""Exit statuses tell the truth: failed configurations exit non-zero with a summary line, a full disk
+stops the sweep in one line and is never retried as a configuration failure, and what was written
+stays valid."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import PYTHON, ROOT, is_root
+
+
+def _sweep(out, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "automated_split_tester.py", "--model", "resnet18", "--runs", "1",
+                           "--batch-size", "1", "--num-batches", "2", "--warmup", "0", "--threads", "1", "--local",
+                           "--out", str(out), "--session", "s", "--no-report", "--quiet", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_failed_configurations_exit_non_zero_with_a_summary(tmp_path):
+    """Every run times out (a 1 ms per-batch timeout): the sweep finishes, says so, and exits 1."""
+    proc = _sweep(tmp_path, "--splits", "0,9", "--timeout", "0.001", "--wait-time", "60")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 2 run(s) of 2 of 2 configurations failed twice") and "failures.csv" in last
+    failures = json.loads((tmp_path / "s" / "session.json").read_text())["failures"]
+    assert {f["attempt"] for f in failures} == {1, 2}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    if not is_root():
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_stops_the_sweep_in_one_line(small_disk):
+    proc = _sweep(small_disk, "--splits", "0-9")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: disk full: cannot write"), proc.stderr
+    assert "bytes free" in errors[0] and "--resume" in errors[0] and "Traceback" not in proc.stderr
+    runs = list((small_disk / "s" / "runs").glob("*.json"))
+    assert runs, "some runs fitted before the disk filled"
+    for path in runs:  # every record written is whole: atomic writes left no half file
+        assert json.loads(path.read_text())["status"] == "complete"
+    assert not [p for p in (small_disk / "s").rglob(".*") if p.is_file()]  # no temporary file left
+    session = small_disk / "s" / "session.json"
+    if session.exists():  # never retried as a configuration failure
+        assert not json.loads(session.read_text()).get("failures")

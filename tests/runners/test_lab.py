@@ -1,0 +1,143 @@
+"""The testbed path, proven on a lab of namespace hosts with their own sshd: sweeps over SSH with
+real tc for both backends, a 3-stage plan on 3 hosts, preflight catching a host with other code,
+deploy, and a remote worker killed mid-sweep. Every lab is gone after its test."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from conftest import PYTHON, ROOT
+from lab_helpers import in_host, lab
+
+SLOW = '[slow]\nrate = "20mbit"\ncomment = "rate only: htb shapes it on any kernel"\n'
+
+
+def _sweep(made, tmp: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    (tmp / "nets.toml").write_text(SLOW)
+    return subprocess.run([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model", "resnet18",
+                           "--network-file", str(tmp / "nets.toml"), "--runs", "1", "--batch-size", "1",
+                           "--num-batches", "4", "--warmup", "1", "--threads", "1", "--out", str(tmp / "out"),
+                           "--session", "s", "--no-report", "--quiet", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _qdisc(made, i: int) -> str:
+    return in_host(made, i, "tc", "qdisc", "show", "dev", "eth0").stdout
+
+
+def test_lab_hosts_take_keys_only_and_the_env_points_at_them(tmp_path):
+    from paretopipe.envfile import read_env
+    from paretopipe.runners.hosts import Testbed
+
+    with lab("pplk", 2, subnet=52) as made:
+        tb = Testbed.from_env(read_env(str(made.env_file)))
+        assert [h.address for h in tb.hosts] == made.addresses() and tb.iface == "eth0" and tb.secret
+        for host in tb.hosts:
+            ok = subprocess.run(host.ssh() + ["cat /proc/self/net/dev | grep -c eth0"], capture_output=True, text=True)
+            assert ok.returncode == 0 and ok.stdout.strip() == "1"  # a shell inside that host's namespace
+        no_key = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "PubkeyAuthentication=no", "-o",
+                                 f"UserKnownHostsFile={made.known_hosts}", "--", f"root@{made.address(1)}", "true"],
+                                capture_output=True, text=True, timeout=30)
+        assert no_key.returncode != 0 and "Permission denied" in no_key.stderr
+
+
+def test_two_host_sweep_with_tc_shapes_the_data_port_for_real(tmp_path):
+    """k = 0 ships the 602 KB input: its transfer is bytes / rate within 10%, at 20 Mbit/s of htb."""
+    with lab("pplt", 2, subnet=53) as made:
+        proc = _sweep(made, tmp_path, "--splits", "0,9", "--network", "slow", "--link", "tc")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv").set_index("split_index")
+        assert set(runs["status"]) == {"complete"} and set(runs["link_mode"]) == {"tc"}
+        k0 = runs.loc[0]
+        assert k0["transfer_median_s"] == pytest.approx(k0["payload_bytes_mean"] * 8 / 20e6, rel=0.10)
+        rec = json.loads((tmp_path / "out" / "s" / k0["json"]).read_text())
+        link = rec["manifest"]["link"]
+        assert link["host"].endswith(made.address(1)) and {c["rate"] for c in link["classes"]} == {"10Gbit", "20Mbit"}
+        assert [m["device"] for m in rec["manifest"]["stages"]] == ["cpu", "cpu"]
+        for i in (1, 2):  # cleared after the sweep on both hosts
+            assert "htb" not in _qdisc(made, i)
+
+
+def test_three_host_rpc_sweep_of_a_three_stage_plan(tmp_path):
+    with lab("pplr", 3, subnet=54) as made:
+        proc = _sweep(made, tmp_path, "--backend", "rpc", "--split-blocks", "2,5;4,7", "--network", "slow",
+                      "--link", "tc")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv")
+        assert sorted(runs["split_index"]) == ["2,5", "4,7"] and set(runs["status"]) == {"complete"}
+        for _, row in runs.iterrows():
+            rec = json.loads((tmp_path / "out" / "s" / row["json"]).read_text())
+            assert rec["manifest"]["rpc"]["stage_ranks"] == [1, 2, 3] and len(rec["manifest"]["stages"]) == 4
+            hops = rec["batches"][-1]["hop_bytes"]
+            assert len(hops) == 4 and hops[0] == 3 * 224 * 224 * 4 and hops[-1] == 40
+            assert rec["config"]["world_size"] == 4 and len(rec["config"]["cuts"]) == 2
+        for i in (1, 2, 3):
+            assert "htb" not in _qdisc(made, i)
+
+
+def test_doctor_catches_a_host_with_other_code_and_deploy_ships_the_tree(tmp_path):
+    from paretopipe.runners.doctor import deploy
+    from paretopipe.runners.hosts import Testbed
+
+    with lab("ppld", 2, subnet=55) as made:
+        env = made.env_file.read_text()
+        dirs = [tmp_path / "h1", tmp_path / "h2"]
+        tb = Testbed.from_env({**__import__("paretopipe.envfile", fromlist=["read_env"]).read_env(str(made.env_file)),
+                               "REMOTE_DIRS": ",".join(map(str, dirs))})
+        for host in tb.hosts:
+            assert deploy(host, ROOT) == host.remote_python  # the lab's python runs the shipped package
+        assert (dirs[0] / "paretopipe" / "network" / "profiles.toml").is_file()
+        assert json.loads((dirs[0] / ".paretopipe-deploy.json").read_text())["source_digest"]
+        env_file = tmp_path / "lab.env"
+        env_file.write_text(env + f"REMOTE_DIRS={dirs[0]},{dirs[1]}\n")
+        ok = subprocess.run([PYTHON, "-m", "paretopipe", "doctor", "--env-file", str(env_file), "--model", "resnet18"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert ok.stdout.splitlines()[0].split()[:3] == ["host", "ssh", "device"]
+        with open(dirs[1] / "paretopipe" / "units.py", "a") as fh:  # host 2 now runs other code
+            fh.write("\n# a local change on host 2\n")
+        bad = subprocess.run([PYTHON, "-m", "paretopipe", "doctor", "--env-file", str(env_file), "--model", "resnet18"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert bad.returncode == 1
+        errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and made.address(2) in errors[0] and "code digest" in errors[0], bad.stderr
+        assert "--deploy" in errors[0]
+
+
+def test_a_remote_worker_killed_mid_sweep_is_recorded_and_retried(tmp_path):
+    with lab("pplw", 2, subnet=56) as made:
+        (tmp_path / "nets.toml").write_text(SLOW)
+        proc = subprocess.Popen([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model",
+                                 "resnet18", "--network-file", str(tmp_path / "nets.toml"), "--network", "slow",
+                                 "--splits", "4,6,8", "--runs", "2", "--batch-size", "1", "--num-batches", "4",
+                                 "--warmup", "1", "--threads", "1", "--out", str(tmp_path / "out"), "--session", "s",
+                                 "--no-report", "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        runs_dir = tmp_path / "out" / "s" / "runs"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(list(runs_dir.glob("*.json"))) < 2:
+            time.sleep(0.2)
+        ns2 = subprocess.run(["ip", "netns", "pids", made.namespace(2)], capture_output=True, text=True).stdout.split()
+        victims = [p for p in map(int, ns2) if "paretopipe.runners.worker" in " ".join(psutil.Process(p).cmdline())]
+        assert victims, "no stage-2 worker in host 2's namespace"
+        psutil.Process(victims[0]).kill()
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+        failures = pd.read_csv(tmp_path / "out" / "s" / "failures.csv")
+        assert len(failures) >= 1 and (failures["attempt"] == 1).all()
+        runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv")
+        assert len(runs) == 6 and set(runs["status"]) == {"complete"}
+
+
+def test_make_lab_demo_target_is_wired():
+    text = (ROOT / "Makefile").read_text()
+    assert "lab-demo:" in text and "paretopipe lab up" in text and "paretopipe doctor" in text
+    assert shutil.which("make") is not None
