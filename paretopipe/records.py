@@ -40,9 +40,16 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def file_label(text: str) -> str:
+    """``text`` as part of a file name: letters, digits and ``._-`` only, never a path. A user's
+    model (``examples/models/skipnet.py:build``) or network name may hold anything."""
+    label = re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).replace("..", "_").strip("._")
+    return label or "_"
+
+
 def new_run_id(model: str, split: str) -> str:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{model}-{split}-{stamp}-{uuid.uuid4().hex[:6]}"
+    return f"{file_label(model)}-{file_label(split)}-{stamp}-{uuid.uuid4().hex[:6]}"
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -170,6 +177,10 @@ def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, A
         keys.update(dict.fromkeys(work_fields(b)))
     for key in keys:
         out[key[:-2] + "_median_s"] = _median(measured, key)
+        # Means add up: per batch latency = work parts + transfer exactly, so their means sum to
+        # the mean latency (medians do not), which is what the breakdown figure stacks.
+        xs = [b[key] for b in measured if b.get(key) is not None]
+        out[key[:-2] + "_mean_s"] = statistics.fmean(xs) if xs else None
     transfers = [transfer_time(b) for b in measured]
     out.update(describe(transfers, "transfer"))
     payload = [b["payload_bytes"] for b in measured if b.get("payload_bytes") is not None]

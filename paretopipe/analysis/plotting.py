@@ -40,10 +40,32 @@ def _colours(networks: Sequence[str]) -> dict[str, str]:
     return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(networks)}
 
 
+def _error_bars(frame: pd.DataFrame, value: str, low: str, high: str, scale: float = 1.0) -> np.ndarray | None:
+    """Asymmetric error bars (2 x n) from CI columns; None when the table has none."""
+    if low not in frame.columns or high not in frame.columns:
+        return None
+    v = frame[value].to_numpy(dtype=float) * scale
+    lo = frame[low].to_numpy(dtype=float) * scale
+    hi = frame[high].to_numpy(dtype=float) * scale
+    return np.nan_to_num(np.vstack([np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)]))
+
+
 def plot_fronts(table: pd.DataFrame, ax, title: str) -> list[dict[str, Any]]:
+    """Every configuration with its 95% CIs on both objectives, each network's front as a line,
+    and labels placed by adjustText so that none collides with another or with a point."""
+    from adjustText import adjust_text
+
     points = front_plot_data(table)
     colours = _colours(list(dict.fromkeys(table["network"])))
+    texts = []
     for network, colour in colours.items():
+        rows = table[table["network"] == network]
+        xerr = _error_bars(rows, "latency_s", "latency_median_ci95_low_s", "latency_median_ci95_high_s", 1e3)
+        yerr = _error_bars(rows, "throughput_imgs_per_s", "throughput_ci95_low_imgs_per_s",
+                           "throughput_ci95_high_imgs_per_s")
+        if xerr is not None and yerr is not None:
+            ax.errorbar(rows["latency_s"].to_numpy(dtype=float) * 1e3, rows["throughput_imgs_per_s"].to_numpy(dtype=float),
+                        xerr=xerr, yerr=yerr, fmt="none", ecolor=colour, alpha=0.35, lw=0.8, capsize=1.5)
         mine = [p for p in points if p["network"] == network]
         ax.scatter([p["x"] * 1e3 for p in mine if not p["on_front"]], [p["y"] for p in mine if not p["on_front"]],
                    color=colour, alpha=0.35, s=22)
@@ -51,38 +73,62 @@ def plot_fronts(table: pd.DataFrame, ax, title: str) -> list[dict[str, Any]]:
         ax.plot([x * 1e3 for x, _ in line], [y for _, y in line], "-o", color=colour, ms=6, lw=1.8,
                 label=f"{network} front")
         for p in mine:
-            ax.annotate(p["label"] + (" (knee)" if p["knee"] else ""), (p["x"] * 1e3, p["y"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points", color=colour,
-                        fontweight="bold" if p["on_front"] else "normal")
+            texts.append(ax.text(p["x"] * 1e3, p["y"], p["label"] + (" (knee)" if p["knee"] else ""), fontsize=7,
+                                 color=colour, fontweight="bold" if p["on_front"] else "normal"))
     ax.set_xscale("log")
-    ax.set_xlabel("end-to-end latency per batch, median (ms, log scale)")
-    ax.set_ylabel("throughput (images/s)")
+    ax.set_xlabel("end-to-end latency per batch, median with 95% CI (ms, log scale)")
+    ax.set_ylabel("throughput (images/s), with 95% CI")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+    if texts:
+        adjust_text(texts, ax=ax, arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.5})
     return points
 
 
+#: The breakdown's stack, bottom to top: (label, colour, column pattern). Per-batch means, which
+#: add up to the mean latency exactly (transfer is latency minus every measured part).
+BREAKDOWN_PARTS = (
+    ("stage 1 compute", PALETTE[0], r"^stage1_compute_mean_s$"),
+    ("encode / decode", PALETTE[4], r"^(stage\d+_(encode|decode)|result_decode)_mean_s$"),
+    ("transfer (network, waiting for the link)", PALETTE[1], r"^transfer_mean_s$"),
+    ("queueing (waiting for a later stage)", PALETTE[3], r"^stage\d+_queue_mean_s$"),
+    ("later stages' compute", PALETTE[2], r"^stage([2-9]|\d\d+)_compute_mean_s$"),
+)
+
+
+def breakdown_parts(table: pd.DataFrame) -> list[tuple[str, str, np.ndarray]]:
+    """(label, colour, seconds per row) of each stacked part; tests check they sum to the latency."""
+    import re
+
+    out = []
+    for label, colour, pattern in BREAKDOWN_PARTS:
+        cols = [c for c in table.columns if re.match(pattern, c)]
+        values = table[cols].astype(float).fillna(0).sum(axis=1).to_numpy() if cols else np.zeros(len(table))
+        out.append((label, colour, values))
+    return out
+
+
 def plot_breakdown(table: pd.DataFrame, fig, title: str) -> None:
-    """Neurosurgeon-style: stage-1 compute, transfer, stage-2 compute per split, one panel per network."""
+    """Neurosurgeon-style, per split and network: compute, codecs, transfer, queueing and the later
+    stages, stacked to the mean latency (marked), so nothing is left out."""
     networks = list(dict.fromkeys(table["network"]))
     axes = fig.subplots(1, len(networks), squeeze=False)[0]
-    parts = [("stage1_compute_median_s", "stage 1 compute", PALETTE[0]), ("transfer_median_s", "transfer", PALETTE[1]),
-             ("stage2_compute_median_s", "stage 2 compute", PALETTE[2])]
     for ax, network in zip(axes, networks):
         grp = _by_split(table[table["network"] == network])
         x = np.arange(len(grp))
         bottom = np.zeros(len(grp))
-        for col, label, colour in parts:
-            vals = grp[col].fillna(0).to_numpy() * 1e3
-            ax.bar(x, vals, bottom=bottom, color=colour, label=label)
-            bottom += vals
+        for label, colour, values in breakdown_parts(grp):
+            ax.bar(x, values * 1e3, bottom=bottom, color=colour, label=label)
+            bottom += values * 1e3
+        if "latency_mean_s" in grp.columns:
+            ax.plot(x, grp["latency_mean_s"].astype(float) * 1e3, "k_", ms=10, mew=1.5, label="mean latency")
         ax.set_xticks(x, [str(k) for k in grp["split_index"]], fontsize=7)
         ax.set_xlabel("split index k")
         ax.set_title(network)
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0].set_ylabel("time per batch, median (ms)")
-    axes[0].legend(fontsize=8)
+    axes[0].set_ylabel("time per batch, mean (ms)")
+    axes[0].legend(fontsize=7)
     fig.suptitle(title)
 
 

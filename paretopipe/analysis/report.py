@@ -63,7 +63,7 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))
     for key, panel in table.groupby(PANEL_KEY):
         model, backend, batch = key
-        stem = f"{model}_{backend}_b{batch}"
+        stem = records.file_label(f"{model}_{backend}_b{batch}")
         title = f"{model}, {backend} backend, batch {batch}"
         fig, ax = plt.subplots(figsize=(8, 5.5))
         plot_fronts(panel, ax, f"Pareto fronts: {title}")
@@ -80,7 +80,7 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
         fig, ax = plt.subplots(figsize=(7, 4))
         plot_payload(panel, ax, f"Payload per image vs split: {model}")
         fig.tight_layout()
-        save_figure(fig, out / f"payload_{model}.{fmt}")
+        save_figure(fig, out / f"payload_{records.file_label(model)}.{fmt}")
     return out
 
 

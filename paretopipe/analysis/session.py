@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -38,12 +39,15 @@ RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_ind
               "goodput_mbit_per_s", "measured_window_s", "measured_span_s", "batches_measured", "link_mode",
               "json"]
 FAILURE_FIELDS = ["run_key", "attempt", "error", "time_utc"]
+#: Per-batch means of the latency's parts (every stage's compute, codecs and queue, the transfer):
+#: they add up to ``latency_mean_s`` exactly, so the breakdown figure stacks them.
+BREAKDOWN = re.compile(r"^(stage\d+_(compute|encode|decode|queue)|result_decode|transfer)_mean_s$")
 
 
 def config_key(model: str, backend: str, network: str, split_index: int | str) -> str:
     """The text form of a configuration (file names, failures.csv)."""
     k = f"k{split_index:02d}" if isinstance(split_index, int) else f"k{split_index}"
-    return f"{model}_{backend}_{network}_{k}"
+    return records.file_label(f"{model}_{backend}_{network}_{k}")
 
 
 def run_key(cfg_key: str, run: int) -> str:
@@ -78,6 +82,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "split_index": split_label(c.get("split_index")), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
+            **{k: v for k, v in s.items() if BREAKDOWN.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "json": f"runs/{name}"}
 
 
@@ -108,6 +113,9 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                        "stage2_queue_median_s", "goodput_mbit_per_s"):
             xs = [m[metric] for m in members if m.get(metric) is not None]
             entry[metric] = float(np.median(xs)) if xs else None
+        for metric in sorted({k for m in members for k in m if BREAKDOWN.match(k)} | {"latency_mean_s"}):
+            xs = [m[metric] for m in members if m.get(metric) is not None and m[metric] == m[metric]]
+            entry[metric] = float(np.mean(xs)) if xs else None  # a mean of means: still adds up
         pay = [m["payload_bytes_mean"] for m in members if m.get("payload_bytes_mean") is not None]
         entry["payload_bytes_mean"] = float(np.mean(pay)) if pay else None
         out.append(entry)
@@ -179,7 +187,8 @@ class Session:
     def consolidate(self, failures: Iterable[dict[str, Any]], final: bool) -> tuple[list[dict[str, Any]], list[str]]:
         """Rewrite runs.csv and failures.csv (and summary.csv when ``final``)."""
         rows, skipped = self.run_rows()
-        records.atomic_write_csv(self.path / "runs.csv", rows, RUN_FIELDS)
+        parts = sorted({k for r in rows for k in r if BREAKDOWN.match(k)})
+        records.atomic_write_csv(self.path / "runs.csv", rows, RUN_FIELDS + parts)
         if final:
             records.atomic_write_csv(self.path / "summary.csv", summarize_runs(rows))
         records.atomic_write_csv(self.path / "failures.csv", list(failures), FAILURE_FIELDS)

@@ -75,6 +75,25 @@ def add_network_flags(group, many: bool = False) -> None:
     group.add_argument("--trace", default=None, help="a rate trace (Mahimahi or CSV) instead of a constant rate")
 
 
+def add_dataset_flags(group, default: str = "synthetic") -> None:
+    """--dataset (a spec: synthetic, photos, cifar10[:PATH], imagefolder:PATH) and the anchor's --data-dir."""
+    group.add_argument("--dataset", default=default,
+                       help="inputs: synthetic (the anchor's dummy), photos (real photographs scikit-image ships), "
+                            "cifar10[:PATH], imagefolder:PATH" + ("; auto = photos when a codec is measured, "
+                                                                  "synthetic otherwise" if default == "auto" else ""))
+    group.add_argument("--data-dir", default=None, help="folder holding cifar-10-batches-py (for --dataset cifar10)")
+
+
+def dataset_from_args(args: argparse.Namespace, compression: str = "none", local: bool = True) -> str:
+    """The resolved dataset spec; checked on this machine when this machine reads it."""
+    from ..transport import inputs
+
+    spec = inputs.resolve_default(args.dataset, compression)
+    if local:
+        inputs.check_local(spec, args.data_dir)
+    return spec
+
+
 def adhoc_network_values(args: argparse.Namespace) -> dict[str, Any]:
     out = {key: getattr(args, key, None) for key, _ in NETWORK_VALUES}
     out["distribution"] = getattr(args, "distribution", None)

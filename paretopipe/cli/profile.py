@@ -6,7 +6,8 @@ import logging
 from typing import Sequence
 
 from ..errors import UsageError
-from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
+                     example_epilog, nonneg_int, positive_float, positive_int, setup_logging)
 
 log = logging.getLogger("paretopipe.profile")
 
@@ -27,15 +28,16 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
     p.add_argument("--model", required=True, help="zoo name, e.g. mobilenetv2, resnet18")
     p.add_argument("--batch-sizes", default="1", help="comma list of batch sizes to time")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (match the stage that will run here)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (match the stage that will run here)")
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0-3 (as the sweeper pins stages)")
-    p.add_argument("--cpu-share", type=float, default=None,
+    p.add_argument("--cpu-share", type=positive_float, default=None,
                    help="hold this process to a CPU share via cgroups (emulates a weaker device; as --stage-cpu)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed passes first")
-    p.add_argument("--repetitions", type=int, default=15, help="timed passes; the median (mean under a share) is kept")
+    p.add_argument("--warmup", type=nonneg_int, default=3, help="untimed passes first")
+    p.add_argument("--repetitions", type=positive_int, default=15, help="timed passes; the median (mean under a share) is kept")
     p.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
                    help="wire-dtype/compression pairs to time on every cut (float32/none is always timed)")
-    p.add_argument("--num-classes", type=int, default=10)
+    add_dataset_flags(p, default="photos")
+    p.add_argument("--num-classes", type=positive_int, default=10)
     p.add_argument("--weights", default=None)
     p.add_argument("--out", required=True, help="device profile JSON to write, e.g. profiles/<device>-<model>.json")
     add_common_flags(p)
@@ -58,7 +60,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
                           cpus=args.cpus, cpu_share=args.cpu_share, warmup=args.warmup,
                           repetitions=args.repetitions,
                           codecs=[c.strip() for c in args.codecs.split(",") if c.strip()],
-                          num_classes=args.num_classes, weights=args.weights)
+                          num_classes=args.num_classes, weights=args.weights,
+                          dataset=dataset_from_args(args), data_dir=args.data_dir)
     doc = measure(opts, progress=log.info)
     path = records.atomic_write_json(args.out, doc)
     for b, per in doc["by_batch"].items():

@@ -9,7 +9,8 @@ import sys
 from typing import Sequence
 
 from ..errors import PeerError, UsageError
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
+                     dataset_from_args, example_epilog,
                      network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
                      setup_logging)
 
@@ -34,8 +35,7 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     p.add_argument("--model", "--model-name", dest="model", default="mobilenetv2")
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--num-classes", type=positive_int, default=10)
-    p.add_argument("--dataset", default="synthetic", help="synthetic (the anchor's dummy), cifar10")
-    p.add_argument("--data-dir", default=None)
+    add_dataset_flags(p)
     p.add_argument("--num-test-samples", type=positive_int, default=64, help="images in the measured batches")
     p.add_argument("--warmup", type=nonneg_int, default=2, help="extra batches first, excluded from statistics")
     p.add_argument("--num-partitions", type=positive_int, default=2,
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
         num_batches = max(1, -(-args.num_test_samples // args.batch_size))
         cfg = RunConfig(model=builder.name, cuts=cuts, split_index=ks[0] if len(ks) == 1 else ks,
                         batch_size=args.batch_size, num_batches=num_batches, warmup=args.warmup,
-                        in_flight=args.in_flight if args.use_pipelining else 1, dataset=args.dataset,
+                        in_flight=args.in_flight if args.use_pipelining else 1, dataset=dataset_from_args(args),
                         data_dir=args.data_dir, num_classes=args.num_classes,
                         network=conditions.name if conditions else None,
                         link_mode="emulated" if conditions else "none", timeout_s=args.timeout,

@@ -14,7 +14,8 @@ from ..errors import UsageError
 from ..partition.stages import StageBuilder
 from ..transport import auth, tcp, wire
 from ..transport.runconfig import RunConfig
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
+                     dataset_from_args, example_epilog,
                      network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
                      setup_logging)
 
@@ -100,8 +101,7 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     d.add_argument("--num-batches", type=nonneg_int, default=20, help="measured batches")
     d.add_argument("--warmup", type=nonneg_int, default=3, help="extra batches first, excluded from statistics")
     d.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window (1 = no overlap)")
-    d.add_argument("--dataset", default="synthetic", help="synthetic (also: dummy), cifar10")
-    d.add_argument("--data-dir", default=None, help="folder holding cifar-10-batches-py")
+    add_dataset_flags(d, default="auto")
     d.add_argument("--seed", type=nonneg_int, default=0)
     d.add_argument("--compression", default="none", choices=list(wire.CODECS))
     d.add_argument("--compression-level", type=positive_int, default=3)
@@ -125,7 +125,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     link_mode = args.link or ("emulated" if conditions else "none")
     cfg = RunConfig(model=builder.name, cuts=cuts, split_index=args.split_index, batch_size=args.batch_size,
                     num_batches=args.num_batches, warmup=args.warmup, in_flight=args.in_flight,
-                    dataset=args.dataset, data_dir=args.data_dir, num_classes=args.num_classes,
+                    dataset=dataset_from_args(args, args.compression), data_dir=args.data_dir, num_classes=args.num_classes,
                     wire_dtype=args.wire_dtype, compression=args.compression,
                     compression_level=args.compression_level, seed=args.seed,
                     network=conditions.name if conditions else None,

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 from .. import cpushare
 from ..errors import UsageError
 from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices
-from ..runners.sweep import SweepOptions, Sweeper, describe_plan, parse_plans
+from ..runners.sweep import SweepOptions, Sweeper, describe_plan, parse_plans, session_dir
 from ..transport.auth import load_secret
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, example_epilog, nonneg_int, positive_float,
+from . import experiment
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
+                     example_epilog, nonneg_int, positive_float,
                      positive_int, read_env, setup_logging)
 
 log = logging.getLogger("paretopipe.sweep")
@@ -30,7 +33,9 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
             "python automated_split_tester.py --models resnet18,resnet50 --splits 1-8 --in-flight 4",
             "python automated_split_tester.py --model resnet18 --backend rpc --split-blocks 3,6;2,7 --network wifi",
             "python automated_split_tester.py --model mobilenetv2 --dry-run",
-            "python automated_split_tester.py --model mobilenetv2 --resume --out results"))
+            "python automated_split_tester.py --model mobilenetv2 --resume --out results",
+            "paretopipe sweep --config examples/demo.toml",
+            "paretopipe sweep --rerun results/20261122-091500   # the same experiment again, a new session"))
     w = p.add_argument_group("what to sweep")
     w.add_argument("--model", default=None, help="one model (mobilenetv2 when neither --model nor --models is given)")
     w.add_argument("--models", default=None, help="comma list of models")
@@ -52,6 +57,7 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     r.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window")
     r.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     r.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
+    add_dataset_flags(r, default="auto")
     r.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
                    help="emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the "
                         "choice with hosts); none")
@@ -73,6 +79,14 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
                         "machine; local TCP only)")
     s.add_argument("--no-optimizations", action="store_true",
                    help="do not pin stages to separate cores (the anchor's behaviour; for comparisons)")
+    e = p.add_argument_group("experiment files")
+    e.add_argument("--config", default=None,
+                   help="experiment TOML file ([sweep] options named as these flags, [networks.NAME], [hosts]); "
+                        "flags given here override it")
+    e.add_argument("--rerun", default=None, metavar="SESSION",
+                   help="repeat a session's stored experiment (SESSION/experiment.toml) as a new session")
+    e.add_argument("--force-resume", action="store_true",
+                   help="let --resume continue a session with options that differ from its stored experiment")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="results", help="results folder; each sweep is a session inside it")
     o.add_argument("--session", default=None, help="session folder name (a timestamp when not given)")
@@ -99,7 +113,7 @@ def _per_stage_ints(text: str | None, flag: str) -> list[int | None]:
     return values
 
 
-def options_from_args(args: argparse.Namespace) -> SweepOptions:
+def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
     from ..partition.models import canonical_name
 
     models = [m.strip() for m in (args.models or args.model or "mobilenetv2").split(",") if m.strip()]
@@ -109,7 +123,12 @@ def options_from_args(args: argparse.Namespace) -> SweepOptions:
         canonical_name(model)
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else []
     env = read_env(args.env_file)
-    testbed = Testbed() if args.local else Testbed.from_env(env, devices or None)
+    if args.local:
+        testbed = Testbed()
+    elif exp is not None and exp.hosts:
+        testbed = Testbed.from_table(exp.hosts, env, devices or None)
+    else:
+        testbed = Testbed.from_env(env, devices or None)
     if args.hosts_required and not testbed.remote:
         raise UsageError(f"set PI1_IP and PI2_IP (or GPU_IP), or HOSTS, in {args.env_file} or the environment "
                          f"(see .env.example)")
@@ -142,14 +161,74 @@ def options_from_args(args: argparse.Namespace) -> SweepOptions:
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
                         rpc_source=args.rpc_source, rpc_transport=args.rpc_transport,
-                        num_classes=args.num_classes, weights=args.weights)
+                        num_classes=args.num_classes, weights=args.weights,
+                        dataset=dataset_from_args(args, args.compression, local=not testbed.remote),
+                        data_dir=args.data_dir, inline_networks=exp.networks if exp else {})
+
+
+def resolved_table(opts: SweepOptions) -> dict[str, Any]:
+    """The ``[sweep]`` table of a session's experiment.toml: every option as it was resolved."""
+    def joined(values: list) -> str | None:
+        return ",".join("" if v is None else str(v) for v in values) if any(v is not None for v in values) else None
+
+    return {"models": list(opts.models), "splits": opts.splits,
+            "split_blocks": [list(p) for p in opts.plans] if opts.plans else None, "runs": opts.runs,
+            "networks": list(opts.networks), "backend": "both" if len(opts.backends) == 2 else opts.backends[0],
+            "batch_size": opts.batch_size, "num_batches": opts.num_batches, "warmup": opts.warmup,
+            "in_flight": opts.in_flight, "wire_dtype": opts.wire_dtype, "compression": opts.compression,
+            "dataset": opts.dataset, "data_dir": opts.data_dir, "link": opts.link, "num_classes": opts.num_classes,
+            "weights": opts.weights, "rpc_source": opts.rpc_source, "rpc_transport": opts.rpc_transport,
+            "threads": opts.threads, "stage_threads": joined(opts.stage_threads),
+            "stage_cpu": joined(opts.stage_cpu), "stage_devices": joined(opts.stage_devices),
+            "no_optimizations": not opts.optimizations, "timeout": opts.timeout, "wait_time": opts.wait_time,
+            "local": not opts.testbed.remote}
+
+
+def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Experiment | None:
+    """What --config, --rerun or --resume contributes (a resumed session's own stored experiment)."""
+    given = [flag for flag, value in (("--config", args.config), ("--rerun", args.rerun)) if value]
+    if len(given) > 1 or (given and args.resume and args.rerun):
+        raise UsageError(f"{' and '.join(given + (['--resume'] if args.resume else []))}: give one of --config, "
+                         f"--rerun and --resume (--config may amend a --resume)")
+    if args.rerun:
+        folder = Path(args.rerun)
+        exp = experiment.stored(folder, p)
+        if exp is None:
+            raise UsageError(f"--rerun {folder}: no {experiment.FILE_NAME} there; give a session folder written by "
+                             f"a sweep (results/<timestamp>)")
+        return exp
+    base = None
+    if args.resume:
+        base = experiment.stored(session_dir(args.out, args.session, True), p)
+    if args.config:
+        exp = experiment.read(args.config, p)
+        if base is not None:
+            exp.defaults = {**base.defaults, **exp.defaults}
+            exp.networks = {**base.networks, **exp.networks}
+            exp.hosts = exp.hosts or base.hosts
+            exp.resolved = base.resolved
+        return exp
+    return base
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.py") -> int:
-    args = parser(prog).parse_args(argv)
+    p = parser(prog)
+    args = p.parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    opts = options_from_args(args)
+    exp = _experiment_of(p, args)
+    if exp is not None:
+        p.set_defaults(**exp.defaults)
+        args = p.parse_args(argv)
+    opts = options_from_args(args, exp)
     sweeper = Sweeper(opts)
+    table = resolved_table(opts)
+    if opts.resume and exp is not None and exp.resolved is not None:
+        changed = experiment.differences(exp.resolved, table)
+        if changed and not args.force_resume:
+            raise UsageError(f"--resume {sweeper.dir}: the options differ from the session's experiment: "
+                             f"{'; '.join(changed)}; run without the changed flags, or add --force-resume")
+        if changed:
+            log.warning("resuming with changed options (--force-resume): %s", "; ".join(changed))
     if opts.dry_run:
         from ..partition.structure import structure
 
@@ -168,6 +247,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
     tb = opts.testbed
     where = ("locally" if not tb.remote else " -> ".join(f"{h.address} ({h.device})" for h in tb.hosts) + " over SSH")
     log.info("sweep %s, link %s, results in %s", where, opts.link, sweeper.dir)
+    sweeper.dir.mkdir(parents=True, exist_ok=True)
+    experiment.write(sweeper.dir / experiment.FILE_NAME, table,
+                     {n: c.to_values() for n, c in sweeper.networks.items()},
+                     opts.testbed.to_table() if opts.testbed.remote else None)
     result = sweeper.run()
     out = result.path
     if opts.cleanup:

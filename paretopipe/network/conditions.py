@@ -175,6 +175,23 @@ class NetworkConditions:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "up": self.up.to_dict(), "down": self.down.to_dict()}
 
+    def to_values(self) -> dict[str, Any]:
+        """Exact ``profiles.toml`` keys per direction (``conditions_from_values`` reads them back
+        to an equal object): durations in seconds with every digit, rates in bit/s."""
+        out: dict[str, Any] = {}
+        for which in ("up", "down"):
+            d = self.direction(which)
+            out.update({f"delay_{which}": _exact(d.delay_s, format_duration, parse_duration, "s"),
+                        f"jitter_{which}": _exact(d.jitter_s, format_duration, parse_duration, "s"),
+                        f"distribution_{which}": d.distribution, f"loss_{which}": d.loss_percent})
+            if d.rate_bps is not None:
+                out[f"rate_{which}"] = _exact(d.rate_bps, format_rate, parse_rate, "bit")
+            if d.trace is not None:
+                out[f"trace_{which}"] = d.trace
+        if self.comment:
+            out["comment"] = self.comment
+        return out
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "NetworkConditions":
         if not isinstance(data, dict) or not isinstance(data.get("up"), dict) or not isinstance(data.get("down"), dict):
@@ -186,6 +203,12 @@ class NetworkConditions:
         if self.symmetric:
             return f"{self.name}: {self.up.describe()}"
         return f"{self.name}: up {self.up.describe()}; down {self.down.describe()}"
+
+
+def _exact(value: float, fmt, parse, unit: str) -> str:
+    """tc's readable spelling when it reads back to the same float, every digit otherwise."""
+    text = fmt(value)
+    return text if parse(text) == value else f"{value!r}{unit}"
 
 
 # -- reading profiles.toml and ad-hoc values --------------------------------------------------

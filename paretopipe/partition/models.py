@@ -10,10 +10,11 @@ change a single bit), and no all-zero heads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -35,12 +36,16 @@ ANCHOR_ALIASES = {
 NAMED_MODELS = ("mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3",
                 "efficientnet_b0", "vit_b_16")
 MODELS_DIR_ENV = "PARETOPIPE_MODELS_DIR"
+#: Packages add models under this entry-point group: ``name = "pkg.module:build"``.
+ENTRY_POINT_GROUP = "paretopipe.models"
 CALIBRATION_BATCHES = 2
 CALIBRATION_BATCH_SIZE = 4
 _ROUND_BITS = 12
 
 Builder = Callable[[int], nn.Module]
 _CUSTOM: dict[str, tuple[str, Builder, int]] = {}
+#: Source digests of user models from files and entry points: part of their weight-cache key.
+_SOURCE_DIGEST: dict[str, str] = {}
 
 
 def normalize(name: str) -> str:
@@ -58,6 +63,93 @@ def register(name: str, input_size: int = 224) -> Callable[[Builder], Builder]:
     return wrap
 
 
+def is_model_file(name: str) -> bool:
+    """``path/to/file.py:build``: a user's model file and the function in it that builds the model."""
+    path, sep, func = name.rpartition(":")
+    return bool(sep) and path.endswith(".py") and func.isidentifier()
+
+
+def _input_size_of(builder: Any, module: Any = None) -> int:
+    size = getattr(builder, "input_size", None) or getattr(module, "INPUT_SIZE", None) or 224
+    if not isinstance(size, int) or size < 1:
+        raise UsageError(f"model builder {getattr(builder, '__name__', builder)!r}: input_size must be a positive "
+                         f"integer, not {size!r}")
+    return size
+
+
+def _load_model_file(spec: str) -> None:
+    """Import ``file.py`` and register ``function`` under the spec itself, so every process that is
+    given the same spec (the sweeper passes it to the stage workers and ranks) agrees on the name.
+
+    Only names from this process's own command line or configuration come here: a peer's model
+    name is compared with the one loaded, never imported.
+    """
+    import importlib.util
+
+    path_text, _, func = spec.rpartition(":")
+    path = Path(path_text)
+    if not path.is_file():
+        raise UsageError(f"model file {path_text} not found (give --model path/to/file.py:function; on hosts the "
+                         f"same path must exist under REMOTE_DIR, which --deploy ships)")
+    source = path.read_bytes()
+    name = "paretopipe_user_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise UsageError(f"model file {path_text} failed to import: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:160]}")
+    builder = getattr(module, func, None)
+    if not callable(builder):
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))[:8]
+        raise UsageError(f"model file {path_text} has no function {func!r}; it defines: {', '.join(found) or 'none'}")
+    _CUSTOM[normalize(spec)] = (spec, _checked(builder, spec), _input_size_of(builder, module))
+    _SOURCE_DIGEST[normalize(spec)] = hashlib.sha256(source).hexdigest()[:16]
+
+
+def _checked(builder: Callable[..., Any], what: str) -> Builder:
+    def build(num_classes: int) -> nn.Module:
+        try:
+            model = builder(num_classes)
+        except TypeError:
+            model = builder()  # a builder without a classes argument: its own head
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"model {what}: the builder returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+    return build
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_points() -> dict[str, Any]:
+    from importlib import metadata
+
+    return {normalize(ep.name): ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_entry_point(key: str) -> None:
+    import inspect
+
+    ep = _entry_points()[key]
+    try:
+        builder = ep.load()
+    except Exception as exc:
+        raise UsageError(f"model {ep.name!r} (entry point {ep.value}) failed to load: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:160]}")
+    module = inspect.getmodule(builder)
+    _CUSTOM[key] = (ep.name, _checked(builder, ep.name), _input_size_of(builder, module))
+    try:
+        source = Path(inspect.getsourcefile(builder) or "").read_bytes()
+    except (OSError, TypeError):
+        source = ep.value.encode()
+    _SOURCE_DIGEST[key] = hashlib.sha256(source).hexdigest()[:16]
+
+
+def source_digest(name: str) -> str | None:
+    """The digest of a file or entry-point model's source (None for zoo and @register models)."""
+    return _SOURCE_DIGEST.get(normalize(name))
+
+
 def _torchvision_names() -> dict[str, str]:
     import torchvision.models as tvm
 
@@ -68,6 +160,10 @@ def _torchvision_names() -> dict[str, str]:
 def canonical_name(name: str) -> str:
     """The registry's spelling of ``name`` (torchvision's for zoo models); raises on unknown names."""
     key = normalize(name)
+    if key not in _CUSTOM and is_model_file(name):
+        _load_model_file(name)
+    if key not in _CUSTOM and key in _entry_points():
+        _load_entry_point(key)
     if key in _CUSTOM:
         return _CUSTOM[key][0]
     if key in ANCHOR_ALIASES:
@@ -75,20 +171,21 @@ def canonical_name(name: str) -> str:
     tv = _torchvision_names()
     if key in tv:
         return tv[key]
-    raise UsageError(f"unknown model {name!r}; known: {', '.join(known_models())}")
+    raise UsageError(f"unknown model {name!r}; known: {', '.join(known_models())}, or your own as "
+                     f"path/to/file.py:function or a {ENTRY_POINT_GROUP} entry point")
 
 
 def known_models() -> list[str]:
     """Anchor names, custom registrations, then every torchvision classification builder."""
     anchor = ["mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3"]
-    custom = sorted(v[0] for v in _CUSTOM.values())
+    custom = sorted({v[0] for v in _CUSTOM.values()} | {ep.name for ep in _entry_points().values()})
     tv = sorted(set(_torchvision_names().values()) - {ANCHOR_ALIASES[normalize(a)] for a in anchor})
     return anchor + custom + tv
 
 
 def input_size(name: str) -> int:
     """Square input side the model expects: 299 for Inception, 224 otherwise (or as registered)."""
-    key = normalize(name)
+    key = normalize(canonical_name(name))
     if key in _CUSTOM:
         return _CUSTOM[key][2]
     return 299 if canonical_name(name) == "inception_v3" else 224
@@ -263,13 +360,16 @@ def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = 
         with torch.device("meta"):
             return construct(canonical, num_classes)
 
-    if path is not None or not calibrate or normalize(canonical) in _CUSTOM:
+    digest = source_digest(canonical)
+    # @register models live only in this process's code, which may change under the same name:
+    # built afresh. Files and entry points are cached under their source's digest.
+    if path is not None or not calibrate or (normalize(canonical) in _CUSTOM and digest is None):
         model = fresh()
     else:
         from . import weightcache
 
-        model, _ = weightcache.cached_build(weightcache.cache_key(canonical, num_classes, seed), skeleton, fresh,
-                                            fingerprint)
+        model, _ = weightcache.cached_build(weightcache.cache_key(canonical, num_classes, seed, digest), skeleton,
+                                            fresh, fingerprint)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -68,9 +68,9 @@ def _trace(model: nn.Module) -> fx.GraphModule:
                   if "/torch/" not in f.filename.replace("\\", "/")]
         where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"torch.fx cannot trace {type(model).__name__}{where}: {first}; register a "
-                         f"traceable wrapper with @paretopipe.models.register (no data-dependent "
-                         f"control flow in forward)") from exc
+        raise UsageError(f"torch.fx cannot trace {type(model).__name__}{where}: {first}; make forward "
+                         f"traceable (no data-dependent control flow) or wrap the model in a builder "
+                         f"function that returns a traceable module") from exc
 
 
 class _Recorder(fx.Interpreter):

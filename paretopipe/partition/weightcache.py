@@ -41,16 +41,20 @@ def cache_dir() -> Path | None:
     return Path(platformdirs.user_cache_dir("paretopipe"))
 
 
-def cache_key(canonical: str, num_classes: int, seed: int) -> dict[str, Any]:
+def cache_key(canonical: str, num_classes: int, seed: int, source_digest: str | None = None) -> dict[str, Any]:
     import torch
 
-    return {"model": canonical, "num_classes": num_classes, "seed": seed, "torch": torch.__version__,
-            "init_version": INIT_VERSION}
+    key = {"model": canonical, "num_classes": num_classes, "seed": seed, "torch": torch.__version__,
+           "init_version": INIT_VERSION}
+    if source_digest is not None:
+        key["source"] = source_digest
+    return key
 
 
 def _entry(root: Path, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return root / f"{key['model']}-c{key['num_classes']}-{digest}"
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in key["model"])[-60:]
+    return root / f"{safe}-c{key['num_classes']}-{digest}"
 
 
 def _atomic_save(obj: Any, path: Path, writer: Callable[[Any, Path], None]) -> None:

@@ -51,6 +51,8 @@ class ProfileOptions:
     num_classes: int = 10
     weights: str | None = None
     models_dir: str | None = None
+    dataset: str = "photos"
+    data_dir: str | None = None
 
 
 def parse_codec(text: str) -> wire.Codec:
@@ -166,7 +168,8 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
                      "timer": "CUDA-synchronised wall clock and events" if builder.device.startswith("cuda")
                      else "perf_counter", "codec_repetitions": opts.codec_repetitions}
     doc["manifest"] = node_manifest(builder.device, limits.get("torch_threads"), role="profile",
-                                            weights_fingerprint=builder.fingerprint, limits=limits)
+                                    weights_fingerprint=builder.fingerprint, limits=limits)
+    doc["inputs"] = inputs.describe(opts.dataset, opts.data_dir)
     return doc
 
 
@@ -174,7 +177,10 @@ def _measure_batch(b: int, builder: StageBuilder, model: nn.Module, stages: list
                    timer: StageTimer, codecs: dict[str, wire.Codec], opts: ProfileOptions,
                    mean: bool) -> dict[str, Any]:
     device = builder.device
-    x = inputs.synthetic_batch(0, b, builder.input_size).to(device)
+    def source_batch(i: int) -> torch.Tensor:
+        return next(inputs.batches(opts.dataset, b, builder.input_size, 1, opts.data_dir, seed=i))
+
+    x = source_batch(0).to(device)
 
     def chain(keep: bool = False) -> tuple[list[float], list[torch.Tensor]]:
         times, outs, y = [], [x], x
@@ -195,7 +201,7 @@ def _measure_batch(b: int, builder: StageBuilder, model: nn.Module, stages: list
     source = []
     for i in range(max(5, opts.repetitions)):
         t0 = time.perf_counter()
-        inputs.synthetic_batch(i, b, builder.input_size)
+        source_batch(i)
         source.append(time.perf_counter() - t0)
     _, tensors = chain(keep=True)
     codec_rows: dict[str, list[dict[str, Any]]] = {}

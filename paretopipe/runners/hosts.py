@@ -120,6 +120,41 @@ class Testbed:
                 "data_port": self.data_port, "rpc_port": self.rpc_port, "iface": self.iface,
                 "authenticated": self.secret is not None}
 
+    def to_table(self) -> dict[str, Any]:
+        """The ``[hosts]`` table of an experiment file (never the secret; the key is only a path)."""
+        hosts = [{k: v for k, v in dataclasses.asdict(h).items() if v is not None} for h in self.hosts]
+        out: dict[str, Any] = {"list": hosts, "data_port": self.data_port, "rpc_port": self.rpc_port}
+        if self.iface:
+            out["iface"] = self.iface
+        return out
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any], env: dict[str, str], devices: Sequence[str] | None = None) -> "Testbed":
+        """An experiment file's ``[hosts]`` with an inline ``list`` of hosts; the secret still comes
+        from ``.env`` or the environment, never from the file."""
+        from .. import strict
+
+        allowed = {"list", "data_port", "rpc_port", "iface", "env_file"}
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise UsageError(f"experiment [hosts]: unknown key {unknown[0]!r}; valid: {', '.join(sorted(allowed))} "
+                             f"(the secret stays in .env as PARETOPIPE_SECRET)")
+        items = table.get("list") or []
+        if not isinstance(items, list):
+            raise UsageError("experiment [hosts] list: give a list of tables, e.g. list = [{address = \"10.0.0.2\"}]")
+        hosts = [strict.from_dict(Host, item, f"experiment host {i + 1}") for i, item in enumerate(items)]
+        for i, h in enumerate(hosts):
+            h.key, h.known_hosts = _path(h.key), _path(h.known_hosts)
+            if devices and i < len(devices) and devices[i]:
+                h.device = devices[i]
+            h.iface = h.iface or table.get("iface")
+        if len(hosts) == 1:
+            raise UsageError(f"experiment [hosts] names one host ({hosts[0].address}); a testbed needs at least two")
+        secret = env.get("PARETOPIPE_SECRET") or None
+        load_secret(secret or "")
+        return cls(hosts=hosts, data_port=_port(table.get("data_port"), "data_port", 5555),
+                   rpc_port=_port(table.get("rpc_port"), "rpc_port", 29500), iface=table.get("iface"), secret=secret)
+
     @classmethod
     def from_env(cls, env: dict[str, str], devices: Sequence[str] | None = None) -> "Testbed":
         """``HOSTS=a,b,c`` (or ``PI1_IP`` + ``PI2_IP``/``GPU_IP``), ``SSH_*``, ``REMOTE_*`` (``REMOTE_DIRS``

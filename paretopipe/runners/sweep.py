@@ -26,7 +26,7 @@ from ..analysis.session import Session, config_key, run_key
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network import tc
-from ..network.conditions import NetworkConditions, get_conditions
+from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ..transport.runconfig import RunConfig
 from .hosts import Host, Testbed
 from .processes import Placement, RpcRanks, TcpStages
@@ -86,6 +86,24 @@ def parse_plans(text: str) -> list[tuple[int, ...]]:
     if len({len(p) for p in plans}) != 1:
         raise UsageError(f"--split-blocks {text!r}: every plan needs the same number of stages")
     return plans
+
+
+def session_dir(out_dir: str, session: str | None, resume: bool) -> Path:
+    """The session folder: ``--session`` under ``--out``, the newest one for ``--resume``, or a new
+    timestamped one."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the sessions")
+    if session:
+        if "/" in session or session in (".", ".."):
+            raise UsageError(f"--session {session!r}: a folder name, not a path")
+        return out / session
+    if resume:
+        sessions = sorted(p for p in out.glob("*/session.json"))
+        if not sessions:
+            raise UsageError(f"--resume: no session found under {out}; give the --out of an earlier sweep")
+        return max(sessions, key=lambda p: p.stat().st_mtime).parent
+    return out / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def split_label(split: int | tuple[int, ...]) -> int | str:
@@ -155,6 +173,9 @@ class SweepOptions:
     rpc_transport: str = "uv"
     num_classes: int = 10
     weights: str | None = None
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    inline_networks: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -193,7 +214,9 @@ class Sweeper:
                 except ValueError:
                     raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
                                      f"addresses, not {h.address!r}")
-        self.networks = {name: get_conditions(name, opts.network_file) for name in opts.networks}
+        self.networks = {name: conditions_from_values(name, opts.inline_networks[name])
+                         if name in opts.inline_networks else get_conditions(name, opts.network_file)
+                         for name in opts.networks}
         self.session = Session(self._session_dir())
         self.dir = self.session.path
         self.group: TcpStages | RpcRanks | None = None
@@ -201,19 +224,7 @@ class Sweeper:
 
     # -- layout --------------------------------------------------------------------------------
     def _session_dir(self) -> Path:
-        out = Path(self.opts.out)
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {out} is a file; give a folder for the sessions")
-        if self.opts.session:
-            if "/" in self.opts.session or self.opts.session in (".", ".."):
-                raise UsageError(f"--session {self.opts.session!r}: a folder name, not a path")
-            return out / self.opts.session
-        if self.opts.resume:
-            sessions = sorted(p for p in out.glob("*/session.json"))
-            if not sessions:
-                raise UsageError(f"--resume: no session found under {out}; give the --out of an earlier sweep")
-            return max(sessions, key=lambda p: p.stat().st_mtime).parent
-        return out / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        return session_dir(self.opts.out, self.opts.session, self.opts.resume)
 
     # -- plan ----------------------------------------------------------------------------------
     def splits_for(self, num_blocks: int) -> list[int | tuple[int, ...]]:
@@ -276,7 +287,7 @@ class Sweeper:
                          else list(planned.split), batch_size=o.batch_size, num_batches=o.num_batches,
                          warmup=o.warmup, in_flight=o.in_flight, network=planned.network, link_mode=o.link,
                          timeout_s=o.timeout, seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
-                         num_classes=o.num_classes, run_key=planned.run_key, config_key=planned.config_key,
+                         num_classes=o.num_classes, dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key, config_key=planned.config_key,
                          run=planned.run, stage_limits=info.get("limits"),
                          rpc_transport=o.rpc_transport if rpc else None, rpc_source=o.rpc_source if rpc else None,
                          use_pipelining=(o.in_flight > 1) if rpc else None,

@@ -1,17 +1,37 @@
-"""Input batches: seeded synthetic images (default, nothing downloads) or CIFAR-10 from a local folder."""
+"""Input batches. Nothing downloads: every dataset is generated or read from local files.
+
+A dataset is named by a spec:
+
+- ``synthetic`` (the anchor's ``dummy``): seeded Gaussian noise, identical on every machine;
+- ``photos``: the colour photographs scikit-image ships inside its wheel (astronaut, coffee,
+  chelsea, ...), so compression ratios are measured on real content;
+- ``cifar10`` or ``cifar10:PATH``: the CIFAR-10 test set from a local ``cifar-10-batches-py``;
+- ``imagefolder:PATH``: torchvision's ImageFolder layout (``PATH/<class>/<image>``).
+
+Real images are resized (shorter side) and centre-cropped to the model's input size, then
+normalised with ImageNet's statistics (CIFAR-10 with its own).
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from ..errors import UsageError
 
-DATASETS = ("synthetic", "cifar10")
+DATASETS = ("synthetic", "photos", "cifar10", "cifar10:PATH", "imagefolder:PATH")
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+#: Colour photographs in scikit-image's own wheel (no pooch download): real content for codecs.
+PHOTOS = ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg",
+          "retina.jpg", "ihc.png")
 
 
 def synthetic_batch(index: int, batch_size: int, size: int, seed: int = 0) -> torch.Tensor:
@@ -20,40 +40,147 @@ def synthetic_batch(index: int, batch_size: int, size: int, seed: int = 0) -> to
     return torch.randn(batch_size, 3, size, size, generator=gen)
 
 
+def parse_dataset(spec: str, data_dir: str | None = None) -> tuple[str, str | None]:
+    """``(kind, path)`` of a dataset spec; ``data_dir`` is the anchor's separate CIFAR-10 folder flag."""
+    kind, _, path = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind == "dummy":
+        kind = "synthetic"
+    if kind in ("synthetic", "photos"):
+        if path:
+            raise UsageError(f"dataset {spec!r}: {kind} takes no path; valid: {', '.join(DATASETS)}")
+        return kind, None
+    if kind == "cifar10":
+        return kind, path or data_dir or "data"
+    if kind == "imagefolder":
+        if not path:
+            raise UsageError(f"dataset {spec!r}: give the folder, e.g. imagefolder:/data/imagenet-val")
+        return kind, path
+    raise UsageError(f"unknown dataset {spec!r}; valid: {', '.join(DATASETS)} (the anchor's dummy is synthetic)")
+
+
 def check_dataset(dataset: str) -> str:
-    if dataset not in DATASETS and dataset != "dummy":
-        raise UsageError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASETS)} (the anchor's dummy is synthetic)")
+    parse_dataset(dataset)
     return dataset
+
+
+def resolve_default(dataset: str | None, compression: str) -> str:
+    """``auto``/None: real photographs when a codec is measured (noise does not compress like
+    images), the synthetic set otherwise."""
+    if dataset in (None, "", "auto"):
+        return "photos" if compression != "none" else "synthetic"
+    return check_dataset(dataset)
+
+
+def check_local(spec: str, data_dir: str | None = None) -> None:
+    """Fail now, in one line, when a dataset that this machine will read is not here."""
+    kind, path = parse_dataset(spec, data_dir)
+    if kind == "cifar10" and not (Path(path) / "cifar-10-batches-py").is_dir():
+        raise UsageError(f"CIFAR-10 not found under {path} (expects {path}/cifar-10-batches-py; nothing is "
+                         f"downloaded here): give cifar10:PATH or --data-dir, or use --dataset synthetic")
+    if kind == "imagefolder":
+        _image_folder(path, 32)
 
 
 def batches(dataset: str, batch_size: int, size: int, count: int, data_dir: str | None = None,
             seed: int = 0) -> Iterator[torch.Tensor]:
     """``count`` batches of ``batch_size`` images at ``size`` x ``size``."""
-    if dataset in ("synthetic", "dummy"):
+    kind, path = parse_dataset(dataset, data_dir)
+    if kind == "synthetic":
         for i in range(count):
             yield synthetic_batch(i, batch_size, size, seed)
         return
-    if dataset != "cifar10":
-        raise UsageError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASETS)}")
-    yield from _cifar10(batch_size, size, count, data_dir)
-
-
-def _cifar10(batch_size: int, size: int, count: int, data_dir: str | None) -> Iterator[torch.Tensor]:
-    import torchvision
-    from torchvision import transforms
-
-    root = Path(data_dir or "data")
-    if not (root / "cifar-10-batches-py").is_dir():
-        raise UsageError(f"CIFAR-10 not found under {root} (expects {root}/cifar-10-batches-py; "
-                         f"nothing is downloaded here): pass --data-dir or use --dataset synthetic")
-    tf = transforms.Compose([transforms.Resize(size), transforms.ToTensor(),
-                             transforms.Normalize(CIFAR_MEAN, CIFAR_STD)])
-    ds = torchvision.datasets.CIFAR10(root=str(root), train=False, download=False, transform=tf)
+    images = _photos(size) if kind == "photos" else None
+    if images is not None:
+        for i in range(count):
+            # The same images in a seeded rotation: each batch differs, every machine agrees.
+            start = (seed * 7 + i * batch_size) % len(images)
+            yield torch.stack([images[(start + j) % len(images)] for j in range(batch_size)])
+        return
+    ds = _cifar10(path, size) if kind == "cifar10" else _image_folder(path, size)
     loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=False, drop_last=True)
+    if len(loader) == 0:
+        raise UsageError(f"dataset {dataset!r} holds {len(ds)} images, fewer than one batch of {batch_size}")
     produced = 0
     while produced < count:
-        for images, _ in loader:
-            yield images
+        for images_batch, _ in loader:
+            yield images_batch
             produced += 1
             if produced >= count:
                 return
+
+
+def describe(dataset: str, data_dir: str | None = None) -> dict[str, Any]:
+    """What the manifest records about the inputs: the kind, where they came from, how many."""
+    kind, path = parse_dataset(dataset, data_dir)
+    out: dict[str, Any] = {"dataset": kind}
+    if kind == "synthetic":
+        out["source"] = "seeded Gaussian noise (torch.Generator), identical on every machine"
+    elif kind == "photos":
+        files = _photo_files()
+        out.update(source="scikit-image sample photographs", images=[f.name for f in files],
+                   sha256=_digest_of(tuple(map(str, files))))
+    else:
+        out.update(path=str(Path(path).resolve()))
+    return out
+
+
+def _transform(size: int, mean: Sequence[float], std: Sequence[float]):
+    from torchvision import transforms
+
+    return transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size), transforms.ToTensor(),
+                               transforms.Normalize(mean, std)])
+
+
+def _photo_files() -> list[Path]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("dataset photos needs scikit-image (pip install scikit-image); or use --dataset synthetic")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    files = [folder / name for name in PHOTOS if (folder / name).is_file()]
+    if not files:
+        raise UsageError(f"scikit-image's sample photographs are missing from {folder}; use --dataset synthetic")
+    return files
+
+
+@functools.lru_cache(maxsize=None)
+def _digest_of(names: tuple[str, ...]) -> str:
+    return _digest([Path(n) for n in names])
+
+
+def _digest(files: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=4)
+def _photos(size: int) -> list[torch.Tensor]:
+    from PIL import Image
+
+    tf = _transform(size, IMAGENET_MEAN, IMAGENET_STD)
+    return [tf(Image.open(f).convert("RGB")) for f in _photo_files()]
+
+
+def _cifar10(root: str, size: int):
+    import torchvision
+
+    if not (Path(root) / "cifar-10-batches-py").is_dir():
+        check_local(f"cifar10:{root}")
+    tf = _transform(size, CIFAR_MEAN, CIFAR_STD)
+    return torchvision.datasets.CIFAR10(root=root, train=False, download=False, transform=tf)
+
+
+def _image_folder(root: str, size: int):
+    from torchvision.datasets import ImageFolder
+
+    if not os.path.isdir(root):
+        raise UsageError(f"imagefolder:{root}: no such folder (expects {root}/<class>/<image files>)")
+    try:
+        return ImageFolder(root, transform=_transform(size, IMAGENET_MEAN, IMAGENET_STD))
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise UsageError(f"imagefolder:{root}: {' '.join(str(exc).split())[:160]} "
+                         f"(expects {root}/<class>/<image files>)")

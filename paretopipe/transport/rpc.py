@@ -235,7 +235,8 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     manifest = {"stages": [master] + [i["manifest"] for i in infos],
                 "link": observed_link or ({"mode": "emulated", "conditions": conditions.to_dict()} if emulated
                                           else {"mode": "none"}),
-                "rpc": {**(transport or {}), "source": source, "stage_ranks": ranks}}
+                "rpc": {**(transport or {}), "source": source, "stage_ranks": ranks},
+                "inputs": inputs.describe(cfg.dataset, cfg.data_dir)}
     world = max(ranks) + 1
     config = cfg.replace(world_size=cfg.world_size or world, num_partitions=n).to_dict()
     record = records.build_run_record(backend="rpc", run_id=records.new_run_id(cfg.model, "-".join(cfg.cuts)),

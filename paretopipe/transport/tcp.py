@@ -526,7 +526,9 @@ def _assemble(run_id: str, status: str, error: str | None, cfg: RunConfig,
     stages = [p["manifest"] for p in (part1, part2) if p]
     sysmon = {f"stage{i}": p["sysmon"] for i, p in ((1, part1), (2, part2)) if p}
     return records.build_run_record(backend="tcp", run_id=run_id, status=status, error=error,
-                                    config=cfg.to_dict(), manifest={"stages": stages, "link": link},
+                                    config=cfg.to_dict(),
+                                    manifest={"stages": stages, "link": link,
+                                              "inputs": inputs.describe(cfg.dataset, cfg.data_dir)},
                                     batches=batches, sysmon=sysmon, timing=timing)
 
 
