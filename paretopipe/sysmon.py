@@ -1,14 +1,17 @@
 """System metrics sampled by a background thread, off the timed path.
 
 CPU % and peak RSS of this process (psutil), GPU utilisation/memory/power/energy where NVML is
-present (nvidia-ml-py), CPU temperature and frequency from sysfs where readable. Anything that
-cannot be measured is ``None``; nothing is estimated.
+present (nvidia-ml-py), CPU temperature and frequency from sysfs where readable, and throttling:
+a Raspberry Pi's ``vcgencmd get_throttled`` flags, or a frequency below the CPU's maximum
+(cpufreq). Anything that cannot be measured is ``None``; nothing is estimated.
 """
 
 from __future__ import annotations
 
 import glob
+import shutil
 import statistics
+import subprocess
 import threading
 import time
 from typing import Any
@@ -35,6 +38,28 @@ def cpu_frequency_mhz() -> float | None:
                          glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_cur_freq"))
              if f is not None]
     return statistics.fmean(freqs) if freqs else None
+
+
+def cpu_max_frequency_mhz() -> float | None:
+    freqs = [f for f in (_read_float(p, 1e-3) for p in
+                         glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/cpuinfo_max_freq")) if f is not None]
+    return max(freqs) if freqs else None
+
+
+#: get_throttled bits that mean "now": under-voltage, frequency capped, throttled, soft temperature
+#: limit (bits 16-19 say the same happened since boot).
+THROTTLED_NOW = 0xF
+
+
+def pi_throttled_flags() -> int | None:
+    """``vcgencmd get_throttled`` on a Raspberry Pi (``throttled=0x50005``), else None."""
+    if shutil.which("vcgencmd") is None:
+        return None
+    try:
+        out = subprocess.run(["vcgencmd", "get_throttled"], capture_output=True, text=True, timeout=2).stdout
+        return int(out.strip().split("=", 1)[1], 16)
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
 
 
 class _Nvml:
@@ -80,6 +105,8 @@ class SystemMonitor:
         self.freqs: list[float] = []
         self.gpu_samples: list[dict[str, float | None]] = []
         self.started = self.stopped = 0.0
+        self.max_freq = cpu_max_frequency_mhz()
+        self.throttle_flags: list[int] = []
 
     def _loop(self) -> None:
         self.proc.cpu_percent(None)
@@ -102,7 +129,13 @@ class SystemMonitor:
             if s:
                 self.gpu_samples.append(s)
 
+    def _throttle_sample(self) -> None:
+        flags = pi_throttled_flags()
+        if flags is not None:
+            self.throttle_flags.append(flags)
+
     def __enter__(self) -> "SystemMonitor":
+        self._throttle_sample()
         self.started = time.monotonic()
         self.rss_peak = self.proc.memory_info().rss
         self._thread = threading.Thread(target=self._loop, name="sysmon", daemon=True)
@@ -118,6 +151,7 @@ class SystemMonitor:
             self._thread.join(timeout=2)
             self.sample()
             self.stopped = time.monotonic()
+            self._throttle_sample()
 
     def summary(self) -> dict[str, Any]:
         def mean(xs):
@@ -127,11 +161,21 @@ class SystemMonitor:
         gpu = self.gpu_samples
         energy = [s.get("energy") for s in gpu if s.get("energy") is not None]
         mems = [s["mem"] for s in gpu if s.get("mem") is not None]
+        flags = 0
+        for f in self.throttle_flags:
+            flags |= f
+        capped = (min(self.freqs) < 0.9 * self.max_freq) if self.freqs and self.max_freq else None
+        pi_now = bool(flags & THROTTLED_NOW) if self.throttle_flags else None
+        throttled = None if capped is None and pi_now is None else bool(capped or pi_now)
         return {
             "cpu_percent_mean": mean(self.cpu[1:] or self.cpu),
             "rss_peak_bytes": self.rss_peak or None,
             "cpu_temperature_c_max": max(self.temps) if self.temps else None,
             "cpu_frequency_mhz_mean": mean(self.freqs),
+            "cpu_frequency_mhz_min": min(self.freqs) if self.freqs else None,
+            "cpu_frequency_mhz_max_rated": self.max_freq,
+            "throttle_flags": hex(flags) if self.throttle_flags else None,
+            "throttled": throttled,
             "gpu_utilization_percent_mean": mean([s.get("util") for s in gpu]),
             "gpu_memory_peak_bytes": max(mems) if mems else None,
             "gpu_power_w_mean": mean([s.get("power") for s in gpu]),

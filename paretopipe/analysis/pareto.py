@@ -66,6 +66,38 @@ def mark_front(df: pd.DataFrame, objectives: Mapping[str, str] | None = None,
     return out
 
 
+FRONT, TIED, DOMINATED = "front", "tied", "dominated"
+
+
+def front_status(df: pd.DataFrame, intervals: Mapping[str, tuple[str, str]],
+                 objectives: Mapping[str, str] | None = None, by: Sequence[str] | None = None) -> pd.Series:
+    """``front`` (not dominated), ``tied`` (dominated, but not with confidence: its intervals overlap
+    a front point's on every objective) or ``dominated``; empty for rows left out (failed, NaN).
+    ``intervals`` maps each objective to its (low, high) CI columns; a missing CI is the point."""
+    objectives = dict(objectives or DEFAULT_OBJECTIVES)
+    marked = mark_front(df, objectives, by)
+    status = pd.Series("", index=df.index, dtype=object)
+    usable, _, _ = _usable(df, objectives)
+    groups = [c for c in (DEFAULT_GROUP if by is None else by) if c in usable.columns]
+
+    def bounds(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
+        lo_col, hi_col = intervals.get(col, (col, col))
+        point = frame[col].to_numpy(dtype=float)
+        lo = frame[lo_col].to_numpy(dtype=float) if lo_col in frame else point
+        hi = frame[hi_col].to_numpy(dtype=float) if hi_col in frame else point
+        return np.where(np.isnan(lo), point, lo), np.where(np.isnan(hi), point, hi)
+
+    for _, g in (usable.groupby(groups, dropna=False, sort=False) if groups else [((), usable)]):
+        on = marked.loc[g.index, "on_front"].to_numpy(dtype=bool)
+        overlap = np.ones((len(g), int(on.sum())), dtype=bool)
+        for col in objectives:
+            lo, hi = bounds(g, col)
+            overlap &= (lo[:, None] <= hi[on][None, :]) & (lo[on][None, :] <= hi[:, None])
+        tied = overlap.any(axis=1) & ~on
+        status.loc[g.index] = np.where(on, FRONT, np.where(tied, TIED, DOMINATED))
+    return status
+
+
 def robustness(runs: pd.DataFrame, config_cols: Sequence[str], objectives: Mapping[str, str] | None = None,
                by: Sequence[str] | None = None, resamples: int = 200, seed: int = 0) -> pd.Series:
     """Share of bootstrap resamples of the runs in which each configuration stays on the front.

@@ -19,7 +19,8 @@ def front_plot_data(table: pd.DataFrame) -> list[dict[str, Any]]:
     for _, row in table.iterrows():
         out.append({"network": row["network"], "x": float(row["latency_s"]), "y": float(row["throughput_imgs_per_s"]),
                     "label": f"k={row['split_index']}", "split_index": row["split_index"],
-                    "on_front": bool(row["on_front"]), "knee": bool(row.get("knee", False))})
+                    "on_front": bool(row["on_front"]), "knee": bool(row.get("knee", False)),
+                    "status": row.get("front_status") or ("front" if row["on_front"] else "dominated")})
     return out
 
 
@@ -67,14 +68,18 @@ def plot_fronts(table: pd.DataFrame, ax, title: str) -> list[dict[str, Any]]:
             ax.errorbar(rows["latency_s"].to_numpy(dtype=float) * 1e3, rows["throughput_imgs_per_s"].to_numpy(dtype=float),
                         xerr=xerr, yerr=yerr, fmt="none", ecolor=colour, alpha=0.35, lw=0.8, capsize=1.5)
         mine = [p for p in points if p["network"] == network]
-        ax.scatter([p["x"] * 1e3 for p in mine if not p["on_front"]], [p["y"] for p in mine if not p["on_front"]],
-                   color=colour, alpha=0.35, s=22)
+        dominated = [p for p in mine if p["status"] == "dominated"]
+        tied = [p for p in mine if p["status"] == "tied"]
+        ax.scatter([p["x"] * 1e3 for p in dominated], [p["y"] for p in dominated], color=colour, alpha=0.35, s=22)
+        # Tied: dominated, but within the CIs of a front point on both objectives.
+        ax.scatter([p["x"] * 1e3 for p in tied], [p["y"] for p in tied], facecolors="none", edgecolors=colour,
+                   s=46, lw=1.4, label=f"{network} tied with the front" if tied else None)
         line = front_line(points, network)
         ax.plot([x * 1e3 for x, _ in line], [y for _, y in line], "-o", color=colour, ms=6, lw=1.8,
                 label=f"{network} front")
         for p in mine:
             texts.append(ax.text(p["x"] * 1e3, p["y"], p["label"] + (" (knee)" if p["knee"] else ""), fontsize=7,
-                                 color=colour, fontweight="bold" if p["on_front"] else "normal"))
+                                 color=colour, fontweight="bold" if p["status"] != "dominated" else "normal"))
     ax.set_xscale("log")
     ax.set_xlabel("end-to-end latency per batch, median with 95% CI (ms, log scale)")
     ax.set_ylabel("throughput (images/s), with 95% CI")

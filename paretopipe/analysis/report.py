@@ -19,16 +19,21 @@ from .session import CONFIG_KEY, PANEL_KEY, Session, find_session
 
 OBJECTIVES = pareto.DEFAULT_OBJECTIVES
 GROUP = [k for k in CONFIG_KEY if k != "split_index"]  # one front per model, backend, network, batch
+#: The 95% CI columns of each objective in summary.csv (bootstrap over runs).
+INTERVALS = {"latency_s": ("latency_median_ci95_low_s", "latency_median_ci95_high_s"),
+             "throughput_imgs_per_s": ("throughput_ci95_low_imgs_per_s", "throughput_ci95_high_imgs_per_s")}
 
 
 def pareto_table(session: Session | str | Path, resamples: int = 200) -> pd.DataFrame:
-    """Every configuration with on_front, robustness, knee flag, and its group's hypervolume."""
+    """Every configuration with on_front, front_status (front, tied, dominated), robustness, knee
+    flag, and its group's hypervolume with a bootstrap 95% CI."""
     session = session if isinstance(session, Session) else find_session(session)
     configs = session.configs()
     runs = session.runs()
     if configs.empty:
-        return configs.assign(on_front=[], front_robustness=[], knee=[], hypervolume=[])
+        return configs.assign(on_front=[], front_status=[], front_robustness=[], knee=[], hypervolume=[])
     table = pareto.mark_front(configs, OBJECTIVES, GROUP)
+    table["front_status"] = pareto.front_status(table, INTERVALS, OBJECTIVES, GROUP)
     rob = pareto.robustness(runs, CONFIG_KEY, OBJECTIVES, GROUP, resamples=resamples)
     table = table.join(rob, on=CONFIG_KEY)
     table["front_robustness"] = table["front_robustness"].fillna(0.0)
@@ -46,7 +51,45 @@ def pareto_table(session: Session | str | Path, resamples: int = 200) -> pd.Data
             norm = pareto.normalise(on[list(OBJECTIVES)].to_numpy(dtype=float), senses, lower, upper)
             table.loc[grp.index, "hypervolume"] = pareto.hypervolume_2d(norm)
             table.loc[on.index[pareto.knee(norm)], "knee"] = True
+    ci = hypervolume_ci(runs, table, resamples)
+    table = table.join(ci, on=GROUP)
     return table
+
+
+def hypervolume_ci(runs: pd.DataFrame, table: pd.DataFrame, resamples: int = 200, seed: int = 0) -> pd.DataFrame:
+    """95% bootstrap CI of each front's hypervolume: runs resampled per configuration, medians
+    taken, fronts recomputed, normalised with the same bounds as the point estimate."""
+    cols = ["hypervolume_ci95_low", "hypervolume_ci95_high"]
+    usable = runs[runs.get("status", "complete").fillna("complete").eq("complete")] if "status" in runs else runs
+    usable = usable.dropna(subset=list(OBJECTIVES))
+    if usable.empty or resamples < 1:
+        return pd.DataFrame(columns=cols, index=pd.MultiIndex.from_tuples([], names=GROUP))
+    senses = list(OBJECTIVES.values())
+    panel_bounds = {}
+    for key, panel in table.groupby(PANEL_KEY):
+        values = panel[list(OBJECTIVES)].to_numpy(dtype=float)
+        panel_bounds[key] = (np.nanmin(values, axis=0), np.nanmax(values, axis=0))
+    rng = np.random.default_rng(seed)
+    grouped = {key: g[list(OBJECTIVES)].to_numpy(dtype=float) for key, g in usable.groupby(CONFIG_KEY)}
+    by_group: dict[tuple, list[tuple[tuple, int]]] = {}
+    keys = list(grouped)
+    for i, key in enumerate(keys):
+        by_group.setdefault(tuple(key[:len(GROUP)]), []).append((key, i))
+    samples: dict[tuple, list[float]] = {g: [] for g in by_group}
+    for _ in range(resamples):
+        medians = np.array([np.median(v[rng.integers(0, len(v), len(v))], axis=0) for v in grouped.values()])
+        for gkey, members in by_group.items():
+            pts = medians[[i for _, i in members]]
+            panel = tuple(gkey[GROUP.index(c)] for c in PANEL_KEY)
+            if panel not in panel_bounds:
+                continue
+            front = pts[pareto.front_mask(pts, senses)]
+            lower, upper = panel_bounds[panel]
+            samples[gkey].append(pareto.hypervolume_2d(pareto.normalise(front, senses, lower, upper)))
+    rows = {g: (float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))) for g, v in samples.items() if v}
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=cols)
+    out.index = pd.MultiIndex.from_tuples(list(rows), names=GROUP)
+    return out
 
 
 def write_report(results: str | Path, out: str | Path | None = None, fmt: str = "png") -> Path:
@@ -61,6 +104,10 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     out.mkdir(parents=True, exist_ok=True)
     table = pareto_table(session)
     records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))
+    from .sanity import sanity_checks
+
+    checks = sanity_checks(session.configs(), session.runs(), session.read_meta())
+    records.atomic_write_csv(out / "sanity.csv", checks.to_dict("records"), list(checks.columns))
     for key, panel in table.groupby(PANEL_KEY):
         model, backend, batch = key
         stem = records.file_label(f"{model}_{backend}_b{batch}")
@@ -85,9 +132,16 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
 
 
 def format_front_table(table: pd.DataFrame) -> str:
-    cols = ["model", "backend", "network", "split_index", "cut", "latency_s", "throughput_imgs_per_s",
-            "front_robustness", "knee", "hypervolume"]
-    front = table[table["on_front"]][cols].sort_values(["model", "backend", "network", "latency_s"])
-    return front.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    """The front and the points tied with it (their CIs overlap a front point's on both objectives):
+    the splits the data cannot tell apart from the best."""
+    cols = ["model", "backend", "network", "split_index", "cut", "front_status", "latency_s", "throughput_imgs_per_s",
+            "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
+    cols = [c for c in cols if c in table.columns]
+    if "front_status" in table.columns:
+        shown = table[table["front_status"].isin([pareto.FRONT, pareto.TIED])]
+    else:  # a pareto.csv written before ties were reported
+        shown = table[table["on_front"]]
+    shown = shown[cols].sort_values(["model", "backend", "network", "latency_s"])
+    return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 

@@ -36,8 +36,8 @@ RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_ind
               "batch_size", "in_flight", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
               "stage2_compute_median_s", "stage2_queue_median_s", "payload_bytes_mean", "wire_bytes_mean",
-              "goodput_mbit_per_s", "measured_window_s", "measured_span_s", "batches_measured", "link_mode",
-              "json"]
+              "goodput_mbit_per_s", "result_wire_bytes_mean", "measured_window_s", "measured_span_s",
+              "batches_measured", "link_mode", "throttled", "json"]
 FAILURE_FIELDS = ["run_key", "attempt", "error", "time_utc"]
 #: Per-batch means of the latency's parts (every stage's compute, codecs and queue, the transfer):
 #: they add up to ``latency_mean_s`` exactly, so the breakdown figure stacks them.
@@ -83,7 +83,15 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **{k: v for k, v in s.items() if BREAKDOWN.match(k)},
-            "link_mode": rec["manifest"]["link"].get("mode"), "json": f"runs/{name}"}
+            "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
+            "json": f"runs/{name}"}
+
+
+def _throttled(sysmon: Any) -> bool | None:
+    """True when any stage saw its CPU throttled during the run (None: nobody could tell)."""
+    flags = [v.get("throttled") for v in (sysmon or {}).values() if isinstance(v, dict)]
+    known = [f for f in flags if f is not None]
+    return any(known) if known else None
 
 
 def _sort_key(key: tuple) -> tuple:
@@ -113,6 +121,14 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                        "stage2_queue_median_s", "goodput_mbit_per_s"):
             xs = [m[metric] for m in members if m.get(metric) is not None]
             entry[metric] = float(np.median(xs)) if xs else None
+        for metric in ("stage1_compute_median_s", "stage2_compute_median_s"):  # the report's sanity checks
+            lo, hi = records.bootstrap_ci([m.get(metric) for m in members])
+            entry[metric.replace("_median_s", "_ci95_low_s")] = lo
+            entry[metric.replace("_median_s", "_ci95_high_s")] = hi
+        for metric in ("wire_bytes_mean", "result_wire_bytes_mean"):
+            xs = [m[metric] for m in members if m.get(metric) is not None]
+            entry[metric] = float(np.mean(xs)) if xs else None
+        entry["throttled_runs"] = sum(bool(m.get("throttled")) for m in members)
         for metric in sorted({k for m in members for k in m if BREAKDOWN.match(k)} | {"latency_mean_s"}):
             xs = [m[metric] for m in members if m.get(metric) is not None and m[metric] == m[metric]]
             entry[metric] = float(np.mean(xs)) if xs else None  # a mean of means: still adds up
@@ -184,13 +200,19 @@ class Session:
         return rows, skipped
 
     # -- consolidated files --------------------------------------------------------------------
-    def consolidate(self, failures: Iterable[dict[str, Any]], final: bool) -> tuple[list[dict[str, Any]], list[str]]:
-        """Rewrite runs.csv and failures.csv (and summary.csv when ``final``)."""
+    def consolidate(self, failures: Iterable[dict[str, Any]], final: bool,
+                    stopping: dict[tuple, dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+        """Rewrite runs.csv and failures.csv (and summary.csv when ``final``). ``stopping`` is keyed
+        by (model, backend, network, split_index): why each configuration stopped being measured."""
         rows, skipped = self.run_rows()
         parts = sorted({k for r in rows for k in r if BREAKDOWN.match(k)})
         records.atomic_write_csv(self.path / "runs.csv", rows, RUN_FIELDS + parts)
         if final:
-            records.atomic_write_csv(self.path / "summary.csv", summarize_runs(rows))
+            summary = summarize_runs(rows)
+            for entry in summary:
+                entry.update((stopping or {}).get((entry["model"], entry["backend"], entry["network"],
+                                                   entry["split_index"]), {}))
+            records.atomic_write_csv(self.path / "summary.csv", summary)
         records.atomic_write_csv(self.path / "failures.csv", list(failures), FAILURE_FIELDS)
         return rows, skipped
 

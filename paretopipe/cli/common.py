@@ -48,6 +48,8 @@ nonneg_int = _typed("nonneg_int", int, lambda v: v >= 0, "a whole number of at l
 port_number = _typed("port", int, lambda v: 1 <= v <= 65535, "a TCP port, 1..65535")
 port_or_zero = _typed("port", int, lambda v: 0 <= v <= 65535, "a TCP port, 0..65535 (0 = any free port)")
 positive_float = _typed("positive_float", float, lambda v: v > 0 and _finite(v), "a positive number")
+percent = _typed("percent", lambda t: float(str(t).strip().rstrip("%")) / 100, lambda v: 0 < v < 1,
+                 "a percentage between 0 and 100, e.g. 5%")
 nonneg_float = _typed("nonneg_float", float, lambda v: v >= 0 and _finite(v), "a number of at least 0")
 
 

@@ -105,12 +105,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
         ceiling = summary["run_to_run_jaccard_mean"]
         print(f"{summary['configurations']} configurations: median |error| latency "
               f"{summary['latency_median_ape']:.1%}, throughput {summary['throughput_median_ape']:.1%}; "
-              f"front agreement (Jaccard) {summary['front_jaccard_mean']:.2f}"
+              f"front agreement (Jaccard, ties count) {summary['front_jaccard_mean']:.2f}"
               + (f" (the sweep's runs agree with each other at {ceiling:.2f})" if ceiling is not None else ""))
         for name, v in summary["per_network"].items():
             rr = v.get("run_to_run_jaccard")
             print(f"  {name}: latency {v['latency_mape']:.1%}, throughput {v['throughput_mape']:.1%}, Jaccard "
-                  f"{v['jaccard']:.2f} (measured front {v['measured_front']}, predicted {v['predicted_front']}"
+                  f"{v['jaccard']:.2f} (strict {v['strict_jaccard']:.2f}; measured front {v['measured_front']}, tied "
+                  f"{v['measured_tied']}, predicted {v['predicted_front']}"
+                  + (f"; beyond the noise: {v['beyond_noise']}" if v["beyond_noise"] else "")
                   + (f"; run to run {rr:.2f})" if rr is not None else ")"))
         print(f"goals (median error <= {GOAL_MAPE:.0%}, Jaccard >= {GOAL_JACCARD}): "
               f"{'met' if summary['goals_met'] else 'NOT met'}; written: {', '.join(str(p) for p in written)}")

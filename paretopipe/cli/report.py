@@ -26,7 +26,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
+    from ..analysis.sanity import format_sanity
+
     out = write_report(args.results, args.out, args.format)
     print(format_front_table(pd.read_csv(out / "pareto.csv")))
+    print(format_sanity(pd.read_csv(out / "sanity.csv")))
     print(f"report written to {out}")
     return 0

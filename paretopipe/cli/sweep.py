@@ -16,7 +16,7 @@ from ..runners.sweep import SweepOptions, Sweeper, describe_plan, parse_plans, s
 from ..transport.auth import load_secret
 from . import experiment
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
-                     example_epilog, nonneg_int, positive_float,
+                     example_epilog, nonneg_float, percent, nonneg_int, positive_float,
                      positive_int, read_env, setup_logging)
 
 log = logging.getLogger("paretopipe.sweep")
@@ -50,6 +50,20 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     w.add_argument("--backend", default="tcp", choices=["tcp", "rpc", "both"])
     w.add_argument("--num-classes", type=positive_int, default=10)
     w.add_argument("--weights", default=None, help="state-dict .pth every stage loads (it must exist on every host)")
+    q = p.add_argument_group("order and repetitions")
+    q.add_argument("--order", default="random", choices=["random", "sequential"],
+                   help="random: seeded rounds, each configuration once per round in a new order, so drift "
+                        "spreads over every split; sequential: every run of a configuration back to back, splits "
+                        "in order (the anchor's)")
+    q.add_argument("--seed", type=nonneg_int, default=0, help="seed of the random order (recorded in the session)")
+    q.add_argument("--precision", type=percent, default=None,
+                   help="keep measuring each configuration, in further rounds, until the 95%% CIs of its median "
+                        "latency and its throughput are within +-this (e.g. 5%%), or --max-runs is spent")
+    q.add_argument("--max-runs", type=positive_int, default=None,
+                   help="per-configuration budget of runs with --precision (3 x --runs when not given)")
+    q.add_argument("--drift-every", type=nonneg_float, default=60.0,
+                   help="re-measure a reference configuration this often, seconds (0: never; random order only); "
+                        "runs measured during a drift are measured again")
     r = p.add_argument_group("each run")
     r.add_argument("--batch-size", type=positive_int, default=8)
     r.add_argument("--num-batches", type=positive_int, default=20, help="measured batches per run")
@@ -163,7 +177,9 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         rpc_source=args.rpc_source, rpc_transport=args.rpc_transport,
                         num_classes=args.num_classes, weights=args.weights,
                         dataset=dataset_from_args(args, args.compression, local=not testbed.remote),
-                        data_dir=args.data_dir, inline_networks=exp.networks if exp else {})
+                        data_dir=args.data_dir, inline_networks=exp.networks if exp else {}, order=args.order,
+                        seed=args.seed, precision=args.precision, max_runs=args.max_runs,
+                        drift_every_s=args.drift_every)
 
 
 def resolved_table(opts: SweepOptions) -> dict[str, Any]:
@@ -181,7 +197,9 @@ def resolved_table(opts: SweepOptions) -> dict[str, Any]:
             "threads": opts.threads, "stage_threads": joined(opts.stage_threads),
             "stage_cpu": joined(opts.stage_cpu), "stage_devices": joined(opts.stage_devices),
             "no_optimizations": not opts.optimizations, "timeout": opts.timeout, "wait_time": opts.wait_time,
-            "local": not opts.testbed.remote}
+            "local": not opts.testbed.remote, "order": opts.order, "seed": opts.seed,
+            "precision": None if opts.precision is None else f"{opts.precision * 100:g}%", "max_runs": opts.max_runs,
+            "drift_every": opts.drift_every_s}
 
 
 def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Experiment | None:
@@ -260,9 +278,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         import pandas as pd
 
         from ..analysis.report import format_front_table
+        from ..analysis.sanity import format_sanity
 
-        print("Pareto-optimal splits (latency_s: median per batch; throughput in images/s):")
+        print("Pareto-optimal splits and those tied with them within 95% CIs (latency_s: median per batch; "
+              "throughput in images/s):")
         print(format_front_table(pd.read_csv(out / "report" / "pareto.csv")))
+        if (out / "report" / "sanity.csv").is_file():
+            print(format_sanity(pd.read_csv(out / "report" / "sanity.csv")))
     print(f"sweep done: {out} (runs.csv, summary.csv, failures.csv, session.json"
           + (", report/" if opts.report else "") + ")")
     if result.failed:

@@ -408,7 +408,14 @@ def applied(p: Direction, dev: str, ingress: bool | Direction = False, port: int
     previous: dict[int, Any] = {}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if main else set()
 
+    fired: list[int] = []
+
     def interrupt(signum, frame):
+        # A second signal can reach Python before the first handler's mask takes effect (a loaded
+        # machine runs both handlers back to back); it must not interrupt the clean-up the first began.
+        if fired:
+            return
+        fired.append(signum)
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .. import records
 from ..analysis import pareto
+from ..analysis.report import INTERVALS
 from ..analysis.session import Session, find_session
 from ..errors import UsageError
 from ..network.conditions import NetworkConditions, get_conditions
@@ -29,6 +30,13 @@ GOAL_JACCARD = 0.8
 
 def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def tie_aware_jaccard(predicted: set, front: set, tied: set) -> float:
+    """Agreement where a predicted front point also counts when the measurement cannot tell it from
+    the front (tied): |P and (F or T)| / |P or F|."""
+    union = predicted | front
+    return len(predicted & (front | tied)) / len(union) if union else 1.0
 
 
 def run_to_run_jaccard(session: Session) -> dict[str, float]:
@@ -106,6 +114,7 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
                        int(opts.get("in_flight", 1)))
         row = {"network": c["network"], "split_index": k, "cut": c["cut"], "batch_size": int(c["batch_size"]),
                "latency_s": c["latency_median_s"], "throughput_imgs_per_s": c["throughput_imgs_per_s"],
+               **{col: c.get(col) for pair in INTERVALS.values() for col in pair},
                **sim, "predicted_bottleneck": terms.bottleneck()[0]}
         row["latency_ape"] = abs(row["predicted_latency_s"] - row["latency_s"]) / row["latency_s"]
         row["throughput_ape"] = (abs(row["predicted_throughput_imgs_per_s"] - row["throughput_imgs_per_s"])
@@ -115,11 +124,15 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
     measured = pareto.mark_front(table, MEASURED, by=["network"])["on_front"]
     predicted = pareto.mark_front(table, PREDICTED, by=["network"])["on_front"]
     table["measured_on_front"], table["predicted_on_front"] = measured, predicted
+    table["measured_status"] = pareto.front_status(table, INTERVALS, MEASURED, by=["network"])
     per_network = {}
     for name, g in table.groupby("network", sort=False):
         m = set(g.loc[g["measured_on_front"], "split_index"])
+        t = set(g.loc[g["measured_status"] == pareto.TIED, "split_index"])
         p = set(g.loc[g["predicted_on_front"], "split_index"])
-        per_network[name] = {"jaccard": jaccard(m, p), "measured_front": sorted(m), "predicted_front": sorted(p),
+        per_network[name] = {"jaccard": tie_aware_jaccard(p, m, t), "strict_jaccard": jaccard(m, p),
+                             "measured_front": sorted(m), "measured_tied": sorted(t), "predicted_front": sorted(p),
+                             "beyond_noise": sorted(p - m - t), "missed": sorted(m - p),
                              "latency_mape": float(g["latency_ape"].median()),
                              "throughput_mape": float(g["throughput_ape"].median())}
     ceiling = run_to_run_jaccard(session)
@@ -136,9 +149,12 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
         "device_profiles": [p.path for p in profiles], "protocol": {k: opts.get(k) for k in (
             "batch_size", "num_batches", "warmup", "in_flight", "wire_dtype", "compression")},
         "transport_beneath": base, "warnings": warnings,
+        "beyond_noise": {n: v["beyond_noise"] for n, v in per_network.items() if v["beyond_noise"]},
         "note": "each configuration is predicted by replaying the TCP protocol (window, warm-up, batch count) "
                 "with durations from the device profiles; measured values are the sweep's per-configuration "
-                "medians; run_to_run_jaccard compares the fronts of the sweep's own runs with each other, the "
+                "medians; jaccard counts a predicted front point as agreement when it is on the measured front "
+                "or tied with it (within the 95% CIs), strict_jaccard only on the front; beyond_noise lists "
+                "predicted front points the measurement dominates with confidence; run_to_run_jaccard compares the fronts of the sweep's own runs with each other, the "
                 "most any prediction can agree with a measurement this noisy",
     }
     summary["goals_met"] = (summary["latency_median_ape"] <= GOAL_MAPE and summary["throughput_median_ape"] <= GOAL_MAPE

@@ -193,6 +193,15 @@ class Testbed:
                    secret=secret)
 
 
+def stop_all(procs: Sequence["StageProcess"], polite_s: float = 5.0) -> None:
+    """Stop processes together: every one is asked to quit first, so their exits overlap."""
+    for proc in procs:
+        proc.ask_to_quit()
+    deadline = time.monotonic() + polite_s
+    for proc in procs:
+        proc.stop(max(0.0, deadline - time.monotonic()))
+
+
 class StageProcess:
     """One process of the sweep (a TCP stage worker or an RPC rank), here or over SSH, that speaks
     JSON lines on stdin/stdout; stopped by the PID it reported, never by name."""
@@ -260,19 +269,28 @@ class StageProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self) -> None:
-        """Ask politely, then signal the PID it reported (remote: over SSH), then kill."""
+    def ask_to_quit(self) -> None:
         if self.alive():
             try:
                 self.send({"cmd": "quit"})
-                self.proc.wait(5)
-            except (PeerError, subprocess.TimeoutExpired):
+            except PeerError:
                 pass
+
+    def stop(self, polite_s: float = 5.0) -> None:
+        """Ask politely, then signal the PID it reported (remote: over SSH, only if it is still
+        there), then kill."""
+        self.ask_to_quit()
+        try:
+            self.proc.wait(polite_s)
+        except subprocess.TimeoutExpired:
+            pass
         if self.ssh and isinstance(self.pid, int):
             pid = int(self.pid)
+            # Only a process that outlived its quit waits the second before SIGKILL.
+            line = (f"kill -0 {pid} 2>/dev/null || exit 0; kill -TERM {pid} 2>/dev/null; sleep 1; "
+                    f"kill -KILL {pid} 2>/dev/null; true")
             try:
-                subprocess.run(self.ssh + [f"kill -TERM {pid} 2>/dev/null; sleep 1; kill -KILL {pid} 2>/dev/null; true"],
-                               capture_output=True, timeout=30)
+                subprocess.run(self.ssh + [line], capture_output=True, timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         if self.alive():

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from ..errors import PeerError, UsageError
-from .hosts import Host, StageProcess, Testbed
+from .hosts import Host, StageProcess, Testbed, stop_all
 
 WORKER = "paretopipe.runners.worker"
 RANKS = "paretopipe.runners.rpc_ranks"
@@ -114,8 +114,7 @@ class TcpStages:
         return bool(self.procs) and all(proc.alive() for proc in self.procs)
 
     def stop(self) -> None:
-        for proc in self.procs:
-            proc.stop()
+        stop_all(self.procs)
         self.procs = []
 
 

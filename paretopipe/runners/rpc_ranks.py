@@ -228,5 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from .worker import exit_now
+
+    exit_now(main())  # after rpc.shutdown: nothing of ours is left to clean up
 

@@ -28,11 +28,15 @@ from ..manifest import node_manifest
 from ..network import tc
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ..transport.runconfig import RunConfig
+from . import rounds
 from .hosts import Host, Testbed
 from .processes import Placement, RpcRanks, TcpStages
 
 log = logging.getLogger("paretopipe.sweep")
 BACKENDS = ("tcp", "rpc")
+#: runs.csv and session.json are rebuilt at most this often during a sweep (and at its end); the
+#: run records, written after every run, are the source of truth either way.
+CONSOLIDATE_EVERY_S = 5.0
 LINKS = ("emulated", "tc", "none")
 
 
@@ -120,6 +124,7 @@ class PlannedRun:
     network: str
     split: int | tuple[int, ...]
     run: int
+    reference: bool = False  # a drift check's re-measurement of the reference configuration
 
     @property
     def split_index(self) -> int | str:
@@ -136,7 +141,7 @@ class PlannedRun:
 
     @property
     def run_key(self) -> str:
-        return run_key(self.config_key, self.run)
+        return f"{self.config_key}_ref{self.run}" if self.reference else run_key(self.config_key, self.run)
 
 
 @dataclasses.dataclass
@@ -176,6 +181,11 @@ class SweepOptions:
     dataset: str = "synthetic"
     data_dir: str | None = None
     inline_networks: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    order: str = "random"
+    seed: int = 0
+    precision: float | None = None      # relative half-width of the 95% CIs, e.g. 0.05
+    max_runs: int | None = None         # per-configuration budget of runs with a precision target
+    drift_every_s: float = 60.0         # re-measure the reference this often (0: never)
 
 
 @dataclasses.dataclass
@@ -192,6 +202,13 @@ class Sweeper:
         unknown = [b for b in opts.backends if b not in BACKENDS]
         if unknown:
             raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
+        if opts.order not in rounds.ORDERS:
+            raise UsageError(f"--order {opts.order!r}: valid {', '.join(rounds.ORDERS)}")
+        if opts.precision is not None and not 0 < opts.precision < 1:
+            raise UsageError(f"--precision {opts.precision:.0%}: give a target between 0% and 100%, e.g. 5%")
+        if opts.max_runs is not None and opts.max_runs < opts.runs:
+            raise UsageError(f"--max-runs {opts.max_runs} is below --runs {opts.runs}: the budget must allow the "
+                             f"minimum")
         if opts.link not in LINKS:
             raise UsageError(f"--link {opts.link!r}: valid {', '.join(LINKS)}")
         if opts.plans and "tcp" in opts.backends:
@@ -221,6 +238,10 @@ class Sweeper:
         self.dir = self.session.path
         self.group: TcpStages | RpcRanks | None = None
         self.failures: list[dict[str, Any]] = []
+        self.stopping: dict[tuple, dict[str, Any]] = {}
+        self.started = time.monotonic()
+        self.measured_s = self.reference_s = 0.0
+        self.consolidated = float("-inf")
 
     # -- layout --------------------------------------------------------------------------------
     def _session_dir(self) -> Path:
@@ -236,13 +257,19 @@ class Sweeper:
         return list(parse_splits(self.opts.splits, num_blocks))
 
     def plan(self, num_blocks: dict[str, int]) -> list[PlannedRun]:
+        """The runs of the minimum rounds (--runs), in the order they will run; --precision and drift
+        checks may add more."""
+        o = self.opts
         planned = []
-        for model in self.opts.models:
-            for backend in self.opts.backends:
-                for network in self.opts.networks:
-                    for split in self.splits_for(num_blocks[model]):
-                        for r in range(self.opts.runs):
-                            planned.append(PlannedRun(model, backend, network, split, r))
+        for model in o.models:
+            for backend in o.backends:
+                configs = [(n, k) for n in o.networks for k in self.splits_for(num_blocks[model])]
+                if o.order == "sequential":
+                    planned += [PlannedRun(model, backend, n, k, r) for n, k in configs for r in range(o.runs)]
+                    continue
+                for r in range(o.runs):
+                    planned += [PlannedRun(model, backend, n, k, r) for n, k in
+                                rounds.round_order(configs, o.seed, f"{model}/{backend}", r, o.link == "tc")]
         return planned
 
     # -- processes -----------------------------------------------------------------------------
@@ -346,13 +373,11 @@ class Sweeper:
 
     # -- the sweep -----------------------------------------------------------------------------
     def run(self) -> SweepResult:
-        from tqdm import tqdm
-
         o = self.opts
-        started = time.monotonic()
+        self.started = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = self._load_session()
-        measured_s = 0.0
+        self.measured_s = self.reference_s = 0.0
         interrupted = False
         total = 0
         failed: list[PlannedRun] = []
@@ -360,26 +385,7 @@ class Sweeper:
             for model in o.models:
                 for backend in o.backends:
                     info = self.start(model, backend)
-                    planned = [p for p in self.plan({model: info["num_blocks"]})
-                               if p.model == model and p.backend == backend]
-                    total += len({p.config_key for p in planned})
-                    todo = [p for p in planned if not (o.resume and self.session.completed(p.run_key))]
-                    bar = tqdm(total=len(planned), initial=len(planned) - len(todo), desc=f"{model} {backend}",
-                               unit="run", dynamic_ncols=True, disable=None)
-                    for network in o.networks:
-                        group = [p for p in todo if p.network == network]
-                        if not group:
-                            continue
-                        with self._tc_context(backend, self.networks[network]) as observed:
-                            for one in group:
-                                record = self._attempt(one, info, observed, model, backend)
-                                if record is None:
-                                    failed.append(one)
-                                else:
-                                    measured_s += record["summary"].get("measured_window_s") or 0.0
-                                bar.update(1)
-                                self.consolidate(meta, started, measured_s, final=False)
-                    bar.close()
+                    total += self._sweep_group(model, backend, info, meta, failed)
                     self.stop()
         except KeyboardInterrupt:
             interrupted = True
@@ -388,7 +394,7 @@ class Sweeper:
             self.stop()
             meta["interrupted"] = interrupted
             try:
-                self.consolidate(meta, started, measured_s, final=True)
+                self.consolidate(meta, final=True)
             except DiskFullError as exc:
                 log.error("%s", exc)
         if interrupted:
@@ -397,6 +403,160 @@ class Sweeper:
             self._report()
         return SweepResult(self.dir, total, failed)
 
+    def _sweep_group(self, model: str, backend: str, info: dict[str, Any], meta: dict[str, Any],
+                     failed: list[PlannedRun]) -> int:
+        """Every configuration of one model and backend, in rounds (see :mod:`.rounds`)."""
+        from tqdm import tqdm
+
+        o = self.opts
+        splits = self.splits_for(info["num_blocks"])
+        configs = [(n, k) for n in o.networks for k in splits]
+        progress = {c: rounds.ConfigProgress() for c in configs}
+        max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
+        tc_mode = o.link == "tc"
+        drift = rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0)
+        reference = (o.networks[0], splits[len(splits) // 2])
+        group_meta = meta.setdefault("groups", {}).setdefault(f"{model}/{backend}", {})
+        group_meta.update({"order": o.order, "seed": o.seed, "precision": o.precision, "min_runs": o.runs,
+                           "max_runs": max_runs, "reference": {"network": reference[0], "split": split_label(reference[1])},
+                           "executed": group_meta.get("executed", [])})
+        bar = tqdm(total=len(configs) * o.runs, desc=f"{model} {backend}", unit="run", dynamic_ncols=True,
+                   disable=None)
+        rerun: dict[tuple, list[int]] = {c: [] for c in configs}
+        rerun_done: set[str] = set()
+        r = 0
+        while True:
+            active = [c for c in configs if progress[c].stopped is None]
+            if not active:
+                break
+            if o.order == "sequential":
+                # Today's order: every run of a configuration back to back, in the given order.
+                plan = [PlannedRun(model, backend, n, k, i) for n, k in active for i in range(max_runs if o.precision
+                                                                                              else o.runs)]
+            else:
+                plan = [PlannedRun(model, backend, n, k, i) for n, k in
+                        rounds.round_order(active, o.seed, f"{model}/{backend}", r, tc_mode)
+                        for i in rerun[(n, k)] + [r]]
+                for c in active:
+                    rerun[c] = []
+            segments = self._segments(plan, tc_mode)
+            for network, members in segments:
+                with self._tc_context(backend, self.networks[network]) if network else contextlib.nullcontext() \
+                        as observed:
+                    for one in members:
+                        cfg = (one.network, one.split)
+                        if progress[cfg].stopped is not None:
+                            continue  # sequential mode: precise before its budget
+                        record = self._resumed(one) or self._attempt(one, info, observed, model, backend)
+                        progress[cfg].attempts += 1
+                        group_meta["executed"].append(one.run_key)
+                        if record is None:
+                            failed.append(one)
+                        else:
+                            progress[cfg].add(record["summary"])
+                            drift.since.append((cfg, one.run, one.run_key))
+                        bar.update(1)
+                        if o.order == "sequential":
+                            progress[cfg].stopped = progress[cfg].decide(o.runs, o.precision, max_runs)
+                        drifted = self._drift_check(drift, reference, network or reference[0], info, observed,
+                                                    model, backend, group_meta)
+                        for (dcfg, run, key) in drifted:
+                            # Each run is measured again at most once, and each configuration at most
+                            # max_runs times: a machine that stays slow is the new normal, not drift.
+                            if key in rerun_done or dcfg not in progress or progress[dcfg].remeasured >= max_runs:
+                                continue
+                            rerun_done.add(key)
+                            self._set_aside(key)
+                            prog = progress[dcfg]
+                            prog.remeasured += 1
+                            prog.latencies, prog.throughputs = self._values_of(model, backend, dcfg)
+                            prog.attempts -= 1
+                            prog.stopped = None
+                            rerun[dcfg].append(run)
+                        if time.monotonic() - self.consolidated >= CONSOLIDATE_EVERY_S:
+                            self.consolidate(meta, final=False)
+            r += 1
+            for c in active:
+                if progress[c].stopped is None and not rerun[c]:
+                    progress[c].stopped = progress[c].decide(o.runs, o.precision, max_runs)
+            bar.total = max(bar.total, bar.n + sum(1 for c in configs if progress[c].stopped is None))
+        bar.close()
+        group_meta["stopping"] = {self._config_key(model, backend, c): p.describe() for c, p in progress.items()}
+        group_meta["drift_checks"] = [dataclasses.asdict(c) for c in drift.checks]
+        self.stopping.update({(info["model"], backend, n, split_label(k)): p.describe()
+                              for (n, k), p in progress.items()})
+        return len(configs)
+
+    @staticmethod
+    def _segments(plan: list[PlannedRun], tc_mode: bool) -> list[tuple[str | None, list[PlannedRun]]]:
+        """With tc, consecutive runs of one network share one application of its qdiscs."""
+        if not tc_mode:
+            return [(None, plan)]
+        out: list[tuple[str | None, list[PlannedRun]]] = []
+        for one in plan:
+            if out and out[-1][0] == one.network:
+                out[-1][1].append(one)
+            else:
+                out.append((one.network, [one]))
+        return out
+
+    def _config_key(self, model: str, backend: str, cfg: tuple) -> str:
+        return PlannedRun(model, backend, cfg[0], cfg[1], 0).config_key
+
+    def _resumed(self, planned: PlannedRun) -> dict[str, Any] | None:
+        """With --resume, a run already complete is taken as it is, not measured again."""
+        if not self.opts.resume or not self.session.completed(planned.run_key):
+            return None
+        return self.session.read_run(self.session.run_path(planned.run_key))
+
+    def _values_of(self, model: str, backend: str, cfg: tuple) -> tuple[list[float], list[float]]:
+        key = self._config_key(model, backend, cfg)
+        lat, thr = [], []
+        for path in sorted(self.session.runs_dir.glob(f"{key}_r*.json")):
+            rec = self.session.read_run(path)
+            if rec and rec["status"] == "complete" and rec["config"].get("config_key") == key:
+                lat.append(rec["summary"].get("latency_median_s"))
+                thr.append(rec["summary"].get("throughput_imgs_per_s"))
+        return lat, thr
+
+    def _set_aside(self, run_key: str) -> None:
+        """A run measured during drift moves to drifted/ (kept, out of the summaries)."""
+        src = self.session.run_path(run_key)
+        if src.exists():
+            dst = self.dir / "drifted" / src.name
+            dst.parent.mkdir(exist_ok=True)
+            src.replace(dst)
+
+    def _drift_check(self, drift: rounds.DriftMonitor, reference: tuple, network: str, info: dict[str, Any],
+                     observed: dict | None, model: str, backend: str, group_meta: dict[str, Any]) -> list:
+        """Measure the reference when due; returns the runs to measure again after a drift."""
+        now = time.monotonic() - self.started
+        if not (drift.needs_baseline(network) or drift.due(now)):
+            return []
+        ref_network = network if self.opts.link == "tc" else reference[0]
+        summaries = []
+        for i in range(drift.BASELINE_RUNS if drift.needs_baseline(ref_network) else 1):
+            n = len(group_meta.setdefault("reference_runs", []))
+            planned = PlannedRun(model, backend, ref_network, reference[1], n, reference=True)
+            record = self._attempt(planned, info, observed, model, backend)
+            if record is None:
+                return []
+            group_meta["reference_runs"].append(planned.run_key)
+            self.reference_s += record["summary"].get("measured_window_s") or 0.0
+            summaries.append(record["summary"])
+        now = time.monotonic() - self.started
+        if len(summaries) > 1:
+            drift.set_baseline(ref_network, summaries, now)
+            return []
+        items = list(drift.since)
+        check = drift.check(ref_network, summaries[0], now)
+        if not check.drift:
+            return []
+        log.warning("drift: the reference %s k=%s changed throughput by %.0f%% (threshold %.0f%%); measuring the %d "
+                    "runs since the last check again", ref_network, split_label(reference[1]), 100 * check.change,
+                    100 * check.threshold, len(items))
+        return items
+
     def _attempt(self, planned: PlannedRun, info: dict[str, Any], observed: dict | None, model: str,
                  backend: str) -> dict | None:
         for attempt in (1, 2):
@@ -404,7 +564,13 @@ class Sweeper:
                 if self.group is None or not self.group.alive():
                     info.update(self.start(model, backend))
                 record = self.run_one(planned, info, observed)
-                self._write(lambda: self.session.write_run(planned.run_key, record), self.session.run_path(planned.run_key))
+                if planned.reference:  # kept apart: a reference run is not a run of the sweep
+                    path = self.dir / "reference" / f"{planned.run_key}.json"
+                    self._write(lambda: records.atomic_write_json(path, record), path)
+                else:
+                    self._write(lambda: self.session.write_run(planned.run_key, record),
+                                self.session.run_path(planned.run_key))
+                    self.measured_s += record["summary"].get("measured_window_s") or 0.0
                 return record
             except DiskFullError:
                 raise
@@ -452,20 +618,23 @@ class Sweeper:
         return meta
 
     # -- consolidation -------------------------------------------------------------------------
-    def consolidate(self, meta: dict[str, Any], started: float, measured_s: float, final: bool) -> None:
+    def consolidate(self, meta: dict[str, Any], final: bool) -> None:
         """runs.csv and session.json after every run; summary.csv (bootstrap CIs) at the end.
         The run records are the source of truth: a later consolidation rebuilds everything else."""
-        rows, skipped = self._write(lambda: self.session.consolidate(self.failures, final), self.dir / "runs.csv")
-        wall = time.monotonic() - started
+        rows, skipped = self._write(lambda: self.session.consolidate(self.failures, final, self.stopping),
+                                    self.dir / "runs.csv")
+        self.consolidated = time.monotonic()
+        wall, measured_s = time.monotonic() - self.started, self.measured_s
         meta.update({"updated_utc": records.utc_now(), "complete": final and not meta.get("interrupted"),
                      "runs_complete": sum(r["status"] == "complete" for r in rows),
                      "unreadable_runs": skipped,
-                     "timing": {"wall_s": wall, "measured_s": measured_s,
+                     "timing": {"wall_s": wall, "measured_s": measured_s, "reference_s": self.reference_s,
                                 "overhead_s": wall - measured_s,
                                 "overhead_ratio": (wall - measured_s) / measured_s if measured_s else None,
                                 "note": "measured_s sums the measured windows of this invocation's runs; "
                                         "overhead is everything else (start-up, model builds, warm-up, "
-                                        "handshakes, writing)"},
+                                        "handshakes, writing, and the drift checks' reference runs, "
+                                        "reference_s of measuring)"},
                      "failures": self.failures})
         self._write(lambda: self.session.write_meta(meta), self.session.meta_path)
 
@@ -481,7 +650,10 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
              "on " + ", ".join(f"{h.address} ({h.device})" for h in opts.testbed.hosts))
     lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)} x "
              f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
-             f"{opts.runs} runs; {per} batches of {opts.batch_size} each ({opts.warmup} warm-up)"]
+             f"{opts.runs} runs; {per} batches of {opts.batch_size} each ({opts.warmup} warm-up)",
+             f"order: {opts.order}" + (f" (seed {opts.seed}), one round per run" if opts.order == "random" else "")
+             + (f"; --precision {opts.precision:.0%}: up to {opts.max_runs or 3 * opts.runs} runs per configuration"
+                if opts.precision else "")]
     lines += [f"  {p.run_key}" for p in planned[:10]]
     if len(planned) > 10:
         lines.append(f"  ... and {len(planned) - 10} more")

@@ -21,13 +21,13 @@ from paretopipe.transport import inputs as data
 from tcp_helpers import builder, free_port, kill_group, run_in_threads, start, wait_for_line
 
 
-def _reference(name, batch, count, seed=0):
+def _reference(name, batch, count, seed=0, dataset="synthetic"):
     from paretopipe.partition import models
 
     model = builder(name).model
     size = models.input_size(name)
     with torch.no_grad():
-        return [model(data.synthetic_batch(i, batch, size, seed)) for i in range(count)]
+        return [model(x) for x in data.batches(dataset, batch, size, count, seed=seed)]
 
 
 @pytest.mark.parametrize("name", ["mobilenetv2", "resnet50"])
@@ -92,7 +92,7 @@ def test_cli_end_to_end_with_compression_and_saved_outputs(tmp_path):
     assert s2.wait(120) == 0, s2.stderr.read()
     assert s1.wait(60) == 0, s1.stderr.read()
     logits = np.load(out, allow_pickle=False)["logits"]
-    ref = _reference("resnet18", 2, 3)
+    ref = _reference("resnet18", 2, 3, dataset="photos")  # compression defaults to real photographs
     assert np.allclose(logits, torch.stack(ref).numpy(), atol=1e-5)
     (path,) = tmp_path.glob("resnet18-*.json")
     rec = json.loads(path.read_text())

@@ -1,0 +1,93 @@
+"""Ties, hypervolume intervals and the report's sanity checks, on hand-made tables whose answers
+are known, and on the fixture session."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from paretopipe.analysis import pareto, report, sanity
+from paretopipe.predict.validate import tie_aware_jaccard
+
+FIXTURE = ROOT / "tests" / "analysis" / "fixtures" / "results_small"
+
+
+def _table(rows):
+    return pd.DataFrame(rows, columns=["model", "backend", "network", "batch_size", "split_index", "latency_s",
+                                       "latency_median_ci95_low_s", "latency_median_ci95_high_s",
+                                       "throughput_imgs_per_s", "throughput_ci95_low_imgs_per_s",
+                                       "throughput_ci95_high_imgs_per_s"])
+
+
+def test_front_status_by_hand():
+    t = _table([
+        ("m", "tcp", "lan", 1, 0, 0.10, 0.09, 0.11, 50, 48, 52),   # front
+        ("m", "tcp", "lan", 1, 1, 0.11, 0.10, 0.12, 49, 47, 51),   # dominated by 0, intervals overlap: tied
+        ("m", "tcp", "lan", 1, 2, 0.20, 0.19, 0.21, 30, 29, 31),   # clearly dominated
+        ("m", "tcp", "lan", 1, 3, 0.05, 0.04, 0.06, 20, 19, 21),   # front (fastest)
+        ("m", "tcp", "lan", 1, 4, 0.12, 0.115, 0.125, 49, 47, 51),  # latency beyond every front CI: dominated
+        ("m", "tcp", "wifi", 1, 0, 0.30, np.nan, np.nan, 10, np.nan, np.nan),  # no CI: the point itself
+    ])
+    status = pareto.front_status(t, report.INTERVALS, by=["network"])
+    assert list(status) == ["front", "tied", "dominated", "front", "dominated", "front"]
+
+
+def test_pareto_table_has_status_and_hypervolume_interval():
+    table = report.pareto_table(FIXTURE, resamples=60)
+    assert set(table["front_status"]) <= {"front", "tied", "dominated"}
+    assert (table["on_front"] == (table["front_status"] == "front")).all()
+    lo, hv, hi = table["hypervolume_ci95_low"], table["hypervolume"], table["hypervolume_ci95_high"]
+    assert (lo <= hi).all() and ((lo <= hv + 1e-9) | (hv <= hi + 1e-9)).all()
+    shown = report.format_front_table(table)
+    assert "front_status" in shown and "hypervolume_ci95_low" in shown
+
+
+def test_monotone_and_transfer_checks_by_hand():
+    s = pd.DataFrame({
+        "model": "m", "backend": "tcp", "network": "lan", "batch_size": 1, "split_index": [0, 1, 2, 3],
+        "stage1_compute_median_s": [0.0, 0.010, 0.004, 0.020],
+        "stage1_compute_ci95_low_s": [0.0, 0.009, 0.003, 0.019],
+        "stage1_compute_ci95_high_s": [0.0, 0.011, 0.005, 0.021],
+        "stage2_compute_median_s": [0.030, 0.020, 0.025, 0.001],
+        "stage2_compute_ci95_low_s": [0.029, 0.019, 0.018, 0.0009],
+        "stage2_compute_ci95_high_s": [0.031, 0.021, 0.026, 0.0011],
+    })
+    one = sanity.monotone_violations(s, 1, rising=True)
+    assert [v["configurations"] for v in one] == ["k=1 vs k=2"]  # falls beyond both CIs
+    two = sanity.monotone_violations(s, 2, rising=False)
+    assert two == []  # k=2 rises, but within k=1's interval
+    shaped = pd.DataFrame({"model": ["m"], "backend": ["tcp"], "network": ["slow"], "batch_size": [1],
+                           "split_index": [0], "wire_bytes_mean": [125_000.0], "result_wire_bytes_mean": [0.0],
+                           "transfer_median_s": [0.05]})
+    networks = {"slow": {"name": "slow", "up": {"delay_ms": 10, "rate_mbit_per_s": 10},
+                         "down": {"delay_ms": 10, "rate_mbit_per_s": 10}}}
+    # 1 Mbit at 10 Mbit/s is 100 ms, plus 20 ms of delay: 50 ms is faster than the link allows.
+    bad = sanity.transfer_violations(shaped, networks, {"slow": "emulated"})
+    assert len(bad) == 1 and "120.00 ms" in bad[0]["detail"]
+    shaped["transfer_median_s"] = 0.125
+    assert sanity.transfer_violations(shaped, networks, {"slow": "emulated"}) == []
+    assert sanity.transfer_violations(shaped.assign(transfer_median_s=0.05), networks, {"slow": "none"}) == []
+
+
+def test_tie_aware_jaccard():
+    assert tie_aware_jaccard({1, 2}, {1, 2}, set()) == 1.0
+    assert tie_aware_jaccard({1, 3}, {1, 2}, {3}) == pytest.approx(2 / 3)  # 3 is tied: agreement
+    assert tie_aware_jaccard({1, 4}, {1, 2}, {3}) == pytest.approx(1 / 3)  # 4 is dominated: beyond noise
+
+
+def test_compare_goals_on_the_same_session_twice(tmp_path):
+    import shutil
+
+    from paretopipe.analysis import compare
+
+    shutil.copytree(FIXTURE, tmp_path / "b")
+    result = compare.compare(FIXTURE, tmp_path / "b")
+    assert (result["fronts"]["jaccard_front_or_tied"] == 1.0).all()
+    lan = result["fronts"].set_index("network").loc["lan", "front_or_tied_a"].split()
+    assert lan == ["5", "8", "19"]
+    lines, met = compare.goals(result, 0.9, {"lan": 4})
+    assert met and "goal >= 0.9: met" in lines[0] and "leave out k <= 4 (met)" in lines[1]
+    lines, met = compare.goals(result, 0.9, {"lan": 5})  # k=5 is on lan's front: not selective enough
+    assert not met and "NOT met: 5" in lines[1]
