@@ -6,11 +6,13 @@ import argparse
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Sequence
 
 from .. import records
-from ..network import probe, tc
-from ..network.conditions import load_conditions
+from ..errors import UsageError
+from ..network import probe, tc, tracecontrol
+from ..network.conditions import Direction, load_conditions
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      network_from_args, port_number, positive_float, positive_int, setup_logging)
 
@@ -34,6 +36,7 @@ def parser(prog: str = "network_delay.py") -> ArgumentParser:
             "sudo python network_delay.py apply --network lte --dev eth0",
             "sudo python network_delay.py apply --delay 50ms --jitter 5ms --rate 10mbit --dev eth0 --port 5555 --ingress",
             "python network_delay.py apply --network 3g --dev eth0 --dry-run",
+            "sudo python network_delay.py apply --trace cellular.up --dev eth0 --duration 60 --trace-log rates.csv",
             "sudo python network_delay.py clear --dev eth0",
             "python network_delay.py show --dev eth0",
             "python network_delay.py serve --port 5201      # on the peer",
@@ -48,6 +51,12 @@ def parser(prog: str = "network_delay.py") -> ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="print the commands, change nothing (no root needed)")
     ap.add_argument("--duration", type=positive_float, default=None,
                     help="hold the conditions this many seconds (or until Ctrl-C), then clear them")
+    ap.add_argument("--trace-interval", type=positive_float, default=tracecontrol.DEFAULT_INTERVAL_S,
+                    help="with --trace: seconds between the controller's rate changes")
+    ap.add_argument("--trace-offset", type=float, default=None,
+                    help="with --trace: start this many seconds into the trace (default: seeded by --seed)")
+    ap.add_argument("--seed", type=int, default=0, help="with --trace: the seed of the trace's start offset")
+    ap.add_argument("--trace-log", default=None, help="with --trace: write every applied rate to this CSV")
     _target(ap)
     cl = sub.add_parser("clear", help="remove everything apply added (no-op on a clean interface)")
     cl.add_argument("--dry-run", action="store_true")
@@ -108,14 +117,29 @@ def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> i
         print(f"# {conditions.describe()}")
         print("\n".join(map(str, tc.apply_commands(direction, args.dev, ingress, args.port))))
         return 0
+    traced = direction.trace or (ingress and ingress.trace)
+    if traced and args.duration is None and not args.dry_run:
+        raise UsageError("a trace changes the rate while it is applied: give --duration SECONDS")
     if args.duration is None:
         tc.apply(direction, args.dev, ingress, args.port, runner)
         print(f"applied {conditions.describe()} on {args.dev}; now on the link:")
         print(tc.format_show(tc.show(args.dev, runner)))
         print(f"remove with: network_delay.py clear --dev {args.dev}")
         return 0
-    with tc.applied(direction, args.dev, ingress, args.port, runner):
+    log_path = None if args.trace_log is None else Path(args.trace_log)
+    with tc.applied(direction, args.dev, ingress, args.port, runner), \
+            tracecontrol.following(direction, args.dev, runner, args.trace_offset, args.seed, "up",
+                                   args.trace_interval, log_path) as up, \
+            tracecontrol.following(ingress or Direction(), tc.ifb_name(args.dev), runner, args.trace_offset,
+                                   args.seed, "down", args.trace_interval,
+                                   None if log_path is None else log_path.with_suffix(".down.csv")) as down:
         print(f"applied {conditions.describe()} on {args.dev} for {args.duration:g}s (Ctrl-C clears it early)", flush=True)
         time.sleep(args.duration)
+    for ctl in (up, down):
+        if ctl is not None:
+            s = ctl.summary()
+            print(f"trace {s['trace']['trace']} on {s['dev']}: {s['steps']} rate changes every {s['interval_s']:g}s "
+                  f"from offset {s['offset_s']:g}s, median {1e3 * (s['late_median_s'] or 0):.1f} ms late"
+                  + (f"; stopped early: {s['error']}" if s['error'] else ""))
     print(f"cleared {args.dev}")
     return 0

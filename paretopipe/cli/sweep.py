@@ -13,6 +13,7 @@ from ..errors import UsageError
 from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices
 from ..runners.sweep import SweepOptions, Sweeper, describe_plan, parse_plans, session_dir
+from ..network import traces
 from ..transport.auth import load_secret
 from . import experiment
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
@@ -47,6 +48,9 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
                    help="comma list of named network conditions from profiles.toml (--profiles is the anchor's name)")
     w.add_argument("--network-file", "--profiles-file", dest="network_file", default=None,
                    help="a TOML file of named network conditions (the shipped profiles.toml when not given)")
+    w.add_argument("--trace", default=None,
+                   help="a rate trace (Mahimahi or time_s,rate_mbit CSV) for both directions: adds a network named "
+                        "trace-<file stem> to --network (per-direction traces: trace_up/trace_down in a network file)")
     w.add_argument("--backend", default="tcp", choices=["tcp", "rpc", "both"])
     w.add_argument("--num-classes", type=positive_int, default=10)
     w.add_argument("--weights", default=None, help="state-dict .pth every stage loads (it must exist on every host)")
@@ -163,8 +167,16 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
     stages = (len(plans[0]) + 1) if plans else 2
     link = args.link or ("tc" if testbed.remote else "emulated")
     backends = ["tcp", "rpc"] if args.backend == "both" else [args.backend]
+    networks = [x.strip() for x in args.network.split(",") if x.strip()]
+    inline = dict(exp.networks) if exp else {}
+    if args.trace:
+        trace = Path(args.trace).expanduser().resolve()
+        traces.load(trace)  # a bad trace is one line now, not a failure in every worker
+        name = f"trace-{trace.stem}"
+        inline[name] = {"trace": str(trace)}
+        networks.append(name)
     return SweepOptions(models=models, splits=args.splits, plans=plans, runs=args.runs,
-                        networks=[x.strip() for x in args.network.split(",") if x.strip()], backends=backends,
+                        networks=networks, backends=backends,
                         batch_size=args.batch_size, num_batches=args.num_batches, warmup=args.warmup,
                         in_flight=args.in_flight, link=link, out=args.out, session=args.session,
                         resume=args.resume, wait_time=args.wait_time, timeout=args.timeout, threads=args.threads,
@@ -177,7 +189,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         rpc_source=args.rpc_source, rpc_transport=args.rpc_transport,
                         num_classes=args.num_classes, weights=args.weights,
                         dataset=dataset_from_args(args, args.compression, local=not testbed.remote),
-                        data_dir=args.data_dir, inline_networks=exp.networks if exp else {}, order=args.order,
+                        data_dir=args.data_dir, inline_networks=inline, order=args.order,
                         seed=args.seed, precision=args.precision, max_runs=args.max_runs,
                         drift_every_s=args.drift_every)
 

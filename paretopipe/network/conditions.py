@@ -226,6 +226,8 @@ def _direction(name: str, values: dict[str, Any], which: str, base_dir: Path | N
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         trace = str(path)
+    if trace is not None and pick("rate") is not None:
+        raise UsageError(f"network {name!r} ({which}): give a rate or a trace, not both (the trace is the rate)")
     try:
         return Direction(delay_s=parse_duration(pick("delay")), jitter_s=parse_duration(pick("jitter")),
                          distribution=dist, loss_percent=parse_percent(pick("loss")),

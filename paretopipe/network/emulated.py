@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from . import traces
 from .conditions import Direction
 
 
@@ -41,8 +42,17 @@ class LinkSchedule:
 class EmulatedLink:
     """One direction of an emulated link with sampled jitter and loss (seeded, reproducible)."""
 
-    def __init__(self, direction: Direction, seed: int = 0, schedule: LinkSchedule | None = None) -> None:
+    def __init__(self, direction: Direction, seed: int = 0, schedule: LinkSchedule | None = None,
+                 which: str = "up") -> None:
         self.direction = direction
+        self.trace: traces.Trace | None = None
+        self.trace_offset_s: float | None = None
+        if schedule is None and direction.trace:
+            # A trace replaces the constant rate; the replay starts at a seeded offset, so a rerun
+            # with the same seed meets the same stretch of the trace.
+            self.trace = traces.load(direction.trace)
+            self.trace_offset_s = traces.seeded_offset_s(self.trace, seed, which)
+            schedule = traces.TraceSchedule(self.trace, time.monotonic(), self.trace_offset_s)
         self._schedule = schedule or LinkSchedule(direction)
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
@@ -60,6 +70,9 @@ class EmulatedLink:
                                "note": "in-process emulation at the sender (serialisation at rate, FIFO, then delay)"}
         if conditions is not None:
             out["conditions"] = conditions.to_dict()
+        if self.trace is not None:
+            out["trace"] = {**self.trace.describe(), "offset_s": self.trace_offset_s,
+                            "replay": "exact: each 1500 bytes leave at the trace's next delivery opportunity"}
         return out
 
 

@@ -17,6 +17,7 @@ import datetime as _dt
 import errno
 import logging
 import shutil
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -25,7 +26,7 @@ from .. import cpushare, records
 from ..analysis.session import Session, config_key, run_key
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
-from ..network import tc
+from ..network import tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ..transport.runconfig import RunConfig
 from . import rounds
@@ -352,6 +353,7 @@ class Sweeper:
         addresses = [h.address for h, _ in hosts if h is not None]
         with contextlib.ExitStack() as stack:
             runners = []
+            controllers: list[dict[str, Any]] = []
             for host, which in hosts:
                 runner = host.runner() if host is not None else tc.Runner()
                 iface = (host.iface if host is not None else None) or tb.iface
@@ -364,8 +366,18 @@ class Sweeper:
                 else:
                     kw = {}  # RPC on one machine: its ports are not known in advance; shape the interface
                 stack.enter_context(tc.applied(direction, iface, runner=runner, **kw))
+                # A trace: a controller steps the shaped rate through it while the group runs, and
+                # its log of applied rates is kept in the session.
+                where = re.sub(r"[^A-Za-z0-9_.-]+", "_", runner.where)
+                log_path = self.dir / "trace-control" / f"{conditions.name}-{where}-{which or 'up'}.csv"
+                ctl = stack.enter_context(tracecontrol.following(direction, iface, runner, seed=o.seed or 0,
+                                                                 which=which or "up", log_path=log_path))
+                if ctl is not None:
+                    controllers.append({**ctl.summary(), "log": str(log_path.relative_to(self.dir))})
                 runners.append((runner, iface))
             state = tc.observed_link_state(runners[0][1], runners[0][0])
+            if controllers:
+                state["trace_control"] = controllers
             state["conditions_requested"] = conditions.to_dict()
             if len(runners) > 1:
                 state["other_hosts"] = [tc.observed_link_state(i, r) for r, i in runners[1:]]

@@ -233,8 +233,9 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     master = node_manifest(builder.device, role="master" if local_stage is None else "master+stage1",
                            weights_fingerprint=builder.fingerprint, limits=limits)
     manifest = {"stages": [master] + [i["manifest"] for i in infos],
-                "link": observed_link or ({"mode": "emulated", "conditions": conditions.to_dict()} if emulated
-                                          else {"mode": "none"}),
+                "link": observed_link or ({"mode": "emulated", "conditions": conditions.to_dict(),
+                                           **({"trace_up": up.manifest()["trace"]} if up and up.trace else {})}
+                                          if emulated else {"mode": "none"}),
                 "rpc": {**(transport or {}), "source": source, "stage_ranks": ranks},
                 "inputs": inputs.describe(cfg.dataset, cfg.data_dir)}
     world = max(ranks) + 1

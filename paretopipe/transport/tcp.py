@@ -439,13 +439,17 @@ class _Stage1Run:
             receiver.join(1.0)
 
 
-def _link_manifest(conditions: NetworkConditions | None, emulated: bool, observed: dict | None) -> dict[str, Any]:
+def _link_manifest(conditions: NetworkConditions | None, emulated: bool, observed: dict | None,
+                   link: EmulatedLink | None = None) -> dict[str, Any]:
     if observed is not None:
         return observed
     if conditions is not None and emulated:
-        return {"mode": "emulated", "conditions": conditions.to_dict(),
-                "note": "in-process emulation at each sender (serialisation at rate, FIFO, then delay): "
-                        "up shapes stage 1's frames, down the results"}
+        out = {"mode": "emulated", "conditions": conditions.to_dict(),
+               "note": "in-process emulation at each sender (serialisation at rate, FIFO, then delay): "
+                       "up shapes stage 1's frames, down the results"}
+        if link is not None and link.trace is not None:
+            out["trace_up"] = link.manifest()["trace"]  # where the replay started: reruns with the seed agree
+        return out
     return {"mode": "none", "note": "no shaping by this run; the link is whatever the network is"}
 
 
@@ -467,7 +471,7 @@ def run_on_session(session: Session, builder: StageBuilder, cfg: RunConfig, *,
     link = EmulatedLink(conditions.up, seed=cfg.seed) if emulated else None
     manifest1 = node_manifest(builder.device, threads, role="stage1", weights_fingerprint=builder.fingerprint,
                               limits=limits)
-    link_manifest = _link_manifest(conditions, emulated, observed_link)
+    link_manifest = _link_manifest(conditions, emulated, observed_link, link)
     failure: BaseException | None = None
     peer: dict[str, Any] | None = None
     run: _Stage1Run | None = None
@@ -602,7 +606,7 @@ def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *
             pass
         raise WireError(f"stage 1 sent a run stage 2 cannot take: {exc}")
     session.send(wire.RUN_OK)
-    link = EmulatedLink(back, seed=cfg.seed + 1) if back else None
+    link = EmulatedLink(back, seed=cfg.seed, which="down") if back else None
     timer = StageTimer(builder.device)
     manifest2 = node_manifest(builder.device, threads, role="stage2", weights_fingerprint=builder.fingerprint,
                               limits=limits)
