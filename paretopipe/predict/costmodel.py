@@ -23,6 +23,7 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
+from ..errors import UsageError
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import LinkSchedule
 from .device_profile import RESULT_CODEC, DeviceProfile
@@ -52,6 +53,10 @@ class LinkModel:
         """(up, down) models of ``conditions`` over the transport ``base`` (fixed_s, bytes_per_s)."""
         base = base or {}
         fixed, rate = float(base.get("fixed_s") or 0.0), base.get("bytes_per_s")
+        if conditions.up.trace or conditions.down.trace:
+            # A constant-rate model of a varying link would print a number that is not true.
+            raise UsageError(f"network {conditions.name!r} follows a rate trace, which the cost model does not "
+                             f"model; predict with constant-rate conditions (e.g. --rate at the trace's mean)")
         return (cls(conditions.name, conditions.up, fixed, rate), cls(conditions.name, conditions.down, fixed, rate))
 
     def with_rate(self, rate_bps: float | None) -> "LinkModel":

@@ -131,18 +131,41 @@ def test_report_cli_writes_table_and_figures(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: no sweep results under")
 
 
-def test_notebook_runs_headless_on_the_fixture(tmp_path):
-    import nbformat
+def _execute(nb, env: dict[str, str]):
     from nbclient import NotebookClient
 
-    nb = nbformat.read(ROOT / "notebooks" / "pareto_front.ipynb", as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit it without outputs"
-    os.environ["PARETOPIPE_RESULTS_DIR"] = str(FIXTURE)
-    os.environ["MPLBACKEND"] = "Agg"
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         NotebookClient(nb, timeout=300, kernel_name="python3",
                        resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     finally:
-        os.environ.pop("PARETOPIPE_RESULTS_DIR")
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+def test_notebook_is_saved_with_outputs_and_runs_headless_on_a_fresh_clone():
+    """Committed with its outputs (figures included), and it runs with no results folder and no
+    settings: a fresh clone falls back to the shipped demo session."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / "pareto_front.ipynb", as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "commit it with its outputs"
+    assert (ROOT / "examples" / "session-demo" / "summary.csv").is_file()
+    if any((ROOT / "results").glob("*/runs.csv")):
+        pytest.skip("this checkout has results/, which the notebook prefers to the shipped session")
+    text = _execute(nb, {"MPLBACKEND": "Agg"})
+    assert "session: examples/session-demo" in text and "on a front" in text
+
+
+def test_notebook_runs_headless_on_the_fixture(tmp_path):
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / "pareto_front.ipynb", as_version=4)
+    text = _execute(nb, {"PARETOPIPE_RESULTS_DIR": str(FIXTURE), "MPLBACKEND": "Agg"})
     assert "on a front" in text and "split_index" in text

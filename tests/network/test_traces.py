@@ -203,3 +203,10 @@ def test_tc_controller_follows_a_step_trace_in_the_lab(tmp_path):
     applied = {round(float(r.split(",")[1]), 1): float(r.split(",")[2]) for r in rows[1:]}
     # 1500-byte opportunities quantise a 100 ms window to 120 kbit/s; the trace repeats after 6 s.
     assert applied[1.0] == pytest.approx(20e6, rel=0.01) and applied[4.0] == pytest.approx(5e6, rel=0.03)
+
+
+def test_the_cost_model_refuses_a_trace_rather_than_treat_it_as_unshaped():
+    from paretopipe.predict.costmodel import LinkModel
+
+    with pytest.raises(UsageError, match="does not model"):
+        LinkModel.pair(conditions_from_values("t", {"trace": "step.csv"}, SHIPPED))
