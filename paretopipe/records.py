@@ -21,6 +21,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .errors import UsageError
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
 SCHEMA_VERSION = 2
 SCHEMA_FILE = Path(__file__).with_name("run.schema.json")
 BOOTSTRAP_RESAMPLES = 2000
@@ -208,3 +215,15 @@ def build_run_record(*, backend: str, run_id: str, status: str, error: str | Non
 
 def load_schema() -> dict[str, Any]:
     return json.loads(SCHEMA_FILE.read_text())
+
+
+def read_toml(path: Path, what: str, kind: str = "TOML") -> dict[str, Any]:
+    """A TOML file as a dict; each way it can be wrong is one line naming ``what`` it should be."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{what} not found: {path}")
+    except IsADirectoryError:
+        raise UsageError(f"{what} {path} is a folder; give a {kind} file")
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{what} {path} is not valid TOML: {exc}")

@@ -27,6 +27,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from .. import records
 from ..errors import UsageError
 
 try:  # Python >= 3.11
@@ -59,14 +60,7 @@ class Experiment:
 def read(path: str | Path, parser: argparse.ArgumentParser) -> Experiment:
     """Parse an experiment file against ``parser``'s flags; an unknown key is named with the valid ones."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"experiment file not found: {path}")
-    except IsADirectoryError:
-        raise UsageError(f"experiment file {path} is a folder; give a .toml file")
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"experiment file {path} is not valid TOML: {exc}")
+    data = records.read_toml(path, "experiment file", ".toml")
     unknown = sorted(set(data) - {"sweep", "networks", "hosts"})
     if unknown:
         raise UsageError(f"experiment file {path}: unknown table [{unknown[0]}]; valid: [sweep], [networks.NAME], "

@@ -18,13 +18,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .. import records
 from ..errors import UsageError
 from ..units import format_duration, format_rate, parse_duration, parse_percent, parse_rate
-
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 DISTRIBUTIONS = ("normal", "pareto", "paretonormal", "uniform")
 MSS_BYTES = 1448  # TCP payload per segment on a 1500-byte MTU with timestamps
@@ -263,14 +259,7 @@ def conditions_from_values(name: str, values: dict[str, Any], base_dir: Path | N
 def load_conditions(path: str | Path | None = None) -> dict[str, NetworkConditions]:
     """Every named condition of a TOML file (default: the shipped ``profiles.toml``)."""
     path = Path(path) if path else default_file()
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"network conditions file not found: {path}")
-    except IsADirectoryError:
-        raise UsageError(f"network conditions file {path} is a folder; give a TOML file")
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"network conditions file {path} is not valid TOML: {exc}")
+    data = records.read_toml(path, "network conditions file")
     bad = [k for k, v in data.items() if not isinstance(v, dict)]
     if bad:
         raise UsageError(f"network conditions file {path}: {bad[0]!r} is not a table ([{bad[0]}] with keys)")
