@@ -36,7 +36,8 @@ BOOTSTRAP_RESAMPLES = 2000
 # compute, codec and queue parts (any number of stages), and decoding the result.
 WORK_FIELDS = ("stage1_compute_s", "stage1_encode_s", "stage2_decode_s", "stage2_queue_s",
                "stage2_compute_s", "stage2_encode_s", "result_decode_s")
-_WORK = re.compile(r"^(stage\d+_(compute|encode|decode|queue)_s|result_decode_s)$")
+# local_compute_s: an adaptive run's batch finished on stage 1 (stage 2 gone or late).
+_WORK = re.compile(r"^(stage\d+_(compute|encode|decode|queue)_s|result_decode_s|local_compute_s)$")
 
 
 def work_fields(batch: dict[str, Any]) -> list[str]:
@@ -199,6 +200,11 @@ def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, A
     total_bits = 8 * (sum(wire) + sum(result))
     total_transfer = sum(t for t in transfers if t is not None)
     out["goodput_mbit_per_s"] = total_bits / total_transfer / 1e6 if total_transfer > 0 and wire else None
+    if any("split_k" in b for b in measured):  # the adaptive runtime's batches
+        out["batches_served_locally"] = sum(bool(b.get("served_locally")) for b in measured)
+        out["split_switches"] = sum(bool(b.get("switched")) for b in measured)
+        ks = [b["split_k"] for b in measured if b.get("split_k") is not None]
+        out["split_k_median"] = statistics.median(ks) if ks else None
     return out
 
 

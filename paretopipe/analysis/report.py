@@ -128,6 +128,9 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
         plot_payload(panel, ax, f"Payload per image vs split: {model}")
         fig.tight_layout()
         save_figure(fig, out / f"payload_{records.file_label(model)}.{fmt}")
+    from . import adaptive
+
+    adaptive.write(session, out, fmt, plt)
     return out
 
 

@@ -31,5 +31,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
     out = write_report(args.results, args.out, args.format)
     print(format_front_table(pd.read_csv(out / "pareto.csv")))
     print(format_sanity(pd.read_csv(out / "sanity.csv")))
+    if (out / "adaptive_verdicts.csv").is_file():
+        from ..analysis.adaptive import format_verdicts
+
+        print(format_verdicts(pd.read_csv(out / "adaptive_verdicts.csv")))
     print(f"report written to {out}")
     return 0

@@ -13,7 +13,7 @@ import torch
 from ..errors import UsageError
 from ..partition.stages import StageBuilder
 from ..transport import auth, tcp, wire
-from ..transport.runconfig import RunConfig
+from ..transport.runconfig import ADAPTIVE, OBJECTIVES, RunConfig
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      dataset_from_args, example_epilog,
                      network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
@@ -27,8 +27,9 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
     g = parser.add_argument_group("model and split (both stages must agree)")
     g.add_argument("--model", "--model-name", dest="model", default="mobilenetv2",
                    help="zoo name (mobilenetv2, resnet18, resnet50, vgg16, alexnet, inceptionv3, any torchvision name)")
-    g.add_argument("--split", "--split-index", dest="split_index", type=nonneg_int, default=None,
-                   help="block index k: the first k blocks run on stage 1 (0 and K are the baselines)"
+    g.add_argument("--split", "--split-index", dest="split_index", type=split_or_adaptive, default=None,
+                   help="block index k: the first k blocks run on stage 1 (0 and K are the baselines); "
+                        "adaptive: choose per batch from the measured link (both stages hold every block)"
                         + ("" if stage == 1 else "; omitted: whatever stage 1 runs"))
     g.add_argument("--cut", default=None, help="a fine fx cut name instead of --split (paretopipe split --list --fine)")
     g.add_argument("--num-classes", type=positive_int, default=10)
@@ -50,10 +51,23 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
     add_common_flags(parser)
 
 
+def split_or_adaptive(text: str) -> int | str:
+    """``--split``: a block index k, or ``adaptive``."""
+    if text.strip().lower() == ADAPTIVE:
+        return ADAPTIVE
+    return nonneg_int(text)
+
+
 def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuilder, list[str] | None]:
     if args.threads:
         torch.set_num_threads(args.threads)
     builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
+    if args.split_index == ADAPTIVE:
+        if args.cut is not None:
+            raise UsageError("--cut and --split adaptive exclude each other: give one of them (the adaptive runtime "
+                             "picks block splits itself)")
+        # Stage 2 insists on nothing; stage 1 starts at K (all local) until its first choice.
+        return builder, (None if not required else [builder.partitioner.block_cut(builder.partitioner.num_blocks)])
     if args.split_index is None and args.cut is None:
         if not required:
             return builder, None
@@ -111,8 +125,34 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     k.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
                    help="emulated: in-process link for --network (the choice when one is given); tc: shaped by network_delay.py")
     k.add_argument("--network-delay-ms", type=float, default=None, help="anchor label only; the manifest records the link actually used")
+    a = p.add_argument_group("adaptive split (--split adaptive)")
+    a.add_argument("--objective", default="latency", choices=list(OBJECTIVES),
+                   help="what the chooser optimises with the cost model")
+    a.add_argument("--deadline-ms", type=positive_float, default=None,
+                   help="a result later than this is not waited for: stage 1 finishes the batch itself "
+                        "(default: only when stage 2 is gone)")
+    a.add_argument("--candidates", default=None,
+                   help="block splits the chooser may use: all (default), 1,4,8 or 2-10")
+    a.add_argument("--device-profiles", default=None,
+                   help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated; default: both "
+                        "stages profile themselves briefly at start")
     p.add_argument("--save-outputs", default=None, help="write the returned logits to this .npz (for checks)")
     return p
+
+
+def adaptive_fields(args: argparse.Namespace, num_blocks: int) -> dict:
+    """The RunConfig fields of the adaptive flags (refused without --split adaptive)."""
+    given = [f for f, v in (("--deadline-ms", args.deadline_ms), ("--candidates", args.candidates),
+                            ("--device-profiles", args.device_profiles)) if v is not None]
+    if args.split_index != ADAPTIVE:
+        if given or args.objective != "latency":
+            raise UsageError(f"{(given or ['--objective'])[0]} applies to --split adaptive only")
+        return {}
+    from ..runners.sweep import parse_splits
+
+    return {"objective": args.objective, "deadline_s": args.deadline_ms / 1e3 if args.deadline_ms else None,
+            "candidates": parse_splits(args.candidates, num_blocks) if args.candidates else None,
+            "device_profiles": args.device_profiles.split(",") if args.device_profiles else None}
 
 
 def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") -> int:
@@ -129,22 +169,38 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
                     wire_dtype=args.wire_dtype, compression=args.compression,
                     compression_level=args.compression_level, seed=args.seed,
                     network=conditions.name if conditions else None,
-                    link_mode=link_mode, network_delay_ms_label=args.network_delay_ms, timeout_s=args.timeout)
+                    link_mode=link_mode, network_delay_ms_label=args.network_delay_ms, timeout_s=args.timeout,
+                    **adaptive_fields(args, builder.partitioner.num_blocks))
     observed = _observed_link(args)
     listener = tcp.StageListener(tcp.listen(args.host, args.port), tcp.identity_of(builder), secret, args.max_payload)
     log.info("stage 1 listening on %s:%d (%s, cuts %s)", args.host, listener.port, builder.name, cuts)
     try:
-        outcome = tcp.run_stage1(listener, builder, cfg, conditions=conditions, connect_timeout=args.connect_timeout,
-                                 output_dir=args.out, keep_outputs=bool(args.save_outputs),
-                                 observed_link=observed, threads=args.threads)
+        if cfg.adaptive:
+            from ..runners.adaptive import AdaptiveRun
+
+            outcome = AdaptiveRun(builder, cfg, listener=listener, session=None, conditions=conditions,
+                                  observed_link=observed, threads=args.threads, keep_outputs=bool(args.save_outputs),
+                                  connect_timeout=args.connect_timeout).run(args.out)
+        else:
+            outcome = tcp.run_stage1(listener, builder, cfg, conditions=conditions,
+                                     connect_timeout=args.connect_timeout, output_dir=args.out,
+                                     keep_outputs=bool(args.save_outputs), observed_link=observed,
+                                     threads=args.threads)
     finally:
         listener.close()
     if args.save_outputs:
         np.savez(args.save_outputs, logits=torch.stack(outcome.outputs).numpy())
     s = outcome.record["summary"]
+    extra = ""
+    if cfg.adaptive:
+        a = outcome.record["manifest"]["stages"][0]["adaptive"]
+        ks = [b["split_k"] for b in outcome.record["batches"] if not b["warmup"]]
+        extra = (f", adaptive: splits used {sorted(set(ks))}, {a['switches']} switches, "
+                 f"{a['served_locally']} batches served locally")
+        cuts = "adaptive"
     print(f"{builder.name} cuts={cuts} latency median {_ms(s['latency_median_s'])} p95 {_ms(s['latency_p95_s'])}, "
           f"throughput {_num(s['throughput_imgs_per_s'])} img/s, payload {_num(s['payload_bytes_mean'])} B"
-          + (f", written {outcome.path}" if outcome.path else ""))
+          + extra + (f", written {outcome.path}" if outcome.path else ""))
     return 0
 
 

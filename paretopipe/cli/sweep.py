@@ -40,12 +40,15 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     w = p.add_argument_group("what to sweep")
     w.add_argument("--model", default=None, help="one model (mobilenetv2 when neither --model nor --models is given)")
     w.add_argument("--models", default=None, help="comma list of models")
-    w.add_argument("--splits", default="all", help="all, a list 1,4,8, or ranges 2-10 (0 and K are the baselines)")
+    w.add_argument("--splits", default="all",
+                   help="all, a list 1,4,8, or ranges 2-10 (0 and K are the baselines); add adaptive for the "
+                        "runtime that picks the split per batch from the measured link (all,adaptive)")
     w.add_argument("--split-blocks", default=None,
                    help="N-stage plans for the rpc backend, ';' between plans: 3,9;5,12 (as paretopipe predict prints them)")
     w.add_argument("--runs", type=positive_int, default=3, help="repetitions per configuration")
-    w.add_argument("--network", "--networks", "--profiles", dest="network", default="lan",
-                   help="comma list of named network conditions from profiles.toml (--profiles is the anchor's name)")
+    w.add_argument("--network", "--networks", "--profiles", dest="network", default=None,
+                   help="comma list of named network conditions from profiles.toml (--profiles is the anchor's "
+                        "name); default lan, or only the trace with --trace")
     w.add_argument("--network-file", "--profiles-file", dest="network_file", default=None,
                    help="a TOML file of named network conditions (the shipped profiles.toml when not given)")
     w.add_argument("--trace", default=None,
@@ -79,6 +82,10 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     r.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
                    help="emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the "
                         "choice with hosts); none")
+    r.add_argument("--objective", default="latency", choices=["latency", "throughput"],
+                   help="what the adaptive split optimises")
+    r.add_argument("--deadline-ms", type=positive_float, default=None,
+                   help="adaptive split: a result later than this is finished on stage 1 instead")
     r.add_argument("--rpc-source", default="master", choices=["master", "stage1"],
                    help="where the rpc backend's data lives: a master rank of its own, or stage 1")
     r.add_argument("--rpc-transport", default="uv", choices=["uv", "auto"])
@@ -167,7 +174,8 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
     stages = (len(plans[0]) + 1) if plans else 2
     link = args.link or ("tc" if testbed.remote else "emulated")
     backends = ["tcp", "rpc"] if args.backend == "both" else [args.backend]
-    networks = [x.strip() for x in args.network.split(",") if x.strip()]
+    default_network = None if args.trace else "lan"
+    networks = [x.strip() for x in (args.network or default_network or "").split(",") if x.strip()]
     inline = dict(exp.networks) if exp else {}
     if args.trace:
         trace = Path(args.trace).expanduser().resolve()
@@ -191,7 +199,8 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         dataset=dataset_from_args(args, args.compression, local=not testbed.remote),
                         data_dir=args.data_dir, inline_networks=inline, order=args.order,
                         seed=args.seed, precision=args.precision, max_runs=args.max_runs,
-                        drift_every_s=args.drift_every)
+                        drift_every_s=args.drift_every, objective=args.objective,
+                        deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else None)
 
 
 def resolved_table(opts: SweepOptions) -> dict[str, Any]:
@@ -211,7 +220,8 @@ def resolved_table(opts: SweepOptions) -> dict[str, Any]:
             "no_optimizations": not opts.optimizations, "timeout": opts.timeout, "wait_time": opts.wait_time,
             "local": not opts.testbed.remote, "order": opts.order, "seed": opts.seed,
             "precision": None if opts.precision is None else f"{opts.precision * 100:g}%", "max_runs": opts.max_runs,
-            "drift_every": opts.drift_every_s}
+            "drift_every": opts.drift_every_s, "objective": opts.objective,
+            "deadline_ms": None if opts.deadline_s is None else opts.deadline_s * 1e3}
 
 
 def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Experiment | None:
@@ -297,6 +307,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         print(format_front_table(pd.read_csv(out / "report" / "pareto.csv")))
         if (out / "report" / "sanity.csv").is_file():
             print(format_sanity(pd.read_csv(out / "report" / "sanity.csv")))
+        if (out / "report" / "adaptive_verdicts.csv").is_file():
+            from ..analysis.adaptive import format_verdicts
+
+            print(format_verdicts(pd.read_csv(out / "report" / "adaptive_verdicts.csv")))
     print(f"sweep done: {out} (runs.csv, summary.csv, failures.csv, session.json"
           + (", report/" if opts.report else "") + ")")
     if result.failed:

@@ -79,6 +79,36 @@ class StageTimer:
         return out, time.perf_counter() - t0
 
 
+def time_segments(builder: StageBuilder, cuts: list[str], x: torch.Tensor, repetitions: int = 8,
+                  warmup: int = 2) -> dict[str, float | list[float]]:
+    """Each segment's compute between consecutive ``cuts`` (interior cuts, in order) and the whole
+    model's, as means of interleaved repetitions on this node: the brief self-profile an adaptive
+    run starts with. Means, because under a CPU quota single calls are either full speed or frozen
+    and only means add up across segments (as in ``paretopipe profile --cpu-share``).
+    ``call_overhead_s`` is what chaining costs beyond one call, as in a full profile."""
+    import statistics
+
+    segments = builder.partitioner.stages(list(cuts))
+    segments = [s.to(builder.device) for s in segments]
+    timer = StageTimer(builder.device)
+    x = x.to(builder.device)
+    runs, whole = [], []
+    for rep in range(warmup + repetitions):
+        y, times = x, []
+        for seg in segments:
+            y, t = timer.run(seg, y, builder.device)
+            times.append(t)
+        _, t_whole = timer.run(builder.model, x, builder.device)
+        if rep >= warmup:  # interleaved, so drift hits segments and the whole model alike
+            runs.append(times)
+            whole.append(t_whole)
+    segs = [float(statistics.fmean(r[i] for r in runs)) for i in range(len(segments))]
+    whole_s = float(statistics.fmean(whole))
+    return {"segment_compute_s": segs, "whole_model_s": whole_s,
+            "call_overhead_s": max(0.0, (sum(segs) - whole_s) / max(1, len(segs) - 1)),
+            "repetitions": repetitions, "statistic": "mean"}
+
+
 def apply_cpu_limits(cpus: str | None, threads: int | None) -> dict:
     """Pin this process to ``cpus`` (e.g. "0" or "0-1") and set torch threads; returns what was applied."""
     import os

@@ -28,7 +28,7 @@ from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network import tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
-from ..transport.runconfig import RunConfig
+from ..transport.runconfig import ADAPTIVE, RunConfig
 from . import rounds
 from .hosts import Host, Testbed
 from .processes import Placement, RpcRanks, TcpStages
@@ -43,6 +43,13 @@ LINKS = ("emulated", "tc", "none")
 
 class DiskFullError(ParetoPipeError):
     """No room left to write results: the sweep stops, nothing is retried."""
+
+
+def split_adaptive(text: str) -> tuple[str, bool]:
+    """``--splits`` without its ``adaptive`` member, and whether it had one."""
+    parts = [p.strip() for p in text.split(",")]
+    kept = [p for p in parts if p.lower() != ADAPTIVE]
+    return ",".join(kept), len(kept) != len(parts)
 
 
 def parse_splits(text: str, num_blocks: int) -> list[int]:
@@ -111,9 +118,9 @@ def session_dir(out_dir: str, session: str | None, resume: bool) -> Path:
     return out / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def split_label(split: int | tuple[int, ...]) -> int | str:
-    """runs.csv's ``split_index``: the block index k, or ``3,9`` for an N-stage plan."""
-    return split if isinstance(split, int) else ",".join(map(str, split))
+def split_label(split: int | tuple[int, ...] | str) -> int | str:
+    """runs.csv's ``split_index``: the block index k, ``3,9`` for an N-stage plan, or ``adaptive``."""
+    return split if isinstance(split, (int, str)) else ",".join(map(str, split))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +130,7 @@ class PlannedRun:
     model: str
     backend: str
     network: str
-    split: int | tuple[int, ...]
+    split: int | tuple[int, ...] | str
     run: int
     reference: bool = False  # a drift check's re-measurement of the reference configuration
 
@@ -133,12 +140,12 @@ class PlannedRun:
 
     @property
     def stages(self) -> int:
-        return 2 if isinstance(self.split, int) else len(self.split) + 1
+        return len(self.split) + 1 if isinstance(self.split, tuple) else 2
 
     @property
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network,
-                          self.split if isinstance(self.split, int) else "-".join(map(str, self.split)))
+                          "-".join(map(str, self.split)) if isinstance(self.split, tuple) else self.split)
 
     @property
     def run_key(self) -> str:
@@ -187,6 +194,8 @@ class SweepOptions:
     precision: float | None = None      # relative half-width of the 95% CIs, e.g. 0.05
     max_runs: int | None = None         # per-configuration budget of runs with a precision target
     drift_every_s: float = 60.0         # re-measure the reference this often (0: never)
+    objective: str = "latency"          # the adaptive split's objective
+    deadline_s: float | None = None     # the adaptive split's deadline before a batch is finished locally
 
 
 @dataclasses.dataclass
@@ -212,6 +221,13 @@ class Sweeper:
                              f"minimum")
         if opts.link not in LINKS:
             raise UsageError(f"--link {opts.link!r}: valid {', '.join(LINKS)}")
+        if split_adaptive(opts.splits)[1]:
+            if opts.plans or "rpc" in opts.backends:
+                raise UsageError("the adaptive split runs on the TCP backend with two stages: use --backend tcp "
+                                 "and --splits ...,adaptive")
+            if opts.in_flight != 1:
+                raise UsageError(f"--in-flight {opts.in_flight}: the adaptive runtime keeps one batch in flight; "
+                                 f"use --in-flight 1 (and compare it with static splits measured so)")
         if opts.plans and "tcp" in opts.backends:
             raise UsageError("N-stage plans (--split-blocks) run on the rpc backend: add --backend rpc")
         if opts.link == "tc" and not (tb.iface or any(h.iface for h in tb.hosts)):
@@ -249,13 +265,15 @@ class Sweeper:
         return session_dir(self.opts.out, self.opts.session, self.opts.resume)
 
     # -- plan ----------------------------------------------------------------------------------
-    def splits_for(self, num_blocks: int) -> list[int | tuple[int, ...]]:
+    def splits_for(self, num_blocks: int) -> list[int | tuple[int, ...] | str]:
+        """The static splits (or plans), then ``adaptive`` when --splits names it."""
         if self.opts.plans:
             bad = [p for p in self.opts.plans if max(p) > num_blocks]
             if bad:
                 raise UsageError(f"--split-blocks plan {','.join(map(str, bad[0]))}: block indices go up to {num_blocks}")
             return list(self.opts.plans)
-        return list(parse_splits(self.opts.splits, num_blocks))
+        static, adaptive = split_adaptive(self.opts.splits)
+        return (parse_splits(static, num_blocks) if static else []) + ([ADAPTIVE] if adaptive else [])
 
     def plan(self, num_blocks: dict[str, int]) -> list[PlannedRun]:
         """The runs of the minimum rounds (--runs), in the order they will run; --precision and drift
@@ -308,10 +326,15 @@ class Sweeper:
     def run_config(self, planned: PlannedRun, info: dict[str, Any]) -> RunConfig:
         """The typed configuration of one planned run; the record's ``config`` is exactly this."""
         o = self.opts
-        blocks = [planned.split] if isinstance(planned.split, int) else list(planned.split)
+        adaptive = planned.split == ADAPTIVE
+        blocks = ([info["num_blocks"]] if adaptive else [planned.split] if isinstance(planned.split, int)
+                  else list(planned.split))
         cuts = [info["block_cuts"][k] for k in blocks]
         rpc = planned.backend == "rpc"
-        return RunConfig(model=info["model"], cuts=cuts, split_index=planned.split if isinstance(planned.split, int)
+        static = [k for k in self.splits_for(info["num_blocks"]) if isinstance(k, int)]
+        extra = ({"objective": o.objective, "deadline_s": o.deadline_s,
+                  "candidates": static if len(static) > 1 else None} if adaptive else {})
+        return RunConfig(model=info["model"], cuts=cuts, split_index=planned.split if isinstance(planned.split, (int, str))
                          else list(planned.split), batch_size=o.batch_size, num_batches=o.num_batches,
                          warmup=o.warmup, in_flight=o.in_flight, network=planned.network, link_mode=o.link,
                          timeout_s=o.timeout, seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
@@ -319,7 +342,7 @@ class Sweeper:
                          run=planned.run, stage_limits=info.get("limits"),
                          rpc_transport=o.rpc_transport if rpc else None, rpc_source=o.rpc_source if rpc else None,
                          use_pipelining=(o.in_flight > 1) if rpc else None,
-                         world_size=info.get("world_size") if rpc else None)
+                         world_size=info.get("world_size") if rpc else None, **extra)
 
     def run_one(self, planned: PlannedRun, info: dict[str, Any], observed: dict | None) -> dict[str, Any]:
         o = self.opts
@@ -427,7 +450,8 @@ class Sweeper:
         max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
         tc_mode = o.link == "tc"
         drift = rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0)
-        reference = (o.networks[0], splits[len(splits) // 2])
+        static = [k for k in splits if k != ADAPTIVE] or splits
+        reference = (o.networks[0], static[len(static) // 2])
         group_meta = meta.setdefault("groups", {}).setdefault(f"{model}/{backend}", {})
         group_meta.update({"order": o.order, "seed": o.seed, "precision": o.precision, "min_runs": o.runs,
                            "max_runs": max_runs, "reference": {"network": reference[0], "split": split_label(reference[1])},

@@ -102,6 +102,18 @@ class StageWorker:
             cfg = RunConfig.from_dict(cmd.config)
             self.session = self.listener.session(cmd.connect_timeout, self.session)
             conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
+            if cfg.adaptive:
+                from .adaptive import AdaptiveRun
+
+                run = AdaptiveRun(self.builder, cfg, listener=self.listener, session=self.session,
+                                  conditions=conditions, observed_link=cmd.observed_link, threads=threads,
+                                  limits=self.limits, connect_timeout=cmd.connect_timeout, keep_session=True)
+                try:
+                    outcome = run.run()
+                finally:
+                    self.session = run.session_after
+                _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
+                return
             outcome = tcp.run_on_session(self.session, self.builder, cfg, conditions=conditions,
                                          observed_link=cmd.observed_link, threads=threads, limits=self.limits)
             _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})

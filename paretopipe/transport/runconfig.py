@@ -14,6 +14,8 @@ from .. import strict
 from ..errors import UsageError
 
 LINK_MODES = ("none", "emulated", "tc")
+OBJECTIVES = ("latency", "throughput")
+ADAPTIVE = "adaptive"
 
 
 @dataclasses.dataclass
@@ -22,7 +24,7 @@ class RunConfig:
 
     model: str
     cuts: list[str]
-    split_index: int | list[int] | None = None
+    split_index: int | list[int] | str | None = None   # k, an N-stage plan, or "adaptive"
     batch_size: int = 8
     num_batches: int = 20
     warmup: int = 3
@@ -49,7 +51,13 @@ class RunConfig:
     use_pipelining: bool | None = None
     world_size: int | None = None
     num_partitions: int | None = None
-
+    # The adaptive runtime (split_index "adaptive"): what it optimises, the deadline after which
+    # stage 1 finishes a batch itself, the block splits it may choose (None: all) and device
+    # profiles (paths on stage 1's host; None: both stages profile themselves at start).
+    objective: str = "latency"
+    deadline_s: float | None = None
+    candidates: list[int] | None = None
+    device_profiles: list[str] | None = None
     def __post_init__(self) -> None:
         for name in ("batch_size", "in_flight"):
             if getattr(self, name) < 1:
@@ -65,11 +73,27 @@ class RunConfig:
             raise UsageError(f"--timeout {self.timeout_s:g}: must be positive (seconds)")
         if self.link_mode not in LINK_MODES:
             raise UsageError(f"link mode {self.link_mode!r}: valid {', '.join(LINK_MODES)}")
+        if isinstance(self.split_index, str) and self.split_index != ADAPTIVE:
+            raise UsageError(f"split {self.split_index!r}: a block index k, or {ADAPTIVE}")
+        if self.adaptive and self.in_flight != 1:
+            raise UsageError(f"--in-flight {self.in_flight}: the adaptive runtime keeps one batch in flight "
+                             f"(it switches splits at batch boundaries); use --in-flight 1")
+        if self.objective not in OBJECTIVES:
+            raise UsageError(f"--objective {self.objective!r}: valid {', '.join(OBJECTIVES)}")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise UsageError(f"--deadline-ms {self.deadline_s * 1e3:g}: must be positive")
+        if self.device_profiles is not None and len(self.device_profiles) != 2:
+            raise UsageError(f"--device-profiles: give two profiles (stage 1's, stage 2's), got "
+                             f"{len(self.device_profiles)}")
         if not self.cuts:
             raise UsageError("a run needs at least one cut")
         from .inputs import check_dataset
 
         check_dataset(self.dataset)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.split_index == ADAPTIVE
 
     def to_dict(self) -> dict[str, Any]:
         return strict.to_dict(self)

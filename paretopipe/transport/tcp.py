@@ -17,6 +17,12 @@ for connecting and authenticating once per pair of stage workers, not once per c
     (end)
     BYE                      ->
 
+An adaptive run (``split_index`` "adaptive", driven by runners/adaptive.py) adds three control
+frames: stage 2 answers RUN_OK with its own brief self-profile; SWITCH {cuts} between two batches
+moves the split from the next batch on (stage 2 holds every segment); PROBE (a few bytes or a
+fixed-size filler) is answered at once by PROBE_ACK, so stage 1 can measure the link between
+batches. None of them is accepted in a static run.
+
 Stage 1 stamps each batch on its own monotonic clock when it starts, and again when stage 2's
 result has come back and been decoded: that difference is the end-to-end latency, with no clock
 of another machine involved. With ``in_flight`` W > 1 up to W batches are outstanding; sender and
@@ -44,13 +50,14 @@ from typing import Any, Callable
 
 import jsonschema
 import torch
+from torch import nn
 
 from .. import cpushare, records, strict
 from ..errors import ParetoPipeError, PeerError, UsageError, WireError
 from ..manifest import node_manifest
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import EmulatedLink, LinkSender
-from ..partition.stages import StageBuilder, StageTimer
+from ..partition.stages import StageBuilder, StageTimer, time_segments
 from ..sysmon import SystemMonitor
 from . import auth, inputs, wire
 from .runconfig import RunConfig
@@ -371,7 +378,7 @@ class FrameSender(LinkSender):
         super().submit(enc.total_nbytes, lambda: self.writer.send(enc), on_sent)
 
 
-def _duration(value: Any, key: str) -> float | None:
+def result_duration(value: Any, key: str) -> float | None:
     """A duration reported by the peer: a finite non-negative number (or absent)."""
     if value is None:
         return None
@@ -399,7 +406,7 @@ class _Stage1Run:
                 f = wire.expect(self.session.reader.read(), wire.RESULT)
                 # The reader has decoded the result already: now is when it is usable.
                 now = time.monotonic()
-                durations = {key: _duration(f.meta.get(key), key) for key in RESULT_META_FIELDS}
+                durations = {key: result_duration(f.meta.get(key), key) for key in RESULT_META_FIELDS}
                 if self.keep_outputs:
                     self.outputs[f.seq] = f.tensor.clone()
                 self.schedule.complete(f.seq, now, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes,
@@ -439,7 +446,7 @@ class _Stage1Run:
             receiver.join(1.0)
 
 
-def _link_manifest(conditions: NetworkConditions | None, emulated: bool, observed: dict | None,
+def link_manifest_of(conditions: NetworkConditions | None, emulated: bool, observed: dict | None,
                    link: EmulatedLink | None = None) -> dict[str, Any]:
     if observed is not None:
         return observed
@@ -453,7 +460,7 @@ def _link_manifest(conditions: NetworkConditions | None, emulated: bool, observe
     return {"mode": "none", "note": "no shaping by this run; the link is whatever the network is"}
 
 
-def _write(record: dict[str, Any], output_dir: str | Path | None) -> Path | None:
+def write_record(record: dict[str, Any], output_dir: str | Path | None) -> Path | None:
     if output_dir is None:
         return None
     return records.atomic_write_json(Path(output_dir) / f"{safe_run_id(record['run_id'])}.json", record)
@@ -471,7 +478,7 @@ def run_on_session(session: Session, builder: StageBuilder, cfg: RunConfig, *,
     link = EmulatedLink(conditions.up, seed=cfg.seed) if emulated else None
     manifest1 = node_manifest(builder.device, threads, role="stage1", weights_fingerprint=builder.fingerprint,
                               limits=limits)
-    link_manifest = _link_manifest(conditions, emulated, observed_link, link)
+    link_manifest = link_manifest_of(conditions, emulated, observed_link, link)
     failure: BaseException | None = None
     peer: dict[str, Any] | None = None
     run: _Stage1Run | None = None
@@ -502,9 +509,9 @@ def run_on_session(session: Session, builder: StageBuilder, cfg: RunConfig, *,
     if failure is not None:
         session.close()
     session.runs += 1
-    record = _assemble(run_id, status, error, cfg, part1, peer, link_manifest,
+    record = assemble_record(run_id, status, error, cfg, part1, peer, link_manifest,
                        {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
-    path = _write(record, output_dir)
+    path = write_record(record, output_dir)
     if failure is not None and status != "complete":
         raise failure
     outputs = [run.outputs[s] for s in sorted(run.outputs)] if keep_outputs and run else None
@@ -522,7 +529,7 @@ def run_stage1(listener: StageListener, builder: StageBuilder, cfg: RunConfig, *
         session.close(bye=True)
 
 
-def _assemble(run_id: str, status: str, error: str | None, cfg: RunConfig,
+def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
               part1: dict[str, Any] | None, part2: dict[str, Any] | None, link: dict[str, Any],
               timing: dict[str, Any]) -> dict[str, Any]:
     """Merge the two stages' parts. Stage 1's batch records already carry stage 2's durations."""
@@ -599,13 +606,19 @@ def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *
         cfg = RunConfig.from_dict({**start.config, "timeout_s": timeout_s}, "stage 1's run configuration")
         back = Direction.from_dict(start.return_link) if start.return_link else None
         stage = builder.stage(cfg.cuts, 1)
+        block_cuts = _block_cuts(builder) if cfg.adaptive else None
+        if block_cuts is not None and cfg.cuts[0] not in block_cuts:
+            raise UsageError(f"an adaptive run starts at a block split, not {cfg.cuts[0]!r}")
     except (UsageError, WireError) as exc:
         try:
             session.send(wire.ERROR, meta={"reason": f"stage 2 cannot run this: {exc}"})
         except (ParetoPipeError, OSError):
             pass
         raise WireError(f"stage 1 sent a run stage 2 cannot take: {exc}")
-    session.send(wire.RUN_OK)
+    ok_meta = None
+    if cfg.adaptive and not cfg.device_profiles:
+        ok_meta = {"profile": self_profile_timings(builder, cfg)}
+    session.send(wire.RUN_OK, meta=ok_meta)
     link = EmulatedLink(back, seed=cfg.seed, which="down") if back else None
     timer = StageTimer(builder.device)
     manifest2 = node_manifest(builder.device, threads, role="stage2", weights_fingerprint=builder.fingerprint,
@@ -615,13 +628,19 @@ def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *
     seen: dict[int, dict[str, Any]] = {}
     compute_error: list[BaseException] = []
 
+    current = [stage]
+
     def compute_loop() -> None:
         cpushare.join_compute_thread()
         while True:
             item = work.get()
             if item is None:
                 return
+            if isinstance(item, nn.Module):  # a SWITCH, in order between two batches
+                current[0] = item
+                continue
             f, arrived = item
+            stage = current[0]
             try:
                 began = time.monotonic()
                 out, compute_s = timer.run(stage, f.tensor, builder.device)
@@ -644,17 +663,27 @@ def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *
     started = time.monotonic()
     session.sock.settimeout(cfg.timeout_s)
     total = cfg.warmup + cfg.num_batches
+    switches = 0
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
         try:
             while True:
-                f = wire.expect(session.reader.read(), wire.TENSOR, wire.RECORDS)
+                kinds = (wire.TENSOR, wire.RECORDS) + ((wire.SWITCH, wire.PROBE) if cfg.adaptive else ())
+                f = wire.expect(session.reader.read(), *kinds)
                 if compute_error:
                     raise compute_error[0]
                 if sender.error is not None:
                     raise sender.error
                 if f.kind == wire.RECORDS:
-                    part1 = check_part(_json_of(f), "stage 1", True)
+                    part1 = check_part(json_of(f), "stage 1", True)
                     break
+                if f.kind == wire.SWITCH:
+                    work.put(_switch_stage(builder, f.meta, block_cuts))
+                    switches += 1
+                    continue
+                if f.kind == wire.PROBE:
+                    f.release()
+                    sender.submit(wire.frame(wire.PROBE_ACK, f.seq))
+                    continue
                 if f.seq in seen or not 0 <= f.seq < total:
                     raise WireError(f"batch {f.seq} sent twice or out of range 0..{total - 1}")
                 if f.tensor is None:
@@ -669,6 +698,9 @@ def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *
             worker.join(timeout=cfg.timeout_s)
     mon.stop()
     status, error = status_of(failure)
+    if cfg.adaptive:
+        manifest2 = {**manifest2, "adaptive": {"switches_applied": switches,
+                                               "self_profile": (ok_meta or {}).get("profile")}}
     part2 = {"manifest": manifest2, "sysmon": mon.summary(), "batches": [seen[s] for s in sorted(seen)]}
     if part1 is not None:
         try:
@@ -676,15 +708,40 @@ def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *
         except (ParetoPipeError, OSError) as exc:
             log.warning("stage 2: could not send its records to stage 1: %s", exc)
     sender.close()
-    record = _assemble(run_id, status, error, cfg, part1, part2, observed_link or start.link,
+    record = assemble_record(run_id, status, error, cfg, part1, part2, observed_link or start.link,
                        {"run_wall_s": time.monotonic() - started, "written_by": "stage2"})
-    path = _write(record, output_dir)
+    path = write_record(record, output_dir)
     if failure is not None:
         raise failure
     return RunOutcome(record, path)
 
 
-def _json_of(f: wire.Frame) -> Any:
+def _block_cuts(builder: StageBuilder) -> list[str]:
+    part = builder.partitioner
+    return [part.block_cut(k) for k in range(part.num_blocks + 1)]
+
+
+def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
+    """This node's block segment times at the run's batch size, measured once per process and
+    batch size (a sweep's later adaptive runs reuse it; each run records it)."""
+    key = ("self_profile", cfg.batch_size)
+    cache = builder.__dict__.setdefault("_self_profiles", {})
+    if key not in cache:
+        cpushare.join_compute_thread()  # under the same CPU share as the stage's compute
+        x = next(inputs.batches("synthetic", cfg.batch_size, builder.input_size, 1, None, cfg.seed))
+        cache[key] = time_segments(builder, _block_cuts(builder)[1:-1], x)
+    return cache[key]
+
+
+def _switch_stage(builder: StageBuilder, meta: dict[str, Any], block_cuts: list[str] | None) -> nn.Module:
+    """Stage 2's part for the split a SWITCH names: one of the model's block cuts, nothing else."""
+    cuts = meta.get("cuts")
+    if not (isinstance(cuts, list) and len(cuts) == 1 and block_cuts and cuts[0] in block_cuts):
+        raise WireError(f"SWITCH names {str(cuts)[:80]!r}; an adaptive run switches between block cuts only")
+    return builder.stage(cuts, 1)
+
+
+def json_of(f: wire.Frame) -> Any:
     if f.tensor is None or f.tensor.dtype != torch.uint8:
         raise WireError("RECORDS frame must carry a uint8 JSON payload")
     try:

@@ -42,9 +42,10 @@ _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 # Frame kinds
-HELLO, HELLO_OK, TENSOR, RESULT, RECORDS, ERROR, BYE, CHALLENGE, RUN, RUN_OK, SWITCH = range(1, 12)
+HELLO, HELLO_OK, TENSOR, RESULT, RECORDS, ERROR, BYE, CHALLENGE, RUN, RUN_OK, SWITCH, PROBE, PROBE_ACK = range(1, 14)
 KIND_NAMES = {HELLO: "HELLO", HELLO_OK: "HELLO_OK", TENSOR: "TENSOR", RESULT: "RESULT", RECORDS: "RECORDS",
-              ERROR: "ERROR", BYE: "BYE", CHALLENGE: "CHALLENGE", RUN: "RUN", RUN_OK: "RUN_OK", SWITCH: "SWITCH"}
+              ERROR: "ERROR", BYE: "BYE", CHALLENGE: "CHALLENGE", RUN: "RUN", RUN_OK: "RUN_OK", SWITCH: "SWITCH",
+              PROBE: "PROBE", PROBE_ACK: "PROBE_ACK"}
 
 NO_TENSOR = 0
 DTYPES: dict[int, torch.dtype] = {1: torch.float32, 2: torch.float16, 3: torch.bfloat16,

@@ -104,6 +104,21 @@ def cases() -> list[tuple[str, list[str], str]]:
     add("stage1-zero-batches", ["stage1", "--model", "resnet18", "--split", "2", "--num-batches", "0", "--warmup", "0"],
         "at least one batch")
     add("stage1-dataset", ["stage1", "--model", "resnet18", "--split", "2", "--dataset", "imagenet"], "unknown dataset")
+    # the adaptive split
+    adaptive = ["stage1", "--model", "resnet18", "--split", "adaptive"]
+    for i, extra, what in (("cut", ["--cut", "x"], "exclude each other"),
+                           ("in-flight", ["--in-flight", "2"], "one batch in flight"),
+                           ("candidates", ["--candidates", "99"], "split index 99 out of range"),
+                           ("profiles", ["--device-profiles", "a.json"], "give two profiles"),
+                           ("objective", ["--objective", "speed"], "--objective"),
+                           ("deadline", ["--deadline-ms", "0"], "--deadline-ms")):
+        add(f"stage1-adaptive-{i}", adaptive + extra, what)
+    add("stage1-deadline-static", ["stage1", "--model", "resnet18", "--split", "2", "--deadline-ms", "100"],
+        "applies to --split adaptive only")
+    add("sweep-adaptive-rpc", ["sweep", "--model", "resnet18", "--local", "--splits", "2,adaptive", "--backend", "rpc",
+                               "--dry-run"], "TCP backend")
+    add("sweep-adaptive-in-flight", ["sweep", "--model", "resnet18", "--local", "--splits", "adaptive",
+                                     "--in-flight", "2", "--dry-run"], "one batch in flight")
     for value, what in (("moon", "unknown network 'moon'"), ("lan,lte", "one named condition, not a list")):
         add(f"stage1-network-{value}", ["stage1", "--model", "resnet18", "--split", "2", "--network", value], what)
     for flag, value, what in (("--rate", "10mbps", "bytes per second"), ("--rate", "fast", "bad rate"),

@@ -1,0 +1,166 @@
+"""The adaptive split's arithmetic: a link estimate from stage 1's own frames, and a split choice
+from device profiles and the cost model, with hysteresis. No torch: the runtime (runners/adaptive.py)
+measures, this module decides.
+
+The link seen by one batch is ``net = rtt + up_bytes / goodput`` (the result coming back is a
+few bytes of logits, so its serialisation is folded into the RTT). Stage 1 knows ``net`` for every
+batch without another machine's clock: the time from handing its frame to the sender until the
+decoded result is back, minus the durations stage 2 reports for its own work. Small frames
+(probes, the logits of k = K) measure the RTT; large ones the seconds per byte after the RTT.
+The RTT is the minimum of the last ``RTT_WINDOW`` small-frame samples (as BBR's min_rtt): a
+sample is the RTT plus whatever scheduling delay the two hosts added, never less, so the minimum is
+the estimate and a rate computed from it errs on the slow, safe side. The rate is smoothed
+exponentially in log space, so that a link that recovers tenfold is
+followed as fast as one that collapses tenfold (smoothing seconds per byte linearly lets one slow
+sample outweigh many fast ones, and smoothing the rate linearly the reverse).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Any, Sequence
+
+from ..errors import UsageError
+from ..network.conditions import Direction
+from .costmodel import LinkModel, chain_terms
+from .device_profile import RESULT_CODEC, SCHEMA, DeviceProfile
+
+SMALL_FRAME_BYTES = 4096        # at most this: the frame measures the round trip
+LARGE_FRAME_BYTES = 16 * 1024   # at least this: the frame measures the rate
+PROBE_BYTES = 32 * 1024
+RTT_WINDOW = 8
+PROBE_ALPHA = 0.7               # a probe is a deliberate, clean sample: it weighs more
+
+
+@dataclasses.dataclass
+class LinkEstimate:
+    rtt_s: float | None = None
+    s_per_byte: float | None = None
+    samples: int = 0
+
+    @property
+    def goodput_bps(self) -> float | None:
+        return 8.0 / self.s_per_byte if self.s_per_byte else None
+
+    def as_fields(self) -> dict[str, float | None]:
+        """The estimate as a batch record carries it."""
+        g = self.goodput_bps
+        return {"estimate_goodput_mbit_per_s": g / 1e6 if g else None,
+                "estimate_rtt_ms": self.rtt_s * 1e3 if self.rtt_s is not None else None}
+
+
+class LinkEstimator:
+    """Goodput and RTT of the up direction, smoothed (weight ``alpha`` on the newest sample)."""
+
+    def __init__(self, alpha: float = 0.4) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError("alpha is in (0, 1]")
+        self.alpha = alpha
+        self.estimate = LinkEstimate()
+        self._rtts: collections.deque = collections.deque(maxlen=RTT_WINDOW)
+
+    def observe(self, up_bytes: int, net_s: float, alpha: float | None = None) -> None:
+        """One frame's time on the network (send to decoded reply, the peer's work taken out)."""
+        e = self.estimate
+        a = self.alpha if alpha is None else alpha
+        net_s = max(1e-6, net_s)
+        if up_bytes <= SMALL_FRAME_BYTES or e.rtt_s is None:
+            self._rtts.append(net_s)
+            e.rtt_s = min(self._rtts)
+        if up_bytes >= LARGE_FRAME_BYTES:
+            # A transfer faster than the smoothed RTT predicts is noise in the RTT, not an infinite
+            # rate: floor the serialisation at a tenth of the sample.
+            sample = math.log(max(net_s - e.rtt_s, 0.1 * net_s) / up_bytes)
+            old = math.log(e.s_per_byte) if e.s_per_byte else sample
+            e.s_per_byte = math.exp((1 - a) * old + a * sample)
+        e.samples += 1
+
+    def ready(self) -> bool:
+        return self.estimate.rtt_s is not None and self.estimate.s_per_byte is not None
+
+
+def self_profile(model: str, batch_size: int, timings: dict[str, Any], bytes_per_image: Sequence[int],
+                 role: str) -> DeviceProfile:
+    """A device profile at block granularity from :func:`paretopipe.partition.stages.time_segments`
+    (boundary k is block split k). Codec costs are not timed in so brief a profile: they are zero
+    here, and the link estimate, measured from real frames, carries what they cost on the wire."""
+    n = len(bytes_per_image)
+    segs = timings["segment_compute_s"]
+    if len(segs) != n - 1:
+        raise UsageError(f"{role}'s self-profile has {len(segs)} segments for {n} block boundaries")
+    rows = [{"encode_s": 0.0, "decode_s": 0.0, "frame_bytes": int(b) * batch_size, "wire_bytes": int(b) * batch_size,
+             "loopback_transfer_s": 0.0} for b in bytes_per_image]
+    doc = {"schema": SCHEMA, "model": model, "self_profile": True, "role": role,
+           "boundaries": [{"index": k, "name": f"k{k}", "bytes_per_image": int(b)} for k, b in enumerate(bytes_per_image)],
+           "blocks": {str(k): k for k in range(n)},
+           "by_batch": {str(batch_size): {"segment_compute_s": list(segs), "whole_model_s": timings["whole_model_s"],
+                                          "source_s": 0.0, "call_overhead_s": timings["call_overhead_s"],
+                                          "codecs": {RESULT_CODEC: rows}}},
+           "loopback": {"fixed_s": 0.0, "bytes_per_s": None},
+           "method": {"repetitions": timings.get("repetitions"), "statistic": timings.get("statistic", "mean"),
+                      "note": "self-profile at run start: block segments only, codecs not timed"}}
+    return DeviceProfile(doc, f"{role}-self-profile")
+
+
+@dataclasses.dataclass
+class Choice:
+    split: int
+    switched: bool
+    predicted: dict[int, float]   # candidate k -> modelled latency (s) or throughput (img/s)
+
+
+class SplitChooser:
+    """Picks the block split that minimises modelled latency (or maximises throughput) for the
+    current link estimate. Hysteresis: a new split must beat the current one by ``margin`` (relative)
+    on ``patience`` consecutive decisions, so noise in the estimate does not make it flap."""
+
+    def __init__(self, profiles: Sequence[DeviceProfile], batch_size: int, candidates: Sequence[int],
+                 objective: str = "latency", codec: str = RESULT_CODEC, margin: float = 0.1,
+                 patience: int = 2) -> None:
+        if len(profiles) != 2:
+            raise UsageError("the adaptive split chooses between two stages: give two device profiles")
+        self.profiles, self.batch_size, self.codec = list(profiles), batch_size, codec
+        self.objective, self.margin, self.patience = objective, margin, patience
+        blocks = profiles[0].blocks
+        missing = [k for k in candidates if k not in blocks or k not in profiles[1].blocks]
+        if missing:
+            raise UsageError(f"split {missing[0]} is not a block split of these profiles "
+                             f"(they have 0..{max(blocks)})")
+        self.candidates = sorted(set(candidates))
+        self.boundary = {k: blocks[k] for k in self.candidates}
+        self._streak: tuple[int, int] | None = None
+
+    def predict(self, k: int, estimate: LinkEstimate) -> float:
+        """Modelled latency (s) or throughput (img/s) of split ``k`` over the estimated link."""
+        half = (estimate.rtt_s or 0.0) / 2
+        up = LinkModel("estimate", Direction(delay_s=half, rate_bps=estimate.goodput_bps))
+        down = LinkModel("estimate", Direction(delay_s=half))
+        terms = chain_terms(self.profiles, [up], [self.boundary[k]], self.batch_size, self.codec, back_links=[down])
+        return terms.latency_s() if self.objective == "latency" else terms.throughput_imgs_per_s()
+
+    def _better(self, a: float, b: float) -> bool:
+        """``a`` beats ``b`` by more than the margin."""
+        if self.objective == "latency":
+            return a < b * (1 - self.margin)
+        return a > b * (1 + self.margin)
+
+    def choose(self, current: int | None, estimate: LinkEstimate) -> Choice:
+        predicted = {k: self.predict(k, estimate) for k in self.candidates}
+        pick = min if self.objective == "latency" else max
+        best = pick(self.candidates, key=lambda k: predicted[k])
+        if current is None:
+            self._streak = None
+            return Choice(best, True, predicted)
+        if best == current or current not in predicted or not self._better(predicted[best], predicted[current]):
+            self._streak = None
+            if current not in predicted:
+                return Choice(best, True, predicted)
+            return Choice(current, False, predicted)
+        count = self._streak[1] + 1 if self._streak and self._streak[0] == best else 1
+        self._streak = (best, count)
+        if count >= self.patience:
+            self._streak = None
+            return Choice(best, True, predicted)
+        return Choice(current, False, predicted)

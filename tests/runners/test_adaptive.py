@@ -1,0 +1,225 @@
+"""The adaptive split: its arithmetic (estimator, chooser, hysteresis) and the runtime end to end
+with real processes, real sockets and an emulated trace: it follows a step in the link with outputs
+equal to the unsplit model, and it keeps serving every batch when stage 2 freezes, dies and returns."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, LinkEstimate, LinkEstimator, SplitChooser,
+                                         self_profile)
+from paretopipe.transport import inputs as data
+from tcp_helpers import builder, free_port, kill_group, start, wait_for_line
+
+MODEL = "mobilenetv2"
+
+
+def _bytes_per_image() -> list[int]:
+    part = builder(MODEL).partitioner
+    return [part.payload_nbytes(part.block_cut(k), 1) for k in range(part.num_blocks + 1)]
+
+
+def _profiles(stage1_block_s: float, stage2_block_s: float):
+    """Profiles of a slow edge device and a fast server (numbers chosen, not measured: the
+    runtime's choices then depend on the measured link alone)."""
+    bpi = _bytes_per_image()
+    n = len(bpi) - 1
+    return [self_profile(builder(MODEL).name, 1, {"segment_compute_s": [s] * n, "whole_model_s": s * n,
+                                                  "call_overhead_s": 0.0}, bpi, role)
+            for role, s in (("stage1", stage1_block_s), ("stage2", stage2_block_s))]
+
+
+# -- arithmetic ------------------------------------------------------------------------------------
+def test_estimator_follows_a_tenfold_step_both_ways_equally_fast():
+    def steps_to_reach(start_rate, end_rate):
+        est = LinkEstimator(alpha=0.5)
+        est.observe(40, 0.002)
+        nbytes = 100_000
+        for _ in range(20):
+            est.observe(nbytes, 0.002 + nbytes * 8 / start_rate)
+        for i in range(1, 50):
+            est.observe(nbytes, 0.002 + nbytes * 8 / end_rate)
+            if abs(math.log(est.estimate.goodput_bps / end_rate)) < math.log(1.25):
+                return i
+        return None
+
+    down, up = steps_to_reach(40e6, 4e6), steps_to_reach(4e6, 40e6)
+    assert down is not None and down == up  # log-space smoothing: symmetric
+    est = LinkEstimator()
+    for rtt in (0.012, 0.003, 0.009):  # scheduling delay only ever adds: the minimum is the RTT
+        est.observe(40, rtt)
+    assert est.estimate.rtt_s == pytest.approx(0.003)
+    est.observe(LARGE_FRAME_BYTES * 4, 0.003 + LARGE_FRAME_BYTES * 4 * 8 / 20e6)
+    assert est.estimate.goodput_bps == pytest.approx(20e6, rel=1e-6)
+
+
+def test_chooser_offloads_on_a_fast_link_keeps_work_local_on_a_slow_one_and_does_not_flap():
+    chooser = SplitChooser(_profiles(0.005, 0.0005), 1, range(0, 20))
+    fast = LinkEstimate(rtt_s=0.002, s_per_byte=8 / 40e6)
+    slow = LinkEstimate(rtt_s=0.002, s_per_byte=8 / 1e6)
+    k_fast = chooser.choose(None, fast).split
+    assert k_fast < 19 and chooser.choose(None, slow).split == 19
+    # From the fast split, a slow link must be seen twice (patience) before it switches.
+    first = chooser.choose(k_fast, slow)
+    assert not first.switched and first.split == k_fast
+    second = chooser.choose(k_fast, slow)
+    assert second.switched and second.split == 19
+    # An estimate that wobbles around the point where two splits cost the same never switches.
+    lo, hi = None, None
+    for rate in np.geomspace(1e6, 40e6, 200):
+        picks = chooser.choose(None, LinkEstimate(rtt_s=0.002, s_per_byte=8 / rate)).split
+        if picks != 19 and lo is None:
+            lo = rate
+    wobble = [LinkEstimate(rtt_s=0.002, s_per_byte=8 / (lo * f)) for f in (0.97, 1.03) * 20]
+    current = chooser.choose(None, wobble[0]).split
+    assert all(not chooser.choose(current, e).switched for e in wobble)
+    throughput = SplitChooser(_profiles(0.005, 0.0005), 1, range(0, 20), objective="throughput")
+    assert throughput.choose(None, fast).predicted[k_fast] > 0
+
+
+# -- the runtime, end to end -----------------------------------------------------------------------
+def _reference(count: int) -> list[torch.Tensor]:
+    model = builder(MODEL).model
+    with torch.no_grad():
+        return [model(x) for x in data.batches("synthetic", 1, 224, count, seed=0)]
+
+
+def _write_profiles(tmp_path) -> str:
+    paths = []
+    for p in _profiles(0.005, 0.0005):
+        path = tmp_path / f"{p.doc['role']}.json"
+        path.write_text(json.dumps(p.doc))
+        paths.append(str(path))
+    return ",".join(paths)
+
+
+def _record(folder):
+    (path,) = folder.glob("*.json")
+    return json.loads(path.read_text())
+
+
+def _assert_outputs_equal_unsplit(npz, count):
+    logits = np.load(npz, allow_pickle=False)["logits"]
+    ref = torch.stack(_reference(count)).numpy()
+    assert logits.shape == ref.shape
+    assert np.allclose(logits, ref, atol=1e-5)
+
+
+def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outputs(tmp_path):
+    trace = tmp_path / "step.csv"
+    trace.write_text("time_s,rate_mbit\n0,40\n3,3\n")   # 3 s fast, 3 s slow, repeating
+    port = str(free_port())
+    total = 300
+    common = ["--model", MODEL, "--split", "adaptive", "--port", port, "--threads", "1", "--connect-timeout", "90"]
+    s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total - 2),
+               "--warmup", "2", "--trace", str(trace), "--device-profiles", _write_profiles(tmp_path),
+               "--out", str(tmp_path / "s1"), "--save-outputs", str(tmp_path / "out.npz"))
+    s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
+    assert s1.wait(240) == 0, s1.stderr.read()
+    assert s2.wait(60) == 0, s2.stderr.read()
+    rec = _record(tmp_path / "s1")
+    assert rec["status"] == "complete" and rec["config"]["split_index"] == "adaptive"
+    batches = rec["batches"]
+    assert len(batches) == total and all(b["latency_s"] > 0 for b in batches)
+    ks = [b["split_k"] for b in batches]
+    # Each batch carries its split and the estimates behind the choice.
+    assert all(b["estimate_goodput_mbit_per_s"] > 0 and b["estimate_rtt_ms"] >= 0 for b in batches)
+    for prev, b in zip(batches, batches[1:]):
+        assert b["switched"] == (b["split_k"] != prev["split_k"])
+    # The choice follows the trace: offloaded while fast, kept local (k = K) while slow.
+    offset = rec["manifest"]["link"]["trace_up"]["offset_s"]
+
+    def phase(b):
+        t = (offset + b["start_s"]) % 6.0
+        return "fast" if 0.75 <= t < 3.0 else "slow" if 3.75 <= t < 6.0 else None
+
+    fast = [b["split_k"] for b in batches if phase(b) == "fast"]
+    slow = [b["split_k"] for b in batches if phase(b) == "slow"]
+    assert fast and slow
+    assert sum(k < 19 for k in fast) >= 0.8 * len(fast), (fast, slow)
+    assert sum(k == 19 for k in slow) >= 0.8 * len(slow), (fast, slow)
+    # ...through at least one full fast -> slow -> fast cycle.
+    first_local = ks.index(19, ks.index(next(k for k in ks if k < 19)))
+    assert any(k < 19 for k in ks[first_local:])
+    assert rec["summary"]["split_switches"] >= 2
+    _assert_outputs_equal_unsplit(tmp_path / "out.npz", total)
+
+
+def test_fallback_serves_every_batch_when_stage2_freezes_dies_and_returns(tmp_path):
+    port = str(free_port())
+    total = 500
+    common = ["--model", MODEL, "--split", "adaptive", "--port", port, "--threads", "1", "--connect-timeout", "90"]
+    s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total),
+               "--warmup", "0", "--deadline-ms", "300", "--device-profiles", _write_profiles(tmp_path),
+               "--out", str(tmp_path / "s1"), "--save-outputs", str(tmp_path / "out.npz"))
+    s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
+    wait_for_line(s1, "adaptive: run", 120)
+    time.sleep(1.5)
+    kill_group(s2, signal.SIGSTOP)   # a frozen server: results come too late
+    time.sleep(1.5)
+    kill_group(s2, signal.SIGCONT)
+    time.sleep(1.5)
+    kill_group(s2)                   # a dead server
+    time.sleep(1.0)
+    s2b = start("partition2.py", *common, "--out", str(tmp_path / "s2b"))  # ...that comes back
+    assert s1.wait(300) == 0, s1.stderr.read()
+    assert s2b.wait(60) == 0, s2b.stderr.read()
+    rec = _record(tmp_path / "s1")
+    batches = rec["batches"]
+    assert rec["status"] == "complete" and len(batches) == total
+    assert all(b.get("latency_s") is not None for b in batches)
+    adaptive = rec["manifest"]["stages"][0]["adaptive"]
+    assert adaptive["deadline_misses"] >= 1 and adaptive["peer_losses"] >= 1 and adaptive["reconnects"] >= 1
+    assert adaptive["late_results_dropped"] >= 1
+    local = [b for b in batches if b["served_locally"]]
+    assert len(local) == adaptive["served_locally"] == rec["summary"]["batches_served_locally"] >= 2
+    assert all(b["local_compute_s"] > 0 for b in local)
+    assert any(b.get("deadline_missed") for b in local)
+    back = next(e["seq"] for e in adaptive["events"] if e["event"] == "reconnected")
+    assert any(not b["served_locally"] for b in batches[back:])   # remote again once stage 2 returned
+    _assert_outputs_equal_unsplit(tmp_path / "out.npz", total)
+
+
+def test_sweep_runs_adaptive_beside_static_splits_and_reports_the_comparison(tmp_path):
+    import subprocess
+
+    import pandas as pd
+
+    from conftest import PYTHON, ROOT
+
+    trace = ROOT / "paretopipe" / "network" / "traces" / "step.csv"
+    done = subprocess.run([PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "8,19,adaptive",
+                           "--trace", str(trace), "--batch-size", "1", "--num-batches", "8", "--warmup", "1",
+                           "--runs", "1", "--local", "--drift-every", "0", "--out", str(tmp_path), "--session", "s"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    session = tmp_path / "s"
+    runs = pd.read_csv(session / "runs.csv")
+    assert sorted(runs["split_index"].astype(str)) == ["19", "8", "adaptive"]
+    assert set(runs["network"]) == {"trace-step"}   # --trace alone sweeps the trace only
+    summary = pd.read_csv(session / "summary.csv")
+    row = summary[summary["split_index"].astype(str) == "adaptive"].iloc[0]
+    assert row["runs"] == 1 and row["latency_median_s"] > 0
+    rec = json.loads((session / runs[runs["split_index"].astype(str) == "adaptive"].iloc[0]["json"]).read_text())
+    assert rec["config"]["split_index"] == "adaptive" and rec["config"]["candidates"] == [8, 19]
+    assert {b["split_k"] for b in rec["batches"]} <= {8, 19}
+    assert rec["summary"]["batches_served_locally"] == 0
+    assert rec["manifest"]["stages"][0]["adaptive"]["self_profiles"]["stage2"]["segment_compute_s"]
+    # Static and adaptive met the same stretch of the trace (run 0's seeded offset).
+    offsets = {json.loads((session / j).read_text())["manifest"]["link"]["trace_up"]["offset_s"] for j in runs["json"]}
+    assert len(offsets) == 1
+    table = pd.read_csv(session / "report" / "adaptive.csv")
+    assert set(table["role"]) == {"adaptive", "best static", "static"}
+    verdict = pd.read_csv(session / "report" / "adaptive_verdicts.csv").iloc[0]
+    best = summary[summary["split_index"].astype(str) != "adaptive"]["latency_median_s"].min()
+    assert verdict["best_static_latency_median_s"] == pytest.approx(best)
+    assert verdict["adaptive_over_best_latency"] == pytest.approx(row["latency_median_s"] / best)
+    assert (session / "report" / "adaptive_mobilenet_v2_trace-step.png").stat().st_size > 10_000
+    assert "adaptive median" in done.stdout
