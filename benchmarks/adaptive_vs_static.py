@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from paretopipe.network import traces as tr
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 SHIPPED = ROOT / "paretopipe" / "network" / "traces"
@@ -48,9 +50,6 @@ def traces() -> list[tuple[str, Path, Path]]:
 
 
 def mean_up_mbit(path: Path) -> float:
-    sys.path.insert(0, str(ROOT))
-    from paretopipe.network import traces as tr
-
     return tr.load(path).mean_rate_bps / 1e6
 
 

@@ -165,12 +165,13 @@ class AdaptiveRun:
                 return None, time.monotonic(), "deadline"
             if isinstance(item, BaseException):
                 return None, arrived, f"{type(item).__name__}: {item}"
-            if item.kind == wire.ERROR or item.kind not in (wire.RESULT, wire.PROBE_ACK):
+            if item.kind not in (wire.RESULT, wire.PROBE_ACK, wire.RECORDS):
                 item.release()
                 return None, arrived, f"unexpected {wire.KIND_NAMES.get(item.kind, item.kind)} frame"
             if item.kind == kind and item.seq == seq:
                 return item, arrived, None
-            self.counts["late_results_dropped"] += 1  # an earlier batch's result, after its deadline
+            if item.kind == wire.RESULT:
+                self.counts["late_results_dropped"] += 1  # an earlier batch's result, after its deadline
             item.release()
 
     def _probe(self, nbytes: int, probe_seq: int) -> None:
@@ -262,13 +263,9 @@ class AdaptiveRun:
             for w in check_compatible(profiles, self.builder.name):
                 log.warning("adaptive: %s", w)
             return profiles
-        from ..partition.stages import time_segments
-
         if "profile" not in remote:
             raise WireError("stage 2 sent no self-profile with RUN_OK (is it an older ParetoPipe?)")
-        cpushare.join_compute_thread()
-        x = next(inputs.batches("synthetic", cfg.batch_size, self.builder.input_size, 1, None, cfg.seed))
-        mine = time_segments(self.builder, self.block_cuts[1:-1], x)
+        mine = tcp.self_profile_timings(self.builder, cfg)
         self.self_profiles = {"stage1": mine, "stage2": remote["profile"]}
         return [self_profile(self.builder.name, cfg.batch_size, t, self.bytes_per_image, role)
                 for role, t in (("stage1", mine), ("stage2", remote["profile"]))]
@@ -340,8 +337,10 @@ class AdaptiveRun:
             try:
                 self.peer.sender.close()
                 self.peer.session.send_json(wire.RECORDS, part1)
-                f, _, why = self._await_records()
-                peer_part = tcp.check_part(f, "stage 2", False) if why is None else None
+                f, _, why = self._await(wire.RECORDS, 0, time.monotonic() + cfg.timeout_s)
+                if f is None:
+                    raise PeerError(f"stage 2 sent no records ({why})")
+                peer_part = tcp.check_part(tcp.json_of(f), "stage 2", False)
             except (ParetoPipeError, OSError) as exc:
                 log.warning("adaptive: records exchange with stage 2 failed: %s", exc)
         if self.peer is not None:
@@ -356,16 +355,3 @@ class AdaptiveRun:
             raise failure
         outputs = [self.outputs[s] for s in sorted(self.outputs)] if self.keep_outputs else None
         return tcp.RunOutcome(record, path, outputs)
-
-    def _await_records(self) -> tuple[Any, float, str | None]:
-        deadline = time.monotonic() + self.cfg.timeout_s
-        while True:
-            try:
-                item, arrived = self.peer.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return None, time.monotonic(), "timeout"
-            if isinstance(item, BaseException):
-                return None, arrived, str(item)
-            if item.kind == wire.RECORDS:
-                return tcp.json_of(item), arrived, None
-            item.release()  # a late result or probe answer
