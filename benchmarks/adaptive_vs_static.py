@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Adaptive split vs every static split, under each shipped and each shared (recorded) trace.
 
-For each trace, one sweep runs the static splits and ``adaptive`` with the same seeded trace
-offset (run 0), MobileNetV2 at batch 1, stage 1 at a quarter of a core (an edge device) and
+For each trace, one sweep runs the static splits and ``adaptive``, every configuration of run r
+with the same seeded trace offset, MobileNetV2 at batch 1, stage 1 at a quarter of a core (an edge device) and
 stage 2 at a full core (a server), with the emulated link replaying the trace exactly. The
 adaptive runtime may choose among the same static splits. Printed per trace: the best static
 split in hindsight, medians, p95s, throughput, and the goal (adaptive's median latency within 10%
@@ -13,7 +13,7 @@ ATT and Verizon traces, the Markov model) they take seconds per batch, so there 
 starts at k=8. Traces from ../shared/traces are read in place (GPL: never copied); absent, they are
 skipped. Figures and tables land in each session's report/ (adaptive_*.png, adaptive.csv).
 
-    python benchmarks/adaptive_vs_static.py [--out results/adaptive-bench] [--batches 60]
+    python benchmarks/adaptive_vs_static.py [--out results/adaptive-bench] [--batches 60] [--runs 1]
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "results" / "adaptive-bench"))
     p.add_argument("--batches", type=int, default=60)
+    p.add_argument("--runs", type=int, default=1,
+                   help="runs per split, in seeded interleaved rounds (each round its own trace offset); the "
+                        "summary medians are over runs")
     p.add_argument("--only", default=None, help="comma list of trace names")
     args = p.parse_args()
     out = Path(args.out)
@@ -71,7 +74,7 @@ def main() -> int:
         t0 = time.monotonic()
         cmd = [sys.executable, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", f"{splits},adaptive",
                "--network", f"trace-{name}", "--network-file", str(netfile), "--stage-cpu", "0.25,1",
-               "--batch-size", "1", "--num-batches", str(args.batches), "--warmup", "2", "--runs", "1",
+               "--batch-size", "1", "--num-batches", str(args.batches), "--warmup", "2", "--runs", str(args.runs),
                "--local", "--drift-every", "0", "--timeout", "120", "--out", str(out), "--session", name, "--quiet"]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         wall = time.monotonic() - t0
