@@ -214,6 +214,10 @@ class Partitioner:
             return OUTPUT
         return self.blocks[k - 1].cut.name
 
+    def block_cuts(self) -> list[str]:
+        """The cut of every block split k = 0..K, in order (``input`` first, ``output`` last)."""
+        return [self.block_cut(k) for k in range(self.num_blocks + 1)]
+
     def cut(self, name: str) -> CutPoint:
         if name not in self._by_name:
             examples = ", ".join(c.name for c in self.cuts[:5])

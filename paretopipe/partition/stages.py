@@ -26,6 +26,7 @@ class StageBuilder:
         self.fingerprint = models.fingerprint(self.model)
         self.device = _check_device(device)
         self._cache: dict[tuple[str, ...], list[nn.Module]] = {}
+        self.timings: dict[tuple, dict] = {}  # this node's measured segment times, kept for the process
         self._lock = threading.Lock()
 
     def cuts_for(self, split_index: int | None = None, cut: str | None = None) -> list[str]:

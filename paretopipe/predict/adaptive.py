@@ -150,13 +150,11 @@ class SplitChooser:
         predicted = {k: self.predict(k, estimate) for k in self.candidates}
         pick = min if self.objective == "latency" else max
         best = pick(self.candidates, key=lambda k: predicted[k])
-        if current is None:
+        if current is None or current not in predicted:
             self._streak = None
             return Choice(best, True, predicted)
-        if best == current or current not in predicted or not self._better(predicted[best], predicted[current]):
+        if best == current or not self._better(predicted[best], predicted[current]):
             self._streak = None
-            if current not in predicted:
-                return Choice(best, True, predicted)
             return Choice(current, False, predicted)
         count = self._streak[1] + 1 if self._streak and self._streak[0] == best else 1
         self._streak = (best, count)

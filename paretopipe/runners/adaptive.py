@@ -92,7 +92,7 @@ class AdaptiveRun:
         self.session_after: tcp.Session | None = None  # with keep_session: the open session, for the next run
         part = builder.partitioner
         self.num_blocks = part.num_blocks
-        self.block_cuts = [part.block_cut(k) for k in range(self.num_blocks + 1)]
+        self.block_cuts = part.block_cuts()
         self.bytes_per_image = [part.payload_nbytes(c, 1) for c in self.block_cuts]
         self.candidates = cfg.candidates if cfg.candidates is not None else list(range(self.num_blocks + 1))
         bad = [k for k in self.candidates if not 0 <= k <= self.num_blocks]

@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     part = builder.partitioner
     _emit({"event": "ready", "pid": os.getpid(), "model": builder.name, "fingerprint": builder.fingerprint,
-           "num_blocks": part.num_blocks, "block_cuts": [part.block_cut(k) for k in range(part.num_blocks + 1)],
+           "num_blocks": part.num_blocks, "block_cuts": part.block_cuts(),
            "payload_bytes_per_image": [part.payload_nbytes(part.block_cut(k), 1) for k in range(part.num_blocks + 1)],
            "limits": limits})
     worker = StageWorker(args.role, builder, limits)

@@ -606,7 +606,7 @@ def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *
         cfg = RunConfig.from_dict({**start.config, "timeout_s": timeout_s}, "stage 1's run configuration")
         back = Direction.from_dict(start.return_link) if start.return_link else None
         stage = builder.stage(cfg.cuts, 1)
-        block_cuts = _block_cuts(builder) if cfg.adaptive else None
+        block_cuts = builder.partitioner.block_cuts() if cfg.adaptive else None
         if block_cuts is not None and cfg.cuts[0] not in block_cuts:
             raise UsageError(f"an adaptive run starts at a block split, not {cfg.cuts[0]!r}")
     except (UsageError, WireError) as exc:
@@ -716,20 +716,15 @@ def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *
     return RunOutcome(record, path)
 
 
-def _block_cuts(builder: StageBuilder) -> list[str]:
-    part = builder.partitioner
-    return [part.block_cut(k) for k in range(part.num_blocks + 1)]
-
-
 def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
     """This node's block segment times at the run's batch size, measured once per process and
     batch size (a sweep's later adaptive runs reuse it; each run records it)."""
     key = ("self_profile", cfg.batch_size)
-    cache = builder.__dict__.setdefault("_self_profiles", {})
+    cache = builder.timings
     if key not in cache:
         cpushare.join_compute_thread()  # under the same CPU share as the stage's compute
         x = next(inputs.batches("synthetic", cfg.batch_size, builder.input_size, 1, None, cfg.seed))
-        cache[key] = time_segments(builder, _block_cuts(builder)[1:-1], x)
+        cache[key] = time_segments(builder, builder.partitioner.block_cuts()[1:-1], x)
     return cache[key]
 
 
