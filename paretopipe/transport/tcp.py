@@ -249,7 +249,11 @@ class Session:
 class StageListener:
     """Stage 1's data port. Accepts concurrently: each connection gets one thread and one deadline
     for its whole handshake; a valid, authenticated stage 2 becomes the current session (a newer one
-    replaces an older one, so a restarted stage 2 reconnects). Strangers are refused and logged."""
+    replaces an older one, so a restarted stage 2 reconnects). Strangers are refused and logged.
+
+    At most MAX_PENDING_HANDSHAKES handshakes are under way at once; a new connection beyond that
+    evicts the oldest, not itself. Silent connections (a slowloris) would otherwise hold every slot
+    for the handshake timeout and shut out the real peer, whose handshake takes one round trip."""
 
     def __init__(self, sock: socket.socket, identity: dict[str, Any], secret: bytes | None = None,
                  max_payload: int = wire.DEFAULT_MAX_PAYLOAD, handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
@@ -258,7 +262,8 @@ class StageListener:
         self.expected_cuts: list[str] | None = None
         self.refusals: list[str] = []
         self._sessions: queue.Queue = queue.Queue()
-        self._pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._pending: dict[socket.socket, None] = {}  # in arrival order, oldest first
+        self._pending_lock = threading.Lock()
         self._stop = threading.Event()
         host = sock.getsockname()[0]
         if secret is None and not is_loopback(host):
@@ -285,12 +290,23 @@ class StageListener:
                 log.warning("stage 1: accept failed (%s); retrying", exc)
                 time.sleep(0.1)
                 continue
-            if not self._pending.acquire(blocking=False):
-                conn.close()  # a flood: the handshakes under way keep their slots
-                self._refuse(f"{addr[0]}: more than {MAX_PENDING_HANDSHAKES} handshakes at once")
-                continue
+            with self._pending_lock:
+                oldest = next(iter(self._pending)) if len(self._pending) >= MAX_PENDING_HANDSHAKES else None
+                if oldest is not None:
+                    del self._pending[oldest]
+                self._pending[conn] = None
+            if oldest is not None:
+                self._evict(oldest)
             threading.Thread(target=self._handshake, args=(conn, addr[0]), name="stage1-handshake",
                              daemon=True).start()
+
+    def _evict(self, conn: socket.socket) -> None:
+        """Wake the oldest handshake's thread with end of stream; it closes and logs the refusal."""
+        self._refuse(f"a handshake evicted: more than {MAX_PENDING_HANDSHAKES} at once, the oldest goes")
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _refuse(self, why: str) -> None:
         self.refusals = (self.refusals + [why])[-20:]
@@ -319,7 +335,8 @@ class StageListener:
             self._refuse(f"{address}: {exc}")
             return
         finally:
-            self._pending.release()
+            with self._pending_lock:
+                self._pending.pop(conn, None)
         conn.settimeout(None)
         self._sessions.put(Session(conn, hello, address, self.max_payload))
 
