@@ -54,10 +54,29 @@ def test_non_contiguous_input_roundtrips():
 def test_uncompressed_send_is_zero_copy():
     t = torch.randn(1000)
     enc = wire.encode(wire.TENSOR, 0, t)
-    payload = enc.buffers[1]
-    assert isinstance(payload, memoryview)
+    payload = memoryview(enc.buffers[1])
+    assert payload.nbytes == 4000
     t[0] = 123.0  # the buffer IS the tensor's memory
     assert struct.unpack("<f", bytes(payload[:4]))[0] == 123.0
+
+
+def test_lazily_negated_views_travel_as_their_values():
+    """The payload is read straight from memory, where a neg view keeps the un-negated values."""
+    view = torch._neg_view(torch.tensor([1.0, 2.0, 3.0]))
+    for _ in range(2):  # the second frame takes the cached-header path
+        f, _ = roundtrip(view)
+        assert f.tensor.tolist() == [-1.0, -2.0, -3.0]
+
+
+def test_a_queued_frame_keeps_its_tensor_alive():
+    """The payload is laid over the tensor's memory, so it must hold the tensor: a stage drops
+    its own reference as soon as the frame is queued for the sender thread."""
+    import gc
+
+    enc = wire.encode(wire.TENSOR, 0, torch.arange(1000, dtype=torch.float32))
+    gc.collect()
+    torch.randn(1000).add_(1)  # reuse freed memory, if any had been freed
+    assert struct.unpack("<3f", bytes(memoryview(enc.buffers[1])[4:16])) == (1.0, 2.0, 3.0)
 
 
 def test_float16_wire_dtype_halves_bytes_and_casts_back():
@@ -115,10 +134,27 @@ def _header(shape=(4,), **over):
     ({"dtype": 2, "orig": 9}, "torch.int64 tensor cannot travel as torch.float16"),
     ({"dtype": 2, "orig": 4}, "torch.float64 tensor cannot travel as torch.float16"),
     ({"shuffle": 4}, "uncompressed payload cannot be shuffled"),
+    ({"codec": 1, "nbytes": 0}, "compressed payload of 0 bytes cannot decode to 16 bytes"),  # found by the fuzzer
 ])
 def test_lying_headers_are_rejected(over, match):
     with pytest.raises(WireError, match=match):
         wire.recv_frame(FakeSocket(_header(**over) + bytes(16)))
+
+
+def test_a_reader_skips_revalidating_only_headers_it_has_already_validated():
+    """The reader remembers the last valid header (sequence number aside): repeats keep their own
+    sequence numbers, and a header differing in any other byte is checked afresh and refused."""
+    a, b = socket.socketpair()
+    with a, b:
+        for seq in (7, 8):
+            a.sendall(_header(seq=seq) + struct.pack("<4f", seq, 1, 2, 3))
+        a.sendall(_header(shape=(5,), seq=9) + bytes(16))  # lies: 5 floats need 20 bytes
+        reader = wire.FrameReader(b, pool=wire.BufferPool())
+        frames = [reader.read(), reader.read()]
+        assert [f.seq for f in frames] == [7, 8]
+        assert frames[1].tensor.tolist() == [8.0, 1.0, 2.0, 3.0]
+        with pytest.raises(WireError, match=r"shape \(5,\) .* needs 20 bytes"):
+            reader.read()
 
 
 def test_shape_must_match_byte_count():
