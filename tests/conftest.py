@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# A shell without job control starts background commands with SIGINT ignored, and children inherit
+# that: the Ctrl-C tests' stages and sweeps would then never see their SIGINT (it failed two tests
+# when pytest ran as `pytest ... &`). A handled signal resets to the default in each child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @functools.lru_cache(maxsize=None)
