@@ -529,6 +529,10 @@ def check_shape(header: Header, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         raise WireError(f"the decoded tensor would take {header.decoded_nbytes} bytes, over the limit of {max_payload}")
 
 
+_BULK_BYTES = 256 << 10
+_TAIL_BYTES = 64 << 10
+
+
 class FrameReader:
     """Reads the frames of one connection. With ``read_ahead``, each body read also asks for the
     next frame's header, so back-to-back frames cost one system call each instead of two; the
@@ -567,7 +571,13 @@ class FrameReader:
         while views:
             _wait(self.sock, deadline, "a frame body")
             try:
-                n = self.sock.recvmsg_into(views + [ahead])[0]
+                if deadline is None and len(views) == 1 and views[0].nbytes > _BULK_BYTES:
+                    # A large payload arrives in many pieces; one MSG_WAITALL call takes all but its
+                    # tail without a trip through Python per piece (3 us each, about 10% of
+                    # goodput at 1 MB). The tail still reads ahead into the next header.
+                    n = self.sock.recv_into(views[0][:-_TAIL_BYTES], 0, socket.MSG_WAITALL)
+                else:
+                    n = self.sock.recvmsg_into(views + [ahead])[0]
             except socket.timeout:
                 raise PeerError("timed out waiting for a frame body from the peer")
             except ConnectionResetError:
@@ -596,7 +606,7 @@ class FrameReader:
         buf = None
         if h.dtype != NO_TENSOR and h.nbytes:
             buf = pool.take(h.nbytes) if pool is not None else _Buffer(h.nbytes)
-            self._body([memoryview(meta_buf), buf.view], deadline)
+            self._body([memoryview(meta_buf), buf.view] if h.meta_len else [buf.view], deadline)
         elif h.meta_len:
             self._body([memoryview(meta_buf)], deadline)
         meta: dict[str, Any] = {}

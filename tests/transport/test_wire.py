@@ -157,6 +157,32 @@ def test_a_reader_skips_revalidating_only_headers_it_has_already_validated():
             reader.read()
 
 
+def test_read_ahead_reader_keeps_large_and_small_frames_apart():
+    """Large payloads are read in one blocking call up to their tail, the tail with the next
+    header: a mix of 3 MB, 5-byte and metadata frames, back to back, arrives intact and in order."""
+    import threading
+
+    a, b = socket.socketpair()
+    big = [torch.randn(3, 256, 1024) for _ in range(3)]
+    frames = [(big[0], None), (torch.arange(5.0), None), (big[1], {"k": 1}), (big[2], None), (None, {"end": 1})]
+
+    def send():
+        writer = wire.FrameWriter(a)
+        for seq, (t, meta) in enumerate(frames):
+            writer.send(wire.encode(wire.TENSOR if t is not None else wire.BYE, seq, t, meta))
+
+    th = threading.Thread(target=send)
+    th.start()
+    reader = wire.FrameReader(b, pool=wire.BufferPool())
+    for seq, (t, meta) in enumerate(frames):
+        f = reader.read()
+        assert f.seq == seq and f.meta == (meta or {})
+        assert (f.tensor is None) if t is None else torch.equal(f.tensor, t)
+        f.release()
+    th.join()
+    a.close(), b.close()
+
+
 def test_shape_must_match_byte_count():
     with pytest.raises(WireError, match=r"shape \(5,\) .* needs 20 bytes, header says 16"):
         wire.recv_frame(FakeSocket(_header(shape=(5,)) + bytes(16)))
