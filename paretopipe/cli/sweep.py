@@ -74,7 +74,11 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     r = p.add_argument_group("each run")
     r.add_argument("--batch-size", type=positive_int, default=8)
     r.add_argument("--num-batches", type=positive_int, default=20, help="measured batches per run")
-    r.add_argument("--warmup", type=nonneg_int, default=3, help="warm-up batches per run")
+    r.add_argument("--warmup", type=nonneg_int, default=3,
+                   help="warm-up batches on a cut's first run in each worker group (later runs of that cut skip "
+                        "them: its one-time costs are paid; the record's config.warmup says which)")
+    r.add_argument("--warmup-every-run", action="store_true",
+                   help="warm up before every run, as separate processes per run would have to")
     r.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window")
     r.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     r.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
@@ -185,7 +189,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
         networks.append(name)
     return SweepOptions(models=models, splits=args.splits, plans=plans, runs=args.runs,
                         networks=networks, backends=backends,
-                        batch_size=args.batch_size, num_batches=args.num_batches, warmup=args.warmup,
+                        batch_size=args.batch_size, num_batches=args.num_batches, warmup=args.warmup, warmup_every_run=args.warmup_every_run,
                         in_flight=args.in_flight, link=link, out=args.out, session=args.session,
                         resume=args.resume, wait_time=args.wait_time, timeout=args.timeout, threads=args.threads,
                         optimizations=not args.no_optimizations, dry_run=args.dry_run, cleanup=args.cleanup,
@@ -212,6 +216,7 @@ def resolved_table(opts: SweepOptions) -> dict[str, Any]:
             "split_blocks": [list(p) for p in opts.plans] if opts.plans else None, "runs": opts.runs,
             "networks": list(opts.networks), "backend": "both" if len(opts.backends) == 2 else opts.backends[0],
             "batch_size": opts.batch_size, "num_batches": opts.num_batches, "warmup": opts.warmup,
+            "warmup_every_run": opts.warmup_every_run,
             "in_flight": opts.in_flight, "wire_dtype": opts.wire_dtype, "compression": opts.compression,
             "dataset": opts.dataset, "data_dir": opts.data_dir, "link": opts.link, "num_classes": opts.num_classes,
             "weights": opts.weights, "rpc_source": opts.rpc_source, "rpc_transport": opts.rpc_transport,

@@ -37,6 +37,7 @@ nor crash it; a refused stranger costs the real peer nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import json
 import logging
@@ -141,13 +142,20 @@ _PART_SCHEMA = {
 }
 
 
+@functools.lru_cache(maxsize=2)
+def _part_validator(batches: bool) -> Any:
+    """Built once: ``jsonschema.validate`` checks the schema itself on every call, 9 ms a run."""
+    schema = dict(_PART_SCHEMA, required=["manifest", "sysmon"] + (["batches"] if batches else []))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 def check_part(part: Any, who: str, batches: bool) -> dict[str, Any]:
     """A peer's RECORDS part, validated against its schema before anything uses it."""
-    schema = dict(_PART_SCHEMA, required=["manifest", "sysmon"] + (["batches"] if batches else []))
-    try:
-        jsonschema.validate(part, schema)
-    except jsonschema.ValidationError as exc:
-        raise WireError(f"{who}'s RECORDS do not fit the schema: {exc.message[:200]}")
+    error = jsonschema.exceptions.best_match(_part_validator(batches).iter_errors(part))
+    if error is not None:
+        raise WireError(f"{who}'s RECORDS do not fit the schema: {error.message[:200]}")
     return part
 
 

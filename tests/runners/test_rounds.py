@@ -74,7 +74,7 @@ def test_sweep_records_order_stops_and_catches_injected_drift(tmp_path):
     out = tmp_path / "out"
     cmd = [PYTHON, "-m", "paretopipe", "sweep", "--model", "resnet18", "--splits", "2,4,6,8", "--network", "lan",
            "--runs", "2", "--precision", "50%", "--max-runs", "2", "--batch-size", "1", "--num-batches", "6",
-           "--warmup", "1", "--drift-every", "4", "--seed", "7", "--local", "--quiet", "--no-report", "--out",
+           "--warmup", "1", "--drift-every", "2", "--seed", "7", "--local", "--quiet", "--no-report", "--out",
            str(out), "--session", "s"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     busy: list[subprocess.Popen] = []
