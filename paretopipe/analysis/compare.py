@@ -8,6 +8,7 @@ which joined and which left, and the Jaccard index of the two sets.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +140,23 @@ def format_comparison(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _finished(session: Path) -> bool:
+    """A sweep that ran to its end: an interrupted or failed one has no summary to compare."""
+    try:
+        meta = json.loads((session / "session.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("complete") is True and bool(meta.get("runs_complete"))
+
+
 def newest_two(results: str | Path) -> tuple[Path, Path]:
-    """The two newest sessions under a results folder (older first)."""
+    """The two newest finished sessions under a results folder (older first)."""
     root = Path(results)
-    sessions = sorted((p.parent for p in root.glob("*/runs.csv")), key=lambda p: p.stat().st_mtime)
+    sessions = sorted((p.parent for p in root.glob("*/runs.csv") if _finished(p.parent)),
+                      key=lambda p: p.stat().st_mtime)
     if len(sessions) < 2:
-        raise UsageError(f"{root} holds {len(sessions)} session(s); comparing the newest two needs two (run the "
-                         f"sweep again)")
+        raise UsageError(f"{root} holds {len(sessions)} finished session(s); comparing the newest two needs two "
+                         f"(run the sweep again)")
     return sessions[-2], sessions[-1]
 
 

@@ -56,3 +56,24 @@ def test_compare_reports_deltas_and_moved_splits(tmp_path):
     same = subprocess.run([PYTHON, "-m", "paretopipe", "compare", str(FIXTURE), str(tmp_path / "none")],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert same.returncode == 2 and same.stderr.startswith("error: no sweep results under")
+
+
+def test_newest_two_passes_over_sessions_that_did_not_finish(tmp_path):
+    """A sweep that failed on its hosts leaves a session folder with an empty summary.csv; the
+    comparison of the newest two (make demo's reproducibility line) must not pick it."""
+    import json
+    import os
+
+    from paretopipe.analysis import compare
+
+    results = tmp_path / "results"
+    for i, name in enumerate(("older", "newer", "failed")):
+        shutil.copytree(FIXTURE, results / name)
+        os.utime(results / name, (1_000 + i, 1_000 + i))
+    meta = json.loads((results / "failed" / "session.json").read_text())
+    (results / "failed" / "session.json").write_text(json.dumps({**meta, "complete": False, "runs_complete": 0}))
+    (results / "failed" / "summary.csv").write_text("\n")
+    assert compare.newest_two(results) == (results / "older", results / "newer")
+    proc = subprocess.run([PYTHON, "-m", "paretopipe", "compare", str(results)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0 and "error" not in proc.stderr, proc.stderr

@@ -56,8 +56,8 @@ def test_partition_sh_over_real_ssh(sshd, tmp_path):
 def test_partition_sh_takes_hostile_values_as_data(sshd, tmp_path, args, message):
     """Rows 10-13 of the attack table: values are arguments, never code or shell; bad ones exit 2."""
     env_file = sshd_env_file(sshd, tmp_path)
-    proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), *args], cwd=tmp_path if False else ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), "--out", str(tmp_path / "out"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
@@ -73,7 +73,10 @@ def test_hostile_env_values_never_reach_a_shell(sshd, tmp_path):
         env_file = tmp_path / f"bad-{bad.split('=')[0]}.env"
         key = bad.split("=")[0]
         env_file.write_text("\n".join(line for line in base.splitlines() if not line.startswith(key + "=")) + f"\n{bad}\n")
-        proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), "0"], cwd=ROOT,
+        # --out: a sweep that fails on its hosts still starts a session, which belongs in tmp_path,
+        # not in the checkout's results/ (where `make demo` would compare against it).
+        proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), "--out", str(tmp_path / "out"),
+                               "0"], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode in (1, 2), proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
