@@ -359,8 +359,8 @@ def _encode_plain(kind: int, seq: int, t: torch.Tensor) -> Encoded | None:
             return None
         if len(_PLAIN) >= 256:  # a run sends a handful of shapes; a sweep of cuts a few more
             _PLAIN.clear()
-        known = _PLAIN[key] = (frame(kind, 0, payload).buffers[0], _BYTE_ARRAYS[payload.wire_nbytes],
-                               payload.wire_nbytes)
+        nbytes = payload.wire_nbytes
+        known = _PLAIN[key] = (frame(kind, 0, payload).buffers[0], ctypes.c_ubyte * nbytes, nbytes)
     head, array_type, nbytes = known
     header = bytearray(head)
     _SEQ.pack_into(header, SEQ_OFFSET, seq)
