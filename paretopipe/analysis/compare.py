@@ -8,7 +8,6 @@ which joined and which left, and the Jaccard index of the two sets.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from .. import records
 from ..errors import UsageError
 from .plotting import front_line, front_plot_data, pyplot, save_figure
 from .report import GROUP, pareto_table
-from .session import CONFIG_KEY, PANEL_KEY, find_session, ordered_splits, split_sort_key
+from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, ordered_splits, split_sort_key
 
 METRICS = ("latency_s", "throughput_imgs_per_s")
 
@@ -143,10 +142,10 @@ def format_comparison(result: dict[str, Any]) -> str:
 def _finished(session: Path) -> bool:
     """A sweep that ran to its end: an interrupted or failed one has no summary to compare."""
     try:
-        meta = json.loads((session / "session.json").read_text())
-    except (OSError, ValueError):
+        meta = Session(session).read_meta()
+    except UsageError:  # session.json unreadable
         return False
-    return isinstance(meta, dict) and meta.get("complete") is True and bool(meta.get("runs_complete"))
+    return meta is not None and meta.get("complete") is True and bool(meta.get("runs_complete"))
 
 
 def newest_two(results: str | Path) -> tuple[Path, Path]:

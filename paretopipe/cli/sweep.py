@@ -189,7 +189,8 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
         networks.append(name)
     return SweepOptions(models=models, splits=args.splits, plans=plans, runs=args.runs,
                         networks=networks, backends=backends,
-                        batch_size=args.batch_size, num_batches=args.num_batches, warmup=args.warmup, warmup_every_run=args.warmup_every_run,
+                        batch_size=args.batch_size, num_batches=args.num_batches, warmup=args.warmup,
+                        warmup_every_run=args.warmup_every_run,
                         in_flight=args.in_flight, link=link, out=args.out, session=args.session,
                         resume=args.resume, wait_time=args.wait_time, timeout=args.timeout, threads=args.threads,
                         optimizations=not args.no_optimizations, dry_run=args.dry_run, cleanup=args.cleanup,

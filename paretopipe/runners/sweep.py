@@ -345,8 +345,7 @@ class Sweeper:
         return RunConfig(model=info["model"], cuts=cuts, split_index=planned.split if isinstance(planned.split, (int, str))
                          else list(planned.split), batch_size=o.batch_size, num_batches=o.num_batches,
                          warmup=0 if warmed else o.warmup, in_flight=o.in_flight, network=planned.network,
-                         link_mode=o.link,
-                         timeout_s=o.timeout, seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
+                         link_mode=o.link, timeout_s=o.timeout, seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
                          num_classes=o.num_classes, dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key, config_key=planned.config_key,
                          run=planned.run, stage_limits=info.get("limits"),
                          rpc_transport=o.rpc_transport if rpc else None, rpc_source=o.rpc_source if rpc else None,

@@ -191,10 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _emit({"event": "error", "error": str(exc)})
         return exc.exit_code
     part = builder.partitioner
+    cuts = part.block_cuts()
     _emit({"event": "ready", "pid": os.getpid(), "model": builder.name, "fingerprint": builder.fingerprint,
-           "num_blocks": part.num_blocks, "block_cuts": part.block_cuts(),
-           "payload_bytes_per_image": [part.payload_nbytes(part.block_cut(k), 1) for k in range(part.num_blocks + 1)],
-           "limits": limits})
+           "num_blocks": part.num_blocks, "block_cuts": cuts,
+           "payload_bytes_per_image": [part.payload_nbytes(c, 1) for c in cuts], "limits": limits})
     worker = StageWorker(args.role, builder, limits)
     try:
         serve_forever(worker)

@@ -197,9 +197,6 @@ class Encoded:
     total_nbytes: int = 0  # header + meta + payload, as sent
 
 
-_BYTE_ARRAYS: dict[int, type] = {}
-
-
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     """A zero-copy byte view of a contiguous CPU tensor, which it keeps alive.
 
@@ -207,16 +204,11 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     frame, and at 0.1 MB frames every microsecond on the sender's side costs about 3% of loopback
     goodput (benchmarks/transport.py). The array holds the tensor, and the view holds the array,
     so the memory cannot be freed while the view is in use. It also covers bfloat16, which numpy
-    lacks."""
+    lacks. (ctypes caches ``c_ubyte * n`` itself.)"""
     nbytes = t.nbytes
     if not nbytes:
         return memoryview(b"")
-    array_type = _BYTE_ARRAYS.get(nbytes)
-    if array_type is None:
-        if len(_BYTE_ARRAYS) >= 256:  # a run sends a handful of sizes; a sweep of cuts a few more
-            _BYTE_ARRAYS.clear()
-        array_type = _BYTE_ARRAYS[nbytes] = ctypes.c_ubyte * nbytes
-    array = array_type.from_address(t.data_ptr())
+    array = (ctypes.c_ubyte * nbytes).from_address(t.data_ptr())
     array.owner = t
     return memoryview(array).cast("B")
 
