@@ -157,16 +157,21 @@ def transfer_time(batch: dict[str, Any]) -> float | None:
     return batch["latency_s"] - sum(batch.get(k) or 0.0 for k in work_fields(batch))
 
 
-def throughput_window(starts: Sequence[float], ends: Sequence[float],
-                      warmup_ends: Sequence[float]) -> tuple[int, float | None]:
-    """(items, seconds) of the steady-state window: the measured batches completed from the last
-    warm-up completion (or the first measured start, with no warm-up) to the last completion.
-    The cost model's replay uses this same rule, so prediction and measurement compare alike."""
+def throughput_window(starts: Sequence[float], ends: Sequence[float]) -> tuple[int, float | None]:
+    """(items, seconds) of the steady-state window: from the first measured batch's completion to
+    the last, and the completions after the first. Counting from a completion leaves out the
+    pipeline's fill, so a run with warm-up batches and one without (a warm cut in a sweep) measure
+    the same thing; a window that began at the first start would charge the fill, one latency,
+    to the runs without warm-up only. One measured batch: its own latency. The cost model's
+    replay uses this same rule, so prediction and measurement compare alike."""
     if not ends:
         return 0, None
-    begin = max(warmup_ends) if warmup_ends else min(starts)
-    window = max(ends) - begin
-    return len(ends), (window if window > 0 else None)
+    if len(ends) == 1:
+        window = ends[0] - starts[0]
+        return 1, (window if window > 0 else None)
+    first, last = min(ends), max(ends)
+    window = last - first
+    return len(ends) - 1, (window if window > 0 else None)
 
 
 def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, Any]:
@@ -176,9 +181,11 @@ def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, A
     out: dict[str, Any] = {"batches_measured": len(measured), "batches_warmup": len(warm),
                            "images_measured": len(measured) * batch_size}
     out.update(describe([b["latency_s"] for b in measured], "latency"))
-    items, window = throughput_window([b["start_s"] for b in measured], [b["end_s"] for b in measured],
-                                      [b["end_s"] for b in warm])
+    starts, ends = [b["start_s"] for b in measured], [b["end_s"] for b in measured]
+    items, window = throughput_window(starts, ends)
     out["measured_window_s"] = window
+    # The time measured batches were in the pipeline, fill included: what a sweep spends measuring.
+    out["measured_span_s"] = max(ends) - min(starts) if ends else None
     out["throughput_imgs_per_s"] = items * batch_size / window if window else None
     keys = dict.fromkeys(WORK_FIELDS + ("stage1_send_s",))
     for b in measured:

@@ -267,6 +267,6 @@ def simulate(terms: ChainTerms, num_batches: int, warmup: int, in_flight: int) -
     if not lat:
         return {"predicted_latency_s": None, "predicted_throughput_imgs_per_s": None}
     median = (lat[(len(lat) - 1) // 2] + lat[len(lat) // 2]) / 2
-    items, window = throughput_window(starts[warmup:], ends[warmup:], ends[:warmup])
+    items, window = throughput_window(starts[warmup:], ends[warmup:])
     return {"predicted_latency_s": median,
             "predicted_throughput_imgs_per_s": items * terms.batch_size / window if window else None}

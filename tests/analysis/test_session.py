@@ -58,3 +58,24 @@ def test_meta_round_trip_and_bad_folders(tmp_path):
     with pytest.raises(UsageError, match="not a readable CSV"):
         Session(tmp_path / "empty").runs()
     json.dumps(_record(0, 0, 0.1))  # a record is plain JSON
+
+
+def _batches(warmup: int, n: int, fill_s: float, every_s: float) -> list[dict]:
+    """A pipeline of ``warmup + n`` batches: all start at once (a deep window), the first result
+    comes back after ``fill_s`` and the rest every ``every_s``."""
+    return [{"seq": i, "warmup": i < warmup, "start_s": 0.0, "end_s": fill_s + i * every_s,
+             "latency_s": fill_s + i * every_s} for i in range(warmup + n)]
+
+
+def test_throughput_is_the_steady_state_with_or_without_warm_up():
+    # A sweep warms a cut up on its first run only; both runs must measure the same throughput,
+    # and neither may charge the pipeline's fill (here 0.2 s) to its window.
+    warm = records.summarize(_batches(warmup=1, n=10, fill_s=0.2, every_s=0.05), batch_size=1)
+    cold = records.summarize(_batches(warmup=0, n=10, fill_s=0.2, every_s=0.05), batch_size=1)
+    assert warm["throughput_imgs_per_s"] == pytest.approx(20.0)
+    assert cold["throughput_imgs_per_s"] == pytest.approx(20.0)
+    assert cold["measured_window_s"] == pytest.approx(9 * 0.05)
+    # The span, fill included, is what a sweep counts as time spent measuring.
+    assert cold["measured_span_s"] == pytest.approx(0.2 + 9 * 0.05)
+    one = records.summarize(_batches(warmup=0, n=1, fill_s=0.2, every_s=0.05), batch_size=4)
+    assert one["throughput_imgs_per_s"] == pytest.approx(4 / 0.2)

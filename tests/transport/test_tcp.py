@@ -67,9 +67,11 @@ def test_record_numbers_are_consistent_and_measured(tmp_path):
     assert summ["transfer_median_s"] > floor
     assert rec["manifest"]["link"]["mode"] == "emulated"
     assert rec["manifest"]["link"]["conditions"]["up"]["rate_mbit_per_s"] == 50
-    # Throughput from the measured window, not from latency.
+    # Throughput from the steady-state window (first completion to last), not from latency.
+    ends = sorted(b["end_s"] for b in measured)
     window = summ["measured_window_s"]
-    assert summ["throughput_imgs_per_s"] == pytest.approx(12 / window)
+    assert window == pytest.approx(ends[-1] - ends[0])
+    assert summ["throughput_imgs_per_s"] == pytest.approx((12 - 2) / window)
 
 
 def test_pipelining_raises_throughput_when_transfer_dominates(tmp_path):
