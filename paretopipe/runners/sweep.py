@@ -591,7 +591,7 @@ class Sweeper:
             if record is None:
                 return []
             group_meta["reference_runs"].append(planned.run_key)
-            self.reference_s += record["summary"].get("measured_window_s") or 0.0
+            self.reference_s += _measuring_s(record["summary"])
             summaries.append(record["summary"])
         now = time.monotonic() - self.started
         if len(summaries) > 1:
@@ -619,7 +619,7 @@ class Sweeper:
                 else:
                     self._write(lambda: self.session.write_run(planned.run_key, record),
                                 self.session.run_path(planned.run_key))
-                    self.measured_s += record["summary"].get("measured_window_s") or 0.0
+                    self.measured_s += _measuring_s(record["summary"])
                 return record
             except DiskFullError:
                 raise
@@ -680,7 +680,8 @@ class Sweeper:
                      "timing": {"wall_s": wall, "measured_s": measured_s, "reference_s": self.reference_s,
                                 "overhead_s": wall - measured_s,
                                 "overhead_ratio": (wall - measured_s) / measured_s if measured_s else None,
-                                "note": "measured_s sums the measured windows of this invocation's runs; "
+                                "note": "measured_s sums the measured spans of this invocation's runs (first "
+                                        "measured batch's start to last completion); "
                                         "overhead is everything else (start-up, model builds, warm-up, "
                                         "handshakes, writing, and the drift checks' reference runs, "
                                         "reference_s of measuring)"},
@@ -691,6 +692,11 @@ class Sweeper:
         from ..analysis import report
 
         report.write_report(self.dir, self.dir / "report")
+
+
+def _measuring_s(summary: dict[str, Any]) -> float:
+    """How long a run spent measuring: its span, fill included (a record from before spans: its window)."""
+    return summary.get("measured_span_s") or summary.get("measured_window_s") or 0.0
 
 
 def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
