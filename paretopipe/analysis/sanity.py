@@ -101,12 +101,18 @@ def drift_events(meta: dict[str, Any] | None) -> list[dict[str, Any]]:
     out = []
     for group, info in ((meta or {}).get("groups") or {}).items():
         for check in info.get("drift_checks") or []:
+            model, _, backend = group.partition("/")
             if check.get("drift"):
-                model, _, backend = group.partition("/")
                 out.append({"check": "drift", "model": model, "backend": backend, "network": check.get("network"),
                             "batch_size": None, "configurations": f"{len(check.get('runs_since') or [])} runs measured again",
                             "detail": f"reference throughput moved {check['change']:.0%} (threshold "
                                       f"{check['threshold']:.0%}) at {check['time_s']:.0f} s"})
+            elif check.get("rebaselined"):
+                out.append({"check": "drift_held", "model": model, "backend": backend, "network": check.get("network"),
+                            "batch_size": None, "configurations": "baseline moved",
+                            "detail": f"reference throughput stayed {check['change']:.0%} from its baseline "
+                                      f"{check['baseline_throughput']:.1f} images/s at {check['time_s']:.0f} s: the "
+                                      f"machine's new speed, now the baseline"})
     return out
 
 
