@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +52,11 @@ def source_digest() -> str:
 
 def cuda_versions(device: str) -> dict[str, Any]:
     """CUDA runtime and driver versions and the device's name, where a GPU is in use."""
+    if not device.startswith("cuda"):
+        return {"gpu_name": None, "cuda": None, "cuda_driver": None}
     import torch
 
-    if not device.startswith("cuda") or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         return {"gpu_name": None, "cuda": None, "cuda_driver": None}
     driver = None
     try:
@@ -76,23 +82,43 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def node_manifest(device: str = "cpu", threads: int | None = None, **extra: Any) -> dict[str, Any]:
-    """What this node is: host, CPU, versions, git commit, device, threads."""
-    import torch
+_VERSION_LINE = re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.M)
 
+
+def _version(package: str) -> str | None:
+    """A package's version: the loaded module's, or else read without importing it. The sweep's
+    controller names torchvision this way instead of importing it (2.4 s of a sweep's start here,
+    most of it torch._dynamo, which torchvision.models pulls in)."""
+    module = sys.modules.get(package)
+    if module is not None:
+        return getattr(module, "__version__", None)
+    # torch and torchvision keep the full version (with its +cu tag, as __version__ gives it) in
+    # version.py; read it as text, since importing it would import the package.
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            found = _VERSION_LINE.search((Path(folder) / "version.py").read_text())
+        except OSError:
+            continue
+        if found:
+            return found.group(1)
     try:
-        import torchvision
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
-        tv = torchvision.__version__
-    except Exception:
-        tv = None
+
+def node_manifest(device: str = "cpu", threads: int | None = None, **extra: Any) -> dict[str, Any]:
+    """What this node is: host, CPU, versions, git commit, device, threads (a node that has not
+    loaded torch, such as the sweep's controller, runs no torch threads: null)."""
+    torch = sys.modules.get("torch")
+    if threads is None and torch is not None:
+        threads = torch.get_num_threads()
     out = {"hostname": socket.gethostname(), "platform": platform.platform(),
            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-           "python": platform.python_version(), "torch": torch.__version__, "torchvision": tv,
+           "python": platform.python_version(), "torch": _version("torch"), "torchvision": _version("torchvision"),
            "numpy": np.__version__, "git_commit": _git_commit(), "source_digest": source_digest(),
-           "device": device, **cuda_versions(device),
-           "torch_threads": threads if threads is not None else torch.get_num_threads(),
-           "pid": os.getpid()}
+           "device": device, **cuda_versions(device), "torch_threads": threads, "pid": os.getpid()}
     out.update(extra)
     return out
 

@@ -60,9 +60,12 @@ def test_no_module_reads_outside_the_package():
     import re
 
     reach = re.compile(r"""/\s*["'](netem|tests|notebooks|examples|benchmarks)["']|/\s*["'][a-z_0-9]+\.(py|sh)["']""")
+    # The manifest reads torch's and torchvision's installed version.py as text (their full version
+    # without importing them): a file of another installed package, not of this repository.
+    allowed = {'paretopipe/manifest.py: / "version.py"'}
     offenders = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in (ROOT / "paretopipe").rglob("*.py")
                  for m in reach.finditer(path.read_text())]
-    assert not offenders, offenders
+    assert not set(offenders) - allowed, offenders
     assert (ROOT / "paretopipe" / "network" / "profiles.toml").is_file()
     for bench in (ROOT / "benchmarks").glob("*.py"):
         text = bench.read_text()

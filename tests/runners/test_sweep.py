@@ -76,6 +76,9 @@ def test_small_sweep_end_to_end_both_backends(tmp_path):
     rec = json.loads((session / runs.iloc[0]["json"]).read_text())
     assert rec["manifest"]["link"]["mode"] == "emulated"
     assert rec["config"]["stage_limits"]["stage1"]["torch_threads"] >= 1
+    # The controller names the stages' exact torch (its +cu tag too) without importing torchvision.
+    assert session_json["manifest"]["torch"] == rec["manifest"]["stages"][0]["torch"]
+    assert session_json["manifest"]["torchvision"] == rec["manifest"]["stages"][0]["torchvision"]
 
 
 def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):
