@@ -35,7 +35,10 @@ def front_mask(values: np.ndarray, senses: Sequence[str]) -> np.ndarray:
     """Boolean mask of the non-dominated rows of ``values`` (n x m)."""
     if len(values) == 0:
         return np.zeros(0, dtype=bool)
-    return np.asarray(paretoset(pd.DataFrame(values), sense=list(senses), distinct=False), dtype=bool)
+    # numba's path compiles itself anew in every process (7 s here, more than the whole report);
+    # numpy's is instant for the few hundred points of a sweep.
+    return np.asarray(paretoset(pd.DataFrame(values), sense=list(senses), distinct=False, use_numba=False),
+                      dtype=bool)
 
 
 def front(df: pd.DataFrame, objectives: Mapping[str, str] | None = None,
