@@ -103,9 +103,11 @@ class DriftCheck:
 
 class DriftMonitor:
     """A reference configuration, re-measured every ``every_s`` seconds. Its first three runs on a
-    network set the baseline throughput and the noise (their range relative to the median); a later
-    run whose throughput moves by more than ``max(floor, 2 x noise)`` is drift, and the runs measured
-    since the last good check are to be measured again. Throughput, not latency: a slower CPU
+    network set the baseline throughput and the noise (their range relative to the median). A later
+    run whose throughput moves by more than ``max(floor, 2 x noise)`` is suspect, and two more runs
+    confirm it: when their median of three still moves that far, it is drift, and the runs measured
+    since the last good check are to be measured again (one run lands on one moment of a machine
+    whose speed swings by 40% from second to second here; each false alarm cost 60-70 runs). Throughput, not latency: a slower CPU
     lowers it directly, while latency with several batches in flight is mostly queueing, which
     swings with the balance of the stages.
 
@@ -116,6 +118,7 @@ class DriftMonitor:
     the whole sweep twice."""
 
     BASELINE_RUNS = 3
+    CONFIRM_RUNS = 3  # a check that looks like drift is the median of this many runs
 
     def __init__(self, every_s: float, floor: float = 0.10) -> None:
         self.every_s, self.floor = every_s, floor
@@ -141,11 +144,21 @@ class DriftMonitor:
         self.baselines[network] = (mid, (thr[-1] - thr[0]) / mid)
         self.last_check = now
 
-    def check(self, network: str, summary: dict[str, Any], now: float) -> DriftCheck:
+    def threshold(self, network: str) -> float:
+        return max(self.floor, 2 * self.baselines[network][1])
+
+    def suspect(self, network: str, summary: dict[str, Any]) -> bool:
+        """Whether one reference run is off its baseline by more than the threshold (to be confirmed)."""
+        thr0, _ = self.baselines[network]
+        return abs(summary["throughput_imgs_per_s"] - thr0) / thr0 > self.threshold(network)
+
+    def check(self, network: str, summaries: Sequence[dict[str, Any]], now: float) -> DriftCheck:
+        """Judge the reference's runs at this check (their median) against the baseline."""
         thr0, noise = self.baselines[network]
-        thr = summary["throughput_imgs_per_s"]
+        thr = statistics.median(s["throughput_imgs_per_s"] for s in summaries)
+        latency = statistics.median(s["latency_median_s"] for s in summaries)
         change = abs(thr - thr0) / thr0
-        threshold = max(self.floor, 2 * noise)
+        threshold = self.threshold(network)
         drift, rebaselined = change > threshold, False
         before = self._drifted_to.pop(network, None)
         if drift and before is not None and abs(thr - before) / before <= threshold:
@@ -153,7 +166,7 @@ class DriftMonitor:
             drift, rebaselined = False, True
         elif drift:
             self._drifted_to[network] = thr
-        result = DriftCheck(time_s=now, network=network, latency_s=summary["latency_median_s"], throughput=thr,
+        result = DriftCheck(time_s=now, network=network, latency_s=latency, throughput=thr,
                             baseline_throughput=thr0, change=change, threshold=threshold, drift=drift,
                             runs_since=[key for _, _, key in self.since], rebaselined=rebaselined)
         self.checks.append(result)
