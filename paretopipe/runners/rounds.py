@@ -107,9 +107,9 @@ class DriftMonitor:
     run whose throughput moves by more than ``max(floor, 2 x noise)`` is suspect, and two more runs
     confirm it: when their median of three still moves that far, it is drift, and the runs measured
     since the last good check are to be measured again (one run lands on one moment of a machine
-    whose speed swings by 40% from second to second here; each false alarm cost 60-70 runs). Throughput, not latency: a slower CPU
-    lowers it directly, while latency with several batches in flight is mostly queueing, which
-    swings with the balance of the stages.
+    whose speed swings by 40% from second to second here; each false alarm cost 60-70 runs).
+    Throughput, not latency: a slower CPU lowers it directly, while latency with several batches in
+    flight is mostly queueing, which swings with the balance of the stages.
 
     A drift that the next check finds at the same level (within the threshold) is the machine's
     new speed, not a passing swing: the baseline moves there and the runs measured since, at that
@@ -147,17 +147,20 @@ class DriftMonitor:
     def threshold(self, network: str) -> float:
         return max(self.floor, 2 * self.baselines[network][1])
 
+    def _change(self, network: str, throughput: float) -> float:
+        thr0, _ = self.baselines[network]
+        return abs(throughput - thr0) / thr0
+
     def suspect(self, network: str, summary: dict[str, Any]) -> bool:
         """Whether one reference run is off its baseline by more than the threshold (to be confirmed)."""
-        thr0, _ = self.baselines[network]
-        return abs(summary["throughput_imgs_per_s"] - thr0) / thr0 > self.threshold(network)
+        return self._change(network, summary["throughput_imgs_per_s"]) > self.threshold(network)
 
     def check(self, network: str, summaries: Sequence[dict[str, Any]], now: float) -> DriftCheck:
         """Judge the reference's runs at this check (their median) against the baseline."""
         thr0, noise = self.baselines[network]
         thr = statistics.median(s["throughput_imgs_per_s"] for s in summaries)
         latency = statistics.median(s["latency_median_s"] for s in summaries)
-        change = abs(thr - thr0) / thr0
+        change = self._change(network, thr)
         threshold = self.threshold(network)
         drift, rebaselined = change > threshold, False
         before = self._drifted_to.pop(network, None)
