@@ -19,7 +19,7 @@ from .session import CONFIG_KEY, PANEL_KEY, Session, find_session
 
 OBJECTIVES = pareto.DEFAULT_OBJECTIVES
 GROUP = [k for k in CONFIG_KEY if k != "split_index"]  # one front per model, backend, network, batch
-#: The 95% CI columns of each objective in summary.csv (bootstrap over runs).
+#: The 95% CI columns of each objective in summary.csv (records.median_ci over runs).
 INTERVALS = {"latency_s": ("latency_median_ci95_low_s", "latency_median_ci95_high_s"),
              "throughput_imgs_per_s": ("throughput_ci95_low_imgs_per_s", "throughput_ci95_high_imgs_per_s")}
 

@@ -99,7 +99,7 @@ def _sort_key(key: tuple) -> tuple:
 
 
 def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per configuration: median, p95 and a bootstrap 95% CI of the median over its runs."""
+    """Per configuration: median, p95 and a 95% CI of the median over its runs (``records.median_ci``)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         if row["status"] == "complete":
@@ -112,7 +112,7 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for metric, stem, unit in (("latency_median_s", "latency_median", "_s"),
                                    ("throughput_imgs_per_s", "throughput", "_imgs_per_s")):
             xs = [m[metric] for m in members if m.get(metric) is not None]
-            lo, hi = records.bootstrap_ci(xs)
+            lo, hi = records.median_ci(xs)
             entry[metric] = float(np.median(xs)) if xs else None
             entry[f"{stem}_p95{unit}"] = float(np.percentile(xs, 95)) if xs else None
             entry[f"{stem}_ci95_low{unit}"] = lo
@@ -122,7 +122,7 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             xs = [m[metric] for m in members if m.get(metric) is not None]
             entry[metric] = float(np.median(xs)) if xs else None
         for metric in ("stage1_compute_median_s", "stage2_compute_median_s"):  # the report's sanity checks
-            lo, hi = records.bootstrap_ci([m.get(metric) for m in members])
+            lo, hi = records.median_ci([m.get(metric) for m in members])
             entry[metric.replace("_median_s", "_ci95_low_s")] = lo
             entry[metric.replace("_median_s", "_ci95_high_s")] = hi
         for metric in ("wire_bytes_mean", "result_wire_bytes_mean"):

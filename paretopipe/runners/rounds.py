@@ -43,11 +43,11 @@ def round_order(configs: Sequence[tuple[str, Any]], seed: int, key: str, round_i
 
 
 def relative_halfwidth(values: Sequence[float]) -> float | None:
-    """Half the width of the 95% bootstrap CI of the median, relative to the median."""
+    """Half the width of the 95% CI of the median (``records.median_ci``), relative to the median."""
     xs = [v for v in values if v is not None and v == v]
     if len(xs) < 2:
         return None
-    lo, hi = records.bootstrap_ci(xs)
+    lo, hi = records.median_ci(xs)
     mid = statistics.median(xs)
     return (hi - lo) / 2 / abs(mid) if mid else None
 

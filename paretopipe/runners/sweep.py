@@ -685,7 +685,7 @@ class Sweeper:
 
     # -- consolidation -------------------------------------------------------------------------
     def consolidate(self, meta: dict[str, Any], final: bool) -> None:
-        """runs.csv and session.json after every run; summary.csv (bootstrap CIs) at the end.
+        """runs.csv and session.json after every run; summary.csv (CIs of the medians over runs) at the end.
         The run records are the source of truth: a later consolidation rebuilds everything else."""
         rows, skipped = self._write(lambda: self.session.consolidate(self.failures, final, self.stopping),
                                     self.dir / "runs.csv")
