@@ -24,9 +24,9 @@ test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest -q
 
-# Seeded interleaved rounds; each configuration measured 3 to 4 times, until its 95% CIs are
+# Seeded interleaved rounds; each configuration measured 3 to 6 times, until its 95% CIs are
 # within +-5% (examples/demo.toml holds the same experiment).
-DEMO_SWEEP := --model mobilenetv2 --splits all --runs 3 --precision 5% --max-runs 4 --network lan,wifi,lte \
+DEMO_SWEEP := --model mobilenetv2 --splits all --runs 3 --precision 5% --max-runs 6 --network lan,wifi,lte \
 	  --batch-size 1 --num-batches 10 --warmup 1 --in-flight 4
 PROFILE    := $(PY) -m paretopipe.profile --model mobilenetv2 --threads 1 --codecs float32/none --quiet
 
