@@ -3,7 +3,10 @@
 For every configuration both sessions measured (model, backend, network, batch size, split), the
 latency and throughput of each with their relative change, and whether the split is on each
 session's front. Per front (model, backend, network, batch size): the front splits of A and of B,
-which joined and which left, and the Jaccard index of the two sets.
+which joined and which left, and the Jaccard index of the two sets. And how fast each stage ran in
+B relative to A over the configurations both measured: two runs of one experiment on a shared
+machine may land on devices whose relative speed moved, and the splits that balance the pipeline
+move with it, beyond either session's own intervals.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from .report import GROUP, pareto_table
 from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, ordered_splits, split_sort_key
 
 METRICS = ("latency_s", "throughput_imgs_per_s")
+STAGE_COMPUTE = ("stage1_compute_median_s", "stage2_compute_median_s")
+#: Stages computing less than this in A (an empty stage 1 at k = 0) say nothing about its speed.
+MIN_STAGE_S = 1e-3
 
 
 def _front_set(frame: pd.DataFrame) -> set[str]:
@@ -40,7 +46,7 @@ def jaccard(a: set, b: set) -> float:
 
 def compare_tables(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(points, fronts): one row per configuration in both sessions, and one per front."""
-    keep = CONFIG_KEY + list(METRICS) + ["on_front", "front_status"]
+    keep = CONFIG_KEY + list(METRICS) + list(STAGE_COMPUTE) + ["on_front", "front_status"]
     left = a[[c for c in keep if c in a.columns]].copy()
     right = b[[c for c in keep if c in b.columns]].copy()
     for frame in (left, right):
@@ -72,6 +78,28 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.D
     return points, pd.DataFrame(fronts)
 
 
+def stage_speed(points: pd.DataFrame) -> dict[str, float | None]:
+    """Per stage, the median over shared configurations of B's compute time / A's (paired by
+    configuration, so the splits' different work cancels): 0.8 means B's device ran 20% faster."""
+    out: dict[str, float | None] = {}
+    for j, col in enumerate(STAGE_COMPUTE, start=1):
+        if f"{col}_a" not in points or f"{col}_b" not in points:
+            out[f"stage{j}"] = None
+            continue
+        a, b = points[f"{col}_a"].astype(float), points[f"{col}_b"].astype(float)
+        ratio = (b / a)[(a > MIN_STAGE_S) & (b > 0)].dropna()
+        out[f"stage{j}"] = float(ratio.median()) if len(ratio) else None
+    return out
+
+
+def format_stage_speed(speed: dict[str, float | None]) -> str:
+    shown = ", ".join(f"{stage} {ratio:.2f}" for stage, ratio in speed.items() if ratio is not None)
+    if not shown:
+        return "stage compute, B / A: not recorded in both sessions"
+    return (f"stage compute, B / A (median over shared configurations): {shown}; the splits that balance the "
+            f"pipeline move when the stages' speeds move apart")
+
+
 def compare(a_dir: str | Path, b_dir: str | Path, out: str | Path | None = None, fmt: str = "png") -> dict[str, Any]:
     """Compare two sessions; with ``out``, write compare_points.csv, compare_fronts.csv and a figure
     per panel (both fronts of every network in one plot)."""
@@ -81,7 +109,8 @@ def compare(a_dir: str | Path, b_dir: str | Path, out: str | Path | None = None,
     if points.empty:
         raise UsageError(f"{sa.path} and {sb.path} share no configuration (model, backend, network, batch size, "
                          f"split); nothing to compare")
-    result = {"a": sa.path, "b": sb.path, "points": points, "fronts": fronts, "files": []}
+    result = {"a": sa.path, "b": sb.path, "points": points, "fronts": fronts, "stage_speed": stage_speed(points),
+              "files": []}
     if out is not None:
         out = Path(out)
         if out.exists() and not out.is_dir():
@@ -129,7 +158,7 @@ def format_comparison(result: dict[str, Any]) -> str:
     show = fronts.rename(columns={"front_a": "front A", "front_b": "front B", "front_or_tied_a": "front+tied A",
                                   "front_or_tied_b": "front+tied B", "jaccard_front_or_tied": "jaccard f+t"})
     lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    lines += ["", "points (B relative to A):"]
+    lines += ["", format_stage_speed(result["stage_speed"]), "", "points (B relative to A):"]
     table = points[GROUP + ["split_index", "latency_s_a", "latency_s_b", "latency_s_change",
                             "throughput_imgs_per_s_a", "throughput_imgs_per_s_b", "throughput_imgs_per_s_change",
                             "front"]].copy()
@@ -184,4 +213,6 @@ def goals(result: dict[str, Any], min_jaccard: float, selective: dict[str, int])
     ok = not bad
     met &= ok
     lines.append(f"stage-1 compute is monotone in k within its CIs: {'met' if ok else 'NOT met (' + str(len(bad)) + ' violations)'}")
+    if "stage_speed" in result:  # not a goal: what the two sessions' devices were like
+        lines.append(format_stage_speed(result["stage_speed"]))
     return lines, met

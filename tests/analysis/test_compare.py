@@ -77,3 +77,21 @@ def test_newest_two_passes_over_sessions_that_did_not_finish(tmp_path):
     proc = subprocess.run([PYTHON, "-m", "paretopipe", "compare", str(results)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 0 and "error" not in proc.stderr, proc.stderr
+
+
+def test_compare_reports_how_fast_each_stage_ran_in_b_relative_to_a(tmp_path):
+    """Two sessions on devices whose relative speed moved: stage 1 20% faster in B, stage 2 the
+    same. The ratio is paired by configuration, so the splits' different work cancels."""
+    from paretopipe.analysis import compare
+
+    dst = tmp_path / "b"
+    shutil.copytree(FIXTURE, dst)
+    summary = pd.read_csv(dst / "summary.csv")
+    summary["stage1_compute_median_s"] *= 0.8
+    summary.to_csv(dst / "summary.csv", index=False)
+    result = compare.compare(FIXTURE, dst)
+    assert result["stage_speed"]["stage1"] == __import__("pytest").approx(0.8)
+    assert result["stage_speed"]["stage2"] == __import__("pytest").approx(1.0)
+    lines, _ = compare.goals(result, 0.9, {})
+    assert lines[-1].startswith("stage compute, B / A (median over shared configurations): stage1 0.80, stage2 1.00")
+    assert "stage1 0.80" in compare.format_comparison(result)
