@@ -292,12 +292,21 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
             return 1
     tb = opts.testbed
     where = ("locally" if not tb.remote else " -> ".join(f"{h.address} ({h.device})" for h in tb.hosts) + " over SSH")
+    _check_splits(sweeper, opts)
     log.info("sweep %s, link %s, results in %s", where, opts.link, sweeper.dir)
+    created = not sweeper.dir.exists()
     sweeper.dir.mkdir(parents=True, exist_ok=True)
     experiment.write(sweeper.dir / experiment.FILE_NAME, table,
                      {n: c.to_values() for n, c in sweeper.networks.items()},
                      opts.testbed.to_table() if opts.testbed.remote else None)
-    result = sweeper.run()
+    try:
+        result = sweeper.run()
+    except UsageError:
+        # Found only once the workers built the model (a model file's blocks): nothing was
+        # measured, so the folder goes rather than linger as an empty session.
+        if created:
+            sweeper.discard_if_unmeasured()
+        raise
     out = result.path
     if opts.cleanup:
         for path in (out / "runs").glob("*.json"):
@@ -326,3 +335,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
               file=sys.stderr)
         return 1
     return 0
+
+
+def _check_splits(sweeper: Sweeper, opts: Any) -> None:
+    """A split beyond a zoo model's blocks is a usage error before any folder or worker exists
+    (its block count is cached: milliseconds). Model files and registered models are left to the
+    workers, which build them anyway: a controller may not hold their code."""
+    from ..partition.models import is_model_file
+    from ..partition.structure import structure
+
+    for model in opts.models:
+        if not is_model_file(model):
+            sweeper.splits_for(structure(model, opts.num_classes)["num_blocks"])

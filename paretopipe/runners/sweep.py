@@ -270,6 +270,13 @@ class Sweeper:
     def _session_dir(self) -> Path:
         return session_dir(self.opts.out, self.opts.session, self.opts.resume)
 
+    def discard_if_unmeasured(self) -> bool:
+        """Remove this session's folder when no run (nor reference run) was recorded in it."""
+        if not self.dir.is_dir() or any(self.dir.glob("runs/*.json")) or any(self.dir.glob("reference/*.json")):
+            return False
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return True
+
     # -- plan ----------------------------------------------------------------------------------
     def splits_for(self, num_blocks: int) -> list[int | tuple[int, ...] | str]:
         """The static splits (or plans), then ``adaptive`` when --splits names it."""

@@ -56,3 +56,18 @@ def test_a_full_disk_stops_the_sweep_in_one_line(small_disk):
     session = small_disk / "s" / "session.json"
     if session.exists():  # never retried as a configuration failure
         assert not json.loads(session.read_text()).get("failures")
+
+
+@pytest.mark.parametrize("model, valid", [("resnet18", "valid 0..9"),
+                                          ("examples/models/skipnet.py:build", "valid 0..6")])
+def test_a_split_beyond_the_model_leaves_no_session_behind(tmp_path, model, valid):
+    """A zoo model's splits are checked before the session folder exists; a model file's only once
+    the workers built it, and then the folder, holding nothing measured, goes. Either way one line,
+    exit 2, and no empty session for compare or --resume to trip over."""
+    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", model, "--splits", "2,99", "--local",
+                           "--out", str(tmp_path / "out"), "--quiet"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: split index 99 out of range") and valid in lines[0]
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
