@@ -156,8 +156,8 @@ def median_ci(xs: Sequence[float | None]) -> tuple[float | None, float | None]:
     t = float(stdtrit(arr.size - 1, 0.975))
     logs = arr.min() > 0
     vals = np.log(arr) if logs else arr
-    half = t * float(np.std(vals, ddof=1)) / float(np.sqrt(arr.size))
-    lo, hi = float(np.mean(vals)) - half, float(np.mean(vals)) + half
+    centre, half = float(np.mean(vals)), t * float(np.std(vals, ddof=1)) / float(np.sqrt(arr.size))
+    lo, hi = centre - half, centre + half
     if logs:
         lo, hi = float(np.exp(lo)), float(np.exp(hi))
     return min(lo, mid), max(hi, mid)

@@ -338,9 +338,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
 
 
 def _check_splits(sweeper: Sweeper, opts: Any) -> None:
-    """A split beyond a zoo model's blocks is a usage error before any folder or worker exists
-    (its block count is cached: milliseconds). Model files and registered models are left to the
-    workers, which build them anyway: a controller may not hold their code."""
+    """A split beyond a zoo model's or a registered model's blocks is a usage error before any
+    folder or worker exists (a zoo model's block count is cached: milliseconds). A model file's is
+    traced anew on every call (about 3 s here), so it is left to the workers, which build the
+    model anyway; the folder of a sweep they refuse is discarded."""
     from ..partition.models import is_model_file
     from ..partition.structure import structure
 
