@@ -23,5 +23,10 @@ class PeerError(ParetoPipeError):
     """The peer died, closed the connection, timed out or refused the handshake."""
 
 
+class InfeasibleRun(ParetoPipeError):
+    """A batch took longer than the deadline the user set (``--max-batch-s``): a measured outcome
+    of the configuration, recorded with ``status: infeasible``, not a failure of the run."""
+
+
 class NetemError(ParetoPipeError):
     """A tc/ip command failed or the kernel lacks what a profile needs."""

@@ -75,11 +75,14 @@ FRONT, TIED, DOMINATED = "front", "tied", "dominated"
 def front_status(df: pd.DataFrame, intervals: Mapping[str, tuple[str, str]],
                  objectives: Mapping[str, str] | None = None, by: Sequence[str] | None = None) -> pd.Series:
     """``front`` (not dominated), ``tied`` (dominated, but not with confidence: its intervals overlap
-    a front point's on every objective) or ``dominated``; empty for rows left out (failed, NaN).
+    a front point's on every objective) or ``dominated``; ``dominated`` too for an infeasible
+    configuration (it missed the user's deadline); empty for rows left out (failed, NaN).
     ``intervals`` maps each objective to its (low, high) CI columns; a missing CI is the point."""
     objectives = dict(objectives or DEFAULT_OBJECTIVES)
     marked = mark_front(df, objectives, by)
     status = pd.Series("", index=df.index, dtype=object)
+    if "status" in df.columns:
+        status[df["status"].eq("infeasible")] = DOMINATED
     usable, _, _ = _usable(df, objectives)
     groups = [c for c in (DEFAULT_GROUP if by is None else by) if c in usable.columns]
 

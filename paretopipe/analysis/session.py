@@ -28,6 +28,8 @@ from ..errors import UsageError
 
 log = logging.getLogger("paretopipe.session")
 
+#: Where the tables of a folder of hand-run JSON files go (inside that folder).
+CONSOLIDATED = "consolidated"
 #: What identifies a configuration; runs of one configuration differ only in ``run``.
 CONFIG_KEY = ["model", "backend", "network", "batch_size", "split_index"]
 #: One panel of figures: every network and split of one model, backend and batch size.
@@ -37,7 +39,7 @@ RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_ind
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
               "stage2_compute_median_s", "stage2_queue_median_s", "payload_bytes_mean", "wire_bytes_mean",
               "goodput_mbit_per_s", "result_wire_bytes_mean", "measured_window_s", "measured_span_s",
-              "batches_measured", "link_mode", "throttled", "json"]
+              "batches_measured", "link_mode", "throttled", "error", "json"]
 FAILURE_FIELDS = ["run_key", "attempt", "error", "time_utc"]
 #: Per-batch means of the latency's parts (every stage's compute, codecs and queue, the transfer):
 #: they add up to ``latency_mean_s`` exactly, so the breakdown figure stacks them.
@@ -84,7 +86,8 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **{k: v for k, v in s.items() if BREAKDOWN.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
-            "json": f"runs/{name}"}
+            "error": rec.get("error"),
+            "json": name}
 
 
 def _throttled(sysmon: Any) -> bool | None:
@@ -99,15 +102,27 @@ def _sort_key(key: tuple) -> tuple:
 
 
 def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per configuration: median, p95 and a 95% CI of the median over its runs (``records.median_ci``)."""
+    """Per configuration: median, p95 and a 95% CI of the median over its runs (``records.median_ci``).
+
+    A configuration whose runs were cut short by the user's ``--max-batch-s`` and that has no
+    complete run is a row of its own with ``status`` infeasible, the reason and the batches it
+    completed: a measured outcome that the report draws as dominated."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
+    infeasible: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
+        key = tuple(row[k] for k in CONFIG_KEY)
         if row["status"] == "complete":
-            groups.setdefault(tuple(row[k] for k in CONFIG_KEY), []).append(row)
-    out = []
+            groups.setdefault(key, []).append(row)
+        elif row["status"] == "infeasible":
+            infeasible.setdefault(key, []).append(row)
+    out = [{**dict(zip(CONFIG_KEY, key)), "cut": members[0]["cut"], "status": "infeasible", "runs": 0,
+            "infeasible_runs": len(members), "batches_completed": max(m.get("batches_measured") or 0 for m in members),
+            "infeasible_reason": members[-1].get("error")}
+           for key, members in infeasible.items() if key not in groups]
     for key, members in sorted(groups.items(), key=lambda kv: _sort_key(kv[0])):
         entry = dict(zip(CONFIG_KEY, key))
         entry["cut"] = members[0]["cut"]
+        entry["status"] = "complete"
         entry["runs"] = len(members)
         for metric, stem, unit in (("latency_median_s", "latency_median", "_s"),
                                    ("throughput_imgs_per_s", "throughput", "_imgs_per_s")):
@@ -135,20 +150,33 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         pay = [m["payload_bytes_mean"] for m in members if m.get("payload_bytes_mean") is not None]
         entry["payload_bytes_mean"] = float(np.mean(pay)) if pay else None
         out.append(entry)
-    return out
+    return sorted(out, key=lambda e: _sort_key(tuple(e[k] for k in CONFIG_KEY)))
 
 
 class Session:
     """One session folder: where its files are, and how they are read and written."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, runs_dir: str | Path | None = None) -> None:
         self.path = Path(path)
+        self._runs_dir = Path(runs_dir) if runs_dir is not None else None
         self._rows: dict[str, tuple[int, dict[str, Any] | None]] = {}
+
+    @classmethod
+    def of_run_files(cls, folder: str | Path) -> "Session":
+        """A session over a folder of hand-run JSON files (``partition1.py``/``partition2.py --out``,
+        ``distributed_runner.py``'s metrics folder, a sweep's ``runs/``): its tables are written to
+        ``FOLDER/consolidated/``, the same runs.csv and summary.csv a sweep writes."""
+        session = cls(Path(folder) / CONSOLIDATED, runs_dir=folder)
+        rows, _ = session.consolidate([], final=True)
+        if not rows:
+            raise UsageError(f"{folder} holds no readable run records (*.json from partition1.py/partition2.py, "
+                             f"distributed_runner.py or a sweep's runs/)")
+        return session
 
     # -- layout --------------------------------------------------------------------------------
     @property
     def runs_dir(self) -> Path:
-        return self.path / "runs"
+        return self._runs_dir if self._runs_dir is not None else self.path / "runs"
 
     @property
     def meta_path(self) -> Path:
@@ -173,13 +201,13 @@ class Session:
                     or not isinstance(rec.get("config"), dict):
                 raise ValueError("not a run record")
             return rec
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             log.warning("skipping %s: unreadable run record (%s)", path, exc)
             return None
 
     def completed(self, key: str) -> bool:
         rec = self.read_run(self.run_path(key)) if self.run_path(key).exists() else None
-        return bool(rec) and rec.get("status") == "complete"
+        return bool(rec) and rec.get("status") in ("complete", "infeasible")
 
     def run_rows(self) -> tuple[list[dict[str, Any]], list[str]]:
         """runs.csv rows from every run record (each file parsed once until it changes), and the
@@ -190,14 +218,28 @@ class Session:
             present.add(path.name)
             stamp = path.stat().st_mtime_ns
             if self._rows.get(path.name, (None,))[0] != stamp:
-                rec = self.read_run(path)
-                self._rows[path.name] = (stamp, None if rec is None else run_row(rec, path.name))
+                self._rows[path.name] = (stamp, self._row_of(path))
             if self._rows[path.name][1] is None:
                 skipped.append(path.name)
         for name in set(self._rows) - present:
             del self._rows[name]
-        rows = [row for _, (_, row) in sorted(self._rows.items()) if row is not None]
+        rows, seen = [], set()
+        for _, (_, row) in sorted(self._rows.items()):
+            # Both stages of a hand run may write the same run's record: one row per run.
+            if row is not None and row["run_key"] not in seen:
+                seen.add(row["run_key"])
+                rows.append(row)
         return rows, skipped
+
+    def _row_of(self, path: Path) -> dict[str, Any] | None:
+        rec = self.read_run(path)
+        if rec is None:
+            return None
+        try:
+            return run_row(rec, f"runs/{path.name}" if self._runs_dir is None else str(path.resolve()))
+        except (KeyError, TypeError, AttributeError) as exc:  # JSON with a summary, but not ours
+            log.warning("skipping %s: not a ParetoPipe run record (no %s)", path, exc)
+            return None
 
     # -- consolidated files --------------------------------------------------------------------
     def consolidate(self, failures: Iterable[dict[str, Any]], final: bool,
@@ -251,7 +293,9 @@ def _read_csv(path: Path):
         df = pd.read_csv(path)
     except FileNotFoundError:
         raise UsageError(f"{path} not found: is {path.parent} a finished sweep session?")
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+    except pd.errors.EmptyDataError:
+        raise UsageError(f"{path} is empty: no run of {path.parent} was recorded (see its failures.csv)")
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not a readable CSV ({str(exc).splitlines()[0]}); rebuild it with a "
                          f"sweep --resume of that session")
     needed = {"latency_median_s", *CONFIG_KEY}
@@ -262,7 +306,8 @@ def _read_csv(path: Path):
 
 
 def find_session(path: str | Path) -> Session:
-    """A session folder itself, or the newest session inside a results folder."""
+    """A session folder itself, the newest session inside a results folder, or a folder of
+    hand-run JSON files (consolidated into ``FOLDER/consolidated/``)."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"no sweep results under {path}: no such folder")
@@ -270,7 +315,10 @@ def find_session(path: str | Path) -> Session:
         raise UsageError(f"{path} is a file; give a session folder or a results folder")
     if (path / "runs.csv").is_file():
         return Session(path)
-    sessions = sorted((p.parent for p in path.glob("*/runs.csv")), key=lambda p: p.stat().st_mtime)
+    if any(path.glob("*.json")):  # hand-run records: consolidated afresh, new files included
+        return Session.of_run_files(path)
+    sessions = sorted((p.parent for p in path.glob("*/runs.csv") if p.parent.name != CONSOLIDATED),
+                      key=lambda p: p.stat().st_mtime)
     if not sessions:
         raise UsageError(f"no sweep results under {path} (expected runs.csv in it or in a session folder inside)")
     return Session(sessions[-1])

@@ -86,6 +86,29 @@ def add_dataset_flags(group, default: str = "synthetic") -> None:
     group.add_argument("--data-dir", default=None, help="folder holding cifar-10-batches-py (for --dataset cifar10)")
 
 
+#: The anchor's depth when --enable-prefetch is given without --prefetch-batches.
+ANCHOR_PREFETCH_BATCHES = 2
+
+
+def add_prefetch_flags(group) -> None:
+    """The anchor's --enable-prefetch and --prefetch-batches N (the second alone enables it too)."""
+    group.add_argument("--enable-prefetch", action="store_true",
+                       help=f"prepare input batches ahead in a thread (decoded, transformed, stacked; "
+                            f"{ANCHOR_PREFETCH_BATCHES} ahead unless --prefetch-batches says otherwise)")
+    group.add_argument("--prefetch-batches", type=int, default=None, metavar="N",
+                       help="batches prepared ahead (implies --enable-prefetch; 0 turns prefetching off)")
+
+
+def prefetch_from_args(args: argparse.Namespace) -> int:
+    """Batches to prepare ahead: --prefetch-batches, else the anchor's 2 with --enable-prefetch, else 0."""
+    n = args.prefetch_batches
+    if n is None:
+        return ANCHOR_PREFETCH_BATCHES if args.enable_prefetch else 0
+    if n < 0:
+        raise UsageError(f"--prefetch-batches {n}: give 0 (off) or more batches")
+    return n
+
+
 def dataset_from_args(args: argparse.Namespace, compression: str = "none", local: bool = True) -> str:
     """The resolved dataset spec; checked on this machine when this machine reads it."""
     from ..transport import inputs

@@ -10,13 +10,13 @@ from typing import Sequence
 
 from ..errors import PeerError, UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
+                     add_prefetch_flags, prefetch_from_args,
                      dataset_from_args, example_epilog,
                      network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
                      setup_logging)
 
 log = logging.getLogger("paretopipe.rpc")
-DEPRECATED = {"--use-local-loading": "every worker always builds its own stage locally",
-              "--use-intelligent-splitting": "use --split-block/--split-blocks (see python -m paretopipe.split --list)"}
+DEPRECATED = {"--use-local-loading": "every worker always builds its own stage locally"}
 
 
 def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
@@ -36,6 +36,7 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--num-classes", type=positive_int, default=10)
     add_dataset_flags(p)
+    add_prefetch_flags(p)
     p.add_argument("--num-test-samples", type=positive_int, default=64, help="images in the measured batches")
     p.add_argument("--warmup", type=nonneg_int, default=2, help="extra batches first, excluded from statistics")
     p.add_argument("--num-partitions", type=positive_int, default=2,
@@ -45,7 +46,20 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     p.add_argument("--split-blocks", default=None, help="comma list of k for more partitions, e.g. 5,12")
     p.add_argument("--use-pipelining", action="store_true", help="keep --in-flight batches outstanding")
     p.add_argument("--in-flight", type=positive_int, default=4)
-    p.add_argument("--num-threads", type=positive_int, default=16, help="RPC worker threads")
+    p.add_argument("--num-threads", type=positive_int, default=16,
+                   help="RPC worker threads (the anchor's default is 4; 16 here because each stage's forward holds "
+                        "an RPC thread while it waits for the stage, and with --in-flight 4 batches plus the "
+                        "results coming back, 4 threads can all be waiting)")
+    s = p.add_argument_group("choosing the split (the anchor's flags)")
+    s.add_argument("--use-intelligent-splitting", action="store_true",
+                   help="choose the block split with the lowest modelled latency under the run's network "
+                        "conditions, from --device-profiles or a quick self-profile; the prediction is recorded "
+                        "beside the measurement (2 partitions)")
+    s.add_argument("--disable-intelligent-splitting", action="store_true",
+                   help="use the split given (--split-block) or the default K//2 (the default behaviour)")
+    s.add_argument("--device-profiles", default=None,
+                   help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated, for "
+                        "--use-intelligent-splitting")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads per process")
     p.add_argument("--out", "--metrics-dir", dest="out", default="./enhanced_metrics", help="folder for the run JSON")
     p.add_argument("--models-dir", default="./models")
@@ -58,7 +72,9 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
                         "the master computes stage 1 itself, as the TCP backend's data source does")
     p.add_argument("--master-addr", default=None, help="overrides MASTER_ADDR from .env/environment")
     p.add_argument("--master-port", type=port_number, default=None, help="overrides MASTER_PORT")
-    p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds: joining, and per result")
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="seconds: joining (default 60), and per result (default: follows the link: 60 s plus what "
+                        "the batches in flight need at its slowest rate)")
     add_network_flags(p.add_argument_group("emulated network conditions on every hop"))
     p.add_argument("--local", action="store_true", help="spawn every rank as a process on this machine")
     p.add_argument("--save-outputs", default=None, help="master: write the logits to this .npz")
@@ -108,6 +124,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
     from pathlib import Path
 
     from .. import records
+    from ..network import deadlines
     from ..runners import rpc_ranks
     from ..transport.runconfig import RunConfig
 
@@ -136,6 +153,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
     conditions = network_from_args(args)
+    intelligent = args.use_intelligent_splitting and not args.disable_intelligent_splitting
+    if intelligent and (args.num_partitions != 2 or args.split_blocks or args.split_block is not None):
+        raise UsageError("--use-intelligent-splitting chooses the one split of 2 partitions: drop --split-block/"
+                         "--split-blocks and use --num-partitions 2 (for N devices: paretopipe predict --devices)")
     if args.rank == 0:  # the split and the model are checked before any rank starts
         from ..partition.structure import structure
 
@@ -148,7 +169,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
     opts = rpc_ranks.RankOptions(rank=args.rank, world_size=args.world_size, master_addr=addr, master_port=port,
                                  model=args.model, num_classes=args.num_classes, weights=args.weights,
                                  models_dir=args.models_dir, device=args.device, threads=args.threads,
-                                 transport=args.rpc_transport, rpc_threads=args.num_threads, timeout=args.timeout,
+                                 transport=args.rpc_transport, rpc_threads=args.num_threads,
+                                 timeout=args.timeout or deadlines.BASE_S,
                                  source=args.rpc_source)
     if args.rank != 0:
         return rpc_ranks.serve_rank(opts)
@@ -157,15 +179,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
         from ..transport import rpc as backend
 
         part = builder.partitioner
+        choice = None
+        if intelligent:
+            from ..runners.intelligent import choose_split
+
+            args.split_block, choice = choose_split(builder, args.batch_size, conditions,
+                                                    args.device_profiles.split(",") if args.device_profiles else None)
         ks = _split_blocks(args, part.num_blocks)
         cuts = [part.block_cut(k) for k in ks]
         num_batches = max(1, -(-args.num_test_samples // args.batch_size))
+        in_flight = args.in_flight if args.use_pipelining else 1
+        up = max(part.payload_nbytes(c, args.batch_size) for c in cuts)
+        timeout_s = args.timeout or deadlines.run_timeout_s(conditions, up, args.num_classes * 4 * args.batch_size,
+                                                            in_flight)
         cfg = RunConfig(model=builder.name, cuts=cuts, split_index=ks[0] if len(ks) == 1 else ks,
                         batch_size=args.batch_size, num_batches=num_batches, warmup=args.warmup,
-                        in_flight=args.in_flight if args.use_pipelining else 1, dataset=dataset_from_args(args),
+                        in_flight=in_flight, dataset=dataset_from_args(args),
+                        prefetch_batches=prefetch_from_args(args),
                         data_dir=args.data_dir, num_classes=args.num_classes,
                         network=conditions.name if conditions else None,
-                        link_mode="emulated" if conditions else "none", timeout_s=args.timeout,
+                        link_mode="emulated" if conditions else "none", timeout_s=timeout_s,
                         rpc_transport=args.rpc_transport, rpc_source=args.rpc_source,
                         use_pipelining=args.use_pipelining, world_size=args.world_size)
         try:
@@ -175,6 +208,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
         except PeerError as exc:  # a rank built something else: nothing ran
             print(f"error: {exc}", file=sys.stderr, flush=True)
             rpc_ranks.hard_exit(procs, 1)
+        if choice is not None:
+            record["manifest"]["split_choice"] = choice
         path = records.atomic_write_json(Path(args.out) / f"{record['run_id']}.json", record)
         if record["status"] != "complete":
             print(f"error: {record['error']} (incomplete record written to {path})", file=sys.stderr, flush=True)
@@ -186,8 +221,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
             np.savez(args.save_outputs, logits=torch.stack(outputs).numpy())
         backend.rpc.shutdown()
         for proc in procs:
-            proc.wait(args.timeout)
+            proc.wait(timeout_s)
         s = record["summary"]
+        if choice is not None:
+            mine = next(p for p in choice["predicted"] if p["split"] == ks[0])
+            print(f"intelligent splitting chose k={ks[0]}: predicted latency {mine['predicted_latency_s'] * 1e3:.2f} ms, "
+                  f"measured {s['latency_median_s'] * 1e3:.2f} ms")
         print(f"{builder.name} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} ms, "
               f"throughput {s['throughput_imgs_per_s']:.1f} img/s, written {path}")
         return 0

@@ -15,6 +15,7 @@ from ..partition.stages import StageBuilder
 from ..transport import auth, tcp, wire
 from ..transport.runconfig import ADAPTIVE, OBJECTIVES, RunConfig
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
+                     add_prefetch_flags, prefetch_from_args,
                      dataset_from_args, example_epilog,
                      network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
                      setup_logging)
@@ -38,7 +39,10 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
     g.add_argument("--models-dir", default=None, help="folder searched for <name>.pth (./models when not given)")
     n = parser.add_argument_group("connection")
     n.add_argument("--port", type=port_number, default=DEFAULT_PORT)
-    n.add_argument("--timeout", type=positive_float, default=60.0, help="seconds without progress before the run is declared dead")
+    n.add_argument("--timeout", type=positive_float, default=None,
+                   help="seconds without progress before the run is declared dead (default: 60 s plus what the "
+                        "batches in flight need on the link: bytes at its slowest rate, delay, jitter, losses"
+                        + ("" if stage == 1 else "; stage 1's deadline") + ")")
     n.add_argument("--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for the peer to appear")
     n.add_argument("--max-payload", type=positive_int, default=wire.DEFAULT_MAX_PAYLOAD, help="largest frame payload accepted, bytes")
     n.add_argument("--env-file", default=".env", help=f"where {auth.SECRET_ENV} (the data port's shared secret) is read from")
@@ -49,6 +53,17 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
                    help="folder for the run JSON")
     r.add_argument("--link-dev", default=None, help="with --link tc: interface whose qdiscs are read back into the manifest")
     add_common_flags(parser)
+
+
+def _link_timeout_s(args: argparse.Namespace, builder: StageBuilder, cuts: list[str] | None, conditions) -> float:
+    """The run's deadline from the bytes its batches send under ``conditions`` (none: the base)."""
+    from ..network import deadlines
+
+    part = builder.partitioner
+    names = part.block_cuts() if args.split_index == ADAPTIVE or not cuts else cuts
+    itemsize = 2 if args.wire_dtype in ("float16", "bfloat16") else 4
+    up = max(part.payload_nbytes(c, args.batch_size) for c in names) * itemsize // 4
+    return deadlines.run_timeout_s(conditions, up, args.num_classes * 4 * args.batch_size, args.in_flight)
 
 
 def split_or_adaptive(text: str) -> int | str:
@@ -115,7 +130,10 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     d.add_argument("--num-batches", type=nonneg_int, default=20, help="measured batches")
     d.add_argument("--warmup", type=nonneg_int, default=3, help="extra batches first, excluded from statistics")
     d.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window (1 = no overlap)")
+    d.add_argument("--max-batch-s", type=positive_float, default=None,
+                   help="a batch slower than this (seconds) ends the run as infeasible: recorded, exit status 0")
     add_dataset_flags(d, default="auto")
+    add_prefetch_flags(d)
     d.add_argument("--seed", type=nonneg_int, default=0)
     d.add_argument("--compression", default="none", choices=list(wire.CODECS))
     d.add_argument("--compression-level", type=positive_int, default=3)
@@ -165,12 +183,14 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     link_mode = args.link or ("emulated" if conditions else "none")
     cfg = RunConfig(model=builder.name, cuts=cuts, split_index=args.split_index, batch_size=args.batch_size,
                     num_batches=args.num_batches, warmup=args.warmup, in_flight=args.in_flight,
-                    dataset=dataset_from_args(args, args.compression), data_dir=args.data_dir, num_classes=args.num_classes,
+                    dataset=dataset_from_args(args, args.compression), data_dir=args.data_dir,
+                    prefetch_batches=prefetch_from_args(args), num_classes=args.num_classes,
                     wire_dtype=args.wire_dtype, compression=args.compression,
                     compression_level=args.compression_level, seed=args.seed,
                     network=conditions.name if conditions else None,
-                    link_mode=link_mode, network_delay_ms_label=args.network_delay_ms, timeout_s=args.timeout,
-                    **adaptive_fields(args, builder.partitioner.num_blocks))
+                    link_mode=link_mode, network_delay_ms_label=args.network_delay_ms,
+                    timeout_s=args.timeout or _link_timeout_s(args, builder, cuts, conditions),
+                    max_batch_s=args.max_batch_s, **adaptive_fields(args, builder.partitioner.num_blocks))
     observed = _observed_link(args)
     listener = tcp.StageListener(tcp.listen(args.host, args.port), tcp.identity_of(builder), secret, args.max_payload)
     log.info("stage 1 listening on %s:%d (%s, cuts %s)", args.host, listener.port, builder.name, cuts)

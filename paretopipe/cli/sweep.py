@@ -16,7 +16,8 @@ from ..runners.sweep import SweepOptions, Sweeper, describe_plan, parse_plans, s
 from ..network import traces
 from ..transport.auth import load_secret
 from . import experiment
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_prefetch_flags,
+                     dataset_from_args, prefetch_from_args,
                      example_epilog, nonneg_float, percent, nonneg_int, positive_float,
                      positive_int, read_env, setup_logging)
 
@@ -83,6 +84,7 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     r.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     r.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
     add_dataset_flags(r, default="auto")
+    add_prefetch_flags(r)
     r.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
                    help="emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the "
                         "choice with hosts); none")
@@ -123,7 +125,12 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     o.add_argument("--cleanup", action="store_true", help="delete per-run JSONs after consolidation (CSVs stay)")
     o.add_argument("--no-report", action="store_true", help="skip the Pareto report at the end")
     o.add_argument("--wait-time", type=positive_float, default=120.0, help="readiness timeout for stage processes, seconds")
-    o.add_argument("--timeout", type=positive_float, default=60.0, help="per-batch timeout inside a run, seconds")
+    o.add_argument("--timeout", type=positive_float, default=None,
+                   help="seconds a run may wait for progress (default: follows the link: 60 s plus what the batches "
+                        "in flight need at its slowest rate, with delay, jitter, losses and measured compute)")
+    o.add_argument("--max-batch-s", type=positive_float, default=None,
+                   help="a batch slower than this (seconds, end to end) makes its configuration infeasible: recorded "
+                        "as such, drawn as dominated, and the sweep goes on")
     o.add_argument("--dry-run", action="store_true", help="print the plan and its size; run nothing")
     o.add_argument("--check", action="store_true", help="check every host (paretopipe doctor) before the sweep")
     add_common_flags(p)
@@ -192,7 +199,9 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         batch_size=args.batch_size, num_batches=args.num_batches, warmup=args.warmup,
                         warmup_every_run=args.warmup_every_run,
                         in_flight=args.in_flight, link=link, out=args.out, session=args.session,
-                        resume=args.resume, wait_time=args.wait_time, timeout=args.timeout, threads=args.threads,
+                        resume=args.resume, wait_time=args.wait_time, timeout=args.timeout,
+                        max_batch_s=args.max_batch_s, threads=args.threads,
+                        prefetch_batches=prefetch_from_args(args),
                         optimizations=not args.no_optimizations, dry_run=args.dry_run, cleanup=args.cleanup,
                         report=not args.no_report, testbed=testbed, network_file=args.network_file,
                         wire_dtype=args.wire_dtype, compression=args.compression,
@@ -223,7 +232,8 @@ def resolved_table(opts: SweepOptions) -> dict[str, Any]:
             "weights": opts.weights, "rpc_source": opts.rpc_source, "rpc_transport": opts.rpc_transport,
             "threads": opts.threads, "stage_threads": joined(opts.stage_threads),
             "stage_cpu": joined(opts.stage_cpu), "stage_devices": joined(opts.stage_devices),
-            "no_optimizations": not opts.optimizations, "timeout": opts.timeout, "wait_time": opts.wait_time,
+            "no_optimizations": not opts.optimizations, "timeout": opts.timeout, "max_batch_s": opts.max_batch_s,
+            "prefetch_batches": opts.prefetch_batches, "wait_time": opts.wait_time,
             "local": not opts.testbed.remote, "order": opts.order, "seed": opts.seed,
             "precision": None if opts.precision is None else f"{opts.precision * 100:g}%", "max_runs": opts.max_runs,
             "drift_every": opts.drift_every_s, "objective": opts.objective,
@@ -308,6 +318,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
             sweeper.discard_if_unmeasured()
         raise
     out = result.path
+    if not result.measured:
+        print(f"error: nothing was measured: every run of {result.configurations} configurations failed twice; "
+              f"the attempts and their errors are in {out / 'failures.csv'}", file=sys.stderr)
+        return 1
     if opts.cleanup:
         for path in (out / "runs").glob("*.json"):
             path.unlink()

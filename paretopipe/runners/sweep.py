@@ -26,7 +26,7 @@ from .. import cpushare, records
 from ..analysis.session import Session, config_key, run_key
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
-from ..network import tc, tracecontrol
+from ..network import deadlines, tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ..transport.runconfig import ADAPTIVE, RunConfig
 from . import rounds
@@ -39,6 +39,7 @@ BACKENDS = ("tcp", "rpc")
 #: run records, written after every run, are the source of truth either way.
 CONSOLIDATE_EVERY_S = 5.0
 LINKS = ("emulated", "tc", "none")
+INFEASIBLE = "infeasible"
 
 
 class DiskFullError(ParetoPipeError):
@@ -170,7 +171,9 @@ class SweepOptions:
     session: str | None = None
     resume: bool = False
     wait_time: float = 120.0
-    timeout: float = 60.0
+    timeout: float | None = None        # None: each run's deadline follows its link (network.deadlines)
+    max_batch_s: float | None = None    # a batch slower than this makes its configuration infeasible
+    prefetch_batches: int = 0           # input batches prepared ahead in a thread (--enable-prefetch)
     threads: int | None = None
     optimizations: bool = True
     dry_run: bool = False
@@ -204,6 +207,7 @@ class SweepResult:
     path: Path
     configurations: int
     failed: list[PlannedRun]
+    measured: int = 0  # runs recorded (complete or infeasible), resumed ones included
 
 
 class Sweeper:
@@ -265,6 +269,7 @@ class Sweeper:
         self.started = time.monotonic()
         self.measured_s = self.reference_s = 0.0
         self.consolidated = float("-inf")
+        self.compute_s = 0.0  # the slowest batch compute (all stages) measured in this worker group
 
     # -- layout --------------------------------------------------------------------------------
     def _session_dir(self) -> Path:
@@ -317,12 +322,14 @@ class Sweeper:
     def start(self, model: str, backend: str) -> dict[str, Any]:
         self.stop()
         self.warmed.clear()
+        self.compute_s = 0.0
         o = self.opts
         if backend == "tcp":
             self.group = TcpStages(self.placement(), model, shaped_port=o.link == "tc")
         else:
             stages = (len(o.plans[0]) + 1) if o.plans else 2
-            self.group = RpcRanks(self.placement(), model, stages, o.rpc_source, o.rpc_transport, o.timeout)
+            self.group = RpcRanks(self.placement(), model, stages, o.rpc_source, o.rpc_transport,
+                                  o.timeout or deadlines.BASE_S)
         try:
             return self.group.start()
         except BaseException:
@@ -352,24 +359,46 @@ class Sweeper:
         return RunConfig(model=info["model"], cuts=cuts, split_index=planned.split if isinstance(planned.split, (int, str))
                          else list(planned.split), batch_size=o.batch_size, num_batches=o.num_batches,
                          warmup=0 if warmed else o.warmup, in_flight=o.in_flight, network=planned.network,
-                         link_mode=o.link, timeout_s=o.timeout, seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
+                         link_mode=o.link, timeout_s=self.timeout_s(planned, info, blocks), seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
                          num_classes=o.num_classes, dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key, config_key=planned.config_key,
-                         run=planned.run, stage_limits=info.get("limits"),
+                         run=planned.run, stage_limits=info.get("limits"), max_batch_s=o.max_batch_s,
+                         prefetch_batches=o.prefetch_batches,
                          rpc_transport=o.rpc_transport if rpc else None, rpc_source=o.rpc_source if rpc else None,
                          use_pipelining=(o.in_flight > 1) if rpc else None,
                          world_size=info.get("world_size") if rpc else None, **extra)
+
+    def timeout_s(self, planned: PlannedRun, info: dict[str, Any], blocks: Sequence[int]) -> float:
+        """``--timeout``, else a deadline from the bytes this run sends under its network conditions
+        and the compute measured so far in this group (:mod:`paretopipe.network.deadlines`)."""
+        o = self.opts
+        if o.timeout is not None:
+            return o.timeout
+        itemsize = 2 if o.wire_dtype in ("float16", "bfloat16") else 4
+        per_image = info.get("payload_bytes_per_image") or []
+        if planned.split == ADAPTIVE:  # any candidate may be chosen: the largest bounds them all
+            blocks = range(len(per_image))
+        up = max((per_image[k] for k in blocks if k < len(per_image)), default=0) * o.batch_size * itemsize // 4
+        down = o.num_classes * 4 * o.batch_size
+        conditions = self.networks[planned.network] if o.link != "none" else None
+        return deadlines.run_timeout_s(conditions, up, down, o.in_flight, self.compute_s)
 
     def run_one(self, planned: PlannedRun, info: dict[str, Any], observed: dict | None) -> dict[str, Any]:
         o = self.opts
         cfg = self.run_config(planned, info).to_dict()
         conditions = self.networks[planned.network].to_dict() if o.link == "emulated" else None
-        budget = o.wait_time + o.timeout * (o.num_batches + o.warmup + 2)
+        budget = o.wait_time + cfg["timeout_s"] * (o.num_batches + o.warmup + 2)
         record = self.group.run(cfg, conditions, observed, budget)
         if not isinstance(record, dict) or not isinstance(record.get("summary"), dict):
             raise PeerError(f"{planned.backend}: the run returned no record")
+        if record["status"] == INFEASIBLE:
+            # A measured outcome; the run was cut short mid-exchange, so the stages start afresh.
+            self.stop()
+            return record
         if record["status"] != "complete":
             raise PeerError(record.get("error") or "run incomplete")
         self.warmed.add(self._warm_key(planned, cfg["cuts"]))
+        s = record["summary"]
+        self.compute_s = max(self.compute_s, sum(s.get(f"stage{j}_compute_median_s") or 0.0 for j in range(1, 9)))
         return record
 
     @staticmethod
@@ -454,9 +483,10 @@ class Sweeper:
                 log.error("%s", exc)
         if interrupted:
             raise KeyboardInterrupt
-        if o.report:
+        measured = meta.get("runs_complete", 0) + meta.get("runs_infeasible", 0)
+        if o.report and measured:
             self._report()
-        return SweepResult(self.dir, total, failed)
+        return SweepResult(self.dir, total, failed, measured)
 
     def _sweep_group(self, model: str, backend: str, info: dict[str, Any], meta: dict[str, Any],
                      failed: list[PlannedRun]) -> int:
@@ -508,11 +538,15 @@ class Sweeper:
                         group_meta["executed"].append(one.run_key)
                         if record is None:
                             failed.append(one)
+                        elif record["status"] == INFEASIBLE:
+                            # Measuring it again cannot make it meet the user's deadline.
+                            progress[cfg].stopped = INFEASIBLE
+                            log.warning("%s is infeasible: %s", one.run_key, record.get("error"))
                         else:
                             progress[cfg].add(record["summary"])
                             drift.since.append((cfg, one.run, one.run_key))
                         bar.update(1)
-                        if o.order == "sequential":
+                        if o.order == "sequential" and progress[cfg].stopped is None:
                             progress[cfg].stopped = progress[cfg].decide(o.runs, o.precision, max_runs)
                         drifted = self._drift_check(drift, reference, network or reference[0], info, observed,
                                                     model, backend, group_meta)
@@ -593,12 +627,17 @@ class Sweeper:
         baseline = drift.needs_baseline(ref_network)
         summaries = self._reference_runs(drift.BASELINE_RUNS if baseline else 1, ref_network, reference, info,
                                          observed, model, backend, group_meta)
+        if summaries is None:
+            log.warning("the drift reference %s k=%s is infeasible under --max-batch-s: no drift checks for %s %s",
+                        ref_network, split_label(reference[1]), model, backend)
+            drift.every_s = 0.0
+            return []
         if summaries and not baseline and drift.suspect(ref_network, summaries[0]):
             # One run lands on one moment of the machine; before the sweep measures runs again, two
             # more runs confirm that the reference's speed moved (their median is the check).
             more = self._reference_runs(drift.CONFIRM_RUNS - 1, ref_network, reference, info, observed, model,
                                         backend, group_meta)
-            summaries = summaries + more if more else []
+            summaries = summaries + more if more else []  # None (infeasible now) counts as a failure
         if not summaries:
             return []
         now = time.monotonic() - self.started
@@ -615,9 +654,9 @@ class Sweeper:
         return items
 
     def _reference_runs(self, count: int, network: str, reference: tuple, info: dict[str, Any], observed: dict | None,
-                        model: str, backend: str, group_meta: dict[str, Any]) -> list[dict[str, Any]]:
+                        model: str, backend: str, group_meta: dict[str, Any]) -> list[dict[str, Any]] | None:
         """``count`` runs of the reference configuration, kept apart from the sweep's; their
-        summaries, or none when one fails."""
+        summaries, none when one fails, or None when one is infeasible."""
         summaries = []
         for _ in range(count):
             n = len(group_meta.setdefault("reference_runs", []))
@@ -625,6 +664,8 @@ class Sweeper:
             record = self._attempt(planned, info, observed, model, backend)
             if record is None:
                 return []
+            if record["status"] == INFEASIBLE:
+                return None
             group_meta["reference_runs"].append(planned.run_key)
             self.reference_s += _measuring_s(record["summary"])
             summaries.append(record["summary"])
@@ -700,6 +741,7 @@ class Sweeper:
         wall, measured_s = time.monotonic() - self.started, self.measured_s
         meta.update({"updated_utc": records.utc_now(), "complete": final and not meta.get("interrupted"),
                      "runs_complete": sum(r["status"] == "complete" for r in rows),
+                     "runs_infeasible": sum(r["status"] == INFEASIBLE for r in rows),
                      "unreadable_runs": skipped,
                      "timing": {"wall_s": wall, "measured_s": measured_s, "reference_s": self.reference_s,
                                 "overhead_s": wall - measured_s,

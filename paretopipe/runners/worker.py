@@ -57,7 +57,7 @@ class ConnectCommand:
     port: int
     secret: str | None = None
     connect_timeout: float = 60.0
-    timeout: float = 60.0
+    timeout: float | None = None  # None: each run's deadline, which stage 1 derives from its link
 
 
 COMMANDS = {"stage1": {"listen": ListenCommand, "run": RunCommand}, "stage2": {"connect": ConnectCommand}}

@@ -110,6 +110,71 @@ def batches(dataset: str, batch_size: int, size: int, count: int, data_dir: str 
                 return
 
 
+class Prefetcher:
+    """The anchor's ``--enable-prefetch``: a thread prepares up to ``depth`` batches ahead (decoded,
+    transformed, stacked), so the source's loop only takes a ready tensor off a queue.
+
+    Iterating yields the batches in order; an error in the thread is raised at the batch it would
+    have produced; :meth:`close` stops the thread early (a run that ends before its last batch)."""
+
+    _DONE = object()
+
+    def __init__(self, source: Iterator[torch.Tensor], depth: int) -> None:
+        import queue
+        import threading
+
+        if depth < 1:
+            raise UsageError(f"--prefetch-batches {depth}: must be at least 1")
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._source = source
+        self._thread = threading.Thread(target=self._fill, name="prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        import queue
+
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fill(self) -> None:
+        try:
+            for batch in self._source:
+                if not self._put(batch):
+                    return
+        except BaseException as exc:  # handed to the consumer, which raises it in its own thread
+            self._put(exc)
+            return
+        self._put(self._DONE)
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        item = self._queue.get()
+        if item is self._DONE:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(1.0)
+
+
+def source_batches(dataset: str, batch_size: int, size: int, count: int, data_dir: str | None = None,
+                   seed: int = 0, prefetch: int = 0) -> Iterator[torch.Tensor]:
+    """:func:`batches`, prepared ``prefetch`` batches ahead in a thread when ``prefetch`` > 0."""
+    it = batches(dataset, batch_size, size, count, data_dir, seed)
+    return Prefetcher(it, prefetch) if prefetch > 0 else it
+
+
 def describe(dataset: str, data_dir: str | None = None) -> dict[str, Any]:
     """What the manifest records about the inputs: the kind, where they came from, how many."""
     kind, path = parse_dataset(dataset, data_dir)

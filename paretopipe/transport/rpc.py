@@ -26,7 +26,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 from .. import records
-from ..errors import PeerError, UsageError
+from ..errors import InfeasibleRun, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import EmulatedLink, LinkSender
@@ -93,6 +93,13 @@ def configure(stage_index: int, cuts: list[str], next_name: str, direction: dict
             "manifest": {**st["manifest"], "role": f"stage{stage_index + 1}"}}
 
 
+#: Hops carry batches without a timeout of their own (0 is infinite to torch's RPC): a batch on a
+#: slow link may take minutes, and the master's deadline, derived from the link
+#: (:mod:`paretopipe.network.deadlines`), is the one clock that judges progress; a dead rank is
+#: caught by ``check_alive`` and the agent's failure detection.
+NO_RPC_TIMEOUT = 0
+
+
 def forward(seq: int, x: torch.Tensor, hops: list[list[float]]) -> None:
     """Run this stage on ``x`` and pass the output on; ``hops`` collects [queue_s, compute_s, in_bytes]."""
     arrived = time.monotonic()
@@ -105,7 +112,8 @@ def forward(seq: int, x: torch.Tensor, hops: list[list[float]]) -> None:
     target = st["next"]
     fn = deliver if target == MASTER else forward
     st["sender"].submit(out.numel() * out.element_size(),
-                        lambda: rpc.rpc_async(target, fn, args=(seq, out, hops)).add_done_callback(_check))
+                        lambda: rpc.rpc_async(target, fn, args=(seq, out, hops), timeout=NO_RPC_TIMEOUT)
+                        .add_done_callback(_check))
 
 
 def _check(fut) -> None:
@@ -208,10 +216,11 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
             check_alive()
 
     failure: BaseException | None = None
+    batches = None
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
         try:
-            batches = inputs.batches(cfg.dataset, cfg.batch_size, builder.input_size, schedule.total, cfg.data_dir,
-                                     cfg.seed)
+            batches = inputs.source_batches(cfg.dataset, cfg.batch_size, builder.input_size, schedule.total,
+                                            cfg.data_dir, cfg.seed, cfg.prefetch_batches)
             for seq in range(schedule.total):
                 x = next(batches)
                 schedule.acquire(check)
@@ -222,12 +231,15 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
                     x = out.detach().cpu().contiguous()
                     rec["stage1_compute_s"] = compute_s
                 sender.submit(x.numel() * x.element_size(),
-                              lambda s=seq, x=x, h=hops: rpc.rpc_async(first, forward, args=(s, x, h))
+                              lambda s=seq, x=x, h=hops: rpc.rpc_async(first, forward, args=(s, x, h),
+                                                                       timeout=NO_RPC_TIMEOUT)
                               .add_done_callback(_check))
             schedule.wait_finished(check, cfg.timeout_s * cfg.in_flight)
-        except (PeerError, RuntimeError, KeyboardInterrupt) as exc:
+        except (PeerError, InfeasibleRun, RuntimeError, KeyboardInterrupt) as exc:
             failure = exc
         finally:
+            if isinstance(batches, inputs.Prefetcher):
+                batches.close()
             sender.close()
     status, error = status_of(failure)
     master = node_manifest(builder.device, role="master" if local_stage is None else "master+stage1",

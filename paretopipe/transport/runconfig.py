@@ -30,6 +30,7 @@ class RunConfig:
     warmup: int = 3
     in_flight: int = 1
     dataset: str = "synthetic"
+    prefetch_batches: int = 0   # the anchor's --enable-prefetch: batches prepared ahead in a thread (0: none)
     data_dir: str | None = None
     num_classes: int = 10
     wire_dtype: str = "float32"
@@ -40,6 +41,8 @@ class RunConfig:
     link_mode: str = "none"
     network_delay_ms_label: float | None = None
     timeout_s: float = 60.0
+    # The user's bound on one batch's latency: a batch past it ends the run as "infeasible".
+    max_batch_s: float | None = None
     # Set by the sweeper before the run starts, so the record is never patched afterwards.
     run_key: str | None = None
     config_key: str | None = None
@@ -62,7 +65,7 @@ class RunConfig:
         for name in ("batch_size", "in_flight"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
-        for name in ("num_batches", "warmup"):
+        for name in ("num_batches", "warmup", "prefetch_batches"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be 0 or more")
         if self.num_batches + self.warmup < 1:
@@ -71,6 +74,8 @@ class RunConfig:
             raise UsageError(f"--num-classes {self.num_classes}: must be at least 1")
         if not self.timeout_s > 0:
             raise UsageError(f"--timeout {self.timeout_s:g}: must be positive (seconds)")
+        if self.max_batch_s is not None and not self.max_batch_s > 0:
+            raise UsageError(f"--max-batch-s {self.max_batch_s:g}: must be positive (seconds)")
         if self.link_mode not in LINK_MODES:
             raise UsageError(f"link mode {self.link_mode!r}: valid {', '.join(LINK_MODES)}")
         if isinstance(self.split_index, str) and self.split_index != ADAPTIVE:

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..errors import PeerError, WireError
+from ..errors import InfeasibleRun, PeerError, WireError
 from .runconfig import RunConfig
 
 
@@ -22,6 +22,7 @@ class BatchSchedule:
         self.total = cfg.warmup + cfg.num_batches
         self.warmup = cfg.warmup
         self.timeout_s = cfg.timeout_s
+        self.max_batch_s = cfg.max_batch_s
         self.window = threading.Semaphore(cfg.in_flight)
         self.batches: dict[int, dict[str, Any]] = {}
         self._starts: dict[int, float] = {}
@@ -35,6 +36,7 @@ class BatchSchedule:
         deadline = time.monotonic() + self.timeout_s
         while not self.window.acquire(timeout=0.05):
             check()
+            self.check_deadline()
             if time.monotonic() > deadline:
                 raise PeerError(f"no result from the pipeline for {self.timeout_s:g}s (timeout)")
         check()
@@ -57,11 +59,28 @@ class BatchSchedule:
             rec["end_s"] = now - self.t0
             rec["latency_s"] = now - self._starts[seq]
             rec.update(fields)
+            del self._starts[seq]
             self.completed += 1
             if self.completed >= self.total:
                 self.finished.set()
         self.window.release()
         return rec
+
+    def check_deadline(self, now: float | None = None) -> None:
+        """Raise :class:`InfeasibleRun` once a batch has been in the pipeline longer than
+        ``max_batch_s``: completed late, or still outstanding (no need to wait for it to finish)."""
+        if self.max_batch_s is None:
+            return
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            late = [rec for rec in self.batches.values() if rec.get("latency_s", 0.0) > self.max_batch_s]
+            oldest = min(self._starts.items(), key=lambda kv: kv[1], default=None)
+        if late:
+            raise InfeasibleRun(f"batch {late[0]['seq']} took {late[0]['latency_s']:.3g} s, more than --max-batch-s "
+                                f"{self.max_batch_s:g}")
+        if oldest is not None and now - oldest[1] > self.max_batch_s:
+            raise InfeasibleRun(f"batch {oldest[0]} was still in the pipeline after --max-batch-s "
+                                f"{self.max_batch_s:g} s")
 
     def unblock(self) -> None:
         """Wake a source waiting for a slot (its ``check`` then reports why)."""
@@ -71,9 +90,11 @@ class BatchSchedule:
         deadline = time.monotonic() + limit_s
         while not self.finished.wait(0.05):
             check()
+            self.check_deadline()
             if time.monotonic() > deadline:
                 raise PeerError("the pipeline never finished the run (timeout)")
         check()
+        self.check_deadline()
 
     def records(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -86,5 +107,7 @@ def status_of(exc: BaseException | None) -> tuple[str, str | None]:
         return "complete", None
     if isinstance(exc, KeyboardInterrupt):
         return "incomplete", "interrupted (Ctrl-C or a termination signal)"
+    if isinstance(exc, InfeasibleRun):
+        return "infeasible", str(exc)
     text = str(exc).strip().splitlines()
     return "incomplete", (text[0] if text else type(exc).__name__)

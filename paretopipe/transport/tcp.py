@@ -452,8 +452,8 @@ class _Stage1Run:
         cpushare.join_compute_thread()  # data generation and stage 1 run on this thread
         self.sender = FrameSender(self.session.writer, self.link, "stage1-send")
         receiver = threading.Thread(target=self._receive, name="stage1-recv", daemon=True)
-        batches = inputs.batches(cfg.dataset, cfg.batch_size, self.builder.input_size, self.schedule.total,
-                                 cfg.data_dir, cfg.seed)
+        batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.builder.input_size, self.schedule.total,
+                                        cfg.data_dir, cfg.seed, cfg.prefetch_batches)
         receiver.start()
         try:
             for seq in range(self.schedule.total):
@@ -467,6 +467,8 @@ class _Stage1Run:
                 self.sender.submit(enc, on_sent=lambda s, r=rec: r.__setitem__("stage1_send_s", s))
             self.schedule.wait_finished(self._check, cfg.timeout_s * (1 + self.schedule.total))
         finally:
+            if isinstance(batches, inputs.Prefetcher):
+                batches.close()
             self.sender.close()
             receiver.join(1.0)
 
@@ -537,7 +539,7 @@ def run_on_session(session: Session, builder: StageBuilder, cfg: RunConfig, *,
     record = assemble_record(run_id, status, error, cfg, part1, peer, link_manifest,
                        {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
     path = write_record(record, output_dir)
-    if failure is not None and status != "complete":
+    if failure is not None and status == "incomplete":  # "infeasible" is a measured outcome
         raise failure
     outputs = [run.outputs[s] for s in sorted(run.outputs)] if keep_outputs and run else None
     return RunOutcome(record, path, outputs)
@@ -603,7 +605,7 @@ def open_session(sock: socket.socket, builder: StageBuilder, *, cuts: list[str] 
 
 def serve_session(session: Session, builder: StageBuilder, *, output_dir: str | Path | None = None,
                   observed_link: dict | None = None, threads: int | None = None,
-                  limits: dict[str, Any] | None = None, timeout_s: float = 60.0,
+                  limits: dict[str, Any] | None = None, timeout_s: float | None = None,
                   on_run: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
     """Serve runs on a session until stage 1 says goodbye; returns their outcomes. A failed run
     raises (after writing its incomplete record); the session is closed either way."""
@@ -624,11 +626,13 @@ def serve_session(session: Session, builder: StageBuilder, *, output_dir: str | 
 
 
 def _stage2_run(session: Session, builder: StageBuilder, meta: dict[str, Any], *, output_dir, observed_link,
-                threads, limits, timeout_s: float) -> RunOutcome:
+                threads, limits, timeout_s: float | None) -> RunOutcome:
     try:
         start = _message(RunStart, meta, "RUN")
         run_id = safe_run_id(start.run_id)
-        cfg = RunConfig.from_dict({**start.config, "timeout_s": timeout_s}, "stage 1's run configuration")
+        # Stage 1 derived the run's deadline from its link; this stage's own --timeout overrides it.
+        cfg = RunConfig.from_dict({**start.config, **({"timeout_s": timeout_s} if timeout_s else {})},
+                                  "stage 1's run configuration")
         back = Direction.from_dict(start.return_link) if start.return_link else None
         stage = builder.stage(cfg.cuts, 1)
         block_cuts = builder.partitioner.block_cuts() if cfg.adaptive else None

@@ -137,3 +137,49 @@ def test_remote_mode_over_real_ssh(sshd, tmp_path):
     hosts = session["options"]["testbed"]["hosts"]
     assert [h["address"] for h in hosts] == ["127.0.0.1", "127.0.0.1"] and all("key" not in h for h in hosts)
     assert "secret" not in json.dumps(session["options"])
+
+
+@pytest.mark.slow
+def test_a_batch_slower_than_60_s_on_3g_is_measured_not_failed(tmp_path):
+    """MobileNetV2 k=2 at batch 8 sends 6.4 MB a batch: 67 s over 3G's 768 kbit/s uplink, past the
+    fixed 60 s timeout that failed this sweep. The deadline follows the link, so the run completes."""
+    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "2",
+                           "--network", "3g", "--runs", "1", "--batch-size", "8", "--num-batches", "1", "--warmup", "0",
+                           "--drift-every", "0", "--out", str(tmp_path), "--session", "s", "--local", "--quiet",
+                           "--no-report"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = pd.read_csv(tmp_path / "s" / "runs.csv")
+    assert list(runs["status"]) == ["complete"]
+    assert runs["latency_median_s"].iloc[0] > 6_422_528 * 8 / 768e3 > 60
+    record = json.loads((tmp_path / "s" / runs["json"].iloc[0]).read_text())
+    assert record["config"]["timeout_s"] > 3 * 66.9
+
+
+@pytest.mark.slow
+def test_max_batch_s_makes_a_configuration_infeasible_and_the_sweep_goes_on(tmp_path):
+    """A deadline the user sets is a measured outcome: k=2 (67 s a batch on 3G) is recorded as
+    infeasible within --max-batch-s, drawn as dominated, and the sweep measures k=19 and exits 0."""
+    started = time.monotonic()
+    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "2,19",
+                           "--network", "3g", "--runs", "1", "--batch-size", "8", "--num-batches", "2", "--warmup", "0",
+                           "--max-batch-s", "5", "--drift-every", "0", "--order", "sequential", "--out", str(tmp_path),
+                           "--session", "s", "--local", "--quiet"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert time.monotonic() - started < 67  # it did not wait for the 67 s batch
+    session = tmp_path / "s"
+    runs = pd.read_csv(session / "runs.csv").set_index("split_index")
+    assert runs.loc[2, "status"] == "infeasible" and "--max-batch-s 5" in runs.loc[2, "error"]
+    assert runs.loc[19, "status"] == "complete"
+    summary = pd.read_csv(session / "summary.csv").set_index("split_index")
+    assert summary.loc[2, "status"] == "infeasible" and summary.loc[2, "runs"] == 0
+    assert summary.loc[2, "infeasible_runs"] == 1 and "--max-batch-s" in summary.loc[2, "infeasible_reason"]
+    assert summary.loc[19, "status"] == "complete"
+    pareto = pd.read_csv(session / "report" / "pareto.csv").set_index("split_index")
+    assert pareto.loc[2, "front_status"] == "dominated" and not pareto.loc[2, "on_front"]
+    assert pareto.loc[19, "front_status"] == "front"
+    meta = json.loads((session / "session.json").read_text())
+    assert meta["runs_infeasible"] == 1
+    stops = {k[-3:]: v["stop_reason"] for k, v in meta["groups"]["mobilenetv2/tcp"]["stopping"].items()}
+    assert stops == {"k02": "infeasible", "k19": "runs"}
+    assert not (session / "failures.csv").read_text().strip().splitlines()[1:]  # no failure recorded
