@@ -215,6 +215,21 @@ def construct(canonical: str, num_classes: int) -> nn.Module:
         raise UsageError(f"torchvision cannot build {canonical!r} with num_classes={num_classes}: {exc}")
 
 
+def skeleton(canonical: str, num_classes: int) -> nn.Module:
+    """The architecture without weights: on the meta device (no memory, no init) where the builder
+    allows it, else a real CPU build.
+
+    Some builders compute with tensors while they are constructed (RegNet rounds its widths with
+    tensor arithmetic), which the meta device cannot do ("Cannot copy out of meta tensor"): those
+    pay for a real build instead of failing. Callers that need the device use ``next(parameters)``.
+    """
+    try:
+        with torch.device("meta"):
+            return construct(canonical, num_classes)
+    except (NotImplementedError, RuntimeError):
+        return construct(canonical, num_classes)
+
+
 def _fill_zero_weights(model: nn.Module, gen: torch.Generator) -> None:
     """Zero-initialised weight matrices (ViT's head) make the output ignore the input."""
     for module in model.modules():
@@ -356,10 +371,6 @@ def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = 
                 _scale_head(model, input_size(name), gen)
         return model
 
-    def skeleton() -> nn.Module:
-        with torch.device("meta"):
-            return construct(canonical, num_classes)
-
     digest = source_digest(canonical)
     # @register models live only in this process's code, which may change under the same name:
     # built afresh. Files and entry points are cached under their source's digest.
@@ -368,7 +379,8 @@ def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = 
     else:
         from . import weightcache
 
-        model, _ = weightcache.cached_build(weightcache.cache_key(canonical, num_classes, seed, digest), skeleton,
+        model, _ = weightcache.cached_build(weightcache.cache_key(canonical, num_classes, seed, digest),
+                                            lambda: skeleton(canonical, num_classes),
                                             fresh, fingerprint)
     model.eval()
     for p in model.parameters():

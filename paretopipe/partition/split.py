@@ -328,9 +328,9 @@ def partitioner_for(name: str, batch: int = 1, num_classes: int = 10, weights: s
     canonical = models.canonical_name(name)
     size = models.input_size(name)
     if structure_only:
-        with torch.device("meta"):
-            model = models.construct(canonical, num_classes).eval()
-        return model, Partitioner(model, torch.zeros(batch, 3, size, size, device="meta"), canonical)
+        model = models.skeleton(canonical, num_classes).eval()
+        device = next(iter(model.parameters()), torch.empty(0, device="meta")).device
+        return model, Partitioner(model, torch.zeros(batch, 3, size, size, device=device), canonical)
     model = models.build(name, num_classes=num_classes, weights=weights)
     return model, Partitioner(model, torch.zeros(batch, 3, size, size), canonical)
 
