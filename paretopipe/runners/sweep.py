@@ -20,7 +20,7 @@ import shutil
 import re
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from .. import cpushare, records
 from ..analysis.session import Session, config_key, run_key
@@ -210,9 +210,29 @@ class SweepResult:
     measured: int = 0  # runs recorded (complete or infeasible), resumed ones included
 
 
+class StageGroup(Protocol):
+    """What the sweep asks of the processes that run its stages (:class:`TcpStages`,
+    :class:`RpcRanks`, or a test's scripted group): start and report the model's ``info``, run one
+    configuration and return its record, say whether they are alive, stop."""
+
+    def start(self) -> dict[str, Any]: ...
+
+    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None,
+            budget: float) -> dict[str, Any]: ...
+
+    def alive(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+#: Makes the stage group of one (model, backend); the default starts real processes.
+GroupFactory = Callable[["Sweeper", str, str], StageGroup]
+
+
 class Sweeper:
-    def __init__(self, opts: SweepOptions) -> None:
+    def __init__(self, opts: SweepOptions, group_factory: GroupFactory | None = None) -> None:
         self.opts = opts
+        self.group_factory = group_factory or Sweeper._process_group
         tb = opts.testbed
         unknown = [b for b in opts.backends if b not in BACKENDS]
         if unknown:
@@ -258,7 +278,7 @@ class Sweeper:
                          for name in opts.networks}
         self.session = Session(self._session_dir())
         self.dir = self.session.path
-        self.group: TcpStages | RpcRanks | None = None
+        self.group: StageGroup | None = None
         # (model, backend, cuts) this worker group has already run: their one-time costs (lazy
         # init, kernel selection for the shapes, allocator growth) are paid, so later runs of the
         # same cut skip the warm-up unless --warmup-every-run (without it the demo's 1 warm-up
@@ -319,17 +339,18 @@ class Sweeper:
                          cpu_shares=o.stage_cpu, pin=o.optimizations, wait_time=o.wait_time,
                          num_classes=o.num_classes, weights=o.weights)
 
+    def _process_group(self, model: str, backend: str) -> StageGroup:
+        o = self.opts
+        if backend == "tcp":
+            return TcpStages(self.placement(), model, shaped_port=o.link == "tc")
+        stages = (len(o.plans[0]) + 1) if o.plans else 2
+        return RpcRanks(self.placement(), model, stages, o.rpc_source, o.rpc_transport, o.timeout or deadlines.BASE_S)
+
     def start(self, model: str, backend: str) -> dict[str, Any]:
         self.stop()
         self.warmed.clear()
         self.compute_s = 0.0
-        o = self.opts
-        if backend == "tcp":
-            self.group = TcpStages(self.placement(), model, shaped_port=o.link == "tc")
-        else:
-            stages = (len(o.plans[0]) + 1) if o.plans else 2
-            self.group = RpcRanks(self.placement(), model, stages, o.rpc_source, o.rpc_transport,
-                                  o.timeout or deadlines.BASE_S)
+        self.group = self.group_factory(self, model, backend)
         try:
             return self.group.start()
         except BaseException:

@@ -1,0 +1,87 @@
+"""validate(): a recorded session against device profiles gives exact, hand-checked errors and
+Jaccard values. The measured values are built from the cost model's own predictions with chosen
+errors, so every figure the validation reports is known in advance; how well predictions agree
+with a real sweep on this machine is a measurement (benchmarks/prediction_accuracy.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from paretopipe.analysis.session import Session
+from paretopipe.network.conditions import conditions_from_values
+from paretopipe.predict import validate as predict
+from paretopipe.predict.costmodel import LinkModel, chain_terms, simulate
+from paretopipe.predict.device_profile import synthetic_profile
+
+SEGMENTS, BYTES = [0.010, 0.020], [1000, 500, 10]
+OPTIONS = {"num_batches": 4, "warmup": 1, "in_flight": 1, "wire_dtype": "float32", "compression": "none"}
+#: Per split: (latency error, throughput error) chosen for the recorded session.
+ERRORS = {0: (0.20, 0.50), 1: (0.10, 0.25), 2: (0.00, 0.00)}
+
+
+def _recorded_session(tmp_path):
+    """A session as the sweeper writes it: session.json, summary.csv and runs.csv (one run each)."""
+    profile = synthetic_profile(SEGMENTS, BYTES)
+    slow = conditions_from_values("slow", {"rate": "8mbit"})
+    up, down = LinkModel.pair(slow, {})
+    rows, predicted = [], {}
+    for k, (e_lat, e_thr) in ERRORS.items():
+        terms = chain_terms([profile, profile], [up], [k], 1, "float32/none", [down])
+        sim = simulate(terms, OPTIONS["num_batches"], OPTIONS["warmup"], OPTIONS["in_flight"])
+        predicted[k] = sim
+        # |predicted - measured| / measured = error exactly when measured = predicted / (1 + error).
+        rows.append({"model": "mobilenet_v2", "backend": "tcp", "network": "slow", "batch_size": 1, "split_index": k,
+                     "cut": f"cut{k}", "run": 0, "status": "complete",
+                     "latency_median_s": sim["predicted_latency_s"] / (1 + e_lat),
+                     "throughput_imgs_per_s": sim["predicted_throughput_imgs_per_s"] / (1 + e_thr)})
+    session = tmp_path / "s"
+    session.mkdir()
+    (session / "session.json").write_text(json.dumps({"options": OPTIONS, "networks": {"slow": slow.to_dict()}}))
+    pd.DataFrame(rows).to_csv(session / "summary.csv", index=False)
+    pd.DataFrame(rows).to_csv(session / "runs.csv", index=False)
+    return session, profile, predicted
+
+
+def test_validation_reports_the_chosen_errors_and_fronts_exactly(tmp_path):
+    session, profile, predicted = _recorded_session(tmp_path)
+    table, summary = predict.validate(session, [profile, profile])
+    table = table.set_index("split_index")
+    for k, (e_lat, e_thr) in ERRORS.items():
+        assert table.loc[k, "latency_ape"] == pytest.approx(e_lat, abs=1e-12)
+        assert table.loc[k, "throughput_ape"] == pytest.approx(e_thr, abs=1e-12)
+    assert summary["configurations"] == 3
+    assert summary["latency_median_ape"] == pytest.approx(0.10) and summary["throughput_median_ape"] == pytest.approx(0.25)
+    # Predicted: k=2 is fastest and most productive (the logits are all that cross the link), so it
+    # alone is the predicted front. Measured (with the errors): k=0 has the lowest latency, k=2
+    # the highest throughput, and k=1 lies between them on both: all three are on the front.
+    lat = {k: v["predicted_latency_s"] for k, v in predicted.items()}
+    thr = {k: v["predicted_throughput_imgs_per_s"] for k, v in predicted.items()}
+    assert min(lat, key=lat.get) == 2 and max(thr, key=thr.get) == 2
+    net = summary["per_network"]["slow"]
+    assert net["predicted_front"] == [2] and net["measured_front"] == [0, 1, 2] and net["measured_tied"] == []
+    assert net["jaccard"] == pytest.approx(1 / 3) and net["strict_jaccard"] == pytest.approx(1 / 3)
+    assert net["missed"] == [0, 1] and net["beyond_noise"] == []
+    assert summary["front_jaccard_mean"] == pytest.approx(1 / 3)
+    assert summary["goals_met"] is False and summary["goals"]["median_ape_max"] == predict.GOAL_MAPE
+    assert summary["run_to_run_jaccard_mean"] is None  # one run per configuration: no ceiling to compute
+    written = predict.write_validation(table.reset_index(), summary, tmp_path / "report")
+    assert [p.name for p in written] == ["prediction_validation.csv", "prediction_validation.json",
+                                         "prediction_validation.png"]
+    assert json.loads(written[1].read_text())["configurations"] == 3
+
+
+def test_run_to_run_jaccard_compares_the_runs_fronts(tmp_path):
+    """Two runs whose fronts share one of three splits agree at 1/3."""
+    session = tmp_path / "s"
+    session.mkdir()
+    rows = []
+    for run, points in ((0, {1: (0.010, 50), 2: (0.020, 80), 3: (0.030, 40)}),
+                        (1, {1: (0.010, 50), 2: (0.020, 40), 3: (0.030, 90)})):
+        for k, (lat, thr) in points.items():
+            rows.append({"backend": "tcp", "status": "complete", "network": "lan", "run": run, "split_index": k,
+                         "latency_median_s": lat, "throughput_imgs_per_s": thr, "model": "m", "batch_size": 1})
+    pd.DataFrame(rows).to_csv(session / "runs.csv", index=False)
+    assert predict.run_to_run_jaccard(Session(session)) == {"lan": pytest.approx(1 / 3)}
