@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps test demo demo-edge lab-demo bench clean
+.PHONY: venv sysdeps test test-fast demo demo-edge lab-demo bench arm-fingerprints clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -20,9 +20,14 @@ venv:
 sysdeps:
 	@bash scripts/install_sysdeps.sh
 
+# Everything, as CI runs it; the 25 slowest tests close every log.
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+# While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow and not root and not lab" --durations=10
 
 # Seeded interleaved rounds; each configuration measured 3 to 6 times, until its 95% CIs are
 # within +-5% (examples/demo.toml holds the same experiment).
@@ -68,6 +73,12 @@ lab-demo: venv sysdeps
 
 bench: venv
 	$(PY) benchmarks/run_all.py
+
+# The default weights' fingerprints on aarch64 (a Pi 4's Cortex-A72 under qemu-user, in a cached
+# debootstrap sysroot outside the repository): what tests/partition/golden/fingerprints.json holds.
+arm-fingerprints:
+	bash scripts/arm_sysroot.sh fingerprints > tests/partition/golden/fingerprints.json.new
+	mv tests/partition/golden/fingerprints.json.new tests/partition/golden/fingerprints.json
 
 clean:
 	rm -rf .venv .pytest_cache

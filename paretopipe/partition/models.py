@@ -1,21 +1,32 @@
 """Model zoo: names -> deterministic, responsive, eval-mode classification models.
 
 Every node of a pipeline builds its own copy of the model from its name, so the weights must be
-bit-identical everywhere without shipping a file. Untrained ``weights=None`` models are unfit for
-both correctness checks (outputs barely depend on the input) and timing (denormals), so the
-default weights are: seeded init, then BatchNorm statistics calibrated on seeded synthetic
-batches (in float64, rounded to 12 mantissa bits so that CPU-specific summation order cannot
-change a single bit), and no all-zero heads.
+bit-identical everywhere without shipping a file, on an x86 server and on a Raspberry Pi's
+aarch64 alike. Untrained ``weights=None`` models are unfit for both correctness checks (outputs
+barely depend on the input) and timing (denormals), so the default weights are:
+
+- every randomly initialised parameter drawn anew from a portable generator (numpy's PCG64,
+  seeded per model and parameter name), as raw 64-bit integers turned into uniform float64
+  values with exact arithmetic, then rounded once to float32. torch's own seeded init is not
+  portable: x86 draws normals through a vectorised AVX2 path and aarch64 through a scalar one,
+  so MobileNetV2's weights differed in the last bits (up to 5e-7) and the handshake refused a Pi
+  talking to an x86 server. Constant parameters (BatchNorm's ones and zeros, class tokens) keep
+  torch's init, which is exact everywhere;
+- BatchNorm statistics calibrated on batches from the same portable generator, in float64,
+  rounded to 12 mantissa bits, so that CPU-specific summation order cannot change a single bit;
+- no all-zero heads, and the head scaled by an exact power of two.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -230,13 +241,56 @@ def skeleton(canonical: str, num_classes: int) -> nn.Module:
         return construct(canonical, num_classes)
 
 
-def _fill_zero_weights(model: nn.Module, gen: torch.Generator) -> None:
-    """Zero-initialised weight matrices (ViT's head) make the output ignore the input."""
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(module, (nn.Linear, nn.Conv2d)) and weight is not None and not weight.any():
-            with torch.no_grad():
-                weight.copy_(torch.randn(weight.shape, generator=gen) * 0.02)
+def portable_uniform(shape: tuple[int, ...] | torch.Size, *key: int | str) -> torch.Tensor:
+    """Uniform float64 values in [-1, 1) that are the same bits on every CPU.
+
+    PCG64 and numpy's SeedSequence are integer arithmetic; each raw 64-bit output keeps its top 53
+    bits, scaled by 2**-52 and shifted by one: both exact in float64. ``key`` (ints and strings)
+    seeds the stream."""
+    entropy = [int(hashlib.sha256(str(k).encode()).hexdigest()[:16], 16) if isinstance(k, str) else int(k)
+               for k in key]
+    bits = np.random.PCG64(np.random.SeedSequence(entropy))
+    n = math.prod(shape)
+    raw = bits.random_raw(n) if n else np.zeros(0, dtype=np.uint64)
+    values = (raw >> np.uint64(11)).astype(np.float64) * 2.0 ** -52 - 1.0
+    return torch.from_numpy(values.reshape(tuple(shape)))
+
+
+def _fan_in(tensor: torch.Tensor) -> int:
+    return max(1, tensor.numel() // max(1, tensor.shape[0]))
+
+
+@torch.no_grad()
+def _portable_init(model: nn.Module, seed: int) -> None:
+    """Draw every randomly initialised parameter anew from :func:`portable_uniform`.
+
+    A parameter is random when torch's init left it non-constant, and the weights of every Linear
+    and convolution are (zero-initialised heads, like ViT's, would make the output ignore the
+    input). Weights (2 or more dimensions) get He's scale, sqrt(2 / fan_in); vectors (biases,
+    drawn by torch as uniform in +-1/sqrt(fan_in) of their layer) that scale. Both are computed
+    with IEEE-exact operations (sqrt, product, one rounding to float32)."""
+    weights = {}
+    for mod_name, module in model.named_modules():
+        w = getattr(module, "weight", None)
+        if isinstance(w, torch.Tensor) and w.dim() >= 2:
+            weights[mod_name] = w
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if not p.is_floating_point() or p.numel() == 0:
+            continue
+        owner = name.rpartition(".")[0]
+        forced = name.endswith("weight") and owner in weights and weights[owner] is p
+        if not forced and bool((p == p.reshape(-1)[0]).all()):
+            continue  # a constant: exact on every CPU already
+        if p.dim() >= 2:
+            bound = math.sqrt(3.0) * math.sqrt(2.0 / _fan_in(p))
+        else:
+            bound = 1.0 / math.sqrt(_fan_in(weights[owner]) if owner in weights else p.numel())
+        p.copy_((portable_uniform(p.shape, seed, name) * bound).to(p.dtype))
+
+
+def _calibration_batch(size: int, seed: int, index: int) -> torch.Tensor:
+    """A float64 calibration batch with unit variance (uniform in +-sqrt(3)), the same on every CPU."""
+    return portable_uniform((CALIBRATION_BATCH_SIZE, 3, size, size), seed, "calibration", index) * math.sqrt(3.0)
 
 
 def _round_mantissa(t: torch.Tensor) -> torch.Tensor:
@@ -246,7 +300,7 @@ def _round_mantissa(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _calibrate_batchnorm(model: nn.Module, size: int, gen: torch.Generator) -> None:
+def _calibrate_batchnorm(model: nn.Module, size: int, seed: int) -> None:
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not bns:
         return
@@ -256,8 +310,8 @@ def _calibrate_batchnorm(model: nn.Module, size: int, gen: torch.Generator) -> N
         bn.reset_running_stats()
         bn.momentum = None  # cumulative average over the calibration batches
         bn.train()
-    for _ in range(CALIBRATION_BATCHES):
-        model(torch.randn(CALIBRATION_BATCH_SIZE, 3, size, size, generator=gen, dtype=torch.float64))
+    for i in range(CALIBRATION_BATCHES):
+        model(_calibration_batch(size, seed, i))
     for bn in bns:
         var = _round_mantissa(bn.running_var)
         # Means that are zero in exact arithmetic come out as +-1e-16 noise, which relative
@@ -271,7 +325,7 @@ def _calibrate_batchnorm(model: nn.Module, size: int, gen: torch.Generator) -> N
 
 
 @torch.no_grad()
-def _scale_head(model: nn.Module, size: int, gen: torch.Generator) -> None:
+def _scale_head(model: nn.Module, size: int, seed: int) -> None:
     """Scale the last Linear by a power of two so logits spread ~1: exact, so still bit-identical.
 
     Without BatchNorm (AlexNet, VGG) the signal shrinks layer by layer and logits end near 1e-3,
@@ -282,7 +336,7 @@ def _scale_head(model: nn.Module, size: int, gen: torch.Generator) -> None:
         return
     head = heads[-1]
     model.double()
-    out = model(torch.randn(CALIBRATION_BATCH_SIZE, 3, size, size, generator=gen, dtype=torch.float64))
+    out = model(_calibration_batch(size, seed, CALIBRATION_BATCHES))
     model.float()
     spread = float(out.std())
     if spread > 0 and torch.isfinite(out).all():
@@ -360,15 +414,14 @@ def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = 
 
     def fresh() -> nn.Module:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            gen = torch.Generator().manual_seed(seed + 1)
+            torch.manual_seed(seed)  # the constants' init; every random value is drawn portably below
             model = construct(canonical, num_classes)
             if path is not None:
                 load_weights(model, path)
             elif calibrate:
-                _fill_zero_weights(model, gen)
-                _calibrate_batchnorm(model, input_size(name), gen)
-                _scale_head(model, input_size(name), gen)
+                _portable_init(model, seed)
+                _calibrate_batchnorm(model, input_size(name), seed)
+                _scale_head(model, input_size(name), seed)
         return model
 
     digest = source_digest(canonical)

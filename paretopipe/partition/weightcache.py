@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("paretopipe.weights")
 
-#: Version of the deterministic initialisation; part of every cache key.
-INIT_VERSION = 1
+#: Version of the deterministic initialisation; part of every cache key. 2: portable draws
+#: (PCG64) for every random parameter and calibration batch, the same bits on x86 and aarch64.
+INIT_VERSION = 2
 CACHE_ENV = "PARETOPIPE_CACHE_DIR"
 #: Builders wait this long for another process building the same entry.
 LOCK_TIMEOUT_S = 1800
