@@ -37,6 +37,21 @@ def traced(name: str, batch: int = 2):
     return model, part, inputs, other
 
 
+#: Fixtures that need root (namespaces, sshd on a port, mounts) or a namespace lab: their tests
+#: carry the ``root``/``lab`` markers, so ``make test-fast`` leaves them out without a list to keep.
+ROOT_FIXTURES = {"sshd", "small_disk", "namespace", "lab"}
+LAB_FIXTURES = {"lab"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & LAB_FIXTURES:
+            item.add_marker(pytest.mark.lab)
+        if used & ROOT_FIXTURES:
+            item.add_marker(pytest.mark.root)
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

@@ -49,8 +49,10 @@ print(len(plans))
 @pytest.mark.parametrize("package", ["partition", "network", "transport", "runners", "analysis", "predict", "cli"])
 def test_each_subpackage_has_tests_and_a_docstring(package):
     assert list((ROOT / "tests" / package).glob("test_*.py")), f"tests/{package}/ has no test module"
-    init = (ROOT / "paretopipe" / package / "__init__.py").read_text()
-    assert init.startswith('"""'), f"paretopipe/{package}/__init__.py names its job in a docstring"
+    import ast
+
+    doc = ast.get_docstring(ast.parse((ROOT / "paretopipe" / package / "__init__.py").read_text())) or ""
+    assert len(doc.split()) >= 4, f"paretopipe/{package}/__init__.py names its job in a docstring, not {doc!r}"
 
 
 def test_no_module_reads_outside_the_package():

@@ -51,6 +51,7 @@ def _configs(session) -> pd.DataFrame:
         ["network", "split_index"]).reset_index(drop=True)
 
 
+@pytest.mark.slow
 def test_file_equals_flags_then_rerun_and_resume_refusal(tmp_path):
     (tmp_path / "exp.toml").write_text(FILE)
     (tmp_path / "profiles.toml").write_text(FLAGS_PROFILES)

@@ -4,6 +4,8 @@ processes import the installed package, not this checkout."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 
@@ -12,6 +14,7 @@ import pandas as pd
 from conftest import PYTHON, ROOT
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_runs_outside_the_repository(tmp_path):
     wheels = tmp_path / "wheels"
     build = subprocess.run([PYTHON, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "--no-index",

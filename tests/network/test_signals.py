@@ -70,6 +70,8 @@ def test_a_signal_clears_the_shaping(namespace, signals, gap):
     assert "Traceback" not in proc.stderr.read()
 
 
+@pytest.mark.root
+@pytest.mark.lab
 def test_an_ssh_session_that_drops_clears_the_shaping():
     """The controlling SSH session dies: sshd hangs the session up (SIGHUP) and the tree goes."""
     with lab("ppls", 2, subnet=57) as made:

@@ -161,8 +161,11 @@ def test_emulated_link_timing_through_real_sockets():
         wire.recv_frame(b, deadline=time.monotonic() + 10)
         arrivals.append(time.monotonic() - t0)
     sender.close()
-    assert arrivals[0] == pytest.approx(0.85, rel=0.05) and arrivals[0] == pytest.approx(expect[0], rel=0.05)
-    assert arrivals[1] == pytest.approx(1.65, rel=0.05) and arrivals[1] == pytest.approx(expect[1], rel=0.05)
+    assert expect[0] == pytest.approx(0.85, rel=0.01) and expect[1] == pytest.approx(1.65, rel=0.01)
+    # The emulator never delivers early (a floor from the link's arithmetic); it may deliver late by
+    # a thread's scheduling delay, for which 150 ms is the stated margin (one busy core costs tens).
+    for got, want in zip(arrivals, expect):
+        assert want - 0.002 <= got <= want + 0.150, (arrivals, expect)
 
 
 def test_emulated_jitter_never_reorders_and_loss_costs_retransmissions():

@@ -88,8 +88,10 @@ def test_shared_recorded_traces_read_at_their_stated_capacity(name):
 
 
 def test_emulated_link_replays_a_trace_at_its_integral_over_a_real_socket():
-    """A backlog sent through the emulated link over a socket pair: the bytes received in each
-    window equal the trace's capacity over it within 5%, on both sides of a 40 -> 2 Mbit/s step."""
+    """A backlog sent through the emulated link over a socket pair: by every time, the bytes
+    received never exceed the trace's capacity up to then (the link never delivers early) and are
+    at least its capacity up to 100 ms before (the stated margin for a late sender thread), on both
+    sides of a 40 -> 2 Mbit/s step."""
     trace = traces.load(SHIPPED / "step.csv")
     offset = tracegen.STEP_S - 1.0  # one second of the fast rate, then the slow one
     origin = time.monotonic() + 0.2
@@ -120,9 +122,10 @@ def test_emulated_link_replays_a_trace_at_its_integral_over_a_real_socket():
     def received(t0, t1):
         return sum(n for t, n in arrivals if origin + t0 <= t < origin + t1)
 
-    for t0, t1 in ((0.1, 0.9), (1.2, 2.6)):
-        want = trace.bytes_between(offset + t0, offset + t1)
-        assert received(t0, t1) == pytest.approx(want, rel=0.05), (t0, t1)
+    for t in (0.5, 0.9, 1.5, 2.0, 2.6):
+        got = received(-1.0, t)
+        assert trace.bytes_between(offset, offset + t - 0.1) <= got, t
+        assert got <= trace.bytes_between(offset, offset + t) + len(message), t
     assert EmulatedLink(Direction(trace=str(SHIPPED / "step.csv")), seed=3).manifest()["trace"]["offset_s"] == \
         EmulatedLink(Direction(trace=str(SHIPPED / "step.csv")), seed=3).manifest()["trace"]["offset_s"]
 
@@ -159,6 +162,8 @@ sock.close()
 """
 
 
+@pytest.mark.root
+@pytest.mark.lab
 def test_tc_controller_follows_a_step_trace_in_the_lab(tmp_path):
     """Real htb in a lab host, its rate stepped by the controller every 100 ms: TCP goodput from
     that host on each side of a 20 -> 5 Mbit/s step is within 10% of each rate."""

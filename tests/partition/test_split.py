@@ -14,6 +14,9 @@ from paretopipe.partition import models, split
 from paretopipe.errors import UsageError
 
 NAMED = models.NAMED_MODELS
+#: The models whose exactness tests take 10-40 s each here: in the slow tier (make test runs them).
+HEAVY = {"vgg16", "vit_b_16", "inceptionv3"}
+NAMED_PARAMS = [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in NAMED]
 TOL = 1e-5
 # Cut counts under the "exactly one live tensor" rule (torchvision builders, weights=None).
 # Inception: 31 with torchvision's default transform_input=False; we build it with
@@ -29,7 +32,7 @@ def _responsive(model, inputs, other) -> float:
         return float((model(inputs) - model(other)).abs().max())
 
 
-@pytest.mark.parametrize("name", NAMED)
+@pytest.mark.parametrize("name", NAMED_PARAMS)
 def test_every_fine_cut_is_exact(name):
     model, part, inputs, other = traced(name)
     assert len(part.cuts) == EXPECTED_CUTS[name]
@@ -48,7 +51,7 @@ def test_every_fine_cut_is_exact(name):
         assert diff <= TOL, f"{name} cut {cut.name}: max abs diff {diff}"
 
 
-@pytest.mark.parametrize("name", NAMED)
+@pytest.mark.parametrize("name", NAMED_PARAMS)
 def test_every_block_split_and_baselines_are_exact(name):
     model, part, inputs, _ = traced(name)
     if name in EXPECTED_K:
@@ -60,7 +63,7 @@ def test_every_block_split_and_baselines_are_exact(name):
         assert split.verify(model, stages, inputs) <= TOL, f"{name} k={k}"
 
 
-@pytest.mark.parametrize("name", NAMED)
+@pytest.mark.parametrize("name", NAMED_PARAMS)
 def test_three_way_partitions_are_exact(name):
     model, part, inputs, _ = traced(name)
     n = len(part.cuts)
@@ -143,6 +146,7 @@ def test_register_custom_model_and_split_it():
         assert split.verify(model, part.stages([cut.name]), x) <= TOL
 
 
+@pytest.mark.slow
 def test_weights_are_deterministic_across_processes():
     # Different thread counts change float summation order; the calibrated weights must not move.
     code = ("import torch; torch.set_num_threads({t}); from paretopipe.partition import models; "

@@ -112,6 +112,7 @@ def _assert_outputs_equal_unsplit(npz, count):
     assert np.allclose(logits, ref, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outputs(tmp_path):
     trace = tmp_path / "step.csv"
     trace.write_text("time_s,rate_mbit\n0,40\n3,3\n")   # 3 s fast, 3 s slow, repeating
@@ -152,6 +153,7 @@ def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outpu
     _assert_outputs_equal_unsplit(tmp_path / "out.npz", total)
 
 
+@pytest.mark.slow
 def test_fallback_serves_every_batch_when_stage2_freezes_dies_and_returns(tmp_path):
     port = str(free_port())
     total = 500

@@ -19,12 +19,16 @@ def _sweep(out, *args: str, timeout: float = 600) -> subprocess.CompletedProcess
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_failed_configurations_exit_non_zero_with_a_summary(tmp_path):
-    """Every run times out (a 1 ms per-batch timeout): the sweep finishes, says so, and exits 1."""
+    """Every run times out (a 1 ms per-batch timeout): the sweep finishes, says in one line that
+    nothing was measured and where the errors are (the folder is kept), and exits 1."""
     proc = _sweep(tmp_path, "--splits", "0,9", "--timeout", "0.001", "--wait-time", "60")
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: 2 run(s) of 2 of 2 configurations failed twice") and "failures.csv" in last
+    assert last.startswith("error: nothing was measured: every run of 2 configurations failed twice")
+    assert last.endswith(str(tmp_path / "s" / "failures.csv")) and (tmp_path / "s" / "failures.csv").is_file()
+    assert "resume" not in proc.stderr  # no advice to resume a session that measured nothing
     failures = json.loads((tmp_path / "s" / "session.json").read_text())["failures"]
     assert {f["attempt"] for f in failures} == {1, 2}
 
@@ -42,6 +46,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(mount)], capture_output=True)
 
 
+@pytest.mark.root
 def test_a_full_disk_stops_the_sweep_in_one_line(small_disk):
     proc = _sweep(small_disk, "--splits", "0-9")
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -33,6 +33,8 @@ def _qdisc(made, i: int) -> str:
     return in_host(made, i, "tc", "qdisc", "show", "dev", "eth0").stdout
 
 
+@pytest.mark.root
+@pytest.mark.lab
 def test_lab_hosts_take_keys_only_and_the_env_points_at_them(tmp_path):
     from paretopipe.envfile import read_env
     from paretopipe.runners.hosts import Testbed
@@ -49,6 +51,8 @@ def test_lab_hosts_take_keys_only_and_the_env_points_at_them(tmp_path):
         assert no_key.returncode != 0 and "Permission denied" in no_key.stderr
 
 
+@pytest.mark.root
+@pytest.mark.lab
 def test_two_host_sweep_with_tc_shapes_the_data_port_for_real(tmp_path):
     """k = 0 ships the 602 KB input: its transfer is bytes / rate within 10%, at 20 Mbit/s of htb."""
     with lab("pplt", 2, subnet=53) as made:
@@ -66,6 +70,8 @@ def test_two_host_sweep_with_tc_shapes_the_data_port_for_real(tmp_path):
             assert "htb" not in _qdisc(made, i)
 
 
+@pytest.mark.root
+@pytest.mark.lab
 def test_three_host_rpc_sweep_of_a_three_stage_plan(tmp_path):
     with lab("pplr", 3, subnet=54) as made:
         proc = _sweep(made, tmp_path, "--backend", "rpc", "--split-blocks", "2,5;4,7", "--network", "slow",
@@ -83,6 +89,8 @@ def test_three_host_rpc_sweep_of_a_three_stage_plan(tmp_path):
             assert "htb" not in _qdisc(made, i)
 
 
+@pytest.mark.root
+@pytest.mark.lab
 def test_doctor_catches_a_host_with_other_code_and_deploy_ships_the_tree(tmp_path):
     from paretopipe.runners.doctor import deploy
     from paretopipe.runners.hosts import Testbed
@@ -112,6 +120,8 @@ def test_doctor_catches_a_host_with_other_code_and_deploy_ships_the_tree(tmp_pat
         assert "--deploy" in errors[0]
 
 
+@pytest.mark.root
+@pytest.mark.lab
 def test_a_remote_worker_killed_mid_sweep_is_recorded_and_retried(tmp_path):
     with lab("pplw", 2, subnet=56) as made:
         (tmp_path / "nets.toml").write_text(SLOW)

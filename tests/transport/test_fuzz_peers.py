@@ -124,6 +124,7 @@ def _real_run_completes(worker: StageProcess) -> None:
     assert [m["role"] for m in record["manifest"]["stages"]] == ["stage1", "stage2"]
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(data=st.data())
 def test_strangers_mutating_the_handshake(stage1, data):
@@ -194,6 +195,7 @@ class HostileStage2:
             s.close()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(data=st.data())
 def test_an_authenticated_stage2_misbehaving_in_every_state(stage1, data):
@@ -288,6 +290,7 @@ def _real_stage1_run(worker: StageProcess) -> None:
         listener.close()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(data=st.data())
 def test_a_hostile_stage1_mutating_every_state(stage2, data):

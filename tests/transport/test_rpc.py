@@ -27,6 +27,7 @@ def _run(tmp, *args, timeout=300):
 @pytest.mark.parametrize("name,world,blocks,pipelined", [
     ("mobilenetv2", 3, "8", False), ("mobilenetv2", 4, "4,12", True),
     ("resnet18", 3, "0", True), ("resnet18", 4, "3,9", False)])
+@pytest.mark.slow
 def test_local_pipeline_equals_unsplit_model(tmp_path, name, world, blocks, pipelined):
     flag = ["--split-blocks", blocks, "--num-partitions", str(world - 1)]
     out = tmp_path / "o.npz"
@@ -94,6 +95,8 @@ def test_bad_flags_one_line_errors(tmp_path, args, match):
     assert len(lines) == 1 and __import__("re").search(match, lines[0]), proc.stderr[-500:]
 
 
+@pytest.mark.root
+@pytest.mark.slow
 def test_the_uv_transport_really_is_tcp_and_auto_is_not(tmp_path):
     """Row 7 of the attack table: --rpc-transport uv must reach TensorPipe. Inside a namespace whose
     loopback is shaped to 20 Mbit/s, uv's TCP pays for the 602 KB input; shared memory does not."""

@@ -6,7 +6,6 @@ import pytest
 
 from paretopipe.errors import UsageError
 from paretopipe.transport.runconfig import RunConfig
-from paretopipe.transport.schedule import BatchSchedule, status_of
 
 
 def _cfg(**kw):
@@ -40,23 +39,3 @@ def test_missing_key_is_named():
     del data["model"]
     with pytest.raises(UsageError, match="missing key 'model'"):
         RunConfig.from_dict(data)
-
-
-def test_schedule_windows_stamps_and_refuses_repeats():
-    from paretopipe.errors import WireError
-
-    sched = BatchSchedule(_cfg(num_batches=2, warmup=1, in_flight=2, timeout_s=1))
-    checks = []
-    for seq in range(2):
-        sched.acquire(lambda: checks.append(seq))
-        sched.start(seq)
-    rec = sched.complete(0, sched.t0 + 0.5)
-    assert rec["warmup"] and rec["latency_s"] == pytest.approx(0.5 - rec["start_s"])
-    with pytest.raises(WireError, match="unknown or repeated batch 0"):
-        sched.complete(0, sched.t0 + 0.6)
-    with pytest.raises(WireError, match="unknown or repeated batch 7"):
-        sched.complete(7, sched.t0 + 0.6)
-    assert [r["seq"] for r in sched.records()] == [0, 1] and not sched.finished.is_set()
-    assert status_of(None) == ("complete", None)
-    assert status_of(KeyboardInterrupt()) == ("incomplete", "interrupted (Ctrl-C or a termination signal)")
-    assert status_of(OSError("boom\nsecond line")) == ("incomplete", "boom")

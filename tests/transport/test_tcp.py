@@ -102,6 +102,7 @@ def test_cli_end_to_end_with_compression_and_saved_outputs(tmp_path):
     assert rec["summary"]["wire_bytes_mean"] != rec["summary"]["payload_bytes_mean"]
 
 
+@pytest.mark.slow
 def test_handshake_mismatch_fails_clearly_and_stranger_does_not_kill_listener(tmp_path):
     port = free_port()
     common = ["--model-name", "resnet18", "--port", str(port), "--batch-size", "1", "--threads", "1", "--connect-timeout", "90"]
@@ -162,6 +163,7 @@ def test_ctrl_c_on_stage1_stops_both_sides(tmp_path):
         assert json.loads(path.read_text())["status"] == "incomplete"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="faketime not installed (make test installs it as root)")
 def test_latency_is_clock_skew_proof(tmp_path):
     def run(prefix):
