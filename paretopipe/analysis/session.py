@@ -294,7 +294,8 @@ def _read_csv(path: Path):
     except FileNotFoundError:
         raise UsageError(f"{path} not found: is {path.parent} a finished sweep session?")
     except pd.errors.EmptyDataError:
-        raise UsageError(f"{path} is empty: no run of {path.parent} was recorded (see its failures.csv)")
+        raise UsageError(f"{path} is empty: no run of {path.parent} was recorded (its failures.csv says why); "
+                         f"give a session that measured runs")
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not a readable CSV ({str(exc).splitlines()[0]}); rebuild it with a "
                          f"sweep --resume of that session")

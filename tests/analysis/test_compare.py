@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import shutil
 import subprocess
 
@@ -27,6 +29,7 @@ def _slower_copy(tmp_path, split: int, factor: float):
     return dst
 
 
+@pytest.mark.slow
 def test_compare_reports_deltas_and_moved_splits(tmp_path):
     from paretopipe.analysis import compare, report
 
@@ -58,6 +61,7 @@ def test_compare_reports_deltas_and_moved_splits(tmp_path):
     assert same.returncode == 2 and same.stderr.startswith("error: no sweep results under")
 
 
+@pytest.mark.slow
 def test_newest_two_passes_over_sessions_that_did_not_finish(tmp_path):
     """A sweep that failed on its hosts leaves a session folder with an empty summary.csv; the
     comparison of the newest two (make demo's reproducibility line) must not pick it."""

@@ -112,6 +112,7 @@ def test_every_plot_label_names_the_point_it_sits_on():
         assert sum(p["knee"] for p in points if p["network"] == network) == 1
 
 
+@pytest.mark.slow
 def test_report_cli_writes_table_and_figures(tmp_path):
     import subprocess
 
@@ -148,6 +149,7 @@ def _execute(nb, env: dict[str, str]):
     return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
+@pytest.mark.slow
 def test_notebook_is_saved_with_outputs_and_runs_headless_on_a_fresh_clone():
     """Committed with its outputs (figures included), and it runs with no results folder and no
     settings: a fresh clone falls back to the shipped demo session."""

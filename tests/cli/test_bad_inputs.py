@@ -178,7 +178,7 @@ def cases() -> list[tuple[str, list[str], str]]:
         "set PI1_IP and PI2_IP")
     # report
     for argv, what in ((["report", f"{T}/nothing"], "no sweep results"), (["report", f"{T}/afile"], "is a file"),
-                       (["report", f"{T}/empty-session"], "not a readable CSV"),
+                       (["report", f"{T}/empty-session"], "is empty: no run of"),
                        (["report", f"{T}/nocols"], "lacks the column"),
                        (["report", str(ROOT / "tests/analysis/fixtures/results_small"), "--out", f"{T}/afile"], "is a file"),
                        (["report", str(ROOT / "tests/analysis/fixtures/results_small"), "--format", "gif"], "--format"),
@@ -282,6 +282,7 @@ def test_bad_input_is_one_line_and_exit_2(files, ident, argv, what, capsys, monk
     ("network_delay.py", ["apply", "--dev", "eth0", "--duration", "-5"], "--duration"),
     ("distributed_runner.py", ["--world-size", "1"], "--world-size"),
 ])
+@pytest.mark.slow
 def test_the_anchor_scripts_give_the_same_one_line(script, args, what):
     env = {k: v for k, v in os.environ.items() if k not in ("PI1_IP", "PI2_IP", "GPU_IP", "HOSTS")}
     proc = subprocess.run([PYTHON, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)

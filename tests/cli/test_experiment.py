@@ -116,6 +116,7 @@ def test_bad_experiment_files_get_one_line(tmp_path, text, message):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_shipped_examples_parse(root):
     for name in ("demo.toml", "pi-gpu.toml"):
         proc = subprocess.run([sys.executable, "-m", "paretopipe", "sweep", "--config", str(root / "examples" / name),
@@ -127,6 +128,7 @@ def test_shipped_examples_parse(root):
     assert "networks lan, wifi, lte" in demo.stdout
 
 
+@pytest.mark.slow
 def test_breakdown_parts_add_up_to_the_mean_latency(tmp_path):
     """The breakdown figure stacks per-batch means; transfer is latency minus every measured part,
     so the stack reaches the mean latency exactly, queueing included (issue: 46 of 133 ms drawn)."""

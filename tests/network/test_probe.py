@@ -3,6 +3,8 @@ and running out of file descriptors (EMFILE) pauses it instead of killing it."""
 
 from __future__ import annotations
 
+import pytest
+
 import resource
 import socket
 import subprocess
@@ -16,6 +18,7 @@ def _limit_files() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
 
 
+@pytest.mark.slow
 def test_serve_survives_a_flood_of_idle_connections_and_emfile():
     port = free_port()
     server = subprocess.Popen([PYTHON, "network_delay.py", "serve", "--host", "127.0.0.1", "--port", str(port),

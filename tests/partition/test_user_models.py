@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 
 import pandas as pd
@@ -31,6 +33,7 @@ def test_model_file_with_skip_and_cat_splits_exactly_at_every_cut():
     assert models.source_digest(str(ROOT / SKIPNET))
 
 
+@pytest.mark.slow
 def test_model_file_sweeps_locally(tmp_path):
     proc = subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--model", SKIPNET, "--splits", "all", "--runs", "1",
                            "--batch-size", "2", "--num-batches", "2", "--warmup", "0", "--num-classes", "7",
@@ -44,6 +47,7 @@ def test_model_file_sweeps_locally(tmp_path):
     assert set(runs["model"]) == {SKIPNET}
 
 
+@pytest.mark.slow
 def test_user_model_errors_are_one_line(tmp_path):
     (tmp_path / "branchy.py").write_text(
         "import torch\nfrom torch import nn\n"
@@ -67,6 +71,7 @@ def test_user_model_errors_are_one_line(tmp_path):
         assert first in lines[0] and second in lines[0], (spec, lines[0])
 
 
+@pytest.mark.slow
 def test_entry_point_model_in_every_process(tmp_path):
     """A package that declares ``[project.entry-points."paretopipe.models"]``: its model is known
     by name to split, to the sweep and to the stage workers it starts."""

@@ -41,6 +41,7 @@ def test_keys_separate_what_differs():
     assert len(names) == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["weights", "fingerprint", "truncated"])
 def test_a_damaged_entry_is_rebuilt(cache, damage):
     good = models.fingerprint(models.build("alexnet", num_classes=3))
@@ -60,6 +61,7 @@ def test_a_damaged_entry_is_rebuilt(cache, damage):
     assert models.fingerprint(models.build("alexnet", num_classes=3)) == good
 
 
+@pytest.mark.slow
 def test_concurrent_builders_build_once(cache):
     """Four processes ask for the same entry at once: one builds (slowly), the others wait and load."""
     script = textwrap.dedent("""

@@ -36,6 +36,7 @@ def mobilenet_profile(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_profile_has_one_segment_per_fine_cut_that_add_up(mobilenet_profile):
     doc = json.loads(mobilenet_profile.read_text())
     _, part = split.partitioner_for("mobilenetv2")

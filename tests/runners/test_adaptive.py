@@ -189,6 +189,7 @@ def test_fallback_serves_every_batch_when_stage2_freezes_dies_and_returns(tmp_pa
     _assert_outputs_equal_unsplit(tmp_path / "out.npz", total)
 
 
+@pytest.mark.slow
 def test_sweep_runs_adaptive_beside_static_splits_and_reports_the_comparison(tmp_path):
     import subprocess
 

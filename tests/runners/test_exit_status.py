@@ -65,6 +65,7 @@ def test_a_full_disk_stops_the_sweep_in_one_line(small_disk):
 
 @pytest.mark.parametrize("model, valid", [("resnet18", "valid 0..9"),
                                           ("examples/models/skipnet.py:build", "valid 0..6")])
+@pytest.mark.slow
 def test_a_split_beyond_the_model_leaves_no_session_behind(tmp_path, model, valid):
     """A zoo model's splits are checked before the session folder exists; a model file's only once
     the workers built it, and then the folder, holding nothing measured, goes. Either way one line,

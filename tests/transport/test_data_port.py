@@ -130,6 +130,7 @@ def test_hostile_hellos_are_refused_and_the_listener_lives(tmp_path, listener, a
     _real_run(tmp_path)
 
 
+@pytest.mark.slow
 def test_slow_silent_and_flooding_strangers_cannot_delay_the_real_peer(tmp_path, listener):
     """Row 3: one byte every 0.5 s; 40 silent connections; 200 connect-and-close: the real peer's
     handshake still completes at once, and every stranger is dropped by the handshake deadline."""

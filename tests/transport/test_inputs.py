@@ -57,6 +57,7 @@ def test_photos_compress_like_images_and_noise_does_not():
     assert inputs.resolve_default("auto", "none") == "synthetic"
 
 
+@pytest.mark.slow
 def test_image_folder_batches_and_sweep_record_it(tmp_path):
     folder = tmp_path / "images"
     _image_folder(folder)

@@ -50,6 +50,7 @@ def test_local_pipeline_equals_unsplit_model(tmp_path, name, world, blocks, pipe
     assert rec["summary"]["throughput_imgs_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_killed_worker_gives_clear_error_and_incomplete_json(tmp_path):
     proc = subprocess.Popen([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--world-size", "3",
                              "--model", "mobilenetv2", "--split-block", "5", "--batch-size", "1",

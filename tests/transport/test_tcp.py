@@ -30,6 +30,7 @@ def _reference(name, batch, count, seed=0, dataset="synthetic"):
         return [model(x) for x in data.batches(dataset, batch, size, count, seed=seed)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mobilenetv2", "resnet50"])
 def test_outputs_equal_unsplit_model_at_splits_and_baselines(name, tmp_path):
     K = builder(name).partitioner.num_blocks
@@ -83,6 +84,7 @@ def test_pipelining_raises_throughput_when_transfer_dominates(tmp_path):
     assert pipe.record["summary"]["throughput_imgs_per_s"] > 1.3 * seq.record["summary"]["throughput_imgs_per_s"]
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_with_compression_and_saved_outputs(tmp_path):
     port = str(free_port())
     out = tmp_path / "out.npz"
@@ -122,6 +124,7 @@ def test_handshake_mismatch_fails_clearly_and_stranger_does_not_kill_listener(tm
     assert s1.wait(60) == 0
 
 
+@pytest.mark.slow
 def test_peer_killed_mid_run_gives_incomplete_json_and_clean_exit(tmp_path):
     port = str(free_port())
     common = ["--model-name", "mobilenetv2", "--split-index", "5", "--port", port, "--batch-size", "1", "--threads", "1",
@@ -144,6 +147,7 @@ def test_peer_killed_mid_run_gives_incomplete_json_and_clean_exit(tmp_path):
     assert rec["summary"]["batches_measured"] >= 1
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_stage1_stops_both_sides(tmp_path):
     port = str(free_port())
     common = ["--model-name", "mobilenetv2", "--split-index", "5", "--port", port, "--batch-size", "1", "--threads", "1",
