@@ -24,7 +24,20 @@ from ..sshcmd import remote_path
 from .hosts import Host, Testbed
 
 log = logging.getLogger("paretopipe.doctor")
-COLUMNS = ("host", "ssh", "device", "commit", "digest", "torch", "weights", "tc", "root", "port", "cuda")
+COLUMNS = ("host", "ssh", "device", "arch", "commit", "digest", "torch", "build", "weights", "tc", "root", "port",
+           "cuda")
+#: CPU architectures of edge boards that no CUDA build of torch serves (a Jetson's aarch64 does:
+#: it has CUDA devices, which the check sees).
+EDGE_ARCHES = ("aarch64", "armv7l")
+
+
+def cuda_build_warning(name: str, got: dict[str, Any]) -> str | None:
+    """A CUDA build of torch on an ARM host with no CUDA device: gigabytes of libraries it cannot use."""
+    if got.get("machine") in EDGE_ARCHES and got.get("torch_build") == "cuda" and not got.get("cuda_available"):
+        return (f"{name}: torch {got.get('torch')} is a CUDA build on an {got.get('machine')} host without a CUDA "
+                f"device (about 2.5 GB of NVIDIA libraries it cannot use); install the CPU build: pip install torch "
+                f"torchvision --index-url https://download.pytorch.org/whl/cpu (README, Install)")
+    return None
 
 
 def probe(host: Host, models: Sequence[str], num_classes: int, port: int, timeout: float = 600) -> dict[str, Any]:
@@ -80,6 +93,11 @@ def check_testbed(testbed: Testbed, models: Sequence[str], num_classes: int = 10
             problems.append(f"{name}: runs commit {got.get('git_commit')} (code digest {got.get('source_digest')}), "
                             f"this machine {ref['git_commit']} (digest {ref['source_digest']}); ship this tree with --deploy")
         row["torch"] = str(got.get("torch"))
+        row["arch"] = str(got.get("machine", "?"))
+        row["build"] = str(got.get("torch_build", "?"))
+        warning = cuda_build_warning(name, got)
+        if warning:
+            log.warning("%s", warning)
         if got.get("torch") != ref.get("torch"):
             problems.append(f"{name}: torch {got.get('torch')}, this machine {ref.get('torch')}; the cut points and "
                             f"weights depend on it: install the same version")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -31,7 +32,8 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
     from ..manifest import _git_commit, source_digest
 
     out: dict[str, Any] = {"hostname": socket.gethostname(), "paretopipe": __version__, "git_commit": _git_commit(),
-                           "source_digest": source_digest(), "python": sys.version.split()[0]}
+                           "source_digest": source_digest(), "python": sys.version.split()[0],
+                           "machine": platform.machine()}
     root = os.geteuid() == 0
     sudo = root or (shutil.which("sudo") is not None and
                     subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0)
@@ -42,6 +44,7 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
         import torch
 
         out["torch"] = torch.__version__
+        out["torch_build"] = "cuda" if torch.version.cuda else "cpu"
         out["cuda_available"] = torch.cuda.is_available()
         out["cuda_devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except ImportError as exc:
