@@ -75,13 +75,23 @@ def test_record_numbers_are_consistent_and_measured(tmp_path):
     assert summ["throughput_imgs_per_s"] == pytest.approx((12 - 2) / window)
 
 
-def test_pipelining_raises_throughput_when_transfer_dominates(tmp_path):
+def test_the_window_overlaps_batches_only_when_it_allows_them_in_flight(tmp_path):
+    """With a 20 ms link delay a batch's result needs at least 40 ms after it is sent, while the
+    source starts its next batch as soon as it has sent one, so with --in-flight 4 batch i+1 starts
+    before batch i ends; with 1 it never does. How much throughput that gains is a measurement
+    (benchmarks/pipelining.py), not this test's business."""
     conditions = get_conditions(None, rate="20mbit", delay="20ms")
     seq, _ = run_in_threads("mobilenetv2", 8, tmp_path / "a", conditions=conditions, batch_size=1,
                             num_batches=8, warmup=1, in_flight=1)
     pipe, _ = run_in_threads("mobilenetv2", 8, tmp_path / "b", conditions=conditions, batch_size=1,
                              num_batches=8, warmup=1, in_flight=4)
-    assert pipe.record["summary"]["throughput_imgs_per_s"] > 1.3 * seq.record["summary"]["throughput_imgs_per_s"]
+
+    def overlaps(record):
+        b = record["batches"]
+        return [nxt["start_s"] < cur["end_s"] for cur, nxt in zip(b, b[1:])]
+
+    assert not any(overlaps(seq.record))
+    assert all(overlaps(pipe.record))
 
 
 @pytest.mark.slow
