@@ -20,14 +20,18 @@ venv:
 sysdeps:
 	@bash scripts/install_sysdeps.sh
 
-# Everything, as CI runs it; the 25 slowest tests close every log.
+# Everything, as CI runs it, in two passes, each closed by its 25 slowest tests: what needs neither
+# root nor the lab on two pytest-xdist workers (one torch thread each; none of these tests pins
+# cores), then the root and lab tests one at a time (namespaces, sshd, tc shaping, cgroup shares).
+PYTEST_PARALLEL := -n 2 --dist worksteal
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not root and not lab" --durations=25
+	$(PY) -m pytest -q -m "root or lab" --durations=25
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow and not root and not lab" --durations=10
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not root and not lab" --durations=10
 
 # Seeded interleaved rounds; each configuration measured 3 to 6 times, until its 95% CIs are
 # within +-5% (examples/demo.toml holds the same experiment).

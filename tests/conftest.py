@@ -14,7 +14,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist (make test runs two workers) each worker keeps to one thread: two workers of two
+# threads each would oversubscribe this machine's two cores.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 # A shell without job control starts background commands with SIGINT ignored, and children inherit
 # that: the Ctrl-C tests' stages and sweeps would then never see their SIGINT (it failed two tests

@@ -319,7 +319,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         raise
     out = result.path
     if not result.measured:
-        print(f"error: nothing was measured: every run of {result.configurations} configurations failed twice; "
+        print(f"error: nothing was measured: every run of {result.configurations} "
+              f"configuration{'' if result.configurations == 1 else 's'} failed twice; "
               f"the attempts and their errors are in {out / 'failures.csv'}", file=sys.stderr)
         return 1
     if opts.cleanup:

@@ -22,6 +22,7 @@ GOLDEN = json.loads((Path(__file__).parent / "golden" / "fingerprints.json").rea
 
 
 def test_the_golden_file_comes_from_a_pi_core_with_this_initialisation():
+    # zoo_fingerprints.py runs with OMP_NUM_THREADS=1 (scripts/arm_sysroot.sh)
     assert GOLDEN["machine"] == "aarch64" and GOLDEN["qemu_cpu"] in ("cortex-a72", "cortex-a76")
     assert GOLDEN["init_version"] == INIT_VERSION
     assert set(GOLDEN["fingerprints"]) == set(models.NAMED_MODELS)
@@ -30,8 +31,17 @@ def test_the_golden_file_comes_from_a_pi_core_with_this_initialisation():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", models.NAMED_MODELS)
 def test_default_weights_fingerprint_equals_aarch64(name, monkeypatch):
-    monkeypatch.setenv(weightcache.CACHE_ENV, "none")  # built here, now: a cached copy proves nothing
-    assert models.fingerprint(models.build(name)) == GOLDEN["fingerprints"][name], (
+    """Built here and now (a cached copy proves nothing), in this process, with two threads: the golden
+    file was built in another process with one thread, so this also proves that neither the process
+    nor the thread count (which changes float summation order in calibration) moves a bit."""
+    monkeypatch.setenv(weightcache.CACHE_ENV, "none")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = models.fingerprint(models.build(name))
+    finally:
+        torch.set_num_threads(threads)
+    assert got == GOLDEN["fingerprints"][name], (
         f"{name}: this {torch.__version__} build differs from aarch64's {GOLDEN['torch']}")
 
 
