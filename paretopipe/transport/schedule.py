@@ -7,12 +7,18 @@ the record's status. The TCP stage 1 and the RPC master both drive one of these.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable
 
 from ..errors import InfeasibleRun, PeerError, WireError
 from .runconfig import RunConfig
+
+log = logging.getLogger("paretopipe.schedule")
+#: A run says when its first measured batch is back (the pipeline works end to end), then how far
+#: it is at most this often, so a user (or a test) can see it measuring rather than guess.
+PROGRESS_EVERY_S = 10.0
 
 
 class BatchSchedule:
@@ -30,6 +36,7 @@ class BatchSchedule:
         self.completed = 0
         self.finished = threading.Event()
         self.t0 = time.monotonic()
+        self._progress_at = self.t0  # the first measured batch is always reported
 
     def acquire(self, check: Callable[[], None]) -> None:
         """Wait for a free slot in the window, calling ``check`` (which raises on a dead peer)."""
@@ -63,7 +70,13 @@ class BatchSchedule:
             self.completed += 1
             if self.completed >= self.total:
                 self.finished.set()
+            measured = self.completed - min(self.completed, self.warmup)
+            report = measured and now >= self._progress_at and self.completed < self.total
+            if report:
+                self._progress_at = now + PROGRESS_EVERY_S
         self.window.release()
+        if report:
+            log.info("%d of %d batches measured after %.0f s", measured, self.total - self.warmup, now - self.t0)
         return rec
 
     def check_deadline(self, now: float | None = None) -> None:

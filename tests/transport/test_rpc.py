@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 
 import jsonschema
@@ -67,12 +68,20 @@ def test_killed_worker_gives_clear_error_and_incomplete_json(tmp_path):
                 victim = child
         time.sleep(0.5)
     assert victim is not None
-    time.sleep(12)  # joined and running (workers build the model first)
+    # Killed once the master says batches are being measured (its progress line), however long the
+    # ranks took to join and build their stages on this machine.
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    while time.monotonic() < deadline + 120 and not any("batches measured" in line for line in lines):
+        time.sleep(0.2)
+    assert any("batches measured" in line for line in lines), "".join(lines)
     victim.kill()
     t0 = time.monotonic()
     rc = proc.wait(60)
     assert rc == 1 and time.monotonic() - t0 < 30
-    err = proc.stderr.read()
+    reader.join(30)
+    err = "".join(lines)
     assert "error: worker rank 2" in err and "exited" in err
     (path,) = tmp_path.glob("*.json")
     rec = json.loads(path.read_text())
@@ -96,6 +105,7 @@ def test_bad_flags_one_line_errors(tmp_path, args, match):
     assert len(lines) == 1 and __import__("re").search(match, lines[0]), proc.stderr[-500:]
 
 
+@pytest.mark.alone
 @pytest.mark.root
 @pytest.mark.slow
 def test_the_uv_transport_really_is_tcp_and_auto_is_not(tmp_path):

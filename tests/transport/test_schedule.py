@@ -81,3 +81,19 @@ def test_status_of():
     assert status_of(None) == ("complete", None)
     assert status_of(KeyboardInterrupt()) == ("incomplete", "interrupted (Ctrl-C or a termination signal)")
     assert status_of(OSError("boom\nsecond line")) == ("incomplete", "boom")
+
+
+def test_progress_is_reported_at_the_first_measured_batch_then_at_most_every_10_s(caplog):
+    sched = BatchSchedule(_cfg(num_batches=5, warmup=1, in_flight=6, timeout_s=30))
+    for seq in range(6):
+        sched.start(seq)
+    t0 = sched.t0
+    with caplog.at_level("INFO", logger="paretopipe.schedule"):
+        sched.complete(0, t0 + 1.0)   # warm-up: nothing measured yet
+        sched.complete(1, t0 + 2.0)   # the first measured batch
+        sched.complete(2, t0 + 5.0)   # within 10 s of the last line
+        sched.complete(3, t0 + 12.5)  # 10.5 s later
+        sched.complete(4, t0 + 30.0)  # more than 10 s later
+        sched.complete(5, t0 + 45.0)  # the last batch: the run's own summary says the rest
+    assert [r.getMessage() for r in caplog.records] == [
+        "1 of 5 batches measured after 2 s", "3 of 5 batches measured after 12 s", "4 of 5 batches measured after 30 s"]
