@@ -20,14 +20,15 @@ venv:
 sysdeps:
 	@bash scripts/install_sysdeps.sh
 
-# Everything, as CI runs it, in two passes, each closed by its 25 slowest tests: what needs neither
-# root nor the lab on two pytest-xdist workers (one torch thread each; none of these tests pins
-# cores), then the root and lab tests one at a time (namespaces, sshd, tc shaping, cgroup shares).
+# Everything, as CI runs it, in two passes, each closed by its slowest tests: all but the "alone"
+# tests on two pytest-xdist workers (one torch thread each; root and lab tests included: each lab,
+# namespace and sshd has its own name, subnet and port), then the "alone" tests one at a time
+# (they time a real shaped link against its rate, or pin cores and compare cgroup shares).
 PYTEST_PARALLEL := -n 2 --dist worksteal
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not root and not lab" --durations=25
-	$(PY) -m pytest -q -m "root or lab" --durations=25
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone" --durations=25
+	$(PY) -m pytest -q -m alone --durations=10
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
 test-fast: venv

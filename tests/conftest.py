@@ -26,12 +26,13 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 
 @functools.lru_cache(maxsize=None)
-def traced(name: str, batch: int = 2):
-    """(model, partitioner, inputs, other_inputs) for a zoo model at ``batch`` images."""
+def traced(name: str, batch: int = 2, size: int | None = None):
+    """(model, partitioner, inputs, other_inputs) for a zoo model at ``batch`` images of ``size``
+    pixels a side (the model's own input size unless given)."""
     from paretopipe.partition import models, split
 
     model = models.build(name)
-    size = models.input_size(name)
+    size = size or models.input_size(name)
     gen = torch.Generator().manual_seed(1234)
     inputs = torch.randn(batch, 3, size, size, generator=gen)
     other = torch.randn(batch, 3, size, size, generator=gen)

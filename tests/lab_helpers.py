@@ -50,12 +50,22 @@ def leftovers(name: str) -> list[str]:
     return found
 
 
-def _in_another_namespace(pid: int) -> bool:
-    """A process started inside a lab host: its network namespace is not this machine's."""
+def _net_namespace(pid: int | str) -> str | None:
+    """The network namespace a process runs in (``net:[inode]``), or None once it is gone."""
     try:
-        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        return os.readlink(f"/proc/{pid}/ns/net")
     except OSError:
-        return False
+        return None
+
+
+def _lab_namespaces(made) -> set[str]:
+    """The ``net:[inode]`` of each of this lab's hosts: other labs (other tests running beside this
+    one under pytest-xdist) are theirs to check."""
+    found = set()
+    for i in range(1, made.hosts + 1):
+        with contextlib.suppress(OSError):
+            found.add(f"net:[{os.stat(f'/run/netns/{made.namespace(i)}').st_ino}]")
+    return found
 
 
 @contextlib.contextmanager
@@ -66,13 +76,14 @@ def lab(name: str, hosts: int = 2, subnet: int = 50) -> Iterator:
     from paretopipe.runners import lab as labs
 
     made = labs.up(name, hosts, subnet)
+    namespaces = _lab_namespaces(made)
     try:
         yield made
     finally:
         labs.down(name)
         stages = [p for p in psutil.process_iter(["cmdline"]) if any(
             m in " ".join(p.info["cmdline"] or []) for m in ("paretopipe.runners.worker", "paretopipe.runners.rpc_ranks"))
-            and _in_another_namespace(p.pid)]
+            and _net_namespace(p.pid) in namespaces]
         for p in stages:  # a stage a failed test could not stop: kill it, and fail below
             p.kill()
         left = leftovers(name) + [f"stage process {p.pid}" for p in stages]

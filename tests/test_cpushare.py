@@ -102,6 +102,7 @@ def _real_cgroups() -> str | None:
     return None
 
 
+@pytest.mark.alone
 @pytest.mark.root
 @pytest.mark.skipif(_real_cgroups() is not None, reason=f"no usable cgroup cpu controller: {_real_cgroups()}")
 def test_share_half_makes_stage_compute_about_twice_as_long():
@@ -154,6 +155,7 @@ def test_sweeper_refuses_shares_where_they_cannot_apply():
                              testbed=Testbed([Host("10.0.0.1"), Host("10.0.0.2")])))
 
 
+@pytest.mark.alone
 @pytest.mark.root
 @pytest.mark.skipif(_real_cgroups() is not None, reason=f"no usable cgroup cpu controller: {_real_cgroups()}")
 def test_sweep_records_the_applied_shares_and_leaves_no_cgroup(tmp_path):

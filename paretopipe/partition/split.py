@@ -309,11 +309,16 @@ def run_stages(stages: Sequence[nn.Module], inputs: torch.Tensor) -> torch.Tenso
         return x
 
 
-def verify(model: nn.Module, stages: Sequence[nn.Module], inputs: torch.Tensor) -> float:
-    """Max abs difference between the chained stages and the unsplit model on ``inputs``."""
-    with torch.no_grad():
-        ref = model(inputs)
-    return float((run_stages(stages, inputs) - ref).abs().max())
+def verify(model: nn.Module, stages: Sequence[nn.Module], inputs: torch.Tensor,
+           reference: torch.Tensor | None = None) -> float:
+    """Max abs difference between the chained stages and the unsplit model on ``inputs``.
+
+    ``reference`` is the unsplit model's output on ``inputs`` when the caller already has it:
+    checking many splits of one model then costs one forward each, not two."""
+    if reference is None:
+        with torch.no_grad():
+            reference = model(inputs)
+    return float((run_stages(stages, inputs) - reference).abs().max())
 
 
 def partitioner_for(name: str, batch: int = 1, num_classes: int = 10, weights: str | None = None,

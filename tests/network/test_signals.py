@@ -12,8 +12,10 @@ import pytest
 
 from conftest import PYTHON, ROOT
 from lab_helpers import LAB_SKIP, in_host, lab
+from paretopipe.network import tc
 
-NS, DEV = "ppsig", "ppsig0"
+# Named per process: pytest-xdist may run two of these tests at once.
+NS, DEV, PEER = f"ppsig{os.getpid()}", f"pps{os.getpid() % 100000}a", f"pps{os.getpid() % 100000}b"
 
 
 @pytest.fixture
@@ -21,14 +23,14 @@ def namespace():
     if LAB_SKIP:
         pytest.skip(LAB_SKIP)
     subprocess.run(["ip", "netns", "add", NS], check=True)
-    subprocess.run(["ip", "link", "add", DEV, "type", "veth", "peer", "name", "ppsig1"], check=True)
+    subprocess.run(["ip", "link", "add", DEV, "type", "veth", "peer", "name", PEER], check=True)
     subprocess.run(["ip", "link", "set", DEV, "netns", NS], check=True)
     subprocess.run(["ip", "netns", "exec", NS, "ip", "link", "set", DEV, "up"], check=True)
     try:
         yield
     finally:
         subprocess.run(["ip", "netns", "del", NS], capture_output=True)
-        subprocess.run(["ip", "link", "del", "ppsig1"], capture_output=True)
+        subprocess.run(["ip", "link", "del", PEER], capture_output=True)
 
 
 def _state() -> str:
@@ -56,7 +58,7 @@ def test_a_signal_clears_the_shaping(namespace, signals, gap):
                              "--ingress", "--duration", "120"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _wait(lambda: "htb" in _state() and "ifb-ppsig0" in _state(), "the profile was applied")
+        _wait(lambda: "htb" in _state() and tc.ifb_name(DEV) in _state(), "the profile was applied")
         for i, sig in enumerate(signals):
             if i:
                 time.sleep(gap)  # the second signal lands while the first one's handler or clean-up runs
@@ -74,7 +76,7 @@ def test_a_signal_clears_the_shaping(namespace, signals, gap):
 @pytest.mark.lab
 def test_an_ssh_session_that_drops_clears_the_shaping():
     """The controlling SSH session dies: sshd hangs the session up (SIGHUP) and the tree goes."""
-    with lab("ppls", 2, subnet=57) as made:
+    with lab("ppls", 2, subnet=58) as made:
         ssh = ["ssh", "-tt", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={made.known_hosts}", "-i",
                str(made.key), "--", f"root@{made.address(1)}",
                f"cd {ROOT} && exec {PYTHON} network_delay.py apply --dev eth0 --rate 10mbit --ingress --duration 120"]

@@ -190,6 +190,7 @@ def lab():
             server.wait(5)
 
 
+@pytest.mark.alone
 def test_lab_htb_rate_is_what_the_link_does_and_clear_restores(lab):
     from lab_helpers import measure
 
@@ -209,6 +210,7 @@ def test_lab_htb_rate_is_what_the_link_does_and_clear_restores(lab):
     assert netem.show("eth0", edge) == before
 
 
+@pytest.mark.alone
 def test_lab_asymmetric_conditions_measure_differently_each_way(lab):
     """3G-like: 10 Mbit/s up, 40 Mbit/s down, each applied on the egress of its own host."""
     from lab_helpers import measure
@@ -222,6 +224,7 @@ def test_lab_asymmetric_conditions_measure_differently_each_way(lab):
     assert netem.show("eth0", edge)[0]["kind"] == "noqueue" == netem.show("eth0", server)[0]["kind"]
 
 
+@pytest.mark.alone
 def test_lab_delay_needs_netem(lab):
     from lab_helpers import measure
 

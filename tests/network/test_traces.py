@@ -162,6 +162,7 @@ sock.close()
 """
 
 
+@pytest.mark.alone
 @pytest.mark.root
 @pytest.mark.lab
 def test_tc_controller_follows_a_step_trace_in_the_lab(tmp_path):

@@ -51,6 +51,7 @@ def test_lab_hosts_take_keys_only_and_the_env_points_at_them(tmp_path):
         assert no_key.returncode != 0 and "Permission denied" in no_key.stderr
 
 
+@pytest.mark.alone
 @pytest.mark.root
 @pytest.mark.lab
 def test_two_host_sweep_with_tc_shapes_the_data_port_for_real(tmp_path):

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 import subprocess
 
+import psutil
 import pytest
 
 from conftest import ROOT, sshd_env_file
@@ -41,9 +42,23 @@ def test_partition_sh_over_real_ssh(sshd, tmp_path):
     recs = [json.loads(p.read_text()) for p in runs]
     assert sorted(r["config"]["split_index"] for r in recs) == [0, 4]
     assert all(r["status"] == "complete" for r in recs)
-    # Nothing left running: the stages it started are gone.
-    left = subprocess.run(["pgrep", "-f", "paretopipe.runners.worker"], capture_output=True, text=True)
-    assert left.stdout.strip() == ""
+    # Nothing left running: the stages it started through this sshd are gone (SSH_CONNECTION names
+    # its port; other tests' stages may be running beside this one).
+    assert not _stages_started_through(sshd[0])
+
+
+def _stages_started_through(port: int) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if "paretopipe.runners.worker" not in " ".join(proc.info["cmdline"] or []):
+            continue
+        try:
+            conn = proc.environ().get("SSH_CONNECTION", "").split()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if conn[3:4] == [str(port)]:
+            found.append(proc.pid)
+    return found
 
 
 @pytest.mark.parametrize("args, message", [
