@@ -71,7 +71,7 @@ class BatchSchedule:
             if self.completed >= self.total:
                 self.finished.set()
             measured = self.completed - min(self.completed, self.warmup)
-            report = measured and now >= self._progress_at and self.completed < self.total
+            report = measured > 0 and now >= self._progress_at and self.completed < self.total
             if report:
                 self._progress_at = now + PROGRESS_EVERY_S
         self.window.release()
