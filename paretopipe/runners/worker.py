@@ -76,7 +76,9 @@ class StageWorker:
         self.role, self.builder, self.limits = role, builder, limits
         self.listener = None
         self.session = None
-        self.serving: threading.Thread | None = None
+        # Set while a stage-2 session is served; cleared before "session_ended" is emitted, so a
+        # controller that connects again as soon as it reads that line is never told "already serving".
+        self.serving = threading.Event()
 
     def handle(self, msg: dict[str, Any]) -> None:
         """Run one command; errors become an ``error`` event (the worker itself stays up)."""
@@ -118,21 +120,24 @@ class StageWorker:
                                          observed_link=cmd.observed_link, threads=threads, limits=self.limits)
             _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
         else:
-            if self.serving is not None and self.serving.is_alive():
+            if self.serving.is_set():
                 raise UsageError("stage 2 is already serving a session")
             sock = tcp.connect_with_retry(cmd.host, cmd.port, cmd.connect_timeout)
             session = tcp.open_session(sock, self.builder, secret=auth.load_secret(cmd.secret or ""))
             _emit({"event": "connected"})
 
             def serve() -> None:
+                error = None
                 try:
                     tcp.serve_session(session, self.builder, threads=threads, limits=self.limits, timeout_s=cmd.timeout)
-                    _emit({"event": "session_ended", "error": None})
                 except (ParetoPipeError, OSError) as exc:
-                    _emit({"event": "session_ended", "error": str(exc)})
+                    error = str(exc)
+                finally:
+                    self.serving.clear()
+                _emit({"event": "session_ended", "error": error})
 
-            self.serving = threading.Thread(target=serve, name="stage2-session", daemon=True)
-            self.serving.start()
+            self.serving.set()
+            threading.Thread(target=serve, name="stage2-session", daemon=True).start()
 
     def close(self) -> None:
         if self.session is not None:

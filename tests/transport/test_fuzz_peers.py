@@ -305,3 +305,11 @@ def test_a_hostile_stage1_mutating_every_state(stage2, data):
     th.join(10)
     assert stage2.alive()
     _real_stage1_run(stage2)
+
+
+def test_stage2_serves_the_next_session_as_soon_as_it_says_the_last_one_ended(stage2):
+    """A controller connects again the moment it reads "session_ended". The worker once emitted that
+    line before its session thread had finished, and under load it refused the next connect with
+    "already serving a session" (seen in CI); now the flag is cleared before the line is written."""
+    for _ in range(6):
+        _real_stage1_run(stage2)
