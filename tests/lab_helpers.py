@@ -24,8 +24,11 @@ def _why_no_lab() -> str | None:
             return f"{tool} is not installed (make test installs iproute2 and openssh as root)"
     if not any(Path(p).exists() for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd")):
         return "openssh-server is not installed (make test installs it as root)"
-    probe = subprocess.run(["ip", "netns", "add", "ppprobe"], capture_output=True, text=True)
-    subprocess.run(["ip", "netns", "del", "ppprobe"], capture_output=True)
+    # Per process: two pytest-xdist workers probing under one name raced, and the loser skipped
+    # every lab test it held with "File exists".
+    name = f"ppprobe{os.getpid()}"
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return None if probe.returncode == 0 else f"cannot create network namespaces: {probe.stderr.strip()}"
 
 

@@ -22,6 +22,7 @@ batch_size = 1
 num_batches = 3
 warmup = 1
 local = true
+drift_every = 0
 
 [networks.slow]
 rate_up = "40mbit"
@@ -37,7 +38,8 @@ rate_down = "80mbit"
 delay = "2ms"
 """
 SAME_AS_FILE = ["--model", "resnet18", "--splits", "0,8", "--network", "lan,slow", "--runs", "1",
-                "--batch-size", "1", "--num-batches", "3", "--warmup", "1", "--local"]
+                "--batch-size", "1", "--num-batches", "3", "--warmup", "1", "--local",
+                "--drift-every", "0"]
 
 
 def _sweep(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:

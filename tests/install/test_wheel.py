@@ -43,7 +43,7 @@ def test_wheel_installs_and_runs_outside_the_repository(tmp_path):
     assert listed.stdout.splitlines()[0].split()[:3] == ["k", "block", "cut"] and "layer4" in listed.stdout
     swept = subprocess.run([str(script), "sweep", "--model", "resnet18", "--splits", "0,5", "--network", "lan,wifi",
                             "--runs", "1", "--batch-size", "1", "--num-batches", "2", "--warmup", "0", "--local",
-                            "--quiet", "--out", "results", "--session", "s"],
+                            "--drift-every", "0", "--quiet", "--out", "results", "--session", "s"],
                            capture_output=True, text=True, cwd=work, env=env, timeout=900)
     assert swept.returncode == 0, swept.stderr[-2000:]
     runs = pd.read_csv(work / "results" / "s" / "runs.csv")

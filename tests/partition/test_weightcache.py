@@ -44,21 +44,21 @@ def test_keys_separate_what_differs():
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", ["weights", "fingerprint", "truncated"])
 def test_a_damaged_entry_is_rebuilt(cache, damage):
-    good = models.fingerprint(models.build("alexnet", num_classes=3))
-    (weights,) = cache.glob("weights/alexnet-c3-*.pt")
+    good = models.fingerprint(models.build("resnet18", num_classes=3))
+    (weights,) = cache.glob("weights/resnet18-c3-*.pt")
     if damage == "weights":
         state = torch.load(weights, weights_only=True)
-        state["classifier.6.bias"] += 1.0
+        state["fc.bias"] += 1.0
         torch.save(state, weights)
     elif damage == "fingerprint":
         meta = json.loads(weights.with_suffix(".json").read_text())
         weights.with_suffix(".json").write_text(json.dumps({**meta, "fingerprint": "0" * 16}))
     else:
         weights.write_bytes(weights.read_bytes()[:1000])
-    rebuilt = models.build("alexnet", num_classes=3)
+    rebuilt = models.build("resnet18", num_classes=3)
     assert models.fingerprint(rebuilt) == good
     assert json.loads(weights.with_suffix(".json").read_text())["fingerprint"] == good
-    assert models.fingerprint(models.build("alexnet", num_classes=3)) == good
+    assert models.fingerprint(models.build("resnet18", num_classes=3)) == good
 
 
 @pytest.mark.slow

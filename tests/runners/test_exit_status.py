@@ -15,6 +15,7 @@ from conftest import PYTHON, ROOT, is_root
 def _sweep(out, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "automated_split_tester.py", "--model", "resnet18", "--runs", "1",
                            "--batch-size", "1", "--num-batches", "2", "--warmup", "0", "--threads", "1", "--local",
+                           "--drift-every", "0",
                            "--out", str(out), "--session", "s", "--no-report", "--quiet", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
@@ -23,7 +24,7 @@ def _sweep(out, *args: str, timeout: float = 600) -> subprocess.CompletedProcess
 def test_failed_configurations_exit_non_zero_with_a_summary(tmp_path):
     """Every run times out (a 1 ms per-batch timeout): the sweep finishes, says in one line that
     nothing was measured and where the errors are (the folder is kept), and exits 1."""
-    proc = _sweep(tmp_path, "--splits", "4", "--timeout", "0.001", "--wait-time", "60", "--drift-every", "0")
+    proc = _sweep(tmp_path, "--splits", "4", "--timeout", "0.001", "--wait-time", "60")
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: nothing was measured: every run of 1 configuration failed twice")

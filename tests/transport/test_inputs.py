@@ -66,7 +66,7 @@ def test_image_folder_batches_and_sweep_record_it(tmp_path):
     assert not torch.equal(got[0], got[1])
     proc = subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--model", "resnet18", "--splits", "4", "--runs", "1",
                            "--batch-size", "2", "--num-batches", "2", "--warmup", "0", "--dataset",
-                           f"imagefolder:{folder}", "--local", "--quiet", "--no-report", "--out", str(tmp_path / "out"),
+                           f"imagefolder:{folder}", "--drift-every", "0", "--local", "--quiet", "--no-report", "--out", str(tmp_path / "out"),
                            "--session", "s"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-1500:]
     record = json.loads(next((tmp_path / "out" / "s" / "runs").glob("*.json")).read_text())
