@@ -128,8 +128,8 @@ def test_a_remote_worker_killed_mid_sweep_is_recorded_and_retried(tmp_path):
         (tmp_path / "nets.toml").write_text(SLOW)
         proc = subprocess.Popen([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model",
                                  "resnet18", "--network-file", str(tmp_path / "nets.toml"), "--network", "slow",
-                                 "--splits", "4,8", "--runs", "2", "--drift-every", "0", "--batch-size", "1",
-                                 "--num-batches", "4", "--warmup", "1", "--threads", "1", "--out", str(tmp_path / "out"), "--session", "s",
+                                 "--splits", "4,6,8", "--runs", "2", "--batch-size", "1", "--num-batches", "4",
+                                 "--warmup", "1", "--threads", "1", "--out", str(tmp_path / "out"), "--session", "s",
                                  "--no-report", "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         runs_dir = tmp_path / "out" / "s" / "runs"
@@ -145,7 +145,7 @@ def test_a_remote_worker_killed_mid_sweep_is_recorded_and_retried(tmp_path):
         failures = pd.read_csv(tmp_path / "out" / "s" / "failures.csv")
         assert len(failures) >= 1 and (failures["attempt"] == 1).all()
         runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv")
-        assert len(runs) == 4 and set(runs["status"]) == {"complete"}
+        assert len(runs) == 6 and set(runs["status"]) == {"complete"}
 
 
 def test_make_lab_demo_target_is_wired():

@@ -45,8 +45,8 @@ def test_parse_splits():
 
 @pytest.mark.slow
 def test_small_sweep_end_to_end_both_backends(tmp_path):
-    proc = subprocess.run(_sweep_cmd(tmp_path, "--backend", "both", "--drift-every", "0"), capture_output=True, text=True, cwd=ROOT,
-                          timeout=1200)
+    proc = subprocess.run(_sweep_cmd(tmp_path, "--backend", "both", "--drift-every", "0"), capture_output=True,
+                          text=True, cwd=ROOT, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Pareto-optimal splits" in proc.stdout
     session = tmp_path / "out" / "s"
@@ -107,8 +107,8 @@ def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):
     assert len(after) == 12
     assert all(after[name] == mtime for name, mtime in before.items())  # done runs were not redone
     assert len(pd.read_csv(tmp_path / "out" / "s" / "runs.csv")) == 12
-    # The one real sweep that keeps its drift reference (the other real sweeps prove plumbing with
-    # --drift-every 0): its baseline runs are measured and kept apart from the configurations' runs.
+    # This sweep keeps its drift reference (most real sweeps prove plumbing with --drift-every 0):
+    # its baseline runs are measured, and kept apart from the configurations' runs.
     reference = list((tmp_path / "out" / "s" / "reference").glob("*.json"))
     assert len(reference) >= rounds.DriftMonitor.BASELINE_RUNS
     assert not {p.name for p in reference} & set(after)
@@ -116,8 +116,8 @@ def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):
 
 @pytest.mark.slow
 def test_stage_killed_mid_sweep_is_recorded_and_the_rest_completes(tmp_path):
-    proc = subprocess.Popen(_sweep_cmd(tmp_path, "--no-report", "--drift-every", "0", "--profiles", "lan"), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_sweep_cmd(tmp_path, "--no-report"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     sweeper = psutil.Process(proc.pid)
     runs_dir = tmp_path / "out" / "s" / "runs"
     deadline = time.monotonic() + 300
@@ -131,7 +131,7 @@ def test_stage_killed_mid_sweep_is_recorded_and_the_rest_completes(tmp_path):
     failures = pd.read_csv(tmp_path / "out" / "s" / "failures.csv")
     assert len(failures) >= 1 and failures["error"].str.contains("stage2|worker|peer", regex=True).all()
     runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv")
-    assert len(runs) == 6 and set(runs["status"]) == {"complete"}
+    assert len(runs) == 12 and set(runs["status"]) == {"complete"}
 
 
 def test_remote_mode_over_real_ssh(sshd, tmp_path):
@@ -139,7 +139,8 @@ def test_remote_mode_over_real_ssh(sshd, tmp_path):
     env_file = sshd_env_file(sshd, tmp_path)
     proc = subprocess.run([PYTHON, "automated_split_tester.py", "--env-file", str(env_file), "--model", "mobilenetv2",
                            "--splits", "0,5", "--profiles", "lan", "--runs", "1", "--batch-size", "1",
-                           "--num-batches", "3", "--warmup", "1", "--link", "emulated", "--threads", "1", "--drift-every", "0",
+                           "--num-batches", "3", "--warmup", "1", "--link", "emulated", "--threads", "1",
+                           "--drift-every", "0",
                            "--out", str(tmp_path / "out"), "--session", "r", "--no-report", "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
