@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps test test-fast demo demo-edge lab-demo bench arm-fingerprints clean
+.PHONY: venv sysdeps test test-fast demo demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -27,8 +27,8 @@ sysdeps:
 PYTEST_PARALLEL := -n 2 --dist worksteal
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone" --durations=25
-	$(PY) -m pytest -q -m alone --durations=10
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm" --durations=25
+	$(PY) -m pytest -q -m "alone and not arm" --durations=10
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
 test-fast: venv
@@ -81,6 +81,16 @@ bench: venv
 
 # The default weights' fingerprints on aarch64 (a Pi 4's Cortex-A72 under qemu-user, in a cached
 # debootstrap sysroot outside the repository): what tests/partition/golden/fingerprints.json holds.
+# The aarch64 sysroot (qemu-user, debootstrap) with this checkout installed from a wheel into its
+# venv, for `paretopipe lab up --arch aarch64`; cached in /var/cache/paretopipe-arm. Needs root.
+lab-arm: venv sysdeps
+	bash scripts/arm_sysroot.sh venv
+
+# A mixed-architecture lab (stage 1 on aarch64 under qemu, stage 2 on x86): doctor, a sweep over SSH
+# with tc on both backends, and split outputs equal to the unsplit model. .ci/run runs it after make test.
+test-arm: lab-arm
+	$(PY) -m pytest -q -m arm --durations=5
+
 arm-fingerprints:
 	bash scripts/arm_sysroot.sh fingerprints > tests/partition/golden/fingerprints.json.new
 	mv tests/partition/golden/fingerprints.json.new tests/partition/golden/fingerprints.json

@@ -8,7 +8,8 @@ from .errors import UsageError
 
 #: The .env keys this project reads (everything else in a .env is ignored).
 ENV_KEYS = ("PI1_IP", "PI2_IP", "GPU_IP", "HOSTS", "SSH_USER", "SSH_KEY", "SSH_PORT", "SSH_KNOWN_HOSTS",
-            "REMOTE_DIR", "REMOTE_DIRS", "REMOTE_PYTHON", "PORT", "IFACE", "PI1_DEVICE", "PI2_DEVICE", "GPU_DEVICE", "DEVICES",
+            "REMOTE_DIR", "REMOTE_DIRS", "REMOTE_PYTHON", "REMOTE_PYTHONS", "PORT", "IFACE", "PI1_DEVICE",
+            "PI2_DEVICE", "GPU_DEVICE", "DEVICES",
             "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "PARETOPIPE_SECRET")
 
 

@@ -5,6 +5,9 @@
 #   bash scripts/arm_sysroot.sh setup          build what is missing (about 7 minutes cold)
 #   bash scripts/arm_sysroot.sh fingerprints   print the zoo's default-weights fingerprints as JSON
 #   bash scripts/arm_sysroot.sh python ARGS    run the sysroot's python3 (this checkout at /opt/paretopipe)
+#   bash scripts/arm_sysroot.sh venv           install this checkout as a Pi user would: a wheel built
+#                                              here, pip-installed into /opt/venv in the sysroot, and
+#                                              print the host-side python wrapper a lab host runs
 #
 # QEMU_CPU is a Pi's core (cortex-a72 by default; cortex-a76 for a Pi 5): qemu's default "max"
 # CPU (512-bit SVE) computes F.linear wrongly. PyPI's aarch64 torch 2.14 wheels are CUDA builds
@@ -13,7 +16,11 @@
 set -euo pipefail
 CACHE=${ARM_CACHE:-/var/cache/paretopipe-arm}
 ROOTFS=$CACHE/rootfs
-SITE=$CACHE/site
+# torch and torchvision live in the sysroot (/opt/site), so a chroot needs no bind mount for them
+SITE=$ROOTFS/opt/site
+WHEELS=$ROOTFS/opt/wheels
+VENV=/opt/venv
+WRAPPER=$CACHE/bin/python3-aarch64
 QEMU_CPU=${QEMU_CPU:-cortex-a72}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 PIP=${PIP:-$HERE/.venv/bin/pip}
@@ -28,8 +35,16 @@ setup() {
   update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
   if [ ! -x "$ROOTFS/usr/bin/python3" ]; then
     mkdir -p "$ROOTFS"
-    debootstrap --arch=arm64 --foreign --variant=minbase --include=python3,python3-venv,python3-pip bookworm "$ROOTFS" >&2
+    debootstrap --arch=arm64 --foreign --variant=minbase --include=python3,python3-venv,python3-pip,iproute2 \
+      bookworm "$ROOTFS" >&2
     chroot "$ROOTFS" /debootstrap/debootstrap --second-stage >&2
+  fi
+  if [ ! -x "$ROOTFS/usr/sbin/tc" ]; then  # a Pi has tc; sysroots made before it was included lack it
+    chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive QEMU_CPU="$QEMU_CPU" PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+      sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2' >&2
+  fi
+  if [ -d "$CACHE/site/torch" ] && [ ! -d "$SITE/torch" ]; then  # a cache made before the site moved
+    mkdir -p "$(dirname "$SITE")" && mv "$CACHE/site" "$SITE"
   fi
   if [ ! -d "$SITE/torch" ]; then
     local plat=(--only-binary=:all: --python-version 3.11 --implementation cp --platform manylinux2014_aarch64)
@@ -41,17 +56,69 @@ setup() {
 }
 
 run_python() {
-  mkdir -p "$ROOTFS/opt/site" "$ROOTFS/opt/paretopipe"
-  mountpoint -q "$ROOTFS/opt/site" || mount --bind "$SITE" "$ROOTFS/opt/site"
+  mkdir -p "$ROOTFS/opt/paretopipe"
   mountpoint -q "$ROOTFS/opt/paretopipe" || mount --bind -o ro "$HERE" "$ROOTFS/opt/paretopipe"
-  trap 'umount "$ROOTFS/opt/paretopipe" "$ROOTFS/opt/site" 2>/dev/null || true' EXIT
+  trap 'umount "$ROOTFS/opt/paretopipe" 2>/dev/null || true' EXIT
   chroot "$ROOTFS" /usr/bin/env QEMU_CPU="$QEMU_CPU" PYTHONPATH=/opt/site:/opt/paretopipe HOME=/tmp \
     OMP_NUM_THREADS=1 python3 "$@" 2> >(grep -v -e NNPACK -e cpuinfo >&2)
 }
 
+# The aarch64 install path: the project's wheel and the aarch64 wheels of its other dependencies
+# (fetched here, with torch pinned to the sysroot's CPU build), installed offline by the sysroot's own
+# pip under qemu into a venv that sees /opt/site. The wheel is rebuilt and reinstalled every time, so
+# the venv holds this checkout's code.
+install_venv() {
+  local plat=(--only-binary=:all: --python-version 3.11 --implementation cp --platform manylinux2014_aarch64)
+  for v in 17 28 34 35 36; do plat+=(--platform "manylinux_2_${v}_aarch64"); done
+  rm -rf "$WHEELS/project" && mkdir -p "$WHEELS/project" "$WHEELS/deps"
+  "$HERE/.venv/bin/python" -m pip wheel -q "$HERE" --no-deps --no-build-isolation --no-index -w "$WHEELS/project" >&2
+  local wheel
+  wheel=$(cd "$WHEELS/project" && ls paretopipe-*.whl)
+  if [ ! -f "$WHEELS/deps/.complete" ]; then
+    # every dependency but torch and torchvision, which the sysroot already has in /opt/site
+    local deps
+    deps=$("$HERE/.venv/bin/python" - "$WHEELS/project/$wheel" <<'PY'
+import sys, zipfile
+from email.parser import Parser
+with zipfile.ZipFile(sys.argv[1]) as z:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    reqs = Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []
+print("\n".join(r for r in reqs if "extra ==" not in r and r.split(">")[0].split("=")[0].split(";")[0].strip()
+                not in ("torch", "torchvision")))
+PY
+)
+    printf 'torch==2.9.1\ntorchvision==0.24.1\n' > "$WHEELS/deps/constraints.txt"
+    mapfile -t reqs <<< "$deps"
+    "$PIP" download -q "${plat[@]}" -c "$WHEELS/deps/constraints.txt" -d "$WHEELS/deps" "${reqs[@]}" >&2
+    touch "$WHEELS/deps/.complete"
+  fi
+  local qenv=(/usr/bin/env QEMU_CPU="$QEMU_CPU" HOME=/tmp "PATH=$VENV/bin:/usr/bin:/bin")
+  if [ ! -x "$ROOTFS$VENV/bin/python3" ]; then
+    chroot "$ROOTFS" "${qenv[@]}" python3 -m venv "$VENV"
+    echo /opt/site > "$(echo "$ROOTFS$VENV"/lib/python3*/site-packages)/sysroot-torch.pth"
+  fi
+  chroot "$ROOTFS" "${qenv[@]}" "$VENV/bin/pip" install -q --disable-pip-version-check --no-index \
+    --find-links /opt/wheels/deps "/opt/wheels/project/$wheel" >&2
+  chroot "$ROOTFS" "${qenv[@]}" "$VENV/bin/pip" install -q --disable-pip-version-check --no-index --no-deps \
+    --force-reinstall "/opt/wheels/project/$wheel" >&2
+  mkdir -p "$(dirname "$WRAPPER")"
+  # What a lab host's REMOTE_PYTHON runs: the venv's python under qemu, as on a Pi with this core.
+  # A private mount namespace gives it /proc (psutil needs it) and leaves nothing mounted behind;
+  # /sys stays the sysroot's empty one, because the x86 /sys confuses torch's CPU detection.
+  sed -e "s|@ROOTFS@|$ROOTFS|" -e "s|@QEMU_CPU@|$QEMU_CPU|" -e "s|@VENV@|$VENV|g" > "$WRAPPER" <<'SH'
+#!/bin/sh
+exec unshare -m sh -c 'root=$1; shift; mount -t proc proc "$root/proc" && exec chroot "$root" /usr/bin/env \
+  QEMU_CPU=@QEMU_CPU@ HOME=/tmp OMP_NUM_THREADS=1 PATH=@VENV@/bin:/usr/sbin:/usr/bin:/sbin:/bin @VENV@/bin/python3 "$@"' \
+  sh @ROOTFS@ "$@"
+SH
+  chmod 755 "$WRAPPER"
+  echo "$WRAPPER"
+}
+
 case "${1:-}" in
   setup) setup ;;
+  venv) setup; install_venv ;;
   fingerprints) setup; run_python /opt/paretopipe/scripts/zoo_fingerprints.py ;;
   python) shift; setup; run_python "$@" ;;
-  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -72,13 +72,13 @@ def _lab_namespaces(made) -> set[str]:
 
 
 @contextlib.contextmanager
-def lab(name: str, hosts: int = 2, subnet: int = 50) -> Iterator:
-    """A lab for one test; afterwards nothing of it may remain."""
+def lab(name: str, hosts: int = 2, subnet: int = 50, arches: list[str] | None = None) -> Iterator:
+    """A lab for one test (or one module); afterwards nothing of it may remain."""
     if LAB_SKIP:
         pytest.skip(LAB_SKIP)
     from paretopipe.runners import lab as labs
 
-    made = labs.up(name, hosts, subnet)
+    made = labs.up(name, hosts, subnet, arches=arches)
     namespaces = _lab_namespaces(made)
     try:
         yield made

@@ -24,6 +24,9 @@ def parser(prog: str = "paretopipe lab") -> ArgumentParser:
     up.add_argument("--subnet", type=int, default=0, help="S in 10.77.S.0/24")
     up.add_argument("--env", default=None, help="also write the lab's .env here (it is always in the lab's folder)")
     up.add_argument("--remote-dir", default=None, help="REMOTE_DIR of the .env (where this package is, if not given)")
+    up.add_argument("--arch", default="", help="each host's architecture, comma-separated: native or aarch64 (a "
+                                              "Pi's core under qemu-user in the sysroot `make lab-arm` builds); "
+                                              "hosts not named are native")
     for p in (up, sub.add_parser("down", help="remove the lab"), sub.add_parser("status", help="what is up")):
         p.add_argument("--name", default="pplab", help="lab name (1-8 lowercase letters and digits)")
         add_common_flags(p)
@@ -36,8 +39,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe lab") -> int
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     if args.cmd == "up":
-        made = lab.up(args.name, args.hosts, args.subnet, args.env, args.remote_dir)
-        print(f"lab {made.name} up: {made.hosts} hosts {', '.join(made.addresses())} on bridge {made.bridge} "
+        arches = [a.strip() for a in args.arch.split(",") if a.strip()]
+        made = lab.up(args.name, args.hosts, args.subnet, args.env, args.remote_dir, arches=arches)
+        hosts = [f"{a} ({arch})" if arch != "native" else a for a, arch in zip(made.addresses(), made.arches)]
+        print(f"lab {made.name} up: {made.hosts} hosts {', '.join(hosts)} on bridge {made.bridge} "
               f"({made.gateway}); sshd on each; .env: {made.env_file}")
         return 0
     if args.cmd == "down":

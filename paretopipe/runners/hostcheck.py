@@ -1,11 +1,12 @@
 """What a host can do, as one JSON object on stdout (``python -m paretopipe.runners.hostcheck``): the
-code's version, commit and digest, torch, the models' weight fingerprints, tc and root (or
+code's version, commit and digest, torch, the models' weight fingerprints and cut digests, tc and root (or
 passwordless sudo), whether the data port is free, netem and CUDA. ``paretopipe doctor`` runs it
 on every host over SSH and compares the answers with this machine's."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -62,7 +63,22 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
         except Exception as exc:  # reported, not raised: the doctor's table shows it
             prints[name] = f"error: {str(exc).splitlines()[0][:200]}"
     out["fingerprints"] = prints
+    out["cut_digests"] = {name: cut_digest(name, num_classes) for name in models}
     return out
+
+
+def cut_digest(model: str, num_classes: int) -> str:
+    """A digest of ``model``'s cut points (names, shapes, dtypes) and block cuts: what two hosts with
+    different torch versions must agree on to split the model the same way."""
+    from ..partition.split import partitioner_for
+
+    try:
+        _, part = partitioner_for(model, num_classes=num_classes, structure_only=True)
+    except Exception as exc:  # reported, not raised: the doctor's table shows it
+        return f"error: {str(exc).splitlines()[0][:200]}"
+    cuts = [[c.name, list(c.shape), c.dtype] for c in part.cuts]
+    text = json.dumps({"cuts": cuts, "blocks": part.block_cuts()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

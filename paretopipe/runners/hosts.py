@@ -158,7 +158,7 @@ class Testbed:
     @classmethod
     def from_env(cls, env: dict[str, str], devices: Sequence[str] | None = None) -> "Testbed":
         """``HOSTS=a,b,c`` (or ``PI1_IP`` + ``PI2_IP``/``GPU_IP``), ``SSH_*``, ``REMOTE_*`` (``REMOTE_DIRS``
-        gives one folder per host), ``PORT``,
+        and ``REMOTE_PYTHONS`` give one folder and one python per host), ``PORT``,
         ``MASTER_PORT``, ``IFACE``, devices from ``DEVICES=cpu,cuda`` or ``PI1_DEVICE``/``PI2_DEVICE``/
         ``GPU_DEVICE`` (``devices`` overrides), and ``PARETOPIPE_SECRET``."""
         names: list[tuple[str, str | None]] = []
@@ -172,6 +172,7 @@ class Testbed:
                 names.append((env["GPU_IP"], env.get("GPU_DEVICE") or "cuda"))
         listed = [d.strip() for d in env.get("DEVICES", "").split(",") if d.strip()]
         dirs = [d.strip() for d in env.get("REMOTE_DIRS", "").split(",") if d.strip()]
+        pythons = [p.strip() for p in env.get("REMOTE_PYTHONS", "").split(",") if p.strip()]
         ssh_port = _port(env.get("SSH_PORT"), "SSH_PORT", None)
         hosts = []
         for i, (name, device) in enumerate(names):
@@ -181,7 +182,8 @@ class Testbed:
             hosts.append(Host(address=address, user=user or env.get("SSH_USER") or None, key=_path(env.get("SSH_KEY")),
                               ssh_port=ssh_port, known_hosts=_path(env.get("SSH_KNOWN_HOSTS")),
                               remote_dir=(dirs[i] if i < len(dirs) else None) or env.get("REMOTE_DIR") or "~/paretopipe",
-                              remote_python=env.get("REMOTE_PYTHON") or "python3", device=pick,
+                              remote_python=(pythons[i] if i < len(pythons) else None) or env.get("REMOTE_PYTHON")
+                              or "python3", device=pick,
                               iface=env.get("IFACE") or None))
         if len(hosts) == 1:
             raise UsageError(f".env names one host ({hosts[0].address}); a testbed needs at least two "

@@ -4,6 +4,10 @@ address and its own sshd (key-only, a throwaway host key, authorized_keys in a t
     root namespace: bridge <name>-br 10.77.S.1/24 (the controller reaches the hosts through it)
       host i: namespace <name>-h<i>, eth0 10.77.S.(10 + i)/24, sshd on port 22 of that address
 
+A host may be aarch64 (``arch``): its stages then run the aarch64 Python of a debootstrap sysroot
+under qemu-user, with this project installed there from a wheel (``make lab-arm`` builds both, in
+``ARM_CACHE``), so that a Pi's architecture and install path take part in real sweeps.
+
 ``up`` writes a ``.env`` that points the sweeper at these hosts exactly as a user's ``.env`` points
 at Pis (SSH_USER=root, the lab's key and known_hosts, IFACE=eth0, a fresh shared secret), and
 ``down`` removes everything ``up`` made, sshd stopped by its PID. Root only.
@@ -28,6 +32,25 @@ from ..errors import NetemError, UsageError
 
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_HOSTS = 8
+ARCHES = ("native", "aarch64")
+
+
+def arm_python() -> Path:
+    """The host-side wrapper that runs the sysroot's venv python under qemu (``make lab-arm``)."""
+    return Path(os.environ.get("ARM_CACHE", "/var/cache/paretopipe-arm")) / "bin" / "python3-aarch64"
+
+
+def check_arches(arches: list[str], hosts: int) -> list[str]:
+    """One architecture per host (missing ones are native); an aarch64 host needs the sysroot."""
+    if len(arches) > hosts:
+        raise UsageError(f"--arch names {len(arches)} architectures for {hosts} hosts: give at most one per host")
+    bad = [a for a in arches if a not in ARCHES]
+    if bad:
+        raise UsageError(f"--arch {bad[0]!r}: valid are {', '.join(ARCHES)} (one per host, comma-separated)")
+    if "aarch64" in arches and not os.access(arm_python(), os.X_OK):
+        raise UsageError(f"an aarch64 host needs the qemu sysroot with this project installed ({arm_python()} is "
+                         f"missing): run `make lab-arm` first (about 12 minutes cold)")
+    return list(arches) + ["native"] * (hosts - len(arches))
 SSHD = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
 
@@ -42,6 +65,7 @@ class Lab:
     subnet: int                      # the third octet of 10.77.S.0/24
     dir: Path
     sshd_pids: list[int] = dataclasses.field(default_factory=list)
+    arches: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def bridge(self) -> str:
@@ -84,7 +108,8 @@ class Lab:
         try:
             data = json.loads(path.read_text())
             return cls(name=data["name"], hosts=int(data["hosts"]), subnet=int(data["subnet"]), dir=Path(data["dir"]),
-                       sshd_pids=[int(p) for p in data.get("sshd_pids", [])])
+                       sshd_pids=[int(p) for p in data.get("sshd_pids", [])],
+                       arches=[str(a) for a in data.get("arches", [])])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -114,16 +139,17 @@ def _check_name(name: str) -> str:
 
 
 def up(name: str = "pplab", hosts: int = 2, subnet: int = 0, env_out: str | Path | None = None,
-       remote_dir: str | None = None, remote_python: str | None = None) -> Lab:
+       remote_dir: str | None = None, remote_python: str | None = None, arches: list[str] | None = None) -> Lab:
     """Create the lab (after removing any earlier one of that name); returns it."""
     _check_name(name)
     if not 2 <= hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts {hosts}: valid 2..{MAX_HOSTS} hosts in a lab")
     if not 0 <= subnet <= 255:
         raise UsageError(f"--subnet {subnet}: valid 0..255 (the third octet of 10.77.S.0/24)")
+    per_host = check_arches(list(arches or []), hosts)
     require_root()
     down(name)
-    lab = Lab(name, hosts, subnet, state_dir(name))
+    lab = Lab(name, hosts, subnet, state_dir(name), arches=per_host)
     lab.dir.mkdir(parents=True, mode=0o700)
     lab.save()  # so that down() can undo a half-made lab
     try:
@@ -215,6 +241,10 @@ def _wait_ssh(lab: Lab, i: int) -> None:
 
 def _write_env(lab: Lab, env_out: str | Path | None, remote_dir: str | None, remote_python: str | None) -> None:
     root = Path(__file__).resolve().parents[2] if remote_dir is None else Path(remote_dir)
+    native = remote_python or sys.executable
+    pythons = [str(arm_python()) if arch == "aarch64" else native for arch in lab.arches]
+    # an aarch64 host runs the wheel installed in its sysroot's venv; REMOTE_DIR is only its cd
+    per_host = f"REMOTE_PYTHONS={','.join(pythons)}\n" if "aarch64" in lab.arches else ""
     text = f"""# Written by `paretopipe lab up` for the lab {lab.name!r}: {lab.hosts} namespace hosts with their own sshd.
 # Point the sweeper at it with --env-file {lab.env_file}; `paretopipe lab down` removes it all.
 HOSTS={','.join(lab.addresses())}
@@ -223,8 +253,8 @@ SSH_KEY={lab.key}
 SSH_KNOWN_HOSTS={lab.known_hosts}
 SSH_PORT=22
 REMOTE_DIR={root}
-REMOTE_PYTHON={remote_python or sys.executable}
-PORT=5555
+REMOTE_PYTHON={native}
+{per_host}PORT=5555
 MASTER_PORT=29500
 IFACE=eth0
 PARETOPIPE_SECRET={secrets.token_hex(16)}
@@ -287,5 +317,5 @@ def status(name: str = "pplab") -> dict[str, Any]:
     namespaces = [line.split(" ")[0] for line in _run("ip", "netns", "list", check=False).stdout.split("\n")
                   if line.startswith(f"{name}-h")]
     return {"name": name, "up": lab is not None and bool(namespaces), "namespaces": namespaces,
-            "hosts": lab.addresses() if lab else [], "env_file": str(lab.env_file) if lab else None,
+            "hosts": lab.addresses() if lab else [], "arches": lab.arches if lab else [], "env_file": str(lab.env_file) if lab else None,
             "sshd_pids": [p for p in (lab.sshd_pids if lab else []) if Path(f"/proc/{p}").exists()]}
