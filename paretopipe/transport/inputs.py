@@ -2,7 +2,8 @@
 
 A dataset is named by a spec:
 
-- ``synthetic`` (the anchor's ``dummy``): seeded Gaussian noise, identical on every machine;
+- ``synthetic`` (the anchor's ``dummy``): seeded Gaussian noise, identical on every machine of
+  one architecture (torch's sampler differs in the last bits between x86 and aarch64);
 - ``photos``: the colour photographs scikit-image ships inside its wheel (astronaut, coffee,
   chelsea, ...), so compression ratios are measured on real content;
 - ``cifar10`` or ``cifar10:PATH``: the CIFAR-10 test set from a local ``cifar-10-batches-py``;
@@ -35,7 +36,8 @@ PHOTOS = ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycl
 
 
 def synthetic_batch(index: int, batch_size: int, size: int, seed: int = 0) -> torch.Tensor:
-    """Batch ``index`` of the seeded synthetic dataset: identical on every machine."""
+    """Batch ``index`` of the seeded synthetic dataset: identical on every machine of one
+    architecture (x86 and aarch64 differ in the last bits; ``photos`` is bit-identical on both)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
     return torch.randn(batch_size, 3, size, size, generator=gen)
 

@@ -237,6 +237,8 @@ def cases() -> list[tuple[str, list[str], str]]:
     # lab, doctor and the umbrella itself
     for argv, what in ((["lab", "up", "--hosts", "1"], "valid 2..8 hosts"), (["lab", "up", "--hosts", "99"], "2..8"),
                        (["lab", "up", "--name", "Bad-Name"], "lab name 'Bad-Name'"), (["lab", "up", "--subnet", "300"], "--subnet"),
+                       (["lab", "up", "--arch", "sparc"], "--arch 'sparc': valid are native, aarch64"),
+                       (["lab", "up", "--hosts", "2", "--arch", "aarch64,native,native"], "at most one per host"),
                        (["lab", "explode"], "invalid choice"), (["doctor", "--env-file", f"{T}/none.env"], "no hosts to check"),
                        (["doctor", "--env-file", f"{T}/onehost.env"], "one host"),
                        (["doctor", "--env-file", f"{T}/user.env"], "is not a user name"),
