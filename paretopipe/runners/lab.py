@@ -49,7 +49,7 @@ def check_arches(arches: list[str], hosts: int) -> list[str]:
         raise UsageError(f"--arch {bad[0]!r}: valid are {', '.join(ARCHES)} (one per host, comma-separated)")
     if "aarch64" in arches and not os.access(arm_python(), os.X_OK):
         raise UsageError(f"an aarch64 host needs the qemu sysroot with this project installed ({arm_python()} is "
-                         f"missing): run `make lab-arm` first (about 12 minutes cold)")
+                         f"missing): run `make lab-arm` first (about 14 minutes cold)")
     return list(arches) + ["native"] * (hosts - len(arches))
 SSHD = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
