@@ -329,13 +329,21 @@ def set_rate(dev: str, rate_bps: float | None, runner: Runner | None = None) -> 
         runner.run(cmd.argv, timeout=10)
 
 
+#: Counters the kernel prints among a qdisc's options: traffic, not configuration. htb counts the
+#: packets that passed before any class matched (an ARP or IPv6 solicitation during a re-apply),
+#: and keeping it made two reads of one configuration differ (failed CI once).
+_OPTION_COUNTERS = frozenset({"direct_packets_stat"})
+
+
 def show(dev: str, runner: Runner | None = None) -> list[dict[str, Any]]:
-    """The qdiscs on ``dev`` as the kernel reports them (``tc -j``), parsed."""
+    """The qdiscs on ``dev`` as the kernel reports them (``tc -j``), parsed: their configuration,
+    without traffic counters."""
     runner = runner or Runner()
     check_interface(dev, runner)
     return [{"kind": q.get("kind"), "handle": q.get("handle"),
              "parent": q.get("parent", "root" if q.get("root") else None), "root": bool(q.get("root")),
-             "options": q.get("options", {})} for q in _json(runner, ["tc", "-j", "qdisc", "show", "dev", dev])]
+             "options": {k: v for k, v in q.get("options", {}).items() if k not in _OPTION_COUNTERS}}
+            for q in _json(runner, ["tc", "-j", "qdisc", "show", "dev", dev])]
 
 
 _CLASS = re.compile(r"^class (\S+) (\S+) (?:parent (\S+)|root)(?: leaf (\S+))?.*? rate (\S+) ceil (\S+)")

@@ -202,6 +202,7 @@ def test_lab_htb_rate_is_what_the_link_does_and_clear_restores(lab):
     netem.apply(p, "eth0", runner=edge)  # idempotent
     assert netem.show("eth0", edge) == once
     assert once[0]["kind"] == "htb" and [c["rate"] for c in netem.classes("eth0", edge)] == ["10Gbit", "20Mbit"]
+    assert "direct_packets_stat" not in once[0]["options"]  # a traffic counter is not configuration
     measured = measure(lab, 1, 2, 5299)
     assert measured["upload_goodput_mbit_per_s"] == pytest.approx(20, rel=0.10)
     netem.clear("eth0", runner=edge)
