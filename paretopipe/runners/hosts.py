@@ -27,6 +27,13 @@ from ..sshcmd import check_host, check_user, remote_path, ssh_argv
 DEVICES_HELP = "cpu, cuda or cuda:N"
 
 
+def _per_host(env: dict[str, str], key: str) -> list[str]:
+    """A comma-separated .env value with one entry per host, in the order of HOSTS; an empty entry
+    keeps its place (that host takes the shared value)."""
+    value = env.get(key, "").strip()
+    return [v.strip() for v in value.split(",")] if value else []
+
+
 def check_device_name(device: str, what: str = "device") -> str:
     if device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
         return device
@@ -170,9 +177,7 @@ class Testbed:
                 names.append((env["PI2_IP"], env.get("PI2_DEVICE")))
             elif env.get("GPU_IP"):
                 names.append((env["GPU_IP"], env.get("GPU_DEVICE") or "cuda"))
-        listed = [d.strip() for d in env.get("DEVICES", "").split(",") if d.strip()]
-        dirs = [d.strip() for d in env.get("REMOTE_DIRS", "").split(",") if d.strip()]
-        pythons = [p.strip() for p in env.get("REMOTE_PYTHONS", "").split(",") if p.strip()]
+        listed, dirs, pythons = (_per_host(env, key) for key in ("DEVICES", "REMOTE_DIRS", "REMOTE_PYTHONS"))
         ssh_port = _port(env.get("SSH_PORT"), "SSH_PORT", None)
         hosts = []
         for i, (name, device) in enumerate(names):

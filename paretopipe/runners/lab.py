@@ -33,6 +33,7 @@ from ..errors import NetemError, UsageError
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_HOSTS = 8
 ARCHES = ("native", "aarch64")
+SSHD = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
 
 def arm_python() -> Path:
@@ -51,7 +52,6 @@ def check_arches(arches: list[str], hosts: int) -> list[str]:
         raise UsageError(f"an aarch64 host needs the qemu sysroot with this project installed ({arm_python()} is "
                          f"missing): run `make lab-arm` first (about 14 minutes cold)")
     return list(arches) + ["native"] * (hosts - len(arches))
-SSHD = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
 
 def state_dir(name: str) -> Path:
