@@ -79,8 +79,6 @@ lab-demo: venv sysdeps
 bench: venv
 	$(PY) benchmarks/run_all.py
 
-# The default weights' fingerprints on aarch64 (a Pi 4's Cortex-A72 under qemu-user, in a cached
-# debootstrap sysroot outside the repository): what tests/partition/golden/fingerprints.json holds.
 # The aarch64 sysroot (qemu-user, debootstrap) with this checkout installed from a wheel into its
 # venv, for `paretopipe lab up --arch aarch64`; cached in /var/cache/paretopipe-arm. Needs root.
 lab-arm: venv sysdeps
@@ -91,6 +89,8 @@ lab-arm: venv sysdeps
 test-arm: lab-arm
 	$(PY) -m pytest -q -m arm --durations=5
 
+# The default weights' fingerprints on aarch64 (a Pi 4's Cortex-A72 under qemu-user, in a cached
+# debootstrap sysroot outside the repository): what tests/partition/golden/fingerprints.json holds.
 arm-fingerprints:
 	bash scripts/arm_sysroot.sh fingerprints > tests/partition/golden/fingerprints.json.new
 	mv tests/partition/golden/fingerprints.json.new tests/partition/golden/fingerprints.json

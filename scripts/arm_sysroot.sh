@@ -22,6 +22,9 @@ WHEELS=$ROOTFS/opt/wheels
 VENV=/opt/venv
 WRAPPER=$CACHE/bin/python3-aarch64
 QEMU_CPU=${QEMU_CPU:-cortex-a72}
+# pip's target for aarch64 wheels: CPython 3.11 (bookworm's) on any manylinux a Pi's glibc runs
+PLAT=(--only-binary=:all: --python-version 3.11 --implementation cp --platform manylinux2014_aarch64)
+for v in 17 28 34 35 36; do PLAT+=(--platform "manylinux_2_${v}_aarch64"); done
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 PIP=${PIP:-$HERE/.venv/bin/pip}
 
@@ -47,10 +50,8 @@ setup() {
     mkdir -p "$(dirname "$SITE")" && mv "$CACHE/site" "$SITE"
   fi
   if [ ! -d "$SITE/torch" ]; then
-    local plat=(--only-binary=:all: --python-version 3.11 --implementation cp --platform manylinux2014_aarch64)
-    for v in 17 28 34 35 36; do plat+=(--platform "manylinux_2_${v}_aarch64"); done
-    "$PIP" install -q "${plat[@]}" --target "$SITE" --no-deps torch==2.9.1 torchvision==0.24.1 >&2
-    "$PIP" install -q "${plat[@]}" --target "$SITE" --upgrade numpy typing_extensions sympy networkx jinja2 fsspec \
+    "$PIP" install -q "${PLAT[@]}" --target "$SITE" --no-deps torch==2.9.1 torchvision==0.24.1 >&2
+    "$PIP" install -q "${PLAT[@]}" --target "$SITE" --upgrade numpy typing_extensions sympy networkx jinja2 fsspec \
       filelock platformdirs pillow >&2
   fi
 }
@@ -68,8 +69,6 @@ run_python() {
 # pip under qemu into a venv that sees /opt/site. The wheel is rebuilt and reinstalled every time, so
 # the venv holds this checkout's code.
 install_venv() {
-  local plat=(--only-binary=:all: --python-version 3.11 --implementation cp --platform manylinux2014_aarch64)
-  for v in 17 28 34 35 36; do plat+=(--platform "manylinux_2_${v}_aarch64"); done
   rm -rf "$WHEELS/project" && mkdir -p "$WHEELS/project" "$WHEELS/deps"
   "$HERE/.venv/bin/python" -m pip wheel -q "$HERE" --no-deps --no-build-isolation --no-index -w "$WHEELS/project" >&2
   local wheel
@@ -80,16 +79,17 @@ install_venv() {
     deps=$("$HERE/.venv/bin/python" - "$WHEELS/project/$wheel" <<'PY'
 import sys, zipfile
 from email.parser import Parser
+from packaging.requirements import Requirement
 with zipfile.ZipFile(sys.argv[1]) as z:
     meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-    reqs = Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []
-print("\n".join(r for r in reqs if "extra ==" not in r and r.split(">")[0].split("=")[0].split(";")[0].strip()
-                not in ("torch", "torchvision")))
+    reqs = [Requirement(r) for r in Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []]
+print("\n".join(str(r) for r in reqs if r.name not in ("torch", "torchvision")
+                and not (r.marker and "extra" in str(r.marker))))
 PY
 )
     printf 'torch==2.9.1\ntorchvision==0.24.1\n' > "$WHEELS/deps/constraints.txt"
     mapfile -t reqs <<< "$deps"
-    "$PIP" download -q "${plat[@]}" -c "$WHEELS/deps/constraints.txt" -d "$WHEELS/deps" "${reqs[@]}" >&2
+    "$PIP" download -q "${PLAT[@]}" -c "$WHEELS/deps/constraints.txt" -d "$WHEELS/deps" "${reqs[@]}" >&2
     touch "$WHEELS/deps/.complete"
   fi
   local qenv=(/usr/bin/env QEMU_CPU="$QEMU_CPU" HOME=/tmp "PATH=$VENV/bin:/usr/bin:/bin")

@@ -114,9 +114,10 @@ def test_split_outputs_across_architectures_equal_the_unsplit_model(arm_lab, tmp
     from paretopipe.runners.hosts import Testbed
     from paretopipe.transport import inputs as data
 
-    tb = Testbed.from_env(read_env(str(arm_lab.env_file)))
+    env_file = read_env(str(arm_lab.env_file))
+    tb = Testbed.from_env(env_file)
     pi, server = tb.hosts
-    secret = read_env(str(arm_lab.env_file))["PARETOPIPE_SECRET"]
+    secret = env_file["PARETOPIPE_SECRET"]
     saved = f"/tmp/arm-outputs-{os.getpid()}.npz"  # inside the sysroot
     common = ["--model-name", MODEL, "--split-index", "8", "--port", str(tb.data_port), "--batch-size", "2",
               "--threads", "1", "--connect-timeout", "600"]
@@ -128,7 +129,7 @@ def test_split_outputs_across_architectures_equal_the_unsplit_model(arm_lab, tmp
     stage2 = subprocess.run(server.argv("paretopipe", ["stage2", *common, "--host", pi.address,
                                                        "--output-dir", str(tmp_path)], env),
                             capture_output=True, text=True, timeout=1200)
-    out, err = stage1.communicate(timeout=600)
+    _, err = stage1.communicate(timeout=600)
     assert stage2.returncode == 0 and stage1.returncode == 0, stage2.stderr[-2000:] + err[-2000:]
     logits = np.load(_rootfs_path(saved), allow_pickle=False)["logits"]
     _rootfs_path(saved).unlink()
