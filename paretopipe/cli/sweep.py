@@ -150,7 +150,7 @@ def _per_stage_ints(text: str | None, flag: str) -> list[int | None]:
 
 
 def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
-    from ..partition.models import canonical_name
+    from ..partition.names import canonical_name
 
     models = [m.strip() for m in (args.models or args.model or "mobilenetv2").split(",") if m.strip()]
     if not models:
@@ -357,7 +357,7 @@ def _check_splits(sweeper: Sweeper, opts: Any) -> None:
     folder or worker exists (a zoo model's block count is cached: milliseconds). A model file's is
     traced anew on every call (about 3 s here), so it is left to the workers, which build the
     model anyway; the folder of a sweep they refuse is discarded."""
-    from ..partition.models import is_model_file
+    from ..partition.names import is_model_file
     from ..partition.structure import structure
 
     for model in opts.models:

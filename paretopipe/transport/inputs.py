@@ -19,11 +19,12 @@ import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:  # torch is imported where batches are made: naming a dataset must not cost ~2 s of CPU
+    import torch
 
 DATASETS = ("synthetic", "photos", "cifar10", "cifar10:PATH", "imagefolder:PATH")
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -38,6 +39,8 @@ PHOTOS = ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycl
 def synthetic_batch(index: int, batch_size: int, size: int, seed: int = 0) -> torch.Tensor:
     """Batch ``index`` of the seeded synthetic dataset: identical on every machine of one
     architecture (x86 and aarch64 differ in the last bits; ``photos`` is bit-identical on both)."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
     return torch.randn(batch_size, 3, size, size, generator=gen)
 
@@ -87,6 +90,8 @@ def check_local(spec: str, data_dir: str | None = None) -> None:
 def batches(dataset: str, batch_size: int, size: int, count: int, data_dir: str | None = None,
             seed: int = 0) -> Iterator[torch.Tensor]:
     """``count`` batches of ``batch_size`` images at ``size`` x ``size``."""
+    import torch
+
     kind, path = parse_dataset(dataset, data_dir)
     if kind == "synthetic":
         for i in range(count):
@@ -182,7 +187,7 @@ def describe(dataset: str, data_dir: str | None = None) -> dict[str, Any]:
     kind, path = parse_dataset(dataset, data_dir)
     out: dict[str, Any] = {"dataset": kind}
     if kind == "synthetic":
-        out["source"] = "seeded Gaussian noise (torch.Generator), identical on every machine"
+        out["source"] = "seeded Gaussian noise (torch.Generator), identical on every machine of one architecture"
     elif kind == "photos":
         files = _photo_files()
         out.update(source="scikit-image sample photographs", images=[f.name for f in files],

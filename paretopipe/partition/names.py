@@ -1,0 +1,210 @@
+"""Model names: the anchor's aliases, torchvision's builders and users' own models, resolved to
+one spelling without importing torch.
+
+Every command that takes ``--model`` checks the name first, and most (``sweep``, ``--dry-run``,
+``split --list`` from the structure cache) need nothing else from the model in their own process:
+the stages build it. Importing torch and torchvision costs about 4 s of CPU, so it is paid here only
+when a user's model file or entry point is loaded (its code imports torch itself), or once per
+torchvision version to list its builders.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import UsageError
+from .structure import _version
+
+if TYPE_CHECKING:
+    from torch import nn
+
+#: Anchor names (the public ParetoPipe code) mapped to torchvision builders.
+ANCHOR_ALIASES = {
+    "mobilenetv2": "mobilenet_v2",
+    "inceptionv3": "inception_v3",
+    "resnet18": "resnet18",
+    "resnet50": "resnet50",
+    "vgg16": "vgg16",
+    "alexnet": "alexnet",
+    "efficientnetb0": "efficientnet_b0",
+    "vitb16": "vit_b_16",
+}
+#: The eight models the test-suite proves exact for every cut.
+NAMED_MODELS = ("mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3",
+                "efficientnet_b0", "vit_b_16")
+#: Packages add models under this entry-point group: ``name = "pkg.module:build"``.
+ENTRY_POINT_GROUP = "paretopipe.models"
+
+Builder = Callable[[int], "nn.Module"]
+_CUSTOM: dict[str, tuple[str, Builder, int]] = {}
+#: Source digests of user models from files and entry points: part of their weight-cache key.
+_SOURCE_DIGEST: dict[str, str] = {}
+
+
+def normalize(name: str) -> str:
+    """Case- and dash/underscore-insensitive key: ``MobileNet-V2`` -> ``mobilenetv2``."""
+    return "".join(ch for ch in name.lower() if ch not in "-_ ")
+
+
+def register(name: str, input_size: int = 224) -> Callable[[Builder], Builder]:
+    """Decorator adding a custom model: ``@register("tiny")`` over ``def f(num_classes) -> Module``."""
+
+    def wrap(builder: Builder) -> Builder:
+        _CUSTOM[normalize(name)] = (name, builder, input_size)
+        return builder
+
+    return wrap
+
+
+def is_model_file(name: str) -> bool:
+    """``path/to/file.py:build``: a user's model file and the function in it that builds the model."""
+    path, sep, func = name.rpartition(":")
+    return bool(sep) and path.endswith(".py") and func.isidentifier()
+
+
+def _input_size_of(builder: Any, module: Any = None) -> int:
+    size = getattr(builder, "input_size", None) or getattr(module, "INPUT_SIZE", None) or 224
+    if not isinstance(size, int) or size < 1:
+        raise UsageError(f"model builder {getattr(builder, '__name__', builder)!r}: input_size must be a positive "
+                         f"integer, not {size!r}")
+    return size
+
+
+def _load_model_file(spec: str) -> None:
+    """Import ``file.py`` and register ``function`` under the spec itself, so every process that is
+    given the same spec (the sweeper passes it to the stage workers and ranks) agrees on the name.
+
+    Only names from this process's own command line or configuration come here: a peer's model
+    name is compared with the one loaded, never imported.
+    """
+    import importlib.util
+
+    path_text, _, func = spec.rpartition(":")
+    path = Path(path_text)
+    if not path.is_file():
+        raise UsageError(f"model file {path_text} not found (give --model path/to/file.py:function; on hosts the "
+                         f"same path must exist under REMOTE_DIR, which --deploy ships)")
+    source = path.read_bytes()
+    name = "paretopipe_user_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise UsageError(f"model file {path_text} failed to import: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:160]}")
+    builder = getattr(module, func, None)
+    if not callable(builder):
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))[:8]
+        raise UsageError(f"model file {path_text} has no function {func!r}; it defines: {', '.join(found) or 'none'}")
+    _CUSTOM[normalize(spec)] = (spec, _checked(builder, spec), _input_size_of(builder, module))
+    _SOURCE_DIGEST[normalize(spec)] = hashlib.sha256(source).hexdigest()[:16]
+
+
+def _checked(builder: Callable[..., Any], what: str) -> Builder:
+    def build(num_classes: int) -> nn.Module:
+        from torch import nn
+
+        try:
+            model = builder(num_classes)
+        except TypeError:
+            model = builder()  # a builder without a classes argument: its own head
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"model {what}: the builder returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+    return build
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_points() -> dict[str, Any]:
+    from importlib import metadata
+
+    return {normalize(ep.name): ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_entry_point(key: str) -> None:
+    import inspect
+
+    ep = _entry_points()[key]
+    try:
+        builder = ep.load()
+    except Exception as exc:
+        raise UsageError(f"model {ep.name!r} (entry point {ep.value}) failed to load: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:160]}")
+    module = inspect.getmodule(builder)
+    _CUSTOM[key] = (ep.name, _checked(builder, ep.name), _input_size_of(builder, module))
+    try:
+        source = Path(inspect.getsourcefile(builder) or "").read_bytes()
+    except (OSError, TypeError):
+        source = ep.value.encode()
+    _SOURCE_DIGEST[key] = hashlib.sha256(source).hexdigest()[:16]
+
+
+def source_digest(name: str) -> str | None:
+    """The digest of a file or entry-point model's source (None for zoo and @register models)."""
+    return _SOURCE_DIGEST.get(normalize(name))
+
+
+def _torchvision_names() -> dict[str, str]:
+    """torchvision's classification builders by normalised name. Listing them imports torchvision
+    (about 4 s of CPU with torch), so the list is kept in the cache per torchvision version."""
+    from .weightcache import cache_dir
+
+    root = cache_dir()
+    path = root / "structure" / f"torchvision-{_version('torchvision')}-models.json" if root else None
+    if path is not None and path.is_file():
+        try:
+            names = json.loads(path.read_text())
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                return {normalize(n): n for n in names}
+        except (OSError, ValueError):
+            pass
+    import torchvision.models as tvm
+
+    names = tvm.list_models(module=tvm)
+    if path is not None:
+        from .. import records
+
+        try:
+            records.atomic_write_json(path, names)
+        except OSError:
+            pass  # a read-only cache only costs the next call its time
+    return {normalize(n): n for n in names}
+
+
+def canonical_name(name: str) -> str:
+    """The registry's spelling of ``name`` (torchvision's for zoo models); raises on unknown names."""
+    key = normalize(name)
+    if key not in _CUSTOM and is_model_file(name):
+        _load_model_file(name)
+    if key not in _CUSTOM and key in _entry_points():
+        _load_entry_point(key)
+    if key in _CUSTOM:
+        return _CUSTOM[key][0]
+    if key in ANCHOR_ALIASES:
+        return ANCHOR_ALIASES[key]
+    tv = _torchvision_names()
+    if key in tv:
+        return tv[key]
+    raise UsageError(f"unknown model {name!r}; known: {', '.join(known_models())}, or your own as "
+                     f"path/to/file.py:function or a {ENTRY_POINT_GROUP} entry point")
+
+
+def known_models() -> list[str]:
+    """Anchor names, custom registrations, then every torchvision classification builder."""
+    anchor = ["mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3"]
+    custom = sorted({v[0] for v in _CUSTOM.values()} | {ep.name for ep in _entry_points().values()})
+    tv = sorted(set(_torchvision_names().values()) - {ANCHOR_ALIASES[normalize(a)] for a in anchor})
+    return anchor + custom + tv
+
+
+def input_size(name: str) -> int:
+    """Square input side the model expects: 299 for Inception, 224 otherwise (or as registered)."""
+    key = normalize(canonical_name(name))
+    if key in _CUSTOM:
+        return _CUSTOM[key][2]
+    return 299 if canonical_name(name) == "inception_v3" else 224
