@@ -8,6 +8,7 @@ weights is proven on the eight named models in test_split.py."""
 from __future__ import annotations
 
 import pytest
+import torch
 import torchvision.models as tvm
 
 from paretopipe.errors import UsageError
@@ -17,8 +18,11 @@ BUILDERS = tvm.list_models(module=tvm)
 
 
 def test_regnet_falls_back_to_a_real_build_and_lists_its_cuts():
+    with pytest.raises((NotImplementedError, RuntimeError)):  # why it needs the fallback
+        with torch.device("meta"):
+            models.construct("regnet_y_400mf", 10)
     model = models.skeleton("regnet_y_400mf", 10)
-    assert not next(model.parameters()).is_meta  # the meta build raised; a real one stood in
+    assert all(p.is_meta for p in model.parameters())  # built for real, then nothing held
     _, part = split.partitioner_for("regnet_y_400mf", structure_only=True)
     assert part.num_blocks >= 5 and len(part.cuts) > part.num_blocks
     table = split.format_table(part)
