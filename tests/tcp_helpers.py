@@ -52,8 +52,8 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secr
     th = threading.Thread(target=stage1)
     th.start()
     sock = tcp.connect_with_retry("127.0.0.1", listener.port, 10)
-    session = tcp.open_session(sock, b, cuts=cuts, secret=secret)
-    (s2,) = tcp.serve_session(session, b, output_dir=tmp, timeout_s=60)
+    connection = tcp.open_connection(sock, b, cuts=cuts, secret=secret)
+    (s2,) = tcp.serve_connection(connection, b, output_dir=tmp, timeout_s=60)
     th.join(60)
     listener.close()
     if "s1_error" in out:

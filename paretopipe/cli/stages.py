@@ -198,7 +198,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
         if cfg.adaptive:
             from ..runners.adaptive import AdaptiveRun
 
-            outcome = AdaptiveRun(builder, cfg, listener=listener, session=None, conditions=conditions,
+            outcome = AdaptiveRun(builder, cfg, listener=listener, connection=None, conditions=conditions,
                                   observed_link=observed, threads=args.threads, keep_outputs=bool(args.save_outputs),
                                   connect_timeout=args.connect_timeout).run(args.out)
         else:
@@ -247,8 +247,8 @@ def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") 
     builder, cuts = _builder(args, required=False)
     observed = _observed_link(args)
     sock = tcp.connect_with_retry(args.host, args.port, args.connect_timeout)
-    session = tcp.open_session(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload)
-    outcomes = tcp.serve_session(session, builder, output_dir=args.out, observed_link=observed,
+    connection = tcp.open_connection(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload)
+    outcomes = tcp.serve_connection(connection, builder, output_dir=args.out, observed_link=observed,
                                  threads=args.threads, timeout_s=args.timeout)
     for outcome in outcomes:
         print(f"stage 2 done: {outcome.record['summary']['batches_measured']} measured batches, written {outcome.path}")

@@ -28,7 +28,7 @@ from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import LinkSchedule
 from .device_profile import RESULT_CODEC, DeviceProfile
 
-# The last stage sends its own durations in each result frame's JSON meta (see transport/tcp.py).
+# The last stage sends its own durations in each result frame's JSON meta (see transport/tcp/sink.py).
 RESULT_META_BYTES = len(json.dumps({k: 0.012345678901234567 for k in (
     "stage2_decode_s", "stage2_queue_s", "stage2_compute_s", "stage2_encode_s")}, separators=(",", ":")))
 

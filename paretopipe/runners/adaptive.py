@@ -52,22 +52,22 @@ STARTUP_PROBES = 2
 
 @dataclasses.dataclass
 class _Peer:
-    """The current stage 2: its session, its sender, and the thread reading its frames."""
+    """The current stage 2: its connection, its sender, and the thread reading its frames."""
 
-    session: tcp.Session
+    connection: tcp.Connection
     sender: tcp.FrameSender
     inbox: queue.Queue
     split: int
 
     def close(self) -> None:
         self.sender.close(timeout=1.0)
-        self.session.close()
+        self.connection.close()
 
 
-def _reader(session: tcp.Session, inbox: queue.Queue) -> None:
+def _reader(connection: tcp.Connection, inbox: queue.Queue) -> None:
     try:
         while True:
-            f = session.reader.read()
+            f = connection.reader.read()
             inbox.put((f, time.monotonic()))
             if f.kind == wire.RECORDS:
                 return
@@ -79,17 +79,17 @@ class AdaptiveRun:
     """One adaptive run as stage 1 (see the module docstring)."""
 
     def __init__(self, builder: StageBuilder, cfg: RunConfig, *, listener: tcp.StageListener | None,
-                 session: tcp.Session | None, conditions: NetworkConditions | None = None,
+                 connection: tcp.Connection | None, conditions: NetworkConditions | None = None,
                  observed_link: dict | None = None, threads: int | None = None,
                  limits: dict[str, Any] | None = None, keep_outputs: bool = False,
-                 connect_timeout: float = 60.0, keep_session: bool = False) -> None:
+                 connect_timeout: float = 60.0, keep_connection: bool = False) -> None:
         if not cfg.adaptive:
             raise UsageError("AdaptiveRun takes a run with split_index 'adaptive'")
         self.builder, self.cfg, self.listener = builder, cfg, listener
         self.conditions, self.observed_link = conditions, observed_link
         self.threads, self.limits, self.keep_outputs = threads, limits, keep_outputs
-        self.connect_timeout, self.keep_session = connect_timeout, keep_session
-        self.session_after: tcp.Session | None = None  # with keep_session: the open session, for the next run
+        self.connect_timeout, self.keep_connection = connect_timeout, keep_connection
+        self.connection_after: tcp.Connection | None = None  # with keep_connection: the open connection, for the next run
         part = builder.partitioner
         self.num_blocks = part.num_blocks
         self.block_cuts = part.block_cuts()
@@ -106,7 +106,7 @@ class AdaptiveRun:
         self.estimator = LinkEstimator()
         self.timer = StageTimer(builder.device)
         self.peer: _Peer | None = None
-        self._first_session = session
+        self._first_connection = connection
         self.outputs: dict[int, torch.Tensor] = {}
         self.batches: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
@@ -116,18 +116,18 @@ class AdaptiveRun:
         self.last_rate_sample = self.last_rtt_sample = self.t0
 
     # -- stage 2 -------------------------------------------------------------------------------
-    def _start_peer(self, session: tcp.Session, run_id: str, link_manifest: dict[str, Any], split: int,
+    def _start_peer(self, connection: tcp.Connection, run_id: str, link_manifest: dict[str, Any], split: int,
                     deadline: float) -> dict[str, Any]:
-        """RUN on ``session`` (the first time, or replayed to a stage 2 that came back)."""
+        """RUN on ``connection`` (the first time, or replayed to a stage 2 that came back)."""
         cfg = dataclasses.replace(self.cfg, cuts=[self.block_cuts[split]])
-        session.sock.settimeout(self.cfg.timeout_s)
-        session.send(wire.RUN, meta={"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
+        connection.sock.settimeout(self.cfg.timeout_s)
+        connection.send(wire.RUN, meta={"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
                                      "return_link": self.conditions.down.to_dict() if self.emulated else None})
-        ok = wire.expect(session.reader.read(deadline), wire.RUN_OK)
-        session.sock.settimeout(None)  # the reader thread waits as long as the run lasts
+        ok = wire.expect(connection.reader.read(deadline), wire.RUN_OK)
+        connection.sock.settimeout(None)  # the reader thread waits as long as the run lasts
         inbox: queue.Queue = queue.Queue()
-        threading.Thread(target=_reader, args=(session, inbox), name="adaptive-recv", daemon=True).start()
-        self.peer = _Peer(session, tcp.FrameSender(session.writer, self.link, "adaptive-send"), inbox, split)
+        threading.Thread(target=_reader, args=(connection, inbox), name="adaptive-recv", daemon=True).start()
+        self.peer = _Peer(connection, tcp.FrameSender(connection.writer, self.link, "adaptive-send"), inbox, split)
         self.free_choice = True
         return ok.meta or {}
 
@@ -143,17 +143,17 @@ class AdaptiveRun:
         if self.listener is None:
             return
         try:
-            session = self.listener.session(0.001)
+            connection = self.listener.connection(0.001)
         except PeerError:
             return
         try:
-            self._start_peer(session, run_id, link_manifest, split, time.monotonic() + self.cfg.timeout_s)
+            self._start_peer(connection, run_id, link_manifest, split, time.monotonic() + self.cfg.timeout_s)
         except (ParetoPipeError, OSError) as exc:
-            session.close()
+            connection.close()
             log.warning("adaptive: a returning stage 2 failed its RUN: %s", exc)
             return
         self.counts["reconnects"] += 1
-        self.events.append({"seq": seq, "event": "reconnected", "address": session.address})
+        self.events.append({"seq": seq, "event": "reconnected", "address": connection.address})
 
     def _await(self, kind: int, seq: int, deadline: float) -> tuple[wire.Frame | None, float, str | None]:
         """The peer's next ``kind`` frame for ``seq``: (frame, arrival, None), or (None, now, why)."""
@@ -201,7 +201,7 @@ class AdaptiveRun:
         est = self.estimator.estimate
         choice = None
         if self.peer is not None:
-            # The first choice on a session is free; later ones pass the hysteresis.
+            # The first choice on a connection is free; later ones pass the hysteresis.
             choice = chooser.choose(None if self.free_choice else self.peer.split, est)
             self.free_choice = False
         split = choice.split if choice else self.num_blocks
@@ -283,8 +283,8 @@ class AdaptiveRun:
         with SystemMonitor(gpu=self.builder.device.startswith("cuda")) as mon:
             try:
                 cpushare.join_compute_thread()
-                session = self._first_session or self.listener.session(self.connect_timeout)
-                remote = self._start_peer(session, run_id, link_manifest, self.start_split,
+                connection = self._first_connection or self.listener.connection(self.connect_timeout)
+                remote = self._start_peer(connection, run_id, link_manifest, self.start_split,
                                           time.monotonic() + self.cfg.timeout_s + 120)
                 profiles = self._profiles(remote)
                 codec = codec_key(cfg.wire_dtype, cfg.compression)
@@ -294,12 +294,12 @@ class AdaptiveRun:
                 link_manifest.update(tcp.link_manifest_of(self.conditions, self.emulated, self.observed_link,
                                                           self.link))
                 self.peer.sender.close()
-                self.peer.sender = tcp.FrameSender(session.writer, self.link, "adaptive-send")
+                self.peer.sender = tcp.FrameSender(connection.writer, self.link, "adaptive-send")
                 # Batch times count from the link's start, so they line up with the trace's replay.
                 self.t0 = self.last_rate_sample = self.last_rtt_sample = time.monotonic()
                 for i in range(STARTUP_PINGS + STARTUP_PROBES):
                     self._probe(0 if i < STARTUP_PINGS else PROBE_BYTES, i)
-                log.info("adaptive: run %s started with %s (link estimate %s)", run_id, session.address,
+                log.info("adaptive: run %s started with %s (link estimate %s)", run_id, connection.address,
                          self.estimator.estimate.as_fields())
                 batches = inputs.batches(cfg.dataset, cfg.batch_size, self.builder.input_size,
                                          cfg.warmup + cfg.num_batches, cfg.data_dir, cfg.seed)
@@ -336,18 +336,18 @@ class AdaptiveRun:
         if failure is None and self.peer is not None:
             try:
                 self.peer.sender.close()
-                self.peer.session.send_json(wire.RECORDS, part1)
+                self.peer.connection.send_json(wire.RECORDS, part1)
                 f, _, why = self._await(wire.RECORDS, 0, time.monotonic() + cfg.timeout_s)
                 if f is None:
                     raise PeerError(f"stage 2 sent no records ({why})")
-                peer_part = tcp.check_part(tcp.json_of(f), "stage 2", False)
+                peer_part = tcp.check_part(tcp.json_payload(f), "stage 2", False)
             except (ParetoPipeError, OSError) as exc:
                 log.warning("adaptive: records exchange with stage 2 failed: %s", exc)
         if self.peer is not None:
-            if self.keep_session and failure is None and peer_part is not None:
-                self.session_after = self.peer.session
+            if self.keep_connection and failure is None and peer_part is not None:
+                self.connection_after = self.peer.connection
             else:
-                self.peer.session.close(bye=failure is None)
+                self.peer.connection.close(bye=failure is None)
         record = tcp.assemble_record(run_id, status, error, cfg, part1, peer_part, link_manifest,
                                      {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
         path = tcp.write_record(record, output_dir)

@@ -3,7 +3,7 @@
 The sweeper starts one worker per stage and model, and re-partitions in place for every
 configuration, so process start-up and model build are paid once per model, not per run.
 Commands (one JSON object per line, each checked field by field): stage 1 takes ``listen`` (open
-the data port once) and ``run`` (one run over the current session, answered with the record);
+the data port once) and ``run`` (one run over the current connection, answered with the record);
 stage 2 takes ``connect`` (connect, authenticate, then serve stage 1's runs in the background);
 both take ``quit``. Nothing received is evaluated; JSON only. The shared secret travels in these
 commands (over the SSH channel), never on a command line.
@@ -29,7 +29,7 @@ _EMIT_LOCK = threading.Lock()
 
 @dataclasses.dataclass
 class ListenCommand:
-    """Stage 1: open the data port on ``host:port`` (0 = any free port) and accept stage 2 sessions."""
+    """Stage 1: open the data port on ``host:port`` (0 = any free port) and accept stage 2 connections."""
 
     cmd: str
     host: str = "127.0.0.1"
@@ -39,7 +39,7 @@ class ListenCommand:
 
 @dataclasses.dataclass
 class RunCommand:
-    """Stage 1: one run over the current session (waiting up to ``connect_timeout`` for one)."""
+    """Stage 1: one run over the current connection (waiting up to ``connect_timeout`` for one)."""
 
     cmd: str
     config: dict[str, Any]
@@ -70,13 +70,13 @@ def _emit(obj: dict[str, Any]) -> None:
 
 
 class StageWorker:
-    """The state of one stage process between commands: its model, its listener or its session."""
+    """The state of one stage process between commands: its model, its listener or its connection."""
 
     def __init__(self, role: str, builder, limits: dict[str, Any]) -> None:
         self.role, self.builder, self.limits = role, builder, limits
         self.listener = None
-        self.session = None
-        # Set while a stage-2 session is served; cleared before "session_ended" is emitted, so a
+        self.connection = None
+        # Set while a stage-2 connection is served; cleared before "connection_ended" is emitted, so a
         # controller that connects again as soon as it reads that line is never told "already serving".
         self.serving = threading.Event()
 
@@ -102,46 +102,46 @@ class StageWorker:
             if self.listener is None:
                 raise UsageError("run before listen: stage 1 has no data port yet")
             cfg = RunConfig.from_dict(cmd.config)
-            self.session = self.listener.session(cmd.connect_timeout, self.session)
+            self.connection = self.listener.connection(cmd.connect_timeout, self.connection)
             conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
             if cfg.adaptive:
                 from .adaptive import AdaptiveRun
 
-                run = AdaptiveRun(self.builder, cfg, listener=self.listener, session=self.session,
+                run = AdaptiveRun(self.builder, cfg, listener=self.listener, connection=self.connection,
                                   conditions=conditions, observed_link=cmd.observed_link, threads=threads,
-                                  limits=self.limits, connect_timeout=cmd.connect_timeout, keep_session=True)
+                                  limits=self.limits, connect_timeout=cmd.connect_timeout, keep_connection=True)
                 try:
                     outcome = run.run()
                 finally:
-                    self.session = run.session_after
+                    self.connection = run.connection_after
                 _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
                 return
-            outcome = tcp.run_on_session(self.session, self.builder, cfg, conditions=conditions,
+            outcome = tcp.run_on_connection(self.connection, self.builder, cfg, conditions=conditions,
                                          observed_link=cmd.observed_link, threads=threads, limits=self.limits)
             _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
         else:
             if self.serving.is_set():
-                raise UsageError("stage 2 is already serving a session")
+                raise UsageError("stage 2 is already serving a connection")
             sock = tcp.connect_with_retry(cmd.host, cmd.port, cmd.connect_timeout)
-            session = tcp.open_session(sock, self.builder, secret=auth.load_secret(cmd.secret or ""))
+            connection = tcp.open_connection(sock, self.builder, secret=auth.load_secret(cmd.secret or ""))
             _emit({"event": "connected"})
 
             def serve() -> None:
                 error = None
                 try:
-                    tcp.serve_session(session, self.builder, threads=threads, limits=self.limits, timeout_s=cmd.timeout)
+                    tcp.serve_connection(connection, self.builder, threads=threads, limits=self.limits, timeout_s=cmd.timeout)
                 except (ParetoPipeError, OSError) as exc:
                     error = str(exc)
                 finally:
                     self.serving.clear()
-                _emit({"event": "session_ended", "error": error})
+                _emit({"event": "connection_ended", "error": error})
 
             self.serving.set()
-            threading.Thread(target=serve, name="stage2-session", daemon=True).start()
+            threading.Thread(target=serve, name="stage2-serve", daemon=True).start()
 
     def close(self) -> None:
-        if self.session is not None:
-            self.session.close(bye=True)
+        if self.connection is not None:
+            self.connection.close(bye=True)
         if self.listener is not None:
             self.listener.close()
 

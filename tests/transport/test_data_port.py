@@ -43,13 +43,13 @@ def _connect(lst) -> socket.socket:
 def test_secrets_are_checked_both_ways_and_never_sent(tmp_path, listener):
     b = builder(MODEL)
     with pytest.raises(PeerError, match="authentication failed: stage 2 does not know the shared secret"):
-        tcp.open_session(_connect(listener), b, secret=b"another-secret-0123456789")
+        tcp.open_connection(_connect(listener), b, secret=b"another-secret-0123456789")
     with pytest.raises(PeerError, match="authentication required"):
-        tcp.open_session(_connect(listener), b, secret=None)
+        tcp.open_connection(_connect(listener), b, secret=None)
     plain = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), None)
     try:
         with pytest.raises(PeerError, match="stage 1 does not authenticate"):
-            tcp.open_session(socket.create_connection(("127.0.0.1", plain.port)), b, secret=SECRET)
+            tcp.open_connection(socket.create_connection(("127.0.0.1", plain.port)), b, secret=SECRET)
     finally:
         plain.close()
     # A correct peer authenticates, and the secret itself never appears on the wire.
@@ -66,7 +66,7 @@ def test_secrets_are_checked_both_ways_and_never_sent(tmp_path, listener):
 
     th = threading.Thread(target=relay, daemon=True)
     th.start()
-    tcp.open_session(a, b, secret=SECRET)
+    tcp.open_connection(a, b, secret=SECRET)
     assert SECRET not in seen and b"mac" in seen
     _real_run(tmp_path / "real")
 
@@ -125,8 +125,8 @@ def test_hostile_hellos_are_refused_and_the_listener_lives(tmp_path, listener, a
     while not listener.refusals and time.monotonic() < deadline:  # logged right after the refusal is sent
         time.sleep(0.05)
     assert listener.refusals, "the stranger was refused and logged"
-    session = tcp.open_session(_connect(listener), b, secret=SECRET)  # the real peer still gets in
-    session.close()
+    connection = tcp.open_connection(_connect(listener), b, secret=SECRET)  # the real peer still gets in
+    connection.close()
     _real_run(tmp_path)
 
 
@@ -153,9 +153,9 @@ def test_slow_silent_and_flooding_strangers_cannot_delay_the_real_peer(tmp_path,
     for _ in range(200):
         socket.create_connection(("127.0.0.1", listener.port)).close()
     t0 = time.monotonic()
-    session = tcp.open_session(_connect(listener), builder(MODEL), secret=SECRET)
+    connection = tcp.open_connection(_connect(listener), builder(MODEL), secret=SECRET)
     assert time.monotonic() - t0 < 2.0
-    session.close()
+    connection.close()
     time.sleep(2.5)  # the handshake deadline (2 s here) has passed for every stranger
     for s in strangers + [dripper]:
         s.settimeout(1)
@@ -200,9 +200,9 @@ def test_a_peers_run_id_never_becomes_a_path(tmp_path, run_id):
     b = builder(MODEL)
     cfg = RunConfig(model=b.name, cuts=[b.cuts_for(9)[0]], batch_size=1, num_batches=1, warmup=0).to_dict()
     srv, th, result = _fake_stage1({"run_id": run_id, "config": cfg, "link": {"mode": "none"}})
-    session = tcp.open_session(socket.create_connection(srv.getsockname()), b)
+    connection = tcp.open_connection(socket.create_connection(srv.getsockname()), b)
     with pytest.raises(WireError, match="not a safe file name"):
-        tcp.serve_session(session, b, output_dir=tmp_path / "out")
+        tcp.serve_connection(connection, b, output_dir=tmp_path / "out")
     th.join(10)
     srv.close()
     assert result["reply"].kind == wire.ERROR and "cannot run this" in result["reply"].meta["reason"]
@@ -220,9 +220,9 @@ def test_malformed_runs_are_one_clear_refusal(meta, match):
     """Row 5: a RUN without its fields is refused in one line, not a KeyError."""
     b = builder(MODEL)
     srv, th, result = _fake_stage1(meta)
-    session = tcp.open_session(socket.create_connection(srv.getsockname()), b)
+    connection = tcp.open_connection(socket.create_connection(srv.getsockname()), b)
     with pytest.raises(WireError, match=match):
-        tcp.serve_session(session, b, output_dir=None)
+        tcp.serve_connection(connection, b, output_dir=None)
     th.join(10)
     srv.close()
     assert result["reply"].kind == wire.ERROR
@@ -235,16 +235,16 @@ def test_bogus_records_from_stage_2_still_leave_stage_1_a_record(tmp_path, liste
 
     def fake_stage2():
         sock = _connect(listener)
-        session = tcp.open_session(sock, b, secret=SECRET)
-        wire.expect(session.reader.read(), wire.RUN)
-        session.send(wire.RUN_OK)
+        connection = tcp.open_connection(sock, b, secret=SECRET)
+        wire.expect(connection.reader.read(), wire.RUN)
+        connection.send(wire.RUN_OK)
         for _ in range(2):
-            f = wire.expect(session.reader.read(), wire.TENSOR)
-            session.send(wire.RESULT, f.seq, torch.zeros(1, 10), meta={"stage2_compute_s": 0.001})
-        wire.expect(session.reader.read(), wire.RECORDS)
-        session.send_json(wire.RECORDS, {"x": 1})
+            f = wire.expect(connection.reader.read(), wire.TENSOR)
+            connection.send(wire.RESULT, f.seq, torch.zeros(1, 10), meta={"stage2_compute_s": 0.001})
+        wire.expect(connection.reader.read(), wire.RECORDS)
+        connection.send_json(wire.RECORDS, {"x": 1})
         time.sleep(0.5)
-        session.close()
+        connection.close()
 
     th = threading.Thread(target=fake_stage2, daemon=True)
     th.start()
@@ -259,13 +259,13 @@ def test_lying_result_durations_are_refused(tmp_path, listener):
     cfg = RunConfig(model=b.name, cuts=b.cuts_for(9), batch_size=1, num_batches=2, warmup=0, timeout_s=20)
 
     def fake_stage2():
-        session = tcp.open_session(_connect(listener), b, secret=SECRET)
-        wire.expect(session.reader.read(), wire.RUN)
-        session.send(wire.RUN_OK)
-        f = wire.expect(session.reader.read(), wire.TENSOR)
-        session.send(wire.RESULT, f.seq, torch.zeros(1, 10), meta={"stage2_compute_s": "soon"})
+        connection = tcp.open_connection(_connect(listener), b, secret=SECRET)
+        wire.expect(connection.reader.read(), wire.RUN)
+        connection.send(wire.RUN_OK)
+        f = wire.expect(connection.reader.read(), wire.TENSOR)
+        connection.send(wire.RESULT, f.seq, torch.zeros(1, 10), meta={"stage2_compute_s": "soon"})
         time.sleep(1)
-        session.close()
+        connection.close()
 
     threading.Thread(target=fake_stage2, daemon=True).start()
     with pytest.raises(WireError, match="stage2_compute_s='soon' is not a duration"):

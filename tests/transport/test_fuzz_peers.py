@@ -81,7 +81,7 @@ def _cfg(b, batches: int = 2) -> dict:
 
 # -- a stage-1 worker and the real stage 2 -----------------------------------------------------------
 class RealStage2:
-    """The legitimate stage 2, in this process: it (re)connects whenever its session ends."""
+    """The legitimate stage 2, in this process: it (re)connects whenever its connection ends."""
 
     def __init__(self, port: int) -> None:
         self.port, self.stop = port, threading.Event()
@@ -92,9 +92,9 @@ class RealStage2:
         b = builder(MODEL)
         while not self.stop.is_set():
             try:
-                session = tcp.open_session(tcp.connect_with_retry("127.0.0.1", self.port, 5), b,
+                connection = tcp.open_connection(tcp.connect_with_retry("127.0.0.1", self.port, 5), b,
                                            secret=SECRET.encode())
-                tcp.serve_session(session, b, timeout_s=10)
+                tcp.serve_connection(connection, b, timeout_s=10)
             except (ParetoPipeError, OSError):
                 time.sleep(0.1)
 
@@ -160,19 +160,19 @@ class HostileStage2:
         part = {"manifest": {"role": "stage2"}, "sysmon": {"cpu_percent_mean": 1.0}}
         self.records = _mutate(part, data)
         b = builder(MODEL)
-        self.session = tcp.open_session(socket.create_connection(("127.0.0.1", port), timeout=5), b,
+        self.connection = tcp.open_connection(socket.create_connection(("127.0.0.1", port), timeout=5), b,
                                         secret=SECRET.encode())
         self.thread = threading.Thread(target=self._play, daemon=True)
         self.thread.start()
 
     def _misbehave(self, mutated: bytes) -> None:
         if self.how == "close":
-            self.session.close()
+            self.connection.close()
         else:
-            self.session.sock.sendall(mutated if self.how == "mutated" else self.garbage)
+            self.connection.sock.sendall(mutated if self.how == "mutated" else self.garbage)
 
     def _play(self) -> None:
-        s = self.session
+        s = self.connection
         try:
             wire.expect(s.reader.read(), wire.RUN)
             if self.state == "run_ok":
@@ -201,7 +201,7 @@ class HostileStage2:
 def test_an_authenticated_stage2_misbehaving_in_every_state(stage1, data):
     worker, port = stage1
     hostile = HostileStage2(port, data)
-    time.sleep(0.2)  # the listener has it queued: it is the newest session, so the next run uses it
+    time.sleep(0.2)  # the listener has it queued: it is the newest connection, so the next run uses it
     worker.send({"cmd": "run", "config": _cfg(builder(MODEL)), "connect_timeout": 30})
     try:
         outcome = worker.expect("done", timeout=60)["record"]
@@ -285,7 +285,7 @@ def _real_stage1_run(worker: StageProcess) -> None:
         cfg = RunConfig.from_dict(_cfg(b))
         outcome = tcp.run_stage1(listener, b, cfg, connect_timeout=10)
         assert outcome.record["status"] == "complete"
-        worker.expect("session_ended", timeout=10)
+        worker.expect("connection_ended", timeout=10)
     finally:
         listener.close()
 
@@ -299,7 +299,7 @@ def test_a_hostile_stage1_mutating_every_state(stage2, data):
                  "connect_timeout": 5})
     try:
         stage2.expect("connected", timeout=15)
-        stage2.expect("session_ended", timeout=30)
+        stage2.expect("connection_ended", timeout=30)
     except PeerError as exc:  # refused during the handshake: one error event
         assert "exited" not in str(exc)
     th.join(10)
@@ -307,9 +307,9 @@ def test_a_hostile_stage1_mutating_every_state(stage2, data):
     _real_stage1_run(stage2)
 
 
-def test_stage2_serves_the_next_session_as_soon_as_it_says_the_last_one_ended(stage2):
-    """A controller connects again the moment it reads "session_ended". The worker once emitted that
-    line before its session thread had finished, and under load it refused the next connect with
-    "already serving a session" (seen in CI); now the flag is cleared before the line is written."""
+def test_stage2_serves_the_next_connection_as_soon_as_it_says_the_last_one_ended(stage2):
+    """A controller connects again the moment it reads "connection_ended". The worker once emitted that
+    line before its serve thread had finished, and under load it refused the next connect with
+    "already serving a connection" (seen in CI); now the flag is cleared before the line is written."""
     for _ in range(6):
         _real_stage1_run(stage2)

@@ -1,0 +1,110 @@
+"""A TCP connection between two stages: sockets that listen or connect (either side may start
+first), the authenticated connection that carries any number of runs, and the thread that sends
+its frames in order through an emulated link."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from typing import Any, Callable
+
+import torch
+
+from ...errors import ParetoPipeError, PeerError, UsageError, WireError
+from ...network.emulated import EmulatedLink, LinkSender
+from .. import wire
+from .messages import Hello, json_payload, json_tensor
+
+
+def listen(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: a TCP port is 0..65535")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc} "
+                         f"(is another run using the port?)")
+    sock.listen(64)
+    return sock
+
+
+def connect_with_retry(host: str, port: int, connect_timeout: float) -> socket.socket:
+    """Connect, retrying until ``connect_timeout``: either side may start first."""
+    if not 0 < port <= 65535:
+        raise UsageError(f"--port {port}: a TCP port is 1..65535")
+    deadline = time.monotonic() + connect_timeout
+    last: Exception | None = None
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=min(5.0, max(0.1, connect_timeout)))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise PeerError(f"could not connect to {host}:{port} within {connect_timeout:g}s "
+                            f"({last}); is stage 1 (partition1.py) running and reachable?")
+        time.sleep(0.2)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class Connection:
+    """One authenticated connection between stage 1 and stage 2; it carries any number of runs."""
+
+    def __init__(self, sock: socket.socket, peer: Hello | None, address: str, max_payload: int) -> None:
+        self.sock, self.peer, self.address = sock, peer, address
+        self.pool = wire.BufferPool()
+        self.reader = wire.FrameReader(sock, max_payload, self.pool)
+        self.writer = wire.FrameWriter(sock)
+        self.runs = 0
+        self.closed = False
+
+    def send(self, kind: int, seq: int = 0, tensor: torch.Tensor | None = None, meta: dict | None = None) -> None:
+        self.writer.send(wire.encode(kind, seq, tensor, meta))
+
+    def send_json(self, kind: int, obj: dict[str, Any]) -> None:
+        self.send(kind, 0, json_tensor(obj))
+
+    def recv_json(self, kind: int, deadline: float | None = None) -> dict[str, Any]:
+        out = json_payload(wire.expect(self.reader.read(deadline), kind))
+        if not isinstance(out, dict):
+            raise WireError(f"{wire.KIND_NAMES[kind]} payload must be a JSON object")
+        return out
+
+    def close(self, bye: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if bye:
+            try:
+                self.sock.settimeout(2.0)
+                self.send(wire.BYE)
+            except (ParetoPipeError, OSError):
+                pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class FrameSender(LinkSender):
+    """Sends frames in FIFO order from a thread; with an emulated link, each frame is written
+    when the link says it has fully arrived, so concurrent frames share the link's rate."""
+
+    def __init__(self, writer: wire.FrameWriter, link: EmulatedLink | None, name: str) -> None:
+        super().__init__(link, name)
+        self.writer = writer
+
+    def submit(self, enc: wire.Encoded, on_sent: Callable[[float], None] | None = None) -> None:
+        super().submit(enc.total_nbytes, lambda: self.writer.send(enc), on_sent)

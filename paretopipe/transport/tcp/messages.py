@@ -1,0 +1,126 @@
+"""The TCP backend's messages: the handshake's and a run's typed frames, checked field by field
+before anything uses them, and the one way a frame carries JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from typing import Any
+
+import jsonschema
+import torch
+
+from ... import records, strict
+from ...errors import UsageError, WireError
+from .. import wire
+
+RESULT_META_FIELDS = ("stage2_decode_s", "stage2_queue_s", "stage2_compute_s", "stage2_encode_s")
+IDENTITY_FIELDS = ("model", "fingerprint", "num_classes", "wire_version")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$")
+
+
+@dataclasses.dataclass
+class Challenge:
+    nonce: str
+    auth: bool
+
+
+@dataclasses.dataclass
+class Hello:
+    model: str
+    fingerprint: str
+    num_classes: int
+    wire_version: int
+    nonce: str
+    cuts: list[str] | None = None
+    mac: str | None = None
+
+    def identity(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in IDENTITY_FIELDS}
+
+
+@dataclasses.dataclass
+class HelloOk:
+    mac: str | None = None
+
+
+@dataclasses.dataclass
+class RunStart:
+    run_id: str
+    config: dict[str, Any]
+    link: dict[str, Any]
+    return_link: dict[str, Any] | None = None
+
+
+def message(cls: type, meta: dict[str, Any], what: str):
+    try:
+        return strict.from_dict(cls, meta, what)
+    except UsageError as exc:
+        raise WireError(str(exc))
+
+
+def safe_run_id(run_id: Any) -> str:
+    """A run id is a file name chosen by stage 1: letters, digits, ``._-``, never a path."""
+    if not isinstance(run_id, str) or not _SAFE_NAME.match(run_id) or ".." in run_id:
+        raise WireError(f"run id {str(run_id)[:80]!r} is not a safe file name ([A-Za-z0-9._-], no path)")
+    return run_id
+
+
+_PART_SCHEMA = {
+    "type": "object", "required": ["manifest", "sysmon"],
+    "properties": {
+        "manifest": {"type": "object", "maxProperties": 64},
+        "sysmon": {"type": "object", "maxProperties": 64,
+                   "additionalProperties": {"type": ["number", "null", "string"]}},
+        "batches": {"type": "array", "maxItems": 1_000_000, "items": {
+            "type": "object", "required": ["seq", "warmup"], "maxProperties": 64,
+            "properties": {"seq": {"type": "integer", "minimum": 0}, "warmup": {"type": "boolean"}},
+            "additionalProperties": {"type": ["number", "boolean", "null", "array"]}}},
+    },
+}
+
+
+@functools.lru_cache(maxsize=2)
+def _part_validator(batches: bool) -> Any:
+    """Built once: ``jsonschema.validate`` checks the schema itself on every call, 9 ms a run."""
+    schema = dict(_PART_SCHEMA, required=["manifest", "sysmon"] + (["batches"] if batches else []))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def check_part(part: Any, who: str, batches: bool) -> dict[str, Any]:
+    """A peer's RECORDS part, validated against its schema before anything uses it."""
+    error = jsonschema.exceptions.best_match(_part_validator(batches).iter_errors(part))
+    if error is not None:
+        raise WireError(f"{who}'s RECORDS do not fit the schema: {error.message[:200]}")
+    return part
+
+
+def result_duration(value: Any, key: str) -> float | None:
+    """A duration reported by the peer: a finite non-negative number (or absent)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+        raise WireError(f"result meta {key}={str(value)[:40]!r} is not a duration in seconds")
+    return float(value)
+
+
+def json_tensor(obj: dict[str, Any]) -> torch.Tensor | None:
+    """A JSON object as a frame's uint8 payload (None for an empty one)."""
+    raw = json.dumps(obj, default=records.json_default).encode()
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else None
+
+
+def json_payload(f: wire.Frame) -> Any:
+    """The JSON a frame carries as its uint8 payload, bounded in size and depth; the frame's buffer
+    goes back to its pool either way."""
+    if f.tensor is None or f.tensor.dtype != torch.uint8:
+        f.release()
+        raise WireError(f"{wire.KIND_NAMES[f.kind]} frame must carry a uint8 JSON payload")
+    try:
+        return wire.loads_bounded(bytes(f.tensor.numpy()))
+    finally:
+        f.release()

@@ -1,0 +1,163 @@
+"""Stage 1 of a TCP run, the data source: it reads the inputs, computes its part, keeps up to
+``in_flight`` batches outstanding and stamps each one's latency on its own clock alone.
+
+    RUN {run_id, config, ...}->
+                             <-  RUN_OK
+    TENSOR x N               ->
+                             <-  RESULT x N (each with stage 2's durations)
+    RECORDS (stage 1's part) ->
+                             <-  RECORDS (stage 2's manifest and system metrics)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ... import cpushare, records
+from ...errors import ParetoPipeError
+from ...manifest import node_manifest
+from ...network.conditions import NetworkConditions
+from ...network.emulated import EmulatedLink
+from ...partition.stages import StageBuilder, StageTimer
+from ...sysmon import SystemMonitor
+from .. import inputs, wire
+from ..runconfig import RunConfig
+from ..schedule import BatchSchedule, status_of
+from .connection import Connection, FrameSender
+from .handshake import StageListener
+from .messages import RESULT_META_FIELDS, check_part, result_duration
+from .outcome import RunOutcome, assemble_record, link_manifest_of, write_record
+
+log = logging.getLogger("paretopipe.tcp")
+
+
+class _Stage1Run:
+    def __init__(self, connection: Connection, builder: StageBuilder, cfg: RunConfig, link: EmulatedLink | None,
+                 keep_outputs: bool) -> None:
+        self.connection, self.builder, self.cfg, self.link = connection, builder, cfg, link
+        self.keep_outputs = keep_outputs
+        self.stage = builder.stage(cfg.cuts, 0)
+        self.timer = StageTimer(builder.device)
+        self.codec = wire.Codec(cfg.compression, cfg.compression_level, cfg.wire_dtype)
+        self.schedule = BatchSchedule(cfg)
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.error: BaseException | None = None
+        self.sender: FrameSender | None = None
+
+    def _receive(self) -> None:
+        try:
+            for _ in range(self.schedule.total):
+                f = wire.expect(self.connection.reader.read(), wire.RESULT)
+                # The reader has decoded the result already: now is when it is usable.
+                now = time.monotonic()
+                durations = {key: result_duration(f.meta.get(key), key) for key in RESULT_META_FIELDS}
+                if self.keep_outputs:
+                    self.outputs[f.seq] = f.tensor.clone()
+                self.schedule.complete(f.seq, now, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes,
+                                       **durations)
+                f.release()
+        except BaseException as exc:
+            self.error = exc
+            self.schedule.unblock()
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.sender is not None and self.sender.error is not None:
+            raise self.sender.error
+
+    def run(self) -> None:
+        cfg = self.cfg
+        cpushare.join_compute_thread()  # data generation and stage 1 run on this thread
+        self.sender = FrameSender(self.connection.writer, self.link, "stage1-send")
+        receiver = threading.Thread(target=self._receive, name="stage1-recv", daemon=True)
+        batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.builder.input_size, self.schedule.total,
+                                        cfg.data_dir, cfg.seed, cfg.prefetch_batches)
+        receiver.start()
+        try:
+            for seq in range(self.schedule.total):
+                x = next(batches)
+                self.schedule.acquire(self._check)
+                rec = self.schedule.start(seq)
+                out, compute_s = self.timer.run(self.stage, x, self.builder.device)
+                enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(out, self.codec))
+                rec.update(stage1_compute_s=compute_s, stage1_encode_s=enc.encode_s,
+                           payload_bytes=enc.raw_nbytes, wire_bytes=enc.wire_nbytes)
+                self.sender.submit(enc, on_sent=lambda s, r=rec: r.__setitem__("stage1_send_s", s))
+            self.schedule.wait_finished(self._check, cfg.timeout_s * (1 + self.schedule.total))
+        finally:
+            if isinstance(batches, inputs.Prefetcher):
+                batches.close()
+            self.sender.close()
+            receiver.join(1.0)
+
+
+def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunConfig, *,
+                   conditions: NetworkConditions | None = None, observed_link: dict | None = None,
+                   threads: int | None = None, limits: dict[str, Any] | None = None,
+                   keep_outputs: bool = False, output_dir: str | Path | None = None) -> RunOutcome:
+    """One run as stage 1 over an established connection. The record is written into ``output_dir``
+    (if given) even when the run fails: ``"status": "incomplete"`` with the batches that completed;
+    the error is raised afterwards, and the connection is then closed."""
+    run_id = records.new_run_id(builder.name, cfg.cuts[0])
+    emulated = conditions is not None and cfg.link_mode == "emulated"
+    link = EmulatedLink(conditions.up, seed=cfg.seed) if emulated else None
+    manifest1 = node_manifest(builder.device, threads, role="stage1", weights_fingerprint=builder.fingerprint,
+                              limits=limits)
+    link_manifest = link_manifest_of(conditions, emulated, observed_link, link)
+    failure: BaseException | None = None
+    peer: dict[str, Any] | None = None
+    run: _Stage1Run | None = None
+    started = time.monotonic()
+    connection.sock.settimeout(cfg.timeout_s)
+    with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
+        try:
+            connection.send(wire.RUN, meta={"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
+                                         "return_link": conditions.down.to_dict() if emulated else None})
+            wire.expect(connection.reader.read(time.monotonic() + cfg.timeout_s), wire.RUN_OK)
+            run = _Stage1Run(connection, builder, cfg, link, keep_outputs)
+            log.info("stage 1: run %s started with %s", run_id, connection.address)
+            run.run()
+        except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
+            failure = exc
+    mon.stop()
+    status, error = status_of(failure)
+    part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.schedule.records() if run else []}
+    if failure is None:
+        # Stage 1's part to stage 2 (which writes the record where the anchor did); stage 2's manifest
+        # and system metrics back.
+        try:
+            connection.send_json(wire.RECORDS, part1)
+            peer = check_part(connection.recv_json(wire.RECORDS, time.monotonic() + cfg.timeout_s), "stage 2", False)
+        except (ParetoPipeError, OSError) as exc:
+            log.warning("stage 1: records exchange with stage 2 failed: %s", exc)
+            failure = exc
+    if failure is not None:
+        connection.close()
+    connection.runs += 1
+    record = assemble_record(run_id, status, error, cfg, part1, peer, link_manifest,
+                       {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
+    path = write_record(record, output_dir)
+    if failure is not None and status == "incomplete":  # "infeasible" is a measured outcome
+        raise failure
+    outputs = [run.outputs[s] for s in sorted(run.outputs)] if keep_outputs and run else None
+    return RunOutcome(record, path, outputs)
+
+
+def run_stage1(listener: StageListener, builder: StageBuilder, cfg: RunConfig, *, connect_timeout: float = 60.0,
+               **kw: Any) -> RunOutcome:
+    """One run as stage 1: wait for an authenticated stage 2 whose cuts fit, run, say goodbye."""
+    listener.expected_cuts = list(cfg.cuts)
+    connection = listener.connection(connect_timeout)
+    try:
+        return run_on_connection(connection, builder, cfg, **kw)
+    finally:
+        connection.close(bye=True)
+
+
