@@ -21,7 +21,7 @@ from .. import records
 from ..errors import UsageError
 from .plotting import front_line, front_plot_data, pyplot, save_figure
 from .report import GROUP, pareto_table
-from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, ordered_splits, split_sort_key
+from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, ordered_splits, sessions_under, split_sort_key
 
 METRICS = ("latency_s", "throughput_imgs_per_s")
 STAGE_COMPUTE = ("stage1_compute_median_s", "stage2_compute_median_s")
@@ -180,8 +180,7 @@ def _finished(session: Path) -> bool:
 def newest_two(results: str | Path) -> tuple[Path, Path]:
     """The two newest finished sessions under a results folder (older first)."""
     root = Path(results)
-    sessions = sorted((p.parent for p in root.glob("*/runs.csv") if _finished(p.parent)),
-                      key=lambda p: p.stat().st_mtime)
+    sessions = [p for p in sessions_under(root) if _finished(p)]
     if len(sessions) < 2:
         raise UsageError(f"{root} holds {len(sessions)} finished session(s); comparing the newest two needs two "
                          f"(run the sweep again)")

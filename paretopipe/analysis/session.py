@@ -57,8 +57,9 @@ def run_key(cfg_key: str, run: int) -> str:
 
 
 def split_label(split: Any) -> Any:
-    """The block index k, or ``3,9`` for an N-stage plan (``adaptive`` stays as it is)."""
-    return ",".join(map(str, split)) if isinstance(split, list) else split
+    """runs.csv's ``split_index``: the block index k, ``3,9`` for an N-stage plan (a list in a
+    record, a tuple in a plan), or ``adaptive``."""
+    return ",".join(map(str, split)) if isinstance(split, (list, tuple)) else split
 
 
 def split_sort_key(split: Any) -> tuple:
@@ -306,6 +307,15 @@ def _read_csv(path: Path):
     return df
 
 
+def sessions_under(root: str | Path, holding: str = "runs.csv") -> list[Path]:
+    """The session folders directly under a results folder that hold ``holding``, oldest first by
+    their last write (a folder's mtime: every atomic write renames a file into it). The one
+    definition of "the newest session" for --resume, report and compare; the consolidated view of
+    hand-run records is not a session."""
+    return sorted((p.parent for p in Path(root).glob(f"*/{holding}") if p.parent.name != CONSOLIDATED),
+                  key=lambda p: p.stat().st_mtime)
+
+
 def find_session(path: str | Path) -> Session:
     """A session folder itself, the newest session inside a results folder, or a folder of
     hand-run JSON files (consolidated into ``FOLDER/consolidated/``)."""
@@ -318,8 +328,7 @@ def find_session(path: str | Path) -> Session:
         return Session(path)
     if any(path.glob("*.json")):  # hand-run records: consolidated afresh, new files included
         return Session.of_run_files(path)
-    sessions = sorted((p.parent for p in path.glob("*/runs.csv") if p.parent.name != CONSOLIDATED),
-                      key=lambda p: p.stat().st_mtime)
+    sessions = sessions_under(path)
     if not sessions:
         raise UsageError(f"no sweep results under {path} (expected runs.csv in it or in a session folder inside)")
     return Session(sessions[-1])

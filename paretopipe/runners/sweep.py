@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from .. import cpushare, records
-from ..analysis.session import Session, config_key, run_key
+from ..analysis.session import Session, config_key, run_key, sessions_under, split_label
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network import deadlines, tc, tracecontrol
@@ -112,16 +112,11 @@ def session_dir(out_dir: str, session: str | None, resume: bool) -> Path:
             raise UsageError(f"--session {session!r}: a folder name, not a path")
         return out / session
     if resume:
-        sessions = sorted(p for p in out.glob("*/session.json"))
+        sessions = sessions_under(out, "session.json")
         if not sessions:
             raise UsageError(f"--resume: no session found under {out}; give the --out of an earlier sweep")
-        return max(sessions, key=lambda p: p.stat().st_mtime).parent
+        return sessions[-1]
     return out / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-
-
-def split_label(split: int | tuple[int, ...] | str) -> int | str:
-    """runs.csv's ``split_index``: the block index k, ``3,9`` for an N-stage plan, or ``adaptive``."""
-    return split if isinstance(split, (int, str)) else ",".join(map(str, split))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,3 +60,21 @@ def test_meta_round_trip_and_bad_folders(tmp_path):
     (tmp_path / "empty" / "runs.csv").write_bytes(b"model,backend\n\xff\xfe,\x00\x00\n")
     with pytest.raises(UsageError, match="not a readable CSV"):
         Session(tmp_path / "empty").runs()
+
+
+def test_sessions_under_is_the_one_newest_session_rule(tmp_path):
+    import os
+
+    from paretopipe.analysis.session import CONSOLIDATED, sessions_under, split_label
+
+    for i, name in enumerate(["b-older", "a-newer", CONSOLIDATED]):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "runs.csv").write_text("run_key\n")
+        os.utime(tmp_path / name, (1_000_000 + i, 1_000_000 + i))  # write order, not name order
+    (tmp_path / "started").mkdir()
+    (tmp_path / "started" / "session.json").write_text("{}")  # interrupted before its first run
+    os.utime(tmp_path / "started", (2_000_000, 2_000_000))
+    assert [p.name for p in sessions_under(tmp_path)] == ["b-older", "a-newer"]
+    assert [p.name for p in sessions_under(tmp_path, "session.json")] == ["started"]
+    assert find_session(tmp_path).path.name == "a-newer"  # the consolidated view is not a session
+    assert [split_label(s) for s in (3, (3, 9), [3, 9], "adaptive")] == [3, "3,9", "3,9", "adaptive"]
