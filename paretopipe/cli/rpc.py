@@ -158,14 +158,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
         raise UsageError("--use-intelligent-splitting chooses the one split of 2 partitions: drop --split-block/"
                          "--split-blocks and use --num-partitions 2 (for N devices: paretopipe predict --devices)")
     if args.rank == 0:  # the split and the model are checked before any rank starts
-        from ..partition.structure import structure
+        from ..partition.structure import check_splits, structure
 
         shape = structure(args.model, args.num_classes)
         num_blocks = shape["num_blocks"]
-        bad = [k for k in _split_blocks(args, num_blocks) if k > num_blocks]
-        if bad:
-            raise UsageError(f"split index {bad[0]} out of range for {shape['model']}: valid 0..{num_blocks} "
-                             f"(0 = all on stage 2, {num_blocks} = all on stage 1)")
+        check_splits(_split_blocks(args, num_blocks), num_blocks, shape["model"])
     opts = rpc_ranks.RankOptions(rank=args.rank, world_size=args.world_size, master_addr=addr, master_port=port,
                                  model=args.model, num_classes=args.num_classes, weights=args.weights,
                                  models_dir=args.models_dir, device=args.device, threads=args.threads,

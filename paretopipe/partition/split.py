@@ -17,6 +17,7 @@ from torch import fx, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UsageError
+from .structure import check_splits
 
 INPUT = "input"   # pseudo-cut: everything on the later stage (k = 0 baseline)
 OUTPUT = "output"  # pseudo-cut: everything on the earlier stage (k = K baseline)
@@ -204,10 +205,7 @@ class Partitioner:
     def block_cut(self, k: int) -> str:
         """Cut name for anchor split index ``k`` (0..K); ``input``/``output`` for the baselines."""
         K = self.num_blocks
-        if not isinstance(k, int) or k < 0 or k > K:
-            label = self.model_name or type(self.model).__name__
-            raise UsageError(f"split index {k} out of range for {label}: valid 0..{K} "
-                             f"(0 = all on stage 2, {K} = all on stage 1, 1..{K - 1} = block cuts)")
+        check_splits([k], K, self.model_name or type(self.model).__name__)
         if k == 0:
             return INPUT
         if k == K:

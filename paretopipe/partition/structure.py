@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 from importlib import metadata
-from typing import Any
+from typing import Any, Iterable
 
 from .. import __version__
+from ..errors import UsageError
 
 
 def _version(package: str) -> str | None:
@@ -38,6 +39,16 @@ def _path(name: str, num_classes: int):
            "torchvision": _version("torchvision"), "paretopipe": __version__}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return root / "structure" / f"{_normal(name)}-c{num_classes}-{digest}.json"
+
+
+def check_splits(ks: Iterable[Any], num_blocks: int, model: str | None = None, what: str = "split index") -> None:
+    """The one range rule for block splits: k in 0..K, where 0 puts the whole model on stage 2 and K
+    all of it on stage 1. Raises with the first bad one, in one line that names what is valid."""
+    bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= num_blocks]
+    if bad:
+        where = f" for {model}" if model else ""
+        raise UsageError(f"{what} {bad[0]} out of range{where}: valid 0..{num_blocks} (0 = all on stage 2, "
+                         f"{num_blocks} = all on stage 1, 1..{num_blocks - 1} = block cuts)")
 
 
 def structure(name: str, num_classes: int = 10) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from ..manifest import node_manifest
 from ..network.conditions import NetworkConditions
 from ..network.emulated import EmulatedLink
 from ..partition.stages import StageBuilder, StageTimer
+from ..partition.structure import check_splits
 from ..predict.adaptive import (LARGE_FRAME_BYTES, PROBE_ALPHA, PROBE_BYTES, SMALL_FRAME_BYTES, LinkEstimator,
                                 SplitChooser, self_profile)
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key
@@ -95,9 +96,7 @@ class AdaptiveRun:
         self.block_cuts = part.block_cuts()
         self.bytes_per_image = [part.payload_nbytes(c, 1) for c in self.block_cuts]
         self.candidates = cfg.candidates if cfg.candidates is not None else list(range(self.num_blocks + 1))
-        bad = [k for k in self.candidates if not 0 <= k <= self.num_blocks]
-        if bad:
-            raise UsageError(f"adaptive candidate split {bad[0]} out of range: valid 0..{self.num_blocks}")
+        check_splits(self.candidates, self.num_blocks, builder.name, "adaptive candidate split")
         self.start_split = self.block_cuts.index(cfg.cuts[0]) if cfg.cuts[0] in self.block_cuts else None
         if self.start_split is None:
             raise UsageError(f"an adaptive run starts at a block split, not {cfg.cuts[0]!r}")

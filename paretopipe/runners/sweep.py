@@ -28,6 +28,7 @@ from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network import deadlines, tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
+from ..partition.structure import check_splits
 from ..transport.runconfig import ADAPTIVE, RunConfig
 from . import rounds
 from .hosts import Host, Testbed
@@ -70,10 +71,7 @@ def parse_splits(text: str, num_blocks: int) -> list[int]:
                 out.append(int(part))
         except ValueError:
             raise UsageError(f"bad --splits {text!r}: use all, a list like 1,4,8 or a range like 2-10")
-    bad = [k for k in out if not 0 <= k <= num_blocks]
-    if bad:
-        raise UsageError(f"split index {bad[0]} out of range: valid 0..{num_blocks} "
-                         f"(0 = all on stage 2, {num_blocks} = all on stage 1)")
+    check_splits(out, num_blocks)
     if not out:
         raise UsageError(f"--splits {text!r} names no split: use all, a list like 1,4,8 or a range like 2-10")
     return sorted(set(out))
