@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -21,8 +20,8 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-from .. import strict
-from ..errors import ParetoPipeError, PeerError, UsageError
+from ..errors import ParetoPipeError, PeerError
+from .commands import emit, serve_commands
 
 log = logging.getLogger("paretopipe.rpc")
 
@@ -66,11 +65,6 @@ class RpcRunCommand:
     config: dict[str, Any]
     conditions: dict[str, Any] | None = None
     observed_link: dict[str, Any] | None = None
-
-
-def emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    sys.stdout.flush()
 
 
 def watchdog(seconds: float, what: str, procs: Sequence[subprocess.Popen] = ()) -> threading.Timer:
@@ -146,25 +140,14 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
     if one_run is not None:
         return one_run(builder, transport)
     emit({"event": "joined"})
-    for line in sys.stdin:
-        try:
-            msg = json.loads(line)
-        except (ValueError, RecursionError):
-            emit({"event": "error", "error": "command is not JSON"})
-            continue
-        if isinstance(msg, dict) and msg.get("cmd") == "quit":
-            break
-        try:
-            cmd = strict.from_dict(RpcRunCommand, msg, "rpc run command")
-            if cmd.cmd != "run":
-                raise UsageError(f"rank 0 does not understand {cmd.cmd[:40]!r} (it takes run and quit)")
-            record = run_config(builder, transport, cmd, limits)
-        except (ParetoPipeError, OSError) as exc:
-            emit({"event": "error", "error": str(exc) or type(exc).__name__})
-            continue
+
+    def run(cmd: RpcRunCommand) -> None:
+        record = run_config(builder, transport, cmd, limits)
         emit({"event": "done", "status": record["status"], "record": record})
         if record["status"] != "complete":
             hard_exit([], 1)  # a rank is gone or stuck: the group cannot be reused
+
+    serve_commands({"run": RpcRunCommand}, run, "rank 0")
     emit({"event": "bye"})
     backend.rpc.shutdown()
     return 0

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
 import threading
 from typing import Any, Sequence
 
-from .. import cpushare, strict
+from .. import cpushare
 from ..errors import ParetoPipeError, UsageError
+from .commands import emit, serve_commands
 
 log = logging.getLogger("paretopipe.worker")
-_EMIT_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -63,12 +62,6 @@ class ConnectCommand:
 COMMANDS = {"stage1": {"listen": ListenCommand, "run": RunCommand}, "stage2": {"connect": ConnectCommand}}
 
 
-def _emit(obj: dict[str, Any]) -> None:
-    with _EMIT_LOCK:
-        sys.stdout.write(json.dumps(obj, default=str) + "\n")
-        sys.stdout.flush()
-
-
 class StageWorker:
     """The state of one stage process between commands: its model, its listener or its connection."""
 
@@ -80,24 +73,18 @@ class StageWorker:
         # controller that connects again as soon as it reads that line is never told "already serving".
         self.serving = threading.Event()
 
-    def handle(self, msg: dict[str, Any]) -> None:
-        """Run one command; errors become an ``error`` event (the worker itself stays up)."""
+    def handle(self, cmd: ListenCommand | RunCommand | ConnectCommand) -> None:
+        """Run one checked command (see ``commands.serve_commands``)."""
         from ..network.conditions import NetworkConditions
         from ..transport import auth, tcp
         from ..transport.runconfig import RunConfig
 
-        name = msg.get("cmd")
-        known = COMMANDS[self.role]
-        if name not in known:
-            raise UsageError(f"{self.role} does not understand {str(name)[:40]!r} "
-                             f"(it takes {', '.join(known)} and quit)")
-        cmd = strict.from_dict(known[name], msg, f"{name} command")
         threads = self.limits.get("torch_threads")
         if isinstance(cmd, ListenCommand):
             if self.listener is None:
                 self.listener = tcp.StageListener(tcp.listen(cmd.host, cmd.port), tcp.identity_of(self.builder),
                                                   auth.load_secret(cmd.secret or ""))
-            _emit({"event": "listening", "port": self.listener.port})
+            emit({"event": "listening", "port": self.listener.port})
         elif isinstance(cmd, RunCommand):
             if self.listener is None:
                 raise UsageError("run before listen: stage 1 has no data port yet")
@@ -114,17 +101,17 @@ class StageWorker:
                     outcome = run.run()
                 finally:
                     self.connection = run.connection_after
-                _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
+                emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
                 return
             outcome = tcp.run_on_connection(self.connection, self.builder, cfg, conditions=conditions,
                                          observed_link=cmd.observed_link, threads=threads, limits=self.limits)
-            _emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
+            emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
         else:
             if self.serving.is_set():
                 raise UsageError("stage 2 is already serving a connection")
             sock = tcp.connect_with_retry(cmd.host, cmd.port, cmd.connect_timeout)
             connection = tcp.open_connection(sock, self.builder, secret=auth.load_secret(cmd.secret or ""))
-            _emit({"event": "connected"})
+            emit({"event": "connected"})
 
             def serve() -> None:
                 error = None
@@ -134,7 +121,7 @@ class StageWorker:
                     error = str(exc)
                 finally:
                     self.serving.clear()
-                _emit({"event": "connection_ended", "error": error})
+                emit({"event": "connection_ended", "error": error})
 
             self.serving.set()
             threading.Thread(target=serve, name="stage2-serve", daemon=True).start()
@@ -147,25 +134,9 @@ class StageWorker:
 
 
 def serve_forever(worker: StageWorker) -> None:
-    for line in sys.stdin:
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            msg = json.loads(line)
-        except (json.JSONDecodeError, RecursionError, ValueError):
-            _emit({"event": "error", "error": "command is not JSON"})
-            continue
-        if isinstance(msg, dict) and msg.get("cmd") == "quit":
-            worker.close()
-            _emit({"event": "bye"})
-            return
-        try:
-            if not isinstance(msg, dict):
-                raise UsageError("a command must be a JSON object")
-            worker.handle(msg)
-        except (ParetoPipeError, OSError) as exc:
-            _emit({"event": "error", "error": str(exc) or type(exc).__name__})
+    if serve_commands(COMMANDS[worker.role], worker.handle, worker.role):
+        worker.close()
+        emit({"event": "bye"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -193,11 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             share = cpushare.limit_compute(os.getpid(), args.cpu_share, args.role)
             limits.update(share)
     except ParetoPipeError as exc:
-        _emit({"event": "error", "error": str(exc)})
+        emit({"event": "error", "error": str(exc)})
         return exc.exit_code
     part = builder.partitioner
     cuts = part.block_cuts()
-    _emit({"event": "ready", "pid": os.getpid(), "model": builder.name, "fingerprint": builder.fingerprint,
+    emit({"event": "ready", "pid": os.getpid(), "model": builder.name, "fingerprint": builder.fingerprint,
            "num_blocks": part.num_blocks, "block_cuts": cuts,
            "payload_bytes_per_image": [part.payload_nbytes(c, 1) for c in cuts], "limits": limits})
     worker = StageWorker(args.role, builder, limits)

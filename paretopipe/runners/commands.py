@@ -1,0 +1,54 @@
+"""The command protocol between the sweeper and its stage processes (TCP stage workers and RPC rank
+0): one JSON object per line on stdin, one event per line on stdout.
+
+Nothing received is evaluated: a line is JSON or refused, a command is one of the process's known
+names or refused, and its fields are checked one by one into a dataclass (``strict``). A refused
+or failed command becomes an ``error`` event and the process stays up for the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any, Callable, Iterable, Mapping
+
+from .. import strict
+from ..errors import ParetoPipeError, UsageError
+
+_EMIT_LOCK = threading.Lock()
+
+
+def emit(event: dict[str, Any]) -> None:
+    """One event line; threads of one process never interleave theirs."""
+    with _EMIT_LOCK:
+        sys.stdout.write(json.dumps(event, default=str) + "\n")
+        sys.stdout.flush()
+
+
+def serve_commands(commands: Mapping[str, type], handle: Callable[[Any], None], who: str,
+                   lines: Iterable[str] | None = None) -> bool:
+    """Hand each valid command on ``lines`` (stdin) to ``handle`` as its dataclass, in order.
+    Returns True on ``quit``, False when the input ends."""
+    for line in sys.stdin if lines is None else lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError):
+            emit({"event": "error", "error": "command is not JSON"})
+            continue
+        if isinstance(msg, dict) and msg.get("cmd") == "quit":
+            return True
+        try:
+            if not isinstance(msg, dict):
+                raise UsageError("a command must be a JSON object")
+            name = msg.get("cmd")
+            if name not in commands:
+                raise UsageError(f"{who} does not understand {str(name)[:40]!r} "
+                                 f"(it takes {', '.join(commands)} and quit)")
+            handle(strict.from_dict(commands[name], msg, f"{name} command"))
+        except (ParetoPipeError, OSError) as exc:
+            emit({"event": "error", "error": str(exc) or type(exc).__name__})
+    return False
