@@ -118,7 +118,7 @@ class AdaptiveRun:
     def _start_peer(self, connection: tcp.Connection, run_id: str, link_manifest: dict[str, Any], split: int,
                     deadline: float) -> dict[str, Any]:
         """RUN on ``connection`` (the first time, or replayed to a stage 2 that came back)."""
-        cfg = dataclasses.replace(self.cfg, cuts=[self.block_cuts[split]])
+        cfg = self.cfg.replace(cuts=[self.block_cuts[split]])
         connection.sock.settimeout(self.cfg.timeout_s)
         connection.send(wire.RUN, meta={"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
                                      "return_link": self.conditions.down.to_dict() if self.emulated else None})

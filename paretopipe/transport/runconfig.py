@@ -18,9 +18,11 @@ OBJECTIVES = ("latency", "throughput")
 ADAPTIVE = "adaptive"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One measured run of one split. Both stages must agree on the fields the handshake checks."""
+    """One measured run of one split. Both stages must agree on the fields the handshake checks.
+    Frozen: a stage that needs another value (stage 2's own --timeout, the adaptive run's current
+    cut) makes a new one with ``dataclasses.replace``, so the record's copy is never patched."""
 
     model: str
     cuts: list[str]

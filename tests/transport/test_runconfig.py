@@ -39,3 +39,13 @@ def test_missing_key_is_named():
     del data["model"]
     with pytest.raises(UsageError, match="missing key 'model'"):
         RunConfig.from_dict(data)
+
+
+def test_a_run_configuration_cannot_be_patched():
+    import dataclasses
+
+    cfg = RunConfig(model="resnet18", cuts=["layer1"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.timeout_s = 5.0
+    longer = dataclasses.replace(cfg, timeout_s=120.0)
+    assert (cfg.timeout_s, longer.timeout_s) == (60.0, 120.0) and longer.cuts == cfg.cuts

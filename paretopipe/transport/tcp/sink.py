@@ -58,8 +58,9 @@ def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, A
         start = message(RunStart, meta, "RUN")
         run_id = safe_run_id(start.run_id)
         # Stage 1 derived the run's deadline from its link; this stage's own --timeout overrides it.
-        cfg = RunConfig.from_dict({**start.config, **({"timeout_s": timeout_s} if timeout_s else {})},
-                                  "stage 1's run configuration")
+        cfg = RunConfig.from_dict(start.config, "stage 1's run configuration")
+        if timeout_s:
+            cfg = cfg.replace(timeout_s=timeout_s)
         back = Direction.from_dict(start.return_link) if start.return_link else None
         stage = builder.stage(cfg.cuts, 1)
         block_cuts = builder.partitioner.block_cuts() if cfg.adaptive else None
