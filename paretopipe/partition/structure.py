@@ -65,6 +65,9 @@ def structure(name: str, num_classes: int = 10) -> dict[str, Any]:
         except (OSError, ValueError):
             pass
     from .. import records
+    from .names import canonical_name
+
+    canonical_name(name)  # an unknown name is refused here, before torch is imported to trace it
     from .split import format_table, partitioner_for
 
     _, part = partitioner_for(name, batch=1, num_classes=num_classes, structure_only=True)

@@ -51,6 +51,11 @@ def test_an_unknown_name_is_refused_naming_the_valid_ones(tmp_path, monkeypatch)
     message = str(err.value)
     assert message.startswith("unknown model 'resnet-nineteen'; known: mobilenetv2, resnet18,")
     assert "regnet_y_400mf" in message and "path/to/file.py:function" in message
+    # split --list says so without importing torch (the listing is cached by now).
+    proc = _without_torch("from paretopipe.cli.main import main\ntry:\n    main(['split', '--model', 'nope', '--list'])\n"
+                          "except Exception as exc:\n    print(type(exc).__name__, exc)", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("UsageError unknown model 'nope'; known: mobilenetv2"), proc.stdout
 
 
 def test_a_sweep_plan_imports_no_torch(tmp_path):
