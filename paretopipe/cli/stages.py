@@ -249,7 +249,7 @@ def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") 
     sock = tcp.connect_with_retry(args.host, args.port, args.connect_timeout)
     connection = tcp.open_connection(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload)
     outcomes = tcp.serve_connection(connection, builder, output_dir=args.out, observed_link=observed,
-                                 threads=args.threads, timeout_s=args.timeout)
+                                    threads=args.threads, timeout_s=args.timeout)
     for outcome in outcomes:
         print(f"stage 2 done: {outcome.record['summary']['batches_measured']} measured batches, written {outcome.path}")
     return 0

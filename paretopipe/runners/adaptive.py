@@ -90,7 +90,8 @@ class AdaptiveRun:
         self.conditions, self.observed_link = conditions, observed_link
         self.threads, self.limits, self.keep_outputs = threads, limits, keep_outputs
         self.connect_timeout, self.keep_connection = connect_timeout, keep_connection
-        self.connection_after: tcp.Connection | None = None  # with keep_connection: the open connection, for the next run
+        # With keep_connection: the connection still open after the run, for the next one.
+        self.connection_after: tcp.Connection | None = None
         part = builder.partitioner
         self.num_blocks = part.num_blocks
         self.block_cuts = part.block_cuts()

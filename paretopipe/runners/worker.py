@@ -104,7 +104,7 @@ class StageWorker:
                 emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
                 return
             outcome = tcp.run_on_connection(self.connection, self.builder, cfg, conditions=conditions,
-                                         observed_link=cmd.observed_link, threads=threads, limits=self.limits)
+                                            observed_link=cmd.observed_link, threads=threads, limits=self.limits)
             emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
         else:
             if self.serving.is_set():
@@ -116,7 +116,8 @@ class StageWorker:
             def serve() -> None:
                 error = None
                 try:
-                    tcp.serve_connection(connection, self.builder, threads=threads, limits=self.limits, timeout_s=cmd.timeout)
+                    tcp.serve_connection(connection, self.builder, threads=threads, limits=self.limits,
+                                         timeout_s=cmd.timeout)
                 except (ParetoPipeError, OSError) as exc:
                     error = str(exc)
                 finally:

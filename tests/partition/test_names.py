@@ -52,7 +52,8 @@ def test_an_unknown_name_is_refused_naming_the_valid_ones(tmp_path, monkeypatch)
     assert message.startswith("unknown model 'resnet-nineteen'; known: mobilenetv2, resnet18,")
     assert "regnet_y_400mf" in message and "path/to/file.py:function" in message
     # split --list says so without importing torch (the listing is cached by now).
-    proc = _without_torch("from paretopipe.cli.main import main\ntry:\n    main(['split', '--model', 'nope', '--list'])\n"
+    proc = _without_torch("from paretopipe.cli.main import main\n"
+                          "try:\n    main(['split', '--model', 'nope', '--list'])\n"
                           "except Exception as exc:\n    print(type(exc).__name__, exc)", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("UsageError unknown model 'nope'; known: mobilenetv2"), proc.stdout

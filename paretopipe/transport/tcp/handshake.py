@@ -148,7 +148,8 @@ class StageListener:
         newest = current if current is not None and not current.closed else None
         while True:
             try:
-                candidate = self._connections.get_nowait() if newest is not None else self._connections.get(timeout=timeout)
+                candidate = (self._connections.get_nowait() if newest is not None
+                             else self._connections.get(timeout=timeout))
             except queue.Empty:
                 if newest is not None:
                     return newest
@@ -170,8 +171,8 @@ class StageListener:
 
 
 def open_connection(sock: socket.socket, builder: StageBuilder, *, cuts: list[str] | None = None,
-                 secret: bytes | None = None, max_payload: int = wire.DEFAULT_MAX_PAYLOAD,
-                 timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:
+                    secret: bytes | None = None, max_payload: int = wire.DEFAULT_MAX_PAYLOAD,
+                    timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:
     """Stage 2's half of the handshake over a connected socket (``cuts``: what this side insists on)."""
     deadline = time.monotonic() + timeout
     sock.settimeout(timeout)

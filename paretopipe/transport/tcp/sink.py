@@ -31,9 +31,9 @@ log = logging.getLogger("paretopipe.tcp")
 
 
 def serve_connection(connection: Connection, builder: StageBuilder, *, output_dir: str | Path | None = None,
-                  observed_link: dict | None = None, threads: int | None = None,
-                  limits: dict[str, Any] | None = None, timeout_s: float | None = None,
-                  on_run: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
+                     observed_link: dict | None = None, threads: int | None = None,
+                     limits: dict[str, Any] | None = None, timeout_s: float | None = None,
+                     on_run: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
     """Serve runs on a connection until stage 1 says goodbye; returns their outcomes. A failed run
     raises (after writing its incomplete record); the connection is closed either way."""
     outcomes = []
@@ -54,17 +54,33 @@ def serve_connection(connection: Connection, builder: StageBuilder, *, output_di
 
 def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, Any], *, output_dir, observed_link,
                 threads, limits, timeout_s: float | None) -> RunOutcome:
+    run = _SinkRun(connection, builder, *_accept(connection, builder, meta, timeout_s), threads=threads, limits=limits)
+    started = time.monotonic()
+    part1, failure = run.serve()
+    status, error = status_of(failure)
+    part2 = run.part(part1 is not None)
+    record = assemble_record(run.run_id, status, error, run.cfg, part1, part2, observed_link or run.start.link,
+                             {"run_wall_s": time.monotonic() - started, "written_by": "stage2"})
+    path = write_record(record, output_dir)
+    if failure is not None:
+        raise failure
+    return RunOutcome(record, path)
+
+
+def _accept(connection: Connection, builder: StageBuilder, meta: dict[str, Any],
+            timeout_s: float | None) -> tuple[RunStart, RunConfig]:
+    """Stage 1's RUN, checked; a run this stage cannot take is answered with ERROR, then refused."""
     try:
         start = message(RunStart, meta, "RUN")
-        run_id = safe_run_id(start.run_id)
+        safe_run_id(start.run_id)
         # Stage 1 derived the run's deadline from its link; this stage's own --timeout overrides it.
         cfg = RunConfig.from_dict(start.config, "stage 1's run configuration")
         if timeout_s:
             cfg = cfg.replace(timeout_s=timeout_s)
-        back = Direction.from_dict(start.return_link) if start.return_link else None
-        stage = builder.stage(cfg.cuts, 1)
-        block_cuts = builder.partitioner.block_cuts() if cfg.adaptive else None
-        if block_cuts is not None and cfg.cuts[0] not in block_cuts:
+        if start.return_link:
+            Direction.from_dict(start.return_link)
+        builder.stage(cfg.cuts, 1)
+        if cfg.adaptive and cfg.cuts[0] not in builder.partitioner.block_cuts():
             raise UsageError(f"an adaptive run starts at a block split, not {cfg.cuts[0]!r}")
     except (UsageError, WireError) as exc:
         try:
@@ -72,105 +88,119 @@ def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, A
         except (ParetoPipeError, OSError):
             pass
         raise WireError(f"stage 1 sent a run stage 2 cannot take: {exc}")
-    ok_meta = None
-    if cfg.adaptive and not cfg.device_profiles:
-        ok_meta = {"profile": self_profile_timings(builder, cfg)}
-    connection.send(wire.RUN_OK, meta=ok_meta)
-    link = EmulatedLink(back, seed=cfg.seed, which="down") if back else None
-    timer = StageTimer(builder.device)
-    manifest2 = node_manifest(builder.device, threads, role="stage2", weights_fingerprint=builder.fingerprint,
-                              limits=limits)
-    sender = FrameSender(connection.writer, link, "stage2-send")
-    work: queue.Queue = queue.Queue()
-    seen: dict[int, dict[str, Any]] = {}
-    compute_error: list[BaseException] = []
+    return start, cfg
 
-    current = [stage]
 
-    def compute_loop() -> None:
+class _SinkRun:
+    """One run as stage 2: this thread reads stage 1's frames while a compute thread works through
+    the batches in arrival order (a SWITCH takes its turn between two of them) and sends results."""
+
+    def __init__(self, connection: Connection, builder: StageBuilder, start: RunStart, cfg: RunConfig, *,
+                 threads: int | None, limits: dict[str, Any] | None) -> None:
+        self.connection, self.builder, self.start, self.cfg = connection, builder, start, cfg
+        self.run_id = start.run_id
+        self.stage = builder.stage(cfg.cuts, 1)
+        self.block_cuts = builder.partitioner.block_cuts() if cfg.adaptive else None
+        self.ok_meta = {"profile": self_profile_timings(builder, cfg)} \
+            if cfg.adaptive and not cfg.device_profiles else None
+        connection.send(wire.RUN_OK, meta=self.ok_meta)
+        back = Direction.from_dict(start.return_link) if start.return_link else None
+        self.timer = StageTimer(builder.device)
+        self.manifest = node_manifest(builder.device, threads, role="stage2", weights_fingerprint=builder.fingerprint,
+                                      limits=limits)
+        self.sender = FrameSender(connection.writer, EmulatedLink(back, seed=cfg.seed, which="down") if back else None,
+                                  "stage2-send")
+        self.work: queue.Queue = queue.Queue()
+        self.seen: dict[int, dict[str, Any]] = {}
+        self.compute_error: list[BaseException] = []
+        self.switches = 0
+        self.sysmon: dict[str, Any] = {}
+
+    def _compute_loop(self) -> None:
         cpushare.join_compute_thread()
         while True:
-            item = work.get()
+            item = self.work.get()
             if item is None:
                 return
             if isinstance(item, nn.Module):  # a SWITCH, in order between two batches
-                current[0] = item
+                self.stage = item
                 continue
             f, arrived = item
-            stage = current[0]
             try:
                 began = time.monotonic()
-                out, compute_s = timer.run(stage, f.tensor, builder.device)
+                out, compute_s = self.timer.run(self.stage, f.tensor, self.builder.device)
                 payload = wire.encode_payload(out)
-                rec = seen[f.seq]
+                rec = self.seen[f.seq]
                 rec.update(stage2_queue_s=began - arrived, stage2_compute_s=compute_s,
                            stage2_encode_s=payload.encode_s)
                 # The activation's buffer goes back to the pool once the result is on the wire: an
                 # empty stage 2 (k = K) returns its input itself, sent straight from that buffer.
-                sender.submit(wire.frame(wire.RESULT, f.seq, payload, {k: rec[k] for k in RESULT_META_FIELDS}),
-                              on_sent=lambda _s, f=f: f.release())
+                self.sender.submit(wire.frame(wire.RESULT, f.seq, payload, {k: rec[k] for k in RESULT_META_FIELDS}),
+                                   on_sent=lambda _s, f=f: f.release())
             except BaseException as exc:
-                compute_error.append(exc)
+                self.compute_error.append(exc)
                 return
 
-    worker = threading.Thread(target=compute_loop, name="stage2-compute", daemon=True)
-    worker.start()
-    failure: BaseException | None = None
-    part1 = None
-    started = time.monotonic()
-    connection.sock.settimeout(cfg.timeout_s)
-    total = cfg.warmup + cfg.num_batches
-    switches = 0
-    with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
-        try:
-            while True:
-                kinds = (wire.TENSOR, wire.RECORDS) + ((wire.SWITCH, wire.PROBE) if cfg.adaptive else ())
-                f = wire.expect(connection.reader.read(), *kinds)
-                if compute_error:
-                    raise compute_error[0]
-                if sender.error is not None:
-                    raise sender.error
-                if f.kind == wire.RECORDS:
-                    part1 = check_part(json_payload(f), "stage 1", True)
-                    break
-                if f.kind == wire.SWITCH:
-                    work.put(_switch_stage(builder, f.meta, block_cuts))
-                    switches += 1
-                    continue
-                if f.kind == wire.PROBE:
-                    f.release()
-                    sender.submit(wire.frame(wire.PROBE_ACK, f.seq))
-                    continue
-                if f.seq in seen or not 0 <= f.seq < total:
-                    raise WireError(f"batch {f.seq} sent twice or out of range 0..{total - 1}")
-                if f.tensor is None:
-                    raise WireError(f"batch {f.seq} carries no tensor")
-                seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, "stage2_decode_s": f.decode_s,
-                               "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
-                work.put((f, time.monotonic()))
-        except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
-            failure = exc
-        finally:
-            work.put(None)
-            worker.join(timeout=cfg.timeout_s)
-    mon.stop()
-    status, error = status_of(failure)
-    if cfg.adaptive:
-        manifest2 = {**manifest2, "adaptive": {"switches_applied": switches,
-                                               "self_profile": (ok_meta or {}).get("profile")}}
-    part2 = {"manifest": manifest2, "sysmon": mon.summary(), "batches": [seen[s] for s in sorted(seen)]}
-    if part1 is not None:
-        try:
-            connection.send_json(wire.RECORDS, {"manifest": manifest2, "sysmon": part2["sysmon"]})
-        except (ParetoPipeError, OSError) as exc:
-            log.warning("stage 2: could not send its records to stage 1: %s", exc)
-    sender.close()
-    record = assemble_record(run_id, status, error, cfg, part1, part2, observed_link or start.link,
-                       {"run_wall_s": time.monotonic() - started, "written_by": "stage2"})
-    path = write_record(record, output_dir)
-    if failure is not None:
-        raise failure
-    return RunOutcome(record, path)
+    def serve(self) -> tuple[dict[str, Any] | None, BaseException | None]:
+        """Batches until stage 1's RECORDS: (stage 1's part or None, the failure or None)."""
+        worker = threading.Thread(target=self._compute_loop, name="stage2-compute", daemon=True)
+        worker.start()
+        failure: BaseException | None = None
+        part1 = None
+        self.connection.sock.settimeout(self.cfg.timeout_s)
+        with SystemMonitor(gpu=self.builder.device.startswith("cuda")) as mon:
+            try:
+                part1 = self._receive()
+            except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
+                failure = exc
+            finally:
+                self.work.put(None)
+                worker.join(timeout=self.cfg.timeout_s)
+        mon.stop()
+        self.sysmon = mon.summary()
+        return part1, failure
+
+    def _receive(self) -> dict[str, Any]:
+        cfg, total = self.cfg, self.cfg.warmup + self.cfg.num_batches
+        kinds = (wire.TENSOR, wire.RECORDS) + ((wire.SWITCH, wire.PROBE) if cfg.adaptive else ())
+        while True:
+            f = wire.expect(self.connection.reader.read(), *kinds)
+            if self.compute_error:
+                raise self.compute_error[0]
+            if self.sender.error is not None:
+                raise self.sender.error
+            if f.kind == wire.RECORDS:
+                return check_part(json_payload(f), "stage 1", True)
+            if f.kind == wire.SWITCH:
+                self.work.put(_switch_stage(self.builder, f.meta, self.block_cuts))
+                self.switches += 1
+                continue
+            if f.kind == wire.PROBE:
+                f.release()
+                self.sender.submit(wire.frame(wire.PROBE_ACK, f.seq))
+                continue
+            if f.seq in self.seen or not 0 <= f.seq < total:
+                raise WireError(f"batch {f.seq} sent twice or out of range 0..{total - 1}")
+            if f.tensor is None:
+                raise WireError(f"batch {f.seq} carries no tensor")
+            self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, "stage2_decode_s": f.decode_s,
+                                "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
+            self.work.put((f, time.monotonic()))
+
+    def part(self, send_back: bool) -> dict[str, Any]:
+        """Stage 2's part of the record; its manifest and system metrics also go back to stage 1
+        when stage 1 sent its own part (a failed run sends nothing)."""
+        manifest = self.manifest
+        if self.cfg.adaptive:
+            manifest = {**manifest, "adaptive": {"switches_applied": self.switches,
+                                                 "self_profile": (self.ok_meta or {}).get("profile")}}
+        if send_back:
+            try:
+                self.connection.send_json(wire.RECORDS, {"manifest": manifest, "sysmon": self.sysmon})
+            except (ParetoPipeError, OSError) as exc:
+                log.warning("stage 2: could not send its records to stage 1: %s", exc)
+        self.sender.close()
+        return {"manifest": manifest, "sysmon": self.sysmon, "batches": [self.seen[s] for s in sorted(self.seen)]}
 
 
 def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:

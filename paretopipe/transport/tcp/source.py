@@ -99,9 +99,9 @@ class _Stage1Run:
 
 
 def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunConfig, *,
-                   conditions: NetworkConditions | None = None, observed_link: dict | None = None,
-                   threads: int | None = None, limits: dict[str, Any] | None = None,
-                   keep_outputs: bool = False, output_dir: str | Path | None = None) -> RunOutcome:
+                      conditions: NetworkConditions | None = None, observed_link: dict | None = None,
+                      threads: int | None = None, limits: dict[str, Any] | None = None,
+                      keep_outputs: bool = False, output_dir: str | Path | None = None) -> RunOutcome:
     """One run as stage 1 over an established connection. The record is written into ``output_dir``
     (if given) even when the run fails: ``"status": "incomplete"`` with the batches that completed;
     the error is raised afterwards, and the connection is then closed."""
