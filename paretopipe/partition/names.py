@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
-from .structure import _version
 
 if TYPE_CHECKING:
     from torch import nn
@@ -150,30 +148,9 @@ def source_digest(name: str) -> str | None:
 
 
 def _torchvision_names() -> dict[str, str]:
-    """torchvision's classification builders by normalised name. Listing them imports torchvision
-    (about 4 s of CPU with torch), so the list is kept in the cache per torchvision version."""
-    from .weightcache import cache_dir
+    from .structure import torchvision_builders  # structure imports this module
 
-    root = cache_dir()
-    path = root / "structure" / f"torchvision-{_version('torchvision')}-models.json" if root else None
-    if path is not None and path.is_file():
-        try:
-            names = json.loads(path.read_text())
-            if isinstance(names, list) and all(isinstance(n, str) for n in names):
-                return {normalize(n): n for n in names}
-        except (OSError, ValueError):
-            pass
-    import torchvision.models as tvm
-
-    names = tvm.list_models(module=tvm)
-    if path is not None:
-        from .. import records
-
-        try:
-            records.atomic_write_json(path, names)
-        except OSError:
-            pass  # a read-only cache only costs the next call its time
-    return {normalize(n): n for n in names}
+    return {normalize(n): n for n in torchvision_builders()}
 
 
 def canonical_name(name: str) -> str:
@@ -204,7 +181,7 @@ def known_models() -> list[str]:
 
 def input_size(name: str) -> int:
     """Square input side the model expects: 299 for Inception, 224 otherwise (or as registered)."""
-    key = normalize(canonical_name(name))
-    if key in _CUSTOM:
-        return _CUSTOM[key][2]
-    return 299 if canonical_name(name) == "inception_v3" else 224
+    canonical = canonical_name(name)
+    if normalize(canonical) in _CUSTOM:
+        return _CUSTOM[normalize(canonical)][2]
+    return 299 if canonical == "inception_v3" else 224

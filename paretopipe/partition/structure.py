@@ -1,5 +1,6 @@
-"""A model's structure (its split tables and block count), cached on disk so that ``split --list``
-and ``--dry-run`` answer without importing torch.
+"""A model's structure (its split tables and block count), and torchvision's list of builders,
+cached on disk so that ``split --list``, ``--dry-run`` and a sweep's controller answer without
+importing torch.
 
 Importing torch and torchvision alone costs about 3 s on a 2-core VM, more than everything else
 ``--list`` does. The structure depends only on the model, its number of classes and the torch and
@@ -16,6 +17,7 @@ from typing import Any, Iterable
 
 from .. import __version__
 from ..errors import UsageError
+from .names import normalize
 
 
 def _version(package: str) -> str | None:
@@ -25,20 +27,50 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _normal(name: str) -> str:
-    return "".join(ch for ch in name.lower() if ch not in "-_ ")
-
-
-def _path(name: str, num_classes: int):
+def _folder():
     from .weightcache import cache_dir
 
     root = cache_dir()
-    if root is None:
+    return None if root is None else root / "structure"
+
+
+def _path(name: str, num_classes: int):
+    folder = _folder()
+    if folder is None:
         return None
-    key = {"model": _normal(name), "num_classes": num_classes, "torch": _version("torch"),
+    key = {"model": normalize(name), "num_classes": num_classes, "torch": _version("torch"),
            "torchvision": _version("torchvision"), "paretopipe": __version__}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return root / "structure" / f"{_normal(name)}-c{num_classes}-{digest}.json"
+    return folder / f"{normalize(name)}-c{num_classes}-{digest}.json"
+
+
+def _store(path, doc: Any) -> None:
+    from .. import records
+
+    try:
+        records.atomic_write_json(path, doc)
+    except OSError:
+        pass  # a read-only cache only costs the next call its time
+
+
+def torchvision_builders() -> list[str]:
+    """torchvision's classification builder names. Listing them imports torchvision (about 4 s of
+    CPU with torch), so the list is kept in the cache per torchvision version."""
+    folder = _folder()
+    path = folder / f"torchvision-{_version('torchvision')}-models.json" if folder else None
+    if path is not None and path.is_file():
+        try:
+            names = json.loads(path.read_text())
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                return names
+        except (OSError, ValueError):
+            pass
+    import torchvision.models as tvm
+
+    names = tvm.list_models(module=tvm)
+    if path is not None:
+        _store(path, names)
+    return names
 
 
 def check_splits(ks: Iterable[Any], num_blocks: int, model: str | None = None, what: str = "split index") -> None:
@@ -64,7 +96,6 @@ def structure(name: str, num_classes: int = 10) -> dict[str, Any]:
                 return doc
         except (OSError, ValueError):
             pass
-    from .. import records
     from .names import canonical_name
 
     canonical_name(name)  # an unknown name is refused here, before torch is imported to trace it
@@ -74,9 +105,6 @@ def structure(name: str, num_classes: int = 10) -> dict[str, Any]:
     doc = {"model": part.model_name, "num_blocks": part.num_blocks, "block_table": format_table(part),
            "fine_table": format_table(part, fine=True)}
     if path is not None and part.model_name is not None:
-        try:
-            records.atomic_write_json(path, doc)
-        except OSError:
-            pass  # a read-only cache only costs the next call its time
+        _store(path, doc)
     return doc
 

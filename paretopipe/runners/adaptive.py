@@ -122,7 +122,7 @@ class AdaptiveRun:
         cfg = self.cfg.replace(cuts=[self.block_cuts[split]])
         connection.sock.settimeout(self.cfg.timeout_s)
         connection.send(wire.RUN, meta={"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
-                                     "return_link": self.conditions.down.to_dict() if self.emulated else None})
+                                        "return_link": self.conditions.down.to_dict() if self.emulated else None})
         ok = wire.expect(connection.reader.read(deadline), wire.RUN_OK)
         connection.sock.settimeout(None)  # the reader thread waits as long as the run lasts
         inbox: queue.Queue = queue.Queue()

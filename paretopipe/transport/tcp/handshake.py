@@ -1,11 +1,6 @@
 """The handshake of the data port: stage 1's listener (concurrent, bounded, authenticated; a
-stranger is refused in one log line and the real peer is still served) and stage 2's half.
-
-    stage 1                      stage 2
-    CHALLENGE {nonce, auth}  ->
-                             <-  HELLO {model, fingerprint, num_classes, wire_version, cuts?, nonce, mac?}
-    HELLO_OK {mac?}          ->
-"""
+stranger is refused in one log line and the real peer is still served) and stage 2's half
+(CHALLENGE, HELLO, HELLO_OK: drawn in the package's docstring)."""
 
 from __future__ import annotations
 

@@ -24,9 +24,8 @@ class RunOutcome:
     outputs: list[torch.Tensor] | None = None
 
 
-
 def link_manifest_of(conditions: NetworkConditions | None, emulated: bool, observed: dict | None,
-                   link: EmulatedLink | None = None) -> dict[str, Any]:
+                     link: EmulatedLink | None = None) -> dict[str, Any]:
     if observed is not None:
         return observed
     if conditions is not None and emulated:
@@ -46,8 +45,8 @@ def write_record(record: dict[str, Any], output_dir: str | Path | None) -> Path 
 
 
 def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
-              part1: dict[str, Any] | None, part2: dict[str, Any] | None, link: dict[str, Any],
-              timing: dict[str, Any]) -> dict[str, Any]:
+                    part1: dict[str, Any] | None, part2: dict[str, Any] | None, link: dict[str, Any],
+                    timing: dict[str, Any]) -> dict[str, Any]:
     """Merge the two stages' parts. Stage 1's batch records already carry stage 2's durations."""
     batches = (part1 or {}).get("batches") or (part2 or {}).get("batches") or []
     stages = [p["manifest"] for p in (part1, part2) if p]

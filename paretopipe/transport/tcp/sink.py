@@ -54,7 +54,7 @@ def serve_connection(connection: Connection, builder: StageBuilder, *, output_di
 
 def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, Any], *, output_dir, observed_link,
                 threads, limits, timeout_s: float | None) -> RunOutcome:
-    run = _SinkRun(connection, builder, *_accept(connection, builder, meta, timeout_s), threads=threads, limits=limits)
+    run = _SinkRun(connection, builder, meta, timeout_s, threads=threads, limits=limits)
     started = time.monotonic()
     part1, failure = run.serve()
     status, error = status_of(failure)
@@ -67,44 +67,18 @@ def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, A
     return RunOutcome(record, path)
 
 
-def _accept(connection: Connection, builder: StageBuilder, meta: dict[str, Any],
-            timeout_s: float | None) -> tuple[RunStart, RunConfig]:
-    """Stage 1's RUN, checked; a run this stage cannot take is answered with ERROR, then refused."""
-    try:
-        start = message(RunStart, meta, "RUN")
-        safe_run_id(start.run_id)
-        # Stage 1 derived the run's deadline from its link; this stage's own --timeout overrides it.
-        cfg = RunConfig.from_dict(start.config, "stage 1's run configuration")
-        if timeout_s:
-            cfg = cfg.replace(timeout_s=timeout_s)
-        if start.return_link:
-            Direction.from_dict(start.return_link)
-        builder.stage(cfg.cuts, 1)
-        if cfg.adaptive and cfg.cuts[0] not in builder.partitioner.block_cuts():
-            raise UsageError(f"an adaptive run starts at a block split, not {cfg.cuts[0]!r}")
-    except (UsageError, WireError) as exc:
-        try:
-            connection.send(wire.ERROR, meta={"reason": f"stage 2 cannot run this: {exc}"})
-        except (ParetoPipeError, OSError):
-            pass
-        raise WireError(f"stage 1 sent a run stage 2 cannot take: {exc}")
-    return start, cfg
-
-
 class _SinkRun:
     """One run as stage 2: this thread reads stage 1's frames while a compute thread works through
     the batches in arrival order (a SWITCH takes its turn between two of them) and sends results."""
 
-    def __init__(self, connection: Connection, builder: StageBuilder, start: RunStart, cfg: RunConfig, *,
-                 threads: int | None, limits: dict[str, Any] | None) -> None:
-        self.connection, self.builder, self.start, self.cfg = connection, builder, start, cfg
-        self.run_id = start.run_id
-        self.stage = builder.stage(cfg.cuts, 1)
-        self.block_cuts = builder.partitioner.block_cuts() if cfg.adaptive else None
+    def __init__(self, connection: Connection, builder: StageBuilder, meta: dict[str, Any], timeout_s: float | None,
+                 *, threads: int | None, limits: dict[str, Any] | None) -> None:
+        self.connection, self.builder = connection, builder
+        back = self._accept(meta, timeout_s)
+        cfg = self.cfg
         self.ok_meta = {"profile": self_profile_timings(builder, cfg)} \
             if cfg.adaptive and not cfg.device_profiles else None
         connection.send(wire.RUN_OK, meta=self.ok_meta)
-        back = Direction.from_dict(start.return_link) if start.return_link else None
         self.timer = StageTimer(builder.device)
         self.manifest = node_manifest(builder.device, threads, role="stage2", weights_fingerprint=builder.fingerprint,
                                       limits=limits)
@@ -115,6 +89,29 @@ class _SinkRun:
         self.compute_error: list[BaseException] = []
         self.switches = 0
         self.sysmon: dict[str, Any] = {}
+
+    def _accept(self, meta: dict[str, Any], timeout_s: float | None) -> Direction | None:
+        """Stage 1's RUN, checked (returns the down direction it asks for); a run this stage cannot
+        take is answered with ERROR, then refused."""
+        try:
+            self.start = message(RunStart, meta, "RUN")
+            self.run_id = safe_run_id(self.start.run_id)
+            # Stage 1 derived the run's deadline from its link; this stage's own --timeout overrides it.
+            self.cfg = RunConfig.from_dict(self.start.config, "stage 1's run configuration")
+            if timeout_s:
+                self.cfg = self.cfg.replace(timeout_s=timeout_s)
+            back = Direction.from_dict(self.start.return_link) if self.start.return_link else None
+            self.stage = self.builder.stage(self.cfg.cuts, 1)
+            self.block_cuts = self.builder.partitioner.block_cuts() if self.cfg.adaptive else None
+            if self.block_cuts is not None and self.cfg.cuts[0] not in self.block_cuts:
+                raise UsageError(f"an adaptive run starts at a block split, not {self.cfg.cuts[0]!r}")
+        except (UsageError, WireError) as exc:
+            try:
+                self.connection.send(wire.ERROR, meta={"reason": f"stage 2 cannot run this: {exc}"})
+            except (ParetoPipeError, OSError):
+                pass
+            raise WireError(f"stage 1 sent a run stage 2 cannot take: {exc}")
+        return back
 
     def _compute_loop(self) -> None:
         cpushare.join_compute_thread()

@@ -1,13 +1,6 @@
 """Stage 1 of a TCP run, the data source: it reads the inputs, computes its part, keeps up to
-``in_flight`` batches outstanding and stamps each one's latency on its own clock alone.
-
-    RUN {run_id, config, ...}->
-                             <-  RUN_OK
-    TENSOR x N               ->
-                             <-  RESULT x N (each with stage 2's durations)
-    RECORDS (stage 1's part) ->
-                             <-  RECORDS (stage 2's manifest and system metrics)
-"""
+``in_flight`` batches outstanding and stamps each one's latency on its own clock alone (a run's
+frames are drawn in the package's docstring)."""
 
 from __future__ import annotations
 
@@ -119,7 +112,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
         try:
             connection.send(wire.RUN, meta={"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
-                                         "return_link": conditions.down.to_dict() if emulated else None})
+                                            "return_link": conditions.down.to_dict() if emulated else None})
             wire.expect(connection.reader.read(time.monotonic() + cfg.timeout_s), wire.RUN_OK)
             run = _Stage1Run(connection, builder, cfg, link, keep_outputs)
             log.info("stage 1: run %s started with %s", run_id, connection.address)
@@ -142,7 +135,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
         connection.close()
     connection.runs += 1
     record = assemble_record(run_id, status, error, cfg, part1, peer, link_manifest,
-                       {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
+                             {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
     path = write_record(record, output_dir)
     if failure is not None and status == "incomplete":  # "infeasible" is a measured outcome
         raise failure
