@@ -37,7 +37,8 @@ BOOTSTRAP_RESAMPLES = 2000
 WORK_FIELDS = ("stage1_compute_s", "stage1_encode_s", "stage2_decode_s", "stage2_queue_s",
                "stage2_compute_s", "stage2_encode_s", "result_decode_s")
 # local_compute_s: an adaptive run's batch finished on stage 1 (stage 2 gone or late).
-_WORK = re.compile(r"^(stage\d+_(compute|encode|decode|queue)_s|result_decode_s|local_compute_s)$")
+# seal/open: an encrypted connection's per-frame AEAD (stage1_seal_s is part of stage1_send_s).
+_WORK = re.compile(r"^(stage\d+_(compute|encode|decode|queue|seal|open)_s|result_(decode|open)_s|local_compute_s)$")
 
 
 def work_fields(batch: dict[str, Any]) -> list[str]:

@@ -73,10 +73,10 @@ install_venv() {
   "$HERE/.venv/bin/python" -m pip wheel -q "$HERE" --no-deps --no-build-isolation --no-index -w "$WHEELS/project" >&2
   local wheel
   wheel=$(cd "$WHEELS/project" && ls paretopipe-*.whl)
-  if [ ! -f "$WHEELS/deps/.complete" ]; then
-    # every dependency but torch and torchvision, which the sysroot already has in /opt/site
-    local deps
-    deps=$("$HERE/.venv/bin/python" - "$WHEELS/project/$wheel" <<'PY'
+  # every dependency but torch and torchvision, which the sysroot already has in /opt/site; fetched
+  # again whenever the list changes (the marker holds the list it was fetched for)
+  local deps
+  deps=$("$HERE/.venv/bin/python" - "$WHEELS/project/$wheel" <<'PY'
 import sys, zipfile
 from email.parser import Parser
 from packaging.requirements import Requirement
@@ -87,10 +87,11 @@ print("\n".join(str(r) for r in reqs if r.name not in ("torch", "torchvision")
                 and not (r.marker and "extra" in str(r.marker))))
 PY
 )
+  if [ "$(cat "$WHEELS/deps/.complete" 2>/dev/null)" != "$deps" ]; then
     printf 'torch==2.9.1\ntorchvision==0.24.1\n' > "$WHEELS/deps/constraints.txt"
     mapfile -t reqs <<< "$deps"
     "$PIP" download -q "${PLAT[@]}" -c "$WHEELS/deps/constraints.txt" -d "$WHEELS/deps" "${reqs[@]}" >&2
-    touch "$WHEELS/deps/.complete"
+    printf '%s' "$deps" > "$WHEELS/deps/.complete"
   fi
   local qenv=(/usr/bin/env QEMU_CPU="$QEMU_CPU" HOME=/tmp "PATH=$VENV/bin:/usr/bin:/bin")
   if [ ! -x "$ROOTFS$VENV/bin/python3" ]; then

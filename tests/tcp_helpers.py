@@ -32,14 +32,14 @@ def builder(name: str) -> StageBuilder:
         return _builder(name)
 
 
-def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secret=None, **cfg_kw):
+def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secret=None, encrypt="none", **cfg_kw):
     """Both stages in this process over 127.0.0.1; returns (stage-1 outcome, stage-2 outcome)."""
     b = builder(name)
     cuts = b.cuts_for(split_index)
     cfg = RunConfig(model=b.name, cuts=cuts, split_index=split_index, timeout_s=60,
                     link_mode="emulated" if conditions else "none",
                     network=conditions.name if conditions else None, **cfg_kw)
-    listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret)
+    listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret, encrypt=encrypt)
     out: dict = {}
 
     def stage1():
@@ -52,7 +52,7 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secr
     th = threading.Thread(target=stage1)
     th.start()
     sock = tcp.connect_with_retry("127.0.0.1", listener.port, 10)
-    connection = tcp.open_connection(sock, b, cuts=cuts, secret=secret)
+    connection = tcp.open_connection(sock, b, cuts=cuts, secret=secret, encrypt=encrypt)
     (s2,) = tcp.serve_connection(connection, b, output_dir=tmp, timeout_s=60)
     th.join(60)
     listener.close()

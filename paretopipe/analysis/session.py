@@ -35,7 +35,7 @@ CONFIG_KEY = ["model", "backend", "network", "batch_size", "split_index"]
 #: One panel of figures: every network and split of one model, backend and batch size.
 PANEL_KEY = ["model", "backend", "batch_size"]
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
-              "batch_size", "in_flight", "latency_median_s", "latency_mean_s", "latency_p95_s",
+              "batch_size", "in_flight", "cipher", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
               "stage2_compute_median_s", "stage2_queue_median_s", "payload_bytes_mean", "wire_bytes_mean",
               "goodput_mbit_per_s", "result_wire_bytes_mean", "measured_window_s", "measured_span_s",
@@ -43,7 +43,7 @@ RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_ind
 FAILURE_FIELDS = ["run_key", "attempt", "error", "time_utc"]
 #: Per-batch means of the latency's parts (every stage's compute, codecs and queue, the transfer):
 #: they add up to ``latency_mean_s`` exactly, so the breakdown figure stacks them.
-BREAKDOWN = re.compile(r"^(stage\d+_(compute|encode|decode|queue)|result_decode|transfer)_mean_s$")
+BREAKDOWN = re.compile(r"^(stage\d+_(compute|encode|decode|queue|seal|open)|result_(decode|open)|transfer)_mean_s$")
 
 
 def config_key(model: str, backend: str, network: str, split_index: int | str) -> str:
@@ -84,11 +84,21 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "model": c["model"], "backend": rec["backend"], "network": c.get("network"),
             "split_index": split_label(c.get("split_index")), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
+            "cipher": _cipher(rec["manifest"]),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **{k: v for k, v in s.items() if BREAKDOWN.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
             "error": rec.get("error"),
             "json": name}
+
+
+def _cipher(manifest: dict[str, Any]) -> str:
+    """The data port's cipher (``none``: plain; records from before encryption say nothing)."""
+    for stage in manifest.get("stages") or []:
+        cipher = stage.get("cipher") if isinstance(stage, dict) else None
+        if isinstance(cipher, dict) and isinstance(cipher.get("cipher"), str):
+            return cipher["cipher"]
+    return "none"
 
 
 def _throttled(sysmon: Any) -> bool | None:

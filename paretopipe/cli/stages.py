@@ -12,7 +12,7 @@ import torch
 
 from ..errors import UsageError
 from ..partition.stages import StageBuilder
-from ..transport import auth, tcp, wire
+from ..transport import aead, auth, tcp, wire
 from ..transport.runconfig import ADAPTIVE, OBJECTIVES, RunConfig
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, prefetch_from_args,
@@ -46,6 +46,9 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
     n.add_argument("--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for the peer to appear")
     n.add_argument("--max-payload", type=positive_int, default=wire.DEFAULT_MAX_PAYLOAD, help="largest frame payload accepted, bytes")
     n.add_argument("--env-file", default=".env", help=f"where {auth.SECRET_ENV} (the data port's shared secret) is read from")
+    n.add_argument("--encrypt", default="none", choices=list(aead.CHOICES),
+                   help=f"seal every frame after the handshake (AEAD, keys from {auth.SECRET_ENV}); auto: AES-GCM "
+                        "when both CPUs have AES instructions, else ChaCha20-Poly1305. Both stages must agree")
     r = parser.add_argument_group("execution and output")
     r.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     r.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads on this node")
@@ -178,6 +181,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     setup_logging(args.debug, args.quiet)
     _signals_as_interrupt()
     secret = _secret(args)
+    aead.check_choice(args.encrypt, secret)
     builder, cuts = _builder(args)
     conditions = network_from_args(args)
     link_mode = args.link or ("emulated" if conditions else "none")
@@ -192,7 +196,8 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
                     timeout_s=args.timeout or _link_timeout_s(args, builder, cuts, conditions),
                     max_batch_s=args.max_batch_s, **adaptive_fields(args, builder.partitioner.num_blocks))
     observed = _observed_link(args)
-    listener = tcp.StageListener(tcp.listen(args.host, args.port), tcp.identity_of(builder), secret, args.max_payload)
+    listener = tcp.StageListener(tcp.listen(args.host, args.port), tcp.identity_of(builder), secret, args.max_payload,
+                                 encrypt=args.encrypt)
     log.info("stage 1 listening on %s:%d (%s, cuts %s)", args.host, listener.port, builder.name, cuts)
     try:
         if cfg.adaptive:
@@ -220,7 +225,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
         cuts = "adaptive"
     print(f"{builder.name} cuts={cuts} latency median {_ms(s['latency_median_s'])} p95 {_ms(s['latency_p95_s'])}, "
           f"throughput {_num(s['throughput_imgs_per_s'])} img/s, payload {_num(s['payload_bytes_mean'])} B"
-          + extra + (f", written {outcome.path}" if outcome.path else ""))
+          + extra + _cipher_note(outcome.record) + (f", written {outcome.path}" if outcome.path else ""))
     return 0
 
 
@@ -244,15 +249,26 @@ def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") 
     setup_logging(args.debug, args.quiet)
     _signals_as_interrupt()
     secret = _secret(args)
+    aead.check_choice(args.encrypt, secret)
     builder, cuts = _builder(args, required=False)
     observed = _observed_link(args)
     sock = tcp.connect_with_retry(args.host, args.port, args.connect_timeout)
-    connection = tcp.open_connection(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload)
+    connection = tcp.open_connection(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload,
+                                     encrypt=args.encrypt)
     outcomes = tcp.serve_connection(connection, builder, output_dir=args.out, observed_link=observed,
                                     threads=args.threads, timeout_s=args.timeout)
     for outcome in outcomes:
         print(f"stage 2 done: {outcome.record['summary']['batches_measured']} measured batches, written {outcome.path}")
     return 0
+
+
+def _cipher_note(record: dict) -> str:
+    cipher = record["manifest"]["stages"][0].get("cipher") or {}
+    if cipher.get("cipher", "none") == "none":
+        return ""
+    s = record["summary"]
+    return (f", sealed with {cipher['cipher']} (seal {_ms(s.get('stage1_seal_median_s'))}, "
+            f"open {_ms(s.get('stage2_open_median_s'))} a batch)")
 
 
 def _ms(x: float | None) -> str:

@@ -14,6 +14,7 @@ from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices
 from ..runners.sweep import SweepOptions, Sweeper, describe_plan, parse_plans, session_dir
 from ..network import traces
+from ..transport import aead
 from ..transport.auth import load_secret
 from . import experiment
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_prefetch_flags,
@@ -83,6 +84,9 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     r.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window")
     r.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     r.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
+    r.add_argument("--encrypt", default="none", choices=list(aead.CHOICES),
+                   help="seal the TCP data port (AEAD, keys from PARETOPIPE_SECRET); each run records its cipher "
+                        "and its seal and open times. Compare with a plain session: paretopipe compare A B")
     add_dataset_flags(r, default="auto")
     add_prefetch_flags(r)
     r.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
@@ -205,6 +209,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         optimizations=not args.no_optimizations, dry_run=args.dry_run, cleanup=args.cleanup,
                         report=not args.no_report, testbed=testbed, network_file=args.network_file,
                         wire_dtype=args.wire_dtype, compression=args.compression,
+                        encrypt=_encrypt(args.encrypt, backends, testbed),
                         stage_cpu=cpushare.parse_shares(args.stage_cpu, 2),
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
@@ -215,6 +220,15 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         seed=args.seed, precision=args.precision, max_runs=args.max_runs,
                         drift_every_s=args.drift_every, objective=args.objective,
                         deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else None)
+
+
+def _encrypt(choice: str, backends: list[str], testbed: Testbed) -> str:
+    """--encrypt, refused where it cannot apply: without a shared secret, or with the rpc backend."""
+    aead.check_choice(choice, load_secret(testbed.secret or ""))
+    if choice != "none" and "rpc" in backends:
+        raise UsageError(f"--encrypt {choice} seals the TCP data port; the rpc backend's TensorPipe channel "
+                         f"cannot be sealed: use --backend tcp")
+    return choice
 
 
 def resolved_table(opts: SweepOptions) -> dict[str, Any]:
@@ -228,6 +242,7 @@ def resolved_table(opts: SweepOptions) -> dict[str, Any]:
             "batch_size": opts.batch_size, "num_batches": opts.num_batches, "warmup": opts.warmup,
             "warmup_every_run": opts.warmup_every_run,
             "in_flight": opts.in_flight, "wire_dtype": opts.wire_dtype, "compression": opts.compression,
+            "encrypt": opts.encrypt,
             "dataset": opts.dataset, "data_dir": opts.data_dir, "link": opts.link, "num_classes": opts.num_classes,
             "weights": opts.weights, "rpc_source": opts.rpc_source, "rpc_transport": opts.rpc_transport,
             "threads": opts.threads, "stage_threads": joined(opts.stage_threads),

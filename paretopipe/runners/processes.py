@@ -30,6 +30,7 @@ class Placement:
     wait_time: float = 120.0
     num_classes: int = 10
     weights: str | None = None
+    encrypt: str = "none"               # the TCP data port's cipher choice (transport.aead)
 
     def local_cpus(self, stage: int, stages: int) -> str | None:
         cores = os.cpu_count() or 1
@@ -95,10 +96,10 @@ class TcpStages:
         s1, s2 = self.procs
         remote = self.hosts[0] is not None
         s1.send({"cmd": "listen", "host": "0.0.0.0" if remote else "127.0.0.1", "port": self.port,
-                 "secret": p.testbed.secret})
+                 "secret": p.testbed.secret, "encrypt": p.encrypt})
         port = s1.expect("listening", timeout=p.wait_time)["port"]
         s2.send({"cmd": "connect", "host": self.hosts[0].address if remote else "127.0.0.1", "port": port,
-                 "secret": p.testbed.secret, "connect_timeout": p.wait_time})
+                 "secret": p.testbed.secret, "encrypt": p.encrypt, "connect_timeout": p.wait_time})
         s2.expect("connected", timeout=p.wait_time)
         self.info = {**infos[0], "limits": {"stage1": infos[0].get("limits"), "stage2": infos[1].get("limits")},
                      "devices": [p.device_for(j, h) for j, h in enumerate(self.hosts)]}

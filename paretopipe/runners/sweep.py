@@ -176,6 +176,7 @@ class SweepOptions:
     network_file: str | None = None
     wire_dtype: str = "float32"
     compression: str = "none"
+    encrypt: str = "none"               # the TCP data port's cipher (transport.aead)
     stage_cpu: list[float | None] = dataclasses.field(default_factory=lambda: [None, None])
     stage_threads: list[int | None] = dataclasses.field(default_factory=lambda: [None, None])
     stage_devices: list[str] = dataclasses.field(default_factory=list)
@@ -330,7 +331,7 @@ class Sweeper:
         return Placement(testbed=o.testbed, devices=devices,
                          threads=[t or o.threads for t in o.stage_threads] + [o.threads] * stages,
                          cpu_shares=o.stage_cpu, pin=o.optimizations, wait_time=o.wait_time,
-                         num_classes=o.num_classes, weights=o.weights)
+                         num_classes=o.num_classes, weights=o.weights, encrypt=o.encrypt)
 
     def _process_group(self, model: str, backend: str) -> StageGroup:
         o = self.opts

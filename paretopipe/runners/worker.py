@@ -34,6 +34,7 @@ class ListenCommand:
     host: str = "127.0.0.1"
     port: int = 0
     secret: str | None = None
+    encrypt: str = "none"
 
 
 @dataclasses.dataclass
@@ -55,6 +56,7 @@ class ConnectCommand:
     host: str
     port: int
     secret: str | None = None
+    encrypt: str = "none"
     connect_timeout: float = 60.0
     timeout: float | None = None  # None: each run's deadline, which stage 1 derives from its link
 
@@ -83,7 +85,7 @@ class StageWorker:
         if isinstance(cmd, ListenCommand):
             if self.listener is None:
                 self.listener = tcp.StageListener(tcp.listen(cmd.host, cmd.port), tcp.identity_of(self.builder),
-                                                  auth.load_secret(cmd.secret or ""))
+                                                  auth.load_secret(cmd.secret or ""), encrypt=cmd.encrypt)
             emit({"event": "listening", "port": self.listener.port})
         elif isinstance(cmd, RunCommand):
             if self.listener is None:
@@ -110,7 +112,8 @@ class StageWorker:
             if self.serving.is_set():
                 raise UsageError("stage 2 is already serving a connection")
             sock = tcp.connect_with_retry(cmd.host, cmd.port, cmd.connect_timeout)
-            connection = tcp.open_connection(sock, self.builder, secret=auth.load_secret(cmd.secret or ""))
+            connection = tcp.open_connection(sock, self.builder, secret=auth.load_secret(cmd.secret or ""),
+                                             encrypt=cmd.encrypt)
             emit({"event": "connected"})
 
             def serve() -> None:

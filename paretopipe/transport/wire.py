@@ -40,6 +40,7 @@ SEQ_OFFSET = struct.calcsize("<4sBBBBBBBxI")  # where the sequence number sits i
 _SEQ = struct.Struct("<Q")
 _NO_SEQ = bytes(_SEQ.size)
 MAX_META_BYTES = 64 * 1024
+TAG_BYTES = 16  # a sealed frame's authentication tag (paretopipe.transport.aead)
 DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 MAX_JSON_DEPTH = 16
 MAX_NUMBER_CHARS = 40
@@ -134,7 +135,10 @@ class _Buffer:
         key = (dtype, shape)
         t = self.typed.get(key)
         if t is None:
-            t = self.typed[key] = self.tensor.view(dtype).reshape(shape)
+            # A sealed frame's buffer holds its tag after the payload.
+            nbytes = math.prod(shape) * dtype.itemsize
+            whole = self.tensor if nbytes == self.tensor.numel() else self.tensor[:nbytes]
+            t = self.typed[key] = whole.view(dtype).reshape(shape)
         return t
 
 
@@ -175,6 +179,7 @@ class Frame:
     raw_nbytes: int = 0
     wire_nbytes: int = 0
     decode_s: float = 0.0
+    open_s: float = 0.0    # opening it, on a sealed connection
     _buffer: _Buffer | None = None
     _pool: BufferPool | None = None
 
@@ -195,6 +200,7 @@ class Encoded:
     wire_nbytes: int
     encode_s: float
     total_nbytes: int = 0  # header + meta + payload, as sent
+    seal_s: float = 0.0    # sealing it, on a sealed connection (set when it is sent)
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -403,11 +409,28 @@ class FrameWriter:
     """Sends the frames of one connection, each with one ``sendmsg`` straight from the tensor's
     memory. Copying header and payload into one buffer first (as this writer did up to 1 MB) cost
     more than it saved: 0.86 against 0.95 of raw ``sendall`` at 0.1 MB, and 0.83 against 0.93 at
-    1 MB, on loopback (benchmarks/transport.py)."""
+    1 MB, on loopback (benchmarks/transport.py).
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.send = functools.partial(send_encoded, sock)  # one call layer less on the hot path
+    With ``sealer`` (:class:`paretopipe.transport.aead.Direction`) every frame's body is sealed
+    under its header as it is sent, and :attr:`Encoded.seal_s` says what that cost. Sealing and
+    sending hold one lock, so the frame counter follows the order on the wire whichever thread
+    sends."""
+
+    def __init__(self, sock: socket.socket, sealer: Any = None) -> None:
+        self.sock, self.sealer = sock, sealer
+        self.overhead = 0 if sealer is None else TAG_BYTES  # bytes a frame gains on the wire
+        self.send = functools.partial(send_encoded, sock) if sealer is None else self._send_sealed
+
+    def _send_sealed(self, enc: Encoded) -> None:
+        head = enc.buffers[0]
+        header = head[:HEADER.size] if len(head) > HEADER.size else head
+        parts = ([memoryview(head)[HEADER.size:]] if len(head) > HEADER.size else []) + list(enc.buffers[1:])
+        body = parts[0] if len(parts) == 1 else b"".join(parts)  # meta and payload together: control frames
+        with self.sealer.lock:
+            sealed = self.sealer.seal(header, body)
+            enc.seal_s = self.sealer.last_s
+            send_encoded(self.sock, Encoded([header, sealed], enc.raw_nbytes, enc.wire_nbytes, enc.encode_s,
+                                            HEADER.size + sealed.nbytes))
 
 
 def send_frame(sock: socket.socket, kind: int, seq: int = 0, tensor: torch.Tensor | None = None,
@@ -532,8 +555,9 @@ class FrameReader:
     reader then owns the connection's incoming bytes and must be the only one reading them."""
 
     def __init__(self, sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 pool: BufferPool | None = None, read_ahead: bool = True) -> None:
+                 pool: BufferPool | None = None, read_ahead: bool = True, opener: Any = None) -> None:
         self.sock, self.max_payload, self.pool = sock, max_payload, pool
+        self.opener = opener  # an aead.Direction: every frame's body is sealed under its header
         self.read_ahead = read_ahead and hasattr(sock, "recvmsg_into")
         self._head = bytearray(HEADER.size)
         self._view = memoryview(self._head)
@@ -593,15 +617,21 @@ class FrameReader:
         if self._have < HEADER.size:
             recv_exact_into(self.sock, self._view[self._have:], "a frame header", deadline)
         self._have = 0
+        aad = bytes(self._head) if self.opener is not None else b""  # before the sequence number is zeroed
         h, seq = self._header()
         pool = self.pool
-        meta_buf = bytearray(h.meta_len)
         buf = None
-        if h.dtype != NO_TENSOR and h.nbytes:
-            buf = pool.take(h.nbytes) if pool is not None else _Buffer(h.nbytes)
-            self._body([memoryview(meta_buf), buf.view] if h.meta_len else [buf.view], deadline)
-        elif h.meta_len:
-            self._body([memoryview(meta_buf)], deadline)
+        open_s = 0.0
+        if self.opener is not None:
+            meta_buf, buf = self._sealed_body(h, aad, deadline)
+            open_s = self.opener.last_s
+        else:
+            meta_buf = bytearray(h.meta_len)
+            if h.dtype != NO_TENSOR and h.nbytes:
+                buf = pool.take(h.nbytes) if pool is not None else _Buffer(h.nbytes)
+                self._body([memoryview(meta_buf), buf.view] if h.meta_len else [buf.view], deadline)
+            elif h.meta_len:
+                self._body([memoryview(meta_buf)], deadline)
         meta: dict[str, Any] = {}
         if h.meta_len:
             try:
@@ -611,7 +641,7 @@ class FrameReader:
             if not isinstance(meta, dict):
                 raise WireError("frame meta must be a JSON object")
         if h.dtype == NO_TENSOR:
-            return Frame(h.kind, seq, None, meta)
+            return Frame(h.kind, seq, None, meta, open_s=open_s)
         t0 = time.perf_counter()
         dtype = DTYPES[h.dtype]
         keep: _Buffer | None = None
@@ -621,7 +651,7 @@ class FrameReader:
             tensor = buf.as_tensor(dtype, h.shape)
             keep = buf
         else:
-            raw = _decompress(CODEC_NAMES[h.codec], buf.view, h.raw_nbytes)
+            raw = _decompress(CODEC_NAMES[h.codec], buf.view[:h.nbytes], h.raw_nbytes)
             if pool is not None:
                 pool.give(buf)
             tensor = torch.from_numpy(_unshuffle(raw, h.shuffle)).view(dtype).reshape(h.shape)
@@ -632,8 +662,28 @@ class FrameReader:
             keep = None
         if pool is None:
             keep = None
-        return Frame(h.kind, seq, tensor, meta, h.raw_nbytes, h.nbytes, time.perf_counter() - t0, keep,
+        return Frame(h.kind, seq, tensor, meta, h.raw_nbytes, h.nbytes, time.perf_counter() - t0, open_s, keep,
                      pool if keep is not None else None)
+
+    def _sealed_body(self, h: Header, aad: bytes, deadline: float | None) -> tuple[Any, _Buffer | None]:
+        """Read a sealed body and its tag, open it in place: (meta bytes, payload buffer or None).
+        The payload's buffer holds the tag after it, so the common frame (a tensor, no meta) is
+        read and opened where the tensor will live, with no copy."""
+        payload = h.nbytes if h.dtype != NO_TENSOR else 0
+        if payload and not h.meta_len:
+            buf = self.pool.take(payload + TAG_BYTES) if self.pool is not None else _Buffer(payload + TAG_BYTES)
+            self._body([buf.view], deadline)
+            self.opener.open_in_place(aad, buf.view)
+            return b"", buf
+        sealed = bytearray(h.meta_len + payload + TAG_BYTES)
+        view = memoryview(sealed)
+        self._body([view], deadline)
+        self.opener.open_in_place(aad, view)
+        if not payload:
+            return view[:h.meta_len], None
+        buf = self.pool.take(payload) if self.pool is not None else _Buffer(payload)
+        buf.view[:] = view[h.meta_len:h.meta_len + payload]
+        return view[:h.meta_len], buf
 
 
 def recv_frame(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD, pool: BufferPool | None = None,

@@ -13,7 +13,7 @@ import torch
 
 from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...network.emulated import EmulatedLink, LinkSender
-from .. import wire
+from .. import aead, wire
 from .messages import Hello, json_payload, json_tensor
 
 
@@ -62,13 +62,18 @@ def is_loopback(host: str) -> bool:
 class Connection:
     """One authenticated connection between stage 1 and stage 2; it carries any number of runs."""
 
-    def __init__(self, sock: socket.socket, peer: Hello | None, address: str, max_payload: int) -> None:
-        self.sock, self.peer, self.address = sock, peer, address
+    def __init__(self, sock: socket.socket, peer: Hello | None, address: str, max_payload: int,
+                 channel: aead.Channel | None = None) -> None:
+        self.sock, self.peer, self.address, self.channel = sock, peer, address, channel
         self.pool = wire.BufferPool()
-        self.reader = wire.FrameReader(sock, max_payload, self.pool)
-        self.writer = wire.FrameWriter(sock)
+        self.reader = wire.FrameReader(sock, max_payload, self.pool, opener=channel.recv if channel else None)
+        self.writer = wire.FrameWriter(sock, sealer=channel.send if channel else None)
         self.runs = 0
         self.closed = False
+
+    @property
+    def cipher(self) -> str:
+        return self.channel.cipher if self.channel is not None else "none"
 
     def send(self, kind: int, seq: int = 0, tensor: torch.Tensor | None = None, meta: dict | None = None) -> None:
         self.writer.send(wire.encode(kind, seq, tensor, meta))
@@ -107,4 +112,4 @@ class FrameSender(LinkSender):
         self.writer = writer
 
     def submit(self, enc: wire.Encoded, on_sent: Callable[[float], None] | None = None) -> None:
-        super().submit(enc.total_nbytes, lambda: self.writer.send(enc), on_sent)
+        super().submit(enc.total_nbytes + self.writer.overhead, lambda: self.writer.send(enc), on_sent)

@@ -11,9 +11,9 @@ import threading
 import time
 from typing import Any
 
-from ...errors import ParetoPipeError, PeerError, WireError
+from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...partition.stages import StageBuilder
-from .. import auth, wire
+from .. import aead, auth, wire
 from .connection import Connection, is_loopback
 from .messages import IDENTITY_FIELDS, Challenge, Hello, HelloOk, message
 
@@ -38,7 +38,14 @@ class StageListener:
     for the handshake timeout and shut out the real peer, whose handshake takes one round trip."""
 
     def __init__(self, sock: socket.socket, identity: dict[str, Any], secret: bytes | None = None,
-                 max_payload: int = wire.DEFAULT_MAX_PAYLOAD, handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+                 max_payload: int = wire.DEFAULT_MAX_PAYLOAD, handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
+                 encrypt: str = "none") -> None:
+        try:
+            self.encrypt = aead.check_choice(encrypt, secret)
+        except UsageError:
+            sock.close()
+            raise
+        self.aes = aead.has_aes_instructions()
         self.sock, self.identity, self.secret = sock, identity, secret
         self.max_payload, self.handshake_timeout = max_payload, handshake_timeout
         self.expected_cuts: list[str] | None = None
@@ -100,18 +107,27 @@ class StageListener:
             conn.settimeout(self.handshake_timeout)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             mine = auth.nonce()
-            wire.send_frame(conn, wire.CHALLENGE, meta={"nonce": mine, "auth": self.secret is not None})
+            wire.send_frame(conn, wire.CHALLENGE, meta={"nonce": mine, "auth": self.secret is not None,
+                                                        "encrypt": self.encrypt, "aes": self.aes})
             hello = message(Hello, wire.expect(wire.recv_frame(conn, wire.MAX_META_BYTES, deadline=deadline),
                                                 wire.HELLO).meta, "HELLO")
             problem = self._check(hello, mine)
+            cipher = "none"
+            if not problem:
+                try:
+                    cipher = aead.resolve(self.encrypt, self.aes, hello.encrypt, hello.aes)
+                except WireError as exc:
+                    problem = str(exc)
             if problem:
                 try:
                     wire.send_frame(conn, wire.ERROR, meta={"reason": problem})
                 except (ParetoPipeError, OSError):
                     pass
                 raise PeerError(problem)
-            mac = auth.proof(self.secret, "stage1", hello.nonce, mine) if self.secret else None
+            mac = auth.proof(self.secret, "stage1", hello.nonce, mine, cipher_fields(cipher)) if self.secret else None
             wire.send_frame(conn, wire.HELLO_OK, meta={"mac": mac} if mac else None)
+            channel = (aead.Channel.for_stage(1, cipher, self.secret, mine, hello.nonce)
+                       if cipher != "none" and self.secret else None)
         except (ParetoPipeError, OSError) as exc:
             conn.close()
             self._refuse(f"{address}: {exc}")
@@ -120,7 +136,7 @@ class StageListener:
             with self._pending_lock:
                 self._pending.pop(conn, None)
         conn.settimeout(None)
-        self._connections.put(Connection(conn, hello, address, self.max_payload))
+        self._connections.put(Connection(conn, hello, address, self.max_payload, channel))
 
     def _check(self, hello: Hello, mine: str) -> str | None:
         diffs = [f"{k}: stage 1 has {self.identity[k]!r}, stage 2 has {str(getattr(hello, k))[:100]!r}"
@@ -165,10 +181,17 @@ class StageListener:
             self._connections.get_nowait().close()
 
 
+def cipher_fields(cipher: str) -> dict[str, Any] | None:
+    """What stage 1's proof covers beyond the nonces: the cipher it settled on, when there is one."""
+    return {"encrypt": cipher} if cipher != "none" else None
+
+
 def open_connection(sock: socket.socket, builder: StageBuilder, *, cuts: list[str] | None = None,
                     secret: bytes | None = None, max_payload: int = wire.DEFAULT_MAX_PAYLOAD,
-                    timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:
-    """Stage 2's half of the handshake over a connected socket (``cuts``: what this side insists on)."""
+                    timeout: float = HANDSHAKE_TIMEOUT_S, encrypt: str = "none") -> Connection:
+    """Stage 2's half of the handshake over a connected socket (``cuts``: what this side insists on;
+    ``encrypt``: the cipher it asks for, see :mod:`paretopipe.transport.aead`)."""
+    aead.check_choice(encrypt, secret)
     deadline = time.monotonic() + timeout
     sock.settimeout(timeout)
     try:
@@ -176,11 +199,19 @@ def open_connection(sock: socket.socket, builder: StageBuilder, *, cuts: list[st
                                                     wire.CHALLENGE).meta, "CHALLENGE")
         if secret is not None and not challenge.auth:
             raise PeerError("stage 1 does not authenticate (it has no shared secret); refusing to send it data")
+        aes = aead.has_aes_instructions()
+        try:
+            cipher = aead.resolve(challenge.encrypt, challenge.aes, encrypt, aes)
+        except WireError as exc:
+            raise PeerError(str(exc))
         mine = auth.nonce()
         ident = identity_of(builder)
         hello = {**ident, "nonce": mine, "cuts": cuts}
+        if encrypt != "none":
+            hello.update(encrypt=encrypt, aes=aes)
         if secret is not None:
-            hello["mac"] = auth.proof(secret, "stage2", challenge.nonce, mine, ident)
+            hello["mac"] = auth.proof(secret, "stage2", challenge.nonce, mine,
+                                      {**ident, **({"encrypt": encrypt, "aes": aes} if encrypt != "none" else {})})
         wire.send_frame(sock, wire.HELLO, meta=hello)
         ok = message(HelloOk, wire.expect(wire.recv_frame(sock, wire.MAX_META_BYTES, deadline=deadline),
                                            wire.HELLO_OK).meta, "HELLO_OK")
@@ -190,8 +221,10 @@ def open_connection(sock: socket.socket, builder: StageBuilder, *, cuts: list[st
     except (WireError, OSError) as exc:
         sock.close()
         raise PeerError(f"handshake with stage 1 failed: {exc}")
-    if secret is not None and not auth.check(secret, ok.mac, "stage1", mine, challenge.nonce):
+    if secret is not None and not auth.check(secret, ok.mac, "stage1", mine, challenge.nonce, cipher_fields(cipher)):
         sock.close()
-        raise PeerError("authentication failed: stage 1 does not know the shared secret")
+        raise PeerError("authentication failed: stage 1 does not know the shared secret"
+                        + (f" or did not settle on {cipher}" if cipher != "none" else ""))
     sock.settimeout(None)
-    return Connection(sock, None, "stage 1", max_payload)
+    channel = aead.Channel.for_stage(2, cipher, secret, challenge.nonce, mine) if cipher != "none" and secret else None
+    return Connection(sock, None, "stage 1", max_payload, channel)

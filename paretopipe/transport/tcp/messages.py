@@ -25,6 +25,8 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$")
 class Challenge:
     nonce: str
     auth: bool
+    encrypt: str = "none"  # stage 1's --encrypt, and whether its CPU has AES instructions
+    aes: bool = False
 
 
 @dataclasses.dataclass
@@ -36,9 +38,16 @@ class Hello:
     nonce: str
     cuts: list[str] | None = None
     mac: str | None = None
+    encrypt: str = "none"  # stage 2's --encrypt, and whether its CPU has AES instructions
+    aes: bool = False
 
     def identity(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in IDENTITY_FIELDS}
+        """What stage 2's proof covers: its identity, and its cipher choice when it asks for one
+        (so a downgrade on the way fails authentication)."""
+        out = {k: getattr(self, k) for k in IDENTITY_FIELDS}
+        if self.encrypt != "none":
+            out.update(encrypt=self.encrypt, aes=self.aes)
+        return out
 
 
 @dataclasses.dataclass

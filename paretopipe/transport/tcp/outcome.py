@@ -38,6 +38,25 @@ def link_manifest_of(conditions: NetworkConditions | None, emulated: bool, obser
     return {"mode": "none", "note": "no shaping by this run; the link is whatever the network is"}
 
 
+def cipher_usage(connection: Any, before: dict[str, Any] | None) -> dict[str, Any]:
+    """This stage's part of a run's encryption: the cipher, and the frames it sealed and opened
+    in the run with the seconds they took (``{"cipher": "none"}`` on a plain connection)."""
+    channel = connection.channel
+    return channel.usage(before) if channel is not None else {"cipher": "none"}
+
+
+def merge_peer_seals(batches: list[dict[str, Any]], peer_batches: Any) -> None:
+    """Stage 2 seals a result after the result's own meta is written, so its seal times come back
+    with its RECORDS; they join stage 1's batch records by sequence number."""
+    if not peer_batches:
+        return
+    by_seq = {b["seq"]: b for b in batches}
+    for pb in peer_batches:
+        seal = pb.get("stage2_seal_s")
+        if pb["seq"] in by_seq and isinstance(seal, (int, float)) and not isinstance(seal, bool) and 0 <= seal < 1e6:
+            by_seq[pb["seq"]]["stage2_seal_s"] = float(seal)
+
+
 def write_record(record: dict[str, Any], output_dir: str | Path | None) -> Path | None:
     if output_dir is None:
         return None

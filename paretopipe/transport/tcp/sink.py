@@ -25,7 +25,7 @@ from ..runconfig import RunConfig
 from ..schedule import status_of
 from .connection import Connection, FrameSender
 from .messages import RESULT_META_FIELDS, RunStart, check_part, json_payload, message, safe_run_id
-from .outcome import RunOutcome, assemble_record, write_record
+from .outcome import RunOutcome, assemble_record, cipher_usage, merge_peer_seals, write_record
 
 log = logging.getLogger("paretopipe.tcp")
 
@@ -40,11 +40,13 @@ def serve_connection(connection: Connection, builder: StageBuilder, *, output_di
     try:
         while True:
             connection.sock.settimeout(None)  # between runs stage 1 may take as long as it likes
+            sealed_before = connection.channel.usage() if connection.channel else None  # a run's share from RUN on
             f = connection.reader.read()
             if f.kind == wire.BYE:
                 return outcomes
             outcome = _stage2_run(connection, builder, wire.expect(f, wire.RUN).meta, output_dir=output_dir,
-                                  observed_link=observed_link, threads=threads, limits=limits, timeout_s=timeout_s)
+                                  observed_link=observed_link, threads=threads, limits=limits, timeout_s=timeout_s,
+                                  sealed_before=sealed_before)
             outcomes.append(outcome)
             if on_run is not None:
                 on_run(outcome)
@@ -53,12 +55,15 @@ def serve_connection(connection: Connection, builder: StageBuilder, *, output_di
 
 
 def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, Any], *, output_dir, observed_link,
-                threads, limits, timeout_s: float | None) -> RunOutcome:
+                threads, limits, timeout_s: float | None, sealed_before: dict[str, Any] | None = None) -> RunOutcome:
     run = _SinkRun(connection, builder, meta, timeout_s, threads=threads, limits=limits)
+    run.sealed_before = sealed_before
     started = time.monotonic()
     part1, failure = run.serve()
     status, error = status_of(failure)
     part2 = run.part(part1 is not None)
+    if part1 is not None:
+        merge_peer_seals(part1["batches"], part2["batches"])
     record = assemble_record(run.run_id, status, error, run.cfg, part1, part2, observed_link or run.start.link,
                              {"run_wall_s": time.monotonic() - started, "written_by": "stage2"})
     path = write_record(record, output_dir)
@@ -89,6 +94,8 @@ class _SinkRun:
         self.compute_error: list[BaseException] = []
         self.switches = 0
         self.sysmon: dict[str, Any] = {}
+        self.sealed = connection.channel is not None
+        self.sealed_before: dict[str, Any] | None = None  # the connection's AEAD counters when RUN came
 
     def _accept(self, meta: dict[str, Any], timeout_s: float | None) -> Direction | None:
         """Stage 1's RUN, checked (returns the down direction it asks for); a run this stage cannot
@@ -132,11 +139,19 @@ class _SinkRun:
                            stage2_encode_s=payload.encode_s)
                 # The activation's buffer goes back to the pool once the result is on the wire: an
                 # empty stage 2 (k = K) returns its input itself, sent straight from that buffer.
-                self.sender.submit(wire.frame(wire.RESULT, f.seq, payload, {k: rec[k] for k in RESULT_META_FIELDS}),
-                                   on_sent=lambda _s, f=f: f.release())
+                meta = {k: rec[k] for k in RESULT_META_FIELDS + (("stage2_open_s",) if self.sealed else ())}
+                enc = wire.frame(wire.RESULT, f.seq, payload, meta)
+                self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
             except BaseException as exc:
                 self.compute_error.append(exc)
                 return
+
+    def _on_sent(self, f: wire.Frame, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
+        def sent(_s: float) -> None:
+            f.release()
+            if self.sealed:
+                rec["stage2_seal_s"] = enc.seal_s
+        return sent
 
     def serve(self) -> tuple[dict[str, Any] | None, BaseException | None]:
         """Batches until stage 1's RECORDS: (stage 1's part or None, the failure or None)."""
@@ -182,21 +197,27 @@ class _SinkRun:
                 raise WireError(f"batch {f.seq} carries no tensor")
             self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, "stage2_decode_s": f.decode_s,
                                 "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
+            if self.sealed:
+                self.seen[f.seq]["stage2_open_s"] = f.open_s
             self.work.put((f, time.monotonic()))
 
     def part(self, send_back: bool) -> dict[str, Any]:
         """Stage 2's part of the record; its manifest and system metrics also go back to stage 1
         when stage 1 sent its own part (a failed run sends nothing)."""
-        manifest = self.manifest
+        self.sender.close()  # every result is on the wire, its seal time known
+        manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before)}
         if self.cfg.adaptive:
             manifest = {**manifest, "adaptive": {"switches_applied": self.switches,
                                                  "self_profile": (self.ok_meta or {}).get("profile")}}
         if send_back:
+            back: dict[str, Any] = {"manifest": manifest, "sysmon": self.sysmon}
+            if self.sealed:
+                back["batches"] = [{"seq": b["seq"], "warmup": b["warmup"], "stage2_seal_s": b.get("stage2_seal_s")}
+                                   for b in (self.seen[s] for s in sorted(self.seen))]
             try:
-                self.connection.send_json(wire.RECORDS, {"manifest": manifest, "sysmon": self.sysmon})
+                self.connection.send_json(wire.RECORDS, back)
             except (ParetoPipeError, OSError) as exc:
                 log.warning("stage 2: could not send its records to stage 1: %s", exc)
-        self.sender.close()
         return {"manifest": manifest, "sysmon": self.sysmon, "batches": [self.seen[s] for s in sorted(self.seen)]}
 
 

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -25,7 +25,7 @@ from ..schedule import BatchSchedule, status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
 from .messages import RESULT_META_FIELDS, check_part, result_duration
-from .outcome import RunOutcome, assemble_record, link_manifest_of, write_record
+from .outcome import RunOutcome, assemble_record, cipher_usage, link_manifest_of, merge_peer_seals, write_record
 
 log = logging.getLogger("paretopipe.tcp")
 
@@ -42,6 +42,7 @@ class _Stage1Run:
         self.outputs: dict[int, torch.Tensor] = {}
         self.error: BaseException | None = None
         self.sender: FrameSender | None = None
+        self.sealed = connection.channel is not None
 
     def _receive(self) -> None:
         try:
@@ -50,6 +51,9 @@ class _Stage1Run:
                 # The reader has decoded the result already: now is when it is usable.
                 now = time.monotonic()
                 durations = {key: result_duration(f.meta.get(key), key) for key in RESULT_META_FIELDS}
+                if self.sealed:
+                    durations.update(stage2_open_s=result_duration(f.meta.get("stage2_open_s"), "stage2_open_s"),
+                                     result_open_s=f.open_s)
                 if self.keep_outputs:
                     self.outputs[f.seq] = f.tensor.clone()
                 self.schedule.complete(f.seq, now, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes,
@@ -64,6 +68,12 @@ class _Stage1Run:
             raise self.error
         if self.sender is not None and self.sender.error is not None:
             raise self.sender.error
+
+    def _on_sent(self, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
+        """Stamps a batch's send time (and, sealed, what sealing took, which is part of it)."""
+        if self.sealed:
+            return lambda s: rec.update(stage1_send_s=s, stage1_seal_s=enc.seal_s)
+        return lambda s: rec.__setitem__("stage1_send_s", s)
 
     def run(self) -> None:
         cfg = self.cfg
@@ -82,7 +92,7 @@ class _Stage1Run:
                 enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(out, self.codec))
                 rec.update(stage1_compute_s=compute_s, stage1_encode_s=enc.encode_s,
                            payload_bytes=enc.raw_nbytes, wire_bytes=enc.wire_nbytes)
-                self.sender.submit(enc, on_sent=lambda s, r=rec: r.__setitem__("stage1_send_s", s))
+                self.sender.submit(enc, on_sent=self._on_sent(rec, enc))
             self.schedule.wait_finished(self._check, cfg.timeout_s * (1 + self.schedule.total))
         finally:
             if isinstance(batches, inputs.Prefetcher):
@@ -108,6 +118,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     peer: dict[str, Any] | None = None
     run: _Stage1Run | None = None
     started = time.monotonic()
+    sealed_before = connection.channel.usage() if connection.channel else None
     connection.sock.settimeout(cfg.timeout_s)
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
         try:
@@ -121,13 +132,15 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
             failure = exc
     mon.stop()
     status, error = status_of(failure)
-    part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.schedule.records() if run else []}
+    part1 = {"manifest": {**manifest1, "cipher": cipher_usage(connection, sealed_before)}, "sysmon": mon.summary(),
+             "batches": run.schedule.records() if run else []}
     if failure is None:
         # Stage 1's part to stage 2 (which writes the record where the anchor did); stage 2's manifest
         # and system metrics back.
         try:
             connection.send_json(wire.RECORDS, part1)
             peer = check_part(connection.recv_json(wire.RECORDS, time.monotonic() + cfg.timeout_s), "stage 2", False)
+            merge_peer_seals(part1["batches"], peer.get("batches"))
         except (ParetoPipeError, OSError) as exc:
             log.warning("stage 1: records exchange with stage 2 failed: %s", exc)
             failure = exc
