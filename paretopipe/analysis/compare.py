@@ -1,8 +1,8 @@
 """Two sessions' fronts side by side: the points, the deltas, and which splits moved.
 
-For every configuration both sessions measured (model, backend, network, batch size, split), the
-latency and throughput of each with their relative change, and whether the split is on each
-session's front. Per front (model, backend, network, batch size): the front splits of A and of B,
+For every configuration both sessions measured (model, backend, cipher, network, batch size,
+split), the latency and throughput of each with their relative change, and whether the split is on
+each session's front. Per front (model, backend, cipher, network, batch size): the front splits of A and of B,
 which joined and which left, and the Jaccard index of the two sets. And how fast each stage ran in
 B relative to A over the configurations both measured: two runs of one experiment on a shared
 machine may land on devices whose relative speed moved, and the splits that balance the pipeline
@@ -21,7 +21,8 @@ from .. import records
 from ..errors import UsageError
 from .plotting import front_line, front_plot_data, pyplot, save_figure
 from .report import GROUP, pareto_table
-from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, ordered_splits, sessions_under, split_sort_key
+from .session import (CONFIG_KEY, PANEL_KEY, Session, find_session, ordered_splits, panel_names, sessions_under,
+                      split_sort_key)
 
 METRICS = ("latency_s", "throughput_imgs_per_s")
 STAGE_COMPUTE = ("stage1_compute_median_s", "stage2_compute_median_s")
@@ -107,8 +108,8 @@ def compare(a_dir: str | Path, b_dir: str | Path, out: str | Path | None = None,
     ta, tb = pareto_table(sa), pareto_table(sb)
     points, fronts = compare_tables(ta, tb)
     if points.empty:
-        raise UsageError(f"{sa.path} and {sb.path} share no configuration (model, backend, network, batch size, "
-                         f"split); nothing to compare")
+        raise UsageError(f"{sa.path} and {sb.path} share no configuration (model, backend, cipher, network, batch "
+                         f"size, split); nothing to compare")
     result = {"a": sa.path, "b": sb.path, "points": points, "fronts": fronts, "stage_speed": stage_speed(points),
               "files": []}
     if out is not None:
@@ -143,12 +144,13 @@ def _figures(ta: pd.DataFrame, tb: pd.DataFrame, out: Path, fmt: str, name_a: st
                         ax.annotate(p["label"], (p["x"] * 1e3, p["y"]), fontsize=7, color=colour,
                                     xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
+        title, stem = panel_names(key)
         ax.set(xlabel="latency per batch, median (ms, log)", ylabel="throughput (images/s)",
-               title=f"{key[0]}, {key[1]}, batch {key[2]}: {name_a} (solid) vs {name_b} (dashed)")
+               title=f"{title}: {name_a} (solid) vs {name_b} (dashed)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        files.append(save_figure(fig, out / f"compare_{records.file_label(f'{key[0]}_{key[1]}_b{key[2]}')}.{fmt}"))
+        files.append(save_figure(fig, out / f"compare_{stem}.{fmt}"))
     return files
 
 

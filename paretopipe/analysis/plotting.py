@@ -96,6 +96,7 @@ def plot_fronts(table: pd.DataFrame, ax, title: str) -> list[dict[str, Any]]:
 BREAKDOWN_PARTS = (
     ("stage 1 compute", PALETTE[0], r"^stage1_compute_mean_s$"),
     ("encode / decode", PALETTE[4], r"^(stage\d+_(encode|decode)|result_decode)_mean_s$"),
+    ("seal / open (--encrypt)", PALETTE[5], r"^(stage\d+_(seal|open)|result_open)_mean_s$"),
     ("transfer (network, waiting for the link)", PALETTE[1], r"^transfer_mean_s$"),
     ("queueing (waiting for a later stage)", PALETTE[3], r"^stage\d+_queue_mean_s$"),
     ("later stages' compute", PALETTE[2], r"^stage([2-9]|\d\d+)_compute_mean_s$"),

@@ -15,9 +15,11 @@ from .. import records
 from ..errors import UsageError
 from . import pareto
 from .plotting import plot_breakdown, plot_fronts, plot_payload, plot_vs_split, pyplot, save_figure
-from .session import CONFIG_KEY, PANEL_KEY, Session, find_session
+from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, panel_names
 
 OBJECTIVES = pareto.DEFAULT_OBJECTIVES
+#: Sealed configurations beside their plain twins, when a session swept --encrypt with none.
+PRIVACY_FILE = "privacy_cost.csv"
 GROUP = [k for k in CONFIG_KEY if k != "split_index"]  # one front per model, backend, network, batch
 #: The 95% CI columns of each objective in summary.csv (records.median_ci over runs).
 INTERVALS = {"latency_s": ("latency_median_ci95_low_s", "latency_median_ci95_high_s"),
@@ -108,10 +110,14 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
 
     checks = sanity_checks(session.configs(), session.runs(), session.read_meta())
     records.atomic_write_csv(out / "sanity.csv", checks.to_dict("records"), list(checks.columns))
+    from .privacy import privacy_cost
+
+    cost = privacy_cost(table)
+    if not cost.empty:
+        records.atomic_write_csv(out / PRIVACY_FILE, cost.to_dict("records"), list(cost.columns))
     for key, panel in table.groupby(PANEL_KEY):
-        model, backend, batch = key
-        stem = records.file_label(f"{model}_{backend}_b{batch}")
-        title = f"{model}, {backend} backend, batch {batch}"
+        model = key[0]
+        title, stem = panel_names(key)
         fig, ax = plt.subplots(figsize=(8, 5.5))
         plot_fronts(panel, ax, f"Pareto fronts: {title}")
         fig.tight_layout()
@@ -137,14 +143,16 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
 def format_front_table(table: pd.DataFrame) -> str:
     """The front and the points tied with it (their CIs overlap a front point's on both objectives):
     the splits the data cannot tell apart from the best."""
-    cols = ["model", "backend", "network", "split_index", "cut", "front_status", "latency_s", "throughput_imgs_per_s",
-            "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
-    cols = [c for c in cols if c in table.columns]
+    cols = ["model", "backend", "cipher", "network", "split_index", "cut", "front_status", "latency_s",
+            "throughput_imgs_per_s", "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low",
+            "hypervolume_ci95_high"]
+    sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
+    cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed)]
     if "front_status" in table.columns:
         shown = table[table["front_status"].isin([pareto.FRONT, pareto.TIED])]
     else:  # a pareto.csv written before ties were reported
         shown = table[table["on_front"]]
-    shown = shown[cols].sort_values(["model", "backend", "network", "latency_s"])
+    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "network", "latency_s") if c in cols])
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 

@@ -35,7 +35,9 @@ def monotone_violations(summary: pd.DataFrame, stage: int, rising: bool) -> list
     if col not in summary.columns:
         return []
     out = []
-    for key, g in summary.groupby(["model", "backend", "network", "batch_size"], sort=False):
+    by = [c for c in ("model", "backend", "cipher", "network", "batch_size") if c in summary.columns]
+    for values, g in summary.groupby(by, sort=False):
+        key = dict(zip(by, values))
         g = _int_splits(g).dropna(subset=[col])
         point = g[col].to_numpy(dtype=float)
         lo = g[lo_col].to_numpy(dtype=float) if lo_col in g else point
@@ -51,12 +53,18 @@ def monotone_violations(summary: pd.DataFrame, stage: int, rising: bool) -> list
                 bad = lo[j] > hi[i]
             if bad:
                 out.append({"check": f"stage{stage}_compute_{'falls' if rising else 'rises'}_as_k_grows",
-                            "model": key[0], "backend": key[1], "network": key[2], "batch_size": key[3],
-                            "configurations": f"k={ks[i]} vs k={ks[j]}",
+                            "model": key["model"], "backend": key["backend"], "network": key["network"],
+                            "batch_size": key["batch_size"],
+                            "configurations": f"k={ks[i]} vs k={ks[j]}" + _sealed(key.get("cipher")),
                             "detail": f"stage {stage} compute {point[i] * 1e3:.2f} ms [{lo[i] * 1e3:.2f}, "
                                       f"{hi[i] * 1e3:.2f}] at k={ks[i]} but {point[j] * 1e3:.2f} ms [{lo[j] * 1e3:.2f}, "
                                       f"{hi[j] * 1e3:.2f}] at k={ks[j]}"})
     return out
+
+
+def _sealed(cipher: Any) -> str:
+    """A configuration label's cipher, for sealed configurations only."""
+    return f" ({cipher})" if isinstance(cipher, str) and cipher != "none" else ""
 
 
 def transfer_violations(summary: pd.DataFrame, networks: dict[str, Any], link_modes: dict[str, str]
@@ -81,7 +89,7 @@ def transfer_violations(summary: pd.DataFrame, networks: dict[str, Any], link_mo
         if row["transfer_median_s"] < (1 - TRANSFER_SLACK) * least:
             out.append({"check": "transfer_faster_than_the_link", "model": row["model"], "backend": row["backend"],
                         "network": row["network"], "batch_size": row["batch_size"],
-                        "configurations": f"k={row['split_index']}",
+                        "configurations": f"k={row['split_index']}" + _sealed(row.get("cipher")),
                         "detail": f"median transfer {row['transfer_median_s'] * 1e3:.2f} ms < bytes/rate + delay "
                                   f"{least * 1e3:.2f} ms ({up.describe()})"})
     return out

@@ -31,9 +31,11 @@ log = logging.getLogger("paretopipe.session")
 #: Where the tables of a folder of hand-run JSON files go (inside that folder).
 CONSOLIDATED = "consolidated"
 #: What identifies a configuration; runs of one configuration differ only in ``run``.
-CONFIG_KEY = ["model", "backend", "network", "batch_size", "split_index"]
-#: One panel of figures: every network and split of one model, backend and batch size.
-PANEL_KEY = ["model", "backend", "batch_size"]
+CONFIG_KEY = ["model", "backend", "cipher", "network", "batch_size", "split_index"]
+#: One panel of figures: every network and split of one model, backend, cipher and batch size.
+PANEL_KEY = ["model", "backend", "cipher", "batch_size"]
+#: A configuration's cipher when its record (or a table from before encryption) names none.
+PLAIN = "none"
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
               "batch_size", "in_flight", "cipher", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
@@ -46,10 +48,19 @@ FAILURE_FIELDS = ["run_key", "attempt", "error", "time_utc"]
 BREAKDOWN = re.compile(r"^(stage\d+_(compute|encode|decode|queue|seal|open)|result_(decode|open)|transfer)_mean_s$")
 
 
-def config_key(model: str, backend: str, network: str, split_index: int | str) -> str:
-    """The text form of a configuration (file names, failures.csv)."""
+def config_key(model: str, backend: str, network: str, split_index: int | str, cipher: str = PLAIN) -> str:
+    """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher."""
     k = f"k{split_index:02d}" if isinstance(split_index, int) else f"k{split_index}"
-    return records.file_label(f"{model}_{backend}_{network}_{k}")
+    return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else ""))
+
+
+def panel_names(key: Sequence[Any]) -> tuple[str, str]:
+    """(title, file stem) of one panel of figures, a ``PANEL_KEY`` tuple; a plain panel keeps the
+    names it had before ciphers."""
+    model, backend, cipher, batch = key
+    sealed = cipher not in (PLAIN, None) and cipher == cipher  # NaN: a table without the column
+    title = f"{model}, {backend} backend" + (f", sealed with {cipher}" if sealed else "") + f", batch {batch}"
+    return title, records.file_label(f"{model}_{backend}" + (f"_{cipher}" if sealed else "") + f"_b{batch}")
 
 
 def run_key(cfg_key: str, run: int) -> str:
@@ -84,7 +95,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "model": c["model"], "backend": rec["backend"], "network": c.get("network"),
             "split_index": split_label(c.get("split_index")), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
-            "cipher": _cipher(rec["manifest"]),
+            "cipher": cipher_of(rec["manifest"]),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **{k: v for k, v in s.items() if BREAKDOWN.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
@@ -92,13 +103,14 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "json": name}
 
 
-def _cipher(manifest: dict[str, Any]) -> str:
-    """The data port's cipher (``none``: plain; records from before encryption say nothing)."""
+def cipher_of(manifest: dict[str, Any]) -> str:
+    """The cipher a run's data port used (``none``: plain; records from before encryption say
+    nothing): what ``--encrypt auto`` resolved to, not the choice."""
     for stage in manifest.get("stages") or []:
         cipher = stage.get("cipher") if isinstance(stage, dict) else None
         if isinstance(cipher, dict) and isinstance(cipher.get("cipher"), str):
             return cipher["cipher"]
-    return "none"
+    return PLAIN
 
 
 def _throttled(sysmon: Any) -> bool | None:
@@ -256,15 +268,15 @@ class Session:
     def consolidate(self, failures: Iterable[dict[str, Any]], final: bool,
                     stopping: dict[tuple, dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
         """Rewrite runs.csv and failures.csv (and summary.csv when ``final``). ``stopping`` is keyed
-        by (model, backend, network, split_index): why each configuration stopped being measured."""
+        by (model, backend, cipher, network, split_index): why each configuration stopped being measured."""
         rows, skipped = self.run_rows()
         parts = sorted({k for r in rows for k in r if BREAKDOWN.match(k)})
         records.atomic_write_csv(self.path / "runs.csv", rows, RUN_FIELDS + parts)
         if final:
             summary = summarize_runs(rows)
             for entry in summary:
-                entry.update((stopping or {}).get((entry["model"], entry["backend"], entry["network"],
-                                                   entry["split_index"]), {}))
+                entry.update((stopping or {}).get((entry["model"], entry["backend"], entry["cipher"],
+                                                   entry["network"], entry["split_index"]), {}))
             records.atomic_write_csv(self.path / "summary.csv", summary)
         records.atomic_write_csv(self.path / "failures.csv", list(failures), FAILURE_FIELDS)
         return rows, skipped
@@ -310,6 +322,8 @@ def _read_csv(path: Path):
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not a readable CSV ({str(exc).splitlines()[0]}); rebuild it with a "
                          f"sweep --resume of that session")
+    if "cipher" not in df.columns:  # a session from before encryption: every configuration was plain
+        df["cipher"] = PLAIN
     needed = {"latency_median_s", *CONFIG_KEY}
     missing = sorted(needed - set(df.columns))
     if missing:

@@ -42,6 +42,9 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
+    p.add_argument("--encrypt", default="none", choices=["none", "auto", "chacha20", "aesgcm"],
+                   help="predict a sealed data port: each device's measured seal and open times (paretopipe "
+                        "profile --ciphers) join its frames' encode and decode; auto picks as the stages would")
     p.add_argument("--fine", action="store_true", help="every fx cut instead of the block splits")
     p.add_argument("--sweep-rate", default=None, help="draw the optimal split versus link rate over a range, e.g. 1mbit..1gbit")
     p.add_argument("--sweep-points", type=int, default=80)
@@ -83,7 +86,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     import pandas as pd
 
     from .. import records
-    from ..predict.device_profile import DeviceProfile, check_compatible, codec_key
+    from ..predict.device_profile import DeviceProfile, check_compatible, codec_key, resolve_cipher
     from ..predict.predictions import (base_transport, parse_rate_range, plot_rate_map, predict_splits, rate_map,
                                        rate_ranges, split_positions)
     from ..predict.validate import GOAL_JACCARD, GOAL_MAPE, validate, write_validation
@@ -120,7 +123,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     for w in check_compatible(profiles, args.model):
         log.warning("%s", w)
     base = base_transport(profiles, args.base_rate)
-    codec = codec_key(args.wire_dtype, args.compression)
+    codec = codec_key(args.wire_dtype, args.compression, resolve_cipher(args.encrypt, profiles))
     conditions = _links_for(args, base, len(profiles) - 1)
     out = Path(args.out) if args.out else None
     if len(profiles) > 2:

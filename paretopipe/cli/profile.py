@@ -36,6 +36,8 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
     p.add_argument("--repetitions", type=positive_int, default=15, help="timed passes; the median (mean under a share) is kept")
     p.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
                    help="wire-dtype/compression pairs to time on every cut (float32/none is always timed)")
+    p.add_argument("--ciphers", default="chacha20,aesgcm",
+                   help="data-port ciphers whose seal and open times to measure, for predict --encrypt (none: skip)")
     add_dataset_flags(p, default="photos")
     p.add_argument("--num-classes", type=positive_int, default=10)
     p.add_argument("--weights", default=None)
@@ -60,6 +62,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
                           cpus=args.cpus, cpu_share=args.cpu_share, warmup=args.warmup,
                           repetitions=args.repetitions,
                           codecs=[c.strip() for c in args.codecs.split(",") if c.strip()],
+                          ciphers=[c.strip() for c in args.ciphers.split(",") if c.strip() and c.strip() != "none"],
                           num_classes=args.num_classes, weights=args.weights,
                           dataset=dataset_from_args(args), data_dir=args.data_dir)
     doc = measure(opts, progress=log.info)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
@@ -31,9 +32,21 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
     out = write_report(args.results, args.out, args.format)
     print(format_front_table(pd.read_csv(out / "pareto.csv")))
     print(format_sanity(pd.read_csv(out / "sanity.csv")))
+    print_privacy_cost(out)
     if (out / "adaptive_verdicts.csv").is_file():
         from ..analysis.adaptive import format_verdicts
 
         print(format_verdicts(pd.read_csv(out / "adaptive_verdicts.csv")))
     print(f"report written to {out}")
     return 0
+
+
+def print_privacy_cost(report_dir: Path) -> None:
+    """The sealed-over-plain table, when the session swept ciphers (the sweep prints it too)."""
+    import pandas as pd
+
+    from ..analysis.privacy import format_privacy_cost
+    from ..analysis.report import PRIVACY_FILE
+
+    if (report_dir / PRIVACY_FILE).is_file():
+        print(format_privacy_cost(pd.read_csv(report_dir / PRIVACY_FILE)))

@@ -84,9 +84,11 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     r.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window")
     r.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     r.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
-    r.add_argument("--encrypt", default="none", choices=list(aead.CHOICES),
-                   help="seal the TCP data port (AEAD, keys from PARETOPIPE_SECRET); each run records its cipher "
-                        "and its seal and open times. Compare with a plain session: paretopipe compare A B")
+    r.add_argument("--encrypt", default="none",
+                   help=f"comma list of the TCP data port's ciphers to sweep ({', '.join(aead.CHOICES)}), e.g. "
+                        "none,aesgcm: each is a configuration of its own (AEAD, keys from PARETOPIPE_SECRET), with "
+                        "its cipher and seal and open times recorded, so the report shows what privacy costs at "
+                        "every split")
     add_dataset_flags(r, default="auto")
     add_prefetch_flags(r)
     r.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
@@ -209,7 +211,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         optimizations=not args.no_optimizations, dry_run=args.dry_run, cleanup=args.cleanup,
                         report=not args.no_report, testbed=testbed, network_file=args.network_file,
                         wire_dtype=args.wire_dtype, compression=args.compression,
-                        encrypt=_encrypt(args.encrypt, backends, testbed),
+                        ciphers=_ciphers(args.encrypt, backends, testbed),
                         stage_cpu=cpushare.parse_shares(args.stage_cpu, 2),
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
@@ -222,13 +224,20 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else None)
 
 
-def _encrypt(choice: str, backends: list[str], testbed: Testbed) -> str:
-    """--encrypt, refused where it cannot apply: without a shared secret, or with the rpc backend."""
-    aead.check_choice(choice, load_secret(testbed.secret or ""))
-    if choice != "none" and "rpc" in backends:
-        raise UsageError(f"--encrypt {choice} seals the TCP data port; the rpc backend's TensorPipe channel "
-                         f"cannot be sealed: use --backend tcp")
-    return choice
+def _ciphers(text: str, backends: list[str], testbed: Testbed) -> list[str]:
+    """--encrypt's list, refused where it cannot apply: without a shared secret, or with the rpc
+    backend alone (with --backend both the rpc runs stay plain)."""
+    choices = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    if not choices:
+        raise UsageError(f"--encrypt {text!r} names no cipher; valid: {', '.join(aead.CHOICES)}")
+    secret = load_secret(testbed.secret or "")
+    for choice in choices:
+        aead.check_choice(choice, secret)
+    sealed = [c for c in choices if c != "none"]
+    if sealed and "tcp" not in backends:
+        raise UsageError(f"--encrypt {sealed[0]} seals the TCP data port; the rpc backend's TensorPipe channel "
+                         f"cannot be sealed: use --backend tcp (or both, where the rpc runs stay plain)")
+    return choices
 
 
 def resolved_table(opts: SweepOptions) -> dict[str, Any]:
@@ -242,7 +251,7 @@ def resolved_table(opts: SweepOptions) -> dict[str, Any]:
             "batch_size": opts.batch_size, "num_batches": opts.num_batches, "warmup": opts.warmup,
             "warmup_every_run": opts.warmup_every_run,
             "in_flight": opts.in_flight, "wire_dtype": opts.wire_dtype, "compression": opts.compression,
-            "encrypt": opts.encrypt,
+            "encrypt": list(opts.ciphers) if opts.ciphers != ["none"] else None,
             "dataset": opts.dataset, "data_dir": opts.data_dir, "link": opts.link, "num_classes": opts.num_classes,
             "weights": opts.weights, "rpc_source": opts.rpc_source, "rpc_transport": opts.rpc_transport,
             "threads": opts.threads, "stage_threads": joined(opts.stage_threads),
@@ -352,6 +361,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         print(format_front_table(pd.read_csv(out / "report" / "pareto.csv")))
         if (out / "report" / "sanity.csv").is_file():
             print(format_sanity(pd.read_csv(out / "report" / "sanity.csv")))
+        from .report import print_privacy_cost
+
+        print_privacy_cost(out / "report")
         if (out / "report" / "adaptive_verdicts.csv").is_file():
             from ..analysis.adaptive import format_verdicts
 

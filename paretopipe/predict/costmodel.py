@@ -26,11 +26,13 @@ from typing import Any, Sequence
 from ..errors import UsageError
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import LinkSchedule
-from .device_profile import RESULT_CODEC, DeviceProfile
+from .device_profile import RESULT_CODEC, DeviceProfile, split_codec
 
 # The last stage sends its own durations in each result frame's JSON meta (see transport/tcp/sink.py).
 RESULT_META_BYTES = len(json.dumps({k: 0.012345678901234567 for k in (
     "stage2_decode_s", "stage2_queue_s", "stage2_compute_s", "stage2_encode_s")}, separators=(",", ":")))
+#: A sealed frame's authentication tag (transport.aead.TAG_BYTES; this module imports no transport).
+TAG_BYTES = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,18 +96,25 @@ class StagePart:
 
 def stage_part(profile: DeviceProfile, batch_size: int, j: int, n: int, start: int, stop: int,
                codec: str) -> StagePart:
-    """Stage ``j`` of ``n``, running boundaries ``start``..``stop`` on ``profile``'s device."""
+    """Stage ``j`` of ``n``, running boundaries ``start``..``stop`` on ``profile``'s device. A sealed
+    ``codec`` (``float32/none+aesgcm``) adds opening the incoming frame to its decode and sealing
+    the outgoing one to its encode (each the profile's own per-frame cipher timing), and the tag to
+    every frame."""
+    codec, cipher = split_codec(codec)
     last = len(profile.boundaries) - 1
     compute = profile.stage_compute_s(batch_size, start, stop)
-    if j == 0:
-        decode = profile.codec(batch_size, last, RESULT_CODEC)["decode_s"]
-    else:
-        decode = profile.codec(batch_size, start, codec)["decode_s"]
+    incoming = profile.codec(batch_size, last, RESULT_CODEC) if j == 0 else profile.codec(batch_size, start, codec)
     if j == n - 1:
         out = profile.codec(batch_size, last, RESULT_CODEC)
-        return StagePart(compute, out["encode_s"], decode, out["frame_bytes"] + RESULT_META_BYTES)
-    out = profile.codec(batch_size, stop, codec)
-    return StagePart(compute, out["encode_s"], decode, out["frame_bytes"])
+        out_bytes = out["frame_bytes"] + RESULT_META_BYTES
+    else:
+        out = profile.codec(batch_size, stop, codec)
+        out_bytes = out["frame_bytes"]
+    if cipher == "none":
+        return StagePart(compute, out["encode_s"], incoming["decode_s"], out_bytes)
+    return StagePart(compute, out["encode_s"] + profile.cipher_s(cipher, "seal", out_bytes),
+                     incoming["decode_s"] + profile.cipher_s(cipher, "open", incoming["frame_bytes"]),
+                     out_bytes + TAG_BYTES)
 
 
 def latency_piece(j: int, n: int, part: StagePart, link_out: LinkModel | None, tail_s: float) -> float:

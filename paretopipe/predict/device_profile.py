@@ -23,8 +23,27 @@ DEFAULT_CODECS = ("float32/none", "float16/none", "float32/zstd", "float32/lz4")
 RESULT_CODEC = "float32/none"  # the last stage always returns its result uncompressed in float32
 
 
-def codec_key(wire_dtype: str, compression: str) -> str:
-    return f"{wire_dtype}/{compression}"
+def codec_key(wire_dtype: str, compression: str, cipher: str = "none") -> str:
+    """How frames travel, as the cost model names it: ``float16/zstd``, sealed ``float16/zstd+aesgcm``."""
+    return f"{wire_dtype}/{compression}" + (f"+{cipher}" if cipher != "none" else "")
+
+
+def split_codec(key: str) -> tuple[str, str]:
+    """(the codec's key in a profile's codec table, the cipher or ``none``) of a :func:`codec_key`."""
+    codec, _, cipher = key.partition("+")
+    return codec, cipher or "none"
+
+
+def resolve_cipher(choice: str, profiles: Sequence["DeviceProfile"]) -> str:
+    """``--encrypt auto`` as the stages would settle it (AES-GCM only when every device reports AES
+    instructions, as :func:`paretopipe.transport.aead.resolve` does); other choices as they are."""
+    if choice != "auto":
+        return choice
+    known = [p.doc.get("aes_instructions") for p in profiles]
+    if any(k is None for k in known):
+        raise UsageError("--encrypt auto: a device profile does not say whether its CPU has AES instructions "
+                         "(profiled before ciphers were timed); profile again, or name the cipher")
+    return "aesgcm" if all(known) else "chacha20"
 
 
 def installed_torch_version() -> str | None:
@@ -115,6 +134,15 @@ class DeviceProfile:
     def source_s(self, b: int) -> float:
         return self.batch(b)["source_s"]
 
+    def cipher_s(self, cipher: str, op: str, nbytes: int) -> float:
+        """Sealing (``op`` seal) or opening (open) one frame of ``nbytes`` with ``cipher`` on this device."""
+        table = self.doc.get("ciphers") or {}
+        if cipher not in table:
+            raise UsageError(f"{self.path} has no {cipher} timings (it has {', '.join(table) or 'none'}); profile "
+                             f"the device again with --ciphers {cipher}")
+        fit = table[cipher][op]  # transport.aead.time_cipher's fixed + bytes / rate
+        return float(fit.get("fixed_s") or 0.0) + (nbytes / fit["bytes_per_s"] if fit.get("bytes_per_s") else 0.0)
+
 
 def average(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
     """One profile whose timings are the means of ``profiles`` (same model, cuts and batch sizes)."""
@@ -136,6 +164,9 @@ def average(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
     for b in doc["by_batch"]:
         doc["by_batch"][b] = mean([p.doc["by_batch"][b] for p in profiles])
     doc["loopback"] = mean([p.doc["loopback"] for p in profiles])
+    if all("ciphers" in p.doc for p in profiles):
+        doc["ciphers"] = {c: {op: mean([p.doc["ciphers"][c][op] for p in profiles]) for op in ("seal", "open")}
+                          for c in first.doc["ciphers"] if all(c in p.doc["ciphers"] for p in profiles)}
     doc["averaged_from"] = [p.path for p in profiles]
     return DeviceProfile(doc, "+".join(p.path for p in profiles))
 
@@ -174,9 +205,11 @@ def synthetic_profile(segments_s: Sequence[float], bytes_per_image: Sequence[int
                       encode_s: float = 0.0, decode_s: float = 0.0, frame_overhead: int = 0,
                       blocks: dict[int, int] | None = None, model: str = "mobilenet_v2",
                       torch_version: str | None = None, call_overhead_s: float = 0.0,
-                      host: str = "testhost") -> DeviceProfile:
+                      host: str = "testhost", ciphers: dict[str, Any] | None = None,
+                      aes_instructions: bool | None = None) -> DeviceProfile:
     """A profile with hand-chosen numbers (exact cost-model tests, planner benchmarks):
-    ``len(segments_s)`` segments; ``bytes_per_image`` has one entry per boundary."""
+    ``len(segments_s)`` segments; ``bytes_per_image`` has one entry per boundary; ``ciphers`` as
+    ``transport.aead.time_cipher`` writes them (``{"aesgcm": {"seal": {...}, "open": {...}}}``)."""
     if len(bytes_per_image) != len(segments_s) + 1:
         raise ValueError("bytes_per_image needs one entry per boundary (segments + 1)")
     names = ["input"] + [f"cut{i}" for i in range(1, len(segments_s))] + ["output"]
@@ -192,4 +225,8 @@ def synthetic_profile(segments_s: Sequence[float], bytes_per_image: Sequence[int
            "loopback": {"fixed_s": 0.0, "bytes_per_s": None},
            "manifest": {"torch": torch_version or installed_torch_version(), "torch_threads": 1, "hostname": host,
                         "limits": {}}}
+    if ciphers is not None:
+        doc["ciphers"] = ciphers
+    if aes_instructions is not None:
+        doc["aes_instructions"] = aes_instructions
     return DeviceProfile(doc, f"{model}-synthetic.json")

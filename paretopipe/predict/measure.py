@@ -27,7 +27,7 @@ from ..errors import UsageError
 from ..manifest import node_manifest
 from ..partition import split
 from ..partition.stages import StageBuilder, StageTimer, apply_cpu_limits
-from ..transport import inputs, wire
+from ..transport import aead, inputs, wire
 from . import hopprobe
 from .device_profile import DEFAULT_CODECS, RESULT_CODEC, SCHEMA
 
@@ -46,6 +46,7 @@ class ProfileOptions:
     warmup: int = 3
     repetitions: int = 15
     codecs: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_CODECS))
+    ciphers: list[str] = dataclasses.field(default_factory=lambda: list(aead.CIPHERS))  # --encrypt's, timed per frame
     codec_repetitions: int = 3
     hop_probe: bool = True
     num_classes: int = 10
@@ -160,6 +161,12 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     if hop_s is not None:
         doc["loopback"].update(fixed_s=hop_s, fixed_source="hopprobe: half the round trip of a tiny frame "
                                "through two processes' sender, receiver and compute threads")
+    unknown = [c for c in opts.ciphers if c not in aead.CIPHERS]
+    if unknown:
+        raise UsageError(f"--ciphers {unknown[0]!r}: valid {', '.join(aead.CIPHERS)} (or none)")
+    with cpushare.limited(opts.cpu_share, "profile"):  # sealing runs on the stage's own share
+        doc["ciphers"] = {c: aead.time_cipher(c) for c in opts.ciphers}
+    doc["aes_instructions"] = aead.has_aes_instructions()
     doc["method"] = {"warmup": opts.warmup, "repetitions": opts.repetitions,
                      "statistic": "mean" if share_mean else "median",
                      "why_statistic": "under a CPU quota single calls are either full speed or frozen, so only "

@@ -39,13 +39,20 @@ def tie_aware_jaccard(predicted: set, front: set, tied: set) -> float:
     return len(predicted & (front | tied)) / len(union) if union else 1.0
 
 
+def front_name(network: str, cipher: str) -> str:
+    """One front of a sweep: a network's, and a sealed configuration's apart from the plain one's."""
+    return network if cipher == "none" else f"{network} ({cipher})"
+
+
 def run_to_run_jaccard(session: Session) -> dict[str, float]:
-    """Per network: how well the fronts of the sweep's separate runs agree with each other (mean
-    pairwise Jaccard). This is the ceiling for any prediction: measured noise moves fronts too."""
+    """Per front (network and cipher): how well the fronts of the sweep's separate runs agree with
+    each other (mean pairwise Jaccard). This is the ceiling for any prediction: measured noise moves
+    fronts too."""
     runs = session.runs()
     runs = runs[(runs["backend"] == "tcp") & (runs["status"] == "complete")]
+    runs = runs.assign(front=[front_name(n, c) for n, c in zip(runs["network"], runs["cipher"])])
     out = {}
-    for name, g in runs.groupby("network", sort=False):
+    for name, g in runs.groupby("front", sort=False):
         fronts = [set(r.loc[pareto.mark_front(r, MEASURED, by=[])["on_front"], "split_index"])
                   for _, r in g.groupby("run")]
         pairs = [jaccard(a, b) for a, b in combinations(fronts, 2)]
@@ -101,7 +108,6 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
     for w in warnings:
         log.warning("%s", w)
     base = base_transport(profiles, base_rate or ("loopback" if not opts.get("hosts", {}).get("stage1") else None))
-    codec = codec_key(opts.get("wire_dtype", "float32"), opts.get("compression", "none"))
     known = {name: NetworkConditions.from_dict(d) for name, d in meta.get("networks", {}).items()}
     rows = []
     for _, c in configs.iterrows():
@@ -109,10 +115,13 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
         k = int(c["split_index"])
         if k not in profiles[0].blocks:
             raise UsageError(f"split {k} of the sweep is not a block split of {profiles[0].path}")
+        # The cipher its runs recorded (auto resolved): the profiles' timings of that one.
+        codec = codec_key(opts.get("wire_dtype", "float32"), opts.get("compression", "none"), c["cipher"])
         terms = chain_terms(profiles, [up], [profiles[0].blocks[k]], int(c["batch_size"]), codec, [down])
         sim = simulate(terms, int(opts.get("num_batches", 20)), int(opts.get("warmup", 3)),
                        int(opts.get("in_flight", 1)))
-        row = {"network": c["network"], "split_index": k, "cut": c["cut"], "batch_size": int(c["batch_size"]),
+        row = {"network": c["network"], "cipher": c["cipher"], "front": front_name(c["network"], c["cipher"]),
+               "split_index": k, "cut": c["cut"], "batch_size": int(c["batch_size"]),
                "latency_s": c["latency_median_s"], "throughput_imgs_per_s": c["throughput_imgs_per_s"],
                **{col: c.get(col) for pair in INTERVALS.values() for col in pair},
                **sim, "predicted_bottleneck": terms.bottleneck()[0]}
@@ -121,12 +130,12 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
                                  / row["throughput_imgs_per_s"])
         rows.append(row)
     table = pd.DataFrame(rows)
-    measured = pareto.mark_front(table, MEASURED, by=["network"])["on_front"]
-    predicted = pareto.mark_front(table, PREDICTED, by=["network"])["on_front"]
+    measured = pareto.mark_front(table, MEASURED, by=["front"])["on_front"]
+    predicted = pareto.mark_front(table, PREDICTED, by=["front"])["on_front"]
     table["measured_on_front"], table["predicted_on_front"] = measured, predicted
-    table["measured_status"] = pareto.front_status(table, INTERVALS, MEASURED, by=["network"])
+    table["measured_status"] = pareto.front_status(table, INTERVALS, MEASURED, by=["front"])
     per_network = {}
-    for name, g in table.groupby("network", sort=False):
+    for name, g in table.groupby("front", sort=False):
         m = set(g.loc[g["measured_on_front"], "split_index"])
         t = set(g.loc[g["measured_status"] == pareto.TIED, "split_index"])
         p = set(g.loc[g["predicted_on_front"], "split_index"])

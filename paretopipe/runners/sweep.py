@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from .. import cpushare, records
-from ..analysis.session import Session, config_key, run_key, sessions_under, split_label
+from ..analysis.session import Session, cipher_of, config_key, run_key, sessions_under, split_label
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network import deadlines, tc, tracecontrol
@@ -127,6 +127,7 @@ class PlannedRun:
     split: int | tuple[int, ...] | str
     run: int
     reference: bool = False  # a drift check's re-measurement of the reference configuration
+    cipher: str = "none"     # the TCP data port's --encrypt choice (transport.aead)
 
     @property
     def split_index(self) -> int | str:
@@ -139,7 +140,7 @@ class PlannedRun:
     @property
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network,
-                          "-".join(map(str, self.split)) if isinstance(self.split, tuple) else self.split)
+                          "-".join(map(str, self.split)) if isinstance(self.split, tuple) else self.split, self.cipher)
 
     @property
     def run_key(self) -> str:
@@ -176,7 +177,9 @@ class SweepOptions:
     network_file: str | None = None
     wire_dtype: str = "float32"
     compression: str = "none"
-    encrypt: str = "none"               # the TCP data port's cipher (transport.aead)
+    # The TCP data port's --encrypt choices (transport.aead): one worker group each, since a cipher is
+    # agreed per connection; the cipher is part of a configuration's key.
+    ciphers: list[str] = dataclasses.field(default_factory=lambda: ["none"])
     stage_cpu: list[float | None] = dataclasses.field(default_factory=lambda: [None, None])
     stage_threads: list[int | None] = dataclasses.field(default_factory=lambda: [None, None])
     stage_devices: list[str] = dataclasses.field(default_factory=list)
@@ -219,7 +222,8 @@ class StageGroup(Protocol):
     def stop(self) -> None: ...
 
 
-#: Makes the stage group of one (model, backend); the default starts real processes.
+#: Makes the stage group of one (model, backend) under the sweeper's current cipher; the default
+#: starts real processes.
 GroupFactory = Callable[["Sweeper", str, str], StageGroup]
 
 
@@ -284,6 +288,8 @@ class Sweeper:
         self.measured_s = self.reference_s = 0.0
         self.consolidated = float("-inf")
         self.compute_s = 0.0  # the slowest batch compute (all stages) measured in this worker group
+        self.cipher = "none"  # the current worker group's --encrypt choice
+        self.cipher_used: str | None = None  # ...and the cipher its runs record (auto resolved)
 
     # -- layout --------------------------------------------------------------------------------
     def _session_dir(self) -> Path:
@@ -313,15 +319,22 @@ class Sweeper:
         o = self.opts
         planned = []
         for model in o.models:
-            for backend in o.backends:
+            for backend, cipher in self.groups():
                 configs = [(n, k) for n in o.networks for k in self.splits_for(num_blocks[model])]
                 if o.order == "sequential":
-                    planned += [PlannedRun(model, backend, n, k, r) for n, k in configs for r in range(o.runs)]
+                    planned += [PlannedRun(model, backend, n, k, r, cipher=cipher) for n, k in configs
+                                for r in range(o.runs)]
                     continue
                 for r in range(o.runs):
-                    planned += [PlannedRun(model, backend, n, k, r) for n, k in
-                                rounds.round_order(configs, o.seed, f"{model}/{backend}", r, o.link == "tc")]
+                    planned += [PlannedRun(model, backend, n, k, r, cipher=cipher) for n, k in
+                                rounds.round_order(configs, o.seed, group_name(model, backend, cipher), r,
+                                                   o.link == "tc")]
         return planned
+
+    def groups(self) -> list[tuple[str, str]]:
+        """(backend, cipher) of each worker group of a model: the TCP backend once per cipher."""
+        return [(backend, cipher) for backend in self.opts.backends
+                for cipher in (self.opts.ciphers if backend == "tcp" else ["none"])]
 
     # -- processes -----------------------------------------------------------------------------
     def placement(self) -> Placement:
@@ -331,7 +344,7 @@ class Sweeper:
         return Placement(testbed=o.testbed, devices=devices,
                          threads=[t or o.threads for t in o.stage_threads] + [o.threads] * stages,
                          cpu_shares=o.stage_cpu, pin=o.optimizations, wait_time=o.wait_time,
-                         num_classes=o.num_classes, weights=o.weights, encrypt=o.encrypt)
+                         num_classes=o.num_classes, weights=o.weights, encrypt=self.cipher)
 
     def _process_group(self, model: str, backend: str) -> StageGroup:
         o = self.opts
@@ -340,10 +353,11 @@ class Sweeper:
         stages = (len(o.plans[0]) + 1) if o.plans else 2
         return RpcRanks(self.placement(), model, stages, o.rpc_source, o.rpc_transport, o.timeout or deadlines.BASE_S)
 
-    def start(self, model: str, backend: str) -> dict[str, Any]:
+    def start(self, model: str, backend: str, cipher: str = "none") -> dict[str, Any]:
         self.stop()
         self.warmed.clear()
         self.compute_s = 0.0
+        self.cipher, self.cipher_used = cipher, None
         self.group = self.group_factory(self, model, backend)
         try:
             return self.group.start()
@@ -412,6 +426,7 @@ class Sweeper:
         if record["status"] != "complete":
             raise PeerError(record.get("error") or "run incomplete")
         self.warmed.add(self._warm_key(planned, cfg["cuts"]))
+        self.cipher_used = cipher_of(record.get("manifest") or {})
         s = record["summary"]
         self.compute_s = max(self.compute_s, sum(s.get(f"stage{j}_compute_median_s") or 0.0 for j in range(1, 9)))
         return record
@@ -482,8 +497,8 @@ class Sweeper:
         failed: list[PlannedRun] = []
         try:
             for model in o.models:
-                for backend in o.backends:
-                    info = self.start(model, backend)
+                for backend, cipher in self.groups():
+                    info = self.start(model, backend, cipher)
                     total += self._sweep_group(model, backend, info, meta, failed)
                     self.stop()
         except KeyboardInterrupt:
@@ -517,11 +532,13 @@ class Sweeper:
         drift = rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0)
         static = [k for k in splits if k != ADAPTIVE] or splits
         reference = (o.networks[0], static[len(static) // 2])
-        group_meta = meta.setdefault("groups", {}).setdefault(f"{model}/{backend}", {})
+        cipher = self.cipher
+        group = group_name(model, backend, cipher)
+        group_meta = meta.setdefault("groups", {}).setdefault(group, {})
         group_meta.update({"order": o.order, "seed": o.seed, "precision": o.precision, "min_runs": o.runs,
                            "max_runs": max_runs, "reference": {"network": reference[0], "split": split_label(reference[1])},
                            "executed": group_meta.get("executed", [])})
-        bar = tqdm(total=len(configs) * o.runs, desc=f"{model} {backend}", unit="run", dynamic_ncols=True,
+        bar = tqdm(total=len(configs) * o.runs, desc=group.replace("/", " "), unit="run", dynamic_ncols=True,
                    disable=None)
         rerun: dict[tuple, list[int]] = {c: [] for c in configs}
         rerun_done: set[str] = set()
@@ -532,11 +549,11 @@ class Sweeper:
                 break
             if o.order == "sequential":
                 # Today's order: every run of a configuration back to back, in the given order.
-                plan = [PlannedRun(model, backend, n, k, i) for n, k in active for i in range(max_runs if o.precision
-                                                                                              else o.runs)]
+                plan = [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in active
+                        for i in range(max_runs if o.precision else o.runs)]
             else:
-                plan = [PlannedRun(model, backend, n, k, i) for n, k in
-                        rounds.round_order(active, o.seed, f"{model}/{backend}", r, tc_mode)
+                plan = [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in
+                        rounds.round_order(active, o.seed, group, r, tc_mode)
                         for i in rerun[(n, k)] + [r]]
                 for c in active:
                     rerun[c] = []
@@ -588,7 +605,8 @@ class Sweeper:
         bar.close()
         group_meta["stopping"] = {self._config_key(model, backend, c): p.describe() for c, p in progress.items()}
         group_meta["drift_checks"] = [dataclasses.asdict(c) for c in drift.checks]
-        self.stopping.update({(info["model"], backend, n, split_label(k)): p.describe()
+        # Keyed as summary.csv keys a configuration: by the cipher its runs used.
+        self.stopping.update({(info["model"], backend, self.cipher_used or cipher, n, split_label(k)): p.describe()
                               for (n, k), p in progress.items()})
         return len(configs)
 
@@ -606,7 +624,7 @@ class Sweeper:
         return out
 
     def _config_key(self, model: str, backend: str, cfg: tuple) -> str:
-        return PlannedRun(model, backend, cfg[0], cfg[1], 0).config_key
+        return PlannedRun(model, backend, cfg[0], cfg[1], 0, cipher=self.cipher).config_key
 
     def _resumed(self, planned: PlannedRun) -> dict[str, Any] | None:
         """With --resume, a run already complete is taken as it is, not measured again."""
@@ -675,7 +693,7 @@ class Sweeper:
         summaries = []
         for _ in range(count):
             n = len(group_meta.setdefault("reference_runs", []))
-            planned = PlannedRun(model, backend, network, reference[1], n, reference=True)
+            planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=self.cipher)
             record = self._attempt(planned, info, observed, model, backend)
             if record is None:
                 return []
@@ -691,7 +709,7 @@ class Sweeper:
         for attempt in (1, 2):
             try:
                 if self.group is None or not self.group.alive():
-                    info.update(self.start(model, backend))
+                    info.update(self.start(model, backend, planned.cipher))
                 record = self.run_one(planned, info, observed)
                 if planned.reference:  # kept apart: a reference run is not a run of the sweep
                     path = self.dir / "reference" / f"{planned.run_key}.json"
@@ -710,7 +728,7 @@ class Sweeper:
                 # A half-finished exchange leaves the processes in an unknown state: start them afresh.
                 self.stop()
                 try:
-                    info.update(self.start(model, backend))
+                    info.update(self.start(model, backend, planned.cipher))
                 except ParetoPipeError as exc2:
                     self.failures.append({"run_key": planned.run_key, "attempt": attempt,
                                           "error": f"restart failed: {exc2}", "time_utc": records.utc_now()})
@@ -775,6 +793,12 @@ class Sweeper:
         report.write_report(self.dir, self.dir / "report")
 
 
+def group_name(model: str, backend: str, cipher: str) -> str:
+    """A worker group's name in session.json and its seed of the round order (a plain group keeps
+    the name it had before ciphers, so its order is what it was)."""
+    return f"{model}/{backend}" + (f"/{cipher}" if cipher != "none" else "")
+
+
 def _measuring_s(summary: dict[str, Any]) -> float:
     """How long a run spent measuring: its span, fill included (a record from before spans: its window)."""
     return summary.get("measured_span_s") or summary.get("measured_window_s") or 0.0
@@ -784,7 +808,9 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
     per = opts.warmup + opts.num_batches
     where = ("locally" if not opts.testbed.remote else
              "on " + ", ".join(f"{h.address} ({h.device})" for h in opts.testbed.hosts))
-    lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)} x "
+    ciphers = f" x ciphers {', '.join(opts.ciphers)} (tcp)" if opts.ciphers != ["none"] else ""
+    lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)}"
+             f"{ciphers} x "
              f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
              f"{opts.runs} runs; {per} batches of {opts.batch_size} each ({opts.warmup} warm-up"
              + (")" if opts.warmup_every_run or not opts.warmup else ", on a cut's first run in each worker group)"),

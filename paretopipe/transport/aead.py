@@ -173,3 +173,44 @@ class Channel:
         if since:
             now.update({k: now[k] - since.get(k, 0) for k in ("frames_sealed", "seal_s", "frames_opened", "open_s")})
         return now
+
+
+#: Frame sizes the profiler times sealing and opening at: a result's few bytes to a large activation.
+PROFILE_SIZES = (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+
+def time_cipher(cipher: str, sizes: tuple[int, ...] = PROFILE_SIZES, repetitions: int = 5) -> dict[str, Any]:
+    """Seal and open time of one frame body per size on this CPU, through the data port's own
+    :class:`Direction` (header as associated data, a counter nonce, one output buffer), fitted as
+    ``fixed_s + bytes / bytes_per_s``: what the cost model adds per frame (a device profile's
+    ``ciphers`` table). Medians of ``repetitions`` after one untimed pass per size."""
+    key = bytes(range(KEY_BYTES))
+    header = bytes(104)
+    points = []
+    for n in sizes:
+        body = bytearray(n)
+        sealer, opener = Direction(cipher, key), Direction(cipher, key)
+        seal_s, open_s = [], []
+        for rep in range(repetitions + 1):
+            sealed = bytearray(sealer.seal(header, body))
+            opener.open_in_place(header, memoryview(sealed))
+            if rep:
+                seal_s.append(sealer.last_s)
+                open_s.append(opener.last_s)
+        points.append((n, sorted(seal_s)[len(seal_s) // 2], sorted(open_s)[len(open_s) // 2]))
+    return {"seal": _fit([(n, s) for n, s, _ in points]), "open": _fit([(n, o) for n, _, o in points]),
+            "points": [{"bytes": n, "seal_s": s, "open_s": o} for n, s, o in points],
+            "aes_instructions": has_aes_instructions()}
+
+
+def _fit(points: list[tuple[int, float]]) -> dict[str, float | None]:
+    """``t = fixed_s + n / bytes_per_s`` by least squares on relative errors (weights 1/t^2), so the
+    1 KiB frame's few microseconds count as much as the 4 MiB frame's milliseconds; fixed at least
+    0, and no rate from flat points."""
+    w = [1.0 / max(t, 1e-9) ** 2 for _, t in points]
+    sw = sum(w)
+    mx = sum(wi * n for wi, (n, _) in zip(w, points)) / sw
+    my = sum(wi * t for wi, (_, t) in zip(w, points)) / sw
+    var = sum(wi * (n - mx) ** 2 for wi, (n, _) in zip(w, points))
+    slope = sum(wi * (n - mx) * (t - my) for wi, (n, t) in zip(w, points)) / var if var else 0.0
+    return {"fixed_s": max(0.0, my - slope * mx), "bytes_per_s": 1.0 / slope if slope > 0 else None}

@@ -3,8 +3,9 @@
 Stage 1 opens with a challenge nonce; stage 2 answers with its own nonce and an HMAC of both
 nonces and its identity under the shared secret; stage 1 checks it and answers with an HMAC of the
 nonces in the other order. The secret never crosses the wire, and a recorded exchange cannot be
-replayed (the nonces are new each time). This authenticates the peer; it does not encrypt or
-protect the frames that follow, so a hostile network still needs a VPN or an SSH tunnel.
+replayed (the nonces are new each time). This authenticates the peer; the frames that follow
+travel in the clear unless both stages ask for ``--encrypt``, which seals every one of them with
+keys derived from the same secret and both nonces (:mod:`paretopipe.transport.aead`).
 """
 
 from __future__ import annotations

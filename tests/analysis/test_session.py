@@ -32,7 +32,7 @@ def test_consolidation_from_records_and_truncated_ones_are_skipped(tmp_path):
     assert rows[0]["config_key"] == "mobilenet_v2_tcp_lan_k00" and rows[0]["json"].startswith("runs/")
     configs = s.configs()
     assert list(configs[CONFIG_KEY].itertuples(index=False, name=None)) == [
-        ("mobilenet_v2", "tcp", "lan", 1, 0), ("mobilenet_v2", "tcp", "lan", 1, 3)]
+        ("mobilenet_v2", "tcp", "none", "lan", 1, 0), ("mobilenet_v2", "tcp", "none", "lan", 1, 3)]
     assert configs["runs"].tolist() == [2, 2]
     assert configs.loc[0, "latency_median_s"] == pytest.approx(0.205)
     assert s.completed("mobilenet_v2_tcp_lan_k03_r1") and not s.completed("nope")

@@ -51,6 +51,7 @@ def _files(tmp: Path) -> dict[str, str]:
             "device.env": "HOSTS=10.0.0.1,10.0.0.2\nDEVICES=cpu,tpu\n",
             "master.env": "MASTER_PORT=abc\n",
             "secret.env": "PARETOPIPE_SECRET=short\n",
+            "keyed.env": "PARETOPIPE_SECRET=bad-inputs-secret-0123456789abcdef\n",
             "badhost.env": "HOSTS=10.0.0.1,bad host name\n"}
     for name, text in envs.items():
         (tmp / name).write_text(text)
@@ -166,6 +167,17 @@ def cases() -> list[tuple[str, list[str], str]]:
             argv = ["sweep", flag, value, "--local", "--dry-run"]
         add(f"sweep{flag}={value}", argv, what.replace("{tmp}", T))
     add("sweep-tcp-plans", sweep + ["--split-blocks", "2,5", "--dry-run"], "add --backend rpc")
+    # --encrypt: a cipher needs the shared secret; the rpc backend cannot be sealed
+    keyed = ["sweep", "--model", "resnet18", "--env-file", f"{T}/keyed.env", "--local", "--dry-run"]
+    for i, argv, what in (("no-secret", sweep + ["--encrypt", "none,aesgcm", "--dry-run"],
+                           "--encrypt aesgcm needs PARETOPIPE_SECRET"),
+                          ("unknown", keyed + ["--encrypt", "rot13"], "--encrypt 'rot13': valid choices are none, auto"),
+                          ("empty", keyed + ["--encrypt", ","], "--encrypt ',' names no cipher"),
+                          ("rpc", keyed + ["--encrypt", "chacha20", "--backend", "rpc"], "use --backend tcp")):
+        add(f"sweep-encrypt-{i}", argv, what)
+    for cmd in ("stage1", "stage2"):
+        add(f"{cmd}-encrypt-no-secret", [cmd, "--model", "resnet18", "--split", "2", "--encrypt", "auto",
+                                         "--env-file", f"{T}/none.env"], "--encrypt auto needs PARETOPIPE_SECRET")
     add("sweep-resume-none", sweep + ["--resume", "--out", f"{T}/no-results"], "no session found")
     add("sweep-shares-rpc", sweep + ["--stage-cpu", "0.5,1", "--backend", "rpc"], "TCP backend's stage workers")
     add("sweep-tc-no-iface", sweep + ["--link", "tc", "--dry-run"], "needs IFACE")

@@ -11,7 +11,7 @@ from paretopipe.errors import UsageError
 from paretopipe.network.conditions import MSS_BYTES, get_conditions
 from paretopipe.predict import planner
 from paretopipe.predict.costmodel import RESULT_META_BYTES, LinkModel, chain_terms, simulate
-from paretopipe.predict.device_profile import check_compatible, synthetic_profile
+from paretopipe.predict.device_profile import check_compatible, codec_key, resolve_cipher, synthetic_profile
 
 MS = 1e-3
 
@@ -78,6 +78,49 @@ def test_chain_terms_hand_computed():
     assert t.throughput_imgs_per_s() == pytest.approx(1 / busy["stage1"])
     row = t.as_row()
     assert row["predicted_latency_s"] == pytest.approx(expected) and row["predicted_bottleneck"] == "stage1"
+
+
+def _sealing(fixed_s: float, bytes_per_s: float) -> dict:
+    fit = {"fixed_s": fixed_s, "bytes_per_s": bytes_per_s}
+    return {"aesgcm": {"seal": fit, "open": fit}}
+
+
+def test_a_sealed_data_port_adds_each_devices_seal_and_open_per_frame_and_a_tag():
+    bytes_ = [600, 4000, 1000, 40]
+    # Sealing or opening n bytes: 10 us + n / 100 MB/s on the edge, 1 us + n / 1 GB/s on the server.
+    edge = synthetic_profile([10 * MS, 20 * MS, 30 * MS], bytes_, source_s=2 * MS, encode_s=0.5 * MS,
+                             decode_s=0.25 * MS, frame_overhead=56, ciphers=_sealing(10e-6, 1e8))
+    server = synthetic_profile([1 * MS, 2 * MS, 3 * MS], bytes_, encode_s=0.1 * MS, decode_s=0.05 * MS,
+                               frame_overhead=56, ciphers=_sealing(1e-6, 1e9))
+    link = LinkModel.of(delay_s=0.010, rate_bps=1e6)
+    plain = chain_terms([edge, server], [link], [2], 1)
+    sealed = chain_terms([edge, server], [link], [2], 1, codec_key("float32", "none", "aesgcm"))
+    result = 40 + 56 + RESULT_META_BYTES
+    # The edge seals the 1056-byte activation and opens the result; the server opens the one, seals the other.
+    # (the profile knows the result frame without its meta: 96 bytes opened)
+    edge_seal, edge_open = 10e-6 + 1056 / 1e8, 10e-6 + 96 / 1e8
+    server_open, server_seal = 1e-6 + 1056 / 1e9, 1e-6 + result / 1e9
+    assert sealed.frame_bytes == [1056 + 16] and sealed.result_bytes == result + 16
+    assert sealed.parts[0].encode_s == pytest.approx(0.5 * MS + edge_seal)
+    assert sealed.parts[0].decode_s == pytest.approx(0.25 * MS + edge_open)
+    assert sealed.parts[1].decode_s == pytest.approx(0.05 * MS + server_open)
+    assert sealed.parts[1].encode_s == pytest.approx(0.1 * MS + server_seal)
+    tags = 2 * 16 * 8e-6  # 16 more bytes each way at 1 Mbit/s
+    assert sealed.latency_s() - plain.latency_s() == pytest.approx(edge_seal + edge_open + server_open + server_seal
+                                                                   + tags)
+    with pytest.raises(UsageError, match="has no chacha20 timings.*--ciphers chacha20"):
+        chain_terms([edge, server], [link], [2], 1, codec_key("float32", "none", "chacha20"))
+
+
+def test_auto_resolves_as_the_stages_would_from_the_profiles_aes_flags():
+    def profile(aes):
+        return synthetic_profile([MS], [4, 4], aes_instructions=aes)
+
+    assert resolve_cipher("auto", [profile(True), profile(True)]) == "aesgcm"
+    assert resolve_cipher("auto", [profile(False), profile(True)]) == "chacha20"  # a Pi 4 and a server
+    assert resolve_cipher("chacha20", [profile(True), profile(True)]) == "chacha20"
+    with pytest.raises(UsageError, match="does not say whether its CPU has AES"):
+        resolve_cipher("auto", [profile(None), profile(True)])
 
 
 def test_slow_link_becomes_the_bottleneck_and_baselines_are_included():

@@ -87,6 +87,43 @@ def test_small_sweep_end_to_end_both_backends(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_sweep_over_ciphers_measures_each_as_its_own_configuration_and_reports_the_cost(tmp_path):
+    env = tmp_path / "keyed.env"
+    env.write_text("PARETOPIPE_SECRET=sweep-cipher-secret-0123456789abcdef\n")
+    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "5,19",
+                           "--network", "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "3", "--warmup", "0",
+                           "--drift-every", "0", "--encrypt", "none,aesgcm", "--env-file", str(env), "--local",
+                           "--out", str(tmp_path / "out"), "--session", "s", "--quiet"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    session = tmp_path / "out" / "s"
+    runs = pd.read_csv(session / "runs.csv")
+    # Each cipher is a configuration of its own, with its own key, measured in its own worker group.
+    assert sorted(zip(runs["cipher"], runs["split_index"])) == [("aesgcm", 5), ("aesgcm", 19), ("none", 5), ("none", 19)]
+    assert set(runs["run_key"]) == {"mobilenetv2_tcp_lan_k05_r0", "mobilenetv2_tcp_lan_k19_r0",
+                                    "mobilenetv2_tcp_lan_k05_aesgcm_r0", "mobilenetv2_tcp_lan_k19_aesgcm_r0"}
+    sealed = runs[runs["cipher"] == "aesgcm"].iloc[0]
+    rec = json.loads((session / sealed["json"]).read_text())
+    assert [st["cipher"]["cipher"] for st in rec["manifest"]["stages"]] == ["aesgcm", "aesgcm"]
+    assert all(b["stage1_seal_s"] > 0 and b["stage2_open_s"] > 0 for b in rec["batches"])
+    plain = json.loads((session / runs[runs["cipher"] == "none"].iloc[0]["json"]).read_text())
+    assert not any("seal" in k for b in plain["batches"] for k in b)
+    summary = pd.read_csv(session / "summary.csv")
+    assert len(summary) == 4 and set(summary["cipher"]) == {"none", "aesgcm"}
+    assert set(json.loads((session / "session.json").read_text())["groups"]) == {"mobilenetv2/tcp",
+                                                                                 "mobilenetv2/tcp/aesgcm"}
+    # The report sets each sealed configuration beside its plain twin, and the sweep prints it.
+    cost = pd.read_csv(session / "report" / "privacy_cost.csv")
+    assert sorted(cost["split_index"]) == [5, 19] and set(cost["cipher"]) == {"aesgcm"}
+    assert (cost["seal_open_mean_s"] > 0).all()
+    for _, row in cost.iterrows():
+        assert row["latency_ratio"] == pytest.approx(row["latency_sealed_s"] / row["latency_plain_s"])
+    assert "What encryption costs per split" in proc.stdout
+    assert (session / "report" / "front_mobilenet_v2_tcp_aesgcm_b1.png").is_file()
+    assert (session / "report" / "front_mobilenet_v2_tcp_b1.png").is_file()
+
+
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):
     proc = subprocess.Popen(_sweep_cmd(tmp_path, "--no-report"), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -83,8 +83,8 @@ def _cfg(b, batches: int = 2) -> dict:
 class RealStage2:
     """The legitimate stage 2, in this process: it (re)connects whenever its connection ends."""
 
-    def __init__(self, port: int) -> None:
-        self.port, self.stop = port, threading.Event()
+    def __init__(self, port: int, encrypt: str = "none") -> None:
+        self.port, self.encrypt, self.stop = port, encrypt, threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
@@ -93,23 +93,33 @@ class RealStage2:
         while not self.stop.is_set():
             try:
                 connection = tcp.open_connection(tcp.connect_with_retry("127.0.0.1", self.port, 5), b,
-                                           secret=SECRET.encode())
+                                                 secret=SECRET.encode(), encrypt=self.encrypt)
                 tcp.serve_connection(connection, b, timeout_s=10)
             except (ParetoPipeError, OSError):
                 time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def stage1():
+def _stage1_worker(encrypt: str):
     worker = StageProcess("stage1", [PYTHON, "-m", "paretopipe.runners.worker", "--role", "stage1", "--model", MODEL,
                                      "--threads", "1"])
     worker.ready(120)
-    worker.send({"cmd": "listen", "host": "127.0.0.1", "port": 0, "secret": SECRET})
+    worker.send({"cmd": "listen", "host": "127.0.0.1", "port": 0, "secret": SECRET, "encrypt": encrypt})
     port = worker.expect("listening", timeout=30)["port"]
-    real = RealStage2(port)
+    real = RealStage2(port, encrypt)
     yield worker, port
     real.stop.set()
     worker.stop()
+
+
+@pytest.fixture(scope="module")
+def stage1():
+    yield from _stage1_worker("none")
+
+
+@pytest.fixture(scope="module")
+def sealed_stage1():
+    """A stage-1 worker whose data port seals every frame after the handshake (AES-GCM)."""
+    yield from _stage1_worker("aesgcm")
 
 
 def _run(worker: StageProcess) -> dict:
@@ -148,28 +158,32 @@ def test_strangers_mutating_the_handshake(stage1, data):
 
 class HostileStage2:
     """Authenticates with the secret, then misbehaves at one point of the run. Everything it will
-    send is drawn up front: hypothesis draws belong to the test's own thread."""
+    send is drawn up front: hypothesis draws belong to the test's own thread. On a sealed port its
+    mutated messages are sealed as the protocol requires (an insider holding the key), while its
+    garbage goes on the wire as it is (an outsider's injected bytes)."""
 
-    def __init__(self, port: int, data) -> None:
+    def __init__(self, port: int, data, encrypt: str = "none") -> None:
         self.state = data.draw(st.sampled_from(["run_ok", "result", "records"]))
         self.how = data.draw(st.sampled_from(["mutated", "garbage", "close"]))
         self.garbage = _garbage(data)
-        self.run_ok = _raw(wire.RUN_OK, _mutate({"ok": True}, data))
-        self.result = _raw(wire.RESULT, _mutate({"stage2_compute_s": 0.001, "stage2_queue_s": 0.0}, data),
-                           torch.zeros(1, 10), seq=data.draw(st.sampled_from([1, 0, 99, 65535])))
+        self.run_ok = wire.encode(wire.RUN_OK, 0, None, _mutate({"ok": True}, data))
+        self.result = wire.encode(wire.RESULT, data.draw(st.sampled_from([1, 0, 99, 65535])), torch.zeros(1, 10),
+                                  _mutate({"stage2_compute_s": 0.001, "stage2_queue_s": 0.0}, data))
         part = {"manifest": {"role": "stage2"}, "sysmon": {"cpu_percent_mean": 1.0}}
         self.records = _mutate(part, data)
         b = builder(MODEL)
         self.connection = tcp.open_connection(socket.create_connection(("127.0.0.1", port), timeout=5), b,
-                                        secret=SECRET.encode())
+                                              secret=SECRET.encode(), encrypt=encrypt)
         self.thread = threading.Thread(target=self._play, daemon=True)
         self.thread.start()
 
-    def _misbehave(self, mutated: bytes) -> None:
+    def _misbehave(self, mutated: wire.Encoded | None) -> None:
         if self.how == "close":
             self.connection.close()
+        elif self.how == "mutated" and mutated is not None:
+            self.connection.writer.send(mutated)
         else:
-            self.connection.sock.sendall(mutated if self.how == "mutated" else self.garbage)
+            self.connection.sock.sendall(self.garbage)
 
     def _play(self) -> None:
         s = self.connection
@@ -187,7 +201,7 @@ class HostileStage2:
             if self.how == "mutated":
                 s.send_json(wire.RECORDS, self.records)
             else:
-                self._misbehave(b"")
+                self._misbehave(None)
         except (ParetoPipeError, OSError):
             pass
         finally:
@@ -195,12 +209,8 @@ class HostileStage2:
             s.close()
 
 
-@pytest.mark.slow
-@SETTINGS
-@given(data=st.data())
-def test_an_authenticated_stage2_misbehaving_in_every_state(stage1, data):
-    worker, port = stage1
-    hostile = HostileStage2(port, data)
+def _hostile_stage2_then_the_real_one(worker: StageProcess, port: int, data, encrypt: str) -> None:
+    hostile = HostileStage2(port, data, encrypt)
     time.sleep(0.2)  # the listener has it queued: it is the newest connection, so the next run uses it
     worker.send({"cmd": "run", "config": _cfg(builder(MODEL)), "connect_timeout": 30})
     try:
@@ -210,6 +220,22 @@ def test_an_authenticated_stage2_misbehaving_in_every_state(stage1, data):
         assert "exited" not in str(exc)
     hostile.thread.join(10)
     _real_run_completes(worker)
+
+
+@pytest.mark.slow
+@SETTINGS
+@given(data=st.data())
+def test_an_authenticated_stage2_misbehaving_in_every_state(stage1, data):
+    _hostile_stage2_then_the_real_one(*stage1, data, "none")
+
+
+@pytest.mark.slow
+@settings(SETTINGS, max_examples=9)
+@given(data=st.data())
+def test_an_authenticated_stage2_misbehaving_on_the_sealed_port(sealed_stage1, data):
+    """The same hostile peer against a stage 1 whose port is sealed: its sealed mutations and its
+    unsealed garbage each end that run cleanly, and the real (sealing) stage 2 is served next."""
+    _hostile_stage2_then_the_real_one(*sealed_stage1, data, "aesgcm")
 
 
 # -- a stage-2 worker and hostile stage 1s ---------------------------------------------------------
