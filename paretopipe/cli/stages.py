@@ -5,20 +5,20 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-from typing import Sequence
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import UsageError
-from ..partition.stages import StageBuilder
-from ..transport import aead, auth, tcp, wire
-from ..transport.runconfig import ADAPTIVE, OBJECTIVES, RunConfig
+from ..transport import aead, auth
+from ..transport.runconfig import (ADAPTIVE, COMPRESSIONS, DEFAULT_MAX_PAYLOAD, OBJECTIVES, WIRE_DTYPE_NAMES,
+                                   RunConfig)
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, prefetch_from_args,
                      dataset_from_args, example_epilog,
                      network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
                      setup_logging)
+
+if TYPE_CHECKING:  # torch is imported where a stage runs, not for --help or a refused flag
+    from ..partition.stages import StageBuilder
 
 log = logging.getLogger("paretopipe.tcp")
 DEFAULT_PORT = 5555
@@ -44,7 +44,7 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
                         "batches in flight need on the link: bytes at its slowest rate, delay, jitter, losses"
                         + ("" if stage == 1 else "; stage 1's deadline") + ")")
     n.add_argument("--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for the peer to appear")
-    n.add_argument("--max-payload", type=positive_int, default=wire.DEFAULT_MAX_PAYLOAD, help="largest frame payload accepted, bytes")
+    n.add_argument("--max-payload", type=positive_int, default=DEFAULT_MAX_PAYLOAD, help="largest frame payload accepted, bytes")
     n.add_argument("--env-file", default=".env", help=f"where {auth.SECRET_ENV} (the data port's shared secret) is read from")
     n.add_argument("--encrypt", default="none", choices=list(aead.CHOICES),
                    help=f"seal every frame after the handshake (AEAD, keys from {auth.SECRET_ENV}); auto: AES-GCM "
@@ -77,6 +77,10 @@ def split_or_adaptive(text: str) -> int | str:
 
 
 def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuilder, list[str] | None]:
+    import torch
+
+    from ..partition.stages import StageBuilder
+
     if args.threads:
         torch.set_num_threads(args.threads)
     builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
@@ -138,9 +142,9 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     add_dataset_flags(d, default="auto")
     add_prefetch_flags(d)
     d.add_argument("--seed", type=nonneg_int, default=0)
-    d.add_argument("--compression", default="none", choices=list(wire.CODECS))
+    d.add_argument("--compression", default="none", choices=list(COMPRESSIONS))
     d.add_argument("--compression-level", type=positive_int, default=3)
-    d.add_argument("--wire-dtype", default="float32", choices=list(wire.WIRE_DTYPES))
+    d.add_argument("--wire-dtype", default="float32", choices=list(WIRE_DTYPE_NAMES))
     k = p.add_argument_group("network conditions")
     add_network_flags(k)
     k.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
@@ -196,6 +200,8 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
                     timeout_s=args.timeout or _link_timeout_s(args, builder, cuts, conditions),
                     max_batch_s=args.max_batch_s, **adaptive_fields(args, builder.partitioner.num_blocks))
     observed = _observed_link(args)
+    from ..transport import tcp
+
     listener = tcp.StageListener(tcp.listen(args.host, args.port), tcp.identity_of(builder), secret, args.max_payload,
                                  encrypt=args.encrypt)
     log.info("stage 1 listening on %s:%d (%s, cuts %s)", args.host, listener.port, builder.name, cuts)
@@ -214,6 +220,9 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     finally:
         listener.close()
     if args.save_outputs:
+        import numpy as np
+        import torch
+
         np.savez(args.save_outputs, logits=torch.stack(outcome.outputs).numpy())
     s = outcome.record["summary"]
     extra = ""
@@ -252,6 +261,8 @@ def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") 
     aead.check_choice(args.encrypt, secret)
     builder, cuts = _builder(args, required=False)
     observed = _observed_link(args)
+    from ..transport import tcp
+
     sock = tcp.connect_with_retry(args.host, args.port, args.connect_timeout)
     connection = tcp.open_connection(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload,
                                      encrypt=args.encrypt)

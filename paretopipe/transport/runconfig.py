@@ -14,6 +14,12 @@ from .. import strict
 from ..errors import UsageError
 
 LINK_MODES = ("none", "emulated", "tc")
+#: How activations may travel (``wire`` holds their codes and torch dtypes): named here, torch-free,
+#: so a command can list them in its --help without importing torch.
+COMPRESSIONS = ("none", "zstd", "lz4")
+WIRE_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+#: The largest frame payload a stage accepts by default (``--max-payload``).
+DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 OBJECTIVES = ("latency", "throughput")
 ADAPTIVE = "adaptive"
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import PeerError, UsageError, WireError
+from .runconfig import COMPRESSIONS, DEFAULT_MAX_PAYLOAD, WIRE_DTYPE_NAMES
 
 MAGIC = b"PPWF"
 VERSION = 2
@@ -41,7 +42,6 @@ _SEQ = struct.Struct("<Q")
 _NO_SEQ = bytes(_SEQ.size)
 MAX_META_BYTES = 64 * 1024
 TAG_BYTES = 16  # a sealed frame's authentication tag (paretopipe.transport.aead)
-DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 MAX_JSON_DEPTH = 16
 MAX_NUMBER_CHARS = 40
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
@@ -61,9 +61,9 @@ DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 ITEMSIZE = {code: dt.itemsize for code, dt in DTYPES.items()}
 CAST_DTYPES = (2, 3)   # what --wire-dtype may cast to
 CAST_FROM = 1          # ...and only from float32, so decoding at most doubles the raw bytes
-CODECS = {"none": 0, "zstd": 1, "lz4": 2}
+CODECS = {name: code for code, name in enumerate(COMPRESSIONS)}
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
-WIRE_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+WIRE_DTYPES = dict(zip(WIRE_DTYPE_NAMES, (None, torch.float16, torch.bfloat16)))
 
 
 def _number(text: str, kind: type) -> Any:

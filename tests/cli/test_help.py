@@ -14,12 +14,16 @@ COMMANDS = [["partition1.py"], ["partition2.py"], ["distributed_runner.py"], ["a
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=" ".join)
-def test_help_works_and_shows_examples(cmd):
-    out = subprocess.run([PYTHON, *cmd, "--help"], capture_output=True, text=True, cwd=ROOT)
+def test_help_works_shows_examples_and_imports_no_torch(cmd):
+    """--help answers in a fraction of a second: importing torch and torchvision costs about 4.5 s
+    of CPU (a Pi: far more), and a flag refused by argparse is as cheap."""
+    out = subprocess.run([PYTHON, "-X", "importtime", *cmd, "--help"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "usage:" in out.stdout and "Traceback" not in out.stderr
     if cmd[-1] not in ("apply", "measure"):
         assert "examples:" in out.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported and "torchvision" not in imported
 
 
 def test_partition_sh_help():
