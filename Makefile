@@ -15,7 +15,7 @@ venv:
 	  echo "$(REQHASH)" > $(STAMP); \
 	fi
 
-# System tools the tests use for real components (faketime, sshd, iproute2, iperf3, shellcheck).
+# System tools the tests use for real components (faketime, sshd, iproute2, iperf3, shellcheck, chromium).
 # Installed when missing and when we can (root + apt); tests skip with a reason otherwise.
 sysdeps:
 	@bash scripts/install_sysdeps.sh

@@ -248,12 +248,20 @@ def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, A
 def build_run_record(*, backend: str, run_id: str, status: str, error: str | None,
                      config: dict[str, Any], manifest: dict[str, Any],
                      batches: Sequence[dict[str, Any]], sysmon: dict[str, Any],
-                     timing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The one JSON document per run (schema in run.schema.json, fields in docs/records.md)."""
-    return {"schema_version": SCHEMA_VERSION, "backend": backend, "run_id": run_id,
-            "status": status, "error": error, "created_utc": utc_now(), "config": config,
-            "manifest": manifest, "timing": timing or {}, "batches": list(batches),
-            "sysmon": sysmon, "summary": summarize(batches, int(config["batch_size"]))}
+                     timing: dict[str, Any] | None = None,
+                     resources: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one JSON document per run (schema in run.schema.json, fields in docs/records.md);
+    ``resources``: each stage's energy and memory (``stage1``, ...), summarised beside the timings."""
+    from .energy import summary as energy_summary
+
+    record = {"schema_version": SCHEMA_VERSION, "backend": backend, "run_id": run_id,
+              "status": status, "error": error, "created_utc": utc_now(), "config": config,
+              "manifest": manifest, "timing": timing or {}, "batches": list(batches),
+              "sysmon": sysmon, "summary": summarize(batches, int(config["batch_size"]))}
+    if resources:
+        record["resources"] = resources
+        record["summary"].update(energy_summary.summarize(resources, manifest.get("stages") or [], config))
+    return record
 
 
 def load_schema() -> dict[str, Any]:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian tools the tests exercise for real, only when missing and only as root with apt.
+# Installs the Debian tools the tests exercise for real (and chromium, which renders report.html),
+# only when missing and only as root with apt.
 set -u
 want=()
 command -v faketime >/dev/null 2>&1 || want+=(faketime)
@@ -7,6 +8,7 @@ command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || want+=(openssh-serve
 command -v tc >/dev/null 2>&1 || want+=(iproute2)
 command -v iperf3 >/dev/null 2>&1 || want+=(iperf3)
 command -v shellcheck >/dev/null 2>&1 || want+=(shellcheck)
+command -v chromium >/dev/null 2>&1 || want+=(chromium)  # the report page's headless browser test
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "note: missing ${want[*]} (need root + apt to install); the tests that use them will skip"

@@ -101,11 +101,12 @@ def format_stage_speed(speed: dict[str, float | None]) -> str:
             f"pipeline move when the stages' speeds move apart")
 
 
-def compare(a_dir: str | Path, b_dir: str | Path, out: str | Path | None = None, fmt: str = "png") -> dict[str, Any]:
+def compare(a_dir: str | Path, b_dir: str | Path, out: str | Path | None = None, fmt: str = "png",
+            objectives: str | None = None) -> dict[str, Any]:
     """Compare two sessions; with ``out``, write compare_points.csv, compare_fronts.csv and a figure
     per panel (both fronts of every network in one plot)."""
     sa, sb = find_session(a_dir), find_session(b_dir)
-    ta, tb = pareto_table(sa), pareto_table(sb)
+    ta, tb = pareto_table(sa, objectives=objectives), pareto_table(sb, objectives=objectives)
     points, fronts = compare_tables(ta, tb)
     if points.empty:
         raise UsageError(f"{sa.path} and {sb.path} share no configuration (model, backend, cipher, network, batch "

@@ -163,13 +163,38 @@ def hypervolume_2d(points: np.ndarray, reference: Sequence[float] = HV_REFERENCE
     return float(area)
 
 
+def hypervolume(points: np.ndarray, reference: Sequence[float] | None = None) -> float:
+    """Exact volume dominated by ``points`` (minimisation, normalised; any number of objectives)
+    up to ``reference`` (1.1 on every axis by default), by slicing along the last objective: a
+    sweep's fronts hold tens of points, where the slices' O(n^(m-1)) is instant."""
+    pts = np.asarray(points, dtype=float)
+    if pts.size == 0:
+        return 0.0
+    m = pts.shape[1]
+    ref = np.full(m, HV_REFERENCE[0]) if reference is None else np.asarray(reference, dtype=float)
+    pts = pts[(pts < ref).all(axis=1)]
+    if len(pts) == 0:
+        return 0.0
+    if m == 1:
+        return float(ref[0] - pts[:, 0].min())
+    if m == 2:
+        return hypervolume_2d(pts, ref)
+    pts = pts[np.argsort(pts[:, -1], kind="stable")]
+    volume = 0.0
+    for i in range(len(pts)):
+        depth = (pts[i + 1, -1] if i + 1 < len(pts) else ref[-1]) - pts[i, -1]
+        if depth > 0:  # between this point's level and the next, the first i + 1 points dominate
+            volume += depth * hypervolume(pts[:i + 1, :-1], ref[:-1])
+    return float(volume)
+
+
 def knee(points: np.ndarray) -> int:
     """Index (into ``points``, normalised minimisation space) of the knee of a 2-D front:
     the point farthest from the line joining the front's two extremes; with fewer than three
-    points, the one closest to the ideal (0, 0)."""
+    points, or over more than two objectives, the one closest to the ideal (0, ..., 0)."""
     pts = np.asarray(points, dtype=float)
-    if len(pts) < 3:
-        return int(np.argmin(np.hypot(pts[:, 0], pts[:, 1])))
+    if len(pts) < 3 or pts.shape[1] != 2:  # and over three or more objectives: nearest the ideal
+        return int(np.argmin(np.linalg.norm(pts, axis=1)))
     order = np.argsort(pts[:, 0])
     a, b = pts[order[0]], pts[order[-1]]
     direction = b - a

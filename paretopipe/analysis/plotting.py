@@ -51,9 +51,11 @@ def _error_bars(frame: pd.DataFrame, value: str, low: str, high: str, scale: flo
     return np.nan_to_num(np.vstack([np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)]))
 
 
-def plot_fronts(table: pd.DataFrame, ax, title: str) -> list[dict[str, Any]]:
-    """Every configuration with its 95% CIs on both objectives, each network's front as a line,
-    and labels placed by adjustText so that none collides with another or with a point."""
+def plot_fronts(table: pd.DataFrame, ax, title: str, line: bool = True) -> list[dict[str, Any]]:
+    """Every configuration with its 95% CIs on both objectives, each network's front as a line
+    (markers only with ``line`` False: a front over other objectives, drawn on these two axes),
+    and the front points' labels placed by adjustText so that none collides with another or with a
+    point."""
     from adjustText import adjust_text
 
     points = front_plot_data(table)
@@ -74,12 +76,15 @@ def plot_fronts(table: pd.DataFrame, ax, title: str) -> list[dict[str, Any]]:
         # Tied: dominated, but within the CIs of a front point on both objectives.
         ax.scatter([p["x"] * 1e3 for p in tied], [p["y"] for p in tied], facecolors="none", edgecolors=colour,
                    s=46, lw=1.4, label=f"{network} tied with the front" if tied else None)
-        line = front_line(points, network)
-        ax.plot([x * 1e3 for x, _ in line], [y for _, y in line], "-o", color=colour, ms=6, lw=1.8,
-                label=f"{network} front")
+        front = front_line(points, network)
+        ax.plot([x * 1e3 for x, _ in front], [y for _, y in front], "-o" if line else "o", color=colour, ms=6,
+                lw=1.8, label=f"{network} front")
+        # Only front points are labelled: a sweep's dominated and tied points crowd together, and no
+        # placement keeps 60 labels apart there (report.html names every point on hover).
         for p in mine:
-            texts.append(ax.text(p["x"] * 1e3, p["y"], p["label"] + (" (knee)" if p["knee"] else ""), fontsize=7,
-                                 color=colour, fontweight="bold" if p["status"] != "dominated" else "normal"))
+            if p["status"] == "front":
+                texts.append(ax.text(p["x"] * 1e3, p["y"], p["label"] + (" (knee)" if p["knee"] else ""),
+                                     fontsize=7, color=colour, fontweight="bold"))
     ax.set_xscale("log")
     ax.set_xlabel("end-to-end latency per batch, median with 95% CI (ms, log scale)")
     ax.set_ylabel("throughput (images/s), with 95% CI")
@@ -196,3 +201,34 @@ def save_figure(fig, path: Path, dpi: int = 130) -> Path:
     return path
 
 
+
+
+def plot_objective_matrix(table: pd.DataFrame, objectives: Sequence[Any], fig, title: str) -> None:
+    """Every pair of objectives (three or more) as a scatter, one colour per network, front points
+    outlined: where two objectives agree and where they pull apart."""
+    n = len(objectives)
+    axes = fig.subplots(n, n, squeeze=False)
+    colours = _colours(list(dict.fromkeys(table["network"])))
+    front = table.get("front_status", pd.Series("", index=table.index)).eq("front")
+    for i, yo in enumerate(objectives):
+        for j, xo in enumerate(objectives):
+            ax = axes[i][j]
+            if j >= i:
+                ax.axis("off")
+                if i == j:
+                    ax.text(0.5, 0.5, xo.label, ha="center", va="center", fontsize=8, wrap=True,
+                            transform=ax.transAxes)
+                continue
+            for network, colour in colours.items():
+                rows = table["network"] == network
+                ax.scatter(table.loc[rows & ~front, xo.column], table.loc[rows & ~front, yo.column], s=10,
+                           color=colour, alpha=0.4)
+                ax.scatter(table.loc[rows & front, xo.column], table.loc[rows & front, yo.column], s=28,
+                           color=colour, edgecolors="black", linewidths=0.8, label=network if (i, j) == (1, 0) else None)
+            ax.tick_params(labelsize=6)
+            if i == n - 1:
+                ax.set_xlabel(xo.label, fontsize=7)
+            if j == 0:
+                ax.set_ylabel(yo.label, fontsize=7)
+    axes[1][0].legend(fontsize=6)
+    fig.suptitle(title)

@@ -7,72 +7,86 @@ folder (holding runs.csv) or a results folder, whose newest session is used.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from .. import records
 from ..errors import UsageError
+from . import objectives as objectives_mod
 from . import pareto
-from .plotting import plot_breakdown, plot_fronts, plot_payload, plot_vs_split, pyplot, save_figure
+from .plotting import (plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload, plot_vs_split, pyplot,
+                       save_figure)
 from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, panel_names
 
 OBJECTIVES = pareto.DEFAULT_OBJECTIVES
 #: Sealed configurations beside their plain twins, when a session swept --encrypt with none.
 PRIVACY_FILE = "privacy_cost.csv"
-GROUP = [k for k in CONFIG_KEY if k != "split_index"]  # one front per model, backend, network, batch
-#: The 95% CI columns of each objective in summary.csv (records.median_ci over runs).
+#: The interactive page of every front (analysis.interactive).
+HTML_FILE = "report.html"
+GROUP = [k for k in CONFIG_KEY if k != "split_index"]  # one front per model, backend, cipher, network, batch
+#: The 95% CI columns of latency and throughput in summary.csv (records.median_ci over runs).
 INTERVALS = {"latency_s": ("latency_median_ci95_low_s", "latency_median_ci95_high_s"),
              "throughput_imgs_per_s": ("throughput_ci95_low_imgs_per_s", "throughput_ci95_high_imgs_per_s")}
 
 
-def pareto_table(session: Session | str | Path, resamples: int = 200) -> pd.DataFrame:
+def pareto_table(session: Session | str | Path, resamples: int = 200,
+                 objectives: str | Sequence[str] | None = None) -> pd.DataFrame:
     """Every configuration with on_front, front_status (front, tied, dominated), robustness, knee
-    flag, and its group's hypervolume with a bootstrap 95% CI."""
+    flag, and its group's hypervolume with a bootstrap 95% CI, over ``objectives`` (names, see
+    :mod:`.objectives`; latency and throughput by default). ``table.attrs["objectives"]`` names them."""
     session = session if isinstance(session, Session) else find_session(session)
     configs = session.configs()
     runs = session.runs()
     if configs.empty:
         return configs.assign(on_front=[], front_status=[], front_robustness=[], knee=[], hypervolume=[])
-    table = pareto.mark_front(configs, OBJECTIVES, GROUP)
-    table["front_status"] = pareto.front_status(table, INTERVALS, OBJECTIVES, GROUP)
-    rob = pareto.robustness(runs, CONFIG_KEY, OBJECTIVES, GROUP, resamples=resamples)
+    chosen = objectives_mod.parse(objectives, configs)
+    senses = objectives_mod.senses(chosen)  # the same column names per run (runs.csv) and per configuration
+    table = pareto.mark_front(configs, senses, GROUP)
+    table["front_status"] = pareto.front_status(table, objectives_mod.intervals(chosen), senses, GROUP)
+    rob = pareto.robustness(runs, CONFIG_KEY, senses, GROUP, resamples=resamples)
     table = table.join(rob, on=CONFIG_KEY)
     table["front_robustness"] = table["front_robustness"].fillna(0.0)
     table["knee"] = False
     table["hypervolume"] = np.nan
-    senses = list(OBJECTIVES.values())
+    cols, directions = list(senses), list(senses.values())
     # Normalise per model/backend/batch over every network, so hypervolumes compare across networks.
     for _, panel in table.groupby(PANEL_KEY):
-        values = panel[list(OBJECTIVES)].to_numpy(dtype=float)
+        values = panel[cols].to_numpy(dtype=float)
         lower, upper = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
         for _, grp in panel.groupby("network"):
             on = grp[grp["on_front"]]
             if on.empty:
                 continue
-            norm = pareto.normalise(on[list(OBJECTIVES)].to_numpy(dtype=float), senses, lower, upper)
-            table.loc[grp.index, "hypervolume"] = pareto.hypervolume_2d(norm)
+            norm = pareto.normalise(on[cols].to_numpy(dtype=float), directions, lower, upper)
+            table.loc[grp.index, "hypervolume"] = pareto.hypervolume(norm)
             table.loc[on.index[pareto.knee(norm)], "knee"] = True
-    ci = hypervolume_ci(runs, table, resamples)
+    ci = hypervolume_ci(runs, table, resamples, objectives=chosen)
     table = table.join(ci, on=GROUP)
+    table.attrs["objectives"] = [o.name for o in chosen]
+    table.attrs["objective_labels"] = {o.column: o.label for o in chosen}
     return table
 
 
-def hypervolume_ci(runs: pd.DataFrame, table: pd.DataFrame, resamples: int = 200, seed: int = 0) -> pd.DataFrame:
+def hypervolume_ci(runs: pd.DataFrame, table: pd.DataFrame, resamples: int = 200, seed: int = 0,
+                   objectives: Sequence[objectives_mod.Objective] | None = None) -> pd.DataFrame:
     """95% bootstrap CI of each front's hypervolume: runs resampled per configuration, medians
     taken, fronts recomputed, normalised with the same bounds as the point estimate."""
+    chosen = list(objectives or [objectives_mod.LATENCY, objectives_mod.THROUGHPUT])
+    columns = [o.column for o in chosen]
     cols = ["hypervolume_ci95_low", "hypervolume_ci95_high"]
     usable = runs[runs.get("status", "complete").fillna("complete").eq("complete")] if "status" in runs else runs
-    usable = usable.dropna(subset=list(OBJECTIVES))
-    if usable.empty or resamples < 1:
+    usable = usable.dropna(subset=[c for c in columns if c in usable.columns])
+    if usable.empty or resamples < 1 or any(c not in usable.columns for c in columns):
         return pd.DataFrame(columns=cols, index=pd.MultiIndex.from_tuples([], names=GROUP))
-    senses = list(OBJECTIVES.values())
+    senses = [o.sense for o in chosen]
     panel_bounds = {}
     for key, panel in table.groupby(PANEL_KEY):
-        values = panel[list(OBJECTIVES)].to_numpy(dtype=float)
+        values = panel[columns].to_numpy(dtype=float)
         panel_bounds[key] = (np.nanmin(values, axis=0), np.nanmax(values, axis=0))
     rng = np.random.default_rng(seed)
-    grouped = {key: g[list(OBJECTIVES)].to_numpy(dtype=float) for key, g in usable.groupby(CONFIG_KEY)}
+    grouped = {key: g[columns].to_numpy(dtype=float) for key, g in usable.groupby(CONFIG_KEY)}
     by_group: dict[tuple, list[tuple[tuple, int]]] = {}
     keys = list(grouped)
     for i, key in enumerate(keys):
@@ -87,15 +101,17 @@ def hypervolume_ci(runs: pd.DataFrame, table: pd.DataFrame, resamples: int = 200
                 continue
             front = pts[pareto.front_mask(pts, senses)]
             lower, upper = panel_bounds[panel]
-            samples[gkey].append(pareto.hypervolume_2d(pareto.normalise(front, senses, lower, upper)))
+            samples[gkey].append(pareto.hypervolume(pareto.normalise(front, senses, lower, upper)))
     rows = {g: (float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))) for g, v in samples.items() if v}
     out = pd.DataFrame.from_dict(rows, orient="index", columns=cols)
     out.index = pd.MultiIndex.from_tuples(list(rows), names=GROUP)
     return out
 
 
-def write_report(results: str | Path, out: str | Path | None = None, fmt: str = "png") -> Path:
-    """Write pareto.csv and the figures; returns the output folder."""
+def write_report(results: str | Path, out: str | Path | None = None, fmt: str = "png",
+                 objectives: str | Sequence[str] | None = None) -> Path:
+    """Write pareto.csv, the figures and report.html over ``objectives`` (latency and throughput by
+    default); returns the output folder."""
     plt = pyplot()
     if fmt not in ("png", "svg", "pdf"):
         raise UsageError(f"--format {fmt!r}: valid png, svg, pdf")
@@ -104,8 +120,12 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder for the report")
     out.mkdir(parents=True, exist_ok=True)
-    table = pareto_table(session)
+    table = pareto_table(session, objectives=objectives)
+    chosen = objectives_mod.parse(table.attrs.get("objectives"), table)
     records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))
+    from .interactive import write_html
+
+    write_html(table, chosen, out / HTML_FILE)
     from .sanity import sanity_checks
 
     checks = sanity_checks(session.configs(), session.runs(), session.read_meta())
@@ -118,10 +138,19 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     for key, panel in table.groupby(PANEL_KEY):
         model = key[0]
         title, stem = panel_names(key)
+        default = [o.name for o in chosen] == list(objectives_mod.DEFAULT)
         fig, ax = plt.subplots(figsize=(8, 5.5))
-        plot_fronts(panel, ax, f"Pareto fronts: {title}")
+        plot_fronts(panel, ax, f"Pareto fronts: {title}" + ("" if default else
+                    f" (front over {', '.join(o.name for o in chosen)}; drawn on latency and throughput)"),
+                    line=default)
         fig.tight_layout()
         save_figure(fig, out / f"front_{stem}.{fmt}")
+        if not default:
+            size = max(6, 2.6 * len(chosen))
+            fig = plt.figure(figsize=(size, size))
+            plot_objective_matrix(panel, chosen, fig, f"Every pair of objectives: {title}")
+            fig.tight_layout()
+            save_figure(fig, out / f"objectives_{stem}.{fmt}")
         fig = plt.figure(figsize=(4 * panel["network"].nunique() + 1, 4.5))
         plot_breakdown(panel, fig, f"Where the time goes per split: {title}")
         fig.tight_layout()
@@ -140,12 +169,13 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     return out
 
 
-def format_front_table(table: pd.DataFrame) -> str:
-    """The front and the points tied with it (their CIs overlap a front point's on both objectives):
-    the splits the data cannot tell apart from the best."""
+def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
+    """The front and the points tied with it (their CIs overlap a front point's on every objective):
+    the splits the data cannot tell apart from the best; ``columns``: the objectives' columns
+    beyond latency and throughput."""
     cols = ["model", "backend", "cipher", "network", "split_index", "cut", "front_status", "latency_s",
-            "throughput_imgs_per_s", "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low",
-            "hypervolume_ci95_high"]
+            "throughput_imgs_per_s", *[c for c in columns if c not in ("latency_s", "throughput_imgs_per_s")],
+            "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
     cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed)]
     if "front_status" in table.columns:

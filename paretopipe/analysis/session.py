@@ -48,6 +48,34 @@ FAILURE_FIELDS = ["run_key", "attempt", "error", "time_utc"]
 BREAKDOWN = re.compile(r"^(stage\d+_(compute|encode|decode|queue|seal|open)|result_(decode|open)|transfer)_mean_s$")
 
 
+#: A run's energy and memory figures (energy.summary): runs.csv keeps each; summary.csv gives the
+#: objectives (joules per image, peak memory) a median with a 95% CI over runs, the rest a median.
+RESOURCES = re.compile(r"^(stage\d+_)?(energy_\w+|idle_power_w|cpu_s|peak_rss_bytes|param_bytes|"
+                       r"activation_peak_bytes|model_bytes|cuda_peak_bytes|memory_limit_bytes|over_memory_limit|"
+                       r"memory_peak_bytes|memory_model_bytes|memory_fits)$")
+RESOURCE_OBJECTIVE = re.compile(r"^((stage\d+_)?energy(_modelled)?_per_image_j|(stage\d+_)?(peak_rss|model)_bytes|"
+                                r"memory_(peak|model)_bytes)$")
+_UNIT = re.compile(r"_(j|bytes)$")
+
+
+def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """summary.csv's energy and memory columns of one configuration (none for older records)."""
+    entry: dict[str, Any] = {}
+    for metric in sorted({k for m in members for k in m if RESOURCES.match(k)}):
+        values = [m.get(metric) for m in members if m.get(metric) is not None and m.get(metric) == m.get(metric)
+                  and m.get(metric) != ""]
+        if metric.endswith(("over_memory_limit", "memory_fits")):  # one run over the limit is over
+            flags = [str(v).lower() in ("true", "1") for v in values]
+            entry[metric] = (any(flags) if metric.endswith("over_memory_limit") else all(flags)) if flags else None
+            continue
+        xs = [float(v) for v in values]
+        entry[metric] = float(np.median(xs)) if xs else None
+        if RESOURCE_OBJECTIVE.match(metric):
+            stem, unit = _UNIT.sub("", metric), _UNIT.search(metric).group(0)
+            entry[f"{stem}_ci95_low{unit}"], entry[f"{stem}_ci95_high{unit}"] = records.median_ci(xs)
+    return entry
+
+
 def config_key(model: str, backend: str, network: str, split_index: int | str, cipher: str = PLAIN) -> str:
     """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher."""
     k = f"k{split_index:02d}" if isinstance(split_index, int) else f"k{split_index}"
@@ -97,7 +125,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
             "cipher": cipher_of(rec["manifest"]),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
-            **{k: v for k, v in s.items() if BREAKDOWN.match(k)},
+            **{k: v for k, v in s.items() if BREAKDOWN.match(k) or RESOURCES.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
             "error": rec.get("error"),
             "json": name}
@@ -172,6 +200,7 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             entry[metric] = float(np.mean(xs)) if xs else None  # a mean of means: still adds up
         pay = [m["payload_bytes_mean"] for m in members if m.get("payload_bytes_mean") is not None]
         entry["payload_bytes_mean"] = float(np.mean(pay)) if pay else None
+        entry.update(_resource_entry(members))
         out.append(entry)
     return sorted(out, key=lambda e: _sort_key(tuple(e[k] for k in CONFIG_KEY)))
 
@@ -270,7 +299,7 @@ class Session:
         """Rewrite runs.csv and failures.csv (and summary.csv when ``final``). ``stopping`` is keyed
         by (model, backend, cipher, network, split_index): why each configuration stopped being measured."""
         rows, skipped = self.run_rows()
-        parts = sorted({k for r in rows for k in r if BREAKDOWN.match(k)})
+        parts = sorted({k for r in rows for k in r if BREAKDOWN.match(k) or RESOURCES.match(k)})
         records.atomic_write_csv(self.path / "runs.csv", rows, RUN_FIELDS + parts)
         if final:
             summary = summarize_runs(rows)

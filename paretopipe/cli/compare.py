@@ -6,6 +6,7 @@ from typing import Sequence
 
 from ..errors import UsageError
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_float, setup_logging
+from .report import add_objectives_flag
 
 
 def parser(prog: str = "paretopipe compare") -> ArgumentParser:
@@ -28,6 +29,7 @@ def parser(prog: str = "paretopipe compare") -> ArgumentParser:
                         "NETWORK:KMAX pairs, e.g. wifi:4,lte:4")
     p.add_argument("--out", default=None, help="also write compare_points.csv, compare_fronts.csv and figures here")
     p.add_argument("--format", default="png", choices=["png", "svg", "pdf"])
+    add_objectives_flag(p)
     add_common_flags(p)
     return p
 
@@ -39,7 +41,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe compare") ->
     setup_logging(args.debug, args.quiet)
     selective = _selective(args.selective)
     a, b = (args.a, args.b) if args.b else newest_two(args.a)
-    result = compare(a, b, args.out, args.format)
+    result = compare(a, b, args.out, args.format, objectives=args.objectives)
     print(format_comparison(result))
     if result["files"]:
         print(f"written to {args.out}: {', '.join(p.name for p in result['files'])}")

@@ -46,6 +46,13 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
                    help="predict a sealed data port: each device's measured seal and open times (paretopipe "
                         "profile --ciphers) join its frames' encode and decode; auto picks as the stages would")
     p.add_argument("--fine", action="store_true", help="every fx cut instead of the block splits")
+    p.add_argument("--objectives", default=None,
+                   help="the predicted front's objectives, two or more of latency, throughput, memory (each stage's "
+                        "parameters plus its largest activation, from the profiles), memory_stageN, energy "
+                        "(modelled: needs --power-core-w); default latency,throughput")
+    p.add_argument("--power-core-w", default=None,
+                   help="per device, e.g. 0.9,15: the watts one busy core adds; x each stage's predicted compute = "
+                        "its modelled energy per image")
     p.add_argument("--sweep-rate", default=None, help="draw the optimal split versus link rate over a range, e.g. 1mbit..1gbit")
     p.add_argument("--sweep-points", type=int, default=80)
     p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
@@ -74,12 +81,30 @@ def _links_for(args: argparse.Namespace, base: dict[str, Any], hops: int) -> lis
 
 
 def _format_table(df) -> str:
-    lines = [f"{'split':>8} {'cut':<22} {'frame':>10} {'latency ms':>11} {'img/s':>8}  bottleneck  front"]
+    memory = "predicted_memory_bytes" in df.columns
+    energy = "predicted_energy_modelled_per_image_j" in df.columns
+    lines = [f"{'split':>8} {'cut':<22} {'frame':>10} {'latency ms':>11} {'img/s':>8}"
+             + (f" {'memory MiB':>10}" if memory else "") + (f" {'J/img (modelled)':>16}" if energy else "")
+             + "  bottleneck  front"]
     for _, r in df.iterrows():
         lines.append(f"{r['split']:>8} {r['cut'][:22]:<22} {r['frame_bytes']:>10} {r['predicted_latency_s'] * 1e3:>11.2f} "
-                     f"{r['predicted_throughput_imgs_per_s']:>8.2f}  {r['predicted_bottleneck']:<10}  "
-                     f"{'*' if r['on_front'] else ''}")
+                     f"{r['predicted_throughput_imgs_per_s']:>8.2f}"
+                     + (f" {r['predicted_memory_bytes'] / 2**20:>10.1f}" if memory else "")
+                     + (f" {r['predicted_energy_modelled_per_image_j']:>16.4g}" if energy else "")
+                     + f"  {r['predicted_bottleneck']:<10}  {'*' if r['on_front'] else ''}")
     return "\n".join(lines)
+
+
+def _per_device_watts(text: str | None, devices: int) -> list[float | None] | None:
+    if not text:
+        return None
+    try:
+        values = [float(v) if v.strip() else None for v in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--power-core-w {text!r}: give watts per device, e.g. 0.9,15")
+    if len(values) != devices or any(v is not None and not 0 <= v < float("inf") for v in values):
+        raise UsageError(f"--power-core-w {text!r}: give one value of 0 or more watts per device ({devices})")
+    return values
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.predict") -> int:
@@ -147,8 +172,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
                 print(f"  {lo:9.3g} .. {hi:<9.3g} Mbit/s  split {best}")
         print(f"written: {out / 'optimal_split_vs_rate.csv'}, {fig}")
         return 0
-    tables = [predict_splits(profiles, links[0][0], args.batch_size, codec, args.fine, links[0][1])
-              for links in conditions]
+    power = _per_device_watts(args.power_core_w, len(profiles))
+    tables = [predict_splits(profiles, links[0][0], args.batch_size, codec, args.fine, links[0][1],
+                             objectives=args.objectives, power_core_w=power) for links in conditions]
     for links, table in zip(conditions, tables):
         print(f"\n{profiles[0].model} on {profiles[0].name} -> {profiles[1].name}, network {links[0][0].name}, "
               f"batch {args.batch_size} (predicted; * = on the predicted front)")

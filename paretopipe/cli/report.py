@@ -2,20 +2,49 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Sequence
 
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
+
+OBJECTIVES_HELP = ("objectives of the fronts, two or more of latency, throughput, energy, memory, energy_stageN, "
+                   "memory_stageN (energy: measured joules per image where the stages had sensors, else modelled "
+                   "from declared powers; memory: the largest stage's peak resident memory)")
+
+
+def add_objectives_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--objectives", default=None, type=_objective_names, help=OBJECTIVES_HELP + "; default "
+                   "latency,throughput")
+
+
+def _objective_names(text: str) -> str:
+    from ..analysis.objectives import check_names
+
+    return check_names(text)
+
+
+def print_front_table(report_dir: Path, objectives: str | None) -> None:
+    """The front and tied points, with the objectives' columns beyond latency and throughput."""
+    import pandas as pd
+
+    from ..analysis.objectives import parse
+    from ..analysis.report import format_front_table
+
+    table = pd.read_csv(report_dir / "pareto.csv")
+    print(format_front_table(table, [o.column for o in parse(objectives, table)]))
 
 
 def parser(prog: str = "python -m paretopipe.report") -> ArgumentParser:
     p = ArgumentParser(prog=prog, formatter_class=HelpFormatter,
                        description="Pareto fronts, tables and figures of a sweep session.",
                        epilog=example_epilog("python -m paretopipe.report results",
-                                             "python -m paretopipe.report results/20261121-070107 --format svg"))
+                                             "python -m paretopipe.report results/20261121-070107 --format svg",
+                                             "paretopipe report results --objectives latency,throughput,energy,memory"))
     p.add_argument("results", help="a session folder, or a results folder (newest session)")
     p.add_argument("--out", default=None, help="output folder (default SESSION/report)")
     p.add_argument("--format", default="png", choices=["png", "svg", "pdf"])
+    add_objectives_flag(p)
     add_common_flags(p)
     return p
 
@@ -23,14 +52,14 @@ def parser(prog: str = "python -m paretopipe.report") -> ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.report") -> int:
     import pandas as pd
 
-    from ..analysis.report import format_front_table, write_report
+    from ..analysis.report import write_report
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     from ..analysis.sanity import format_sanity
 
-    out = write_report(args.results, args.out, args.format)
-    print(format_front_table(pd.read_csv(out / "pareto.csv")))
+    out = write_report(args.results, args.out, args.format, objectives=args.objectives)
+    print_front_table(out, args.objectives)
     print(format_sanity(pd.read_csv(out / "sanity.csv")))
     print_privacy_cost(out)
     if (out / "adaptive_verdicts.csv").is_file():

@@ -17,6 +17,7 @@ from ..network import traces
 from ..transport import aead
 from ..transport.auth import load_secret
 from . import experiment
+from .report import add_objectives_flag, print_front_table, print_privacy_cost
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_prefetch_flags,
                      dataset_from_args, prefetch_from_args,
                      example_epilog, nonneg_float, percent, nonneg_int, positive_float,
@@ -101,6 +102,19 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     r.add_argument("--rpc-source", default="master", choices=["master", "stage1"],
                    help="where the rpc backend's data lives: a master rank of its own, or stage 1")
     r.add_argument("--rpc-transport", default="uv", choices=["uv", "auto"])
+    m = p.add_argument_group("energy, memory and the fronts' objectives")
+    add_objectives_flag(m)
+    m.add_argument("--energy-rate-hz", type=positive_float, default=10.0,
+                   help="how often each stage reads its host's power sensors (RAPL, NVML, a Pi 5's PMIC, INA2xx)")
+    m.add_argument("--power-idle-w", default=None,
+                   help="per stage, e.g. 2.7,45: a device's idle watts, for the modelled energy of a host without "
+                        "sensors (else POWER_IDLE_W per host in .env)")
+    m.add_argument("--power-core-w", default=None,
+                   help="per stage, e.g. 0.9,15: the watts one busy core adds, x the stage's CPU seconds = its "
+                        "modelled energy (else POWER_CORE_W per host in .env)")
+    m.add_argument("--memory-limit", default=None,
+                   help="stage1=1GiB or one size per stage (1GiB,16GiB): a stage whose peak memory exceeds it is "
+                        "marked in the records and the report (else MEMORY_LIMITS per host in .env)")
     s = p.add_argument_group("where")
     s.add_argument("--env-file", default=".env", help="hosts, SSH settings and the shared secret (see .env.example)")
     s.add_argument("--local", action="store_true", help="ignore hosts in .env and run every stage here")
@@ -220,8 +234,38 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         dataset=dataset_from_args(args, args.compression, local=not testbed.remote),
                         data_dir=args.data_dir, inline_networks=inline, order=args.order,
                         seed=args.seed, precision=args.precision, max_runs=args.max_runs,
-                        drift_every_s=args.drift_every, objective=args.objective,
+                        drift_every_s=args.drift_every, objective=args.objective, objectives=args.objectives,
+                        energy_rate_hz=args.energy_rate_hz,
+                        power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),
+                        power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),
+                        memory_limits=_memory_limits(args.memory_limit, stages),
                         deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else None)
+
+
+def _per_stage_floats(text: str | None, flag: str, stages: int) -> list[float | None]:
+    """``2.7,45`` (an empty entry: that stage's host decides) as watts per stage."""
+    if not text:
+        return []
+    values: list[float | None] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = float(part) if part else None
+        except ValueError:
+            raise UsageError(f"{flag} {text!r}: give watts per stage, e.g. 2.7,45")
+        if value is not None and not 0 <= value < float("inf"):
+            raise UsageError(f"{flag} {text!r}: watts must be 0 or more")
+        values.append(value)
+    if len(values) != stages:
+        raise UsageError(f"{flag} {text!r}: give one value per stage ({stages})")
+    return values
+
+
+def _memory_limits(text: str | None, stages: int) -> list[int | None]:
+    from ..energy.memory import parse_limits
+
+    limits = parse_limits(text, stages)
+    return [limits.get(f"stage{j}") for j in range(1, stages + 1)] if limits else []
 
 
 def _ciphers(text: str, backends: list[str], testbed: Testbed) -> list[str]:
@@ -260,7 +304,10 @@ def resolved_table(opts: SweepOptions) -> dict[str, Any]:
             "prefetch_batches": opts.prefetch_batches, "wait_time": opts.wait_time,
             "local": not opts.testbed.remote, "order": opts.order, "seed": opts.seed,
             "precision": None if opts.precision is None else f"{opts.precision * 100:g}%", "max_runs": opts.max_runs,
-            "drift_every": opts.drift_every_s, "objective": opts.objective,
+            "drift_every": opts.drift_every_s, "objective": opts.objective, "objectives": opts.objectives,
+            "energy_rate_hz": opts.energy_rate_hz if opts.energy_rate_hz != 10.0 else None,
+            "power_idle_w": joined(opts.power_idle_w), "power_core_w": joined(opts.power_core_w),
+            "memory_limit": joined(opts.memory_limits),
             "deadline_ms": None if opts.deadline_s is None else opts.deadline_s * 1e3}
 
 
@@ -353,16 +400,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
     if opts.report and (out / "report" / "pareto.csv").is_file():
         import pandas as pd
 
-        from ..analysis.report import format_front_table
         from ..analysis.sanity import format_sanity
 
         print("Pareto-optimal splits and those tied with them within 95% CIs (latency_s: median per batch; "
               "throughput in images/s):")
-        print(format_front_table(pd.read_csv(out / "report" / "pareto.csv")))
+        print_front_table(out / "report", opts.objectives)
         if (out / "report" / "sanity.csv").is_file():
             print(format_sanity(pd.read_csv(out / "report" / "sanity.csv")))
-        from .report import print_privacy_cost
-
         print_privacy_cost(out / "report")
         if (out / "report" / "adaptive_verdicts.csv").is_file():
             from ..analysis.adaptive import format_verdicts

@@ -278,6 +278,16 @@ class Partitioner:
         stage.eval()
         return stage
 
+    def activation_peak_nbytes(self, cut_names: Sequence[str], index: int, batch: int) -> int:
+        """The largest tensor stage ``index`` of ``cut_names`` produces or takes in, at ``batch``
+        images (from the traced run's shapes): what its largest live activation occupies."""
+        positions = [0 if n == INPUT else len(self.nodes) - 1 if n == OUTPUT else self.cut(n).position
+                     for n in cut_names]
+        bounds = [0] + positions + [len(self.nodes) - 1]
+        start, stop = bounds[index], bounds[index + 1]
+        sizes = [self._meta[n][3] for n in self.nodes[start:stop + 1] if n in self._meta and self._meta[n][0]]
+        return max(sizes, default=0) // self.batch * batch
+
     def _live_at(self, pos: int) -> fx.Node:
         if pos == 0:
             return self.nodes[0]

@@ -39,6 +39,16 @@ class StageBuilder:
             raise UsageError("give --split-index K or --cut NAME")
         return [self.partitioner.block_cut(split_index)]
 
+    def stage_bytes(self, cuts: list[str], index: int, batch: int) -> dict[str, int]:
+        """What stage ``index`` holds whatever it runs (its parameters and buffers) and its largest
+        activation at ``batch`` images; summed over every stage of a split, the parameters and
+        buffers are the whole model's."""
+        stage = self.stage(cuts, index)
+        params = sum(p.numel() * p.element_size() for p in stage.parameters())
+        buffers = sum(b.numel() * b.element_size() for b in stage.buffers())
+        return {"param_bytes": params + buffers, "activation_peak_bytes":
+                self.partitioner.activation_peak_nbytes(cuts, index, batch)}
+
     def stage(self, cuts: list[str], index: int) -> nn.Module:
         key = tuple(cuts)
         with self._lock:

@@ -92,6 +92,7 @@ class StagePart:
     encode_s: float
     decode_s: float
     out_bytes: int
+    memory_bytes: int | None = None  # its parameters and buffers plus its largest activation
 
 
 def stage_part(profile: DeviceProfile, batch_size: int, j: int, n: int, start: int, stop: int,
@@ -103,6 +104,7 @@ def stage_part(profile: DeviceProfile, batch_size: int, j: int, n: int, start: i
     codec, cipher = split_codec(codec)
     last = len(profile.boundaries) - 1
     compute = profile.stage_compute_s(batch_size, start, stop)
+    memory = profile.stage_memory_bytes(batch_size, start, stop)
     incoming = profile.codec(batch_size, last, RESULT_CODEC) if j == 0 else profile.codec(batch_size, start, codec)
     if j == n - 1:
         out = profile.codec(batch_size, last, RESULT_CODEC)
@@ -111,10 +113,10 @@ def stage_part(profile: DeviceProfile, batch_size: int, j: int, n: int, start: i
         out = profile.codec(batch_size, stop, codec)
         out_bytes = out["frame_bytes"]
     if cipher == "none":
-        return StagePart(compute, out["encode_s"], incoming["decode_s"], out_bytes)
+        return StagePart(compute, out["encode_s"], incoming["decode_s"], out_bytes, memory)
     return StagePart(compute, out["encode_s"] + profile.cipher_s(cipher, "seal", out_bytes),
                      incoming["decode_s"] + profile.cipher_s(cipher, "open", incoming["frame_bytes"]),
-                     out_bytes + TAG_BYTES)
+                     out_bytes + TAG_BYTES, memory)
 
 
 def latency_piece(j: int, n: int, part: StagePart, link_out: LinkModel | None, tail_s: float) -> float:
@@ -204,7 +206,18 @@ class ChainTerms:
         row["predicted_codec_s"] = sum(p.encode_s + p.decode_s for p in self.parts)
         frames = self.frame_bytes
         row["frame_bytes"] = frames[0] if len(frames) == 1 else list(frames)
+        if all(p.memory_bytes is not None for p in self.parts):
+            for j, p in enumerate(self.parts):
+                row[f"predicted_memory_stage{j + 1}_bytes"] = p.memory_bytes
+            row["predicted_memory_bytes"] = max(p.memory_bytes for p in self.parts)
         return row
+
+    def energy_modelled_per_image_j(self, core_w: Sequence[float | None]) -> float | None:
+        """Each stage's compute x the watts one busy core adds on its device, per image: the
+        modelled net energy (None unless every device declares its power)."""
+        if len(core_w) != self.stages or any(w is None for w in core_w):
+            return None
+        return sum(p.compute_s * w for p, w in zip(self.parts, core_w)) / self.batch_size
 
 
 def chain_terms(profiles: Sequence[DeviceProfile], links: Sequence[LinkModel], cuts: Sequence[int],

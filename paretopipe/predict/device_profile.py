@@ -134,6 +134,16 @@ class DeviceProfile:
     def source_s(self, b: int) -> float:
         return self.batch(b)["source_s"]
 
+    def stage_memory_bytes(self, b: int, start: int, stop: int) -> int | None:
+        """What a stage running segments start..stop-1 holds of the model: their parameters and
+        buffers, plus their largest activation at batch ``b`` (None for a profile without them)."""
+        segments = self.doc.get("segments") or []
+        if not segments or any("param_bytes" not in s for s in segments):
+            return None
+        own = segments[start:stop]
+        return sum(int(s["param_bytes"]) for s in own) + \
+            max((int(s["activation_peak_bytes_per_image"]) * b for s in own), default=0)
+
     def cipher_s(self, cipher: str, op: str, nbytes: int) -> float:
         """Sealing (``op`` seal) or opening (open) one frame of ``nbytes`` with ``cipher`` on this device."""
         table = self.doc.get("ciphers") or {}

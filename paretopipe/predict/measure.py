@@ -141,7 +141,11 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
         "boundaries": [{"index": i, "name": name,
                         "bytes_per_image": part.payload_nbytes(name, 1)} for i, name in enumerate(boundaries)],
         "segments": [{"index": i, "start": boundaries[i], "end": boundaries[i + 1],
-                      "flops_per_image": int(seg_flops[i])} for i in range(len(boundaries) - 1)],
+                      "flops_per_image": int(seg_flops[i]),
+                      "param_bytes": sum(t.numel() * t.element_size()
+                                         for t in (*stages[i].parameters(), *stages[i].buffers())),
+                      "activation_peak_bytes_per_image": part.activation_peak_nbytes(boundaries[1:-1], i, 1)}
+                     for i in range(len(boundaries) - 1)],
         "blocks": {str(k): boundaries.index(part.block_cut(k)) for k in range(part.num_blocks + 1)},
         "total_flops_per_image": int(part.total_flops // part.batch),
         "by_batch": {},

@@ -43,17 +43,50 @@ def split_positions(profile: DeviceProfile, fine: bool) -> list[tuple[str, int]]
     return [(str(k), b) for k, b in sorted(profile.blocks.items())]
 
 
+#: The predicted column of each objective (analysis.objectives names them for measured sessions).
+PREDICTED_COLUMNS = {"latency": ("predicted_latency_s", "min"),
+                     "throughput": ("predicted_throughput_imgs_per_s", "max"),
+                     "energy": ("predicted_energy_modelled_per_image_j", "min"),
+                     "memory": ("predicted_memory_bytes", "min")}
+
+
+def predicted_objectives(names: str | None, table: pd.DataFrame) -> dict[str, str]:
+    """``--objectives`` as predicted columns: memory from the profiles' parameter and activation
+    bytes, energy modelled from each device's declared core power (``--power-core-w``)."""
+    out = {}
+    for name in (names or "latency,throughput").split(","):
+        name = name.strip()
+        stage = name.rpartition("_stage")
+        if name in PREDICTED_COLUMNS:
+            column, sense = PREDICTED_COLUMNS[name]
+        elif stage[0] == "memory" and stage[2].isdigit():
+            column, sense = f"predicted_memory_stage{stage[2]}_bytes", "min"
+        else:
+            raise UsageError(f"--objectives {name!r}: predict knows latency, throughput, energy, memory, memory_stageN")
+        if column not in table.columns or table[column].isna().all():
+            why = ("give --power-core-w, the watts one busy core adds on each device" if name == "energy" else
+                   "the device profiles carry no parameter bytes: profile again with this version")
+            raise UsageError(f"--objectives {name}: no predicted {column}; {why}")
+        out[column] = sense
+    return out
+
+
 def predict_splits(profiles: Sequence[DeviceProfile], link: LinkModel, batch_size: int, codec: str,
-                   fine: bool = False, back: LinkModel | None = None) -> pd.DataFrame:
-    """One row per split of a 2-device chain: every term, the latency, the throughput, the front.
-    ``link`` is the way there (up), ``back`` the way back (down; default the same)."""
+                   fine: bool = False, back: LinkModel | None = None, objectives: str | None = None,
+                   power_core_w: Sequence[float | None] | None = None) -> pd.DataFrame:
+    """One row per split of a 2-device chain: every term, the latency, the throughput, memory and
+    (with ``power_core_w``) modelled energy, and the front over ``objectives``. ``link`` is the way
+    there (up), ``back`` the way back (down; default the same)."""
     rows = []
     for label, boundary in split_positions(profiles[0], fine):
         terms = chain_terms(profiles, [link], [boundary], batch_size, codec, [back or link])
-        rows.append({"network": link.name, "split": label, "cut": profiles[0].boundaries[boundary],
-                     "boundary": boundary, "batch_size": batch_size, **terms.as_row()})
+        row = {"network": link.name, "split": label, "cut": profiles[0].boundaries[boundary],
+               "boundary": boundary, "batch_size": batch_size, **terms.as_row()}
+        if power_core_w:
+            row["predicted_energy_modelled_per_image_j"] = terms.energy_modelled_per_image_j(power_core_w)
+        rows.append(row)
     table = pd.DataFrame(rows)
-    return pareto.mark_front(table, PREDICTED, by=["network"])
+    return pareto.mark_front(table, predicted_objectives(objectives, table), by=["network"])
 
 
 def rate_map(profiles: Sequence[DeviceProfile], link: LinkModel, rates_bps: Sequence[float], batch_size: int,

@@ -52,6 +52,24 @@ def _port(value: str | int | None, what: str, default: int | None) -> int | None
     return port
 
 
+def _watts(values: list[str], i: int, key: str) -> float | None:
+    if i >= len(values) or not values[i]:
+        return None
+    try:
+        watts = float(values[i])
+    except ValueError:
+        raise UsageError(f"{key} entry {values[i]!r} is not a number of watts (one per host, e.g. 2.7,45)")
+    if not watts >= 0 or watts == float("inf"):
+        raise UsageError(f"{key} entry {values[i]!r}: give watts, 0 or more")
+    return watts
+
+
+def _limit(values: list[str], i: int) -> int | None:
+    from ..energy.memory import parse_size
+
+    return parse_size(values[i], "MEMORY_LIMITS entry") if i < len(values) and values[i] else None
+
+
 def _path(value: str | None) -> str | None:
     """A local file named in .env: ``~`` expanded here (ssh gets it as an argument, not via a shell)."""
     return os.path.expanduser(value) if value else None
@@ -70,9 +88,17 @@ class Host:
     remote_python: str = "python3"
     device: str = "cpu"
     iface: str | None = None
+    # Its declared powers (the modelled energy where it has no sensor: idle watts, and the watts one
+    # busy core adds) and its memory limit in bytes: POWER_IDLE_W, POWER_CORE_W, MEMORY_LIMITS.
+    power_idle_w: float | None = None
+    power_core_w: float | None = None
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         check_host(self.address)
+        for name in ("power_idle_w", "power_core_w", "memory_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise UsageError(f"{name} of {self.address}: {getattr(self, name)} must be 0 or more")
         if self.user is not None:
             check_user(self.user)
         check_device_name(self.device, f"device of {self.address}")
@@ -178,6 +204,7 @@ class Testbed:
             elif env.get("GPU_IP"):
                 names.append((env["GPU_IP"], env.get("GPU_DEVICE") or "cuda"))
         listed, dirs, pythons = (_per_host(env, key) for key in ("DEVICES", "REMOTE_DIRS", "REMOTE_PYTHONS"))
+        idle, core, limits = (_per_host(env, key) for key in ("POWER_IDLE_W", "POWER_CORE_W", "MEMORY_LIMITS"))
         ssh_port = _port(env.get("SSH_PORT"), "SSH_PORT", None)
         hosts = []
         for i, (name, device) in enumerate(names):
@@ -189,7 +216,9 @@ class Testbed:
                               remote_dir=(dirs[i] if i < len(dirs) else None) or env.get("REMOTE_DIR") or "~/paretopipe",
                               remote_python=(pythons[i] if i < len(pythons) else None) or env.get("REMOTE_PYTHON")
                               or "python3", device=pick,
-                              iface=env.get("IFACE") or None))
+                              iface=env.get("IFACE") or None,
+                              power_idle_w=_watts(idle, i, "POWER_IDLE_W"), power_core_w=_watts(core, i, "POWER_CORE_W"),
+                              memory_limit=_limit(limits, i)))
         if len(hosts) == 1:
             raise UsageError(f".env names one host ({hosts[0].address}); a testbed needs at least two "
                              f"(HOSTS=a,b or PI1_IP and PI2_IP/GPU_IP), or none to run locally")

@@ -196,6 +196,13 @@ class SweepOptions:
     max_runs: int | None = None         # per-configuration budget of runs with a precision target
     drift_every_s: float = 60.0         # re-measure the reference this often (0: never)
     objective: str = "latency"          # the adaptive split's objective
+    objectives: str | None = None       # the fronts' objectives (report, closing table): latency,throughput
+    energy_rate_hz: float = 10.0        # how often each stage reads its power sensors
+    # Per stage: declared idle watts and the watts one busy core adds (modelled energy where a host
+    # has no sensor), and memory limits in bytes; None entries take the host's (.env / [hosts]).
+    power_idle_w: list[float | None] = dataclasses.field(default_factory=list)
+    power_core_w: list[float | None] = dataclasses.field(default_factory=list)
+    memory_limits: list[int | None] = dataclasses.field(default_factory=list)
     deadline_s: float | None = None     # the adaptive split's deadline before a batch is finished locally
 
 
@@ -394,7 +401,24 @@ class Sweeper:
                          prefetch_batches=o.prefetch_batches,
                          rpc_transport=o.rpc_transport if rpc else None, rpc_source=o.rpc_source if rpc else None,
                          use_pipelining=(o.in_flight > 1) if rpc else None,
-                         world_size=info.get("world_size") if rpc else None, **extra)
+                         world_size=info.get("world_size") if rpc else None, energy_rate_hz=o.energy_rate_hz,
+                         **self.stage_declarations(len(cuts) + 1), **extra)
+
+    def stage_declarations(self, stages: int) -> dict[str, Any]:
+        """Each stage's declared powers and memory limit: the flags', else its host's."""
+        hosts = self.opts.testbed.hosts[:stages] if self.opts.testbed.remote else []
+
+        def per_stage(flag: list, attr: str) -> list | None:
+            values = []
+            for j in range(stages):
+                given = flag[j] if j < len(flag) else None
+                values.append(given if given is not None else getattr(hosts[j], attr) if j < len(hosts) else None)
+            return values if any(v is not None for v in values) else None
+
+        o = self.opts
+        return {"power_idle_w": per_stage(o.power_idle_w, "power_idle_w"),
+                "power_core_w": per_stage(o.power_core_w, "power_core_w"),
+                "memory_limits": per_stage(o.memory_limits, "memory_limit")}
 
     def timeout_s(self, planned: PlannedRun, info: dict[str, Any], blocks: Sequence[int]) -> float:
         """``--timeout``, else a deadline from the bytes this run sends under its network conditions
@@ -790,7 +814,7 @@ class Sweeper:
     def _report(self) -> None:
         from ..analysis import report
 
-        report.write_report(self.dir, self.dir / "report")
+        report.write_report(self.dir, self.dir / "report", objectives=self.opts.objectives)
 
 
 def group_name(model: str, backend: str, cipher: str) -> str:

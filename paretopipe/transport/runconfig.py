@@ -21,6 +21,8 @@ WIRE_DTYPE_NAMES = ("float32", "float16", "bfloat16")
 #: The largest frame payload a stage accepts by default (``--max-payload``).
 DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 OBJECTIVES = ("latency", "throughput")
+#: The energy sampler's fastest rate: sensors update at 10-100 Hz (a Pi 5's PMIC read takes ms).
+MAX_ENERGY_RATE_HZ = 1000.0
 ADAPTIVE = "adaptive"
 
 
@@ -69,6 +71,14 @@ class RunConfig:
     deadline_s: float | None = None
     candidates: list[int] | None = None
     device_profiles: list[str] | None = None
+    # Energy and memory (paretopipe.energy): how often each stage reads its power sensors, each
+    # stage's declared idle power and the power one busy core adds (the modelled energy of a host
+    # without sensors), and each stage's memory limit in bytes (a stage over it is marked).
+    energy_rate_hz: float = 10.0
+    power_idle_w: list[float | None] | None = None
+    power_core_w: list[float | None] | None = None
+    memory_limits: list[int | None] | None = None
+
     def __post_init__(self) -> None:
         for name in ("batch_size", "in_flight"):
             if getattr(self, name) < 1:
@@ -98,6 +108,11 @@ class RunConfig:
         if self.device_profiles is not None and len(self.device_profiles) != 2:
             raise UsageError(f"--device-profiles: give two profiles (stage 1's, stage 2's), got "
                              f"{len(self.device_profiles)}")
+        if not 0 < self.energy_rate_hz <= MAX_ENERGY_RATE_HZ:
+            raise UsageError(f"--energy-rate-hz {self.energy_rate_hz:g}: give a rate in (0, {MAX_ENERGY_RATE_HZ}] Hz")
+        for name in ("power_idle_w", "power_core_w", "memory_limits"):
+            if any(v is not None and v < 0 for v in getattr(self, name) or []):
+                raise UsageError(f"{name}: {getattr(self, name)}: every value must be 0 or more")
         if not self.cuts:
             raise UsageError("a run needs at least one cut")
         from .inputs import check_dataset

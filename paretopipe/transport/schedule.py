@@ -37,6 +37,9 @@ class BatchSchedule:
         self.finished = threading.Event()
         self.t0 = time.monotonic()
         self._progress_at = self.t0  # the first measured batch is always reported
+        #: Called as a measured batch starts and completes (a stage's energy window: transport.resources).
+        self.on_measured_start: Callable[[], None] | None = None
+        self.on_measured_complete: Callable[[], None] | None = None
 
     def acquire(self, check: Callable[[], None]) -> None:
         """Wait for a free slot in the window, calling ``check`` (which raises on a dead peer)."""
@@ -55,6 +58,8 @@ class BatchSchedule:
         with self._lock:
             self._starts[seq] = now
             self.batches[seq] = rec
+        if seq >= self.warmup and self.on_measured_start is not None:
+            self.on_measured_start()
         return rec
 
     def complete(self, seq: int, now: float, **fields: Any) -> dict[str, Any]:
@@ -75,6 +80,8 @@ class BatchSchedule:
             if report:
                 self._progress_at = now + PROGRESS_EVERY_S
         self.window.release()
+        if seq >= self.warmup and self.on_measured_complete is not None:
+            self.on_measured_complete()
         if report:
             log.info("%d of %d batches measured after %.0f s", measured, self.total - self.warmup, now - self.t0)
         return rec

@@ -171,3 +171,43 @@ def test_notebook_runs_headless_on_the_fixture(tmp_path):
     nb = nbformat.read(ROOT / "notebooks" / "pareto_front.ipynb", as_version=4)
     text = _execute(nb, {"PARETOPIPE_RESULTS_DIR": str(FIXTURE), "MPLBACKEND": "Agg"})
     assert "on a front" in text and "split_index" in text
+
+
+def test_hypervolume_in_n_dimensions_is_exact_and_agrees_with_the_2d_sweep():
+    import itertools
+
+    import numpy as np
+
+    from paretopipe.analysis.pareto import hypervolume, hypervolume_2d
+
+    # One point at the origin of the unit cube, reference 1 on every axis: volume 1.
+    assert hypervolume(np.zeros((1, 4)), [1, 1, 1, 1]) == pytest.approx(1.0)
+    # Two points in 3-D: boxes of 0.5 x 1 x 1 and 1 x 0.5 x 1 overlap in 0.5 x 0.5 x 1: union 0.75.
+    assert hypervolume(np.array([[0.5, 0, 0], [0, 0.5, 0]]), [1, 1, 1]) == pytest.approx(0.75)
+    # A dominated point adds nothing; a point beyond the reference neither.
+    assert hypervolume(np.array([[0.5, 0, 0], [0.6, 0.1, 0.2], [1.2, 0, 0]]), [1, 1, 1]) == pytest.approx(0.5)
+    rng = np.random.default_rng(3)
+    pts = rng.random((12, 2))
+    assert hypervolume(pts) == pytest.approx(hypervolume_2d(pts))
+    # Inclusion-exclusion over every subset of points is the definition: it agrees in 3-D.
+    pts = rng.random((6, 3))
+    ref = np.full(3, 1.1)
+    exact = 0.0
+    for r in range(1, len(pts) + 1):
+        for subset in itertools.combinations(pts, r):
+            exact += (-1) ** (r + 1) * np.prod(ref - np.max(subset, axis=0))
+    assert hypervolume(pts) == pytest.approx(exact)
+
+
+def test_ties_over_three_objectives_need_overlap_on_every_one():
+    from paretopipe.analysis.pareto import front_status
+
+    # 2 and 3 are both dominated by 1. 2's intervals overlap 1's on all three objectives: tied.
+    # 3 overlaps on a and b, but its c interval is clear of 1's: dominated with confidence.
+    df = pd.DataFrame({"model": "m", "split_index": [1, 2, 3],
+                       "a": [1.0, 1.1, 1.1], "a_lo": [0.9, 1.0, 1.0], "a_hi": [1.2, 1.2, 1.2],
+                       "b": [5.0, 4.9, 4.9], "b_lo": [4.5, 4.6, 4.6], "b_hi": [5.5, 5.2, 5.2],
+                       "c": [1.0, 1.1, 3.0], "c_lo": [0.5, 0.9, 2.8], "c_hi": [1.5, 1.3, 3.2]})
+    status = front_status(df, {k: (f"{k}_lo", f"{k}_hi") for k in "abc"}, {"a": "min", "b": "max", "c": "min"},
+                          ["model"])
+    assert list(status) == ["front", "tied", "dominated"]

@@ -124,6 +124,37 @@ def test_a_sweep_over_ciphers_measures_each_as_its_own_configuration_and_reports
 
 
 @pytest.mark.slow
+def test_a_latency_memory_front_differs_from_latency_throughput_on_a_model_where_they_disagree(tmp_path):
+    """MobileNetV2 on a 5 Mbit/s link: running everything on stage 1 (k=19) is fastest and sends 40
+    bytes, so it alone is the latency/throughput front; but it puts the whole model on one device,
+    and an inner split leaves both stages smaller, so the latency/memory front holds that split too.
+    Memory here is each stage's parameters plus its largest activation, exact per split."""
+    (tmp_path / "nets.toml").write_text('[link5]\nrate = "5mbit"\n')
+    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "8,15,19",
+                           "--network", "link5", "--network-file", str(tmp_path / "nets.toml"), "--runs", "1",
+                           "--batch-size", "1", "--num-batches", "3", "--warmup", "0", "--drift-every", "0",
+                           "--objectives", "latency,memory", "--local", "--out", str(tmp_path / "out"), "--session",
+                           "s", "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "memory_model_bytes" in proc.stdout  # the closing table shows the objective's column
+    from paretopipe.analysis.report import pareto_table
+
+    session = tmp_path / "out" / "s"
+    memory = pareto_table(session, resamples=10, objectives="latency,memory")
+    speed = pareto_table(session, resamples=10)
+
+    def front(table):
+        return set(table.loc[table["front_status"] == "front", "split_index"].astype(int))
+
+    assert front(speed) == {19}
+    assert 19 in front(memory) and len(front(memory)) >= 2
+    by_k = memory.set_index(memory["split_index"].astype(int))["memory_model_bytes"]
+    assert by_k[19] == by_k.max() and by_k[15] < by_k[19]
+    pareto = pd.read_csv(session / "report" / "pareto.csv")  # the sweep's own report used its objectives
+    assert set(pareto.loc[pareto["front_status"] == "front", "split_index"]) == front(memory)
+
+
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):
     proc = subprocess.Popen(_sweep_cmd(tmp_path, "--no-report"), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

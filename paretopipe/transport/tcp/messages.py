@@ -83,6 +83,9 @@ _PART_SCHEMA = {
         "manifest": {"type": "object", "maxProperties": 64},
         "sysmon": {"type": "object", "maxProperties": 64,
                    "additionalProperties": {"type": ["number", "null", "string"]}},
+        # A stage's energy and memory (transport.resources): nested objects of numbers, strings and
+        # booleans; records.summarize reads only numbers from it.
+        "resources": {"type": "object", "maxProperties": 16},
         "batches": {"type": "array", "maxItems": 1_000_000, "items": {
             "type": "object", "required": ["seq", "warmup"], "maxProperties": 64,
             "properties": {"seq": {"type": "integer", "minimum": 0}, "warmup": {"type": "boolean"}},

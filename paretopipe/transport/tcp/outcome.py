@@ -70,8 +70,9 @@ def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
     batches = (part1 or {}).get("batches") or (part2 or {}).get("batches") or []
     stages = [p["manifest"] for p in (part1, part2) if p]
     sysmon = {f"stage{i}": p["sysmon"] for i, p in ((1, part1), (2, part2)) if p}
+    resources = {f"stage{i}": p["resources"] for i, p in ((1, part1), (2, part2)) if p and p.get("resources")}
     return records.build_run_record(backend="tcp", run_id=run_id, status=status, error=error,
                                     config=cfg.to_dict(),
                                     manifest={"stages": stages, "link": link,
                                               "inputs": inputs.describe(cfg.dataset, cfg.data_dir)},
-                                    batches=batches, sysmon=sysmon, timing=timing)
+                                    batches=batches, sysmon=sysmon, timing=timing, resources=resources)

@@ -21,6 +21,7 @@ from ...network.emulated import EmulatedLink
 from ...partition.stages import StageBuilder, StageTimer, time_segments
 from ...sysmon import SystemMonitor
 from .. import inputs, wire
+from ..resources import stage_meter
 from ..runconfig import RunConfig
 from ..schedule import status_of
 from .connection import Connection, FrameSender
@@ -83,6 +84,8 @@ class _SinkRun:
         cfg = self.cfg
         self.ok_meta = {"profile": self_profile_timings(builder, cfg)} \
             if cfg.adaptive and not cfg.device_profiles else None
+        # Before RUN_OK: a first run measures idle power while stage 1 waits, idle too.
+        self.meter = stage_meter(builder, cfg, 1)
         connection.send(wire.RUN_OK, meta=self.ok_meta)
         self.timer = StageTimer(builder.device)
         self.manifest = node_manifest(builder.device, threads, role="stage2", weights_fingerprint=builder.fingerprint,
@@ -147,10 +150,14 @@ class _SinkRun:
                 return
 
     def _on_sent(self, f: wire.Frame, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
+        measured = f.seq >= self.cfg.warmup
+
         def sent(_s: float) -> None:
             f.release()
             if self.sealed:
                 rec["stage2_seal_s"] = enc.seal_s
+            if measured:
+                self.meter.end()  # the energy window closes with the last measured result sent
         return sent
 
     def serve(self) -> tuple[dict[str, Any] | None, BaseException | None]:
@@ -160,7 +167,7 @@ class _SinkRun:
         failure: BaseException | None = None
         part1 = None
         self.connection.sock.settimeout(self.cfg.timeout_s)
-        with SystemMonitor(gpu=self.builder.device.startswith("cuda")) as mon:
+        with SystemMonitor(gpu=self.builder.device.startswith("cuda")) as mon, self.meter:
             try:
                 part1 = self._receive()
             except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
@@ -168,6 +175,7 @@ class _SinkRun:
             finally:
                 self.work.put(None)
                 worker.join(timeout=self.cfg.timeout_s)
+                self.sender.close()  # every result is on the wire (the window's end) before the meter stops
         mon.stop()
         self.sysmon = mon.summary()
         return part1, failure
@@ -197,6 +205,8 @@ class _SinkRun:
                 raise WireError(f"batch {f.seq} carries no tensor")
             self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, "stage2_decode_s": f.decode_s,
                                 "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
+            if f.seq >= cfg.warmup:
+                self.meter.begin()  # the energy window opens with the first measured batch in
             if self.sealed:
                 self.seen[f.seq]["stage2_open_s"] = f.open_s
             self.work.put((f, time.monotonic()))
@@ -206,11 +216,12 @@ class _SinkRun:
         when stage 1 sent its own part (a failed run sends nothing)."""
         self.sender.close()  # every result is on the wire, its seal time known
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before)}
+        resources = self.meter.part(self.cfg.num_batches * self.cfg.batch_size)
         if self.cfg.adaptive:
             manifest = {**manifest, "adaptive": {"switches_applied": self.switches,
                                                  "self_profile": (self.ok_meta or {}).get("profile")}}
         if send_back:
-            back: dict[str, Any] = {"manifest": manifest, "sysmon": self.sysmon}
+            back: dict[str, Any] = {"manifest": manifest, "sysmon": self.sysmon, "resources": resources}
             if self.sealed:
                 back["batches"] = [{"seq": b["seq"], "warmup": b["warmup"], "stage2_seal_s": b.get("stage2_seal_s")}
                                    for b in (self.seen[s] for s in sorted(self.seen))]
@@ -218,7 +229,8 @@ class _SinkRun:
                 self.connection.send_json(wire.RECORDS, back)
             except (ParetoPipeError, OSError) as exc:
                 log.warning("stage 2: could not send its records to stage 1: %s", exc)
-        return {"manifest": manifest, "sysmon": self.sysmon, "batches": [self.seen[s] for s in sorted(self.seen)]}
+        return {"manifest": manifest, "sysmon": self.sysmon, "batches": [self.seen[s] for s in sorted(self.seen)],
+                "resources": resources}
 
 
 def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ...network.emulated import EmulatedLink
 from ...partition.stages import StageBuilder, StageTimer
 from ...sysmon import SystemMonitor
 from .. import inputs, wire
+from ..resources import ResourceMeter, stage_meter
 from ..runconfig import RunConfig
 from ..schedule import BatchSchedule, status_of
 from .connection import Connection, FrameSender
@@ -32,13 +33,15 @@ log = logging.getLogger("paretopipe.tcp")
 
 class _Stage1Run:
     def __init__(self, connection: Connection, builder: StageBuilder, cfg: RunConfig, link: EmulatedLink | None,
-                 keep_outputs: bool) -> None:
+                 keep_outputs: bool, meter: ResourceMeter) -> None:
         self.connection, self.builder, self.cfg, self.link = connection, builder, cfg, link
         self.keep_outputs = keep_outputs
         self.stage = builder.stage(cfg.cuts, 0)
         self.timer = StageTimer(builder.device)
         self.codec = wire.Codec(cfg.compression, cfg.compression_level, cfg.wire_dtype)
         self.schedule = BatchSchedule(cfg)
+        # The energy window: the first measured batch's start to the last one's result.
+        self.schedule.on_measured_start, self.schedule.on_measured_complete = meter.begin, meter.end
         self.outputs: dict[int, torch.Tensor] = {}
         self.error: BaseException | None = None
         self.sender: FrameSender | None = None
@@ -120,12 +123,13 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     started = time.monotonic()
     sealed_before = connection.channel.usage() if connection.channel else None
     connection.sock.settimeout(cfg.timeout_s)
-    with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
+    meter = stage_meter(builder, cfg, 0)  # before RUN: a first run measures idle power while stage 2 is idle too
+    with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon, meter:
         try:
             connection.send(wire.RUN, meta={"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
                                             "return_link": conditions.down.to_dict() if emulated else None})
             wire.expect(connection.reader.read(time.monotonic() + cfg.timeout_s), wire.RUN_OK)
-            run = _Stage1Run(connection, builder, cfg, link, keep_outputs)
+            run = _Stage1Run(connection, builder, cfg, link, keep_outputs, meter)
             log.info("stage 1: run %s started with %s", run_id, connection.address)
             run.run()
         except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
@@ -133,7 +137,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     mon.stop()
     status, error = status_of(failure)
     part1 = {"manifest": {**manifest1, "cipher": cipher_usage(connection, sealed_before)}, "sysmon": mon.summary(),
-             "batches": run.schedule.records() if run else []}
+             "batches": run.schedule.records() if run else [],
+             "resources": meter.part(cfg.num_batches * cfg.batch_size)}
     if failure is None:
         # Stage 1's part to stage 2 (which writes the record where the anchor did); stage 2's manifest
         # and system metrics back.

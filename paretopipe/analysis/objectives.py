@@ -1,0 +1,135 @@
+"""The objectives a front is drawn over: ``--objectives latency,throughput,energy,memory`` (any
+subset of two or more), each with its column in summary.csv, its direction and its 95% CI columns.
+
+``energy`` is the pipeline's joules per image and ``energy_stageN`` one device's: measured where
+the stages had sensors, else modelled (from declared powers), and the objective's label says
+which; a measured and a modelled figure are never mixed in one objective. ``memory`` is the
+largest stage's own footprint, its parameters and buffers plus its largest activation (what a
+device that loads only its part of the model needs beyond the runtime), ``memory_stageN`` one
+stage's; ``memory_rss`` and ``memory_rss_stageN`` are the measured peak resident memory of the
+stage processes, which in this suite's workers hold the whole model (they re-partition in place).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Sequence
+
+import pandas as pd
+
+from ..errors import UsageError
+
+DEFAULT = ("latency", "throughput")
+NAMES = ("latency", "throughput", "energy", "memory", "memory_rss", "energy_stageN", "memory_stageN",
+         "memory_rss_stageN")
+_PER_STAGE = re.compile(r"^(energy|memory|memory_rss)_stage([1-9][0-9]?)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    name: str           # as the user wrote it
+    column: str         # its column in summary.csv (runs.csv has it per run)
+    sense: str          # min or max
+    label: str          # axis label, with the unit and whether it is modelled
+    low: str | None = None   # its 95% CI columns
+    high: str | None = None
+
+    @property
+    def interval(self) -> tuple[str, str] | None:
+        return (self.low, self.high) if self.low and self.high else None
+
+
+LATENCY = Objective("latency", "latency_s", "min", "latency per batch, median (s)",
+                    "latency_median_ci95_low_s", "latency_median_ci95_high_s")
+THROUGHPUT = Objective("throughput", "throughput_imgs_per_s", "max", "throughput (images/s)",
+                       "throughput_ci95_low_imgs_per_s", "throughput_ci95_high_imgs_per_s")
+
+
+def _has(table: pd.DataFrame, column: str) -> bool:
+    return column in table.columns and pd.to_numeric(table[column], errors="coerce").notna().any()
+
+
+def _energy(name: str, prefix: str, table: pd.DataFrame, who: str) -> Objective:
+    for modelled in (False, True):
+        stem = f"{prefix}energy{'_modelled' if modelled else ''}_per_image"
+        if _has(table, f"{stem}_j"):
+            return Objective(name, f"{stem}_j", "min", f"energy per image, {who} ({'modelled' if modelled else 'measured'}, J)",
+                             f"{stem}_ci95_low_j", f"{stem}_ci95_high_j")
+    raise UsageError(f"--objectives {name}: this session has no energy figure for {who}: no sensor was found and no "
+                     f"powers were declared (sweep --power-idle-w/--power-core-w, or POWER_IDLE_W and POWER_CORE_W "
+                     f"per host in .env); valid objectives here: {', '.join(available(table))}")
+
+
+def _memory(name: str, column: str, table: pd.DataFrame, who: str) -> Objective:
+    if not _has(table, column):
+        raise UsageError(f"--objectives {name}: this session has no peak memory for {who} (records from before "
+                         f"memory was measured); valid objectives here: {', '.join(available(table))}")
+    stem = column[:-len("_bytes")]
+    return Objective(name, column, "min", f"memory, {who} (bytes)", f"{stem}_ci95_low_bytes",
+                     f"{stem}_ci95_high_bytes")
+
+
+def resolve(name: str, table: pd.DataFrame) -> Objective:
+    """One objective by name, against the table it will be computed on."""
+    if name == "latency":
+        return LATENCY
+    if name == "throughput":
+        return THROUGHPUT
+    if name == "energy":
+        return _energy(name, "", table, "the pipeline")
+    if name == "memory":
+        return _memory(name, "memory_model_bytes", table, "the largest stage's parameters and activation")
+    if name == "memory_rss":
+        return _memory(name, "memory_peak_bytes", table, "the largest stage process's peak RSS")
+    m = _PER_STAGE.match(name)
+    if m:
+        who, prefix = f"stage {m.group(2)}", f"stage{m.group(2)}_"
+        if m.group(1) == "energy":
+            return _energy(name, prefix, table, who)
+        if m.group(1) == "memory":
+            return _memory(name, prefix + "model_bytes", table, f"{who}'s parameters and activation")
+        return _memory(name, prefix + "peak_rss_bytes", table, f"{who}'s peak RSS")
+    raise UsageError(f"--objectives: unknown objective {name!r}; valid: {', '.join(NAMES)} (N: a stage number)")
+
+
+def parse(text: str | Sequence[str] | None, table: pd.DataFrame) -> list[Objective]:
+    """``latency,memory`` as objectives (two or more, no repeats), checked against ``table``."""
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else (text or DEFAULT)) if n.strip()]
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise UsageError(f"--objectives {','.join(names)!r}: give two or more different objectives, e.g. "
+                         f"latency,throughput,energy,memory")
+    return [resolve(n, table) for n in names]
+
+
+def check_names(text: str | None) -> str | None:
+    """``--objectives`` checked for its names alone (before any table exists): the sweep's flag."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name not in ("latency", "throughput", "energy", "memory", "memory_rss") and not _PER_STAGE.match(name):
+            raise UsageError(f"--objectives: unknown objective {name!r}; valid: {', '.join(NAMES)} (N: a stage number)")
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise UsageError(f"--objectives {text!r}: give two or more different objectives, e.g. latency,throughput,energy")
+    return ",".join(names)
+
+
+def available(table: pd.DataFrame) -> list[str]:
+    """The objectives ``table`` can be computed on."""
+    out = ["latency", "throughput"]
+    if _has(table, "energy_per_image_j") or _has(table, "energy_modelled_per_image_j"):
+        out.append("energy")
+    if _has(table, "memory_model_bytes"):
+        out.append("memory")
+    if _has(table, "memory_peak_bytes"):
+        out.append("memory_rss")
+    return out
+
+
+def senses(objectives: Sequence[Objective]) -> dict[str, str]:
+    return {o.column: o.sense for o in objectives}
+
+
+def intervals(objectives: Sequence[Objective]) -> dict[str, tuple[str, str]]:
+    return {o.column: o.interval for o in objectives if o.interval}
