@@ -33,6 +33,7 @@ from ..network.emulated import EmulatedLink, LinkSender
 from ..partition.stages import StageBuilder, StageTimer
 from ..sysmon import SystemMonitor
 from . import inputs
+from .resources import ResourceMeter, stage_meter
 from .runconfig import RunConfig
 from .schedule import BatchSchedule, status_of
 
@@ -77,7 +78,7 @@ def set_builder(builder: StageBuilder, rank: int) -> None:
 
 # -- a stage rank ---------------------------------------------------------------------------------
 def configure(stage_index: int, cuts: list[str], next_name: str, direction: dict[str, Any] | None,
-              seed: int) -> dict[str, Any]:
+              seed: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Called by the master before a run: become stage ``stage_index`` for ``cuts`` (re-partitioned
     in place), send to ``next_name`` over an emulated ``direction`` (if any); returns what this
     rank built, the master's check that it runs the same model, weights and cuts."""
@@ -87,8 +88,16 @@ def configure(stage_index: int, cuts: list[str], next_name: str, direction: dict
     if old is not None:
         old.close()
     link = EmulatedLink(Direction.from_dict(direction), seed=seed + stage_index) if direction else None
+    old_meter = st.get("meter")
+    if old_meter is not None:
+        old_meter.stop()
+    meter = None
+    if config is not None:  # this run's energy and memory on this rank (transport.resources)
+        cfg = RunConfig.from_dict(config, "the master's run configuration")
+        meter = stage_meter(b, cfg, stage_index).start()
     st.update(stage=b.stage(list(cuts), stage_index), index=stage_index, next=next_name, cuts=list(cuts),
-              sender=LinkSender(link, f"rpc-send-{stage_index}"))
+              sender=LinkSender(link, f"rpc-send-{stage_index}"), meter=meter,
+              warmup=config.get("warmup", 0) if config else 0)
     return {"model": b.name, "fingerprint": b.fingerprint, "cuts": list(cuts), "stage": stage_index,
             "manifest": {**st["manifest"], "role": f"stage{stage_index + 1}"}}
 
@@ -100,10 +109,24 @@ def configure(stage_index: int, cuts: list[str], next_name: str, direction: dict
 NO_RPC_TIMEOUT = 0
 
 
+def resources(images: int) -> dict[str, Any] | None:
+    """Called by the master after a run: this rank's energy and memory over it."""
+    meter: ResourceMeter | None = _STATE.get("meter")
+    if meter is None:
+        return None
+    meter.stop()
+    _STATE["meter"] = None
+    return meter.part(images)
+
+
 def forward(seq: int, x: torch.Tensor, hops: list[list[float]]) -> None:
     """Run this stage on ``x`` and pass the output on; ``hops`` collects [queue_s, compute_s, in_bytes]."""
     arrived = time.monotonic()
     st = _STATE
+    meter = st.get("meter")
+    measured = meter is not None and seq >= st.get("warmup", 0)
+    if measured:
+        meter.begin()
     with st["lock"]:  # one batch at a time per stage, as in a pipeline
         began = time.monotonic()
         out, compute_s = st["timer"].run(st["stage"], x, st["builder"].device)
@@ -113,7 +136,7 @@ def forward(seq: int, x: torch.Tensor, hops: list[list[float]]) -> None:
     fn = deliver if target == MASTER else forward
     st["sender"].submit(out.numel() * out.element_size(),
                         lambda: rpc.rpc_async(target, fn, args=(seq, out, hops), timeout=NO_RPC_TIMEOUT)
-                        .add_done_callback(_check))
+                        .add_done_callback(_check), on_sent=(lambda _s: meter.end()) if measured else None)
 
 
 def _check(fut) -> None:
@@ -178,7 +201,8 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
         if rank == 0:  # the master computes stage 1 itself
             local_stage = builder.stage(list(cfg.cuts), 0)
             continue
-        infos.append(rpc.rpc_sync(worker_name(rank), configure, args=(j, list(cfg.cuts), nxt, direction(j), cfg.seed),
+        infos.append(rpc.rpc_sync(worker_name(rank), configure,
+                                  args=(j, list(cfg.cuts), nxt, direction(j), cfg.seed, cfg.to_dict()),
                                   timeout=cfg.timeout_s))
     for info in infos:
         problems = [f"{k}: master {want!r}, {worker_name(ranks[info['stage']])} {info[k]!r}"
@@ -187,6 +211,10 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
         if problems:
             raise PeerError("handshake mismatch: " + "; ".join(problems))
     schedule = BatchSchedule(cfg)
+    local_meter = stage_meter(builder, cfg, 0) if local_stage is not None else None
+    if local_meter is not None:  # the master is stage 1: its window is stage 1's, as on TCP
+        local_meter.start()
+        schedule.on_measured_start, schedule.on_measured_complete = local_meter.begin, local_meter.end
     outputs: dict[int, torch.Tensor] = {}
     first_remote = 2 if local_stage is not None else 1
 
@@ -242,6 +270,21 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
                 batches.close()
             sender.close()
     status, error = status_of(failure)
+    images = cfg.num_batches * cfg.batch_size
+    parts: dict[str, Any] = {}
+    if local_meter is not None:
+        local_meter.stop()
+        parts["stage1"] = local_meter.part(images)
+    for j, rank in enumerate(ranks):
+        if rank == 0:
+            continue
+        try:
+            part = rpc.rpc_sync(worker_name(rank), resources, args=(images,), timeout=cfg.timeout_s)
+        except Exception as exc:  # a rank that is gone has no part; the record says so by its absence
+            log.warning("no energy and memory from %s: %s", worker_name(rank), str(exc)[:120])
+            part = None
+        if part:
+            parts[f"stage{j + 1}"] = part
     master = node_manifest(builder.device, role="master" if local_stage is None else "master+stage1",
                            weights_fingerprint=builder.fingerprint, limits=limits)
     manifest = {"stages": [master] + [i["manifest"] for i in infos],
@@ -255,5 +298,5 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     record = records.build_run_record(backend="rpc", run_id=records.new_run_id(cfg.model, "-".join(cfg.cuts)),
                                       status=status, error=error, config=config, manifest=manifest,
                                       batches=schedule.records(), sysmon={"master": mon.summary()},
-                                      timing={"written_by": "master"})
+                                      timing={"written_by": "master"}, resources=parts)
     return record, ([outputs[s] for s in sorted(outputs)] if keep_outputs else None)

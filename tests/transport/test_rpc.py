@@ -49,6 +49,12 @@ def test_local_pipeline_equals_unsplit_model(tmp_path, name, world, blocks, pipe
     b = [x for x in rec["batches"] if not x["warmup"]][0]
     assert all(f"stage{i}_compute_s" in b for i in range(1, world))
     assert rec["summary"]["throughput_imgs_per_s"] > 0
+    # Every stage rank reports its own memory over the run, and its parameters are its share.
+    stages = world - 1
+    assert sorted(rec["resources"]) == [f"stage{j}" for j in range(1, stages + 1)]
+    params = [rec["summary"][f"stage{j}_param_bytes"] for j in range(1, stages + 1)]
+    assert sum(params) == sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    assert all(rec["summary"][f"stage{j}_peak_rss_bytes"] > 0 for j in range(1, stages + 1))
 
 
 @pytest.mark.slow
