@@ -261,6 +261,8 @@ def build_run_record(*, backend: str, run_id: str, status: str, error: str | Non
     if resources:
         record["resources"] = resources
         record["summary"].update(energy_summary.summarize(resources, manifest.get("stages") or [], config))
+    record["summary"].update(energy_summary.link_energy(manifest.get("link") or {}, record["summary"],
+                                                        int(config["batch_size"])))
     return record
 
 

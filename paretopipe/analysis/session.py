@@ -50,7 +50,7 @@ BREAKDOWN = re.compile(r"^(stage\d+_(compute|encode|decode|queue|seal|open)|resu
 
 #: A run's energy and memory figures (energy.summary): runs.csv keeps each; summary.csv gives the
 #: objectives (joules per image, peak memory) a median with a 95% CI over runs, the rest a median.
-RESOURCES = re.compile(r"^(stage\d+_)?(energy_\w+|idle_power_w|cpu_s|peak_rss_bytes|param_bytes|"
+RESOURCES = re.compile(r"^(stage\d+_|link_)?(energy_\w+|idle_power_w|cpu_s|peak_rss_bytes|param_bytes|"
                        r"activation_peak_bytes|model_bytes|cuda_peak_bytes|memory_limit_bytes|over_memory_limit|"
                        r"memory_peak_bytes|memory_model_bytes|memory_fits)$")
 RESOURCE_OBJECTIVE = re.compile(r"^((stage\d+_)?energy(_modelled)?_per_image_j|(stage\d+_)?(peak_rss|model)_bytes|"
@@ -67,6 +67,9 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if metric.endswith(("over_memory_limit", "memory_fits")):  # one run over the limit is over
             flags = [str(v).lower() in ("true", "1") for v in values]
             entry[metric] = (any(flags) if metric.endswith("over_memory_limit") else all(flags)) if flags else None
+            continue
+        if metric.endswith("_source"):  # where a modelled constant came from: text, the same every run
+            entry[metric] = values[0] if values else None
             continue
         xs = [float(v) for v in values]
         entry[metric] = float(np.median(xs)) if xs else None

@@ -53,6 +53,20 @@ def _sensor_key(stage: dict[str, Any], manifest: dict[str, Any] | None) -> tuple
     return (host, tuple(sorted(s.get("path", "") for s in (stage.get("energy") or {}).get("sensors") or [])))
 
 
+def link_energy(link: dict[str, Any], summary: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    """The link's modelled energy per image: the bits each way x the network's declared nanojoules
+    per bit (``energy_nj_per_bit`` with its ``energy_source``); nothing where none is declared."""
+    conditions = link.get("conditions") or link.get("conditions_requested") or {}
+    up, down = (conditions.get(d) or {} for d in ("up", "down"))
+    rates = [_number(up.get("energy_nj_per_bit")), _number(down.get("energy_nj_per_bit"))]
+    if all(r is None for r in rates) or not batch_size:
+        return {}
+    sent = [_number(summary.get("wire_bytes_mean")) or 0.0, _number(summary.get("result_wire_bytes_mean")) or 0.0]
+    joules = sum(8 * nbytes * (rate or 0.0) * 1e-9 for nbytes, rate in zip(sent, rates))
+    return {"link_energy_modelled_per_image_j": joules / batch_size,
+            "link_energy_source": str(conditions.get("energy_source") or "")[:200]}
+
+
 def summarize(resources: dict[str, Any] | None, stages: list[dict[str, Any]], config: dict[str, Any]
               ) -> dict[str, Any]:
     """Summary fields of the energy and memory of a run (``stageN_*`` per stage, the pipeline's

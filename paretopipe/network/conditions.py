@@ -24,7 +24,7 @@ from ..units import format_duration, format_rate, parse_duration, parse_percent,
 
 DISTRIBUTIONS = ("normal", "pareto", "paretonormal", "uniform")
 MSS_BYTES = 1448  # TCP payload per segment on a 1500-byte MTU with timestamps
-VALUE_KEYS = ("delay", "jitter", "distribution", "loss", "rate", "trace")
+VALUE_KEYS = ("delay", "jitter", "distribution", "loss", "rate", "trace", "energy_nj_per_bit")
 FILE_NAME = "profiles.toml"
 
 
@@ -43,6 +43,9 @@ class Direction:
     loss_percent: float = 0.0
     rate_bps: float | None = None
     trace: str | None = None
+    # What sending one bit costs the sender's radio or NIC, declared by the user with its source
+    # (``energy_source``): the link's modelled energy per image. Not part of the shaping.
+    energy_nj_per_bit: float | None = None
 
     @property
     def is_shaped(self) -> bool:
@@ -102,11 +105,14 @@ class Direction:
 
     # -- forms ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"delay_ms": self.delay_s * 1e3, "jitter_ms": self.jitter_s * 1e3,
-                "distribution": self.distribution if self.jitter_s else None,
-                "loss_percent": self.loss_percent,
-                "rate_mbit_per_s": None if self.rate_bps is None else self.rate_bps / 1e6,
-                "trace": self.trace}
+        out = {"delay_ms": self.delay_s * 1e3, "jitter_ms": self.jitter_s * 1e3,
+               "distribution": self.distribution if self.jitter_s else None,
+               "loss_percent": self.loss_percent,
+               "rate_mbit_per_s": None if self.rate_bps is None else self.rate_bps / 1e6,
+               "trace": self.trace}
+        if self.energy_nj_per_bit is not None:
+            out["energy_nj_per_bit"] = self.energy_nj_per_bit
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Direction":
@@ -119,11 +125,14 @@ class Direction:
                       distribution=str(data.get("distribution") or "normal"),
                       loss_percent=float(data.get("loss_percent") or 0),
                       rate_bps=None if rate is None else float(rate) * 1e6,
-                      trace=None if data.get("trace") is None else str(data["trace"]))
+                      trace=None if data.get("trace") is None else str(data["trace"]),
+                      energy_nj_per_bit=None if data.get("energy_nj_per_bit") is None
+                      else float(data["energy_nj_per_bit"]))
         except (TypeError, ValueError) as exc:
             raise UsageError(f"a link direction has a value that is not a number: {exc}")
         if out.distribution not in DISTRIBUTIONS or out.delay_s < 0 or out.jitter_s < 0 \
-                or not 0 <= out.loss_percent <= 100 or (out.rate_bps is not None and out.rate_bps <= 0):
+                or not 0 <= out.loss_percent <= 100 or (out.rate_bps is not None and out.rate_bps <= 0) \
+                or (out.energy_nj_per_bit is not None and not 0 <= out.energy_nj_per_bit < math.inf):
             raise UsageError(f"a link direction is out of range: {data}")
         return out
 
@@ -150,6 +159,7 @@ class NetworkConditions:
     up: Direction = Direction()
     down: Direction = Direction()
     comment: str = ""
+    energy_source: str = ""  # where the directions' energy_nj_per_bit come from (a paper, a datasheet)
 
     @property
     def symmetric(self) -> bool:
@@ -169,7 +179,10 @@ class NetworkConditions:
         return self.up if which == "up" else self.down
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "up": self.up.to_dict(), "down": self.down.to_dict()}
+        out = {"name": self.name, "up": self.up.to_dict(), "down": self.down.to_dict()}
+        if self.energy_source:
+            out["energy_source"] = self.energy_source
+        return out
 
     def to_values(self) -> dict[str, Any]:
         """Exact ``profiles.toml`` keys per direction (``conditions_from_values`` reads them back
@@ -184,8 +197,12 @@ class NetworkConditions:
                 out[f"rate_{which}"] = _exact(d.rate_bps, format_rate, parse_rate, "bit")
             if d.trace is not None:
                 out[f"trace_{which}"] = d.trace
+            if d.energy_nj_per_bit is not None:
+                out[f"energy_nj_per_bit_{which}"] = d.energy_nj_per_bit
         if self.comment:
             out["comment"] = self.comment
+        if self.energy_source:
+            out["energy_source"] = self.energy_source
         return out
 
     @classmethod
@@ -193,7 +210,7 @@ class NetworkConditions:
         if not isinstance(data, dict) or not isinstance(data.get("up"), dict) or not isinstance(data.get("down"), dict):
             raise UsageError("network conditions must be an object with 'up' and 'down' directions")
         return cls(name=str(data.get("name", "custom"))[:100], up=Direction.from_dict(data["up"]),
-                   down=Direction.from_dict(data["down"]))
+                   down=Direction.from_dict(data["down"]), energy_source=str(data.get("energy_source") or "")[:500])
 
     def describe(self) -> str:
         if self.symmetric:
@@ -224,10 +241,15 @@ def _direction(name: str, values: dict[str, Any], which: str, base_dir: Path | N
         trace = str(path)
     if trace is not None and pick("rate") is not None:
         raise UsageError(f"network {name!r} ({which}): give a rate or a trace, not both (the trace is the rate)")
+    energy = pick("energy_nj_per_bit")
+    if energy is not None and (isinstance(energy, bool) or not isinstance(energy, (int, float))
+                               or not 0 <= energy < math.inf):
+        raise UsageError(f"network {name!r} ({which}): energy_nj_per_bit {energy!r}: give nanojoules per bit, 0 or more")
     try:
         return Direction(delay_s=parse_duration(pick("delay")), jitter_s=parse_duration(pick("jitter")),
                          distribution=dist, loss_percent=parse_percent(pick("loss")),
-                         rate_bps=parse_rate(pick("rate")), trace=trace)
+                         rate_bps=parse_rate(pick("rate")), trace=trace,
+                         energy_nj_per_bit=None if energy is None else float(energy))
     except UsageError as exc:
         raise UsageError(f"network {name!r} ({which}): {exc}")
 
@@ -236,7 +258,7 @@ def _split_adhoc(values: dict[str, Any]) -> dict[str, Any]:
     """``rate = "768kbit/1600kbit"`` -> rate_up, rate_down (ad-hoc command-line form)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, str) and "/" in value and key in VALUE_KEYS and key != "trace":
+        if isinstance(value, str) and "/" in value and key in VALUE_KEYS and key not in ("trace", "energy_nj_per_bit"):
             up, _, down = value.partition("/")
             out[f"{key}_up"], out[f"{key}_down"] = up, down
         else:
@@ -247,13 +269,17 @@ def _split_adhoc(values: dict[str, Any]) -> dict[str, Any]:
 def conditions_from_values(name: str, values: dict[str, Any], base_dir: Path | None = None) -> NetworkConditions:
     """One table of profiles.toml (or ad-hoc values) -> :class:`NetworkConditions`."""
     values = _split_adhoc(values)
-    valid = set(VALUE_KEYS) | {f"{k}_{d}" for k in VALUE_KEYS for d in ("up", "down")} | {"comment"}
+    valid = set(VALUE_KEYS) | {f"{k}_{d}" for k in VALUE_KEYS for d in ("up", "down")} | {"comment", "energy_source"}
     unknown = sorted(set(values) - valid)
     if unknown:
         raise UsageError(f"network {name!r}: unknown key {unknown[0]!r}; valid: {', '.join(VALUE_KEYS)} "
-                         f"(each also with _up or _down), comment")
-    return NetworkConditions(name=name, up=_direction(name, values, "up", base_dir),
-                             down=_direction(name, values, "down", base_dir), comment=str(values.get("comment", "")))
+                         f"(each also with _up or _down), comment, energy_source")
+    up, down = _direction(name, values, "up", base_dir), _direction(name, values, "down", base_dir)
+    source = str(values.get("energy_source", ""))
+    if (up.energy_nj_per_bit is not None or down.energy_nj_per_bit is not None) and not source.strip():
+        raise UsageError(f"network {name!r}: energy_nj_per_bit needs energy_source, where the constant comes from "
+                         f"(a measurement, a paper, a datasheet): a modelled figure names its source")
+    return NetworkConditions(name=name, up=up, down=down, comment=str(values.get("comment", "")), energy_source=source)
 
 
 def load_conditions(path: str | Path | None = None) -> dict[str, NetworkConditions]:
@@ -283,7 +309,7 @@ def get_conditions(name: str | None = None, path: str | Path | None = None, **ad
             picked = {k: given.get(f"{k}_{which}", given.get(k)) for k in VALUE_KEYS}
             parsed = _direction(name, {k: v for k, v in picked.items() if v is not None}, which, None)
             fields = {"delay": "delay_s", "jitter": "jitter_s", "distribution": "distribution", "loss": "loss_percent",
-                      "rate": "rate_bps", "trace": "trace"}
+                      "rate": "rate_bps", "trace": "trace", "energy_nj_per_bit": "energy_nj_per_bit"}
             changes[which] = dataclasses.replace(base.direction(which), **{
                 f: getattr(parsed, f) for k, f in fields.items() if picked[k] is not None})
         return NetworkConditions(name + "+custom", changes["up"], changes["down"], base.comment)

@@ -53,3 +53,26 @@ def test_memory_per_stage_its_limit_and_the_largest_stage():
     assert out["memory_fits"] is False and out["memory_peak_bytes"] == 900
     assert (out["stage1_model_bytes"], out["stage2_model_bytes"], out["memory_model_bytes"]) == (120, 505, 505)
     assert summarize(None, [], {}) == {}
+
+
+def test_the_links_modelled_energy_is_its_bits_each_way_at_the_declared_nanojoules():
+    from paretopipe.energy.summary import link_energy
+    from paretopipe.network.conditions import conditions_from_values
+
+    net = conditions_from_values("wifi-e", {"rate": "50mbit", "energy_nj_per_bit_up": 100, "energy_nj_per_bit_down": 20,
+                                            "energy_source": "a datasheet"})
+    link = {"mode": "emulated", "conditions": net.to_dict()}
+    out = link_energy(link, {"wire_bytes_mean": 200_000, "result_wire_bytes_mean": 80}, batch_size=2)
+    assert out["link_energy_modelled_per_image_j"] == pytest.approx((200_000 * 8 * 100e-9 + 80 * 8 * 20e-9) / 2)
+    assert out["link_energy_source"] == "a datasheet"
+    assert link_energy({"mode": "none"}, {"wire_bytes_mean": 1}, 1) == {}
+    # The conditions carry it through the manifest and back, and a constant without a source is refused.
+    from paretopipe.errors import UsageError
+    from paretopipe.network.conditions import NetworkConditions
+
+    assert NetworkConditions.from_dict(net.to_dict()) == net
+    assert conditions_from_values("x", net.to_values()) == net.__class__(**{**net.__dict__, "name": "x"})
+    with pytest.raises(UsageError, match="energy_nj_per_bit needs energy_source"):
+        conditions_from_values("x", {"energy_nj_per_bit": 100})
+    with pytest.raises(UsageError, match="nanojoules per bit"):
+        conditions_from_values("x", {"energy_nj_per_bit": -1, "energy_source": "s"})
