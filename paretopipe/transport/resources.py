@@ -61,6 +61,11 @@ class ResourceMeter:
         self.edges: dict[str, tuple[float, float]] = {}
         self.peak_reset = False
 
+    def manifest(self) -> dict[str, Any]:
+        """The stage manifest's ``energy_sensors``: every sensor found, by name and path, and why
+        any that exists could not be read."""
+        return {"sensors": [describe(s) for s in self.sensors], "notes": list(self.notes)}
+
     def start(self) -> "ResourceMeter":
         self.peak_reset = memory.reset_peak_rss()
         if self.device.startswith("cuda"):

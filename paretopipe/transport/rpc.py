@@ -99,7 +99,8 @@ def configure(stage_index: int, cuts: list[str], next_name: str, direction: dict
               sender=LinkSender(link, f"rpc-send-{stage_index}"), meter=meter,
               warmup=config.get("warmup", 0) if config else 0)
     return {"model": b.name, "fingerprint": b.fingerprint, "cuts": list(cuts), "stage": stage_index,
-            "manifest": {**st["manifest"], "role": f"stage{stage_index + 1}"}}
+            "manifest": {**st["manifest"], "role": f"stage{stage_index + 1}",
+                         **({"energy_sensors": meter.manifest()} if meter is not None else {})}}
 
 
 #: Hops carry batches without a timeout of their own (0 is infinite to torch's RPC): a batch on a

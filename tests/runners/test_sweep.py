@@ -105,6 +105,9 @@ def test_a_sweep_over_ciphers_measures_each_as_its_own_configuration_and_reports
     sealed = runs[runs["cipher"] == "aesgcm"].iloc[0]
     rec = json.loads((session / sealed["json"]).read_text())
     assert [st["cipher"]["cipher"] for st in rec["manifest"]["stages"]] == ["aesgcm", "aesgcm"]
+    # No sensor on this machine: each stage's manifest says so (an empty list), and memory is measured.
+    assert all(st["energy_sensors"]["sensors"] == [] for st in rec["manifest"]["stages"])
+    assert rec["summary"]["stage1_peak_rss_bytes"] > 0 and rec["summary"]["stage2_model_bytes"] > 0
     assert all(b["stage1_seal_s"] > 0 and b["stage2_open_s"] > 0 for b in rec["batches"])
     plain = json.loads((session / runs[runs["cipher"] == "none"].iloc[0]["json"]).read_text())
     assert not any("seal" in k for b in plain["batches"] for k in b)

@@ -215,7 +215,8 @@ class _SinkRun:
         """Stage 2's part of the record; its manifest and system metrics also go back to stage 1
         when stage 1 sent its own part (a failed run sends nothing)."""
         self.sender.close()  # every result is on the wire, its seal time known
-        manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before)}
+        manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
+                    "energy_sensors": self.meter.manifest()}
         resources = self.meter.part(self.cfg.num_batches * self.cfg.batch_size)
         if self.cfg.adaptive:
             manifest = {**manifest, "adaptive": {"switches_applied": self.switches,

@@ -136,7 +136,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
             failure = exc
     mon.stop()
     status, error = status_of(failure)
-    part1 = {"manifest": {**manifest1, "cipher": cipher_usage(connection, sealed_before)}, "sysmon": mon.summary(),
+    part1 = {"manifest": {**manifest1, "cipher": cipher_usage(connection, sealed_before),
+                          "energy_sensors": meter.manifest()}, "sysmon": mon.summary(),
              "batches": run.schedule.records() if run else [],
              "resources": meter.part(cfg.num_batches * cfg.batch_size)}
     if failure is None:
