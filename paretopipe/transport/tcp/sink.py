@@ -57,8 +57,7 @@ def serve_connection(connection: Connection, builder: StageBuilder, *, output_di
 
 def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, Any], *, output_dir, observed_link,
                 threads, limits, timeout_s: float | None, sealed_before: dict[str, Any] | None = None) -> RunOutcome:
-    run = _SinkRun(connection, builder, meta, timeout_s, threads=threads, limits=limits)
-    run.sealed_before = sealed_before
+    run = _SinkRun(connection, builder, meta, timeout_s, threads=threads, limits=limits, sealed_before=sealed_before)
     started = time.monotonic()
     part1, failure = run.serve()
     status, error = status_of(failure)
@@ -78,7 +77,8 @@ class _SinkRun:
     the batches in arrival order (a SWITCH takes its turn between two of them) and sends results."""
 
     def __init__(self, connection: Connection, builder: StageBuilder, meta: dict[str, Any], timeout_s: float | None,
-                 *, threads: int | None, limits: dict[str, Any] | None) -> None:
+                 *, threads: int | None, limits: dict[str, Any] | None,
+                 sealed_before: dict[str, Any] | None = None) -> None:
         self.connection, self.builder = connection, builder
         back = self._accept(meta, timeout_s)
         cfg = self.cfg
@@ -98,7 +98,7 @@ class _SinkRun:
         self.switches = 0
         self.sysmon: dict[str, Any] = {}
         self.sealed = connection.channel is not None
-        self.sealed_before: dict[str, Any] | None = None  # the connection's AEAD counters when RUN came
+        self.sealed_before = sealed_before  # the connection's AEAD counters when RUN came
 
     def _accept(self, meta: dict[str, Any], timeout_s: float | None) -> Direction | None:
         """Stage 1's RUN, checked (returns the down direction it asks for); a run this stage cannot
@@ -214,7 +214,6 @@ class _SinkRun:
     def part(self, send_back: bool) -> dict[str, Any]:
         """Stage 2's part of the record; its manifest and system metrics also go back to stage 1
         when stage 1 sent its own part (a failed run sends nothing)."""
-        self.sender.close()  # every result is on the wire, its seal time known
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
                     "energy_sensors": self.meter.manifest()}
         resources = self.meter.part(self.cfg.num_batches * self.cfg.batch_size)
