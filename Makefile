@@ -21,10 +21,12 @@ sysdeps:
 	@bash scripts/install_sysdeps.sh
 
 # Everything, as CI runs it, in two passes, each closed by its slowest tests: all but the "alone"
-# tests on two pytest-xdist workers (one torch thread each; root and lab tests included: each lab,
+# tests on four pytest-xdist workers (one torch thread each; root and lab tests included: each lab,
 # namespace and sshd has its own name, subnet and port), then the "alone" tests one at a time
-# (they time a real shaped link against its rate, or pin cores and compare cgroup shares).
-PYTEST_PARALLEL := -n 2 --dist worksteal
+# (they time a real shaped link against its rate, or pin cores and compare cgroup shares). Four
+# workers on two cores: many tests wait on an emulated link or a peer's timeout, and the others
+# use the cores meanwhile; nothing in the parallel pass depends on how busy the machine is.
+PYTEST_PARALLEL := -n 4 --dist worksteal
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm" --durations=25

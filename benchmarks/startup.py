@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Start-up with a cold and a warm cache, side by side: ``split --list`` and a stage worker's start.
+"""Start-up with a cold and a warm cache, side by side: ``split --list`` and a stage worker's start,
+fresh and forked from the sweep's zygote (``runners.zygote``, torch already imported).
 
 Cold: an empty PARETOPIPE_CACHE_DIR, so the worker calibrates its weights and ``--list`` traces the
 model. Warm: the same folder after the first run. Rounds alternate cold and warm so the machine's
@@ -49,6 +50,20 @@ def worker_start(cache: Path) -> float:
     return elapsed
 
 
+def worker_forked(zygote, cache: Path) -> float:
+    """The same start, forked from a zygote that has already imported the stage code."""
+    t0 = time.monotonic()
+    proc = zygote.spawn("paretopipe.runners.worker", ["--role", "stage1", "--model", MODEL, "--threads", "1"],
+                        _env(cache))
+    ready = json.loads(proc.stdout.readline())
+    elapsed = time.monotonic() - t0
+    assert ready["event"] == "ready", ready
+    proc.stdin.write('{"cmd": "quit"}\n')
+    proc.stdin.close()
+    proc.wait(30)
+    return elapsed
+
+
 def import_floor() -> float:
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-c", "import torch, torchvision"], check=True)
@@ -56,8 +71,12 @@ def import_floor() -> float:
 
 
 def main() -> int:
+    from paretopipe.runners.zygote import Zygote
+
     base = Path(tempfile.mkdtemp())
-    results: dict[str, list[float]] = {k: [] for k in ("list_cold", "list_warm", "worker_cold", "worker_warm", "import")}
+    results: dict[str, list[float]] = {k: [] for k in ("list_cold", "list_warm", "worker_cold", "worker_warm", "import",
+                                                       "worker_forked")}
+    zygote = Zygote()
     try:
         for r in range(ROUNDS):
             cold = base / f"cold{r}"
@@ -67,7 +86,9 @@ def main() -> int:
             results["worker_cold"].append(worker_start(cold2))
             results["worker_warm"].append(worker_start(cold2))
             results["import"].append(import_floor())
+            results["worker_forked"].append(worker_forked(zygote, cold2))
     finally:
+        zygote.close()
         shutil.rmtree(base, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"{MODEL}, medians of {ROUNDS} alternating rounds (seconds):")
@@ -75,6 +96,8 @@ def main() -> int:
           f"{med['list_cold'] / med['list_warm']:6.1f}x")
     print(f"  worker start   cold {med['worker_cold']:6.2f}   warm {med['worker_warm']:6.2f}   cold/warm "
           f"{med['worker_cold'] / med['worker_warm']:6.1f}x")
+    print(f"  worker start forked from the zygote (warm) {med['worker_forked']:6.2f}   fresh/forked "
+          f"{med['worker_warm'] / med['worker_forked']:6.1f}x")
     print(f"  import torch + torchvision alone: {med['import']:.2f} s "
           f"({med['import'] / med['worker_warm']:.0%} of a warm worker start)")
     return 0

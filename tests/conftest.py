@@ -53,6 +53,9 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.lab)
         if used & ROOT_FIXTURES:
             item.add_marker(pytest.mark.root)
+    # The long tests start first, so that the parallel pass does not end waiting for one of them
+    # (a stable sort, the same on every xdist worker).
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from ..errors import PeerError, UsageError
 from ..network import tc
 from ..transport.auth import load_secret
 from ..sshcmd import check_host, check_user, remote_path, ssh_argv
+from . import zygote
 
 DEVICES_HELP = "cpu, cuda or cuda:N"
 
@@ -246,9 +247,12 @@ class StageProcess:
                  env: dict[str, str] | None = None) -> None:
         self.role, self.ssh = role, ssh
         self.lines: queue.Queue = queue.Queue()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1, start_new_session=True,
-                                     env={**os.environ, **(env or {})} if env else None)
+        if ssh is None:  # here: forked from the zygote, which has torch imported already
+            self.proc = zygote.launch(argv, env)
+        else:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, bufsize=1, start_new_session=True,
+                                         env={**os.environ, **(env or {})} if env else None)
         self.stderr_tail: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True).start()
         threading.Thread(target=self._pump, args=(self.proc.stderr, False), daemon=True).start()

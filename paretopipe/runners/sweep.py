@@ -30,7 +30,7 @@ from ..network import deadlines, tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ..partition.structure import check_splits
 from ..transport.runconfig import ADAPTIVE, RunConfig
-from . import rounds
+from . import rounds, zygote
 from .hosts import Host, Testbed
 from .processes import Placement, RpcRanks, TcpStages
 
@@ -515,6 +515,8 @@ class Sweeper:
         self.started = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = self._load_session()
+        if not o.testbed.remote and self.group_factory is Sweeper._process_group:
+            zygote.prestart()
         self.measured_s = self.reference_s = 0.0
         interrupted = False
         total = 0

@@ -196,6 +196,8 @@ def test_stage_killed_mid_sweep_is_recorded_and_the_rest_completes(tmp_path):
         time.sleep(0.2)
     workers = [c for c in sweeper.children(recursive=True) if "stage2" in " ".join(c.cmdline())]
     assert workers, "no stage 2 worker found"
+    # forked from the sweep's zygote, which imported torch once for both stages
+    assert "paretopipe.runners.zygote" in " ".join(workers[0].parent().cmdline())
     workers[0].kill()
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-2000:]

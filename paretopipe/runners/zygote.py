@@ -1,0 +1,390 @@
+"""A fork server for the stage processes a sweep starts on this machine.
+
+Importing torch and torchvision costs about 4.5 s of CPU on a 2-core x86 VM and several times that
+on a Pi, and a local sweep starts two to five stage processes per model, again after every failure.
+The zygote is one interpreter that imports the stage code (and with it torch and torchvision) once
+and forks each worker or rank from that state; the fork costs milliseconds and shares the imported
+pages. A forked stage is a real process with its own stdio pipes, session, environment, working
+directory and process title (``ps`` shows ``python -m paretopipe.runners.worker --role stage2 ...``),
+and its exit status comes back as ``Popen.returncode`` would.
+
+Why not ``multiprocessing``'s forkserver: its children re-import the parent's ``__main__`` and get
+``/dev/null`` as stdin, while a stage process needs the sweep's pipes and its own argv.
+
+The zygote forks before any thread of its own exists (it serves one request at a time, in one
+thread). A stage whose environment differs from the zygote's in a variable read at interpreter or
+library start (``PYTHON*``, ``OMP_*``, ``LD_*``, ...) is started with ``subprocess.Popen`` instead,
+and so is everything when the zygote cannot start (``PARETOPIPE_NO_ZYGOTE=1`` turns it off).
+Requests carry JSON and three file descriptors over a socketpair between the sweep and its own
+zygote; nothing on it comes from a network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import io
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from typing import Any, Sequence
+
+# What a stage imports on its way to its first run (the stage modules import these lazily, so that
+# their --help stays fast).
+PRELOAD = ("torch", "torchvision", "paretopipe.partition.stages", "paretopipe.transport.tcp",
+           "paretopipe.transport.rpc", "paretopipe.runners.adaptive", "paretopipe.runners.worker",
+           "paretopipe.runners.rpc_ranks")
+# Read once, when an interpreter or a native library starts: a child that needs other values than
+# the zygote's cannot get them by a fork.
+STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_", "MALLOC_", "NUMEXPR_")
+_MAX_REQUEST = 1 << 20
+
+
+def _startup_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
+
+
+# -- the zygote process ---------------------------------------------------------------------------
+def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
+    try:
+        sock.send(json.dumps(obj).encode())
+    except OSError:
+        pass  # the sweep is gone; the loop ends at its EOF
+
+
+def _child(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
+    """In the forked child: become the stage process the request describes, run it, exit."""
+    code: Any = 1
+    try:
+        sock.close()
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        module, args = req["module"], [str(a) for a in req["args"]]
+        _set_title(" ".join([sys.executable, "-m", module, *args]))
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False),
+                                                       errors="backslashreplace", line_buffering=True)
+        sys.argv = [module, *args]
+        import runpy
+
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        atexit._run_exitfuncs()  # what a normal interpreter exit runs
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code or 0)
+
+
+def _set_title(title: str) -> None:
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:  # only the title in ps differs
+        pass
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def serve(sock: socket.socket, preload: Sequence[str]) -> int:
+    """The zygote's loop: import, say ready, then fork one child per request until the sweep closes
+    its end; children are reaped and their exit codes sent back."""
+    import importlib
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the sweep's to handle
+    for name in preload:
+        importlib.import_module(name)
+    try:
+        import setproctitle
+
+        # Its set-up finds argv through environ, so it runs once here, before a child replaces environ.
+        setproctitle.setproctitle(setproctitle.getproctitle())
+    except ImportError:
+        pass
+    _send(sock, {"ready": os.getpid()})
+    while True:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        _reap(sock)
+        if not readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, _MAX_REQUEST, 3)
+        except OSError:
+            return 0
+        if not data:
+            return 0  # the sweep is gone: its children see EOF on stdin and end themselves
+        try:
+            req = json.loads(data)
+            if len(fds) != 3 or not isinstance(req, dict):
+                raise ValueError("a request carries JSON and three descriptors")
+        except ValueError as exc:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": str(exc)})
+            continue
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(req, fds, sock)
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"pid": pid})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="fork server for local stage processes (started by a sweep)")
+    parser.add_argument("--fd", type=int, required=True, help="this end of the sweep's socketpair")
+    parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import before forking")
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    return serve(sock, [m for m in args.preload.split(",") if m])
+
+
+# -- the sweep's side -----------------------------------------------------------------------------
+class ForkedProcess:
+    """What the sweep holds for a forked stage: the part of ``subprocess.Popen`` it uses."""
+
+    def __init__(self, args: list[str], pid: int, stdin: Any, stdout: Any, stderr: Any) -> None:
+        self.args, self.pid = args, pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """One fork server, started on first use and ended when this process closes it or exits."""
+
+    def __init__(self, preload: Sequence[str] = PRELOAD, start_timeout: float = 120.0,
+                 env: dict[str, str] | None = None) -> None:
+        self.preload, self.start_timeout = list(preload), start_timeout
+        self.env = dict(os.environ if env is None else env)
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._replies: list[dict[str, Any]] = []
+        self._reply = threading.Condition()
+        self._children: dict[int, ForkedProcess] = {}
+        self._exits: dict[int, int] = {}
+        self.failed: str | None = None
+
+    def _start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "paretopipe.runners.zygote", "--fd", str(theirs.fileno()),
+                 "--preload", ",".join(self.preload)], pass_fds=[theirs.fileno()], env=self.env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        self._sock = mine
+        threading.Thread(target=self._listen, daemon=True, name="zygote-replies").start()
+        try:
+            if "ready" not in self._next_reply(self.start_timeout):
+                raise OSError("the zygote did not start")
+        except OSError:
+            self._proc.kill()
+            raise
+
+    def _listen(self) -> None:
+        sock = self._sock
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = json.loads(data)
+            if "exit" in msg:
+                with self._reply:
+                    child = self._children.pop(msg["exit"], None)
+                    if child is None:
+                        self._exits[msg["exit"]] = msg["code"]
+                if child is not None:
+                    child._exited(msg["code"])
+                continue
+            with self._reply:
+                self._replies.append(msg)
+                self._reply.notify_all()
+        # The zygote is gone: its children were reparented, and their codes can no longer be known.
+        with self._reply:
+            self.failed = self.failed or "the zygote exited"
+            orphans, self._children = list(self._children.values()), {}
+            self._reply.notify_all()
+        for child in orphans:
+            child._exited(-signal.SIGKILL)
+
+    def _next_reply(self, timeout: float) -> dict[str, Any]:
+        with self._reply:
+            if not self._reply.wait_for(lambda: self._replies or self.failed, timeout):
+                raise OSError("the zygote did not answer")
+            if not self._replies:
+                raise OSError(self.failed)
+            return self._replies.pop(0)
+
+    def usable_for(self, env: dict[str, str]) -> bool:
+        return self.failed is None and _startup_env(env) == _startup_env(self.env)
+
+    def warm(self) -> None:
+        """Start the zygote unless it runs already (or could not)."""
+        with self._lock:
+            if self._sock is None and self.failed is None:
+                try:
+                    self._start()
+                except OSError as exc:
+                    self.failed = str(exc)
+
+    def spawn(self, module: str, args: Sequence[str], env: dict[str, str]) -> ForkedProcess:
+        """Fork ``python -m module args`` with this environment; OSError when the zygote cannot."""
+        with self._lock:
+            if self.failed:
+                raise OSError(self.failed)
+            try:
+                if self._sock is None:
+                    self._start()
+                pipes = [os.pipe() for _ in range(3)]
+                theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+                req = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
+                try:
+                    socket.send_fds(self._sock, [json.dumps(req).encode()], theirs)
+                    reply = self._next_reply(30.0)
+                finally:
+                    for fd in theirs:
+                        os.close(fd)
+                if "pid" not in reply:
+                    for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
+                        os.close(fd)
+                    raise OSError(f"the zygote refused: {reply.get('error')}")
+            except OSError as exc:
+                self.failed = self.failed or str(exc)
+                raise
+            pid = reply["pid"]
+            child = ForkedProcess([sys.executable, "-m", module, *args], pid,
+                                  open(pipes[0][1], "w", buffering=1), open(pipes[1][0], "r"),
+                                  open(pipes[2][0], "r", errors="backslashreplace"))
+            with self._reply:
+                if pid in self._exits:  # it ended before we got here
+                    child._exited(self._exits.pop(pid))
+                else:
+                    self._children[pid] = child
+            return child
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                self._sock.close()
+                self._sock = None
+            if self._proc is not None:
+                try:
+                    self._proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+                self._proc = None
+            self.failed = self.failed or "closed"
+
+
+_shared: Zygote | None = None
+_shared_lock = threading.Lock()
+
+
+def _shared_zygote() -> Zygote | None:
+    global _shared
+    if os.environ.get("PARETOPIPE_NO_ZYGOTE") == "1":
+        return None
+    with _shared_lock:
+        if _shared is None:
+            _shared = Zygote()
+            atexit.register(_shared.close)
+        return _shared
+
+
+def prestart() -> None:
+    """Start this process's zygote now, in the background, so that its imports overlap the sweep's
+    own set-up instead of delaying the first stage."""
+    zygote = _shared_zygote()
+    if zygote is not None:
+        threading.Thread(target=zygote.warm, daemon=True, name="zygote-start").start()
+
+
+def launch(argv: list[str], env: dict[str, str] | None) -> subprocess.Popen | ForkedProcess:
+    """Start a local stage process: forked from this process's zygote when ``argv`` is
+    ``python -m module ...`` and the environment allows it, else ``subprocess.Popen``. Both speak
+    text lines on stdin, stdout and stderr, in a session of their own."""
+    full_env = {**os.environ, **(env or {})}
+    zygote = _shared_zygote() if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" else None
+    if zygote is not None and zygote.usable_for(full_env):
+        try:
+            return zygote.spawn(argv[2], argv[3:], full_env)
+        except OSError:
+            pass  # a plain start below is slower, not different
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, bufsize=1, start_new_session=True, env=full_env if env else None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The fork server the sweep starts its local stages from: real forks, real pipes, real signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from paretopipe.runners import zygote
+
+CHILD = '''
+import json, os, sys
+print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("ZYGOTE_TEST_X"),
+                  "leader": os.getsid(0) == os.getpid(), "main": __name__}), flush=True)
+for line in sys.stdin:
+    if line.strip() == "exit":
+        break
+    print(line.strip().upper(), flush=True)
+code = sys.argv[1] if len(sys.argv) > 1 else "0"
+sys.exit(int(code) if code.lstrip("-").isdigit() else code)
+'''
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "zygote_child.py").write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    z = zygote.Zygote(preload=["json"], env=env)
+    yield z, env
+    z.close()
+
+
+def test_a_forked_stage_has_its_own_pipes_session_env_cwd_and_exit_code(server, tmp_path):
+    z, env = server
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chdir(work)
+    try:
+        child = z.spawn("zygote_child", ["7", "--role", "stage2"], {**env, "ZYGOTE_TEST_X": "forked"})
+    finally:
+        os.chdir(os.path.dirname(__file__))
+    hello = json.loads(child.stdout.readline())
+    assert hello == {"argv": ["7", "--role", "stage2"], "cwd": str(work), "x": "forked", "leader": True,
+                     "main": "__main__"}
+    # ps shows the stage's own command line, not the zygote's
+    assert "zygote_child 7 --role stage2" in " ".join(psutil.Process(child.pid).cmdline())
+    child.stdin.write("ping\n")
+    assert child.stdout.readline() == "PING\n"
+    assert child.poll() is None
+    child.stdin.write("exit\n")
+    assert child.wait(10) == 7 and child.poll() == 7
+    assert psutil.Process(z._proc.pid).is_running()  # the zygote serves on
+
+
+def test_a_message_exit_a_signal_and_a_closed_stdin_end_a_child_as_they_end_a_process(server):
+    z, env = server
+    told = z.spawn("zygote_child", ["bad input, valid: good"], env)
+    told.stdin.write("exit\n")
+    assert told.wait(10) == 1 and "bad input, valid: good" in told.stderr.read()
+    killed = z.spawn("zygote_child", [], env)
+    json.loads(killed.stdout.readline())
+    os.killpg(killed.pid, signal.SIGTERM)  # the sweep stops a stage by its process group
+    assert killed.wait(10) == -signal.SIGTERM
+    orphaned = z.spawn("zygote_child", ["3"], env)
+    orphaned.stdin.close()
+    assert orphaned.wait(10) == 3
+    with pytest.raises(subprocess.TimeoutExpired):
+        z.spawn("zygote_child", [], env).wait(0.2)
+
+
+def test_the_zygote_ends_with_its_sweep_and_its_children_end_at_their_eof(server):
+    z, env = server
+    child = z.spawn("zygote_child", ["0"], env)
+    json.loads(child.stdout.readline())
+    zpid = z._proc.pid
+    z.close()
+    assert not psutil.pid_exists(zpid) or psutil.Process(zpid).status() == psutil.STATUS_ZOMBIE
+    assert psutil.Process(child.pid).is_running()  # a stage outlives the zygote until its stdin ends
+    child.stdin.close()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child.pid) and psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child did not end at EOF"
+        time.sleep(0.05)
+    with pytest.raises(OSError):
+        z.spawn("zygote_child", [], env)
+
+
+def test_a_different_startup_variable_or_the_off_switch_gives_a_plain_process(server, monkeypatch):
+    z, env = server
+    assert z.usable_for({**env, "ZYGOTE_TEST_X": "any"})  # read at run time: a fork can set it
+    assert not z.usable_for({**env, "OMP_NUM_THREADS": "3"})  # read when the library loads: it cannot
+    assert not z.usable_for({**env, "PYTHONPATH": "/elsewhere"})
+    monkeypatch.setenv("PARETOPIPE_NO_ZYGOTE", "1")
+    proc = zygote.launch([sys.executable, "-c", "import sys; print(sys.stdin.readline().upper())"], None)
+    assert isinstance(proc, subprocess.Popen)
+    out, _ = proc.communicate("plain\n", timeout=30)
+    assert out.strip() == "PLAIN" and proc.returncode == 0
+
+
+def test_a_request_without_its_descriptors_is_refused_and_the_zygote_serves_on(server):
+    z, env = server
+    z.spawn("zygote_child", ["0"], env).stdin.close()  # started
+    z._sock.send(b'{"module": "zygote_child"}')
+    assert "three descriptors" in z._next_reply(10)["error"]
+    child = z.spawn("zygote_child", ["5"], env)
+    child.stdin.close()
+    assert child.wait(10) == 5
