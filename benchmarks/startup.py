@@ -35,12 +35,11 @@ def split_list(cache: Path) -> float:
     return time.monotonic() - t0
 
 
-def worker_start(cache: Path) -> float:
-    """From spawning a stage worker to its ``ready`` line (model built, traced, fingerprinted)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "paretopipe.runners.worker", "--role", "stage1", "--model", MODEL,
-                             "--threads", "1"], env=_env(cache), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+WORKER_ARGS = ["--role", "stage1", "--model", MODEL, "--threads", "1"]
+
+
+def _until_ready(proc, t0: float) -> float:
+    """Seconds from ``t0`` to the worker's ``ready`` line; then the worker is told to quit."""
     ready = json.loads(proc.stdout.readline())
     elapsed = time.monotonic() - t0
     assert ready["event"] == "ready", ready
@@ -48,20 +47,19 @@ def worker_start(cache: Path) -> float:
     proc.stdin.close()
     proc.wait(30)
     return elapsed
+
+
+def worker_start(cache: Path) -> float:
+    """From spawning a stage worker to its ``ready`` line (model built, traced, fingerprinted)."""
+    t0 = time.monotonic()
+    return _until_ready(subprocess.Popen([sys.executable, "-m", "paretopipe.runners.worker", *WORKER_ARGS],
+                                         env=_env(cache), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True), t0)
 
 
 def worker_forked(zygote, cache: Path) -> float:
     """The same start, forked from a zygote that has already imported the stage code."""
     t0 = time.monotonic()
-    proc = zygote.spawn("paretopipe.runners.worker", ["--role", "stage1", "--model", MODEL, "--threads", "1"],
-                        _env(cache))
-    ready = json.loads(proc.stdout.readline())
-    elapsed = time.monotonic() - t0
-    assert ready["event"] == "ready", ready
-    proc.stdin.write('{"cmd": "quit"}\n')
-    proc.stdin.close()
-    proc.wait(30)
-    return elapsed
+    return _until_ready(zygote.spawn("paretopipe.runners.worker", WORKER_ARGS, _env(cache)), t0)
 
 
 def import_floor() -> float:

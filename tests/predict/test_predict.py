@@ -28,11 +28,19 @@ def _profile(path: Path, codecs: str = "float32/none", cpus: str = "0") -> str:
     return proc.stdout
 
 
-@pytest.fixture(scope="module")
-def mobilenet_profile(tmp_path_factory) -> Path:
-    """A real profile of MobileNetV2 on core 0 with one thread, as the sweeper runs a stage."""
-    path = tmp_path_factory.mktemp("profiles") / "cpu-mobilenet_v2.json"
-    assert "segments sum to" in _profile(path, "float32/none,float16/none")
+@pytest.fixture(scope="session")
+def mobilenet_profile(tmp_path_factory, worker_id) -> Path:
+    """A real profile of MobileNetV2 on core 0 with one thread, as the sweeper runs a stage; made
+    once per test run (its tests land on different xdist workers, which share the temp root)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if worker_id != "master" else base) / "cpu-mobilenet_v2.json"
+    with FileLock(f"{path}.lock"):
+        if not path.is_file():
+            made = path.with_suffix(".new.json")
+            assert "segments sum to" in _profile(made, "float32/none,float16/none")
+            made.rename(path)
     return path
 
 
