@@ -67,16 +67,72 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-STARTED: list[subprocess.Popen] = []
+STARTED: list = []
+# The CLIs the tests run are forked from one zygote per test process, which imports torch, torchvision
+# and the command-line code once (4.5 s of CPU a process otherwise). A forked CLI is a real process
+# with its own pipes, session and exit code; a start-up variable it needs (faketime's LD_PRELOAD, a
+# PYTHONPATH) or a prefix command makes it a plain Popen. Tests about a fresh interpreter (--help
+# imports no torch) start theirs with subprocess directly.
+CLI_PRELOAD = ("torch", "torchvision", "paretopipe.cli.stages", "paretopipe.cli.rpc", "paretopipe.cli.main",
+               "paretopipe.partition.stages", "paretopipe.transport.tcp", "paretopipe.transport.rpc",
+               "paretopipe.runners.rpc_ranks", "paretopipe.profile")
+_zygote = None
 
 
-def start(script: str, *args: str, prefix: list[str] | None = None, env=None) -> subprocess.Popen:
-    """Start a script in its own process group; conftest kills every group after each test."""
-    proc = subprocess.Popen((prefix or []) + [PYTHON, str(ROOT / script), *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+def _forked(argv: list[str], env: dict[str, str], cwd) -> object | None:
+    """``argv`` forked from the test process's zygote, or None where a fork would differ."""
+    global _zygote
+    from paretopipe.runners.zygote import Zygote
+
+    if len(argv) < 2 or argv[0] != PYTHON or os.environ.get("PARETOPIPE_NO_ZYGOTE") == "1":
+        return None
+    if _zygote is None:
+        _zygote = Zygote(preload=CLI_PRELOAD, env=dict(os.environ))
+    if not _zygote.usable_for(env):
+        return None
+    try:
+        if argv[1] == "-m":
+            return _zygote.spawn(argv[2], argv[3:], env, cwd=cwd)
+        if argv[1].endswith(".py"):
+            return _zygote.spawn(None, argv[2:], env, cwd=cwd, script=str(Path(cwd or ROOT) / argv[1]))
+    except OSError:
+        pass
+    return None
+
+
+def popen(argv: list[str], cwd=ROOT, env=None):
+    """A CLI with piped text stdio in its own session (forked where it can be, else Popen);
+    conftest kills every such group after each test."""
+    env = dict(env) if env is not None else dict(os.environ)
+    proc = _forked(argv, env, cwd) or subprocess.Popen(argv, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                        stderr=subprocess.PIPE, text=True, env=env,
+                                                        start_new_session=True)
     STARTED.append(proc)
     return proc
+
+
+def run(argv: list[str], cwd=ROOT, env=None, timeout: float | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True)`` through ``popen``: the child is
+    killed if it outlives ``timeout``, and the call raises TimeoutExpired as run does."""
+    proc = popen(argv, cwd=cwd, env=env)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def start(script: str, *args: str, prefix: list[str] | None = None, env=None):
+    """Start a script in its own process group; conftest kills every group after each test."""
+    if prefix:
+        proc = subprocess.Popen(prefix + [PYTHON, str(ROOT / script), *args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+        STARTED.append(proc)
+        return proc
+    return popen([PYTHON, script, *args], env={**os.environ, **(env or {})})
 
 
 def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:

@@ -72,8 +72,8 @@ def _child(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        module, args = req["module"], [str(a) for a in req["args"]]
-        _set_title(" ".join([sys.executable, "-m", module, *args]))
+        module, script, args = req.get("module"), req.get("script"), [str(a) for a in req["args"]]
+        _set_title(" ".join([sys.executable, *(["-m", module] if module else [script]), *args]))
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -81,11 +81,15 @@ def _child(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
         sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
         sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False),
                                                        errors="backslashreplace", line_buffering=True)
-        sys.argv = [module, *args]
+        sys.argv = [module or script, *args]
         import runpy
 
         try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            if module:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python script.py does
+                runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as exc:
             code = exc.code
@@ -157,6 +161,8 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
             req = json.loads(data)
             if len(fds) != 3 or not isinstance(req, dict):
                 raise ValueError("a request carries JSON and three descriptors")
+            if isinstance(req.get("module"), str) == isinstance(req.get("script"), str):
+                raise ValueError("a request names a module or a script")
         except ValueError as exc:
             for fd in fds:
                 os.close(fd)
@@ -203,9 +209,38 @@ class ForkedProcess:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode  # type: ignore[return-value]
 
+    def communicate(self, input: str | None = None, timeout: float | None = None) -> tuple[str, str]:
+        """Popen.communicate's contract: write ``input``, close stdin, read both outputs to their
+        end, and wait; TimeoutExpired if the child outlives ``timeout``."""
+        out: dict[str, str] = {}
+
+        def drain(name: str, stream: Any) -> None:
+            out[name] = stream.read() if stream is not None else ""
+
+        readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
+                   for n, s in (("out", self.stdout), ("err", self.stderr))]
+        for reader in readers:
+            reader.start()
+        if self.stdin is not None and not self.stdin.closed:
+            try:
+                if input:
+                    self.stdin.write(input)
+                self.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+        self.wait(timeout)
+        for reader in readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return out["out"], out["err"]
+
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -294,8 +329,10 @@ class Zygote:
                 except OSError as exc:
                     self.failed = str(exc)
 
-    def spawn(self, module: str, args: Sequence[str], env: dict[str, str]) -> ForkedProcess:
-        """Fork ``python -m module args`` with this environment; OSError when the zygote cannot."""
+    def spawn(self, module: str | None, args: Sequence[str], env: dict[str, str], cwd: str | None = None,
+              script: str | None = None) -> ForkedProcess:
+        """Fork ``python -m module args`` (or ``python script args``) with this environment, in ``cwd``
+        (default: ours); OSError when the zygote cannot."""
         with self._lock:
             if self.failed:
                 raise OSError(self.failed)
@@ -304,7 +341,8 @@ class Zygote:
                     self._start()
                 pipes = [os.pipe() for _ in range(3)]
                 theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
-                req = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
+                req = {"module": module, "script": script, "args": [str(a) for a in args], "env": env,
+                       "cwd": str(cwd or os.getcwd())}
                 try:
                     socket.send_fds(self._sock, [json.dumps(req).encode()], theirs)
                     reply = self._next_reply(30.0)
@@ -319,7 +357,7 @@ class Zygote:
                 self.failed = self.failed or str(exc)
                 raise
             pid = reply["pid"]
-            child = ForkedProcess([sys.executable, "-m", module, *args], pid,
+            child = ForkedProcess([sys.executable, *(["-m", module] if module else [script]), *args], pid,
                                   open(pipes[0][1], "w", buffering=1), open(pipes[1][0], "r"),
                                   open(pipes[2][0], "r", errors="backslashreplace"))
             with self._reply:

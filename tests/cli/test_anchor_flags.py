@@ -17,7 +17,7 @@ from conftest import PYTHON, ROOT
 from paretopipe.cli import common, rpc, stages, sweep
 from paretopipe.errors import UsageError
 from paretopipe.transport import inputs
-from tcp_helpers import free_port, start
+from tcp_helpers import free_port, run, start
 
 
 def _slow_source(count: int, delay_s: float, fail_at: int | None = None):
@@ -64,10 +64,9 @@ def test_num_threads_help_says_why_it_differs_from_the_anchor():
 
 def _runner(tmp_path, *extra: str) -> dict:
     out = tmp_path / "metrics"
-    proc = subprocess.run([PYTHON, "distributed_runner.py", "--local", "--world-size", "2", "--rpc-source", "stage1",
-                           "--model", "resnet18", "--batch-size", "2", "--num-test-samples", "4", "--warmup", "1",
-                           "--network", "lte", "--threads", "1", "--metrics-dir", str(out), *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run([PYTHON, "distributed_runner.py", "--local", "--world-size", "2", "--rpc-source", "stage1",
+                "--model", "resnet18", "--batch-size", "2", "--num-test-samples", "4", "--warmup", "1",
+                "--network", "lte", "--threads", "1", "--metrics-dir", str(out), *extra], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (path,) = out.glob("*.json")
     return {"record": json.loads(path.read_text()), "stdout": proc.stdout}
@@ -96,8 +95,7 @@ def test_disable_intelligent_splitting_keeps_the_default_split(tmp_path):
 
 
 def test_intelligent_splitting_refuses_a_given_split_in_one_line():
-    proc = subprocess.run([PYTHON, "distributed_runner.py", "--use-intelligent-splitting", "--split-block", "3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = run([PYTHON, "distributed_runner.py", "--use-intelligent-splitting", "--split-block", "3"], timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--split-block" in proc.stderr
 
 
@@ -120,8 +118,7 @@ def test_report_consolidates_a_folder_of_hand_run_json_files(tmp_path):
     (folder / "from-the-server.json").write_text(records[0].read_text())
     (folder / "notes.json").write_text('{"what": "a file that is not a run record"}')
     (folder / "torn.json").write_text('{"summary": {')
-    proc = subprocess.run([PYTHON, "-m", "paretopipe", "report", str(folder)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = run([PYTHON, "-m", "paretopipe", "report", str(folder)], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     skipped = [ln for ln in proc.stderr.splitlines() if "skipping" in ln]
     assert len(skipped) == 2 and any("notes.json" in ln for ln in skipped) and any("torn.json" in ln for ln in skipped)

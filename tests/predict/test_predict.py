@@ -17,7 +17,9 @@ CLI = [sys.executable, "-m"]
 
 
 def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    from tcp_helpers import run
+
+    return run([*CLI, *args], timeout=timeout)
 
 
 def _profile(path: Path, codecs: str = "float32/none", cpus: str = "0") -> str:

@@ -109,3 +109,12 @@ def test_a_request_without_its_descriptors_is_refused_and_the_zygote_serves_on(s
     child = z.spawn("zygote_child", ["5"], env)
     child.stdin.close()
     assert child.wait(10) == 5
+
+
+def test_a_script_runs_as_python_script_would_and_communicate_collects_its_output(server, tmp_path):
+    z, env = server
+    child = z.spawn(None, ["4"], env, cwd=str(tmp_path), script=str(tmp_path / "zygote_child.py"))
+    out, err = child.communicate("hi\nexit\n", timeout=10)
+    hello, echoed = out.splitlines()
+    assert json.loads(hello) == {"argv": ["4"], "cwd": str(tmp_path), "x": None, "leader": True, "main": "__main__"}
+    assert echoed == "HI" and err == "" and child.returncode == 4

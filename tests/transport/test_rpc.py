@@ -17,12 +17,12 @@ from conftest import PYTHON, ROOT
 from paretopipe import records
 from paretopipe.partition import models
 from paretopipe.transport import inputs as data
-from tcp_helpers import STARTED
+from tcp_helpers import popen, run
 
 
 def _run(tmp, *args, timeout=300):
-    return subprocess.run([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--metrics-dir", str(tmp),
-                           *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return run([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--metrics-dir", str(tmp), *args],
+               timeout=timeout)
 
 
 @pytest.mark.parametrize("name,world,blocks,pipelined", [
@@ -59,12 +59,10 @@ def test_local_pipeline_equals_unsplit_model(tmp_path, name, world, blocks, pipe
 
 @pytest.mark.slow
 def test_killed_worker_gives_clear_error_and_incomplete_json(tmp_path):
-    proc = subprocess.Popen([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--world-size", "3",
-                             "--model", "mobilenetv2", "--split-block", "5", "--batch-size", "1",
-                             "--num-test-samples", "100000", "--timeout", "20", "--metrics-dir", str(tmp_path),
-                             "--rate", "50mbit"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    STARTED.append(proc)
+    proc = popen([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--world-size", "3",
+                  "--model", "mobilenetv2", "--split-block", "5", "--batch-size", "1",
+                  "--num-test-samples", "100000", "--timeout", "20", "--metrics-dir", str(tmp_path),
+                  "--rate", "50mbit"])
     master = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
     victim = None

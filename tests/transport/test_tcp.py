@@ -18,7 +18,7 @@ from conftest import PYTHON, ROOT
 from paretopipe import records
 from paretopipe.network.conditions import get_conditions
 from paretopipe.transport import inputs as data
-from tcp_helpers import builder, free_port, kill_group, run_in_threads, start, wait_for_line
+from tcp_helpers import builder, free_port, kill_group, run, run_in_threads, start, wait_for_line
 
 
 def _reference(name, batch, count, seed=0, dataset="synthetic"):
@@ -125,8 +125,7 @@ def test_handshake_mismatch_fails_clearly_and_stranger_does_not_kill_listener(tm
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(64))
         time.sleep(0.2)
-    wrong = subprocess.run([PYTHON, "partition2.py", *common, "--split-index", "5", "--output-dir",
-                            str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    wrong = run([PYTHON, "partition2.py", *common, "--split-index", "5", "--output-dir", str(tmp_path)], timeout=120)
     assert wrong.returncode == 1
     assert "handshake mismatch: cuts" in wrong.stderr and wrong.stderr.count("\n") == 1
     good = start("partition2.py", *common, "--split-index", "3", "--output-dir", str(tmp_path))
