@@ -84,20 +84,11 @@ def _forked(argv: list[str], env: dict[str, str], cwd) -> object | None:
     global _zygote
     from paretopipe.runners.zygote import Zygote
 
-    if len(argv) < 2 or argv[0] != PYTHON or os.environ.get("PARETOPIPE_NO_ZYGOTE") == "1":
+    if os.environ.get("PARETOPIPE_NO_ZYGOTE") == "1":
         return None
     if _zygote is None:
         _zygote = Zygote(preload=CLI_PRELOAD, env=dict(os.environ))
-    if not _zygote.usable_for(env):
-        return None
-    try:
-        if argv[1] == "-m":
-            return _zygote.spawn(argv[2], argv[3:], env, cwd=cwd)
-        if argv[1].endswith(".py"):
-            return _zygote.spawn(None, argv[2:], env, cwd=cwd, script=str(Path(cwd or ROOT) / argv[1]))
-    except OSError:
-        pass
-    return None
+    return _zygote.fork(argv, env, cwd=str(cwd) if cwd else None)
 
 
 def popen(argv: list[str], cwd=ROOT, env=None):

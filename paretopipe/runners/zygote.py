@@ -320,6 +320,20 @@ class Zygote:
     def usable_for(self, env: dict[str, str]) -> bool:
         return self.failed is None and _startup_env(env) == _startup_env(self.env)
 
+    def fork(self, argv: Sequence[str], env: dict[str, str], cwd: str | None = None) -> ForkedProcess | None:
+        """``argv`` (``python -m module ...`` or ``python script.py ...``) forked with this environment,
+        or None where a fork would not be the same start as a fresh interpreter's."""
+        if len(argv) < 2 or argv[0] != sys.executable or not self.usable_for(env):
+            return None
+        try:
+            if argv[1] == "-m" and len(argv) >= 3:
+                return self.spawn(argv[2], argv[3:], env, cwd=cwd)
+            if argv[1].endswith(".py"):
+                return self.spawn(None, argv[2:], env, cwd=cwd, script=os.path.join(cwd or os.getcwd(), argv[1]))
+        except OSError:
+            pass  # a plain start is slower, not different
+        return None
+
     def warm(self) -> None:
         """Start the zygote unless it runs already (or could not)."""
         with self._lock:
@@ -411,16 +425,12 @@ def prestart() -> None:
 
 def launch(argv: list[str], env: dict[str, str] | None) -> subprocess.Popen | ForkedProcess:
     """Start a local stage process: forked from this process's zygote when ``argv`` is
-    ``python -m module ...`` and the environment allows it, else ``subprocess.Popen``. Both speak
-    text lines on stdin, stdout and stderr, in a session of their own."""
+    ``python -m module ...`` (or a script) and the environment allows it, else ``subprocess.Popen``.
+    Both speak text lines on stdin, stdout and stderr, in a session of their own."""
     full_env = {**os.environ, **(env or {})}
-    zygote = _shared_zygote() if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" else None
-    if zygote is not None and zygote.usable_for(full_env):
-        try:
-            return zygote.spawn(argv[2], argv[3:], full_env)
-        except OSError:
-            pass  # a plain start below is slower, not different
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    zygote = _shared_zygote()
+    forked = zygote.fork(argv, full_env) if zygote is not None else None
+    return forked or subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, bufsize=1, start_new_session=True, env=full_env if env else None)
 
 
