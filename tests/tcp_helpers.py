@@ -82,12 +82,12 @@ _zygote = None
 def _forked(argv: list[str], env: dict[str, str], cwd) -> object | None:
     """``argv`` forked from the test process's zygote, or None where a fork would differ."""
     global _zygote
-    from paretopipe.runners.zygote import Zygote
+    from paretopipe.runners import zygote
 
-    if os.environ.get("PARETOPIPE_NO_ZYGOTE") == "1":
+    if not zygote.enabled():
         return None
     if _zygote is None:
-        _zygote = Zygote(preload=CLI_PRELOAD, env=dict(os.environ))
+        _zygote = zygote.Zygote(preload=CLI_PRELOAD, env=dict(os.environ))
     return _zygote.fork(argv, env, cwd=str(cwd) if cwd else None)
 
 

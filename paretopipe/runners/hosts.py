@@ -247,12 +247,8 @@ class StageProcess:
                  env: dict[str, str] | None = None) -> None:
         self.role, self.ssh = role, ssh
         self.lines: queue.Queue = queue.Queue()
-        if ssh is None:  # here: forked from the zygote, which has torch imported already
-            self.proc = zygote.launch(argv, env)
-        else:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True, bufsize=1, start_new_session=True,
-                                         env={**os.environ, **(env or {})} if env else None)
+        # here: forked from the zygote, which has torch imported already; over SSH: a plain start
+        self.proc = zygote.launch(argv, env, fork=ssh is None)
         self.stderr_tail: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True).start()
         threading.Thread(target=self._pump, args=(self.proc.stderr, False), daemon=True).start()

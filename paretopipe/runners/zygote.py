@@ -404,9 +404,14 @@ _shared: Zygote | None = None
 _shared_lock = threading.Lock()
 
 
+def enabled() -> bool:
+    """False where ``PARETOPIPE_NO_ZYGOTE=1`` asks for plain starts only."""
+    return os.environ.get("PARETOPIPE_NO_ZYGOTE") != "1"
+
+
 def _shared_zygote() -> Zygote | None:
     global _shared
-    if os.environ.get("PARETOPIPE_NO_ZYGOTE") == "1":
+    if not enabled():
         return None
     with _shared_lock:
         if _shared is None:
@@ -423,16 +428,16 @@ def prestart() -> None:
         threading.Thread(target=zygote.warm, daemon=True, name="zygote-start").start()
 
 
-def launch(argv: list[str], env: dict[str, str] | None) -> subprocess.Popen | ForkedProcess:
-    """Start a local stage process: forked from this process's zygote when ``argv`` is
-    ``python -m module ...`` (or a script) and the environment allows it, else ``subprocess.Popen``.
-    Both speak text lines on stdin, stdout and stderr, in a session of their own."""
+def launch(argv: list[str], env: dict[str, str] | None, fork: bool = True) -> subprocess.Popen | ForkedProcess:
+    """Start a stage process: forked from this process's zygote when ``fork`` allows, ``argv`` is
+    ``python -m module ...`` (or a script) and the environment allows it, else ``subprocess.Popen``
+    (an SSH command line is never forked). Both speak text lines on stdin, stdout and stderr, in a
+    session of their own."""
     full_env = {**os.environ, **(env or {})}
-    zygote = _shared_zygote()
+    zygote = _shared_zygote() if fork else None
     forked = zygote.fork(argv, full_env) if zygote is not None else None
     return forked or subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, bufsize=1, start_new_session=True, env=full_env if env else None)
-
+                                      text=True, bufsize=1, start_new_session=True, env=full_env if env else None)
 
 if __name__ == "__main__":
     sys.exit(main())
