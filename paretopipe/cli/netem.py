@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -127,14 +126,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> i
         print(f"remove with: network_delay.py clear --dev {args.dev}")
         return 0
     log_path = None if args.trace_log is None else Path(args.trace_log)
-    with tc.applied(direction, args.dev, ingress, args.port, runner), \
+    with tc.applied(direction, args.dev, ingress, args.port, runner) as held, \
             tracecontrol.following(direction, args.dev, runner, args.trace_offset, args.seed, "up",
                                    args.trace_interval, log_path) as up, \
             tracecontrol.following(ingress or Direction(), tc.ifb_name(args.dev), runner, args.trace_offset,
                                    args.seed, "down", args.trace_interval,
                                    None if log_path is None else log_path.with_suffix(".down.csv")) as down:
         print(f"applied {conditions.describe()} on {args.dev} for {args.duration:g}s (Ctrl-C clears it early)", flush=True)
-        time.sleep(args.duration)
+        held.hold(args.duration)
     for ctl in (up, down):
         if ctl is not None:
             s = ctl.summary()

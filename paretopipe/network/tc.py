@@ -34,6 +34,7 @@ import shlex
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -405,17 +406,36 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+@dataclasses.dataclass
+class Applied:
+    """What ``applied`` holds: the commands that made the tree, and the signal that ends the block."""
+
+    commands: list[Cmd]
+    _fired: list[int] = dataclasses.field(default_factory=list, repr=False)
+
+    def hold(self, seconds: float) -> None:
+        """Wait ``seconds``, or until SIGINT, SIGTERM or SIGHUP. Python runs a signal handler
+        between any two bytecodes, a finaliser's (``__del__``) included, and drops what a
+        finaliser raises; the signal is then recorded but its KeyboardInterrupt is gone, so the
+        wait also looks at the record, and ends within a fifth of a second of such a signal."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._fired:
+                raise KeyboardInterrupt(f"signal {signal.Signals(self._fired[0]).name}")
+            time.sleep(min(left, 0.2))
+
+
 @contextlib.contextmanager
 def applied(p: Direction, dev: str, ingress: bool | Direction = False, port: int | None = None,
-            runner: Runner | None = None, peers: Sequence[str] = (), ssh_port: int = 22) -> Iterator[list[Cmd]]:
+            runner: Runner | None = None, peers: Sequence[str] = (), ssh_port: int = 22) -> Iterator[Applied]:
     """Apply for the duration of a block; cleared on exit, error, Ctrl-C, SIGTERM or SIGHUP (an SSH
     session that drops). The first signal blocks the others before it interrupts, so a second Ctrl-C
-    during the clean-up waits until the interface is clean; then the old handlers get them."""
+    during the clean-up waits until the interface is clean; then the old handlers get them. A block
+    that only waits should wait with ``Applied.hold``, which no signal can miss."""
     runner = runner or Runner()
     main = threading.current_thread() is threading.main_thread()
     previous: dict[int, Any] = {}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if main else set()
-
     fired: list[int] = []
 
     def interrupt(signum, frame):
@@ -432,7 +452,8 @@ def applied(p: Direction, dev: str, ingress: bool | Direction = False, port: int
             previous[sig] = signal.getsignal(sig)
             signal.signal(sig, interrupt)
     try:
-        yield apply(p, dev, ingress, port, runner, peers, ssh_port)
+        commands = apply(p, dev, ingress, port, runner, peers, ssh_port)
+        yield Applied(commands, fired)
     finally:
         try:
             if main:

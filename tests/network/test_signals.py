@@ -99,3 +99,30 @@ def test_an_ssh_session_that_drops_clears_the_shaping():
         finally:
             client.kill()
             client.wait(10)
+
+
+_SWALLOWED = """
+import signal, sys
+from paretopipe.network import tc
+from paretopipe.network.conditions import Direction
+
+class Finaliser:
+    def __del__(self):
+        signal.raise_signal(signal.SIGTERM)  # the handler runs here; what it raises is dropped
+
+with tc.applied(Direction(rate_bps=10e6), sys.argv[2], runner=tc.Runner(netns=sys.argv[1])) as held:
+    Finaliser()
+    print("the interrupt was swallowed", flush=True)
+    held.hold(120)
+"""
+
+
+def test_a_signal_whose_interrupt_a_finaliser_swallowed_still_ends_the_hold(namespace):
+    """Python runs a signal handler between any two bytecodes, a __del__'s included, and drops what
+    a finaliser raises: the signal must still end the wait and clear the link (a lost SIGTERM kept
+    the shaping for the whole --duration once in CI)."""
+    proc = subprocess.run([PYTHON, "-c", _SWALLOWED, NS, DEV], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "the interrupt was swallowed" in proc.stdout and "Exception ignored" in proc.stderr, proc.stderr
+    assert proc.stderr.rstrip().endswith("KeyboardInterrupt: signal SIGTERM"), proc.stderr
+    state = _state()
+    assert "htb" not in state and "ifb-" not in state, state
