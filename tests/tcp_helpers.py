@@ -91,6 +91,26 @@ def _forked(argv: list[str], env: dict[str, str], cwd) -> object | None:
     return _zygote.fork(argv, env, cwd=str(cwd) if cwd else None)
 
 
+def workers(proc) -> list:
+    """The live stage workers (``python -m paretopipe.runners.worker``) of a sweep that ``popen``
+    started: its descendants when it started plainly; when it was forked, its stages come from its
+    own zygote, which this test process's CLI zygote forked (one test at a time uses it)."""
+    import psutil
+
+    roots = [proc.pid]
+    if _zygote is not None and _zygote._proc is not None and not isinstance(proc, subprocess.Popen):
+        roots.append(_zygote._proc.pid)
+    found = {}
+    for pid in roots:
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                if "paretopipe.runners.worker" in " ".join(child.cmdline()):
+                    found[child.pid] = child
+        except psutil.Error:  # it ended meanwhile
+            continue
+    return list(found.values())
+
+
 def popen(argv: list[str], cwd=ROOT, env=None):
     """A CLI with piped text stdio in its own session (forked where it can be, else Popen);
     conftest kills every such group after each test."""

@@ -58,11 +58,16 @@ def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
         pass  # the sweep is gone; the loop ends at its EOF
 
 
-def _child(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
-    """In the forked child: become the stage process the request describes, run it, exit."""
+def _child(req: dict[str, Any], fds: list[int], sock: socket.socket, channel: socket.socket,
+           others: Sequence[socket.socket]) -> None:
+    """In the forked child: become the stage process the request describes, run it, exit. The child
+    keeps ``channel``, on which it can ask for a zygote of its own (see ``Zygote._start``)."""
+    global _inherited
     code: Any = 1
     try:
-        sock.close()
+        for theirs in (sock, *others):
+            theirs.close()
+        _inherited = (channel, _startup_env(dict(os.environ)))
         os.setsid()
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
@@ -119,7 +124,7 @@ def _set_title(title: str) -> None:
         pass
 
 
-def _reap(sock: socket.socket) -> None:
+def _reap(sock: socket.socket, helpers: set[int]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -127,6 +132,9 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
+        if pid in helpers:  # a child's own zygote: nobody on the socket asked for it
+            helpers.discard(pid)
+            continue
         _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
@@ -146,10 +154,16 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
     except ImportError:
         pass
     _send(sock, {"ready": os.getpid()})
+    channels: list[socket.socket] = []  # one per live child: where it may ask for a zygote of its own
+    helpers: set[int] = set()
     while True:
-        readable, _, _ = select.select([sock], [], [], 0.05)
-        _reap(sock)
-        if not readable:
+        readable, _, _ = select.select([sock, *channels], [], [], 0.05)
+        _reap(sock, helpers)
+        for channel in readable:
+            if channel is not sock:
+                channels.remove(channel)
+                _serve_a_zygote(channel, sock, channels, helpers)
+        if sock not in readable:
             continue
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_REQUEST, 3)
@@ -170,12 +184,39 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
             continue
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            _child(req, fds, sock)
+            _child(req, fds, sock, theirs, [mine, *channels])
+        theirs.close()
+        channels.append(mine)
         for fd in fds:
             os.close(fd)
         _send(sock, {"pid": pid})
+
+
+def _serve_a_zygote(channel: socket.socket, sock: socket.socket, channels: list[socket.socket],
+                    helpers: set[int]) -> None:
+    """A child asked on its channel for a zygote of its own (or ended, closing it): fork one from
+    this untouched state, which serves the child on that channel, as a fresh zygote would."""
+    try:
+        req = json.loads(channel.recv(_MAX_REQUEST) or b"null")
+    except (OSError, ValueError):
+        req = None
+    if not isinstance(req, dict) or not isinstance(req.get("zygote"), list):
+        channel.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for theirs in (sock, *channels):
+                theirs.close()
+            code = serve(channel, [str(m) for m in req["zygote"]])
+        finally:
+            os._exit(code)
+    helpers.add(pid)
+    channel.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -263,6 +304,18 @@ class Zygote:
         self.failed: str | None = None
 
     def _start(self) -> None:
+        inherited = _take_inherited(self.env)
+        if inherited is not None:
+            try:
+                inherited.send(json.dumps({"zygote": self.preload}).encode())
+            except OSError:
+                inherited.close()
+            else:
+                self._sock = inherited
+                threading.Thread(target=self._listen, daemon=True, name="zygote-replies").start()
+                if "ready" not in self._next_reply(self.start_timeout):
+                    raise OSError("the zygote did not start")
+                return
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
@@ -402,6 +455,20 @@ class Zygote:
 
 _shared: Zygote | None = None
 _shared_lock = threading.Lock()
+# In a process that a zygote forked: the channel on which that zygote forks it a zygote of its own
+# (from its untouched, imported state: no second interpreter), and the start-up environment they share.
+_inherited: tuple[socket.socket, dict[str, str]] | None = None
+_inherited_lock = threading.Lock()
+
+
+def _take_inherited(env: dict[str, str]) -> socket.socket | None:
+    """The inherited channel, once, for a zygote whose start-up environment is the forking zygote's."""
+    global _inherited
+    with _inherited_lock:
+        if _inherited is None or _startup_env(env) != _inherited[1]:
+            return None
+        channel, _inherited = _inherited[0], None
+        return channel
 
 
 def enabled() -> bool:
@@ -439,5 +506,10 @@ def launch(argv: list[str], env: dict[str, str] | None, fork: bool = True) -> su
     return forked or subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, bufsize=1, start_new_session=True, env=full_env if env else None)
 
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module, not this __main__ copy: a forked child finds its inherited channel
+    # in the module its own code imports.
+    from paretopipe.runners import zygote as _module
+
+    sys.exit(_module.main())

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import PYTHON, ROOT
+import tcp_helpers as cli
 
 FILE = """
 [sweep]
@@ -43,8 +44,7 @@ SAME_AS_FILE = ["--model", "resnet18", "--splits", "0,8", "--network", "lan,slow
 
 
 def _sweep(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--quiet", "--no-report", *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=600)
+    return cli.run([PYTHON, "-m", "paretopipe", "sweep", "--quiet", "--no-report", *args], cwd=cwd, timeout=600)
 
 
 def _configs(session) -> pd.DataFrame:
@@ -73,8 +73,8 @@ def test_file_equals_flags_then_rerun_and_resume_refusal(tmp_path):
     assert meta_file["networks"]["slow"]["down"]["rate_mbit_per_s"] == 80
 
     # A flag overrides the file.
-    dry = subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--config", str(tmp_path / "exp.toml"), "--runs", "3",
-                          "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    dry = cli.run([PYTHON, "-m", "paretopipe", "sweep", "--config", str(tmp_path / "exp.toml"), "--runs", "3",
+                   "--dry-run"], timeout=120)
     assert dry.returncode == 0 and dry.stdout.startswith("12 runs locally"), dry.stdout + dry.stderr
 
     # --rerun repeats the stored experiment as a new session.
@@ -110,8 +110,7 @@ def test_file_equals_flags_then_rerun_and_resume_refusal(tmp_path):
 def test_bad_experiment_files_get_one_line(tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
-    proc = subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--config", str(path), "--dry-run"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = cli.run([PYTHON, "-m", "paretopipe", "sweep", "--config", str(path), "--dry-run"], timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr

@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from conftest import PYTHON, ROOT
+import tcp_helpers as cli
 from paretopipe.partition import models, split
 
 SKIPNET = "examples/models/skipnet.py:build"
@@ -35,10 +36,9 @@ def test_model_file_with_skip_and_cat_splits_exactly_at_every_cut():
 
 @pytest.mark.slow
 def test_model_file_sweeps_locally(tmp_path):
-    proc = subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--model", SKIPNET, "--splits", "all", "--runs", "1",
-                           "--batch-size", "2", "--num-batches", "2", "--warmup", "0", "--num-classes", "7",
-                           "--drift-every", "0", "--local", "--quiet", "--out", str(tmp_path), "--session", "s"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    proc = cli.run([PYTHON, "-m", "paretopipe", "sweep", "--model", SKIPNET, "--splits", "all", "--runs", "1",
+                    "--batch-size", "2", "--num-batches", "2", "--warmup", "0", "--num-classes", "7",
+                    "--drift-every", "0", "--local", "--quiet", "--out", str(tmp_path), "--session", "s"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = pd.read_csv(tmp_path / "s" / "runs.csv")
     num_blocks = len(runs) - 1
@@ -93,10 +93,9 @@ def test_entry_point_model_in_every_process(tmp_path):
                             text=True, cwd=ROOT, env=env, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines()[0].split()[:3] == ["k", "block", "cut"]
-    swept = subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--model", "tinynet", "--splits", "all", "--runs", "1",
-                            "--batch-size", "2", "--num-batches", "2", "--warmup", "0", "--local", "--quiet",
-                            "--drift-every", "0", "--no-report", "--out", str(tmp_path / "out"), "--session", "s"],
-                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    swept = cli.run([PYTHON, "-m", "paretopipe", "sweep", "--model", "tinynet", "--splits", "all", "--runs", "1",
+                     "--batch-size", "2", "--num-batches", "2", "--warmup", "0", "--local", "--quiet",
+                     "--drift-every", "0", "--no-report", "--out", str(tmp_path / "out"), "--session", "s"], env=env, timeout=600)
     assert swept.returncode == 0, swept.stderr[-2000:]
     runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv")
     assert set(runs["status"]) == {"complete"} and set(runs["model"]) == {"tinynet"}

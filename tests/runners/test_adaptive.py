@@ -16,6 +16,7 @@ import torch
 from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, LinkEstimate, LinkEstimator, SplitChooser,
                                          self_profile)
 from paretopipe.transport import inputs as data
+import tcp_helpers as cli
 from tcp_helpers import builder, free_port, kill_group, start, wait_for_line
 
 MODEL = "mobilenetv2"
@@ -191,17 +192,14 @@ def test_fallback_serves_every_batch_when_stage2_freezes_dies_and_returns(tmp_pa
 
 @pytest.mark.slow
 def test_sweep_runs_adaptive_beside_static_splits_and_reports_the_comparison(tmp_path):
-    import subprocess
-
     import pandas as pd
 
     from conftest import PYTHON, ROOT
 
     trace = ROOT / "paretopipe" / "network" / "traces" / "step.csv"
-    done = subprocess.run([PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "8,19,adaptive",
-                           "--trace", str(trace), "--batch-size", "1", "--num-batches", "8", "--warmup", "1",
-                           "--runs", "1", "--local", "--drift-every", "0", "--out", str(tmp_path), "--session", "s"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = cli.run([PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "8,19,adaptive",
+                    "--trace", str(trace), "--batch-size", "1", "--num-batches", "8", "--warmup", "1",
+                    "--runs", "1", "--local", "--drift-every", "0", "--out", str(tmp_path), "--session", "s"], timeout=600)
     assert done.returncode == 0, done.stderr
     session = tmp_path / "s"
     runs = pd.read_csv(session / "runs.csv")

@@ -9,15 +9,15 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, is_root
+from conftest import PYTHON, is_root
+import tcp_helpers as cli
 
 
 def _sweep(out, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "automated_split_tester.py", "--model", "resnet18", "--runs", "1",
-                           "--batch-size", "1", "--num-batches", "2", "--warmup", "0", "--threads", "1", "--local",
-                           "--drift-every", "0",
-                           "--out", str(out), "--session", "s", "--no-report", "--quiet", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return cli.run([PYTHON, "automated_split_tester.py", "--model", "resnet18", "--runs", "1",
+                    "--batch-size", "1", "--num-batches", "2", "--warmup", "0", "--threads", "1", "--local",
+                    "--drift-every", "0",
+                    "--out", str(out), "--session", "s", "--no-report", "--quiet", *args], timeout=timeout)
 
 
 @pytest.mark.slow
@@ -71,9 +71,9 @@ def test_a_split_beyond_the_model_leaves_no_session_behind(tmp_path, model, vali
     """A zoo model's splits are checked before the session folder exists; a model file's only once
     the workers built it, and then the folder, holding nothing measured, goes. Either way one line,
     exit 2, and no empty session for compare or --resume to trip over."""
-    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", model, "--splits", "2,99", "--local",
-                           "--out", str(tmp_path / "out"), "--quiet"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = cli.run([PYTHON, "automated_split_tester.py", "--model", model, "--splits", "2,99", "--local",
+                    "--out", str(tmp_path / "out"), "--quiet"],
+                   timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("error: split index 99 out of range") and valid in lines[0]

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from conftest import PYTHON, ROOT
+import tcp_helpers as cli
 from lab_helpers import in_host, lab
 
 SLOW = '[slow]\nrate = "20mbit"\ncomment = "rate only: htb shapes it on any kernel"\n'
@@ -22,11 +23,10 @@ SLOW = '[slow]\nrate = "20mbit"\ncomment = "rate only: htb shapes it on any kern
 
 def _sweep(made, tmp: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     (tmp / "nets.toml").write_text(SLOW)
-    return subprocess.run([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model", "resnet18",
-                           "--network-file", str(tmp / "nets.toml"), "--runs", "1", "--batch-size", "1",
-                           "--num-batches", "4", "--warmup", "1", "--threads", "1", "--drift-every", "0",
-                           "--out", str(tmp / "out"), "--session", "s", "--no-report", "--quiet", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return cli.run([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model", "resnet18",
+                    "--network-file", str(tmp / "nets.toml"), "--runs", "1", "--batch-size", "1",
+                    "--num-batches", "4", "--warmup", "1", "--threads", "1", "--drift-every", "0",
+                    "--out", str(tmp / "out"), "--session", "s", "--no-report", "--quiet", *args], timeout=timeout)
 
 
 def _qdisc(made, i: int) -> str:
@@ -126,12 +126,11 @@ def test_doctor_catches_a_host_with_other_code_and_deploy_ships_the_tree(tmp_pat
 def test_a_remote_worker_killed_mid_sweep_is_recorded_and_retried(tmp_path):
     with lab("pplw", 2, subnet=56) as made:
         (tmp_path / "nets.toml").write_text(SLOW)
-        proc = subprocess.Popen([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model",
-                                 "resnet18", "--network-file", str(tmp_path / "nets.toml"), "--network", "slow",
-                                 "--splits", "4,6,8", "--runs", "2", "--batch-size", "1", "--num-batches", "4",
-                                 "--warmup", "1", "--threads", "1", "--out", str(tmp_path / "out"), "--session", "s",
-                                 "--no-report", "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        proc = cli.popen([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model",
+                          "resnet18", "--network-file", str(tmp_path / "nets.toml"), "--network", "slow",
+                          "--splits", "4,6,8", "--runs", "2", "--batch-size", "1", "--num-batches", "4",
+                          "--warmup", "1", "--threads", "1", "--out", str(tmp_path / "out"), "--session", "s",
+                          "--no-report", "--quiet"])
         runs_dir = tmp_path / "out" / "s" / "runs"
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and len(list(runs_dir.glob("*.json"))) < 2:

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 
 from conftest import PYTHON, ROOT, sshd_env_file
+import tcp_helpers as cli
 from paretopipe.runners import rounds, sweep
 from paretopipe.errors import PeerError, UsageError
 
@@ -45,8 +45,7 @@ def test_parse_splits():
 
 @pytest.mark.slow
 def test_small_sweep_end_to_end_both_backends(tmp_path):
-    proc = subprocess.run(_sweep_cmd(tmp_path, "--backend", "both", "--drift-every", "0"), capture_output=True,
-                          text=True, cwd=ROOT, timeout=1200)
+    proc = cli.run(_sweep_cmd(tmp_path, "--backend", "both", "--drift-every", "0"), timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Pareto-optimal splits" in proc.stdout
     session = tmp_path / "out" / "s"
@@ -90,11 +89,10 @@ def test_small_sweep_end_to_end_both_backends(tmp_path):
 def test_a_sweep_over_ciphers_measures_each_as_its_own_configuration_and_reports_the_cost(tmp_path):
     env = tmp_path / "keyed.env"
     env.write_text("PARETOPIPE_SECRET=sweep-cipher-secret-0123456789abcdef\n")
-    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "5,19",
-                           "--network", "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "3", "--warmup", "0",
-                           "--drift-every", "0", "--encrypt", "none,aesgcm", "--env-file", str(env), "--local",
-                           "--out", str(tmp_path / "out"), "--session", "s", "--quiet"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    proc = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "5,19",
+                    "--network", "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "3", "--warmup", "0",
+                    "--drift-every", "0", "--encrypt", "none,aesgcm", "--env-file", str(env), "--local",
+                    "--out", str(tmp_path / "out"), "--session", "s", "--quiet"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     session = tmp_path / "out" / "s"
     runs = pd.read_csv(session / "runs.csv")
@@ -133,11 +131,11 @@ def test_a_latency_memory_front_differs_from_latency_throughput_on_a_model_where
     and an inner split leaves both stages smaller, so the latency/memory front holds that split too.
     Memory here is each stage's parameters plus its largest activation, exact per split."""
     (tmp_path / "nets.toml").write_text('[link5]\nrate = "5mbit"\n')
-    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "8,15,19",
-                           "--network", "link5", "--network-file", str(tmp_path / "nets.toml"), "--runs", "1",
-                           "--batch-size", "1", "--num-batches", "3", "--warmup", "0", "--drift-every", "0",
-                           "--objectives", "latency,memory", "--local", "--out", str(tmp_path / "out"), "--session",
-                           "s", "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    proc = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "8,15,19",
+                    "--network", "link5", "--network-file", str(tmp_path / "nets.toml"), "--runs", "1",
+                    "--batch-size", "1", "--num-batches", "3", "--warmup", "0", "--drift-every", "0",
+                    "--objectives", "latency,memory", "--local", "--out", str(tmp_path / "out"), "--session",
+                    "s", "--quiet"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "memory_model_bytes" in proc.stdout  # the closing table shows the objective's column
     from paretopipe.analysis.report import pareto_table
@@ -159,8 +157,7 @@ def test_a_latency_memory_front_differs_from_latency_throughput_on_a_model_where
 
 @pytest.mark.slow
 def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):
-    proc = subprocess.Popen(_sweep_cmd(tmp_path, "--no-report"), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = cli.popen(_sweep_cmd(tmp_path, "--no-report"))
     runs_dir = tmp_path / "out" / "s" / "runs"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(list(runs_dir.glob("*.json"))) < 3:
@@ -169,10 +166,11 @@ def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):
     assert proc.wait(60) == 130
     before = {p.name: p.stat().st_mtime_ns for p in runs_dir.glob("*.json")}
     assert 3 <= len(before) < 12
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "paretopipe.worker" in " ".join(p.info["cmdline"] or [])
-                and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-    resumed = subprocess.run(_sweep_cmd(tmp_path, "--resume", "--no-report"), capture_output=True, text=True,
-                             cwd=ROOT, timeout=900)
+    deadline = time.monotonic() + 20
+    while cli.workers(proc):  # the interrupted sweep's stages end with it
+        assert time.monotonic() < deadline, cli.workers(proc)
+        time.sleep(0.1)
+    resumed = cli.run(_sweep_cmd(tmp_path, "--resume", "--no-report"), timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     after = {p.name: p.stat().st_mtime_ns for p in runs_dir.glob("*.json")}
     assert len(after) == 12
@@ -187,14 +185,12 @@ def test_interrupted_sweep_resumes_only_what_is_missing(tmp_path):
 
 @pytest.mark.slow
 def test_stage_killed_mid_sweep_is_recorded_and_the_rest_completes(tmp_path):
-    proc = subprocess.Popen(_sweep_cmd(tmp_path, "--no-report"), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    sweeper = psutil.Process(proc.pid)
+    proc = cli.popen(_sweep_cmd(tmp_path, "--no-report"))
     runs_dir = tmp_path / "out" / "s" / "runs"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(list(runs_dir.glob("*.json"))) < 2:
         time.sleep(0.2)
-    workers = [c for c in sweeper.children(recursive=True) if "stage2" in " ".join(c.cmdline())]
+    workers = [w for w in cli.workers(proc) if "--role stage2" in " ".join(w.cmdline())]
     assert workers, "no stage 2 worker found"
     # forked from the sweep's zygote, which imported torch once for both stages
     assert "paretopipe.runners.zygote" in " ".join(workers[0].parent().cmdline())
@@ -210,12 +206,11 @@ def test_stage_killed_mid_sweep_is_recorded_and_the_rest_completes(tmp_path):
 def test_remote_mode_over_real_ssh(sshd, tmp_path):
     """Hosts from .env: workers start over SSH (both 'hosts' are 127.0.0.1), records come back."""
     env_file = sshd_env_file(sshd, tmp_path)
-    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--env-file", str(env_file), "--model", "mobilenetv2",
-                           "--splits", "0,5", "--profiles", "lan", "--runs", "1", "--batch-size", "1",
-                           "--num-batches", "3", "--warmup", "1", "--link", "emulated", "--threads", "1",
-                           "--drift-every", "0",
-                           "--out", str(tmp_path / "out"), "--session", "r", "--no-report", "--quiet"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = cli.run([PYTHON, "automated_split_tester.py", "--env-file", str(env_file), "--model", "mobilenetv2",
+                    "--splits", "0,5", "--profiles", "lan", "--runs", "1", "--batch-size", "1",
+                    "--num-batches", "3", "--warmup", "1", "--link", "emulated", "--threads", "1",
+                    "--drift-every", "0",
+                    "--out", str(tmp_path / "out"), "--session", "r", "--no-report", "--quiet"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = pd.read_csv(tmp_path / "out" / "r" / "runs.csv")
     assert sorted(runs["split_index"]) == [0, 5] and set(runs["status"]) == {"complete"}
@@ -229,10 +224,10 @@ def test_remote_mode_over_real_ssh(sshd, tmp_path):
 def test_a_batch_slower_than_60_s_on_3g_is_measured_not_failed(tmp_path):
     """MobileNetV2 k=2 at batch 8 sends 6.4 MB a batch: 67 s over 3G's 768 kbit/s uplink, past the
     fixed 60 s timeout that failed this sweep. The deadline follows the link, so the run completes."""
-    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "2",
-                           "--network", "3g", "--runs", "1", "--batch-size", "8", "--num-batches", "1", "--warmup", "0",
-                           "--drift-every", "0", "--out", str(tmp_path), "--session", "s", "--local", "--quiet",
-                           "--no-report"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    proc = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "2",
+                    "--network", "3g", "--runs", "1", "--batch-size", "8", "--num-batches", "1", "--warmup", "0",
+                    "--drift-every", "0", "--out", str(tmp_path), "--session", "s", "--local", "--quiet",
+                    "--no-report"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = pd.read_csv(tmp_path / "s" / "runs.csv")
     assert list(runs["status"]) == ["complete"]
@@ -246,11 +241,11 @@ def test_max_batch_s_makes_a_configuration_infeasible_and_the_sweep_goes_on(tmp_
     """A deadline the user sets is a measured outcome: k=2 (67 s a batch on 3G) is recorded as
     infeasible within --max-batch-s, drawn as dominated, and the sweep measures k=19 and exits 0."""
     started = time.monotonic()
-    proc = subprocess.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "2,19",
-                           "--network", "3g", "--runs", "1", "--batch-size", "8", "--num-batches", "2", "--warmup", "0",
-                           "--max-batch-s", "5", "--drift-every", "0", "--order", "sequential", "--out", str(tmp_path),
-                           "--session", "s", "--local", "--quiet"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600)
+    proc = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "2,19",
+                    "--network", "3g", "--runs", "1", "--batch-size", "8", "--num-batches", "2", "--warmup", "0",
+                    "--max-batch-s", "5", "--drift-every", "0", "--order", "sequential", "--out", str(tmp_path),
+                    "--session", "s", "--local", "--quiet"],
+                   timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert time.monotonic() - started < 67  # it did not wait for the 67 s batch
     session = tmp_path / "s"

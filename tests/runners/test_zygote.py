@@ -118,3 +118,38 @@ def test_a_script_runs_as_python_script_would_and_communicate_collects_its_outpu
     hello, echoed = out.splitlines()
     assert json.loads(hello) == {"argv": ["4"], "cwd": str(tmp_path), "x": None, "leader": True, "main": "__main__"}
     assert echoed == "HI" and err == "" and child.returncode == 4
+
+
+NESTED = '''
+import json, os, sys
+from paretopipe.runners import zygote
+own = zygote.Zygote(preload=["json"])
+child = own.spawn("zygote_child", ["5"], dict(os.environ))
+hello = json.loads(child.stdout.readline())
+import psutil
+helper = psutil.Process(psutil.Process(child.pid).ppid())
+child.stdin.write("exit\\n")
+child.stdin.flush()
+print(json.dumps({"parent": os.getppid(), "fresh": own._proc is not None, "grandchild": hello["argv"],
+                  "code": child.wait(10), "helper": helper.pid, "helper_parent": helper.ppid()}), flush=True)
+own.close()
+'''
+
+
+def test_a_forked_process_gets_its_own_zygote_by_a_fork_not_a_new_interpreter(server, tmp_path):
+    """A sweep forked from a zygote (as the tests' CLIs are) asks that zygote for one of its own:
+    the zygote forks it from its imported state, and the sweep's stages come from there."""
+    z, env = server
+    (tmp_path / "nested_sweep.py").write_text(NESTED)
+    child = z.spawn("nested_sweep", [], env)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    got = json.loads(out)
+    assert not got["fresh"] and got["grandchild"] == ["5"] and got["code"] == 5
+    # The stage's zygote is a child of the first zygote, which started no second interpreter.
+    assert got["helper_parent"] == z._proc.pid == got["parent"] and got["helper"] != z._proc.pid
+    assert psutil.Process(z._proc.pid).is_running()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(got["helper"]):  # it ends with its sweep, and its zygote reaps it
+        assert time.monotonic() < deadline, "the helper zygote outlived its sweep"
+        time.sleep(0.05)

@@ -4,13 +4,13 @@ synthetic noise; the manifest says which were used."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON
+import tcp_helpers as cli
 from paretopipe.errors import UsageError
 from paretopipe.transport import inputs, wire
 
@@ -64,10 +64,10 @@ def test_image_folder_batches_and_sweep_record_it(tmp_path):
     got = list(inputs.batches(f"imagefolder:{folder}", 2, 48, 5))
     assert len(got) == 5 and all(x.shape == (2, 3, 48, 48) for x in got)
     assert not torch.equal(got[0], got[1])
-    proc = subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--model", "resnet18", "--splits", "4", "--runs", "1",
-                           "--batch-size", "2", "--num-batches", "2", "--warmup", "0", "--dataset",
-                           f"imagefolder:{folder}", "--drift-every", "0", "--local", "--quiet", "--no-report", "--out", str(tmp_path / "out"),
-                           "--session", "s"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    proc = cli.run([PYTHON, "-m", "paretopipe", "sweep", "--model", "resnet18", "--splits", "4", "--runs", "1",
+                    "--batch-size", "2", "--num-batches", "2", "--warmup", "0", "--dataset",
+                    f"imagefolder:{folder}", "--drift-every", "0", "--local", "--quiet", "--no-report", "--out", str(tmp_path / "out"),
+                    "--session", "s"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-1500:]
     record = json.loads(next((tmp_path / "out" / "s" / "runs").glob("*.json")).read_text())
     assert record["config"]["dataset"] == f"imagefolder:{folder}"
@@ -84,8 +84,7 @@ def test_image_folder_batches_and_sweep_record_it(tmp_path):
 def test_bad_datasets_are_named(spec, message):
     with pytest.raises(UsageError, match=message):
         inputs.check_local(spec)
-    proc = subprocess.run([PYTHON, "-m", "paretopipe", "sweep", "--dataset", spec, "--dry-run"], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
+    proc = cli.run([PYTHON, "-m", "paretopipe", "sweep", "--dataset", spec, "--dry-run"], timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
 
