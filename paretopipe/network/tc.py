@@ -18,7 +18,8 @@ through an ifb device that gets the same tree. Each host shapes its own egress; 
 stage 1's host the *up* direction and the last stage's host the *down* direction.
 
 :func:`applied` clears what it applied on exit, error, Ctrl-C, SIGTERM or SIGHUP (an SSH session
-that drops), and a second signal during the clean-up waits until the clean-up is done.
+that drops), and a second signal during the clean-up waits until the clean-up is done; a signal
+whose interrupt Python dropped (a handler that ran inside a finaliser) is not lost either.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ SHAPED = "1:2"
 UNSHAPED = "1:1"
 LEAF = "20:"
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Signals this close together are one request to stop (SIGTERM and SIGINT sent at once, a double
+#: Ctrl-C): the later ones do not interrupt the clean-up the first began.
+SIGNAL_BURST_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,22 +433,27 @@ class Applied:
 def applied(p: Direction, dev: str, ingress: bool | Direction = False, port: int | None = None,
             runner: Runner | None = None, peers: Sequence[str] = (), ssh_port: int = 22) -> Iterator[Applied]:
     """Apply for the duration of a block; cleared on exit, error, Ctrl-C, SIGTERM or SIGHUP (an SSH
-    session that drops). The first signal blocks the others before it interrupts, so a second Ctrl-C
-    during the clean-up waits until the interface is clean; then the old handlers get them. A block
-    that only waits should wait with ``Applied.hold``, which no signal can miss."""
+    session that drops). The first signal interrupts the block; signals in the same burst (within
+    ``SIGNAL_BURST_S``) do not interrupt what it began, and signals during the clean-up wait until the
+    interface is clean; then the old handlers get them. A block that only waits should wait with
+    ``Applied.hold``, which no signal can miss."""
     runner = runner or Runner()
     main = threading.current_thread() is threading.main_thread()
     previous: dict[int, Any] = {}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if main else set()
     fired: list[int] = []
+    state = {"cleaning": False, "at": 0.0}
 
     def interrupt(signum, frame):
-        # A second signal can reach Python before the first handler's mask takes effect (a loaded
-        # machine runs both handlers back to back); it must not interrupt the clean-up the first began.
-        if fired:
+        # A second signal can reach Python right after the first (SIGTERM and SIGINT together, a
+        # double Ctrl-C): it must not interrupt what the first began. A later one interrupts again:
+        # Python drops what a handler raises inside a finaliser, and the user's next Ctrl-C must
+        # still work then (blocking every signal after the first would lose it for good).
+        now = time.monotonic()
+        if state["cleaning"] or (fired and now - state["at"] < SIGNAL_BURST_S):
             return
         fired.append(signum)
-        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        state["at"] = now
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     if main:
@@ -455,6 +464,7 @@ def applied(p: Direction, dev: str, ingress: bool | Direction = False, port: int
         commands = apply(p, dev, ingress, port, runner, peers, ssh_port)
         yield Applied(commands, fired)
     finally:
+        state["cleaning"] = True
         try:
             if main:
                 signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)

@@ -126,3 +126,22 @@ def test_a_signal_whose_interrupt_a_finaliser_swallowed_still_ends_the_hold(name
     assert proc.stderr.rstrip().endswith("KeyboardInterrupt: signal SIGTERM"), proc.stderr
     state = _state()
     assert "htb" not in state and "ifb-" not in state, state
+
+
+def test_after_a_swallowed_interrupt_the_next_signal_still_stops_a_block_that_does_not_hold(namespace):
+    """A block that does other work than waiting (a sweep) gets no poll: after a swallowed interrupt
+    the user's next Ctrl-C must still stop it and clear the link, not be blocked for good."""
+    body = _SWALLOWED.replace("held.hold(120)", "import time; time.sleep(120)")
+    proc = subprocess.Popen([PYTHON, "-c", body, NS, DEV], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "the interrupt was swallowed\n"
+        time.sleep(tc.SIGNAL_BURST_S + 0.2)  # past the burst that counts as one request to stop
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert err.rstrip().endswith("KeyboardInterrupt: signal SIGINT"), err
+    state = _state()
+    assert "htb" not in state and "ifb-" not in state, state
