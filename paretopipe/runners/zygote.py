@@ -304,18 +304,30 @@ class Zygote:
         self.failed: str | None = None
 
     def _start(self) -> None:
+        self._sock = self._forked_server() or self._new_server()
+        threading.Thread(target=self._listen, daemon=True, name="zygote-replies").start()
+        try:
+            if "ready" not in self._next_reply(self.start_timeout):
+                raise OSError("the zygote did not start")
+        except OSError:
+            if self._proc is not None:
+                self._proc.kill()
+            raise
+
+    def _forked_server(self) -> socket.socket | None:
+        """In a process a zygote forked: the socket of a zygote forked for it from that one."""
         inherited = _take_inherited(self.env)
-        if inherited is not None:
-            try:
-                inherited.send(json.dumps({"zygote": self.preload}).encode())
-            except OSError:
-                inherited.close()
-            else:
-                self._sock = inherited
-                threading.Thread(target=self._listen, daemon=True, name="zygote-replies").start()
-                if "ready" not in self._next_reply(self.start_timeout):
-                    raise OSError("the zygote did not start")
-                return
+        if inherited is None:
+            return None
+        try:
+            inherited.send(json.dumps({"zygote": self.preload}).encode())
+        except OSError:
+            inherited.close()
+            return None
+        return inherited
+
+    def _new_server(self) -> socket.socket:
+        """The socket of a new zygote interpreter."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
@@ -324,14 +336,7 @@ class Zygote:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
         finally:
             theirs.close()
-        self._sock = mine
-        threading.Thread(target=self._listen, daemon=True, name="zygote-replies").start()
-        try:
-            if "ready" not in self._next_reply(self.start_timeout):
-                raise OSError("the zygote did not start")
-        except OSError:
-            self._proc.kill()
-            raise
+        return mine
 
     def _listen(self) -> None:
         sock = self._sock
