@@ -13,13 +13,22 @@ import numpy as np
 import pytest
 import torch
 
-from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, LinkEstimate, LinkEstimator, SplitChooser,
-                                         self_profile)
+from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, PROBE_ALPHA, PROBE_BYTES, LinkEstimate, LinkEstimator,
+                                         SplitChooser, self_profile)
 from paretopipe.transport import inputs as data
 import tcp_helpers as cli
+from paretopipe.runners.adaptive import PROBE_INTERVAL_S
 from tcp_helpers import builder, free_port, kill_group, start, wait_for_line
 
 MODEL = "mobilenetv2"
+# The step test's link: STEP_S fast (40 Mbit/s), STEP_S slow (3 Mbit/s), repeating. While it keeps
+# the work local, the runtime learns that the link got faster only from its next rate probe, up to
+# PROBE_INTERVAL_S later; one probe moves the estimate past the switch point, and the switch waits
+# for the chooser's patience (2 batches: test_one_rate_probe_after_a_step_up_is_enough). SETTLE_S
+# allows that plus 1 s for the probe and those batches on a loaded machine; a slower link shows in
+# the next offloaded batches themselves. The split is judged only after SETTLE_S into a phase.
+STEP_S = 4.0
+SETTLE_S = PROBE_INTERVAL_S + 1.0
 
 
 def _bytes_per_image() -> list[int]:
@@ -85,6 +94,20 @@ def test_chooser_offloads_on_a_fast_link_keeps_work_local_on_a_slow_one_and_does
     assert throughput.choose(None, fast).predicted[k_fast] > 0
 
 
+def test_one_rate_probe_after_a_step_up_is_enough_to_offload_again():
+    """The step test's bound rests on this: after a long slow (3 Mbit/s) spell kept local, one rate
+    probe on the 40 Mbit/s link, plus the chooser's patience, brings the work back to the server."""
+    chooser = SplitChooser(_profiles(0.005, 0.0005), 1, range(0, 20))
+    est = LinkEstimator()
+    est.observe(40, 0.002)
+    for _ in range(30):
+        est.observe(PROBE_BYTES, 0.002 + PROBE_BYTES * 8 / 3e6, PROBE_ALPHA)
+    assert chooser.choose(None, est.estimate).split == 19
+    est.observe(PROBE_BYTES, 0.002 + PROBE_BYTES * 8 / 40e6, PROBE_ALPHA)
+    first, second = chooser.choose(19, est.estimate), chooser.choose(19, est.estimate)
+    assert not first.switched and second.switched and second.split < 19
+
+
 # -- the runtime, end to end -----------------------------------------------------------------------
 def _reference(count: int) -> list[torch.Tensor]:
     model = builder(MODEL).model
@@ -116,7 +139,7 @@ def _assert_outputs_equal_unsplit(npz, count):
 @pytest.mark.slow
 def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outputs(tmp_path):
     trace = tmp_path / "step.csv"
-    trace.write_text("time_s,rate_mbit\n0,40\n3,3\n")   # 3 s fast, 3 s slow, repeating
+    trace.write_text(f"time_s,rate_mbit\n0,40\n{STEP_S:g},3\n")   # fast, then slow, repeating
     port = str(free_port())
     total = 300
     common = ["--model", MODEL, "--split", "adaptive", "--port", port, "--threads", "1", "--connect-timeout", "90"]
@@ -135,12 +158,13 @@ def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outpu
     assert all(b["estimate_goodput_mbit_per_s"] > 0 and b["estimate_rtt_ms"] >= 0 for b in batches)
     for prev, b in zip(batches, batches[1:]):
         assert b["switched"] == (b["split_k"] != prev["split_k"])
-    # The choice follows the trace: offloaded while fast, kept local (k = K) while slow.
+    # The choice follows the trace: offloaded while fast, kept local (k = K) while slow, once the
+    # runtime can know (SETTLE_S after each step).
     offset = rec["manifest"]["link"]["trace_up"]["offset_s"]
 
     def phase(b):
-        t = (offset + b["start_s"]) % 6.0
-        return "fast" if 0.75 <= t < 3.0 else "slow" if 3.75 <= t < 6.0 else None
+        t = (offset + b["start_s"]) % (2 * STEP_S)
+        return "fast" if SETTLE_S <= t < STEP_S else "slow" if STEP_S + SETTLE_S <= t < 2 * STEP_S else None
 
     fast = [b["split_k"] for b in batches if phase(b) == "fast"]
     slow = [b["split_k"] for b in batches if phase(b) == "slow"]
