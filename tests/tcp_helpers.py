@@ -61,6 +61,58 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secr
     return out["s1"], s2
 
 
+def run_chain_in_threads(name: str, plan: list[int], tmp: Path, conditions=None, secret=None, encrypt="none",
+                         next_stage: bool = True, **cfg_kw):
+    """A chain of len(plan) + 1 stages in this process over 127.0.0.1: stage 1 listens, each middle
+    stage connects to the one before and listens for the next. Returns the outcomes in stage order
+    (each later stage's list of runs); ``next_stage=False`` starts the middle stage without one."""
+    b = builder(name)
+    cuts = [b.partitioner.block_cut(k) for k in plan]
+    cfg = RunConfig(model=b.name, cuts=cuts, split_index=list(plan), timeout_s=60,
+                    link_mode="emulated" if conditions else "none",
+                    network=conditions.name if conditions else None, **cfg_kw)
+    listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret, encrypt=encrypt)
+    out: dict = {}
+    threads = []
+
+    def guarded(key, fn):
+        def body():
+            try:
+                out[key] = fn()
+            except BaseException as exc:  # surfaced by the caller
+                out[f"{key}_error"] = exc
+        th = threading.Thread(target=body, name=key)
+        th.start()
+        threads.append(th)
+
+    guarded("stage1", lambda: tcp.run_stage1(listener, b, cfg, conditions=conditions, connect_timeout=30,
+                                             keep_outputs=True, output_dir=tmp / "stage1"))
+    port = listener.port
+    listeners = []
+    for j in range(2, len(plan) + 2):
+        middle = j < len(plan) + 1 and (next_stage or j > 2)
+        downstream = None
+        if middle:
+            nxt = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret, encrypt=encrypt)
+            listeners.append(nxt)
+            downstream = tcp.Downstream(nxt, 30)
+
+        def serve(port=port, downstream=downstream, j=j):
+            sock = tcp.connect_with_retry("127.0.0.1", port, 10)
+            connection = tcp.open_connection(sock, b, cuts=cuts, secret=secret, encrypt=encrypt)
+            return tcp.serve_connection(connection, b, output_dir=tmp / f"stage{j}", timeout_s=60,
+                                        downstream=downstream)
+        guarded(f"stage{j}", serve)
+        if not middle:
+            break
+        port = downstream.listener.port
+    for th in threads:
+        th.join(120)
+    for lst in [listener, *listeners]:
+        lst.close()
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -30,6 +30,7 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
                    help="zoo name (mobilenetv2, resnet18, resnet50, vgg16, alexnet, inceptionv3, any torchvision name)")
     g.add_argument("--split", "--split-index", dest="split_index", type=split_or_adaptive, default=None,
                    help="block index k: the first k blocks run on stage 1 (0 and K are the baselines); "
+                        "k1,k2,...: a chain of stages (stage 1 runs blocks up to k1, stage 2 up to k2, ...); "
                         "adaptive: choose per batch from the measured link (both stages hold every block)"
                         + ("" if stage == 1 else "; omitted: whatever stage 1 runs"))
     g.add_argument("--cut", default=None, help="a fine fx cut name instead of --split (paretopipe split --list --fine)")
@@ -69,10 +70,15 @@ def _link_timeout_s(args: argparse.Namespace, builder: StageBuilder, cuts: list[
     return deadlines.run_timeout_s(conditions, up, args.num_classes * 4 * args.batch_size, args.in_flight)
 
 
-def split_or_adaptive(text: str) -> int | str:
-    """``--split``: a block index k, or ``adaptive``."""
+def split_or_adaptive(text: str) -> int | list[int] | str:
+    """``--split``: a block index k, a plan of N stages as a comma list (``3,9``), or ``adaptive``."""
     if text.strip().lower() == ADAPTIVE:
         return ADAPTIVE
+    if "," in text:
+        plan = [nonneg_int(k) for k in text.split(",")]
+        if plan != sorted(plan):
+            raise argparse.ArgumentTypeError(f"{text!r}: a plan's splits go in increasing order, like 3,9")
+        return plan
     return nonneg_int(text)
 
 
@@ -94,6 +100,13 @@ def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuil
         if not required:
             return builder, None
         raise UsageError(f"give --split (0..{builder.partitioner.num_blocks} for {builder.name}) or --cut NAME")
+    if isinstance(args.split_index, list):  # a chain of len + 1 stages
+        from ..partition.structure import check_splits
+
+        if args.cut is not None:
+            raise UsageError("--cut and a plan of several splits exclude each other: give one of them")
+        check_splits(args.split_index, builder.partitioner.num_blocks, builder.name)
+        return builder, [builder.partitioner.block_cut(k) for k in args.split_index]
     return builder, builder.cuts_for(args.split_index, args.cut)
 
 
@@ -123,9 +136,10 @@ def _signals_as_interrupt() -> None:
 def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     p = ArgumentParser(
         prog=prog, formatter_class=HelpFormatter,
-        description="Stage 1 of a 2-stage TCP pipeline: the data source. Listens, runs the first "
+        description="Stage 1 of a TCP pipeline: the data source. Listens, runs the first "
                     "part of the model, sends activations to stage 2, receives results and measures "
-                    "end-to-end latency on its own monotonic clock.",
+                    "end-to-end latency on its own monotonic clock. --split k1,k2 makes a chain of three "
+                    "(stage 2 is then a middle stage started with --next-port).",
         epilog=example_epilog(
             "python partition1.py --model mobilenetv2 --split 8",
             "python partition1.py --model resnet50 --split 4 --in-flight 4 --network lte",
@@ -241,13 +255,23 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
 def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:
     p = ArgumentParser(
         prog=prog, formatter_class=HelpFormatter,
-        description="Stage 2 of a 2-stage TCP pipeline: connects to stage 1, runs the rest of the model, "
-                    "returns every result, and writes the run JSON into --out. The workload (batch size, "
-                    "batches, wire dtype) comes from stage 1.",
+        description="A later stage of a TCP pipeline: connects to the stage before (stage 1 in a pair), runs "
+                    "its part of the model, and returns every result (or, with --next-port, sends its part on "
+                    "to the next stage and relays the results back); writes the run JSON into --out. The "
+                    "workload (batch size, batches, wire dtype, the plan) comes from stage 1.",
         epilog=example_epilog("python partition2.py --model mobilenetv2 --split 8 --host 192.168.1.10",
-                              "python partition2.py --model resnet50 --host 127.0.0.1 --device cuda"))
-    p.add_argument("--host", default="127.0.0.1", help="stage 1's address")
+                              "python partition2.py --model resnet50 --host 127.0.0.1 --device cuda",
+                              "python partition2.py --model mobilenetv2 --host 192.168.1.10 --next-port 5556   "
+                              "# the middle of three (stage 1: --split 3,9)",
+                              "python partition2.py --model mobilenetv2 --host 192.168.1.11 --port 5556   "
+                              "# the last of three"))
+    p.add_argument("--host", default="127.0.0.1", help="the previous stage's address (stage 1's in a pair)")
     _common(p, 2)
+    c = p.add_argument_group("a chain of more than two stages (stage 1 runs --split k1,k2,...)")
+    c.add_argument("--next-port", type=port_number, default=None,
+                   help="make this a middle stage: listen on this port for the next stage, send it this stage's "
+                        "output, and relay its results back")
+    c.add_argument("--next-host", default="0.0.0.0", help="address to listen on for the next stage")
     p.add_argument("--batch-size", type=positive_int, default=None, help="accepted for the anchor; stage 1 decides")
     p.add_argument("--link", default=None, choices=["emulated", "tc", "none"], help=argparse.SUPPRESS)
     return p
@@ -263,13 +287,23 @@ def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") 
     observed = _observed_link(args)
     from ..transport import tcp
 
-    sock = tcp.connect_with_retry(args.host, args.port, args.connect_timeout)
-    connection = tcp.open_connection(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload,
-                                     encrypt=args.encrypt)
-    outcomes = tcp.serve_connection(connection, builder, output_dir=args.out, observed_link=observed,
-                                    threads=args.threads, timeout_s=args.timeout)
+    downstream = None
+    if args.next_port is not None:  # listening first, so the next stage may start before this one connects
+        downstream = tcp.Downstream(tcp.StageListener(tcp.listen(args.next_host, args.next_port),
+                                                      tcp.identity_of(builder), secret, args.max_payload,
+                                                      encrypt=args.encrypt), args.connect_timeout)
+    try:
+        sock = tcp.connect_with_retry(args.host, args.port, args.connect_timeout)
+        connection = tcp.open_connection(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload,
+                                         encrypt=args.encrypt)
+        outcomes = tcp.serve_connection(connection, builder, output_dir=args.out, observed_link=observed,
+                                        threads=args.threads, timeout_s=args.timeout, downstream=downstream)
+    finally:
+        if downstream is not None:
+            downstream.listener.close()
     for outcome in outcomes:
-        print(f"stage 2 done: {outcome.record['summary']['batches_measured']} measured batches, written {outcome.path}")
+        role = outcome.record["timing"]["written_by"].replace("stage", "stage ")
+        print(f"{role} done: {outcome.record['summary']['batches_measured']} measured batches, written {outcome.path}")
     return 0
 
 

@@ -348,7 +348,7 @@ class AdaptiveRun:
                 self.connection_after = self.peer.connection
             else:
                 self.peer.connection.close(bye=failure is None)
-        record = tcp.assemble_record(run_id, status, error, cfg, part1, peer_part, link_manifest,
+        record = tcp.assemble_record(run_id, status, error, cfg, [part1, peer_part], link_manifest,
                                      {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
         path = tcp.write_record(record, output_dir)
         if failure is not None:

@@ -33,6 +33,7 @@ from ..network.emulated import EmulatedLink, LinkSender
 from ..partition.stages import StageBuilder, StageTimer
 from ..sysmon import SystemMonitor
 from . import inputs
+from .endpoint import SourceEndpoint
 from .resources import ResourceMeter, stage_meter
 from .runconfig import RunConfig
 from .schedule import BatchSchedule, status_of
@@ -178,6 +179,86 @@ def layout(num_stages: int, source: str) -> list[int]:
     return list(range(1, num_stages + 1)) if source == "master" else list(range(num_stages))
 
 
+def _configure_ranks(cfg: RunConfig, builder: StageBuilder, ranks: list[int],
+                     conditions: NetworkConditions | None) -> list[dict[str, Any]]:
+    """Configure every remote stage rank for ``cfg`` and check that each built what the master did;
+    returns what they reported. Raises :class:`PeerError` on a mismatch (nothing ran)."""
+    n = len(ranks)
+
+    def direction(stage: int) -> dict[str, Any] | None:
+        if conditions is None:
+            return None
+        return (conditions.down if stage == n - 1 else conditions.up).to_dict()
+
+    infos = []
+    for j, rank in enumerate(ranks):
+        if rank == 0:  # the master computes stage 1 itself
+            continue
+        nxt = MASTER if j == n - 1 else worker_name(ranks[j + 1])
+        infos.append(rpc.rpc_sync(worker_name(rank), configure,
+                                  args=(j, list(cfg.cuts), nxt, direction(j), cfg.seed, cfg.to_dict()),
+                                  timeout=cfg.timeout_s))
+    for info in infos:
+        problems = [f"{k}: master {want!r}, {worker_name(ranks[info['stage']])} {info[k]!r}"
+                    for k, want in (("model", cfg.model), ("cuts", list(cfg.cuts)), ("fingerprint", builder.fingerprint))
+                    if info[k] != want]
+        if problems:
+            raise PeerError("handshake mismatch: " + "; ".join(problems))
+    return infos
+
+
+class _MasterSource(SourceEndpoint):
+    """The master's endpoint: it computes stage 1 itself when the layout puts it there, and sends
+    each batch to the first remote rank through its emulated link; results come back through
+    :func:`deliver`."""
+
+    def __init__(self, cfg: RunConfig, builder: StageBuilder, schedule: BatchSchedule, local_stage: Any,
+                 sender: LinkSender, first: str, check_alive: Callable[[], None] | None) -> None:
+        super().__init__(cfg, builder.input_size, schedule, cfg.timeout_s * cfg.in_flight)
+        self.builder, self.local_stage, self.sender, self.first = builder, local_stage, sender, first
+        self.check_alive = check_alive
+        self.timer = StageTimer(builder.device)
+
+    def check(self) -> None:
+        if _STATE.get("error") is not None:
+            raise PeerError(f"a result could not be used: {_STATE['error']}")
+        if self.sender.error is not None:
+            raise PeerError(f"sending to {self.first} failed: {self.sender.error}")
+        if self.check_alive is not None:
+            self.check_alive()
+
+    def start_fields(self, x: torch.Tensor) -> dict[str, Any]:
+        return {"input_bytes": x.numel() * x.element_size()}
+
+    def compute(self, seq: int) -> None:
+        if self.local_stage is not None:
+            out, compute_s = self.timer.run(self.local_stage, self.x, self.builder.device)
+            self.x = out.detach().cpu().contiguous()
+            self.rec["stage1_compute_s"] = compute_s
+
+    def send(self, seq: int) -> None:
+        x, hops, first = self.x, [], self.first
+        self.sender.submit(x.numel() * x.element_size(),
+                           lambda: rpc.rpc_async(first, forward, args=(seq, x, hops), timeout=NO_RPC_TIMEOUT)
+                           .add_done_callback(_check))
+
+
+def _rank_parts(ranks: list[int], images: int, timeout_s: float) -> dict[str, Any]:
+    """Each remote rank's energy and memory over the run (a rank that is gone has none)."""
+    parts: dict[str, Any] = {}
+    for j, rank in enumerate(ranks):
+        if rank == 0:
+            continue
+        try:
+            part = rpc.rpc_sync(worker_name(rank), resources, args=(images,), timeout=timeout_s)
+        except Exception as exc:  # a rank that is gone has no part; the record says so by its absence
+            log.warning("no energy and memory from %s: %s", worker_name(rank), str(exc)[:120])
+            part = None
+        if part:
+            parts[f"stage{j + 1}"] = part
+    return parts
+
+
 def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
                conditions: NetworkConditions | None = None, keep_outputs: bool = False,
                transport: dict | None = None, limits: dict[str, Any] | None = None,
@@ -189,28 +270,8 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     n = len(cfg.cuts) + 1
     ranks = layout(n, source)
     emulated = conditions is not None and cfg.link_mode == "emulated"
-
-    def direction(stage: int) -> dict[str, Any] | None:
-        if not emulated:
-            return None
-        return (conditions.down if stage == n - 1 else conditions.up).to_dict()
-
-    infos = []
-    local_stage = None
-    for j, rank in enumerate(ranks):
-        nxt = MASTER if j == n - 1 else worker_name(ranks[j + 1])
-        if rank == 0:  # the master computes stage 1 itself
-            local_stage = builder.stage(list(cfg.cuts), 0)
-            continue
-        infos.append(rpc.rpc_sync(worker_name(rank), configure,
-                                  args=(j, list(cfg.cuts), nxt, direction(j), cfg.seed, cfg.to_dict()),
-                                  timeout=cfg.timeout_s))
-    for info in infos:
-        problems = [f"{k}: master {want!r}, {worker_name(ranks[info['stage']])} {info[k]!r}"
-                    for k, want in (("model", cfg.model), ("cuts", list(cfg.cuts)), ("fingerprint", builder.fingerprint))
-                    if info[k] != want]
-        if problems:
-            raise PeerError("handshake mismatch: " + "; ".join(problems))
+    infos = _configure_ranks(cfg, builder, ranks, conditions if emulated else None)
+    local_stage = builder.stage(list(cfg.cuts), 0) if ranks[0] == 0 else None
     schedule = BatchSchedule(cfg)
     local_meter = stage_meter(builder, cfg, 0) if local_stage is not None else None
     if local_meter is not None:  # the master is stage 1: its window is stage 1's, as on TCP
@@ -233,42 +294,14 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     _STATE.update(schedule=schedule, on_result=on_result, error=None)
     up = EmulatedLink(conditions.up, seed=cfg.seed) if emulated else None
     sender = LinkSender(up, "rpc-send-master")
-    timer = StageTimer(builder.device)
     first = worker_name(ranks[1] if local_stage is not None else ranks[0])
-
-    def check() -> None:
-        if _STATE.get("error") is not None:
-            raise PeerError(f"a result could not be used: {_STATE['error']}")
-        if sender.error is not None:
-            raise PeerError(f"sending to {first} failed: {sender.error}")
-        if check_alive is not None:
-            check_alive()
-
     failure: BaseException | None = None
-    batches = None
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
         try:
-            batches = inputs.source_batches(cfg.dataset, cfg.batch_size, builder.input_size, schedule.total,
-                                            cfg.data_dir, cfg.seed, cfg.prefetch_batches)
-            for seq in range(schedule.total):
-                x = next(batches)
-                schedule.acquire(check)
-                rec = schedule.start(seq, input_bytes=x.numel() * x.element_size())
-                hops: list[list[float]] = []
-                if local_stage is not None:
-                    out, compute_s = timer.run(local_stage, x, builder.device)
-                    x = out.detach().cpu().contiguous()
-                    rec["stage1_compute_s"] = compute_s
-                sender.submit(x.numel() * x.element_size(),
-                              lambda s=seq, x=x, h=hops: rpc.rpc_async(first, forward, args=(s, x, h),
-                                                                       timeout=NO_RPC_TIMEOUT)
-                              .add_done_callback(_check))
-            schedule.wait_finished(check, cfg.timeout_s * cfg.in_flight)
+            _MasterSource(cfg, builder, schedule, local_stage, sender, first, check_alive).run()
         except (PeerError, InfeasibleRun, RuntimeError, KeyboardInterrupt) as exc:
             failure = exc
         finally:
-            if isinstance(batches, inputs.Prefetcher):
-                batches.close()
             sender.close()
     status, error = status_of(failure)
     images = cfg.num_batches * cfg.batch_size
@@ -276,16 +309,7 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     if local_meter is not None:
         local_meter.stop()
         parts["stage1"] = local_meter.part(images)
-    for j, rank in enumerate(ranks):
-        if rank == 0:
-            continue
-        try:
-            part = rpc.rpc_sync(worker_name(rank), resources, args=(images,), timeout=cfg.timeout_s)
-        except Exception as exc:  # a rank that is gone has no part; the record says so by its absence
-            log.warning("no energy and memory from %s: %s", worker_name(rank), str(exc)[:120])
-            part = None
-        if part:
-            parts[f"stage{j + 1}"] = part
+    parts.update(_rank_parts(ranks, images, cfg.timeout_s))
     master = node_manifest(builder.device, role="master" if local_stage is None else "master+stage1",
                            weights_fingerprint=builder.fingerprint, limits=limits)
     manifest = {"stages": [master] + [i["manifest"] for i in infos],

@@ -1,4 +1,4 @@
-"""TCP socket backend: stage 1 (the data source, listens) and stage 2 (connects), binary frames.
+"""TCP socket backend: stage 1 (the data source, listens) and later stages (connect), binary frames.
 
 A **connection** is authenticated once and carries any number of runs, so a sweep pays for
 connecting and authenticating once per pair of stage workers, not once per configuration:
@@ -16,6 +16,24 @@ connecting and authenticating once per pair of stage workers, not once per confi
                              <-  RECORDS (stage 2's manifest and system metrics)
     (end)
     BYE                      ->
+
+A **chain** of more than two stages (Pi -> Pi -> GPU server; stage 1 runs ``--split k1,k2``) is
+the same protocol hop by hop. A middle stage connects to the stage before and listens for the
+next (``partition2.py --next-port``); it is a sink that forwards:
+
+    stage 1                 stage 2 (middle)                 stage 3 (last)
+    RUN {stage: 1} ->       RUN {stage: 2} ->
+                                            <- RUN_OK
+                   <- RUN_OK
+    TENSOR x N     ->       computes, TENSOR x N ->          computes
+                            adds its durations <- RESULT x N
+                   <- RESULT x N (every later stage's durations, each hop's bytes)
+    RECORDS        ->       RECORDS {before: [stage 2's part]} ->
+                            <- RECORDS (stage 3's part)
+                   <- RECORDS (stage 2's part, later: [stage 3's])
+
+Every stage writes the same record with every stage's part; latency is still stamped on stage
+1's clock alone. Each hop's frames take the network's up direction, results the down direction.
 
 An adaptive run (``split_index`` "adaptive", driven by runners/adaptive.py) adds three control
 frames: stage 2 answers RUN_OK with its own brief self-profile; SWITCH {cuts} between two batches
@@ -35,17 +53,19 @@ nor crash it; a refused stranger costs the real peer nothing.
 
 One concept per module: ``messages`` (typed frames and their JSON), ``connection`` (sockets, the
 connection, the ordered sender), ``handshake`` (the listener and both halves of the handshake),
-``source`` (stage 1's run), ``sink`` (stage 2's runs) and ``outcome`` (the run record).
+``source`` (stage 1's endpoint and run), ``sink`` (every later stage's endpoint and runs, a middle
+stage's forwarding included) and ``outcome`` (the run record). Both endpoints are driven by
+:func:`paretopipe.transport.pipeline.drive`, the one driver of every backend.
 """
 
 from .connection import Connection, FrameSender, connect_with_retry, is_loopback, listen
 from .handshake import HANDSHAKE_TIMEOUT_S, MAX_PENDING_HANDSHAKES, StageListener, identity_of, open_connection
 from .messages import RESULT_META_FIELDS, check_part, json_payload, result_duration, safe_run_id
 from .outcome import RunOutcome, assemble_record, link_manifest_of, write_record
-from .sink import self_profile_timings, serve_connection
+from .sink import Downstream, self_profile_timings, serve_connection
 from .source import run_on_connection, run_stage1
 
-__all__ = ["Connection", "FrameSender", "HANDSHAKE_TIMEOUT_S", "MAX_PENDING_HANDSHAKES", "RESULT_META_FIELDS",
+__all__ = ["Connection", "Downstream", "FrameSender", "HANDSHAKE_TIMEOUT_S", "MAX_PENDING_HANDSHAKES", "RESULT_META_FIELDS",
            "RunOutcome", "StageListener", "assemble_record", "check_part", "connect_with_retry", "identity_of",
            "is_loopback", "json_payload", "link_manifest_of", "listen", "open_connection", "result_duration",
            "run_on_connection", "run_stage1", "safe_run_id", "self_profile_timings", "serve_connection",

@@ -28,7 +28,15 @@ from ... import records, strict
 from ...errors import UsageError, WireError
 from .. import wire
 
-RESULT_META_FIELDS = ("stage2_decode_s", "stage2_queue_s", "stage2_compute_s", "stage2_encode_s")
+STAGE_RESULT_FIELDS = ("decode_s", "queue_s", "compute_s", "encode_s")
+
+
+def result_meta_fields(stage: int) -> tuple[str, ...]:
+    """The durations stage ``stage`` (numbered from 1) adds to a result's meta on its way back."""
+    return tuple(f"stage{stage}_{f}" for f in STAGE_RESULT_FIELDS)
+
+
+RESULT_META_FIELDS = result_meta_fields(2)
 IDENTITY_FIELDS = ("model", "fingerprint", "num_classes", "wire_version")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$")
 
@@ -73,6 +81,10 @@ class RunStart:
     config: dict[str, Any]
     link: dict[str, Any]
     return_link: dict[str, Any] | None = None
+    # In a chain of more than two stages: which stage receives this RUN (0-based; stage 1 is 0),
+    # the emulated direction its own forward frames take, and the parts of the stages before it.
+    stage: int = 1
+    forward_link: dict[str, Any] | None = None
 
 
 def message(cls: type, meta: dict[str, Any], what: str):
@@ -130,6 +142,27 @@ def result_duration(value: Any, key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
         raise WireError(f"result meta {key}={str(value)[:40]!r} is not a duration in seconds")
     return float(value)
+
+
+def result_bytes(value: Any, key: str) -> int:
+    """A byte count reported by a later stage: a non-negative integer below 2**48."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 48:
+        raise WireError(f"result meta {key}={str(value)[:40]!r} is not a byte count")
+    return value
+
+
+def read_result_meta(meta: dict[str, Any], num_stages: int, sealed: bool, first: int = 2) -> dict[str, Any]:
+    """What the later stages reported in a result's meta, each value checked: every stage's
+    durations (and, sealed, the seconds it took to open its frame) and, in a chain, the bytes each
+    middle stage sent on to the next (stages ``first`` to ``num_stages``)."""
+    out: dict[str, Any] = {}
+    for stage in range(first, num_stages + 1):
+        keys = result_meta_fields(stage) + ((f"stage{stage}_open_s",) if sealed else ())
+        out.update({k: result_duration(meta.get(k), k) for k in keys})
+        if stage < num_stages:
+            key = f"stage{stage}_wire_bytes"
+            out[key] = result_bytes(meta.get(key), key)
+    return out
 
 
 def json_tensor(obj: dict[str, Any]) -> torch.Tensor | None:

@@ -1,20 +1,24 @@
-"""What a TCP run leaves: its outcome, and the run record assembled from the two stages' parts
-and written atomically (also when the run failed, with the batches that completed)."""
+"""What a TCP run leaves: its outcome, and the run record assembled from the stages' parts and
+written atomically (also when the run failed, with the batches that completed)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from ... import records
+from ...errors import WireError
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink
 from .. import inputs
 from ..runconfig import RunConfig
-from .messages import safe_run_id
+from .messages import check_part, safe_run_id
+
+_SEAL = re.compile(r"^stage\d+_seal_s$")
 
 
 @dataclasses.dataclass
@@ -46,15 +50,26 @@ def cipher_usage(connection: Any, before: dict[str, Any] | None) -> dict[str, An
 
 
 def merge_peer_seals(batches: list[dict[str, Any]], peer_batches: Any) -> None:
-    """Stage 2 seals a result after the result's own meta is written, so its seal times come back
-    with its RECORDS; they join stage 1's batch records by sequence number."""
+    """A later stage seals a result after the result's own meta is written, so its seal times
+    (``stageN_seal_s``) come back with its RECORDS; they join stage 1's batch records by sequence
+    number."""
     if not peer_batches:
         return
     by_seq = {b["seq"]: b for b in batches}
     for pb in peer_batches:
-        seal = pb.get("stage2_seal_s")
-        if pb["seq"] in by_seq and isinstance(seal, (int, float)) and not isinstance(seal, bool) and 0 <= seal < 1e6:
-            by_seq[pb["seq"]]["stage2_seal_s"] = float(seal)
+        for key, seal in pb.items():
+            if (_SEAL.match(key) and pb["seq"] in by_seq and isinstance(seal, (int, float))
+                    and not isinstance(seal, bool) and 0 <= seal < 1e6):
+                by_seq[pb["seq"]][key] = float(seal)
+
+
+def later_parts(back: dict[str, Any], who: int) -> list[dict[str, Any]]:
+    """The parts a later stage sent back: its own, then those of the stages after it (``later``),
+    each checked against the part schema."""
+    later = back.get("later") or []
+    if not isinstance(later, list):
+        raise WireError(f"stage {who}'s RECORDS carry 'later' that is not a list")
+    return [back] + [check_part(p, f"stage {who + 1 + i}", False) for i, p in enumerate(later)]
 
 
 def write_record(record: dict[str, Any], output_dir: str | Path | None) -> Path | None:
@@ -64,13 +79,15 @@ def write_record(record: dict[str, Any], output_dir: str | Path | None) -> Path 
 
 
 def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
-                    part1: dict[str, Any] | None, part2: dict[str, Any] | None, link: dict[str, Any],
+                    parts: Sequence[dict[str, Any] | None], link: dict[str, Any],
                     timing: dict[str, Any]) -> dict[str, Any]:
-    """Merge the two stages' parts. Stage 1's batch records already carry stage 2's durations."""
-    batches = (part1 or {}).get("batches") or (part2 or {}).get("batches") or []
-    stages = [p["manifest"] for p in (part1, part2) if p]
-    sysmon = {f"stage{i}": p["sysmon"] for i, p in ((1, part1), (2, part2)) if p}
-    resources = {f"stage{i}": p["resources"] for i, p in ((1, part1), (2, part2)) if p and p.get("resources")}
+    """Merge the stages' parts, in stage order (a missing one is None). Stage 1's batch records
+    already carry the later stages' durations; without stage 1's part, the last stage's batches."""
+    batches = next((p.get("batches") for p in parts if p and p.get("batches")), None) or []
+    stages = [p["manifest"] for p in parts if p]
+    numbered = list(enumerate(parts, start=1))
+    sysmon = {f"stage{i}": p["sysmon"] for i, p in numbered if p}
+    resources = {f"stage{i}": p["resources"] for i, p in numbered if p and p.get("resources")}
     return records.build_run_record(backend="tcp", run_id=run_id, status=status, error=error,
                                     config=cfg.to_dict(),
                                     manifest={"stages": stages, "link": link,

@@ -1,11 +1,15 @@
-"""The later stage of a TCP run, the sink: it serves stage 1's runs on a connection until BYE,
-computes its part of each batch on one thread and returns results with its own durations. An
-adaptive run adds SWITCH (the split moves between two batches) and PROBE (answered at once)."""
+"""The later stages of a TCP run: each serves the runs that reach it on a connection until BYE and
+computes its part of each batch on one thread. The last stage returns results with its own
+durations; a middle stage (a chain of more than two: Pi -> Pi -> server) sends its part on to the
+next stage and relays the results back, adding its own. An adaptive run (two stages) adds SWITCH
+(the split moves between two batches) and PROBE (answered at once)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
+import socket
 import threading
 import time
 from pathlib import Path
@@ -14,58 +18,88 @@ from typing import Any, Callable
 from torch import nn
 
 from ... import cpushare
-from ...errors import ParetoPipeError, UsageError, WireError
+from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...manifest import node_manifest
 from ...network.conditions import Direction
 from ...network.emulated import EmulatedLink
 from ...partition.stages import StageBuilder, StageTimer, time_segments
 from ...sysmon import SystemMonitor
-from .. import inputs, wire
+from .. import inputs, pipeline, wire
 from ..resources import stage_meter
 from ..runconfig import RunConfig
 from ..schedule import status_of
 from .connection import Connection, FrameSender
-from .messages import RESULT_META_FIELDS, RunStart, check_part, json_payload, message, safe_run_id
-from .outcome import RunOutcome, assemble_record, cipher_usage, merge_peer_seals, write_record
+from .handshake import StageListener
+from .messages import RunStart, check_part, json_payload, message, read_result_meta, result_meta_fields, safe_run_id
+from .outcome import RunOutcome, assemble_record, cipher_usage, later_parts, merge_peer_seals, write_record
 
 log = logging.getLogger("paretopipe.tcp")
+
+
+class Downstream:
+    """A middle stage's way to the next stage: the listener the next stage connects to, and the
+    connection it keeps across runs (as stage 1 keeps its own), ended with BYE when upstream ends."""
+
+    def __init__(self, listener: StageListener, connect_timeout: float = 60.0) -> None:
+        self.listener, self.connect_timeout = listener, connect_timeout
+        self.connection: Connection | None = None
+
+    def connect(self, cuts: list[str]) -> Connection:
+        """The newest authenticated next stage whose cuts fit (the current one if none newer came)."""
+        self.listener.expected_cuts = list(cuts)
+        self.connection = self.listener.connection(self.connect_timeout, current=self.connection)
+        return self.connection
+
+    def close(self, bye: bool) -> None:
+        if self.connection is not None:
+            self.connection.close(bye=bye)
 
 
 def serve_connection(connection: Connection, builder: StageBuilder, *, output_dir: str | Path | None = None,
                      observed_link: dict | None = None, threads: int | None = None,
                      limits: dict[str, Any] | None = None, timeout_s: float | None = None,
-                     on_run: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
-    """Serve runs on a connection until stage 1 says goodbye; returns their outcomes. A failed run
-    raises (after writing its incomplete record); the connection is closed either way."""
+                     on_run: Callable[[RunOutcome], None] | None = None,
+                     downstream: Downstream | None = None) -> list[RunOutcome]:
+    """Serve runs on a connection until the stage before says goodbye; returns their outcomes. A
+    failed run raises (after writing its incomplete record); the connection is closed either way.
+    With ``downstream`` this is a middle stage: each run's frames go on to the next stage, whose
+    results come back through here."""
     outcomes = []
+    bye = False
     try:
         while True:
             connection.sock.settimeout(None)  # between runs stage 1 may take as long as it likes
             sealed_before = connection.channel.usage() if connection.channel else None  # a run's share from RUN on
             f = connection.reader.read()
             if f.kind == wire.BYE:
+                bye = True
                 return outcomes
-            outcome = _stage2_run(connection, builder, wire.expect(f, wire.RUN).meta, output_dir=output_dir,
-                                  observed_link=observed_link, threads=threads, limits=limits, timeout_s=timeout_s,
-                                  sealed_before=sealed_before)
+            outcome = _stage_run(connection, builder, wire.expect(f, wire.RUN).meta, output_dir=output_dir,
+                                 observed_link=observed_link, threads=threads, limits=limits, timeout_s=timeout_s,
+                                 sealed_before=sealed_before, downstream=downstream)
             outcomes.append(outcome)
             if on_run is not None:
                 on_run(outcome)
     finally:
         connection.close()
+        if downstream is not None:
+            downstream.close(bye)
 
 
-def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, Any], *, output_dir, observed_link,
-                threads, limits, timeout_s: float | None, sealed_before: dict[str, Any] | None = None) -> RunOutcome:
-    run = _SinkRun(connection, builder, meta, timeout_s, threads=threads, limits=limits, sealed_before=sealed_before)
+def _stage_run(connection: Connection, builder: StageBuilder, meta: dict[str, Any], *, output_dir, observed_link,
+               threads, limits, timeout_s: float | None, sealed_before: dict[str, Any] | None = None,
+               downstream: Downstream | None = None) -> RunOutcome:
+    run = _SinkRun(connection, builder, meta, timeout_s, threads=threads, limits=limits, sealed_before=sealed_before,
+                   downstream=downstream)
     started = time.monotonic()
     part1, failure = run.serve()
     status, error = status_of(failure)
-    part2 = run.part(part1 is not None)
-    if part1 is not None:
-        merge_peer_seals(part1["batches"], part2["batches"])
-    record = assemble_record(run.run_id, status, error, run.cfg, part1, part2, observed_link or run.start.link,
-                             {"run_wall_s": time.monotonic() - started, "written_by": "stage2"})
+    parts = run.exchange_parts(part1)
+    if parts[0] is not None:
+        for part in parts[1:]:
+            merge_peer_seals(parts[0]["batches"], (part or {}).get("batches"))
+    record = assemble_record(run.run_id, status, error, run.cfg, parts, observed_link or run.start.link,
+                             {"run_wall_s": time.monotonic() - started, "written_by": run.name})
     path = write_record(record, output_dir)
     if failure is not None:
         raise failure
@@ -73,36 +107,50 @@ def _stage2_run(connection: Connection, builder: StageBuilder, meta: dict[str, A
 
 
 class _SinkRun:
-    """One run as stage 2: this thread reads stage 1's frames while a compute thread works through
-    the batches in arrival order (a SWITCH takes its turn between two of them) and sends results."""
+    """One run as a later stage: this thread reads the previous stage's frames while a compute
+    thread drives :func:`pipeline.stage_actions` over this endpoint (``recv`` takes the batches in
+    arrival order, a SWITCH taking its turn between two of them; ``send`` returns the result, or
+    in a middle stage sends the activation on). A middle stage also relays the next stage's results
+    back on a thread of its own, adding its durations."""
 
     def __init__(self, connection: Connection, builder: StageBuilder, meta: dict[str, Any], timeout_s: float | None,
                  *, threads: int | None, limits: dict[str, Any] | None,
-                 sealed_before: dict[str, Any] | None = None) -> None:
+                 sealed_before: dict[str, Any] | None = None, downstream: Downstream | None = None) -> None:
         self.connection, self.builder = connection, builder
-        back = self._accept(meta, timeout_s)
+        self.sealed = connection.channel is not None
+        back, forward = self._accept(meta, timeout_s, downstream)
         cfg = self.cfg
         self.ok_meta = {"profile": self_profile_timings(builder, cfg)} \
             if cfg.adaptive and not cfg.device_profiles else None
         # Before RUN_OK: a first run measures idle power while stage 1 waits, idle too.
-        self.meter = stage_meter(builder, cfg, 1)
+        self.meter = stage_meter(builder, cfg, self.index)
         connection.send(wire.RUN_OK, meta=self.ok_meta)
         self.timer = StageTimer(builder.device)
-        self.manifest = node_manifest(builder.device, threads, role="stage2", weights_fingerprint=builder.fingerprint,
+        self.manifest = node_manifest(builder.device, threads, role=self.name, weights_fingerprint=builder.fingerprint,
                                       limits=limits)
         self.sender = FrameSender(connection.writer, EmulatedLink(back, seed=cfg.seed, which="down") if back else None,
-                                  "stage2-send")
+                                  f"{self.name}-send")
+        self.forward: FrameSender | None = None
+        if self.next is not None:
+            self.forward = FrameSender(self.next.writer, EmulatedLink(forward, seed=cfg.seed) if forward else None,
+                                       f"{self.name}-forward")
+            self.codec = wire.Codec(cfg.compression, cfg.compression_level, cfg.wire_dtype)
         self.work: queue.Queue = queue.Queue()
         self.seen: dict[int, dict[str, Any]] = {}
         self.compute_error: list[BaseException] = []
         self.switches = 0
         self.sysmon: dict[str, Any] = {}
-        self.sealed = connection.channel is not None
         self.sealed_before = sealed_before  # the connection's AEAD counters when RUN came
+        self.current: tuple[wire.Frame, float] | None = None  # the batch between recv and send
+        self.out: Any = None
+        self.relayed: queue.Queue = queue.Queue()  # the next stage's RECORDS, or why they never came
 
-    def _accept(self, meta: dict[str, Any], timeout_s: float | None) -> Direction | None:
-        """Stage 1's RUN, checked (returns the down direction it asks for); a run this stage cannot
-        take is answered with ERROR, then refused."""
+    def _accept(self, meta: dict[str, Any], timeout_s: float | None,
+                downstream: Downstream | None) -> tuple[Direction | None, Direction | None]:
+        """The RUN, checked (returns the down direction it asks for, and a middle stage's forward
+        direction); a run this stage cannot take is answered with ERROR, then refused. A middle
+        stage passes the RUN on and waits for the next stage's RUN_OK first."""
+        self.next: Connection | None = None
         try:
             self.start = message(RunStart, meta, "RUN")
             self.run_id = safe_run_id(self.start.run_id)
@@ -110,60 +158,125 @@ class _SinkRun:
             self.cfg = RunConfig.from_dict(self.start.config, "stage 1's run configuration")
             if timeout_s:
                 self.cfg = self.cfg.replace(timeout_s=timeout_s)
+            self.index, stages = self.start.stage, len(self.cfg.cuts) + 1
+            if not 1 <= self.index < stages:
+                raise WireError(f"RUN names stage {self.index + 1} of a {stages}-stage plan; a later stage is "
+                                f"2..{stages}")
+            self.name = f"stage{self.index + 1}"
+            self.fields = result_meta_fields(self.index + 1) + ((f"{self.name}_open_s",) if self.sealed else ())
             back = Direction.from_dict(self.start.return_link) if self.start.return_link else None
-            self.stage = self.builder.stage(self.cfg.cuts, 1)
+            forward = Direction.from_dict(self.start.forward_link) if self.start.forward_link else None
+            self.stage = self.builder.stage(self.cfg.cuts, self.index)
             self.block_cuts = self.builder.partitioner.block_cuts() if self.cfg.adaptive else None
             if self.block_cuts is not None and self.cfg.cuts[0] not in self.block_cuts:
                 raise UsageError(f"an adaptive run starts at a block split, not {self.cfg.cuts[0]!r}")
-        except (UsageError, WireError) as exc:
+            if self.index < stages - 1:
+                if downstream is None:
+                    raise UsageError(f"this is stage {self.index + 1} of {stages}, a middle stage, but it has no next "
+                                     "stage to send to (start it with --next-port)")
+                self._start_next(downstream)
+            elif downstream is not None:
+                raise UsageError(f"this stage waits for a next stage (--next-port) but is the last of {stages}")
+        except (ParetoPipeError, OSError) as exc:
             try:
-                self.connection.send(wire.ERROR, meta={"reason": f"stage 2 cannot run this: {exc}"})
+                self.connection.send(wire.ERROR, meta={"reason": f"{_stage_named(meta)} cannot run this: {exc}"})
             except (ParetoPipeError, OSError):
                 pass
-            raise WireError(f"stage 1 sent a run stage 2 cannot take: {exc}")
-        return back
+            raise WireError(f"stage 1 sent a run this stage cannot take: {exc}")
+        return back, forward
 
+    def _start_next(self, downstream: Downstream) -> None:
+        """Pass the RUN on to the next stage, which must answer RUN_OK."""
+        self.next = downstream.connect(list(self.cfg.cuts))
+        self.next.sock.settimeout(self.cfg.timeout_s)
+        self.next.send(wire.RUN, meta={**dataclasses.asdict(self.start), "stage": self.index + 1})
+        wire.expect(self.next.reader.read(time.monotonic() + self.cfg.timeout_s), wire.RUN_OK)
+
+    # -- the endpoint that pipeline.drive runs on the compute thread ---------------------------
     def _compute_loop(self) -> None:
         cpushare.join_compute_thread()
+        try:
+            pipeline.drive(pipeline.stage_actions(self.cfg.warmup + self.cfg.num_batches), self)
+        except BaseException as exc:
+            self.compute_error.append(exc)
+
+    def recv(self, _slot: int) -> object:
         while True:
             item = self.work.get()
             if item is None:
-                return
+                return pipeline.STOP
             if isinstance(item, nn.Module):  # a SWITCH, in order between two batches
                 self.stage = item
                 continue
-            f, arrived = item
-            try:
-                began = time.monotonic()
-                out, compute_s = self.timer.run(self.stage, f.tensor, self.builder.device)
-                payload = wire.encode_payload(out)
-                rec = self.seen[f.seq]
-                rec.update(stage2_queue_s=began - arrived, stage2_compute_s=compute_s,
-                           stage2_encode_s=payload.encode_s)
-                # The activation's buffer goes back to the pool once the result is on the wire: an
-                # empty stage 2 (k = K) returns its input itself, sent straight from that buffer.
-                meta = {k: rec[k] for k in RESULT_META_FIELDS + (("stage2_open_s",) if self.sealed else ())}
-                enc = wire.frame(wire.RESULT, f.seq, payload, meta)
-                self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
-            except BaseException as exc:
-                self.compute_error.append(exc)
-                return
+            self.current = item
+            return item
 
-    def _on_sent(self, f: wire.Frame, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
-        measured = f.seq >= self.cfg.warmup
+    def compute(self, _slot: int) -> None:
+        f, arrived = self.current
+        began = time.monotonic()
+        self.out, compute_s = self.timer.run(self.stage, f.tensor, self.builder.device)
+        self.seen[f.seq].update({f"{self.name}_queue_s": began - arrived, f"{self.name}_compute_s": compute_s})
+
+    def send(self, _slot: int) -> None:
+        f, _ = self.current
+        rec = self.seen[f.seq]
+        if self.forward is not None:
+            enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(self.out, self.codec))
+            rec.update({f"{self.name}_encode_s": enc.encode_s, f"{self.name}_wire_bytes": enc.wire_nbytes})
+            self.forward.submit(enc, on_sent=lambda _s: f.release())
+            return
+        payload = wire.encode_payload(self.out)
+        rec[f"{self.name}_encode_s"] = payload.encode_s
+        # The activation's buffer goes back to the pool once the result is on the wire: an empty
+        # last stage (k = K) returns its input itself, sent straight from that buffer.
+        enc = wire.frame(wire.RESULT, f.seq, payload, {k: rec[k] for k in self.fields})
+        self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
+
+    def _on_sent(self, f: wire.Frame | None, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
+        measured = rec["seq"] >= self.cfg.warmup
 
         def sent(_s: float) -> None:
-            f.release()
+            if f is not None:
+                f.release()
             if self.sealed:
-                rec["stage2_seal_s"] = enc.seal_s
+                rec[f"{self.name}_seal_s"] = enc.seal_s
             if measured:
                 self.meter.end()  # the energy window closes with the last measured result sent
         return sent
 
+    def _relay_results(self) -> None:
+        """A middle stage's second reader: the next stage's results go back towards stage 1 with this
+        stage's durations added, until the next stage's RECORDS."""
+        later = len(self.cfg.cuts) + 1
+        try:
+            while True:
+                f = wire.expect(self.next.reader.read(), wire.RESULT, wire.RECORDS)
+                if f.kind == wire.RECORDS:
+                    self.relayed.put(json_payload(f))
+                    return
+                rec = self.seen.get(f.seq)
+                if rec is None or f"{self.name}_wire_bytes" not in rec:
+                    raise WireError(f"the next stage returned batch {f.seq}, which this stage never sent it")
+                meta = read_result_meta(f.meta, later, self.next.channel is not None, first=self.index + 2)
+                meta.update({k: rec.get(k) for k in self.fields})
+                meta[f"{self.name}_wire_bytes"] = rec[f"{self.name}_wire_bytes"]
+                enc = wire.frame(wire.RESULT, f.seq, wire.encode_payload(f.tensor), meta)
+                self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
+        except BaseException as exc:
+            self.relayed.put(exc)
+            # The stage before waits on this connection: end it, so the failure reaches stage 1 now.
+            try:
+                self.connection.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def serve(self) -> tuple[dict[str, Any] | None, BaseException | None]:
-        """Batches until stage 1's RECORDS: (stage 1's part or None, the failure or None)."""
-        worker = threading.Thread(target=self._compute_loop, name="stage2-compute", daemon=True)
+        """Batches until stage 1's RECORDS: (the parts that came with them or None, the failure or None)."""
+        worker = threading.Thread(target=self._compute_loop, name=f"{self.name}-compute", daemon=True)
         worker.start()
+        if self.next is not None:
+            self.next.sock.settimeout(None)  # the relay thread waits as long as the run lasts
+            threading.Thread(target=self._relay_results, name=f"{self.name}-relay", daemon=True).start()
         failure: BaseException | None = None
         part1 = None
         self.connection.sock.settimeout(self.cfg.timeout_s)
@@ -171,14 +284,23 @@ class _SinkRun:
             try:
                 part1 = self._receive()
             except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
-                failure = exc
+                failure = self._relay_failure() or exc
             finally:
                 self.work.put(None)
                 worker.join(timeout=self.cfg.timeout_s)
+                if self.forward is not None:
+                    self.forward.close()
                 self.sender.close()  # every result is on the wire (the window's end) before the meter stops
         mon.stop()
         self.sysmon = mon.summary()
         return part1, failure
+
+    def _relay_failure(self) -> BaseException | None:
+        """Why the next stage failed, when that is why this stage's upstream ended."""
+        if self.next is None or self.relayed.empty():
+            return None
+        item = self.relayed.queue[0]
+        return PeerError(f"the next stage failed: {item}") if isinstance(item, BaseException) else None
 
     def _receive(self) -> dict[str, Any]:
         cfg, total = self.cfg, self.cfg.warmup + self.cfg.num_batches
@@ -187,8 +309,9 @@ class _SinkRun:
             f = wire.expect(self.connection.reader.read(), *kinds)
             if self.compute_error:
                 raise self.compute_error[0]
-            if self.sender.error is not None:
-                raise self.sender.error
+            for sender in (self.sender, self.forward):
+                if sender is not None and sender.error is not None:
+                    raise sender.error
             if f.kind == wire.RECORDS:
                 return check_part(json_payload(f), "stage 1", True)
             if f.kind == wire.SWITCH:
@@ -203,34 +326,62 @@ class _SinkRun:
                 raise WireError(f"batch {f.seq} sent twice or out of range 0..{total - 1}")
             if f.tensor is None:
                 raise WireError(f"batch {f.seq} carries no tensor")
-            self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, "stage2_decode_s": f.decode_s,
+            self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": f.decode_s,
                                 "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
             if f.seq >= cfg.warmup:
                 self.meter.begin()  # the energy window opens with the first measured batch in
             if self.sealed:
-                self.seen[f.seq]["stage2_open_s"] = f.open_s
+                self.seen[f.seq][f"{self.name}_open_s"] = f.open_s
             self.work.put((f, time.monotonic()))
 
-    def part(self, send_back: bool) -> dict[str, Any]:
-        """Stage 2's part of the record; its manifest and system metrics also go back to stage 1
-        when stage 1 sent its own part (a failed run sends nothing)."""
+    def own_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """This stage's part of the record, and the smaller one it sends on (its manifest, system
+        metrics and resources; sealed, its seal times per batch)."""
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
                     "energy_sensors": self.meter.manifest()}
         resources = self.meter.part(self.cfg.num_batches * self.cfg.batch_size)
         if self.cfg.adaptive:
             manifest = {**manifest, "adaptive": {"switches_applied": self.switches,
                                                  "self_profile": (self.ok_meta or {}).get("profile")}}
-        if send_back:
-            back: dict[str, Any] = {"manifest": manifest, "sysmon": self.sysmon, "resources": resources}
-            if self.sealed:
-                back["batches"] = [{"seq": b["seq"], "warmup": b["warmup"], "stage2_seal_s": b.get("stage2_seal_s")}
-                                   for b in (self.seen[s] for s in sorted(self.seen))]
-            try:
-                self.connection.send_json(wire.RECORDS, back)
-            except (ParetoPipeError, OSError) as exc:
-                log.warning("stage 2: could not send its records to stage 1: %s", exc)
-        return {"manifest": manifest, "sysmon": self.sysmon, "batches": [self.seen[s] for s in sorted(self.seen)],
-                "resources": resources}
+        batches = [self.seen[s] for s in sorted(self.seen)]
+        sent: dict[str, Any] = {"manifest": manifest, "sysmon": self.sysmon, "resources": resources}
+        if self.sealed:
+            seal = f"{self.name}_seal_s"
+            sent["batches"] = [{"seq": b["seq"], "warmup": b["warmup"], seal: b.get(seal)} for b in batches]
+        return {"manifest": manifest, "sysmon": self.sysmon, "batches": batches, "resources": resources}, sent
+
+    def exchange_parts(self, part1: dict[str, Any] | None) -> list[dict[str, Any] | None]:
+        """Every stage's part in stage order, for the record. Stage 1's part came with its RECORDS
+        (with ``before``: the middle stages' it passed); a middle stage sends them on with its own
+        and waits for the next stage's (with ``later``: the stages after it); then this stage's part
+        and the later ones go back. A failed run exchanges nothing."""
+        own, sent = self.own_parts()
+        if part1 is None:
+            return [None] * self.index + [own]
+        before = [check_part(p, f"stage {i + 2}", False) for i, p in enumerate(part1.pop("before", None) or [])]
+        if len(before) != self.index - 1:
+            log.warning("%s: stage 1's RECORDS carry %d middle stages' parts, not %d", self.name, len(before),
+                        self.index - 1)
+            before = (before + [None] * self.index)[:self.index - 1]
+        later: list[dict[str, Any]] = []
+        try:
+            if self.next is not None:
+                self.next.send_json(wire.RECORDS, {**part1, "before": [*before, sent]})
+                item = self.relayed.get(timeout=self.cfg.timeout_s)
+                if isinstance(item, BaseException):
+                    raise PeerError(f"the next stage sent no records: {item}")
+                later = later_parts(check_part(item, f"stage {self.index + 2}", False), self.index + 2)
+            self.connection.send_json(wire.RECORDS, {**sent, "later": later} if later else sent)
+        except (ParetoPipeError, OSError, queue.Empty) as exc:
+            log.warning("%s: could not exchange records with its neighbours: %s", self.name, exc or "timeout")
+        return [part1, *before, own, *later]
+
+
+def _stage_named(meta: Any) -> str:
+    """Which stage a RUN was meant for, for the refusal that goes back (stage 2 unless it says)."""
+    stage = meta.get("stage", 1) if isinstance(meta, dict) else 1
+    ok = isinstance(stage, int) and not isinstance(stage, bool) and 1 <= stage < 64
+    return f"stage {stage + 1 if ok else 2}"
 
 
 def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:

@@ -1,0 +1,97 @@
+"""The pipeline's schedule as pure data, and the one driver that runs it over a stage endpoint.
+
+As in torchgpipe (``clock_cycles``) and ``torch.distributed.pipelining`` (``_Action`` lists), the
+order of work is decided here, apart from the sockets and ranks that carry it: a schedule is a
+list of :class:`Action` per stage, testable without any transport, and :func:`drive` hands each
+action to the endpoint that owns the buffers and the link. Every backend's data source (TCP
+stage 1, the RPC master) and every later TCP stage (a middle stage forwards, the last returns
+the result) runs through :func:`drive`.
+
+The data source's actions per batch are ``load`` (the next input), ``admit`` (wait for a slot in
+the window of ``in_flight`` batches, then stamp the batch's start on the source's clock),
+``compute`` (its own part) and ``send``; after the last batch, ``drain`` waits for every result.
+A later stage's are ``recv`` (the next batch its endpoint has buffered), ``compute`` and ``send``
+(to the next stage, or the result back towards the source). Results are taken off the link by
+the endpoint as they arrive, so a result's time is stamped when it lands, not when the driver
+gets to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Protocol
+
+OPS = ("load", "admit", "compute", "send", "drain", "recv")
+#: What an endpoint's ``recv`` returns when its upstream has finished the run (no more batches).
+STOP = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """One step of one stage: ``op`` on batch ``batch`` (``None`` for ``drain``)."""
+
+    op: str
+    batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"unknown pipeline action {self.op!r}; valid: {', '.join(OPS)}")
+
+
+class Endpoint(Protocol):
+    """A stage's side of a run: one method per action it takes part in. ``recv`` may return
+    :data:`STOP` to end the stage's schedule early (the source sent fewer batches: an adaptive
+    stage 2 that joined mid-run)."""
+
+    def load(self, batch: int) -> None: ...
+    def admit(self, batch: int) -> None: ...
+    def compute(self, batch: int) -> None: ...
+    def send(self, batch: int) -> None: ...
+    def drain(self, batch: None) -> None: ...
+    def recv(self, batch: int) -> object: ...
+
+
+def source_actions(total: int) -> list[Action]:
+    """The data source's schedule for ``total`` batches (warm-up included)."""
+    acts = [Action(op, i) for i in range(total) for op in ("load", "admit", "compute", "send")]
+    return acts + [Action("drain")]
+
+
+def stage_actions(total: int) -> list[Action]:
+    """A later stage's schedule: at most ``total`` batches, each received, computed and sent."""
+    return [Action(op, i) for i in range(total) for op in ("recv", "compute", "send")]
+
+
+def drive(actions: list[Action], endpoint: object) -> int:
+    """Run ``actions`` in order over ``endpoint``; returns how many batches were computed. Stops
+    early when a ``recv`` returns :data:`STOP`; an endpoint's exception ends the schedule."""
+    computed = 0
+    for action in actions:
+        result = getattr(endpoint, action.op)(action.batch)
+        if action.op == "recv" and result is STOP:
+            break
+        computed += action.op == "compute"
+    return computed
+
+
+def clock_cycles(num_batches: int, num_stages: int, in_flight: int | None = None) -> Iterator[list[tuple[int, int]]]:
+    """The lock-step view of a pipeline, as torchgpipe draws it: at each tick, the (batch, stage)
+    pairs that compute at once. Batch ``i`` reaches stage ``j`` at tick ``i + j`` when nothing
+    holds it back; a window of ``in_flight`` batches (the data source's) lets batch ``i`` start only
+    once batch ``i - in_flight`` has left the last stage, so with ``in_flight=1`` one batch at a
+    time walks the whole pipeline."""
+    if num_batches < 0 or num_stages < 1:
+        raise ValueError("a pipeline has at least one stage and no negative number of batches")
+    window = num_batches if in_flight is None else max(1, in_flight)
+    start = []
+    for i in range(num_batches):
+        # Batch i may enter once batch i - window has finished its last stage (tick start + stages - 1).
+        earliest = start[i - 1] + 1 if i else 0
+        if i >= window:
+            earliest = max(earliest, start[i - window] + num_stages)
+        start.append(earliest)
+    ticks = (start[-1] + num_stages) if num_batches else 0
+    for k in range(ticks):
+        # Stage order within a tick, as torchgpipe lists it: the batch furthest along comes last.
+        yield sorted(((i, k - start[i]) for i in range(num_batches) if 0 <= k - start[i] < num_stages),
+                     key=lambda pair: pair[1])

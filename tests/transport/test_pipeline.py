@@ -1,0 +1,105 @@
+"""The pipeline's schedule (pure data, no sockets) and the one driver that runs it over an endpoint."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from paretopipe.transport import pipeline
+from paretopipe.transport.pipeline import Action, clock_cycles, drive, source_actions, stage_actions
+
+
+def test_clock_cycles_match_torchgpipe_without_a_window():
+    # torchgpipe's own test_clock_cycles: batch i reaches stage j at tick i + j.
+    assert list(clock_cycles(1, 1)) == [[(0, 0)]]
+    assert list(clock_cycles(1, 3)) == [[(0, 0)], [(0, 1)], [(0, 2)]]
+    assert list(clock_cycles(3, 1)) == [[(0, 0)], [(1, 0)], [(2, 0)]]
+    assert list(clock_cycles(3, 3)) == [[(0, 0)],
+                                        [(1, 0), (0, 1)],
+                                        [(2, 0), (1, 1), (0, 2)],
+                                        [(2, 1), (1, 2)],
+                                        [(2, 2)]]
+    assert list(clock_cycles(4, 2)) == [[(0, 0)], [(1, 0), (0, 1)], [(2, 0), (1, 1)], [(3, 0), (2, 1)], [(3, 1)]]
+    assert list(clock_cycles(0, 2)) == []
+
+
+def test_a_window_of_one_walks_one_batch_through_the_whole_pipeline_at_a_time():
+    assert list(clock_cycles(3, 2, in_flight=1)) == [[(0, 0)], [(0, 1)], [(1, 0)], [(1, 1)], [(2, 0)], [(2, 1)]]
+
+
+def test_a_window_of_two_lets_the_third_batch_in_only_when_the_first_has_left():
+    cycles = list(clock_cycles(4, 3, in_flight=2))
+    assert cycles == [[(0, 0)],
+                      [(1, 0), (0, 1)],
+                      [(1, 1), (0, 2)],
+                      [(2, 0), (1, 2)],  # batch 0 left the last stage at tick 2
+                      [(3, 0), (2, 1)],
+                      [(3, 1), (2, 2)],
+                      [(3, 2)]]
+
+
+@pytest.mark.parametrize("m,n,w", list(itertools.product((1, 2, 5), (1, 2, 4), (1, 2, 3, None))))
+def test_every_schedule_computes_each_pair_once_in_stage_order_within_its_window(m, n, w):
+    cycles = list(clock_cycles(m, n, in_flight=w))
+    tick_of = {pair: k for k, pairs in enumerate(cycles) for pair in pairs}
+    assert sorted(tick_of) == [(i, j) for i in range(m) for j in range(n)]  # each pair exactly once
+    assert sum(len(pairs) for pairs in cycles) == m * n
+    for i in range(m):
+        assert [tick_of[(i, j)] for j in range(n)] == list(range(tick_of[(i, 0)], tick_of[(i, 0)] + n))
+        if i:
+            assert tick_of[(i, 0)] > tick_of[(i - 1, 0)]  # batches enter in order
+    for pairs in cycles:
+        assert len({j for _, j in pairs}) == len(pairs)  # a stage computes one batch per tick
+        in_pipeline = {i for i in range(m) if tick_of[(i, 0)] <= cycles.index(pairs) <= tick_of[(i, n - 1)]}
+        assert len(in_pipeline) <= (w or m)
+
+
+def test_the_source_loads_admits_computes_and_sends_each_batch_then_drains():
+    acts = source_actions(2)
+    assert acts == [Action("load", 0), Action("admit", 0), Action("compute", 0), Action("send", 0),
+                    Action("load", 1), Action("admit", 1), Action("compute", 1), Action("send", 1),
+                    Action("drain")]
+    assert stage_actions(2) == [Action("recv", 0), Action("compute", 0), Action("send", 0),
+                                Action("recv", 1), Action("compute", 1), Action("send", 1)]
+    with pytest.raises(ValueError, match="unknown pipeline action 'fly'"):
+        Action("fly", 0)
+
+
+class _Recorder:
+    def __init__(self, batches_upstream: int) -> None:
+        self.calls: list[tuple[str, int | None]] = []
+        self.left = batches_upstream
+
+    def __getattr__(self, op):
+        def call(batch):
+            self.calls.append((op, batch))
+            if op == "recv":
+                if not self.left:
+                    return pipeline.STOP
+                self.left -= 1
+            return None
+        return call
+
+
+def test_the_driver_runs_the_actions_in_order_and_stops_when_upstream_has_no_more():
+    ep = _Recorder(batches_upstream=2)
+    assert drive(stage_actions(4), ep) == 2
+    assert ep.calls == [("recv", 0), ("compute", 0), ("send", 0), ("recv", 1), ("compute", 1), ("send", 1),
+                        ("recv", 2)]
+    src = _Recorder(batches_upstream=0)
+    assert drive(source_actions(3), src) == 3
+    assert src.calls == [(a.op, a.batch) for a in source_actions(3)]
+
+
+def test_an_endpoint_failure_ends_the_schedule_there():
+    class Failing(_Recorder):
+        def compute(self, batch):
+            if batch == 1:
+                raise RuntimeError("stage broke")
+            self.calls.append(("compute", batch))
+
+    ep = Failing(batches_upstream=5)
+    with pytest.raises(RuntimeError, match="stage broke"):
+        drive(stage_actions(5), ep)
+    assert ep.calls[-1] == ("recv", 1) and ("send", 1) not in ep.calls
