@@ -39,11 +39,9 @@ FILE_NAME = "experiment.toml"
 #: Friendlier spellings in files, mapped to the flag they set.
 ALIASES = {"networks": "network", "profiles": "network", "backends": "backend", "devices": "stage_devices",
            "model_name": "model", "output_dir": "out", "split_block_lists": "split_blocks"}
-#: Flags that say how to run this invocation, not what the experiment is: never taken from a file.
-INVOCATION = {"config", "rerun", "resume", "force_resume", "dry_run", "check", "debug", "quiet", "session",
-              "cleanup", "no_report", "help", "version"}
-#: Options whose change does not change what is measured: --resume may change them freely.
-HARMLESS = {"wait_time", "env_file", "out", "iface", "hosts_required", "local"}
+# Flags that say how to run this invocation, never taken from a file, and options whose change
+# does not change what is measured (--resume may change them freely): marked in the sweep's table.
+from .sweep_flags import HARMLESS, INVOCATION  # noqa: E402
 
 
 @dataclasses.dataclass

@@ -17,11 +17,10 @@ from ..network import traces
 from ..transport import aead
 from ..transport.auth import load_secret
 from . import experiment
-from .report import add_objectives_flag, print_front_table, print_privacy_cost
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_prefetch_flags,
-                     dataset_from_args, prefetch_from_args,
-                     example_epilog, nonneg_float, percent, nonneg_int, positive_float,
-                     positive_int, read_env, setup_logging)
+from .report import print_front_table, print_privacy_cost
+from .common import (ArgumentParser, HelpFormatter, dataset_from_args, example_epilog, prefetch_from_args, read_env,
+                     setup_logging)
+from .sweep_flags import add_flags, resolved_table, simple_fields
 
 log = logging.getLogger("paretopipe.sweep")
 
@@ -40,120 +39,7 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
             "python automated_split_tester.py --model mobilenetv2 --resume --out results",
             "paretopipe sweep --config examples/demo.toml",
             "paretopipe sweep --rerun results/20261122-091500   # the same experiment again, a new session"))
-    w = p.add_argument_group("what to sweep")
-    w.add_argument("--model", default=None, help="one model (mobilenetv2 when neither --model nor --models is given)")
-    w.add_argument("--models", default=None, help="comma list of models")
-    w.add_argument("--splits", default="all",
-                   help="all, a list 1,4,8, or ranges 2-10 (0 and K are the baselines); add adaptive for the "
-                        "runtime that picks the split per batch from the measured link (all,adaptive)")
-    w.add_argument("--split-blocks", default=None,
-                   help="N-stage plans for the rpc backend, ';' between plans: 3,9;5,12 (as paretopipe predict prints them)")
-    w.add_argument("--runs", type=positive_int, default=3, help="repetitions per configuration")
-    w.add_argument("--network", "--networks", "--profiles", dest="network", default=None,
-                   help="comma list of named network conditions from profiles.toml (--profiles is the anchor's "
-                        "name); default lan, or only the trace with --trace")
-    w.add_argument("--network-file", "--profiles-file", dest="network_file", default=None,
-                   help="a TOML file of named network conditions (the shipped profiles.toml when not given)")
-    w.add_argument("--trace", default=None,
-                   help="a rate trace (Mahimahi or time_s,rate_mbit CSV) for both directions: adds a network named "
-                        "trace-<file stem> to --network (per-direction traces: trace_up/trace_down in a network file)")
-    w.add_argument("--backend", default="tcp", choices=["tcp", "rpc", "both"])
-    w.add_argument("--num-classes", type=positive_int, default=10)
-    w.add_argument("--weights", default=None, help="state-dict .pth every stage loads (it must exist on every host)")
-    q = p.add_argument_group("order and repetitions")
-    q.add_argument("--order", default="random", choices=["random", "sequential"],
-                   help="random: seeded rounds, each configuration once per round in a new order, so drift "
-                        "spreads over every split; sequential: every run of a configuration back to back, splits "
-                        "in order (the anchor's)")
-    q.add_argument("--seed", type=nonneg_int, default=0, help="seed of the random order (recorded in the session)")
-    q.add_argument("--precision", type=percent, default=None,
-                   help="keep measuring each configuration, in further rounds, until the 95%% CIs of its median "
-                        "latency and its throughput are within +-this (e.g. 5%%), or --max-runs is spent")
-    q.add_argument("--max-runs", type=positive_int, default=None,
-                   help="per-configuration budget of runs with --precision (3 x --runs when not given)")
-    q.add_argument("--drift-every", type=nonneg_float, default=60.0,
-                   help="re-measure a reference configuration this often, seconds (0: never; random order only); "
-                        "runs measured during a drift are measured again")
-    r = p.add_argument_group("each run")
-    r.add_argument("--batch-size", type=positive_int, default=8)
-    r.add_argument("--num-batches", type=positive_int, default=20, help="measured batches per run")
-    r.add_argument("--warmup", type=nonneg_int, default=3,
-                   help="warm-up batches on a cut's first run in each worker group (later runs of that cut skip "
-                        "them: its one-time costs are paid; the record's config.warmup says which)")
-    r.add_argument("--warmup-every-run", action="store_true",
-                   help="warm up before every run, as separate processes per run would have to")
-    r.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window")
-    r.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    r.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
-    r.add_argument("--encrypt", default="none",
-                   help=f"comma list of the TCP data port's ciphers to sweep ({', '.join(aead.CHOICES)}), e.g. "
-                        "none,aesgcm: each is a configuration of its own (AEAD, keys from PARETOPIPE_SECRET), with "
-                        "its cipher and seal and open times recorded, so the report shows what privacy costs at "
-                        "every split")
-    add_dataset_flags(r, default="auto")
-    add_prefetch_flags(r)
-    r.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
-                   help="emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the "
-                        "choice with hosts); none")
-    r.add_argument("--objective", default="latency", choices=["latency", "throughput"],
-                   help="what the adaptive split optimises")
-    r.add_argument("--deadline-ms", type=positive_float, default=None,
-                   help="adaptive split: a result later than this is finished on stage 1 instead")
-    r.add_argument("--rpc-source", default="master", choices=["master", "stage1"],
-                   help="where the rpc backend's data lives: a master rank of its own, or stage 1")
-    r.add_argument("--rpc-transport", default="uv", choices=["uv", "auto"])
-    m = p.add_argument_group("energy, memory and the fronts' objectives")
-    add_objectives_flag(m)
-    m.add_argument("--energy-rate-hz", type=positive_float, default=10.0,
-                   help="how often each stage reads its host's power sensors (RAPL, NVML, a Pi 5's PMIC, INA2xx)")
-    m.add_argument("--power-idle-w", default=None,
-                   help="per stage, e.g. 2.7,45: a device's idle watts, for the modelled energy of a host without "
-                        "sensors (else POWER_IDLE_W per host in .env)")
-    m.add_argument("--power-core-w", default=None,
-                   help="per stage, e.g. 0.9,15: the watts one busy core adds, x the stage's CPU seconds = its "
-                        "modelled energy (else POWER_CORE_W per host in .env)")
-    m.add_argument("--memory-limit", default=None,
-                   help="stage1=1GiB or one size per stage (1GiB,16GiB): a stage whose peak memory exceeds it is "
-                        "marked in the records and the report (else MEMORY_LIMITS per host in .env)")
-    s = p.add_argument_group("where")
-    s.add_argument("--env-file", default=".env", help="hosts, SSH settings and the shared secret (see .env.example)")
-    s.add_argument("--local", action="store_true", help="ignore hosts in .env and run every stage here")
-    s.add_argument("--hosts-required", action="store_true",
-                   help="refuse to run locally: .env must name the hosts (partition.sh's mode)")
-    s.add_argument("--iface", default=None, help="with --link tc: interface to shape (IFACE from .env otherwise)")
-    s.add_argument("--stage-devices", default=None,
-                   help="device per stage, e.g. cpu,cuda (with hosts: overrides DEVICES/PI1_DEVICE/GPU_DEVICE)")
-    s.add_argument("--threads", type=positive_int, default=None, help="torch threads per stage (cores / stages otherwise)")
-    s.add_argument("--stage-threads", default=None, help="torch threads per stage, e.g. 1,2 (overrides --threads)")
-    s.add_argument("--stage-cpu", default=None,
-                   help="CPU share per stage via cgroup quota, e.g. 0.25,1 (an edge device and a server on one "
-                        "machine; local TCP only)")
-    s.add_argument("--no-optimizations", action="store_true",
-                   help="do not pin stages to separate cores (the anchor's behaviour; for comparisons)")
-    e = p.add_argument_group("experiment files")
-    e.add_argument("--config", default=None,
-                   help="experiment TOML file ([sweep] options named as these flags, [networks.NAME], [hosts]); "
-                        "flags given here override it")
-    e.add_argument("--rerun", default=None, metavar="SESSION",
-                   help="repeat a session's stored experiment (SESSION/experiment.toml) as a new session")
-    e.add_argument("--force-resume", action="store_true",
-                   help="let --resume continue a session with options that differ from its stored experiment")
-    o = p.add_argument_group("output")
-    o.add_argument("--out", default="results", help="results folder; each sweep is a session inside it")
-    o.add_argument("--session", default=None, help="session folder name (a timestamp when not given)")
-    o.add_argument("--resume", action="store_true", help="continue the newest (or --session) session, skipping completed runs")
-    o.add_argument("--cleanup", action="store_true", help="delete per-run JSONs after consolidation (CSVs stay)")
-    o.add_argument("--no-report", action="store_true", help="skip the Pareto report at the end")
-    o.add_argument("--wait-time", type=positive_float, default=120.0, help="readiness timeout for stage processes, seconds")
-    o.add_argument("--timeout", type=positive_float, default=None,
-                   help="seconds a run may wait for progress (default: follows the link: 60 s plus what the batches "
-                        "in flight need at its slowest rate, with delay, jitter, losses and measured compute)")
-    o.add_argument("--max-batch-s", type=positive_float, default=None,
-                   help="a batch slower than this (seconds, end to end) makes its configuration infeasible: recorded "
-                        "as such, drawn as dominated, and the sweep goes on")
-    o.add_argument("--dry-run", action="store_true", help="print the plan and its size; run nothing")
-    o.add_argument("--check", action="store_true", help="check every host (paretopipe doctor) before the sweep")
-    add_common_flags(p)
+    add_flags(p)
     return p
 
 
@@ -214,28 +100,16 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
         name = f"trace-{trace.stem}"
         inline[name] = {"trace": str(trace)}
         networks.append(name)
-    return SweepOptions(models=models, splits=args.splits, plans=plans, runs=args.runs,
-                        networks=networks, backends=backends,
-                        batch_size=args.batch_size, num_batches=args.num_batches, warmup=args.warmup,
-                        warmup_every_run=args.warmup_every_run,
-                        in_flight=args.in_flight, link=link, out=args.out, session=args.session,
-                        resume=args.resume, wait_time=args.wait_time, timeout=args.timeout,
-                        max_batch_s=args.max_batch_s, threads=args.threads,
-                        prefetch_batches=prefetch_from_args(args),
-                        optimizations=not args.no_optimizations, dry_run=args.dry_run, cleanup=args.cleanup,
-                        report=not args.no_report, testbed=testbed, network_file=args.network_file,
-                        wire_dtype=args.wire_dtype, compression=args.compression,
+    # Flags that set a field as it is come from the table; these combine flags or check them.
+    return SweepOptions(**simple_fields(args), models=models, plans=plans, networks=networks, backends=backends,
+                        link=link, prefetch_batches=prefetch_from_args(args),
+                        optimizations=not args.no_optimizations, report=not args.no_report, testbed=testbed,
                         ciphers=_ciphers(args.encrypt, backends, testbed),
                         stage_cpu=cpushare.parse_shares(args.stage_cpu, 2),
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
-                        rpc_source=args.rpc_source, rpc_transport=args.rpc_transport,
-                        num_classes=args.num_classes, weights=args.weights,
                         dataset=dataset_from_args(args, args.compression, local=not testbed.remote),
-                        data_dir=args.data_dir, inline_networks=inline, order=args.order,
-                        seed=args.seed, precision=args.precision, max_runs=args.max_runs,
-                        drift_every_s=args.drift_every, objective=args.objective, objectives=args.objectives,
-                        energy_rate_hz=args.energy_rate_hz,
+                        data_dir=args.data_dir, inline_networks=inline, objectives=args.objectives,
                         power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),
                         power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),
                         memory_limits=_memory_limits(args.memory_limit, stages),
@@ -282,33 +156,6 @@ def _ciphers(text: str, backends: list[str], testbed: Testbed) -> list[str]:
         raise UsageError(f"--encrypt {sealed[0]} seals the TCP data port; the rpc backend's TensorPipe channel "
                          f"cannot be sealed: use --backend tcp (or both, where the rpc runs stay plain)")
     return choices
-
-
-def resolved_table(opts: SweepOptions) -> dict[str, Any]:
-    """The ``[sweep]`` table of a session's experiment.toml: every option as it was resolved."""
-    def joined(values: list) -> str | None:
-        return ",".join("" if v is None else str(v) for v in values) if any(v is not None for v in values) else None
-
-    return {"models": list(opts.models), "splits": opts.splits,
-            "split_blocks": [list(p) for p in opts.plans] if opts.plans else None, "runs": opts.runs,
-            "networks": list(opts.networks), "backend": "both" if len(opts.backends) == 2 else opts.backends[0],
-            "batch_size": opts.batch_size, "num_batches": opts.num_batches, "warmup": opts.warmup,
-            "warmup_every_run": opts.warmup_every_run,
-            "in_flight": opts.in_flight, "wire_dtype": opts.wire_dtype, "compression": opts.compression,
-            "encrypt": list(opts.ciphers) if opts.ciphers != ["none"] else None,
-            "dataset": opts.dataset, "data_dir": opts.data_dir, "link": opts.link, "num_classes": opts.num_classes,
-            "weights": opts.weights, "rpc_source": opts.rpc_source, "rpc_transport": opts.rpc_transport,
-            "threads": opts.threads, "stage_threads": joined(opts.stage_threads),
-            "stage_cpu": joined(opts.stage_cpu), "stage_devices": joined(opts.stage_devices),
-            "no_optimizations": not opts.optimizations, "timeout": opts.timeout, "max_batch_s": opts.max_batch_s,
-            "prefetch_batches": opts.prefetch_batches, "wait_time": opts.wait_time,
-            "local": not opts.testbed.remote, "order": opts.order, "seed": opts.seed,
-            "precision": None if opts.precision is None else f"{opts.precision * 100:g}%", "max_runs": opts.max_runs,
-            "drift_every": opts.drift_every_s, "objective": opts.objective, "objectives": opts.objectives,
-            "energy_rate_hz": opts.energy_rate_hz if opts.energy_rate_hz != 10.0 else None,
-            "power_idle_w": joined(opts.power_idle_w), "power_core_w": joined(opts.power_core_w),
-            "memory_limit": joined(opts.memory_limits),
-            "deadline_ms": None if opts.deadline_s is None else opts.deadline_s * 1e3}
 
 
 def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Experiment | None:
@@ -398,20 +245,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         for path in (out / "runs").glob("*.json"):
             path.unlink()
     if opts.report and (out / "report" / "pareto.csv").is_file():
-        import pandas as pd
-
-        from ..analysis.sanity import format_sanity
-
-        print("Pareto-optimal splits and those tied with them within 95% CIs (latency_s: median per batch; "
-              "throughput in images/s):")
-        print_front_table(out / "report", opts.objectives)
-        if (out / "report" / "sanity.csv").is_file():
-            print(format_sanity(pd.read_csv(out / "report" / "sanity.csv")))
-        print_privacy_cost(out / "report")
-        if (out / "report" / "adaptive_verdicts.csv").is_file():
-            from ..analysis.adaptive import format_verdicts
-
-            print(format_verdicts(pd.read_csv(out / "report" / "adaptive_verdicts.csv")))
+        _print_report(out / "report", opts.objectives)
     print(f"sweep done: {out} (runs.csv, summary.csv, failures.csv, session.json"
           + (", report/" if opts.report else "") + ")")
     if result.failed:
@@ -421,6 +255,25 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
               file=sys.stderr)
         return 1
     return 0
+
+
+def _print_report(report: Path, objectives: str | None) -> None:
+    """The closing tables: the front and its ties, the sanity checks, what sealing costs, and the
+    adaptive split's verdicts, each where the report wrote it."""
+    import pandas as pd
+
+    from ..analysis.sanity import format_sanity
+
+    print("Pareto-optimal splits and those tied with them within 95% CIs (latency_s: median per batch; "
+          "throughput in images/s):")
+    print_front_table(report, objectives)
+    if (report / "sanity.csv").is_file():
+        print(format_sanity(pd.read_csv(report / "sanity.csv")))
+    print_privacy_cost(report)
+    if (report / "adaptive_verdicts.csv").is_file():
+        from ..analysis.adaptive import format_verdicts
+
+        print(format_verdicts(pd.read_csv(report / "adaptive_verdicts.csv")))
 
 
 def _check_splits(sweeper: Sweeper, opts: Any) -> None:

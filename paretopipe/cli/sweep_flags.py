@@ -1,0 +1,250 @@
+"""The sweep's options, each declared once: its flag, type, default, group and help; the
+``SweepOptions`` field it sets; and how a session's resolved ``experiment.toml`` stores it.
+
+One table generates the sweep's parser (:func:`add_flags`), the simple fields of its options
+(:func:`simple_fields`), the resolved table (:func:`resolved_table`) and the experiment file's
+sets of invocation-only and harmless options; the experiment reader checks a file's keys
+against the same parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..transport import aead
+from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, nonneg_int, percent,
+                     positive_float, positive_int)
+from .report import add_objectives_flag
+
+if TYPE_CHECKING:
+    from ..runners.sweep import SweepOptions
+
+#: The resolved table leaves out what a session cannot repeat or what is written out elsewhere.
+NOT_STORED = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One option of the sweep.
+
+    ``field``: the ``SweepOptions`` attribute that the flag's value sets as it is ("" when
+    ``options_from_args`` derives the field from this flag and others). ``stored``: the resolved
+    table's value for the session's options (``True``: the field as it is; ``None``: not stored).
+    ``invocation``: how to run this command, never taken from an experiment file. ``harmless``:
+    ``--resume`` may change it freely, since it does not change what is measured."""
+
+    flags: tuple[str, ...]
+    group: str
+    help: str = ""
+    dest: str = ""
+    type: Callable[[str], Any] | None = None
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    store_true: bool = False
+    metavar: str | None = None
+    field: str | None = None
+    stored: bool | Callable[[SweepOptions], Any] | None = True
+    invocation: bool = False
+    harmless: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.dest or self.flags[0].lstrip("-").replace("-", "_")
+
+    @property
+    def option(self) -> str:
+        """The SweepOptions field this flag sets as it is ("" when derived)."""
+        return self.name if self.field is None else self.field
+
+    def add_to(self, group: argparse._ArgumentGroup) -> None:
+        kw: dict[str, Any] = {"dest": self.name, "help": self.help}
+        if self.store_true:
+            kw["action"] = "store_true"
+        else:
+            kw.update(default=self.default, type=self.type, choices=self.choices, metavar=self.metavar)
+        group.add_argument(*self.flags, **{k: v for k, v in kw.items() if v is not None or k == "default"})
+
+
+def _joined(values: list) -> str | None:
+    """A per-stage list as its flag writes it (``1,`` for a stage left to its host), or None."""
+    return ",".join("" if v is None else str(v) for v in values) if any(v is not None for v in values) else None
+
+
+WHAT, ORDER, RUN, MEASURE, WHERE, FILES, OUTPUT = (
+    "what to sweep", "order and repetitions", "each run", "energy, memory and the fronts' objectives", "where",
+    "experiment files", "output")
+
+FLAGS: tuple[Flag, ...] = (
+    # -- what to sweep -----------------------------------------------------------------------------
+    Flag(("--model",), WHAT, "one model (mobilenetv2 when neither --model nor --models is given)",
+         field="", stored=NOT_STORED),
+    Flag(("--models",), WHAT, "comma list of models", field="", stored=lambda o: list(o.models)),
+    Flag(("--splits",), WHAT, "all, a list 1,4,8, or ranges 2-10 (0 and K are the baselines); add adaptive for the "
+         "runtime that picks the split per batch from the measured link (all,adaptive)", default="all"),
+    Flag(("--split-blocks",), WHAT, "N-stage plans for the rpc backend, ';' between plans: 3,9;5,12 (as paretopipe "
+         "predict prints them)", field="", stored=lambda o: [list(p) for p in o.plans] if o.plans else None),
+    Flag(("--runs",), WHAT, "repetitions per configuration", type=positive_int, default=3),
+    Flag(("--network", "--networks", "--profiles"), WHAT, "comma list of named network conditions from "
+         "profiles.toml (--profiles is the anchor's name); default lan, or only the trace with --trace",
+         dest="network", field="", stored=NOT_STORED),
+    Flag(("--network-file", "--profiles-file"), WHAT, "a TOML file of named network conditions (the shipped "
+         "profiles.toml when not given)", dest="network_file", stored=NOT_STORED),
+    Flag(("--trace",), WHAT, "a rate trace (Mahimahi or time_s,rate_mbit CSV) for both directions: adds a network "
+         "named trace-<file stem> to --network (per-direction traces: trace_up/trace_down in a network file)",
+         field="", stored=NOT_STORED),
+    Flag(("--backend",), WHAT, default="tcp", choices=("tcp", "rpc", "both"), field="",
+         stored=lambda o: "both" if len(o.backends) == 2 else o.backends[0]),
+    Flag(("--num-classes",), WHAT, type=positive_int, default=10),
+    Flag(("--weights",), WHAT, "state-dict .pth every stage loads (it must exist on every host)"),
+    # -- order and repetitions ---------------------------------------------------------------------
+    Flag(("--order",), ORDER, "random: seeded rounds, each configuration once per round in a new order, so drift "
+         "spreads over every split; sequential: every run of a configuration back to back, splits in order (the "
+         "anchor's)", default="random", choices=("random", "sequential")),
+    Flag(("--seed",), ORDER, "seed of the random order (recorded in the session)", type=nonneg_int, default=0),
+    Flag(("--precision",), ORDER, "keep measuring each configuration, in further rounds, until the 95%% CIs of its "
+         "median latency and its throughput are within +-this (e.g. 5%%), or --max-runs is spent", type=percent,
+         stored=lambda o: None if o.precision is None else f"{o.precision * 100:g}%"),
+    Flag(("--max-runs",), ORDER, "per-configuration budget of runs with --precision (3 x --runs when not given)",
+         type=positive_int),
+    Flag(("--drift-every",), ORDER, "re-measure a reference configuration this often, seconds (0: never; random "
+         "order only); runs measured during a drift are measured again", type=nonneg_float, default=60.0,
+         field="drift_every_s", stored=lambda o: o.drift_every_s),
+    # -- each run ----------------------------------------------------------------------------------
+    Flag(("--batch-size",), RUN, type=positive_int, default=8),
+    Flag(("--num-batches",), RUN, "measured batches per run", type=positive_int, default=20),
+    Flag(("--warmup",), RUN, "warm-up batches on a cut's first run in each worker group (later runs of that cut "
+         "skip them: its one-time costs are paid; the record's config.warmup says which)", type=nonneg_int,
+         default=3),
+    Flag(("--warmup-every-run",), RUN, "warm up before every run, as separate processes per run would have to",
+         store_true=True),
+    Flag(("--in-flight",), RUN, "pipelining window", type=positive_int, default=1),
+    Flag(("--wire-dtype",), RUN, default="float32", choices=("float32", "float16", "bfloat16")),
+    Flag(("--compression",), RUN, default="none", choices=("none", "zstd", "lz4")),
+    Flag(("--encrypt",), RUN, f"comma list of the TCP data port's ciphers to sweep ({', '.join(aead.CHOICES)}), "
+         "e.g. none,aesgcm: each is a configuration of its own (AEAD, keys from PARETOPIPE_SECRET), with its cipher "
+         "and seal and open times recorded, so the report shows what privacy costs at every split",
+         default="none", field="", stored=lambda o: list(o.ciphers) if o.ciphers != ["none"] else None),
+    # --dataset, --data-dir, --enable-prefetch and --prefetch-batches: common.add_dataset_flags and
+    # add_prefetch_flags, added after --encrypt (see add_flags); their fields are below.
+    Flag(("--link",), RUN, "emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the choice "
+         "with hosts); none", choices=("emulated", "tc", "none"), field="", stored=lambda o: o.link),
+    Flag(("--objective",), RUN, "what the adaptive split optimises", default="latency",
+         choices=("latency", "throughput")),
+    Flag(("--deadline-ms",), RUN, "adaptive split: a result later than this is finished on stage 1 instead",
+         type=positive_float, field="", stored=lambda o: None if o.deadline_s is None else o.deadline_s * 1e3),
+    Flag(("--rpc-source",), RUN, "where the rpc backend's data lives: a master rank of its own, or stage 1",
+         default="master", choices=("master", "stage1")),
+    Flag(("--rpc-transport",), RUN, default="uv", choices=("uv", "auto")),
+    # -- energy, memory and the fronts' objectives (--objectives: report.add_objectives_flag) ------
+    Flag(("--energy-rate-hz",), MEASURE, "how often each stage reads its host's power sensors (RAPL, NVML, a Pi 5's "
+         "PMIC, INA2xx)", type=positive_float, default=10.0,
+         stored=lambda o: o.energy_rate_hz if o.energy_rate_hz != 10.0 else None),
+    Flag(("--power-idle-w",), MEASURE, "per stage, e.g. 2.7,45: a device's idle watts, for the modelled energy of a "
+         "host without sensors (else POWER_IDLE_W per host in .env)", field="",
+         stored=lambda o: _joined(o.power_idle_w)),
+    Flag(("--power-core-w",), MEASURE, "per stage, e.g. 0.9,15: the watts one busy core adds, x the stage's CPU "
+         "seconds = its modelled energy (else POWER_CORE_W per host in .env)", field="",
+         stored=lambda o: _joined(o.power_core_w)),
+    Flag(("--memory-limit",), MEASURE, "stage1=1GiB or one size per stage (1GiB,16GiB): a stage whose peak memory "
+         "exceeds it is marked in the records and the report (else MEMORY_LIMITS per host in .env)", field="",
+         stored=lambda o: _joined(o.memory_limits)),
+    # -- where -------------------------------------------------------------------------------------
+    Flag(("--env-file",), WHERE, "hosts, SSH settings and the shared secret (see .env.example)", default=".env",
+         field="", stored=NOT_STORED, harmless=True),
+    Flag(("--local",), WHERE, "ignore hosts in .env and run every stage here", store_true=True, field="",
+         stored=lambda o: not o.testbed.remote, harmless=True),
+    Flag(("--hosts-required",), WHERE, "refuse to run locally: .env must name the hosts (partition.sh's mode)",
+         store_true=True, field="", stored=NOT_STORED, harmless=True),
+    Flag(("--iface",), WHERE, "with --link tc: interface to shape (IFACE from .env otherwise)", field="",
+         stored=NOT_STORED, harmless=True),
+    Flag(("--stage-devices",), WHERE, "device per stage, e.g. cpu,cuda (with hosts: overrides DEVICES/PI1_DEVICE/"
+         "GPU_DEVICE)", field="", stored=lambda o: _joined(o.stage_devices)),
+    Flag(("--threads",), WHERE, "torch threads per stage (cores / stages otherwise)", type=positive_int),
+    Flag(("--stage-threads",), WHERE, "torch threads per stage, e.g. 1,2 (overrides --threads)", field="",
+         stored=lambda o: _joined(o.stage_threads)),
+    Flag(("--stage-cpu",), WHERE, "CPU share per stage via cgroup quota, e.g. 0.25,1 (an edge device and a server on "
+         "one machine; local TCP only)", field="", stored=lambda o: _joined(o.stage_cpu)),
+    Flag(("--no-optimizations",), WHERE, "do not pin stages to separate cores (the anchor's behaviour; for "
+         "comparisons)", store_true=True, field="", stored=lambda o: not o.optimizations),
+    # -- experiment files --------------------------------------------------------------------------
+    Flag(("--config",), FILES, "experiment TOML file ([sweep] options named as these flags, [networks.NAME], "
+         "[hosts]); flags given here override it", field="", stored=NOT_STORED, invocation=True),
+    Flag(("--rerun",), FILES, "repeat a session's stored experiment (SESSION/experiment.toml) as a new session",
+         metavar="SESSION", field="", stored=NOT_STORED, invocation=True),
+    Flag(("--force-resume",), FILES, "let --resume continue a session with options that differ from its stored "
+         "experiment", store_true=True, field="", stored=NOT_STORED, invocation=True),
+    # -- output ------------------------------------------------------------------------------------
+    Flag(("--out",), OUTPUT, "results folder; each sweep is a session inside it", default="results",
+         stored=NOT_STORED, harmless=True),
+    Flag(("--session",), OUTPUT, "session folder name (a timestamp when not given)", stored=NOT_STORED,
+         invocation=True),
+    Flag(("--resume",), OUTPUT, "continue the newest (or --session) session, skipping completed runs",
+         store_true=True, stored=NOT_STORED, invocation=True),
+    Flag(("--cleanup",), OUTPUT, "delete per-run JSONs after consolidation (CSVs stay)", store_true=True,
+         stored=NOT_STORED, invocation=True),
+    Flag(("--no-report",), OUTPUT, "skip the Pareto report at the end", store_true=True, field="",
+         stored=NOT_STORED, invocation=True),
+    Flag(("--wait-time",), OUTPUT, "readiness timeout for stage processes, seconds", type=positive_float,
+         default=120.0, harmless=True),
+    Flag(("--timeout",), OUTPUT, "seconds a run may wait for progress (default: follows the link: 60 s plus what the "
+         "batches in flight need at its slowest rate, with delay, jitter, losses and measured compute)",
+         type=positive_float),
+    Flag(("--max-batch-s",), OUTPUT, "a batch slower than this (seconds, end to end) makes its configuration "
+         "infeasible: recorded as such, drawn as dominated, and the sweep goes on", type=positive_float),
+    Flag(("--dry-run",), OUTPUT, "print the plan and its size; run nothing", store_true=True, stored=NOT_STORED,
+         invocation=True),
+    Flag(("--check",), OUTPUT, "check every host (paretopipe doctor) before the sweep", store_true=True, field="",
+         stored=NOT_STORED, invocation=True),
+)
+
+#: Options that the shared flag helpers add (common.add_dataset_flags, add_prefetch_flags and
+#: report.add_objectives_flag): the fields they set and how the resolved table stores them.
+HELPER_STORED: dict[str, Callable[[SweepOptions], Any]] = {
+    "dataset": lambda o: o.dataset, "data_dir": lambda o: o.data_dir,
+    "prefetch_batches": lambda o: o.prefetch_batches, "objectives": lambda o: o.objectives}
+#: Fields derived from several flags (options_from_args: --network and --trace): resolved as they are.
+DERIVED_STORED: dict[str, Callable[[SweepOptions], Any]] = {"networks": lambda o: list(o.networks)}
+#: Flags of the common helpers that are about this invocation only.
+COMMON_INVOCATION = {"debug", "quiet", "help", "version"}
+
+
+#: The shared flag helpers, placed where they belong: at the head of a group, or after a flag.
+_GROUP_HEAD: dict[str, Callable[[Any], None]] = {MEASURE: add_objectives_flag}
+_AFTER: dict[str, Callable[[Any], None]] = {
+    "encrypt": lambda g: (add_dataset_flags(g, default="auto"), add_prefetch_flags(g))}
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """Every sweep flag, in its group and in the table's order."""
+    groups: dict[str, Any] = {}
+    for flag in FLAGS:
+        if flag.group not in groups:
+            groups[flag.group] = p.add_argument_group(flag.group)
+            _GROUP_HEAD.get(flag.group, lambda g: None)(groups[flag.group])
+        flag.add_to(groups[flag.group])
+        _AFTER.get(flag.name, lambda g: None)(groups[flag.group])
+    add_common_flags(p)
+
+
+def simple_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The SweepOptions fields that flags set as they are, from parsed ``args``."""
+    return {f.option: getattr(args, f.name) for f in FLAGS if f.option}
+
+
+def resolved_table(opts: SweepOptions) -> dict[str, Any]:
+    """The ``[sweep]`` table of a session's experiment.toml: every option as it was resolved."""
+    table: dict[str, Any] = {}
+    for f in FLAGS:
+        if f.stored is True:
+            table[f.name] = getattr(opts, f.option)
+        elif callable(f.stored):
+            table[f.name] = f.stored(opts)
+    for key, value in {**HELPER_STORED, **DERIVED_STORED}.items():
+        table[key] = value(opts)
+    return table
+
+
+INVOCATION = {f.name for f in FLAGS if f.invocation} | COMMON_INVOCATION
+HARMLESS = {f.name for f in FLAGS if f.harmless}
