@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 from ..network import traces
+from ..splits import ADAPTIVE
 from .session import Session
 
-ADAPTIVE = "adaptive"
 GOAL_WITHIN = 0.10   # adaptive's median latency within 10% of the best static split's
 COLUMNS = ["model", "backend", "network", "batch_size", "split_index", "role", "latency_median_s",
            "latency_p95_s", "throughput_imgs_per_s", "runs"]

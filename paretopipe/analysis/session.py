@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import records
 from ..errors import UsageError
+from ..splits import Split, sort_key
 
 log = logging.getLogger("paretopipe.session")
 
@@ -79,9 +80,9 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return entry
 
 
-def config_key(model: str, backend: str, network: str, split_index: int | str, cipher: str = PLAIN) -> str:
+def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN) -> str:
     """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher."""
-    k = f"k{split_index:02d}" if isinstance(split_index, int) else f"k{split_index}"
+    k = Split.of(split).key
     return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else ""))
 
 
@@ -99,20 +100,12 @@ def run_key(cfg_key: str, run: int) -> str:
 
 
 def split_label(split: Any) -> Any:
-    """runs.csv's ``split_index``: the block index k, ``3,9`` for an N-stage plan (a list in a
-    record, a tuple in a plan), or ``adaptive``."""
-    return ",".join(map(str, split)) if isinstance(split, (list, tuple)) else split
+    """runs.csv's ``split_index`` of a record's split (:attr:`Split.label`); none stays none."""
+    return None if split is None else Split.of(split).label
 
 
-def split_sort_key(split: Any) -> tuple:
-    """Block splits in numeric order, then N-stage plans, then ``adaptive``."""
-    text = str(split)
-    if text.lstrip("-").isdigit():
-        return (0, int(text), "")
-    parts = text.split(",")
-    if all(p.strip().isdigit() for p in parts):
-        return (1, len(parts), tuple(int(p) for p in parts))
-    return (2, 0, text)
+#: Block splits in numeric order, then N-stage plans, then ``adaptive`` (any written form).
+split_sort_key = sort_key
 
 
 def ordered_splits(values: Iterable[Any]) -> list[Any]:

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from .. import cpushare, records
-from ..analysis.session import Session, cipher_of, config_key, run_key, sessions_under, split_label
+from ..analysis.session import Session, cipher_of, config_key, run_key, sessions_under
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network import deadlines, tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ..partition.structure import check_splits
+from ..splits import Split
 from ..transport.runconfig import ADAPTIVE, RunConfig
 from . import rounds, zygote
 from .hosts import Host, Testbed
@@ -124,23 +125,22 @@ class PlannedRun:
     model: str
     backend: str
     network: str
-    split: int | tuple[int, ...] | str
+    split: Split
     run: int
     reference: bool = False  # a drift check's re-measurement of the reference configuration
     cipher: str = "none"     # the TCP data port's --encrypt choice (transport.aead)
 
     @property
     def split_index(self) -> int | str:
-        return split_label(self.split)
+        return self.split.label
 
     @property
     def stages(self) -> int:
-        return len(self.split) + 1 if isinstance(self.split, tuple) else 2
+        return self.split.stages
 
     @property
     def config_key(self) -> str:
-        return config_key(self.model, self.backend, self.network,
-                          "-".join(map(str, self.split)) if isinstance(self.split, tuple) else self.split, self.cipher)
+        return config_key(self.model, self.backend, self.network, self.split, self.cipher)
 
     @property
     def run_key(self) -> str:
@@ -310,15 +310,16 @@ class Sweeper:
         return True
 
     # -- plan ----------------------------------------------------------------------------------
-    def splits_for(self, num_blocks: int) -> list[int | tuple[int, ...] | str]:
+    def splits_for(self, num_blocks: int) -> list[Split]:
         """The static splits (or plans), then ``adaptive`` when --splits names it."""
         if self.opts.plans:
             bad = [p for p in self.opts.plans if max(p) > num_blocks]
             if bad:
                 raise UsageError(f"--split-blocks plan {','.join(map(str, bad[0]))}: block indices go up to {num_blocks}")
-            return list(self.opts.plans)
+            return [Split(tuple(p), plan=True) for p in self.opts.plans]
         static, adaptive = split_adaptive(self.opts.splits)
-        return (parse_splits(static, num_blocks) if static else []) + ([ADAPTIVE] if adaptive else [])
+        return ([Split((k,)) for k in parse_splits(static, num_blocks)] if static else []) + \
+            ([Split(adaptive=True)] if adaptive else [])
 
     def plan(self, num_blocks: dict[str, int]) -> list[PlannedRun]:
         """The runs of the minimum rounds (--runs), in the order they will run; --precision and drift
@@ -383,17 +384,15 @@ class Sweeper:
     def run_config(self, planned: PlannedRun, info: dict[str, Any]) -> RunConfig:
         """The typed configuration of one planned run; the record's ``config`` is exactly this."""
         o = self.opts
-        adaptive = planned.split == ADAPTIVE
-        blocks = ([info["num_blocks"]] if adaptive else [planned.split] if isinstance(planned.split, int)
-                  else list(planned.split))
+        adaptive = planned.split.adaptive
+        blocks = [info["num_blocks"]] if adaptive else list(planned.split.blocks)
         cuts = [info["block_cuts"][k] for k in blocks]
         rpc = planned.backend == "rpc"
-        static = [k for k in self.splits_for(info["num_blocks"]) if isinstance(k, int)]
+        static = [k.blocks[0] for k in self.splits_for(info["num_blocks"]) if not (k.adaptive or k.plan)]
         extra = ({"objective": o.objective, "deadline_s": o.deadline_s,
                   "candidates": static if len(static) > 1 else None} if adaptive else {})
         warmed = not adaptive and not o.warmup_every_run and self._warm_key(planned, cuts) in self.warmed
-        return RunConfig(model=info["model"], cuts=cuts, split_index=planned.split if isinstance(planned.split, (int, str))
-                         else list(planned.split), batch_size=o.batch_size, num_batches=o.num_batches,
+        return RunConfig(model=info["model"], cuts=cuts, split_index=planned.split.config, batch_size=o.batch_size, num_batches=o.num_batches,
                          warmup=0 if warmed else o.warmup, in_flight=o.in_flight, network=planned.network,
                          link_mode=o.link, timeout_s=self.timeout_s(planned, info, blocks), seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
                          num_classes=o.num_classes, dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key, config_key=planned.config_key,
@@ -428,7 +427,7 @@ class Sweeper:
             return o.timeout
         itemsize = 2 if o.wire_dtype in ("float16", "bfloat16") else 4
         per_image = info.get("payload_bytes_per_image") or []
-        if planned.split == ADAPTIVE:  # any candidate may be chosen: the largest bounds them all
+        if planned.split.adaptive:  # any candidate may be chosen: the largest bounds them all
             blocks = range(len(per_image))
         up = max((per_image[k] for k in blocks if k < len(per_image)), default=0) * o.batch_size * itemsize // 4
         down = o.num_classes * 4 * o.batch_size
@@ -556,13 +555,13 @@ class Sweeper:
         max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
         tc_mode = o.link == "tc"
         drift = rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0)
-        static = [k for k in splits if k != ADAPTIVE] or splits
+        static = [k for k in splits if not k.adaptive] or splits
         reference = (o.networks[0], static[len(static) // 2])
         cipher = self.cipher
         group = group_name(model, backend, cipher)
         group_meta = meta.setdefault("groups", {}).setdefault(group, {})
         group_meta.update({"order": o.order, "seed": o.seed, "precision": o.precision, "min_runs": o.runs,
-                           "max_runs": max_runs, "reference": {"network": reference[0], "split": split_label(reference[1])},
+                           "max_runs": max_runs, "reference": {"network": reference[0], "split": reference[1].label},
                            "executed": group_meta.get("executed", [])})
         bar = tqdm(total=len(configs) * o.runs, desc=group.replace("/", " "), unit="run", dynamic_ncols=True,
                    disable=None)
@@ -632,7 +631,7 @@ class Sweeper:
         group_meta["stopping"] = {self._config_key(model, backend, c): p.describe() for c, p in progress.items()}
         group_meta["drift_checks"] = [dataclasses.asdict(c) for c in drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used.
-        self.stopping.update({(info["model"], backend, self.cipher_used or cipher, n, split_label(k)): p.describe()
+        self.stopping.update({(info["model"], backend, self.cipher_used or cipher, n, k.label): p.describe()
                               for (n, k), p in progress.items()})
         return len(configs)
 
@@ -688,7 +687,7 @@ class Sweeper:
                                          observed, model, backend, group_meta)
         if summaries is None:
             log.warning("the drift reference %s k=%s is infeasible under --max-batch-s: no drift checks for %s %s",
-                        ref_network, split_label(reference[1]), model, backend)
+                        ref_network, reference[1].label, model, backend)
             drift.every_s = 0.0
             return []
         if summaries and not baseline and drift.suspect(ref_network, summaries[0]):
@@ -708,7 +707,7 @@ class Sweeper:
         if not check.drift:
             return []
         log.warning("drift: the reference %s k=%s changed throughput by %.0f%% (threshold %.0f%%); measuring the %d "
-                    "runs since the last check again", ref_network, split_label(reference[1]), 100 * check.change,
+                    "runs since the last check again", ref_network, reference[1].label, 100 * check.change,
                     100 * check.threshold, len(items))
         return items
 

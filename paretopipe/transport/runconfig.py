@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import strict
 from ..errors import UsageError
+from ..splits import ADAPTIVE
 
 LINK_MODES = ("none", "emulated", "tc")
 #: How activations may travel (``wire`` holds their codes and torch dtypes): named here, torch-free,
@@ -23,7 +24,6 @@ DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 OBJECTIVES = ("latency", "throughput")
 #: The energy sampler's fastest rate: sensors update at 10-100 Hz (a Pi 5's PMIC read takes ms).
 MAX_ENERGY_RATE_HZ = 1000.0
-ADAPTIVE = "adaptive"
 
 
 @dataclasses.dataclass(frozen=True)

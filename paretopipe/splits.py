@@ -1,0 +1,101 @@
+"""A split as one typed value: a block index k, an N-stage plan (k1, k2, ...), or ``adaptive``.
+
+Every form a split takes elsewhere comes from here: its label in runs.csv (``split_index``: ``3``,
+``3,9`` or ``adaptive``), its part of a configuration key (``k03``, ``k3-9``, ``kadaptive``), the
+value a run's configuration records, its number of stages, and the order tables list splits in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .errors import UsageError
+
+ADAPTIVE = "adaptive"
+
+
+@dataclasses.dataclass(frozen=True, order=False)
+class Split:
+    """``blocks``: the block index of each cut, in order (one for a two-stage split; empty for
+    adaptive, whose split the runtime chooses per batch). ``plan``: written as a plan of stages
+    (``--split-blocks``, a list in a record), which keeps its plan form even with one cut."""
+
+    blocks: tuple[int, ...] = ()
+    adaptive: bool = False
+    plan: bool = False
+
+    def __post_init__(self) -> None:
+        if self.adaptive == bool(self.blocks):
+            raise UsageError("a split is block indices or adaptive, not both and not neither")
+        if len(self.blocks) > 1 and not self.plan:
+            object.__setattr__(self, "plan", True)  # several cuts are always a plan
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in self.blocks):
+            raise UsageError(f"split {self.blocks!r}: block indices are whole numbers from 0")
+        if list(self.blocks) != sorted(self.blocks):
+            raise UsageError(f"split {','.join(map(str, self.blocks))}: a plan's splits go in increasing order")
+
+    @classmethod
+    def of(cls, value: Any) -> "Split":
+        """A split from any form it is written in: a Split, k, a list or tuple of k, ``"k"``,
+        ``"k1,k2"`` (a label), or ``"adaptive"``."""
+        if isinstance(value, Split):
+            return value
+        if isinstance(value, str):
+            text = value.strip()
+            if text.lower() == ADAPTIVE:
+                return cls(adaptive=True)
+            try:
+                value = [int(p) for p in text.split(",")]
+            except ValueError:
+                raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,... or {ADAPTIVE}")
+            if len(value) == 1:
+                return cls((value[0],))
+        if isinstance(value, (list, tuple)):
+            return cls(tuple(int(k) if hasattr(k, "__index__") and not isinstance(k, bool) else k for k in value),
+                       plan=True)
+        if hasattr(value, "__index__") and not isinstance(value, bool):  # int, numpy integers
+            return cls((int(value),))
+        raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,... or {ADAPTIVE}")
+
+    @property
+    def stages(self) -> int:
+        return len(self.blocks) + 1 if self.blocks else 2
+
+    @property
+    def label(self) -> int | str:
+        """runs.csv's ``split_index``: k, ``k1,k2``, or ``adaptive``."""
+        if self.adaptive:
+            return ADAPTIVE
+        return ",".join(map(str, self.blocks)) if self.plan else self.blocks[0]
+
+    @property
+    def key(self) -> str:
+        """The split's part of a configuration key: ``k03``, ``k3-9`` or ``kadaptive``."""
+        if self.adaptive:
+            return f"k{ADAPTIVE}"
+        return "k" + "-".join(map(str, self.blocks)) if self.plan else f"k{self.blocks[0]:02d}"
+
+    @property
+    def config(self) -> int | list[int] | str:
+        """What a run's configuration records as ``split_index``."""
+        if self.adaptive:
+            return ADAPTIVE
+        return list(self.blocks) if self.plan else self.blocks[0]
+
+    def sort_key(self) -> tuple:
+        """Block splits in numeric order, then N-stage plans, then ``adaptive``."""
+        if self.adaptive:
+            return (2, 0, ADAPTIVE)
+        return (1, len(self.blocks), self.blocks) if self.plan else (0, self.blocks[0], "")
+
+    def __str__(self) -> str:
+        return str(self.label)
+
+
+def sort_key(value: Any) -> tuple:
+    """A table's order for any written split; what is no split (an empty cell) comes last."""
+    try:
+        return Split.of(value).sort_key()
+    except (UsageError, ValueError, TypeError, OverflowError):
+        return (3, 0, str(value))
