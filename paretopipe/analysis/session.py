@@ -237,9 +237,36 @@ class Session:
     def run_path(self, key: str) -> Path:
         return self.runs_dir / f"{key}.json"
 
+    def reference_path(self, key: str) -> Path:
+        """A drift check's re-measurement of the reference configuration: kept apart from the runs."""
+        return self.path / "reference" / f"{key}.json"
+
+    def drifted_path(self, key: str) -> Path:
+        """Where a run measured during drift is set aside (kept, out of the summaries)."""
+        return self.path / "drifted" / f"{key}.json"
+
+    def trace_control_path(self, name: str) -> Path:
+        """The log of rates a trace controller applied to a shaped link (``name``: a file label)."""
+        return self.path / "trace-control" / f"{records.file_label(name)}.csv"
+
+    def measured_anything(self) -> bool:
+        """Whether any run, or any reference run, was recorded here."""
+        return any(self.runs_dir.glob("*.json")) or any((self.path / "reference").glob("*.json"))
+
     # -- run records ---------------------------------------------------------------------------
     def write_run(self, key: str, record: dict[str, Any]) -> Path:
         return records.atomic_write_json(self.run_path(key), record)
+
+    def write_reference(self, key: str, record: dict[str, Any]) -> Path:
+        return records.atomic_write_json(self.reference_path(key), record)
+
+    def set_aside(self, key: str) -> None:
+        """Move a run measured during drift out of ``runs/`` into ``drifted/``."""
+        src = self.run_path(key)
+        if src.exists():
+            dst = self.drifted_path(key)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            src.replace(dst)
 
     def read_run(self, path: Path) -> dict[str, Any] | None:
         """A run record, or None (with a warning) when it is truncated or not a record."""

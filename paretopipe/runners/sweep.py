@@ -17,12 +17,11 @@ import datetime as _dt
 import errno
 import logging
 import shutil
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from .. import cpushare, records
+from .. import cpushare, records, strict
 from ..analysis.session import Session, cipher_of, config_key, run_key, sessions_under
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
@@ -214,10 +213,37 @@ class SweepResult:
     measured: int = 0  # runs recorded (complete or infeasible), resumed ones included
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupInfo:
+    """What a started stage group reports of the model its stages built (every stage built the
+    same: the group checked their fingerprints), checked field by field: it comes from worker
+    processes, over SSH on a testbed."""
+
+    model: str
+    fingerprint: str
+    num_blocks: int
+    block_cuts: list[str]
+    payload_bytes_per_image: list[int] = dataclasses.field(default_factory=list)
+    limits: dict[str, Any] | None = None  # per stage: its CPU and memory limits as applied
+    world_size: int | None = None  # the rpc backend's ranks
+    stage_ranks: list[int] | None = None
+    devices: list[str] | None = None
+
+    @classmethod
+    def of(cls, reported: dict[str, Any]) -> "GroupInfo":
+        """The fields of a group's report (a worker's ready event carries more, such as its pid)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        info = strict.from_dict(cls, {k: v for k, v in reported.items() if k in names}, "the stage group's report")
+        if len(info.block_cuts) != info.num_blocks + 1:
+            raise PeerError(f"the stage group reported {len(info.block_cuts)} block cuts for {info.num_blocks} blocks")
+        return info
+
+
 class StageGroup(Protocol):
     """What the sweep asks of the processes that run its stages (:class:`TcpStages`,
-    :class:`RpcRanks`, or a test's scripted group): start and report the model's ``info``, run one
-    configuration and return its record, say whether they are alive, stop."""
+    :class:`RpcRanks`, or a test's scripted group): start and report the model's ``info`` (read
+    as a :class:`GroupInfo`), run one configuration and return its record, say whether they are
+    alive, stop."""
 
     def start(self) -> dict[str, Any]: ...
 
@@ -284,6 +310,7 @@ class Sweeper:
         self.session = Session(self._session_dir())
         self.dir = self.session.path
         self.group: StageGroup | None = None
+        self.info: GroupInfo | None = None  # the current group's report (start)
         # (model, backend, cuts) this worker group has already run: their one-time costs (lazy
         # init, kernel selection for the shapes, allocator growth) are paid, so later runs of the
         # same cut skip the warm-up unless --warmup-every-run (without it the demo's 1 warm-up
@@ -304,7 +331,7 @@ class Sweeper:
 
     def discard_if_unmeasured(self) -> bool:
         """Remove this session's folder when no run (nor reference run) was recorded in it."""
-        if not self.dir.is_dir() or any(self.dir.glob("runs/*.json")) or any(self.dir.glob("reference/*.json")):
+        if not self.dir.is_dir() or self.session.measured_anything():
             return False
         shutil.rmtree(self.dir, ignore_errors=True)
         return True
@@ -361,17 +388,20 @@ class Sweeper:
         stages = (len(o.plans[0]) + 1) if o.plans else 2
         return RpcRanks(self.placement(), model, stages, o.rpc_source, o.rpc_transport, o.timeout or deadlines.BASE_S)
 
-    def start(self, model: str, backend: str, cipher: str = "none") -> dict[str, Any]:
+    def start(self, model: str, backend: str, cipher: str = "none") -> GroupInfo:
+        """Start the stage group of (model, backend) under ``cipher``; its report is the current
+        :attr:`info` until the next start."""
         self.stop()
         self.warmed.clear()
         self.compute_s = 0.0
         self.cipher, self.cipher_used = cipher, None
         self.group = self.group_factory(self, model, backend)
         try:
-            return self.group.start()
+            self.info = GroupInfo.of(self.group.start())
         except BaseException:
             self.stop()
             raise
+        return self.info
 
     def stop(self) -> None:
         if self.group is not None:
@@ -381,26 +411,27 @@ class Sweeper:
                 cpushare.remove_stale()  # groups of workers that could not clean up after themselves
 
     # -- one configuration ---------------------------------------------------------------------
-    def run_config(self, planned: PlannedRun, info: dict[str, Any]) -> RunConfig:
+    def run_config(self, planned: PlannedRun) -> RunConfig:
         """The typed configuration of one planned run; the record's ``config`` is exactly this."""
         o = self.opts
+        info = self.info
         adaptive = planned.split.adaptive
-        blocks = [info["num_blocks"]] if adaptive else list(planned.split.blocks)
-        cuts = [info["block_cuts"][k] for k in blocks]
+        blocks = [info.num_blocks] if adaptive else list(planned.split.blocks)
+        cuts = [info.block_cuts[k] for k in blocks]
         rpc = planned.backend == "rpc"
-        static = [k.blocks[0] for k in self.splits_for(info["num_blocks"]) if not (k.adaptive or k.plan)]
+        static = [k.blocks[0] for k in self.splits_for(info.num_blocks) if not (k.adaptive or k.plan)]
         extra = ({"objective": o.objective, "deadline_s": o.deadline_s,
                   "candidates": static if len(static) > 1 else None} if adaptive else {})
         warmed = not adaptive and not o.warmup_every_run and self._warm_key(planned, cuts) in self.warmed
-        return RunConfig(model=info["model"], cuts=cuts, split_index=planned.split.config, batch_size=o.batch_size, num_batches=o.num_batches,
+        return RunConfig(model=info.model, cuts=cuts, split_index=planned.split.config, batch_size=o.batch_size, num_batches=o.num_batches,
                          warmup=0 if warmed else o.warmup, in_flight=o.in_flight, network=planned.network,
-                         link_mode=o.link, timeout_s=self.timeout_s(planned, info, blocks), seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
+                         link_mode=o.link, timeout_s=self.timeout_s(planned, blocks), seed=planned.run, wire_dtype=o.wire_dtype, compression=o.compression,
                          num_classes=o.num_classes, dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key, config_key=planned.config_key,
-                         run=planned.run, stage_limits=info.get("limits"), max_batch_s=o.max_batch_s,
+                         run=planned.run, stage_limits=info.limits, max_batch_s=o.max_batch_s,
                          prefetch_batches=o.prefetch_batches,
                          rpc_transport=o.rpc_transport if rpc else None, rpc_source=o.rpc_source if rpc else None,
                          use_pipelining=(o.in_flight > 1) if rpc else None,
-                         world_size=info.get("world_size") if rpc else None, energy_rate_hz=o.energy_rate_hz,
+                         world_size=info.world_size if rpc else None, energy_rate_hz=o.energy_rate_hz,
                          **self.stage_declarations(len(cuts) + 1), **extra)
 
     def stage_declarations(self, stages: int) -> dict[str, Any]:
@@ -419,14 +450,14 @@ class Sweeper:
                 "power_core_w": per_stage(o.power_core_w, "power_core_w"),
                 "memory_limits": per_stage(o.memory_limits, "memory_limit")}
 
-    def timeout_s(self, planned: PlannedRun, info: dict[str, Any], blocks: Sequence[int]) -> float:
+    def timeout_s(self, planned: PlannedRun, blocks: Sequence[int]) -> float:
         """``--timeout``, else a deadline from the bytes this run sends under its network conditions
         and the compute measured so far in this group (:mod:`paretopipe.network.deadlines`)."""
         o = self.opts
         if o.timeout is not None:
             return o.timeout
         itemsize = 2 if o.wire_dtype in ("float16", "bfloat16") else 4
-        per_image = info.get("payload_bytes_per_image") or []
+        per_image = self.info.payload_bytes_per_image
         if planned.split.adaptive:  # any candidate may be chosen: the largest bounds them all
             blocks = range(len(per_image))
         up = max((per_image[k] for k in blocks if k < len(per_image)), default=0) * o.batch_size * itemsize // 4
@@ -434,9 +465,9 @@ class Sweeper:
         conditions = self.networks[planned.network] if o.link != "none" else None
         return deadlines.run_timeout_s(conditions, up, down, o.in_flight, self.compute_s)
 
-    def run_one(self, planned: PlannedRun, info: dict[str, Any], observed: dict | None) -> dict[str, Any]:
+    def run_one(self, planned: PlannedRun, observed: dict | None) -> dict[str, Any]:
         o = self.opts
-        cfg = self.run_config(planned, info).to_dict()
+        cfg = self.run_config(planned).to_dict()
         conditions = self.networks[planned.network].to_dict() if o.link == "emulated" else None
         budget = o.wait_time + cfg["timeout_s"] * (o.num_batches + o.warmup + 2)
         record = self.group.run(cfg, conditions, observed, budget)
@@ -493,8 +524,7 @@ class Sweeper:
                 stack.enter_context(tc.applied(direction, iface, runner=runner, **kw))
                 # A trace: a controller steps the shaped rate through it while the group runs, and
                 # its log of applied rates is kept in the session.
-                where = re.sub(r"[^A-Za-z0-9_.-]+", "_", runner.where)
-                log_path = self.dir / "trace-control" / f"{conditions.name}-{where}-{which or 'up'}.csv"
+                log_path = self.session.trace_control_path(f"{conditions.name}-{runner.where}-{which or 'up'}")
                 ctl = stack.enter_context(tracecontrol.following(direction, iface, runner, seed=o.seed or 0,
                                                                  which=which or "up", log_path=log_path))
                 if ctl is not None:
@@ -523,8 +553,8 @@ class Sweeper:
         try:
             for model in o.models:
                 for backend, cipher in self.groups():
-                    info = self.start(model, backend, cipher)
-                    total += self._sweep_group(model, backend, info, meta, failed)
+                    self.start(model, backend, cipher)
+                    total += self._sweep_group(model, backend, meta, failed)
                     self.stop()
         except KeyboardInterrupt:
             interrupted = True
@@ -543,13 +573,13 @@ class Sweeper:
             self._report()
         return SweepResult(self.dir, total, failed, measured)
 
-    def _sweep_group(self, model: str, backend: str, info: dict[str, Any], meta: dict[str, Any],
+    def _sweep_group(self, model: str, backend: str, meta: dict[str, Any],
                      failed: list[PlannedRun]) -> int:
         """Every configuration of one model and backend, in rounds (see :mod:`.rounds`)."""
         from tqdm import tqdm
 
         o = self.opts
-        splits = self.splits_for(info["num_blocks"])
+        splits = self.splits_for(self.info.num_blocks)
         configs = [(n, k) for n in o.networks for k in splits]
         progress = {c: rounds.ConfigProgress() for c in configs}
         max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
@@ -590,7 +620,7 @@ class Sweeper:
                         cfg = (one.network, one.split)
                         if progress[cfg].stopped is not None:
                             continue  # sequential mode: precise before its budget
-                        record = self._resumed(one) or self._attempt(one, info, observed, model, backend)
+                        record = self._resumed(one) or self._attempt(one, observed, model, backend)
                         progress[cfg].attempts += 1
                         group_meta["executed"].append(one.run_key)
                         if record is None:
@@ -605,7 +635,7 @@ class Sweeper:
                         bar.update(1)
                         if o.order == "sequential" and progress[cfg].stopped is None:
                             progress[cfg].stopped = progress[cfg].decide(o.runs, o.precision, max_runs)
-                        drifted = self._drift_check(drift, reference, network or reference[0], info, observed,
+                        drifted = self._drift_check(drift, reference, network or reference[0], observed,
                                                     model, backend, group_meta)
                         for (dcfg, run, key) in drifted:
                             # Each run is measured again at most once, and each configuration at most
@@ -613,7 +643,7 @@ class Sweeper:
                             if key in rerun_done or dcfg not in progress or progress[dcfg].remeasured >= max_runs:
                                 continue
                             rerun_done.add(key)
-                            self._set_aside(key)
+                            self.session.set_aside(key)
                             prog = progress[dcfg]
                             prog.remeasured += 1
                             prog.latencies, prog.throughputs = self._values_of(model, backend, dcfg)
@@ -631,7 +661,7 @@ class Sweeper:
         group_meta["stopping"] = {self._config_key(model, backend, c): p.describe() for c, p in progress.items()}
         group_meta["drift_checks"] = [dataclasses.asdict(c) for c in drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used.
-        self.stopping.update({(info["model"], backend, self.cipher_used or cipher, n, k.label): p.describe()
+        self.stopping.update({(self.info.model, backend, self.cipher_used or cipher, n, k.label): p.describe()
                               for (n, k), p in progress.items()})
         return len(configs)
 
@@ -667,15 +697,7 @@ class Sweeper:
                 thr.append(rec["summary"].get("throughput_imgs_per_s"))
         return lat, thr
 
-    def _set_aside(self, run_key: str) -> None:
-        """A run measured during drift moves to drifted/ (kept, out of the summaries)."""
-        src = self.session.run_path(run_key)
-        if src.exists():
-            dst = self.dir / "drifted" / src.name
-            dst.parent.mkdir(exist_ok=True)
-            src.replace(dst)
-
-    def _drift_check(self, drift: rounds.DriftMonitor, reference: tuple, network: str, info: dict[str, Any],
+    def _drift_check(self, drift: rounds.DriftMonitor, reference: tuple, network: str,
                      observed: dict | None, model: str, backend: str, group_meta: dict[str, Any]) -> list:
         """Measure the reference when due; returns the runs to measure again after a drift."""
         now = time.monotonic() - self.started
@@ -683,7 +705,7 @@ class Sweeper:
             return []
         ref_network = network if self.opts.link == "tc" else reference[0]
         baseline = drift.needs_baseline(ref_network)
-        summaries = self._reference_runs(drift.BASELINE_RUNS if baseline else 1, ref_network, reference, info,
+        summaries = self._reference_runs(drift.BASELINE_RUNS if baseline else 1, ref_network, reference,
                                          observed, model, backend, group_meta)
         if summaries is None:
             log.warning("the drift reference %s k=%s is infeasible under --max-batch-s: no drift checks for %s %s",
@@ -693,7 +715,7 @@ class Sweeper:
         if summaries and not baseline and drift.suspect(ref_network, summaries[0]):
             # One run lands on one moment of the machine; before the sweep measures runs again, two
             # more runs confirm that the reference's speed moved (their median is the check).
-            more = self._reference_runs(drift.CONFIRM_RUNS - 1, ref_network, reference, info, observed, model,
+            more = self._reference_runs(drift.CONFIRM_RUNS - 1, ref_network, reference, observed, model,
                                         backend, group_meta)
             summaries = summaries + more if more else []  # None (infeasible now) counts as a failure
         if not summaries:
@@ -711,7 +733,7 @@ class Sweeper:
                     100 * check.threshold, len(items))
         return items
 
-    def _reference_runs(self, count: int, network: str, reference: tuple, info: dict[str, Any], observed: dict | None,
+    def _reference_runs(self, count: int, network: str, reference: tuple, observed: dict | None,
                         model: str, backend: str, group_meta: dict[str, Any]) -> list[dict[str, Any]] | None:
         """``count`` runs of the reference configuration, kept apart from the sweep's; their
         summaries, none when one fails, or None when one is infeasible."""
@@ -719,7 +741,7 @@ class Sweeper:
         for _ in range(count):
             n = len(group_meta.setdefault("reference_runs", []))
             planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=self.cipher)
-            record = self._attempt(planned, info, observed, model, backend)
+            record = self._attempt(planned, observed, model, backend)
             if record is None:
                 return []
             if record["status"] == INFEASIBLE:
@@ -729,16 +751,15 @@ class Sweeper:
             summaries.append(record["summary"])
         return summaries
 
-    def _attempt(self, planned: PlannedRun, info: dict[str, Any], observed: dict | None, model: str,
-                 backend: str) -> dict | None:
+    def _attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> dict | None:
         for attempt in (1, 2):
             try:
                 if self.group is None or not self.group.alive():
-                    info.update(self.start(model, backend, planned.cipher))
-                record = self.run_one(planned, info, observed)
+                    self.start(model, backend, planned.cipher)
+                record = self.run_one(planned, observed)
                 if planned.reference:  # kept apart: a reference run is not a run of the sweep
-                    path = self.dir / "reference" / f"{planned.run_key}.json"
-                    self._write(lambda: records.atomic_write_json(path, record), path)
+                    self._write(lambda: self.session.write_reference(planned.run_key, record),
+                                self.session.reference_path(planned.run_key))
                 else:
                     self._write(lambda: self.session.write_run(planned.run_key, record),
                                 self.session.run_path(planned.run_key))
@@ -753,7 +774,7 @@ class Sweeper:
                 # A half-finished exchange leaves the processes in an unknown state: start them afresh.
                 self.stop()
                 try:
-                    info.update(self.start(model, backend, planned.cipher))
+                    self.start(model, backend, planned.cipher)
                 except ParetoPipeError as exc2:
                     self.failures.append({"run_key": planned.run_key, "attempt": attempt,
                                           "error": f"restart failed: {exc2}", "time_utc": records.utc_now()})

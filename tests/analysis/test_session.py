@@ -78,3 +78,21 @@ def test_sessions_under_is_the_one_newest_session_rule(tmp_path):
     assert [p.name for p in sessions_under(tmp_path, "session.json")] == ["started"]
     assert find_session(tmp_path).path.name == "a-newer"  # the consolidated view is not a session
     assert [split_label(s) for s in (3, (3, 9), [3, 9], "adaptive")] == [3, "3,9", "3,9", "adaptive"]
+
+
+def test_the_session_owns_its_reference_drifted_and_trace_control_files(tmp_path):
+    s = Session(tmp_path / "s")
+    assert not s.measured_anything()
+    key = run_key(config_key("mobilenet_v2", "tcp", "lan", 3), 0)
+    s.write_reference("ref_r0", _record(0, 3, 0.1))
+    assert s.reference_path("ref_r0").is_file() and s.measured_anything()
+    # A reference run is not a run of the sweep.
+    assert s.consolidate([], final=True)[0] == []
+    s.write_run(key, _record(0, 3, 0.1))
+    s.set_aside(key)
+    assert not s.run_path(key).exists() and s.drifted_path(key).is_file()
+    assert s.consolidate([], final=True)[0] == []  # set aside: out of the summaries, kept on disk
+    s.set_aside("never-written")  # nothing to move is no error
+    # A trace controller's log: one file label, never a path, whatever the network or host is called.
+    path = s.trace_control_path("lte/../x-10.0.0.2-up")
+    assert path.parent == s.path / "trace-control" and "/" not in path.name and ".." not in path.name
