@@ -119,6 +119,21 @@ def dataset_from_args(args: argparse.Namespace, compression: str = "none", local
     return spec
 
 
+def run_config_from_flags(args: argparse.Namespace, model: str, cuts: list[str], split_index: Any,
+                          conditions: Any, timeout_s: float, **fields: Any) -> Any:
+    """The one place a stage command builds its run configuration from its flags: the workload
+    (batch size, warm-up, inputs, prefetch), the model and the network conditions; ``fields`` are
+    what the command sets itself (its batch count, window, backend options), and win."""
+    from ..transport.runconfig import RunConfig
+
+    common: dict[str, Any] = dict(
+        model=model, cuts=cuts, split_index=split_index, batch_size=args.batch_size, warmup=args.warmup,
+        data_dir=args.data_dir, prefetch_batches=prefetch_from_args(args), num_classes=args.num_classes,
+        network=conditions.name if conditions else None, link_mode="emulated" if conditions else "none",
+        timeout_s=timeout_s)
+    return RunConfig(**{**common, **fields})
+
+
 def adhoc_network_values(args: argparse.Namespace) -> dict[str, Any]:
     out = {key: getattr(args, key, None) for key, _ in NETWORK_VALUES}
     out["distribution"] = getattr(args, "distribution", None)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 from ..errors import PeerError, UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
-                     add_prefetch_flags, prefetch_from_args,
-                     dataset_from_args, example_epilog,
-                     network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
-                     setup_logging)
+                     add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
+                     positive_float, positive_int, read_env, run_config_from_flags, setup_logging)
 
 log = logging.getLogger("paretopipe.rpc")
 DEPRECATED = {"--use-local-loading": "every worker always builds its own stage locally"}
@@ -119,23 +118,8 @@ def _split_blocks(args: argparse.Namespace, num_blocks: int) -> list[int]:
     return ks
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py") -> int:
-    import socket
-    from pathlib import Path
-
-    from .. import records
-    from ..network import deadlines
-    from ..runners import rpc_ranks
-    from ..transport.runconfig import RunConfig
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser(prog).parse_args(argv)
-    setup_logging(args.debug, args.quiet)
-    for flag, note in DEPRECATED.items():
-        if getattr(args, flag.lstrip("-").replace("-", "_")):
-            log.warning("%s is deprecated and ignored: %s", flag, note)
-    if args.shards_dir:
-        log.warning("--shards-dir is deprecated and ignored: no module is ever shipped; workers build their stage")
+def _check_layout(args: argparse.Namespace) -> None:
+    """The world, the partitions, the rank and the data's place must fit together."""
     ranks_needed = args.num_partitions + (1 if args.rpc_source == "master" else 0)
     if args.world_size < 2:
         raise UsageError(f"--world-size {args.world_size}: must be at least 2 (a master and one worker)")
@@ -145,16 +129,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
                          f"{args.world_size} with --rpc-source {args.rpc_source}")
     if not 0 <= args.rank < args.world_size:
         raise UsageError(f"--rank {args.rank} must be within 0..{args.world_size - 1}")
-    addr, port = _master_address(args)
-    if args.local and args.rank == 0:
-        addr = "127.0.0.1"
-        if args.master_port is None:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-    conditions = network_from_args(args)
-    intelligent = args.use_intelligent_splitting and not args.disable_intelligent_splitting
-    if intelligent and (args.num_partitions != 2 or args.split_blocks or args.split_block is not None):
+    if _intelligent(args) and (args.num_partitions != 2 or args.split_blocks or args.split_block is not None):
         raise UsageError("--use-intelligent-splitting chooses the one split of 2 partitions: drop --split-block/"
                          "--split-blocks and use --num-partitions 2 (for N devices: paretopipe predict --devices)")
     if args.rank == 0:  # the split and the model are checked before any rank starts
@@ -163,43 +138,71 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
         shape = structure(args.model, args.num_classes)
         num_blocks = shape["num_blocks"]
         check_splits(_split_blocks(args, num_blocks), num_blocks, shape["model"])
-    opts = rpc_ranks.RankOptions(rank=args.rank, world_size=args.world_size, master_addr=addr, master_port=port,
+
+
+def _intelligent(args: argparse.Namespace) -> bool:
+    return args.use_intelligent_splitting and not args.disable_intelligent_splitting
+
+
+def _rank_options(args: argparse.Namespace) -> Any:
+    """This rank's options, with the master's address (a free loopback port for --local)."""
+    import socket
+
+    from ..network import deadlines
+    from ..runners import rpc_ranks
+
+    addr, port = _master_address(args)
+    if args.local and args.rank == 0:
+        addr = "127.0.0.1"
+        if args.master_port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+    return rpc_ranks.RankOptions(rank=args.rank, world_size=args.world_size, master_addr=addr, master_port=port,
                                  model=args.model, num_classes=args.num_classes, weights=args.weights,
                                  models_dir=args.models_dir, device=args.device, threads=args.threads,
                                  transport=args.rpc_transport, rpc_threads=args.num_threads,
-                                 timeout=args.timeout or deadlines.BASE_S,
-                                 source=args.rpc_source)
-    if args.rank != 0:
-        return rpc_ranks.serve_rank(opts)
+                                 timeout=args.timeout or deadlines.BASE_S, source=args.rpc_source)
 
-    def one_run(builder, transport) -> int:
-        from ..transport import rpc as backend
 
-        part = builder.partitioner
-        choice = None
-        if intelligent:
-            from ..runners.intelligent import choose_split
+class _MasterRun:
+    """Rank 0's one run, once every rank has joined: choose the split (the anchor's intelligent
+    splitting, if asked), run it, write its record and report it in one line."""
 
-            args.split_block, choice = choose_split(builder, args.batch_size, conditions,
-                                                    args.device_profiles.split(",") if args.device_profiles else None)
-        ks = _split_blocks(args, part.num_blocks)
+    def __init__(self, args: argparse.Namespace, conditions: Any, procs: list) -> None:
+        self.args, self.conditions, self.procs = args, conditions, procs
+
+    def config(self, builder: Any, ks: list[int]) -> Any:
+        from ..network import deadlines
+
+        args, part = self.args, builder.partitioner
         cuts = [part.block_cut(k) for k in ks]
-        num_batches = max(1, -(-args.num_test_samples // args.batch_size))
         in_flight = args.in_flight if args.use_pipelining else 1
         up = max(part.payload_nbytes(c, args.batch_size) for c in cuts)
-        timeout_s = args.timeout or deadlines.run_timeout_s(conditions, up, args.num_classes * 4 * args.batch_size,
+        timeout_s = args.timeout or deadlines.run_timeout_s(self.conditions, up, args.num_classes * 4 * args.batch_size,
                                                             in_flight)
-        cfg = RunConfig(model=builder.name, cuts=cuts, split_index=ks[0] if len(ks) == 1 else ks,
-                        batch_size=args.batch_size, num_batches=num_batches, warmup=args.warmup,
-                        in_flight=in_flight, dataset=dataset_from_args(args),
-                        prefetch_batches=prefetch_from_args(args),
-                        data_dir=args.data_dir, num_classes=args.num_classes,
-                        network=conditions.name if conditions else None,
-                        link_mode="emulated" if conditions else "none", timeout_s=timeout_s,
-                        rpc_transport=args.rpc_transport, rpc_source=args.rpc_source,
-                        use_pipelining=args.use_pipelining, world_size=args.world_size)
+        return run_config_from_flags(args, builder.name, cuts, ks[0] if len(ks) == 1 else ks, self.conditions,
+                                     timeout_s, num_batches=max(1, -(-args.num_test_samples // args.batch_size)),
+                                     in_flight=in_flight, dataset=dataset_from_args(args),
+                                     rpc_transport=args.rpc_transport, rpc_source=args.rpc_source,
+                                     use_pipelining=args.use_pipelining, world_size=args.world_size)
+
+    def __call__(self, builder: Any, transport: dict[str, Any]) -> int:
+        from .. import records
+        from ..runners import rpc_ranks
+        from ..transport import rpc as backend
+
+        args, procs = self.args, self.procs
+        choice = None
+        if _intelligent(args):
+            from ..runners.intelligent import choose_split
+
+            args.split_block, choice = choose_split(builder, args.batch_size, self.conditions,
+                                                    args.device_profiles.split(",") if args.device_profiles else None)
+        ks = _split_blocks(args, builder.partitioner.num_blocks)
+        cfg = self.config(builder, ks)
         try:
-            record, outputs = backend.run_master(cfg, builder, source=args.rpc_source, conditions=conditions,
+            record, outputs = backend.run_master(cfg, builder, source=args.rpc_source, conditions=self.conditions,
                                                  keep_outputs=bool(args.save_outputs), transport=transport,
                                                  check_alive=rpc_ranks.check_alive_of(procs) if procs else None)
         except PeerError as exc:  # a rank built something else: nothing ran
@@ -218,18 +221,39 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
             np.savez(args.save_outputs, logits=torch.stack(outputs).numpy())
         backend.rpc.shutdown()
         for proc in procs:
-            proc.wait(timeout_s)
+            proc.wait(cfg.timeout_s)
+        self.report(record, ks, cfg.cuts, choice, path)
+        return 0
+
+    @staticmethod
+    def report(record: dict[str, Any], ks: list[int], cuts: list[str], choice: dict | None, path: Path) -> None:
         s = record["summary"]
         if choice is not None:
             mine = next(p for p in choice["predicted"] if p["split"] == ks[0])
             print(f"intelligent splitting chose k={ks[0]}: predicted latency {mine['predicted_latency_s'] * 1e3:.2f} ms, "
                   f"measured {s['latency_median_s'] * 1e3:.2f} ms")
-        print(f"{builder.name} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} ms, "
+        print(f"{record['config']['model']} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} ms, "
               f"throughput {s['throughput_imgs_per_s']:.1f} img/s, written {path}")
-        return 0
 
+
+def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py") -> int:
+    from ..runners import rpc_ranks
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser(prog).parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    for flag, note in DEPRECATED.items():
+        if getattr(args, flag.lstrip("-").replace("-", "_")):
+            log.warning("%s is deprecated and ignored: %s", flag, note)
+    if args.shards_dir:
+        log.warning("--shards-dir is deprecated and ignored: no module is ever shipped; workers build their stage")
+    _check_layout(args)
+    conditions = network_from_args(args)
+    opts = _rank_options(args)
+    if args.rank != 0:
+        return rpc_ranks.serve_rank(opts)
     procs = rpc_ranks.spawn_local(opts) if args.local else []
-    return rpc_ranks.serve_rank(opts, one_run=one_run, procs=procs)
+    return rpc_ranks.serve_rank(opts, one_run=_MasterRun(args, conditions, procs), procs=procs)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,10 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..errors import UsageError
 from ..transport import aead, auth
-from ..transport.runconfig import (ADAPTIVE, COMPRESSIONS, DEFAULT_MAX_PAYLOAD, OBJECTIVES, WIRE_DTYPE_NAMES,
-                                   RunConfig)
+from ..transport.runconfig import ADAPTIVE, COMPRESSIONS, DEFAULT_MAX_PAYLOAD, OBJECTIVES, WIRE_DTYPE_NAMES
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
-                     add_prefetch_flags, prefetch_from_args,
-                     dataset_from_args, example_epilog,
-                     network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
-                     setup_logging)
+                     add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
+                     positive_float, positive_int, read_env, run_config_from_flags, setup_logging)
 
 if TYPE_CHECKING:  # torch is imported where a stage runs, not for --help or a refused flag
     from ..partition.stages import StageBuilder
@@ -203,16 +200,13 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     builder, cuts = _builder(args)
     conditions = network_from_args(args)
     link_mode = args.link or ("emulated" if conditions else "none")
-    cfg = RunConfig(model=builder.name, cuts=cuts, split_index=args.split_index, batch_size=args.batch_size,
-                    num_batches=args.num_batches, warmup=args.warmup, in_flight=args.in_flight,
-                    dataset=dataset_from_args(args, args.compression), data_dir=args.data_dir,
-                    prefetch_batches=prefetch_from_args(args), num_classes=args.num_classes,
-                    wire_dtype=args.wire_dtype, compression=args.compression,
-                    compression_level=args.compression_level, seed=args.seed,
-                    network=conditions.name if conditions else None,
-                    link_mode=link_mode, network_delay_ms_label=args.network_delay_ms,
-                    timeout_s=args.timeout or _link_timeout_s(args, builder, cuts, conditions),
-                    max_batch_s=args.max_batch_s, **adaptive_fields(args, builder.partitioner.num_blocks))
+    cfg = run_config_from_flags(args, builder.name, cuts, args.split_index, conditions,
+                                args.timeout or _link_timeout_s(args, builder, cuts, conditions),
+                                num_batches=args.num_batches, in_flight=args.in_flight,
+                                dataset=dataset_from_args(args, args.compression), wire_dtype=args.wire_dtype,
+                                compression=args.compression, compression_level=args.compression_level,
+                                seed=args.seed, link_mode=link_mode, network_delay_ms_label=args.network_delay_ms,
+                                max_batch_s=args.max_batch_s, **adaptive_fields(args, builder.partitioner.num_blocks))
     observed = _observed_link(args)
     from ..transport import tcp
 
