@@ -109,6 +109,49 @@ def test_a_middle_stage_without_a_next_stage_refuses_the_run_in_one_line(tmp_pat
     assert rec["status"] == "incomplete" and "--next-port" in rec["error"]
 
 
+def test_a_next_stage_that_connected_before_the_plan_was_known_is_checked_against_it():
+    # A last stage may connect to the middle one long before stage 1's RUN says what the plan is,
+    # while the listener has no cuts to check its HELLO against yet.
+    from paretopipe.errors import UsageError
+    from paretopipe.transport import tcp
+
+    b = builder("mobilenetv2")
+    plan = [b.partitioner.block_cut(3), b.partitioner.block_cut(9)]
+    listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b))
+    try:
+        downstream = tcp.Downstream(listener, 10)
+        for insists, fits in (([b.partitioner.block_cut(4), plan[1]], False), (None, True), (plan, True)):
+            sock = tcp.connect_with_retry("127.0.0.1", listener.port, 10)
+            mine = tcp.open_connection(sock, b, cuts=insists)  # the handshake completes: no plan yet
+            if fits:
+                assert downstream.connect(plan).peer.cuts == insists
+            else:
+                with pytest.raises(UsageError, match="the next stage insists on cuts .* the plan has"):
+                    downstream.connect(plan)
+                assert downstream.connection is None
+            mine.close()
+            listener.expected_cuts = None  # as before the next run's RUN
+    finally:
+        downstream.close(bye=False)
+        listener.close()
+
+
+def test_the_parts_a_later_stage_sends_back_are_one_per_later_stage():
+    from paretopipe.errors import WireError
+    from paretopipe.transport.tcp.outcome import later_parts
+
+    part = {"manifest": {"role": "stage3"}, "sysmon": {}}
+    back = {"manifest": {"role": "stage2"}, "sysmon": {}, "later": [part]}
+    assert later_parts(back, 2, 3) == [back, part]
+    assert later_parts({"manifest": {}, "sysmon": {}}, 2, 2)[0]["manifest"] == {}
+    # A middle stage may not pad the record with stages that do not exist, nor leave one out.
+    for bad in ({**back, "later": [part, part]}, {**back, "later": []}, {**back, "later": "x"}):
+        with pytest.raises(WireError, match="later parts"):
+            later_parts(bad, 2, 3)
+    with pytest.raises(WireError, match="schema"):
+        later_parts({**back, "later": [{"manifest": {}}]}, 2, 3)
+
+
 @pytest.mark.slow
 def test_the_cli_runs_a_chain_of_three_processes_with_exact_outputs(tmp_path):
     port1, port2 = str(free_port()), str(free_port())

@@ -63,12 +63,13 @@ def merge_peer_seals(batches: list[dict[str, Any]], peer_batches: Any) -> None:
                 by_seq[pb["seq"]][key] = float(seal)
 
 
-def later_parts(back: dict[str, Any], who: int) -> list[dict[str, Any]]:
-    """The parts a later stage sent back: its own, then those of the stages after it (``later``),
-    each checked against the part schema."""
+def later_parts(back: dict[str, Any], who: int, stages: int) -> list[dict[str, Any]]:
+    """The parts stage ``who`` (numbered from 1) of ``stages`` sent back: its own, then one for
+    each stage after it (``later``), each checked against the part schema."""
     later = back.get("later") or []
-    if not isinstance(later, list):
-        raise WireError(f"stage {who}'s RECORDS carry 'later' that is not a list")
+    if not isinstance(later, list) or len(later) != stages - who:
+        raise WireError(f"stage {who}'s RECORDS carry {len(later) if isinstance(later, list) else 'no list of'} "
+                        f"later parts; stages {who + 1}..{stages} make {stages - who}")
     return [back] + [check_part(p, f"stage {who + 1 + i}", False) for i, p in enumerate(later)]
 
 

@@ -45,9 +45,16 @@ class Downstream:
         self.connection: Connection | None = None
 
     def connect(self, cuts: list[str]) -> Connection:
-        """The newest authenticated next stage whose cuts fit (the current one if none newer came)."""
+        """The newest authenticated next stage (the current one if none newer came), whose cuts fit:
+        a next stage may connect before the first RUN says what the plan is, so what it insisted on
+        in its HELLO is checked here, not only by the listener."""
         self.listener.expected_cuts = list(cuts)
         self.connection = self.listener.connection(self.connect_timeout, current=self.connection)
+        insisted = self.connection.peer.cuts if self.connection.peer is not None else None
+        if insisted is not None and list(insisted) != list(cuts):
+            self.connection.close()
+            self.connection = None
+            raise UsageError(f"the next stage insists on cuts {list(insisted)!r}, the plan has {list(cuts)!r}")
         return self.connection
 
     def close(self, bye: bool) -> None:
@@ -370,7 +377,8 @@ class _SinkRun:
                 item = self.relayed.get(timeout=self.cfg.timeout_s)
                 if isinstance(item, BaseException):
                     raise PeerError(f"the next stage sent no records: {item}")
-                later = later_parts(check_part(item, f"stage {self.index + 2}", False), self.index + 2)
+                later = later_parts(check_part(item, f"stage {self.index + 2}", False), self.index + 2,
+                                    len(self.cfg.cuts) + 1)
             self.connection.send_json(wire.RECORDS, {**sent, "later": later} if later else sent)
         except (ParetoPipeError, OSError, queue.Empty) as exc:
             log.warning("%s: could not exchange records with its neighbours: %s", self.name, exc or "timeout")

@@ -151,7 +151,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
         try:
             connection.send_json(wire.RECORDS, part1)
             back = check_part(connection.recv_json(wire.RECORDS, time.monotonic() + cfg.timeout_s), "stage 2", False)
-            later = later_parts(back, 2)
+            later = later_parts(back, 2, len(cfg.cuts) + 1)
             for part in later:
                 merge_peer_seals(part1["batches"], part.get("batches"))
         except (ParetoPipeError, OSError) as exc:
