@@ -8,6 +8,7 @@ or failed command becomes an ``error`` event and the process stays up for the ne
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -17,6 +18,17 @@ from .. import strict
 from ..errors import ParetoPipeError, UsageError
 
 _EMIT_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class RunCommand:
+    """One run of ``config`` (a RunConfig) under ``conditions`` (emulated) or ``observed_link``
+    (tc): what TCP stage 1 and RPC rank 0 are both asked to do."""
+
+    cmd: str
+    config: dict[str, Any]
+    conditions: dict[str, Any] | None = None
+    observed_link: dict[str, Any] | None = None
 
 
 def emit(event: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from ..errors import ParetoPipeError, PeerError
-from .commands import emit, serve_commands
+from .commands import RunCommand, emit, serve_commands
 
 log = logging.getLogger("paretopipe.rpc")
 
@@ -55,16 +55,6 @@ class RankOptions:
             if value is not None:
                 out += [flag, str(value)]
         return out
-
-
-@dataclasses.dataclass
-class RpcRunCommand:
-    """Rank 0: one run of ``config`` (a RunConfig) under ``conditions`` (emulated) or ``observed_link`` (tc)."""
-
-    cmd: str
-    config: dict[str, Any]
-    conditions: dict[str, Any] | None = None
-    observed_link: dict[str, Any] | None = None
 
 
 def watchdog(seconds: float, what: str, procs: Sequence[subprocess.Popen] = ()) -> threading.Timer:
@@ -141,19 +131,19 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
         return one_run(builder, transport)
     emit({"event": "joined"})
 
-    def run(cmd: RpcRunCommand) -> None:
+    def run(cmd: RunCommand) -> None:
         record = run_config(builder, transport, cmd, limits)
         emit({"event": "done", "status": record["status"], "record": record})
         if record["status"] != "complete":
             hard_exit([], 1)  # a rank is gone or stuck: the group cannot be reused
 
-    serve_commands({"run": RpcRunCommand}, run, "rank 0")
+    serve_commands({"run": RunCommand}, run, "rank 0")
     emit({"event": "bye"})
     backend.rpc.shutdown()
     return 0
 
 
-def run_config(builder, transport: dict, cmd: RpcRunCommand, limits: dict[str, Any]) -> dict[str, Any]:
+def run_config(builder, transport: dict, cmd: RunCommand, limits: dict[str, Any]) -> dict[str, Any]:
     from ..network.conditions import NetworkConditions
     from ..transport import rpc as backend
     from ..transport.runconfig import RunConfig

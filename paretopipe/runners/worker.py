@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from .. import cpushare
 from ..errors import ParetoPipeError, UsageError
-from .commands import emit, serve_commands
+from .commands import RunCommand, emit, serve_commands
 
 log = logging.getLogger("paretopipe.worker")
 
@@ -38,13 +38,9 @@ class ListenCommand:
 
 
 @dataclasses.dataclass
-class RunCommand:
+class Stage1RunCommand(RunCommand):
     """Stage 1: one run over the current connection (waiting up to ``connect_timeout`` for one)."""
 
-    cmd: str
-    config: dict[str, Any]
-    conditions: dict[str, Any] | None = None
-    observed_link: dict[str, Any] | None = None
     connect_timeout: float = 60.0
 
 
@@ -61,7 +57,7 @@ class ConnectCommand:
     timeout: float | None = None  # None: each run's deadline, which stage 1 derives from its link
 
 
-COMMANDS = {"stage1": {"listen": ListenCommand, "run": RunCommand}, "stage2": {"connect": ConnectCommand}}
+COMMANDS = {"stage1": {"listen": ListenCommand, "run": Stage1RunCommand}, "stage2": {"connect": ConnectCommand}}
 
 
 class StageWorker:
@@ -75,7 +71,7 @@ class StageWorker:
         # controller that connects again as soon as it reads that line is never told "already serving".
         self.serving = threading.Event()
 
-    def handle(self, cmd: ListenCommand | RunCommand | ConnectCommand) -> None:
+    def handle(self, cmd: ListenCommand | Stage1RunCommand | ConnectCommand) -> None:
         """Run one checked command (see ``commands.serve_commands``)."""
         from ..network.conditions import NetworkConditions
         from ..transport import auth, tcp
@@ -87,7 +83,7 @@ class StageWorker:
                 self.listener = tcp.StageListener(tcp.listen(cmd.host, cmd.port), tcp.identity_of(self.builder),
                                                   auth.load_secret(cmd.secret or ""), encrypt=cmd.encrypt)
             emit({"event": "listening", "port": self.listener.port})
-        elif isinstance(cmd, RunCommand):
+        elif isinstance(cmd, Stage1RunCommand):
             if self.listener is None:
                 raise UsageError("run before listen: stage 1 has no data port yet")
             cfg = RunConfig.from_dict(cmd.config)
