@@ -15,7 +15,7 @@ from paretopipe import records
 from paretopipe.errors import PeerError
 from paretopipe.network.conditions import Direction, NetworkConditions
 from paretopipe.transport import inputs as data
-from tcp_helpers import builder, free_port, run_chain_in_threads, start
+from tcp_helpers import builder, free_port, kill_group, run_chain_in_threads, start, wait_for_line
 
 SECRET = b"chain-test-secret-0123456789abcdef"
 
@@ -183,3 +183,33 @@ def test_the_cli_refuses_a_plan_out_of_order_or_out_of_range_in_one_line(tmp_pat
                    "--connect-timeout", "1"], timeout=120)
         assert res.returncode == 2, res.stderr
         assert want in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+@pytest.mark.slow
+def test_the_last_stage_killed_mid_run_ends_the_chain_in_one_line_and_keeps_what_was_measured(tmp_path):
+    port1, port2 = str(free_port()), str(free_port())
+    common = ["--model", "mobilenetv2", "--threads", "1", "--timeout", "10", "--connect-timeout", "60"]
+    s1 = start("partition1.py", *common, "--split", "3,9", "--port", port1, "--host", "127.0.0.1",
+               "--batch-size", "1", "--num-batches", "100000", "--warmup", "1", "--dataset", "synthetic",
+               "--network", "wifi", "--output-dir", str(tmp_path / "s1"))
+    s2 = start("partition2.py", *common, "--host", "127.0.0.1", "--port", port1, "--next-port", port2,
+               "--next-host", "127.0.0.1", "--output-dir", str(tmp_path / "s2"))
+    s3 = start("partition2.py", *common, "--host", "127.0.0.1", "--port", port2, "--output-dir", str(tmp_path / "s3"))
+    wait_for_line(s1, "batches measured", 120)  # measured batches exist: the records must keep them
+    kill_group(s3)
+    # The middle stage notices at once and ends its side of the connection, so stage 1 need not
+    # wait out its timeout; both say why in one line and exit 1.
+    assert s2.wait(30) == 1 and s1.wait(30) == 1
+    errors = {}
+    for name, proc in (("s1", s1), ("s2", s2)):
+        err = proc.stderr.read()
+        errors[name] = err.strip().splitlines()[-1]
+        assert errors[name].startswith("error: ") and "Traceback" not in err, err
+    # Stage 1, where the user watches, hears from the middle stage which hop failed.
+    assert "stage 2's next stage failed" in errors["s1"], errors
+    for folder in ("s1", "s2"):
+        (path,) = (tmp_path / folder).glob("*.json")
+        rec = json.loads(path.read_text())
+        assert rec["status"] == "incomplete" and rec["error"], folder
+    rec = json.loads(next((tmp_path / "s1").glob("*.json")).read_text())
+    assert rec["summary"]["batches_measured"] >= 1

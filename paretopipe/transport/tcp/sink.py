@@ -271,11 +271,21 @@ class _SinkRun:
                 self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
         except BaseException as exc:
             self.relayed.put(exc)
-            # The stage before waits on this connection: end it, so the failure reaches stage 1 now.
+            self._end_upstream(f"stage {self.index + 1}'s next stage failed: {exc}")
+
+    def _end_upstream(self, why: str) -> None:
+        """Tell the stage before why the run ends, then end the connection, so that stage 1 hears
+        it now rather than at its timeout. The ERROR goes through the ordered sender (another
+        thread writing the socket could split a frame), after the results already queued."""
+        def shut(_sent: float | None = None) -> None:
             try:
                 self.connection.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        if self.sender.error is not None:
+            shut()
+            return
+        self.sender.submit(wire.frame(wire.ERROR, 0, meta={"reason": why[:300]}), on_sent=shut)
 
     def serve(self) -> tuple[dict[str, Any] | None, BaseException | None]:
         """Batches until stage 1's RECORDS: (the parts that came with them or None, the failure or None)."""
