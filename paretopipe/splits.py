@@ -15,7 +15,7 @@ from .errors import UsageError
 ADAPTIVE = "adaptive"
 
 
-@dataclasses.dataclass(frozen=True, order=False)
+@dataclasses.dataclass(frozen=True)
 class Split:
     """``blocks``: the block index of each cut, in order (one for a two-stage split; empty for
     adaptive, whose split the runtime chooses per batch). ``plan``: written as a plan of stages

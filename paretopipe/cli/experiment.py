@@ -29,6 +29,10 @@ from typing import Any
 
 from .. import records
 from ..errors import UsageError
+# INVOCATION: flags that say how to run this invocation, never taken from a file; HARMLESS: options
+# whose change does not change what is measured (--resume may change them freely). Both are marked
+# in the sweep's option table.
+from .sweep_flags import HARMLESS, INVOCATION
 
 try:  # Python >= 3.11
     import tomllib
@@ -39,9 +43,6 @@ FILE_NAME = "experiment.toml"
 #: Friendlier spellings in files, mapped to the flag they set.
 ALIASES = {"networks": "network", "profiles": "network", "backends": "backend", "devices": "stage_devices",
            "model_name": "model", "output_dir": "out", "split_block_lists": "split_blocks"}
-# Flags that say how to run this invocation, never taken from a file, and options whose change
-# does not change what is measured (--resume may change them freely): marked in the sweep's table.
-from .sweep_flags import HARMLESS, INVOCATION  # noqa: E402
 
 
 @dataclasses.dataclass

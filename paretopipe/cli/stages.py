@@ -8,6 +8,7 @@ import signal
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import UsageError
+from ..splits import Split
 from ..transport import aead, auth
 from ..transport.runconfig import ADAPTIVE, COMPRESSIONS, DEFAULT_MAX_PAYLOAD, OBJECTIVES, WIRE_DTYPE_NAMES
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
@@ -72,10 +73,10 @@ def split_or_adaptive(text: str) -> int | list[int] | str:
     if text.strip().lower() == ADAPTIVE:
         return ADAPTIVE
     if "," in text:
-        plan = [nonneg_int(k) for k in text.split(",")]
-        if plan != sorted(plan):
-            raise argparse.ArgumentTypeError(f"{text!r}: a plan's splits go in increasing order, like 3,9")
-        return plan
+        try:
+            return Split.of([nonneg_int(k) for k in text.split(",")]).config
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
     return nonneg_int(text)
 
 

@@ -19,7 +19,7 @@ gets to it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Protocol
+from typing import Iterator
 
 OPS = ("load", "admit", "compute", "send", "drain", "recv")
 #: What an endpoint's ``recv`` returns when its upstream has finished the run (no more batches).
@@ -38,19 +38,6 @@ class Action:
             raise ValueError(f"unknown pipeline action {self.op!r}; valid: {', '.join(OPS)}")
 
 
-class Endpoint(Protocol):
-    """A stage's side of a run: one method per action it takes part in. ``recv`` may return
-    :data:`STOP` to end the stage's schedule early (the source sent fewer batches: an adaptive
-    stage 2 that joined mid-run)."""
-
-    def load(self, batch: int) -> None: ...
-    def admit(self, batch: int) -> None: ...
-    def compute(self, batch: int) -> None: ...
-    def send(self, batch: int) -> None: ...
-    def drain(self, batch: None) -> None: ...
-    def recv(self, batch: int) -> object: ...
-
-
 def source_actions(total: int) -> list[Action]:
     """The data source's schedule for ``total`` batches (warm-up included)."""
     acts = [Action(op, i) for i in range(total) for op in ("load", "admit", "compute", "send")]
@@ -63,8 +50,10 @@ def stage_actions(total: int) -> list[Action]:
 
 
 def drive(actions: list[Action], endpoint: object) -> int:
-    """Run ``actions`` in order over ``endpoint``; returns how many batches were computed. Stops
-    early when a ``recv`` returns :data:`STOP`; an endpoint's exception ends the schedule."""
+    """Run ``actions`` in order over ``endpoint``, a stage's side of a run with one method per
+    action it takes part in (``endpoint.compute(batch)``, ...); returns how many batches were
+    computed. Stops early when a ``recv`` returns :data:`STOP` (the source sent fewer batches: an
+    adaptive stage 2 that joined mid-run); an endpoint's exception ends the schedule."""
     computed = 0
     for action in actions:
         result = getattr(endpoint, action.op)(action.batch)

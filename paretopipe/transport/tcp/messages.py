@@ -82,7 +82,7 @@ class RunStart:
     link: dict[str, Any]
     return_link: dict[str, Any] | None = None
     # In a chain of more than two stages: which stage receives this RUN (0-based; stage 1 is 0),
-    # the emulated direction its own forward frames take, and the parts of the stages before it.
+    # and the emulated direction its own forward frames take.
     stage: int = 1
     forward_link: dict[str, Any] | None = None
 

@@ -49,14 +49,14 @@ def cipher_usage(connection: Any, before: dict[str, Any] | None) -> dict[str, An
     return channel.usage(before) if channel is not None else {"cipher": "none"}
 
 
-def merge_peer_seals(batches: list[dict[str, Any]], peer_batches: Any) -> None:
+def merge_peer_seals(parts: Sequence[dict[str, Any] | None]) -> None:
     """A later stage seals a result after the result's own meta is written, so its seal times
-    (``stageN_seal_s``) come back with its RECORDS; they join stage 1's batch records by sequence
-    number."""
-    if not peer_batches:
+    (``stageN_seal_s``) come back with its RECORDS; they join stage 1's batch records (the first
+    of ``parts``, in stage order) by sequence number. Without stage 1's part there is nothing to join."""
+    if not parts or parts[0] is None:
         return
-    by_seq = {b["seq"]: b for b in batches}
-    for pb in peer_batches:
+    by_seq = {b["seq"]: b for b in parts[0]["batches"]}
+    for pb in (b for part in parts[1:] for b in (part or {}).get("batches") or []):
         for key, seal in pb.items():
             if (_SEAL.match(key) and pb["seq"] in by_seq and isinstance(seal, (int, float))
                     and not isinstance(seal, bool) and 0 <= seal < 1e6):

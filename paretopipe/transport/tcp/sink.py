@@ -102,9 +102,7 @@ def _stage_run(connection: Connection, builder: StageBuilder, meta: dict[str, An
     part1, failure = run.serve()
     status, error = status_of(failure)
     parts = run.exchange_parts(part1)
-    if parts[0] is not None:
-        for part in parts[1:]:
-            merge_peer_seals(parts[0]["batches"], (part or {}).get("batches"))
+    merge_peer_seals(parts)
     record = assemble_record(run.run_id, status, error, run.cfg, parts, observed_link or run.start.link,
                              {"run_wall_s": time.monotonic() - started, "written_by": run.name})
     path = write_record(record, output_dir)
@@ -239,12 +237,11 @@ class _SinkRun:
         enc = wire.frame(wire.RESULT, f.seq, payload, {k: rec[k] for k in self.fields})
         self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
 
-    def _on_sent(self, f: wire.Frame | None, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
+    def _on_sent(self, f: wire.Frame, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
         measured = rec["seq"] >= self.cfg.warmup
 
         def sent(_s: float) -> None:
-            if f is not None:
-                f.release()
+            f.release()
             if self.sealed:
                 rec[f"{self.name}_seal_s"] = enc.seal_s
             if measured:

@@ -152,8 +152,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
             connection.send_json(wire.RECORDS, part1)
             back = check_part(connection.recv_json(wire.RECORDS, time.monotonic() + cfg.timeout_s), "stage 2", False)
             later = later_parts(back, 2, len(cfg.cuts) + 1)
-            for part in later:
-                merge_peer_seals(part1["batches"], part.get("batches"))
+            merge_peer_seals([part1, *later])
         except (ParetoPipeError, OSError) as exc:
             log.warning("stage 1: records exchange with stage 2 failed: %s", exc)
             failure = exc
@@ -170,13 +169,14 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
 
 
 def run_start(run_id: str, cfg: RunConfig, link_manifest: dict[str, Any],
-              conditions: NetworkConditions | None, stage: int = 1) -> dict[str, Any]:
-    """RUN's meta for the stage numbered ``stage`` (0-based): ``conditions`` when the link is
-    emulated (each hop's frames take the up direction, the results on their way back the down)."""
+              conditions: NetworkConditions | None) -> dict[str, Any]:
+    """Stage 1's RUN meta for stage 2: ``conditions`` when the link is emulated (each hop's frames
+    take the up direction, the results on their way back the down). A middle stage passes it on
+    with the next stage's number."""
     meta: dict[str, Any] = {"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
                             "return_link": conditions.down.to_dict() if conditions else None}
     if len(cfg.cuts) > 1:  # a chain: the receiving stage's place and its own forward direction
-        meta.update(stage=stage, forward_link=conditions.up.to_dict() if conditions else None)
+        meta.update(stage=1, forward_link=conditions.up.to_dict() if conditions else None)
     return meta
 
 
