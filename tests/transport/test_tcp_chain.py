@@ -130,6 +130,9 @@ def test_a_next_stage_that_connected_before_the_plan_was_known_is_checked_agains
                     downstream.connect(plan)
                 assert downstream.connection is None
             mine.close()
+            # The middle stage drops its old next stage, as it does once that one is gone: otherwise
+            # connect() may keep the open old one while the listener has not yet queued the newer one.
+            downstream.close(bye=False)
             listener.expected_cuts = None  # as before the next run's RUN
     finally:
         downstream.close(bye=False)
