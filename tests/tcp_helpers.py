@@ -61,14 +61,16 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secr
     return out["s1"], s2
 
 
-def run_chain_in_threads(name: str, plan: list[int], tmp: Path, conditions=None, secret=None, encrypt="none",
+def run_chain_in_threads(name: str, plan: list[int | str], tmp: Path, conditions=None, secret=None, encrypt="none",
                          next_stage: bool = True, **cfg_kw):
     """A chain of len(plan) + 1 stages in this process over 127.0.0.1: stage 1 listens, each middle
     stage connects to the one before and listens for the next. Returns the outcomes in stage order
     (each later stage's list of runs); ``next_stage=False`` starts the middle stage without one."""
     b = builder(name)
-    cuts = [b.partitioner.block_cut(k) for k in plan]
-    cfg = RunConfig(model=b.name, cuts=cuts, split_index=list(plan), timeout_s=60,
+    # A plan of block indices, or of fine cut names (a name with "+" is a live set of several tensors).
+    cuts = [k if isinstance(k, str) else b.partitioner.block_cut(k) for k in plan]
+    blocks = all(isinstance(k, int) for k in plan)
+    cfg = RunConfig(model=b.name, cuts=cuts, split_index=list(plan) if blocks else None, timeout_s=60,
                     link_mode="emulated" if conditions else "none",
                     network=conditions.name if conditions else None, **cfg_kw)
     listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret, encrypt=encrypt)

@@ -43,6 +43,9 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     p.add_argument("--split", "--split-block", dest="split_block", type=nonneg_int, default=None,
                    help="block index k for 2 partitions (0..K)")
     p.add_argument("--split-blocks", default=None, help="comma list of k for more partitions, e.g. 5,12")
+    p.add_argument("--cut", default=None,
+                   help="fine cut names instead of block indices, comma-separated, one per boundary; a name with + "
+                        "is a live set of several tensors (python -m paretopipe.split --list --fine)")
     p.add_argument("--use-pipelining", action="store_true", help="keep --in-flight batches outstanding")
     p.add_argument("--in-flight", type=positive_int, default=4)
     p.add_argument("--num-threads", type=positive_int, default=16,
@@ -129,10 +132,14 @@ def _check_layout(args: argparse.Namespace) -> None:
                          f"{args.world_size} with --rpc-source {args.rpc_source}")
     if not 0 <= args.rank < args.world_size:
         raise UsageError(f"--rank {args.rank} must be within 0..{args.world_size - 1}")
+    if args.cut is not None and (args.split_blocks or args.split_block is not None or _intelligent(args)):
+        raise UsageError("--cut names the cuts itself: drop --split-block/--split-blocks/--use-intelligent-splitting")
+    if args.cut is not None and len(args.cut.split(",")) != args.num_partitions - 1:
+        raise UsageError(f"{args.num_partitions} partitions need {args.num_partitions - 1} cut(s), got --cut {args.cut}")
     if _intelligent(args) and (args.num_partitions != 2 or args.split_blocks or args.split_block is not None):
         raise UsageError("--use-intelligent-splitting chooses the one split of 2 partitions: drop --split-block/"
                          "--split-blocks and use --num-partitions 2 (for N devices: paretopipe predict --devices)")
-    if args.rank == 0:  # the split and the model are checked before any rank starts
+    if args.rank == 0 and args.cut is None:  # the split and the model are checked before any rank starts
         from ..partition.structure import check_splits, structure
 
         shape = structure(args.model, args.num_classes)
@@ -172,16 +179,18 @@ class _MasterRun:
     def __init__(self, args: argparse.Namespace, conditions: Any, procs: list) -> None:
         self.args, self.conditions, self.procs = args, conditions, procs
 
-    def config(self, builder: Any, ks: list[int]) -> Any:
+    def config(self, builder: Any, ks: list[int] | None) -> Any:
+        """The run's configuration for block splits ``ks``, or (None) for the fine cuts of ``--cut``."""
         from ..network import deadlines
 
         args, part = self.args, builder.partitioner
-        cuts = [part.block_cut(k) for k in ks]
+        cuts = [part.block_cut(k) for k in ks] if ks is not None else builder.cuts_for(cut=args.cut)
+        split_index = None if ks is None else ks[0] if len(ks) == 1 else ks
         in_flight = args.in_flight if args.use_pipelining else 1
         up = max(part.payload_nbytes(c, args.batch_size) for c in cuts)
         timeout_s = args.timeout or deadlines.run_timeout_s(self.conditions, up, args.num_classes * 4 * args.batch_size,
                                                             in_flight)
-        return run_config_from_flags(args, builder.name, cuts, ks[0] if len(ks) == 1 else ks, self.conditions,
+        return run_config_from_flags(args, builder.name, cuts, split_index, self.conditions,
                                      timeout_s, num_batches=max(1, -(-args.num_test_samples // args.batch_size)),
                                      in_flight=in_flight, dataset=dataset_from_args(args),
                                      rpc_transport=args.rpc_transport, rpc_source=args.rpc_source,
@@ -199,7 +208,7 @@ class _MasterRun:
 
             args.split_block, choice = choose_split(builder, args.batch_size, self.conditions,
                                                     args.device_profiles.split(",") if args.device_profiles else None)
-        ks = _split_blocks(args, builder.partitioner.num_blocks)
+        ks = _split_blocks(args, builder.partitioner.num_blocks) if args.cut is None else None
         cfg = self.config(builder, ks)
         try:
             record, outputs = backend.run_master(cfg, builder, source=args.rpc_source, conditions=self.conditions,
@@ -226,7 +235,7 @@ class _MasterRun:
         return 0
 
     @staticmethod
-    def report(record: dict[str, Any], ks: list[int], cuts: list[str], choice: dict | None, path: Path) -> None:
+    def report(record: dict[str, Any], ks: list[int] | None, cuts: list[str], choice: dict | None, path: Path) -> None:
         s = record["summary"]
         if choice is not None:
             mine = next(p for p in choice["predicted"] if p["split"] == ks[0])

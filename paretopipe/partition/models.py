@@ -31,10 +31,10 @@ from torch import nn
 from ..errors import UsageError
 # The names live in a torch-free module, so that commands which only check a name stay light; they
 # are re-exported here because every caller that builds a model also names it.
-from .names import (_CUSTOM, ANCHOR_ALIASES, ENTRY_POINT_GROUP, NAMED_MODELS, canonical_name, input_size,
+from .names import (_CUSTOM, ANCHOR_ALIASES, DETECTORS, ENTRY_POINT_GROUP, NAMED_MODELS, canonical_name, input_size,
                     is_model_file, known_models, normalize, register, source_digest)
 
-__all__ = ["ANCHOR_ALIASES", "ENTRY_POINT_GROUP", "NAMED_MODELS", "build", "canonical_name", "construct",
+__all__ = ["ANCHOR_ALIASES", "DETECTORS", "ENTRY_POINT_GROUP", "NAMED_MODELS", "build", "canonical_name", "construct",
            "default_weights_path", "fingerprint", "input_size", "is_model_file", "known_models", "load_weights",
            "normalize", "portable_uniform", "register", "skeleton", "source_digest"]
 
@@ -52,6 +52,10 @@ def construct(canonical: str, num_classes: int) -> nn.Module:
     key = normalize(canonical)
     if key in _CUSTOM:
         return _CUSTOM[key][1](num_classes)
+    if canonical in DETECTORS:
+        from . import detection
+
+        return detection.build(canonical, num_classes, DETECTORS[canonical])
     import torchvision.models as tvm
 
     kwargs: dict = {"weights": None, "num_classes": num_classes}
@@ -75,6 +79,10 @@ def skeleton(canonical: str, num_classes: int) -> nn.Module:
     are built for real once and then moved to the meta device, so that tracing them runs no
     forward pass (18 s for regnet_y_128gf's 128 GFLOPs otherwise).
     """
+    if canonical in DETECTORS:
+        # Their anchor generators keep plain tensors made at construction, which neither the meta
+        # device nor a state dict would fill: built for real (torch's init, no forward pass).
+        return construct(canonical, num_classes)
     try:
         with torch.device("meta"):
             return construct(canonical, num_classes)
@@ -262,7 +270,8 @@ def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = 
             elif calibrate:
                 _portable_init(model, seed)
                 _calibrate_batchnorm(model, input_size(name), seed)
-                _scale_head(model, input_size(name), seed)
+                if canonical not in DETECTORS:  # a detector's last Linear regresses boxes: no logits to spread
+                    _scale_head(model, input_size(name), seed)
         return model
 
     digest = source_digest(canonical)

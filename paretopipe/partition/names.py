@@ -34,6 +34,10 @@ ANCHOR_ALIASES = {
 #: The eight models the test-suite proves exact for every cut.
 NAMED_MODELS = ("mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3",
                 "efficientnet_b0", "vit_b_16")
+#: Detectors (paretopipe.partition.detection) and their square input side: split in the backbone and
+#: the feature pyramid, with the transform on the first stage and the heads on the last.
+DETECTORS = {"ssdlite320_mobilenet_v3_large": 320, "fasterrcnn_mobilenet_v3_large_fpn": 320, "yolox_n": 416,
+             "yolox_s": 640}
 #: Packages add models under this entry-point group: ``name = "pkg.module:build"``.
 ENTRY_POINT_GROUP = "paretopipe.models"
 
@@ -164,6 +168,9 @@ def canonical_name(name: str) -> str:
         return _CUSTOM[key][0]
     if key in ANCHOR_ALIASES:
         return ANCHOR_ALIASES[key]
+    detector = next((d for d in DETECTORS if normalize(d) == key), None)
+    if detector is not None:
+        return detector
     tv = _torchvision_names()
     if key in tv:
         return tv[key]
@@ -172,11 +179,11 @@ def canonical_name(name: str) -> str:
 
 
 def known_models() -> list[str]:
-    """Anchor names, custom registrations, then every torchvision classification builder."""
+    """Anchor names, the detectors, custom registrations, then every torchvision classification builder."""
     anchor = ["mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3"]
     custom = sorted({v[0] for v in _CUSTOM.values()} | {ep.name for ep in _entry_points().values()})
     tv = sorted(set(_torchvision_names().values()) - {ANCHOR_ALIASES[normalize(a)] for a in anchor})
-    return anchor + custom + tv
+    return anchor + list(DETECTORS) + custom + tv
 
 
 def input_size(name: str) -> int:
@@ -184,4 +191,6 @@ def input_size(name: str) -> int:
     canonical = canonical_name(name)
     if normalize(canonical) in _CUSTOM:
         return _CUSTOM[normalize(canonical)][2]
+    if canonical in DETECTORS:
+        return DETECTORS[canonical]
     return 299 if canonical == "inception_v3" else 224

@@ -1,9 +1,16 @@
 """Cut points on the torch.fx graph and exact partitions of a model into self-contained stages.
 
-A cut is a position in graph order where exactly one tensor value is live (parameters and
-buffers do not count). Everything before it runs on one stage and everything after on the next,
-so pooling in ``forward``, skip connections, squeeze-excite and Inception's ``transform_input``
-all stay where they belong; ``nn.Sequential(children())`` slicing silently loses them.
+Any position in graph order is a cut. Its *live set* is the tensor values produced before it and
+used after it (parameters and buffers do not count): exactly what must cross to the next stage.
+Everything before it runs on one stage and everything after on the next, so pooling in
+``forward``, skip connections, squeeze-excite and Inception's ``transform_input`` all stay where
+they belong; ``nn.Sequential(children())`` slicing silently loses them.
+
+The cuts users know (``cuts``, the block splits) have one live tensor. ``fine_cuts`` holds every
+distinct live set, so a cut may sit inside a residual block (the block's input and its branch
+cross together) or across a detector's neck. A cut is named by its live set, the tensors' node
+names joined with ``+`` in graph order; a stage takes and returns its live sets in that order, and
+a tensor used several stages later is carried through the stages in between.
 """
 
 from __future__ import annotations
@@ -39,8 +46,20 @@ _ANCHOR_BLOCKS: dict[str, list[str]] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class LiveTensor:
+    """One tensor of a cut's live set, at the example batch size."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class CutPoint:
-    """One valid cut. ``shape``/``nbytes`` are at the example batch size; FLOPs are per example batch."""
+    """One valid cut. ``shape``/``dtype`` are its first live tensor's and ``nbytes`` the whole live
+    set's, at the example batch size; FLOPs are per example batch. ``index`` counts the cuts of
+    its list (``cuts`` or ``fine_cuts``)."""
 
     name: str
     index: int
@@ -50,6 +69,12 @@ class CutPoint:
     nbytes: int
     flops_before: int
     flops_after: int
+    live: tuple[LiveTensor, ...] = ()
+
+    @property
+    def width(self) -> int:
+        """How many tensors cross this cut."""
+        return len(self.live)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +130,18 @@ class Partitioner:
     """Traces a model once; answers cut-point questions and builds stages for any cut list."""
 
     def __init__(self, model: nn.Module, example_input: torch.Tensor, model_name: str | None = None):
+        from .detection import Detector
+
         self.model = model
         self.model_name = model_name
-        self.gm = _trace(model)
+        # A detector is traced in its backbone and pyramid only; its transform joins the first
+        # stage and its heads the last (paretopipe.partition.detection).
+        self.pre, self.post = (model.pre, model.post) if isinstance(model, Detector) else (None, None)
+        self.traced = model.body if isinstance(model, Detector) else model
+        if self.pre is not None:
+            with torch.no_grad():
+                example_input = self.pre(example_input)
+        self.gm = _trace(self.traced)
         self.nodes: list[fx.Node] = list(self.gm.graph.nodes)
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
         if len(placeholders) != 1:
@@ -119,35 +153,47 @@ class Partitioner:
             rec.run(example_input)
         self.total_flops = counter.get_total_flops()
         self._meta = rec.meta
-        self.cuts = self._find_cuts()
-        self._by_name = {c.name: c for c in self.cuts}
+        self.fine_cuts = self._find_cuts()
+        self.cuts = [dataclasses.replace(c, index=i) for i, c in enumerate(c for c in self.fine_cuts if c.width == 1)]
+        self._by_name = {c.name: c for c in self.fine_cuts} | {c.name: c for c in self.cuts}
+        self._node = {n.name: n for n in self.nodes}
         self.blocks = self._find_blocks()
 
     # -- cut discovery -------------------------------------------------------------------------
     def _find_cuts(self) -> list[CutPoint]:
+        """Every distinct live set made of tensors only, at its first position. A live set of the
+        input alone is the ``input`` baseline and one of model outputs alone the ``output`` one."""
         index = {n: i for i, n in enumerate(self.nodes)}
         last_use = {n: max((index[u] for u in n.users), default=-1) for n in self.nodes}
-        output_node = self.nodes[-1]
-        final_values = set(output_node.all_input_nodes)
-        live: set[fx.Node] = set()
+        final_values = set(self.nodes[-1].all_input_nodes)
+        live: dict[fx.Node, None] = {}  # insertion order is graph order
         cuts: list[CutPoint] = []
-        seen: set[fx.Node] = set()
+        seen: set[frozenset[fx.Node]] = set()
         for pos, node in enumerate(self.nodes[:-1]):
             if node.op != "get_attr" and last_use[node] > pos:
-                live.add(node)
-            live = {n for n in live if last_use[n] > pos}
-            if len(live) != 1:
+                live[node] = None
+            live = {n: None for n in live if last_use[n] > pos}
+            key = frozenset(live)
+            if not live or key in seen or key <= final_values:
                 continue
-            (value,) = live
-            is_tensor, shape, dtype, nbytes, _ = self._meta.get(value, (False, (), "", 0, 0))
-            if (not is_tensor or value.op == "placeholder" or value in final_values
-                    or value in seen):
+            metas = [self._meta.get(v, (False, (), "", 0, 0)) for v in live]
+            if not all(m[0] for m in metas):
+                continue  # a shape or a size crosses here: only tensors travel
+            if len(live) == 1 and next(iter(live)).op == "placeholder":
                 continue
-            seen.add(value)
+            seen.add(key)
+            tensors = tuple(LiveTensor(v.name, m[1], m[2], m[3]) for v, m in zip(live, metas))
             flops = self._meta[node][4]
-            cuts.append(CutPoint(value.name, len(cuts), pos, shape, dtype, nbytes, flops,
-                                 self.total_flops - flops))
+            cuts.append(CutPoint("+".join(t.name for t in tensors), len(cuts), pos, tensors[0].shape,
+                                 tensors[0].dtype, sum(t.nbytes for t in tensors), flops,
+                                 self.total_flops - flops, tensors))
         return cuts
+
+    def candidate_cuts(self, max_live: int = 1) -> list[CutPoint]:
+        """The cuts a sweep may try: those with at most ``max_live`` tensors crossing."""
+        if max_live < 1:
+            raise UsageError(f"--max-live {max_live}: give 1 or more tensors a cut may carry")
+        return [c for c in self.fine_cuts if c.width <= max_live]
 
     def _find_blocks(self) -> list[Block]:
         canonical = self.model_name
@@ -180,7 +226,7 @@ class Partitioner:
     def _generic_block_modules(self) -> list[str]:
         """Top-level children, with Sequential/ModuleList containers (one level deep) expanded."""
         names: list[str] = []
-        for name, child in self.model.named_children():
+        for name, child in self.traced.named_children():
             if isinstance(child, (nn.Sequential, nn.ModuleList)):
                 names += [f"{name}.{sub}" for sub, _ in child.named_children()]
                 continue
@@ -219,45 +265,65 @@ class Partitioner:
     def cut(self, name: str) -> CutPoint:
         if name not in self._by_name:
             examples = ", ".join(c.name for c in self.cuts[:5])
-            raise UsageError(f"unknown cut {name!r}; valid: {len(self.cuts)} fx cuts such as "
+            raise UsageError(f"unknown cut {name!r}; valid: {len(self.fine_cuts)} fx cuts such as "
                              f"{examples} (list them with python -m paretopipe.split --list --fine)")
         return self._by_name[name]
+
+    def live_names(self, name: str) -> list[str]:
+        """The node names of what crosses cut ``name``, in the order a stage takes and returns them."""
+        if name == INPUT:
+            return [self.nodes[0].name]
+        if name == OUTPUT:
+            return [n.name for n in self.nodes[-1].all_input_nodes]
+        return [t.name for t in self.cut(name).live]
 
     def payload_nbytes(self, name: str, batch: int) -> int:
         """Bytes of the tensor crossing cut ``name`` at ``batch`` images (input for k=0)."""
         if name == OUTPUT:
-            out = self._meta[self.nodes[-1].all_input_nodes[0]]
-            return out[3] // self.batch * batch
+            return sum(self._meta[n][3] for n in self.nodes[-1].all_input_nodes) // self.batch * batch
         if name == INPUT:
             return self._meta[self.nodes[0]][3] // self.batch * batch
         return self.cut(name).nbytes // self.batch * batch
 
     # -- stages --------------------------------------------------------------------------------
     def stages(self, cut_names: Sequence[str]) -> list[nn.Module]:
-        """N stages for N-1 cuts (names in graph order); ``input``/``output`` make identity stages."""
-        positions: list[int] = []
-        for name in cut_names:
-            if name == INPUT:
-                positions.append(0)
-            elif name == OUTPUT:
-                positions.append(len(self.nodes) - 1)
-            else:
-                positions.append(self.cut(name).position)
+        """N stages for N-1 cuts (names in graph order); ``input``/``output`` make pass-through stages.
+        A stage takes its incoming live set as arguments and returns the outgoing one (a tuple when
+        several tensors cross)."""
+        positions = [self.stage_position(name) for name in cut_names]
         if positions != sorted(positions):
             raise UsageError(f"cuts must be in graph order, got {list(cut_names)}")
-        bounds = [0] + positions + [len(self.nodes) - 1]
-        return [self._stage(a, b) for a, b in zip(bounds, bounds[1:])]
+        bounds = [(0, [])] + [(p, self._live_nodes(n)) for p, n in zip(positions, cut_names)]
+        bounds.append((len(self.nodes) - 1, []))
+        stages = [self._stage(a, ins, b, outs) for (a, ins), (b, outs) in zip(bounds, bounds[1:])]
+        if self.pre is not None:
+            from .detection import FirstStage, LastStage
 
-    def _stage(self, start: int, stop: int) -> nn.Module:
-        """Nodes in (start, stop] (the placeholder too when start == 0)."""
+            stages[0], stages[-1] = FirstStage(self.pre, stages[0]), LastStage(stages[-1], self.post)
+        return stages
+
+    def stage_position(self, name: str) -> int:
+        """Where cut ``name`` lies in graph order (``input`` first, ``output`` last)."""
+        if name == INPUT:
+            return 0
+        if name == OUTPUT:
+            return len(self.nodes) - 1
+        return self.cut(name).position
+
+    def _live_nodes(self, name: str) -> list[fx.Node]:
+        return [self._node[n] for n in self.live_names(name)]
+
+    def _stage(self, start: int, incoming: list[fx.Node], stop: int, outgoing: list[fx.Node]) -> nn.Module:
+        """Nodes in (start, stop] (the placeholder too when start == 0), taking ``incoming`` and
+        returning ``outgoing`` (the model's output when the stage ends the model)."""
         if start == stop:
-            return nn.Identity()
+            return PassThrough()
         last = len(self.nodes) - 1
         graph = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
-        incoming = self._live_at(start) if start > 0 else None
-        if incoming is not None:
-            env[incoming] = graph.placeholder(incoming.name)
+        if start > 0:
+            for node in incoming:
+                env[node] = graph.placeholder(node.name)
 
         def lookup(node: fx.Node) -> fx.Node:
             if node not in env:
@@ -273,7 +339,8 @@ class Partitioner:
                 break
             env[node] = graph.node_copy(node, lookup)
         if stop != last:
-            graph.output(lookup(self._live_at(stop)))
+            out = [lookup(n) for n in outgoing]
+            graph.output(out[0] if len(out) == 1 else tuple(out))
         stage = fx.GraphModule(self.gm, graph, class_name="Stage")
         stage.eval()
         return stage
@@ -281,20 +348,40 @@ class Partitioner:
     def activation_peak_nbytes(self, cut_names: Sequence[str], index: int, batch: int) -> int:
         """The largest tensor stage ``index`` of ``cut_names`` produces or takes in, at ``batch``
         images (from the traced run's shapes): what its largest live activation occupies."""
-        positions = [0 if n == INPUT else len(self.nodes) - 1 if n == OUTPUT else self.cut(n).position
-                     for n in cut_names]
+        positions = [self.stage_position(n) for n in cut_names]
         bounds = [0] + positions + [len(self.nodes) - 1]
         start, stop = bounds[index], bounds[index + 1]
         sizes = [self._meta[n][3] for n in self.nodes[start:stop + 1] if n in self._meta and self._meta[n][0]]
         return max(sizes, default=0) // self.batch * batch
 
-    def _live_at(self, pos: int) -> fx.Node:
-        if pos == 0:
-            return self.nodes[0]
-        for cut in self.cuts:
-            if cut.position == pos:
-                return next(n for n in self.nodes if n.name == cut.name)
-        raise RuntimeError(f"position {pos} is not a cut")
+
+
+class PassThrough(nn.Module):
+    """An empty stage (two equal cuts, or a baseline): what comes in goes out, one tensor or several."""
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return xs if len(xs) != 1 else xs[0]
+
+
+def live_tensors(x: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """What crossed a cut as a tuple, whether one tensor or a live set of several."""
+    return x if isinstance(x, tuple) else (x,)
+
+
+def activation_nbytes(x: torch.Tensor | tuple[torch.Tensor, ...]) -> int:
+    """The bytes of what crossed a cut, summed over a live set."""
+    return sum(t.numel() * t.element_size() for t in live_tensors(x))
+
+
+def to_host(x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """What a stage computed, detached, on the CPU and contiguous, ready to send: one tensor or a live set."""
+    moved = tuple(t.detach().cpu().contiguous() for t in live_tensors(x))
+    return moved if isinstance(x, tuple) else moved[0]
+
+
+def call_stage(stage: nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """Run a stage on what crossed its incoming cut: one tensor, or a live set as its arguments."""
+    return stage(*x) if isinstance(x, tuple) else stage(x)
 
 
 def cut_points(model: nn.Module, example_input: torch.Tensor) -> list[CutPoint]:
@@ -313,7 +400,7 @@ def run_stages(stages: Sequence[nn.Module], inputs: torch.Tensor) -> torch.Tenso
     with torch.no_grad():
         x = inputs
         for stage in stages:
-            x = stage(x)
+            x = call_stage(stage, x)
         return x
 
 
@@ -326,7 +413,9 @@ def verify(model: nn.Module, stages: Sequence[nn.Module], inputs: torch.Tensor,
     if reference is None:
         with torch.no_grad():
             reference = model(inputs)
-    return float((run_stages(stages, inputs) - reference).abs().max())
+    got = live_tensors(run_stages(stages, inputs))
+    return max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+               for a, b in zip(got, live_tensors(reference)))
 
 
 def partitioner_for(name: str, batch: int = 1, num_classes: int = 10, weights: str | None = None,
@@ -361,9 +450,10 @@ def format_table(part: Partitioner, fine: bool = False) -> str:
     total = max(part.total_flops, 1)
     rows = []
     if fine:
-        header = ("index", "cut", "shape", "bytes@1", "FLOPs %")
-        for c in part.cuts:
-            rows.append((str(c.index), c.name, "x".join(map(str, c.shape[1:])),
+        header = ("index", "cut", "live", "shapes", "bytes@1", "FLOPs %")
+        for c in part.fine_cuts:
+            shapes = " + ".join("x".join(map(str, t.shape[1:])) or "scalar" for t in c.live)
+            rows.append((str(c.index), c.name, str(c.width), shapes,
                          _human_bytes(c.nbytes // part.batch), f"{100 * c.flops_before / total:.1f}"))
     else:
         header = ("k", "block", "cut", "shape", "bytes@1", "FLOPs %")

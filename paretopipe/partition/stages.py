@@ -11,6 +11,8 @@ from torch import nn
 from ..errors import UsageError
 from . import models, split
 
+Activation = torch.Tensor | tuple[torch.Tensor, ...]  # what crosses a cut: one tensor or a live set
+
 
 class StageBuilder:
     """Builds the model once per process and hands out stages for any cut list (re-partition in place)."""
@@ -30,11 +32,15 @@ class StageBuilder:
         self._lock = threading.Lock()
 
     def cuts_for(self, split_index: int | None = None, cut: str | None = None) -> list[str]:
-        """The cut list for an anchor block index or a fine cut name."""
+        """The cut list for an anchor block index, or for fine cut names (a comma list plans a chain;
+        a name with ``+`` is a live set of several tensors)."""
         if cut is not None:
-            if cut not in (split.INPUT, split.OUTPUT):
-                self.partitioner.cut(cut)
-            return [cut]
+            names = [c.strip() for c in cut.split(",")]
+            positions = [self.partitioner.stage_position(c) for c in names]
+            if positions != sorted(positions):
+                raise UsageError(f"--cut {cut}: cuts must be in graph order (python -m paretopipe.split --list "
+                                 f"--fine shows it)")
+            return names
         if split_index is None:
             raise UsageError("give --split-index K or --cut NAME")
         return [self.partitioner.block_cut(split_index)]
@@ -72,21 +78,24 @@ class StageTimer:
     def __init__(self, device: str) -> None:
         self.cuda = device.startswith("cuda")
 
-    def run(self, stage: nn.Module, x: torch.Tensor, device: str) -> tuple[torch.Tensor, float]:
+    def run(self, stage: nn.Module, x: Activation, device: str) -> tuple[Activation, float]:
+        """``stage`` on ``x`` (one tensor, or the live set of a cut where several cross) and its time."""
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             start.record()
             with torch.no_grad():
-                out = stage(x.to(device, non_blocking=True))
+                moved = tuple(t.to(device, non_blocking=True) for t in x) if isinstance(x, tuple) \
+                    else x.to(device, non_blocking=True)
+                out = split.call_stage(stage, moved)
             end.record()
             end.synchronize()
             # Events time the GPU work; the wall clock includes the host-to-device copy too.
             return out, max(time.perf_counter() - t0, start.elapsed_time(end) / 1e3)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = stage(x)
+            out = split.call_stage(stage, x)
         return out, time.perf_counter() - t0
 
 
@@ -102,7 +111,7 @@ def time_segments(builder: StageBuilder, cuts: list[str], x: torch.Tensor, repet
     segments = builder.partitioner.stages(list(cuts))
     segments = [s.to(builder.device) for s in segments]
     timer = StageTimer(builder.device)
-    x = x.to(builder.device)
+    x = x.to(builder.device)  # the model's input: one tensor
     runs, whole = [], []
     for rep in range(warmup + repetitions):
         y, times = x, []

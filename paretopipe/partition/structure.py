@@ -38,8 +38,9 @@ def _path(name: str, num_classes: int):
     folder = _folder()
     if folder is None:
         return None
+    # "cuts" names the cut rule: 2 is live sets of any width (1 was one live tensor only).
     key = {"model": normalize(name), "num_classes": num_classes, "torch": _version("torch"),
-           "torchvision": _version("torchvision"), "paretopipe": __version__}
+           "torchvision": _version("torchvision"), "paretopipe": __version__, "cuts": 2}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return folder / f"{normalize(name)}-c{num_classes}-{digest}.json"
 

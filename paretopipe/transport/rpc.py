@@ -30,6 +30,7 @@ from ..errors import InfeasibleRun, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import EmulatedLink, LinkSender
+from ..partition.split import activation_nbytes, to_host
 from ..partition.stages import StageBuilder, StageTimer
 from ..sysmon import SystemMonitor
 from . import inputs
@@ -121,7 +122,7 @@ def resources(images: int) -> dict[str, Any] | None:
     return meter.part(images)
 
 
-def forward(seq: int, x: torch.Tensor, hops: list[list[float]]) -> None:
+def forward(seq: int, x: torch.Tensor | tuple[torch.Tensor, ...], hops: list[list[float]]) -> None:
     """Run this stage on ``x`` and pass the output on; ``hops`` collects [queue_s, compute_s, in_bytes]."""
     arrived = time.monotonic()
     st = _STATE
@@ -132,11 +133,11 @@ def forward(seq: int, x: torch.Tensor, hops: list[list[float]]) -> None:
     with st["lock"]:  # one batch at a time per stage, as in a pipeline
         began = time.monotonic()
         out, compute_s = st["timer"].run(st["stage"], x, st["builder"].device)
-    out = out.detach().cpu().contiguous()
-    hops = hops + [[began - arrived, compute_s, float(x.numel() * x.element_size())]]
+    out = to_host(out)
+    hops = hops + [[began - arrived, compute_s, float(activation_nbytes(x))]]
     target = st["next"]
     fn = deliver if target == MASTER else forward
-    st["sender"].submit(out.numel() * out.element_size(),
+    st["sender"].submit(activation_nbytes(out),
                         lambda: rpc.rpc_async(target, fn, args=(seq, out, hops), timeout=NO_RPC_TIMEOUT)
                         .add_done_callback(_check), on_sent=(lambda _s: meter.end()) if measured else None)
 
@@ -233,12 +234,12 @@ class _MasterSource(SourceEndpoint):
     def compute(self, seq: int) -> None:
         if self.local_stage is not None:
             out, compute_s = self.timer.run(self.local_stage, self.x, self.builder.device)
-            self.x = out.detach().cpu().contiguous()
+            self.x = to_host(out)
             self.rec["stage1_compute_s"] = compute_s
 
     def send(self, seq: int) -> None:
         x, hops, first = self.x, [], self.first
-        self.sender.submit(x.numel() * x.element_size(),
+        self.sender.submit(activation_nbytes(x),
                            lambda: rpc.rpc_async(first, forward, args=(seq, x, hops), timeout=NO_RPC_TIMEOUT)
                            .add_done_callback(_check))
 

@@ -1,8 +1,13 @@
 """Binary tensor frames: a fixed, validated header followed by raw (optionally compressed) bytes.
 
 Frame = header (104 bytes: magic, version, kind, dtype, original dtype, codec, shuffle, ndim,
-meta length, sequence number, wire payload bytes, raw payload bytes, and the shape as 8 int64
-slots) + meta (UTF-8 JSON, at most 64 KiB) + payload. The header and shape arrive in one read;
+the number of further tensors, meta length, sequence number, wire payload bytes, raw payload bytes,
+and the shape as 8 int64 slots) + one 88-byte descriptor per further tensor (the same fields) +
+meta (UTF-8 JSON, at most 64 KiB) + the payloads, in order. A frame with further tensors carries
+the live set of a cut where several tensors cross (a skip connection, a detector's feature
+pyramid); each tensor is validated on its own and the payload cap holds over their sum. On a
+sealed connection the descriptors travel in the clear beside the header and are authenticated
+with it. The header and shape arrive in one read;
 meta and payload in one scatter read. Nothing on the wire is ever unpickled or evaluated. Every
 rule is checked before anything the peer claims is allocated; a frame that breaks one raises
 :class:`WireError` and the caller closes the connection.
@@ -38,6 +43,11 @@ VERSION = 2
 MAX_NDIM = 8
 HEADER = struct.Struct("<4sBBBBBBBxIQQQ8q")
 SEQ_OFFSET = struct.calcsize("<4sBBBBBBBxI")  # where the sequence number sits in the header
+EXTRA_OFFSET = struct.calcsize("<4sBBBBBBB")  # the byte after ndim: how many further tensors follow
+# A further tensor of a live set: dtype, original dtype, codec, shuffle, ndim, bytes on the wire,
+# raw bytes, shape.
+DESCRIPTOR = struct.Struct("<BBBBBxxxQQ8q")
+MAX_TENSORS = 16  # tensors in one frame: a cut's live set (the sweep's --max-live is far below it)
 _SEQ = struct.Struct("<Q")
 _NO_SEQ = bytes(_SEQ.size)
 MAX_META_BYTES = 64 * 1024
@@ -131,13 +141,14 @@ class _Buffer:
         self.view = memoryview(self.tensor.numpy()).cast("B")
         self.typed: dict[tuple, torch.Tensor] = {}
 
-    def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        key = (dtype, shape)
+    def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+        key = (dtype, shape, offset)
         t = self.typed.get(key)
         if t is None:
-            # A sealed frame's buffer holds its tag after the payload.
+            # A sealed frame's buffer holds its tag after the payload; a live set's tensors lie one
+            # after another.
             nbytes = math.prod(shape) * dtype.itemsize
-            whole = self.tensor if nbytes == self.tensor.numel() else self.tensor[:nbytes]
+            whole = self.tensor if nbytes == self.tensor.numel() else self.tensor[offset:offset + nbytes]
             t = self.typed[key] = whole.view(dtype).reshape(shape)
         return t
 
@@ -174,7 +185,7 @@ class BufferPool:
 class Frame:
     kind: int
     seq: int
-    tensor: torch.Tensor | None
+    tensor: torch.Tensor | tuple[torch.Tensor, ...] | None  # a tuple: a live set of several tensors
     meta: dict[str, Any]
     raw_nbytes: int = 0
     wire_nbytes: int = 0
@@ -201,6 +212,7 @@ class Encoded:
     encode_s: float
     total_nbytes: int = 0  # header + meta + payload, as sent
     seal_s: float = 0.0    # sealing it, on a sealed connection (set when it is sent)
+    clear_nbytes: int = HEADER.size  # what a sealed frame sends in the clear: header and descriptors
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -280,8 +292,12 @@ class Payload:
     wire_nbytes: int = 0  # the bytes of ``data``, counted once (a memoryview per call costs 0.3 us)
 
 
-def encode_payload(tensor: torch.Tensor | None, codec: Codec | None = None) -> Payload:
-    """Cast/compress a tensor per ``codec``; uncompressed data stays a view of the tensor's memory."""
+def encode_payload(tensor: torch.Tensor | tuple[torch.Tensor, ...] | None, codec: Codec | None = None
+                   ) -> Payload | list[Payload]:
+    """Cast/compress a tensor per ``codec``; uncompressed data stays a view of the tensor's memory.
+    A live set of several tensors gives one payload each, cast and compressed on its own."""
+    if isinstance(tensor, tuple):
+        return [encode_payload(t, codec) for t in tensor]
     if tensor is None:
         return Payload()
     t0 = time.perf_counter()
@@ -316,12 +332,15 @@ def encode_payload(tensor: torch.Tensor | None, codec: Codec | None = None) -> P
 _NO_SHAPE = (0,) * MAX_NDIM
 
 
-def frame(kind: int, seq: int, payload: Payload | None = None, meta: dict | None = None) -> Encoded:
-    """Header (with the shape) + meta + payload buffers, ready for :func:`send_encoded`."""
+def frame(kind: int, seq: int, payload: Payload | list[Payload] | None = None, meta: dict | None = None) -> Encoded:
+    """Header (with the shape) + meta + payload buffers, ready for :func:`send_encoded`; a list of
+    payloads is a live set, one frame with a descriptor for each tensor after the first."""
     t0 = time.perf_counter()
     meta_bytes = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
     if len(meta_bytes) > MAX_META_BYTES:
         raise WireError(f"frame meta is {len(meta_bytes)} bytes; the limit is {MAX_META_BYTES}")
+    if isinstance(payload, list):
+        return _frame_live_set(kind, seq, payload, meta_bytes, t0)
     if payload is None or payload.dtype == NO_TENSOR:
         header = HEADER.pack(MAGIC, VERSION, kind, 0, 0, 0, 0, 0, len(meta_bytes), seq, 0, 0, *_NO_SHAPE)
         return Encoded([header + meta_bytes], 0, 0, time.perf_counter() - t0, HEADER.size + len(meta_bytes))
@@ -333,6 +352,36 @@ def frame(kind: int, seq: int, payload: Payload | None = None, meta: dict | None
     buffers = [head, payload.data] if wire_nbytes else [head]
     return Encoded(buffers, payload.raw_nbytes, wire_nbytes, payload.encode_s + time.perf_counter() - t0,
                    len(head) + wire_nbytes)
+
+
+def _frame_live_set(kind: int, seq: int, payloads: list[Payload], meta_bytes: bytes, t0: float) -> Encoded:
+    if not 2 <= len(payloads) <= MAX_TENSORS:
+        raise WireError(f"a frame carries 2 to {MAX_TENSORS} tensors of a live set, not {len(payloads)}")
+    first, rest = payloads[0], payloads[1:]
+    header = bytearray(HEADER.pack(MAGIC, VERSION, kind, first.dtype, first.orig_dtype, first.codec, first.shuffle,
+                                   len(first.shape), len(meta_bytes), seq, first.wire_nbytes, first.raw_nbytes,
+                                   *first.shape, *_NO_SHAPE[len(first.shape):]))
+    header[EXTRA_OFFSET] = len(rest)
+    descriptors = b"".join(DESCRIPTOR.pack(p.dtype, p.orig_dtype, p.codec, p.shuffle, len(p.shape), p.wire_nbytes,
+                                           p.raw_nbytes, *p.shape, *_NO_SHAPE[len(p.shape):]) for p in rest)
+    head = bytes(header) + descriptors + meta_bytes
+    buffers = [head] + [p.data for p in payloads if p.wire_nbytes]
+    wire_nbytes = sum(p.wire_nbytes for p in payloads)
+    return Encoded(buffers, sum(p.raw_nbytes for p in payloads), wire_nbytes,
+                   sum(p.encode_s for p in payloads) + time.perf_counter() - t0, len(head) + wire_nbytes,
+                   clear_nbytes=HEADER.size + len(descriptors))
+
+
+def encode_seconds(payload: Payload | list[Payload]) -> float:
+    """What encoding one payload, or every payload of a live set, took."""
+    return sum(p.encode_s for p in payload) if isinstance(payload, list) else payload.encode_s
+
+
+def live_set(tensor: torch.Tensor | tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...]:
+    """The tensors of what crosses a cut, whether one tensor or several."""
+    if tensor is None:
+        return ()
+    return tensor if isinstance(tensor, tuple) else (tensor,)
 
 
 _PLAIN: dict[tuple, tuple[bytes, type, int]] = {}  # (kind, dtype, shape) -> header, array type, bytes
@@ -355,8 +404,8 @@ _now = time.perf_counter
 _pack_seq = _SEQ.pack_into
 
 
-def encode(kind: int, seq: int, tensor: torch.Tensor | None = None, meta: dict | None = None,
-           codec: Codec | None = None) -> Encoded:
+def encode(kind: int, seq: int, tensor: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
+           meta: dict | None = None, codec: Codec | None = None) -> Encoded:
     """One frame in one call (see :func:`encode_payload` and :func:`frame`).
 
     The stages' hot path is inline: a CPU tensor sent as it is, with no meta. A run sends one
@@ -365,6 +414,8 @@ def encode(kind: int, seq: int, tensor: torch.Tensor | None = None, meta: dict |
     counts: between two 0.1 MB sends the caches are cold, and the general path's 1.7 us (hot)
     became 5.5 us a frame there, 12% of loopback goodput."""
     t0 = _now()
+    if isinstance(tensor, tuple):  # a live set: each tensor is cast and compressed on its own
+        return frame(kind, seq, encode_payload(tensor, codec), meta)
     if tensor is not None and (codec is None or codec.is_plain) and not meta \
             and tensor.is_cpu and tensor.is_contiguous() and not tensor.is_neg():
         known = _PLAIN.get((kind, tensor.dtype, tensor.shape)) or _plain_header(kind, tensor)
@@ -422,18 +473,18 @@ class FrameWriter:
         self.send = functools.partial(send_encoded, sock) if sealer is None else self._send_sealed
 
     def _send_sealed(self, enc: Encoded) -> None:
-        head = enc.buffers[0]
-        header = head[:HEADER.size] if len(head) > HEADER.size else head
-        parts = ([memoryview(head)[HEADER.size:]] if len(head) > HEADER.size else []) + list(enc.buffers[1:])
+        head, clear = enc.buffers[0], enc.clear_nbytes
+        header = head[:clear] if len(head) > clear else head
+        parts = ([memoryview(head)[clear:]] if len(head) > clear else []) + list(enc.buffers[1:])
         body = parts[0] if len(parts) == 1 else b"".join(parts)  # meta and payload together: control frames
         with self.sealer.lock:
             sealed = self.sealer.seal(header, body)
             enc.seal_s = self.sealer.last_s
             send_encoded(self.sock, Encoded([header, sealed], enc.raw_nbytes, enc.wire_nbytes, enc.encode_s,
-                                            HEADER.size + sealed.nbytes))
+                                            len(header) + sealed.nbytes))
 
 
-def send_frame(sock: socket.socket, kind: int, seq: int = 0, tensor: torch.Tensor | None = None,
+def send_frame(sock: socket.socket, kind: int, seq: int = 0, tensor: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
                meta: dict | None = None, codec: Codec | None = None) -> Encoded:
     enc = encode(kind, seq, tensor, meta, codec)
     send_encoded(sock, enc)
@@ -476,6 +527,7 @@ class Header(NamedTuple):
     nbytes: int
     raw_nbytes: int
     shape: tuple[int, ...]
+    extra: int = 0  # further tensors of a live set, each described after the header
 
     @property
     def decoded_nbytes(self) -> int:
@@ -498,6 +550,20 @@ def parse_header(data: bytes | bytearray | memoryview, max_payload: int = DEFAUL
         raise WireError(f"wire version {version} not supported (this side speaks {VERSION})")
     if kind not in KIND_NAMES:
         raise WireError(f"unknown frame kind {kind}")
+    if meta_len > MAX_META_BYTES:
+        raise WireError(f"meta of {meta_len} bytes exceeds the limit of {MAX_META_BYTES}")
+    extra = data[EXTRA_OFFSET]
+    if extra >= MAX_TENSORS:
+        raise WireError(f"a frame of {extra + 1} tensors; the limit is {MAX_TENSORS}")
+    if dtype == NO_TENSOR and extra:
+        raise WireError("a frame without a tensor declares further tensors")
+    return _tensor_fields(kind, dtype, orig, codec, shuffle, ndim, meta_len, seq, nbytes, raw, dims, max_payload,
+                          extra)
+
+
+def _tensor_fields(kind: int, dtype: int, orig: int, codec: int, shuffle: int, ndim: int, meta_len: int, seq: int,
+                   nbytes: int, raw: int, dims: list[int], max_payload: int, extra: int = 0) -> Header:
+    """The rules one tensor's fields obey, in a header or in a further tensor's descriptor."""
     if dtype != NO_TENSOR and dtype not in DTYPES or orig != NO_TENSOR and orig not in DTYPES:
         raise WireError(f"dtype code {dtype}/{orig} not in the allow-list")
     if orig not in (NO_TENSOR, dtype) and not (dtype in CAST_DTYPES and orig == CAST_FROM):
@@ -507,8 +573,6 @@ def parse_header(data: bytes | bytearray | memoryview, max_payload: int = DEFAUL
         raise WireError(f"unknown codec {codec}")
     if ndim > MAX_NDIM:
         raise WireError(f"ndim {ndim} exceeds the limit of {MAX_NDIM}")
-    if meta_len > MAX_META_BYTES:
-        raise WireError(f"meta of {meta_len} bytes exceeds the limit of {MAX_META_BYTES}")
     if nbytes > max_payload or raw > max_payload:
         raise WireError(f"payload of {max(nbytes, raw)} bytes exceeds the limit of {max_payload}")
     if dtype == NO_TENSOR and (ndim or nbytes or raw or codec or shuffle or orig):
@@ -525,10 +589,31 @@ def parse_header(data: bytes | bytearray | memoryview, max_payload: int = DEFAUL
         raise WireError(f"shape slots beyond ndim {ndim} are not zero")
     if any(d < 0 for d in shape):
         raise WireError(f"negative dimension in shape {shape}")
-    h = Header(kind, dtype, orig, codec, shuffle, ndim, meta_len, seq, nbytes, raw, shape)
+    h = Header(kind, dtype, orig, codec, shuffle, ndim, meta_len, seq, nbytes, raw, shape, extra)
     if dtype != NO_TENSOR:
         check_shape(h, max_payload)
     return h
+
+
+def parse_descriptors(header: Header, data: bytes | bytearray | memoryview,
+                      max_payload: int = DEFAULT_MAX_PAYLOAD) -> list[Header]:
+    """The live set's further tensors, each validated like the first; the payload cap holds over
+    their sum, raw, on the wire and decoded. Returns every tensor's fields, the header's first."""
+    if len(data) != header.extra * DESCRIPTOR.size:
+        raise WireError(f"descriptors are {len(data)} bytes, expected {header.extra * DESCRIPTOR.size}")
+    tensors = [header]
+    for i in range(header.extra):
+        dtype, orig, codec, shuffle, ndim, nbytes, raw, *dims = DESCRIPTOR.unpack_from(data, i * DESCRIPTOR.size)
+        if dtype == NO_TENSOR:
+            raise WireError(f"tensor {i + 2} of the frame has no dtype")
+        tensors.append(_tensor_fields(header.kind, dtype, orig, codec, shuffle, ndim, 0, header.seq, nbytes, raw,
+                                      dims, max_payload))
+    for what, total in (("on the wire", sum(t.nbytes for t in tensors)), ("raw", sum(t.raw_nbytes for t in tensors)),
+                        ("decoded", sum(t.decoded_nbytes for t in tensors))):
+        if total > max_payload:
+            raise WireError(f"the frame's {len(tensors)} tensors take {total} bytes {what}, over the limit "
+                            f"of {max_payload}")
+    return tensors
 
 
 def check_shape(header: Header, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
@@ -619,71 +704,108 @@ class FrameReader:
         self._have = 0
         aad = bytes(self._head) if self.opener is not None else b""  # before the sequence number is zeroed
         h, seq = self._header()
+        if h.extra:
+            return self._read_live_set(h, seq, aad, deadline)
         pool = self.pool
         buf = None
         open_s = 0.0
+        payload = h.nbytes if h.dtype != NO_TENSOR else 0
         if self.opener is not None:
-            meta_buf, buf = self._sealed_body(h, aad, deadline)
+            meta_buf, buf = self._sealed_body(h.meta_len, payload, aad, deadline)
             open_s = self.opener.last_s
         else:
             meta_buf = bytearray(h.meta_len)
-            if h.dtype != NO_TENSOR and h.nbytes:
-                buf = pool.take(h.nbytes) if pool is not None else _Buffer(h.nbytes)
+            if payload:
+                buf = pool.take(payload) if pool is not None else _Buffer(payload)
                 self._body([memoryview(meta_buf), buf.view] if h.meta_len else [buf.view], deadline)
             elif h.meta_len:
                 self._body([memoryview(meta_buf)], deadline)
-        meta: dict[str, Any] = {}
-        if h.meta_len:
-            try:
-                meta = loads_bounded(meta_buf)
-            except WireError as exc:
-                raise WireError(f"frame meta: {exc}")
-            if not isinstance(meta, dict):
-                raise WireError("frame meta must be a JSON object")
+        meta = _frame_meta(meta_buf, h.meta_len)
         if h.dtype == NO_TENSOR:
             return Frame(h.kind, seq, None, meta, open_s=open_s)
         t0 = time.perf_counter()
-        dtype = DTYPES[h.dtype]
-        keep: _Buffer | None = None
-        if not h.raw_nbytes:
-            tensor = torch.zeros(h.shape, dtype=dtype)
-        elif h.codec == 0:
-            tensor = buf.as_tensor(dtype, h.shape)
-            keep = buf
-        else:
-            raw = _decompress(CODEC_NAMES[h.codec], buf.view[:h.nbytes], h.raw_nbytes)
-            if pool is not None:
-                pool.give(buf)
-            tensor = torch.from_numpy(_unshuffle(raw, h.shuffle)).view(dtype).reshape(h.shape)
-        if h.orig_dtype not in (NO_TENSOR, h.dtype):
-            tensor = tensor.to(DTYPES[h.orig_dtype])
-            if keep is not None and pool is not None:
-                pool.give(keep)
-            keep = None
-        if pool is None:
-            keep = None
+        tensor, is_view = _decode(h, buf, 0)
+        keep = buf if is_view and pool is not None else None
+        if buf is not None and pool is not None and keep is None:
+            pool.give(buf)
         return Frame(h.kind, seq, tensor, meta, h.raw_nbytes, h.nbytes, time.perf_counter() - t0, open_s, keep,
                      pool if keep is not None else None)
 
-    def _sealed_body(self, h: Header, aad: bytes, deadline: float | None) -> tuple[Any, _Buffer | None]:
+    def _read_live_set(self, h: Header, seq: int, aad: bytes, deadline: float | None) -> Frame:
+        """A frame of several tensors: their descriptors first (exactly, so that nothing of the body
+        is read ahead into the next header's place), then meta and payloads in one read."""
+        described = bytearray(h.extra * DESCRIPTOR.size)
+        recv_exact_into(self.sock, memoryview(described), "a frame's tensor descriptors", deadline)
+        tensors = parse_descriptors(h, described, self.max_payload)
+        pool, payload, open_s = self.pool, sum(t.nbytes for t in tensors), 0.0
+        if self.opener is not None:
+            meta_buf, buf = self._sealed_body(h.meta_len, payload, aad + bytes(described), deadline)
+            open_s = self.opener.last_s
+        else:
+            meta_buf = bytearray(h.meta_len)
+            buf = (pool.take(payload) if pool is not None else _Buffer(payload)) if payload else None
+            self._body([memoryview(meta_buf)] + ([buf.view] if buf is not None else []), deadline)
+        meta = _frame_meta(meta_buf, h.meta_len)
+        t0 = time.perf_counter()
+        decoded, offset, any_view = [], 0, False
+        for t in tensors:
+            tensor, is_view = _decode(t, buf, offset)
+            decoded.append(tensor)
+            any_view |= is_view
+            offset += t.nbytes
+        keep = buf if any_view and pool is not None else None
+        if buf is not None and pool is not None and keep is None:
+            pool.give(buf)
+        return Frame(h.kind, seq, tuple(decoded), meta, sum(t.raw_nbytes for t in tensors), payload,
+                     time.perf_counter() - t0, open_s, keep, pool if keep is not None else None)
+
+    def _sealed_body(self, meta_len: int, payload: int, aad: bytes, deadline: float | None
+                     ) -> tuple[Any, _Buffer | None]:
         """Read a sealed body and its tag, open it in place: (meta bytes, payload buffer or None).
         The payload's buffer holds the tag after it, so the common frame (a tensor, no meta) is
         read and opened where the tensor will live, with no copy."""
-        payload = h.nbytes if h.dtype != NO_TENSOR else 0
-        if payload and not h.meta_len:
+        if payload and not meta_len:
             buf = self.pool.take(payload + TAG_BYTES) if self.pool is not None else _Buffer(payload + TAG_BYTES)
             self._body([buf.view], deadline)
             self.opener.open_in_place(aad, buf.view)
             return b"", buf
-        sealed = bytearray(h.meta_len + payload + TAG_BYTES)
+        sealed = bytearray(meta_len + payload + TAG_BYTES)
         view = memoryview(sealed)
         self._body([view], deadline)
         self.opener.open_in_place(aad, view)
         if not payload:
-            return view[:h.meta_len], None
+            return view[:meta_len], None
         buf = self.pool.take(payload) if self.pool is not None else _Buffer(payload)
-        buf.view[:] = view[h.meta_len:h.meta_len + payload]
-        return view[:h.meta_len], buf
+        buf.view[:payload] = view[meta_len:meta_len + payload]
+        return view[:meta_len], buf
+
+
+def _frame_meta(meta_buf: Any, meta_len: int) -> dict[str, Any]:
+    if not meta_len:
+        return {}
+    try:
+        meta = loads_bounded(meta_buf)
+    except WireError as exc:
+        raise WireError(f"frame meta: {exc}")
+    if not isinstance(meta, dict):
+        raise WireError("frame meta must be a JSON object")
+    return meta
+
+
+def _decode(h: Header, buf: _Buffer | None, offset: int) -> tuple[torch.Tensor, bool]:
+    """One tensor from its validated fields and its bytes at ``offset`` of ``buf``; True when the
+    tensor is a view of the buffer (which must then outlive it)."""
+    dtype = DTYPES[h.dtype]
+    if not h.raw_nbytes:
+        tensor, is_view = torch.zeros(h.shape, dtype=dtype), False
+    elif h.codec == 0:
+        tensor, is_view = buf.as_tensor(dtype, h.shape, offset), True
+    else:
+        raw = _decompress(CODEC_NAMES[h.codec], buf.view[offset:offset + h.nbytes], h.raw_nbytes)
+        tensor, is_view = torch.from_numpy(_unshuffle(raw, h.shuffle)).view(dtype).reshape(h.shape), False
+    if h.orig_dtype not in (NO_TENSOR, h.dtype):
+        tensor, is_view = tensor.to(DTYPES[h.orig_dtype]), False
+    return tensor, is_view
 
 
 def recv_frame(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD, pool: BufferPool | None = None,

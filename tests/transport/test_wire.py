@@ -325,3 +325,145 @@ def test_fuzzed_decoder_returns_valid_frame_or_project_error(data):
     finally:
         monkeypatch.undo()
     assert all(n <= max(LIMIT, wire.MAX_META_BYTES) for n in allocated)
+
+
+# -- live sets: several tensors in one frame ---------------------------------------------------------
+
+def _live_set():
+    return (torch.randn(2, 16, 8, 8), torch.arange(10, dtype=torch.int64).reshape(2, 5),
+            torch.tensor([True, False, True]), torch.randn(0, 3))
+
+
+@pytest.mark.parametrize("codec", [None, wire.Codec("zstd"), wire.Codec("lz4", 1, "float16"),
+                                   wire.Codec("none", 3, "bfloat16")])
+def test_a_live_set_of_mixed_dtypes_and_shapes_roundtrips_with_per_tensor_codecs(codec):
+    tensors = _live_set()
+    f, enc = roundtrip(tensors, codec, {"k": 1})
+    assert isinstance(f.tensor, tuple) and len(f.tensor) == len(tensors) and f.meta == {"k": 1}
+    for got, sent in zip(f.tensor, tensors):
+        assert got.dtype == sent.dtype and got.shape == sent.shape
+        if sent.dtype == torch.float32 and codec is not None and codec.wire_dtype != "float32":
+            # only float32 is cast, each tensor on its own; the others travel exactly
+            assert torch.allclose(got, sent, atol=0.05, rtol=0.01)
+        else:
+            assert torch.equal(got, sent)
+    cast = codec is not None and codec.wire_dtype != "float32"
+    expected_raw = sum(t.numel() * (2 if cast and t.dtype == torch.float32 else t.element_size()) for t in tensors)
+    assert f.raw_nbytes == enc.raw_nbytes == expected_raw
+
+
+def test_a_live_set_over_a_real_socket_sealed_and_pooled_and_mixed_with_single_frames():
+    from paretopipe.transport import aead
+
+    key = bytes(range(32))
+    a, b = socket.socketpair()
+    pool = wire.BufferPool()
+    writer = wire.FrameWriter(a, aead.Direction("chacha20", key))
+    reader = wire.FrameReader(b, pool=pool, opener=aead.Direction("chacha20", key))
+    try:
+        for seq in range(3):
+            tensors = (torch.randn(1, 24, 28, 28) + seq, torch.randn(1, 32, 14, 14))
+            writer.send(wire.encode(wire.TENSOR, seq, tensors))
+            writer.send(wire.encode(wire.TENSOR, 100 + seq, tensors[0], {"one": True}))
+            f = reader.read()
+            assert f.seq == seq and all(torch.equal(x, y) for x, y in zip(f.tensor, tensors))
+            f.release()
+            g = reader.read()
+            assert g.seq == 100 + seq and torch.equal(g.tensor, tensors[0]) and g.meta == {"one": True}
+            g.release()
+        assert pool.allocated == 2  # the live set's one buffer is reused frame after frame
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_tampered_descriptor_on_a_sealed_connection_is_refused():
+    from paretopipe.transport import aead
+
+    key = bytes(range(32))
+    a, b = socket.socketpair()
+    sent = []
+    sealer = aead.Direction("chacha20", key)
+    try:
+        enc = wire.encode(wire.TENSOR, 0, (torch.ones(4), torch.ones(2, 2)))
+        header = bytes(enc.buffers[0][:enc.clear_nbytes])
+        sealed = sealer.seal(header, b"".join(bytes(memoryview(x)) for x in enc.buffers[1:]))
+        data = bytearray(header + bytes(sealed))
+        sent.append(bytes(data))
+        # Swap the second tensor's shape (2, 2) for (4, 1): the same bytes, another tensor.
+        forged = bytearray(data)
+        struct.pack_into("<2q", forged, wire.HEADER.size + 24, 4, 1)
+        a.sendall(bytes(data) + bytes(forged))
+        reader = wire.FrameReader(b, opener=aead.Direction("chacha20", key))
+        assert reader.read().tensor[1].shape == (2, 2)
+        with pytest.raises(WireError):
+            reader.read()
+    finally:
+        a.close()
+        b.close()
+
+
+def _live_frame(tensors, extra_override=None, descriptor_edit=None):
+    enc = wire.encode(wire.TENSOR, 7, tuple(tensors))
+    data = bytearray(b"".join(bytes(memoryview(x)) for x in enc.buffers))
+    if extra_override is not None:
+        data[wire.EXTRA_OFFSET] = extra_override
+    if descriptor_edit is not None:
+        descriptor_edit(data)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.__setitem__(wire.HEADER.size, 99), "not in the allow-list"),
+    (lambda d: d.__setitem__(wire.HEADER.size, 0), "has no dtype"),
+    (lambda d: struct.pack_into("<q", d, wire.HEADER.size + 24, 3), "needs .* bytes"),
+    (lambda d: struct.pack_into("<q", d, wire.HEADER.size + 24, -1), "negative dimension"),
+    (lambda d: struct.pack_into("<q", d, wire.HEADER.size + 24 + 8 * 7, 5), "beyond ndim"),
+    (lambda d: struct.pack_into("<QQ", d, wire.HEADER.size + 8, 8, 4), "uncompressed payload of 8 bytes"),
+    (lambda d: d.__setitem__(wire.HEADER.size + 4, 9), "exceeds the limit of 8"),
+])
+def test_a_lying_descriptor_is_refused(edit, match):
+    data = _live_frame((torch.ones(4), torch.ones(2)), descriptor_edit=edit)
+    with pytest.raises(WireError, match=match):
+        wire.recv_frame(FakeSocket(data))
+
+
+def test_the_payload_cap_holds_over_the_sum_of_a_live_sets_tensors():
+    tensors = (torch.ones(500), torch.ones(500), torch.ones(500))  # 2000 bytes each, 6000 together
+    data = _live_frame(tensors)
+    assert len(wire.recv_frame(FakeSocket(data), max_payload=6000).tensor) == 3
+    with pytest.raises(WireError, match="3 tensors take 6000 bytes .* over the limit of 4096"):
+        wire.recv_frame(FakeSocket(data), max_payload=4096)
+
+
+def test_too_many_tensors_or_further_tensors_without_a_first_are_refused():
+    with pytest.raises(WireError, match="a frame of 17 tensors; the limit is 16"):
+        wire.recv_frame(FakeSocket(_live_frame((torch.ones(1), torch.ones(1)), extra_override=16)))
+    empty = bytearray(wire.encode(wire.BYE, 0).buffers[0])
+    empty[wire.EXTRA_OFFSET] = 1
+    with pytest.raises(WireError, match="without a tensor declares further tensors"):
+        wire.recv_frame(FakeSocket(bytes(empty)))
+    with pytest.raises(WireError, match="2 to 16 tensors"):
+        wire.encode(wire.TENSOR, 0, tuple(torch.ones(1) for _ in range(17)))
+
+
+_LIVE_GOOD = _live_frame((torch.arange(6.0), torch.arange(4, dtype=torch.int32), torch.ones(2, 2)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(
+    st.builds(lambda pos, byte: _LIVE_GOOD[:pos] + bytes([byte]) + _LIVE_GOOD[pos + 1:],
+              st.integers(0, wire.HEADER.size + 2 * wire.DESCRIPTOR.size + 8), st.integers(0, 255)),
+    st.builds(lambda cut: _LIVE_GOOD[:cut], st.integers(0, len(_LIVE_GOOD) - 1)),
+    st.builds(lambda extra, tail: _LIVE_GOOD[:wire.EXTRA_OFFSET] + bytes([extra]) +
+              _LIVE_GOOD[wire.EXTRA_OFFSET + 1:wire.HEADER.size] + tail,
+              st.integers(0, 255), st.binary(max_size=400)),
+))
+def test_fuzzed_live_set_frames_decode_to_valid_tensors_or_a_project_error(data):
+    try:
+        f = wire.recv_frame(FakeSocket(data), max_payload=LIMIT)
+    except (WireError, PeerError):
+        return
+    tensors = wire.live_set(f.tensor)
+    assert 1 <= len(tensors) <= wire.MAX_TENSORS
+    assert sum(t.numel() * t.element_size() for t in tensors) <= LIMIT

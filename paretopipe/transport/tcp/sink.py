@@ -231,7 +231,7 @@ class _SinkRun:
             self.forward.submit(enc, on_sent=lambda _s: f.release())
             return
         payload = wire.encode_payload(self.out)
-        rec[f"{self.name}_encode_s"] = payload.encode_s
+        rec[f"{self.name}_encode_s"] = wire.encode_seconds(payload)
         # The activation's buffer goes back to the pool once the result is on the wire: an empty
         # last stage (k = K) returns its input itself, sent straight from that buffer.
         enc = wire.frame(wire.RESULT, f.seq, payload, {k: rec[k] for k in self.fields})

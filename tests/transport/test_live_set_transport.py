@@ -1,0 +1,122 @@
+"""Cuts where several tensors cross, over both backends: one frame per batch carries the whole live
+set, a chain carries a tensor past its middle stage, and the outputs equal the unsplit model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import PYTHON
+from paretopipe.transport import inputs as data
+from tcp_helpers import builder, free_port, run_chain_in_threads, start, wait_for_line
+
+#: Inside ResNet18's layer1.0: the block's input (maxpool) crosses beside its branch.
+INSIDE_BLOCK = "maxpool+layer1_0_relu"
+LATER_INSIDE = "maxpool+layer1_0_bn2"
+
+
+def _reference(name, batch, count):
+    from paretopipe.partition import models
+
+    model = builder(name).model
+    with torch.no_grad():
+        return [model(x) for x in data.batches("synthetic", batch, models.input_size(name), count, seed=0)]
+
+
+def _check(out, ref, cuts):
+    errors = {k: v for k, v in out.items() if k.endswith("_error")}
+    assert not errors, errors
+    s1 = out["stage1"]
+    assert len(s1.outputs) == len(ref)
+    for got, want in zip(s1.outputs, ref):
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), cuts
+    return s1
+
+
+@pytest.mark.parametrize("codec", [{}, {"compression": "zstd"}, {"wire_dtype": "float16"}])
+def test_two_stages_across_a_live_set_of_two_tensors(tmp_path, codec):
+    part = builder("resnet18").partitioner
+    assert part.cut(INSIDE_BLOCK).width == 2
+    ref = _reference("resnet18", 2, 3)
+    out = run_chain_in_threads("resnet18", [INSIDE_BLOCK], tmp_path, batch_size=2, num_batches=2, warmup=1,
+                               in_flight=2, **codec)
+    if codec.get("wire_dtype") == "float16":  # both tensors travel as float16: close, not exact
+        s1 = out["stage1"]
+        assert all(torch.allclose(g, w, atol=0.05, rtol=0.01) for g, w in zip(s1.outputs, ref))
+        raw = part.payload_nbytes(INSIDE_BLOCK, 2) // 2
+    else:
+        s1 = _check(out, ref, [INSIDE_BLOCK])
+        raw = part.payload_nbytes(INSIDE_BLOCK, 2)
+    for rec in s1.record["batches"]:
+        assert rec["payload_bytes"] == raw  # the whole live set, in one frame
+        if not codec:
+            assert rec["wire_bytes"] == raw
+    assert s1.record["config"]["cuts"] == [INSIDE_BLOCK]
+
+
+def test_a_chain_carries_the_block_input_past_its_middle_stage(tmp_path):
+    part = builder("resnet18").partitioner
+    ref = _reference("resnet18", 1, 3)
+    plan = [INSIDE_BLOCK, LATER_INSIDE]
+    out = run_chain_in_threads("resnet18", plan, tmp_path, batch_size=1, num_batches=2, warmup=1)
+    s1 = _check(out, ref, plan)
+    for rec in s1.record["batches"]:
+        # Hop 1 carries maxpool and relu, hop 2 maxpool (carried through stage 2) and bn2.
+        assert rec["hop_bytes"][:2] == [part.payload_nbytes(c, 1) for c in plan]
+
+
+def test_a_live_set_cut_from_the_command_line(tmp_path):
+    port = free_port()
+    common = ["--model", "resnet18", "--cut", INSIDE_BLOCK, "--port", str(port), "--host", "127.0.0.1"]
+    s1 = start("partition1.py", *common, "--batch-size", "2", "--num-batches", "2", "--warmup", "0",
+               "--dataset", "synthetic", "--out", str(tmp_path / "s1"), "--save-outputs", str(tmp_path / "out.npz"))
+    s2 = None
+    try:
+        wait_for_line(s1, "listening", 60)
+        s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
+        assert s1.wait(120) == 0, s1.stderr.read() if s1.stderr else ""
+        assert s2.wait(60) == 0
+    finally:
+        for p in (s1, s2):
+            if p is not None and p.poll() is None:
+                p.kill()
+    logits = np.load(tmp_path / "out.npz", allow_pickle=False)["logits"]
+    assert np.allclose(logits, torch.stack(_reference("resnet18", 2, 2)).numpy(), atol=1e-5)
+    (rec_path,) = (tmp_path / "s1").glob("*.json")
+    assert json.loads(rec_path.read_text())["config"]["cuts"] == [INSIDE_BLOCK]
+
+
+@pytest.mark.slow
+def test_rpc_ranks_pass_a_live_set_on_and_carry_a_tensor_past_a_stage(tmp_path):
+    from paretopipe.partition import models
+    from tcp_helpers import run
+
+    out = tmp_path / "o.npz"
+    proc = run([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--metrics-dir", str(tmp_path),
+                "--world-size", "4", "--num-partitions", "3", "--model", "resnet18", "--batch-size", "2",
+                "--num-test-samples", "4", "--warmup", "1", "--use-pipelining", "--cut", f"{INSIDE_BLOCK},{LATER_INSIDE}",
+                "--save-outputs", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    model = models.build("resnet18")
+    with torch.no_grad():
+        ref = torch.stack([model(data.synthetic_batch(i, 2, 224)) for i in range(3)])
+    assert np.allclose(np.load(out, allow_pickle=False)["logits"], ref.numpy(), atol=1e-5)
+    (path,) = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    assert rec["config"]["cuts"] == [INSIDE_BLOCK, LATER_INSIDE] and rec["status"] == "complete"
+    part = builder("resnet18").partitioner
+    measured = [b for b in rec["batches"] if not b["warmup"]][0]
+    # The input, then each live set in one call, then the logits.
+    assert measured["hop_bytes"][1:3] == [part.payload_nbytes(c, 2) for c in (INSIDE_BLOCK, LATER_INSIDE)]
+
+
+def test_rpc_refuses_a_cut_list_that_does_not_fit_the_partitions():
+    from tcp_helpers import run
+
+    proc = run([PYTHON, "distributed_runner.py", "--local", "--world-size", "3", "--model", "resnet18",
+                "--cut", f"{INSIDE_BLOCK},{LATER_INSIDE}"], timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: 2 partitions need 1 cut(s), got --cut {INSIDE_BLOCK},{LATER_INSIDE}"]
