@@ -134,6 +134,19 @@ def run_config_from_flags(args: argparse.Namespace, model: str, cuts: list[str],
     return RunConfig(**{**common, **fields})
 
 
+def save_outputs(path: str, outputs: list[Any]) -> None:
+    """``--save-outputs``: a classifier's logits as ``logits``; a detector's boxes, scores, labels and
+    counts per image (paretopipe.partition.detection) as arrays of those names, batch after batch."""
+    import numpy as np
+    import torch
+
+    if outputs and isinstance(outputs[0], tuple):
+        names = ("boxes", "scores", "labels", "counts")
+        np.savez(path, **{n: torch.stack([o[i] for o in outputs]).numpy() for i, n in enumerate(names)})
+    else:
+        np.savez(path, logits=torch.stack(outputs).numpy())
+
+
 def adhoc_network_values(args: argparse.Namespace) -> dict[str, Any]:
     out = {key: getattr(args, key, None) for key, _ in NETWORK_VALUES}
     out["distribution"] = getattr(args, "distribution", None)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import PeerError, UsageError
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
+from .common import (ArgumentParser, save_outputs, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
                      positive_float, positive_int, read_env, run_config_from_flags, setup_logging)
 
@@ -224,10 +224,7 @@ class _MasterRun:
             print(f"error: {record['error']} (incomplete record written to {path})", file=sys.stderr, flush=True)
             rpc_ranks.hard_exit(procs, 1)
         if args.save_outputs:
-            import numpy as np
-            import torch
-
-            np.savez(args.save_outputs, logits=torch.stack(outputs).numpy())
+            save_outputs(args.save_outputs, outputs)
         backend.rpc.shutdown()
         for proc in procs:
             proc.wait(cfg.timeout_s)

@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..splits import Split
 from ..transport import aead, auth
 from ..transport.runconfig import ADAPTIVE, COMPRESSIONS, DEFAULT_MAX_PAYLOAD, OBJECTIVES, WIRE_DTYPE_NAMES
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
+from .common import (ArgumentParser, save_outputs, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
                      positive_float, positive_int, read_env, run_config_from_flags, setup_logging)
 
@@ -229,10 +229,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     finally:
         listener.close()
     if args.save_outputs:
-        import numpy as np
-        import torch
-
-        np.savez(args.save_outputs, logits=torch.stack(outcome.outputs).numpy())
+        save_outputs(args.save_outputs, outcome.outputs)
     s = outcome.record["summary"]
     extra = ""
     if cfg.adaptive:

@@ -45,6 +45,17 @@ _ANCHOR_BLOCKS: dict[str, list[str]] = {
 }
 
 
+#: Detectors' blocks (paths in their traced body; ``X.*`` is each child of X). A detector's block cut
+#: may carry several tensors: the features its pyramid takes from the backbone cross with it.
+_DETECTOR_BLOCKS: dict[str, list[str]] = {
+    "ssdlite320_mobilenet_v3_large": ["backbone.features.0.*", "backbone.features.1.*", "backbone.extra.*"],
+    "fasterrcnn_mobilenet_v3_large_fpn": ["backbone.body.*"],
+    "yolox_n": ["backbone.stem", "backbone.dark2", "backbone.dark3", "backbone.dark4", "backbone.dark5",
+                "lateral_conv0", "C3_p4", "reduce_conv1", "C3_p3", "bu_conv2", "C3_n3", "bu_conv1", "C3_n4"],
+}
+_DETECTOR_BLOCKS["yolox_s"] = _DETECTOR_BLOCKS["yolox_n"]
+
+
 @dataclasses.dataclass(frozen=True)
 class LiveTensor:
     """One tensor of a cut's live set, at the example batch size."""
@@ -166,27 +177,34 @@ class Partitioner:
         index = {n: i for i, n in enumerate(self.nodes)}
         last_use = {n: max((index[u] for u in n.users), default=-1) for n in self.nodes}
         final_values = set(self.nodes[-1].all_input_nodes)
+        # Past the last computation only outputs are live: the ``output`` baseline. Before it, a
+        # model output may cross beside the rest (a detector's pyramid level that later levels use).
+        last_compute = max((i for i, n in enumerate(self.nodes) if n.op.startswith("call_")), default=0)
         live: dict[fx.Node, None] = {}  # insertion order is graph order
         cuts: list[CutPoint] = []
-        seen: set[frozenset[fx.Node]] = set()
+        seen: dict[frozenset[fx.Node], CutPoint] = {}
+        self._cut_at: dict[int, CutPoint] = {}  # every position that is a cut: the first cut of its live set
         for pos, node in enumerate(self.nodes[:-1]):
             if node.op != "get_attr" and last_use[node] > pos:
                 live[node] = None
             live = {n: None for n in live if last_use[n] > pos}
             key = frozenset(live)
-            if not live or key in seen or key <= final_values:
+            if key in seen:
+                self._cut_at[pos] = seen[key]
+                continue
+            if not live or (key <= final_values and pos >= last_compute):
                 continue
             metas = [self._meta.get(v, (False, (), "", 0, 0)) for v in live]
             if not all(m[0] for m in metas):
                 continue  # a shape or a size crosses here: only tensors travel
             if len(live) == 1 and next(iter(live)).op == "placeholder":
                 continue
-            seen.add(key)
             tensors = tuple(LiveTensor(v.name, m[1], m[2], m[3]) for v, m in zip(live, metas))
             flops = self._meta[node][4]
             cuts.append(CutPoint("+".join(t.name for t in tensors), len(cuts), pos, tensors[0].shape,
                                  tensors[0].dtype, sum(t.nbytes for t in tensors), flops,
                                  self.total_flops - flops, tensors))
+            seen[key] = self._cut_at[pos] = cuts[-1]
         return cuts
 
     def candidate_cuts(self, max_live: int = 1) -> list[CutPoint]:
@@ -197,6 +215,8 @@ class Partitioner:
 
     def _find_blocks(self) -> list[Block]:
         canonical = self.model_name
+        if canonical in _DETECTOR_BLOCKS:
+            return self._detector_blocks(_DETECTOR_BLOCKS[canonical])
         names = _ANCHOR_BLOCKS.get(canonical or "") or self._generic_block_modules()
         last_node_of: dict[str, int] = {}
         for pos, node in enumerate(self.nodes):
@@ -215,6 +235,25 @@ class Partitioner:
             if blocks and blocks[-1].cut.name == cut.name:
                 continue
             blocks.append(Block(len(blocks) + 1, module, cut))
+        return blocks
+
+    def _detector_blocks(self, paths: list[str]) -> list[Block]:
+        modules: list[str] = []
+        for path in paths:
+            if path.endswith(".*"):
+                parent = path[:-2]
+                modules += [f"{parent}.{child}" for child, _ in self.traced.get_submodule(parent).named_children()]
+            else:
+                modules.append(path)
+        last_node_of: dict[str, int] = {}
+        for pos, node in enumerate(self.nodes):
+            for path in _module_path(node):
+                last_node_of[path] = pos
+        blocks: list[Block] = []
+        for module in modules:
+            cut = self._cut_at.get(last_node_of.get(module, -1))
+            if cut is not None and not (blocks and blocks[-1].cut.name == cut.name):
+                blocks.append(Block(len(blocks) + 1, module, cut))
         return blocks
 
     def _cut_at_or_after(self, pos: int, by_position: dict[int, CutPoint]) -> CutPoint | None:

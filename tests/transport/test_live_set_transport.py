@@ -120,3 +120,46 @@ def test_rpc_refuses_a_cut_list_that_does_not_fit_the_partitions():
                 "--cut", f"{INSIDE_BLOCK},{LATER_INSIDE}"], timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: 2 partitions need 1 cut(s), got --cut {INSIDE_BLOCK},{LATER_INSIDE}"]
+
+
+def test_a_detector_split_across_its_pyramid_over_tcp_saves_the_unsplit_boxes(tmp_path):
+    from paretopipe.partition import detection, models
+
+    name, k = "ssdlite320_mobilenet_v3_large", 19
+    b = builder(name)
+    cut = b.partitioner.cut(b.partitioner.block_cut(k))
+    assert cut.width == 3  # three pyramid levels cross
+    port = free_port()
+    common = ["--model", name, "--split", str(k), "--port", str(port), "--host", "127.0.0.1", "--threads", "1"]
+    out = tmp_path / "boxes.npz"
+    s1 = start("partition1.py", *common, "--batch-size", "1", "--num-batches", "2", "--warmup", "0",
+               "--dataset", "photos", "--out", str(tmp_path / "s1"), "--save-outputs", str(out))
+    s2 = None
+    try:
+        wait_for_line(s1, "listening", 60)
+        s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
+        assert s1.wait(180) == 0
+        assert s2.wait(60) == 0
+    finally:
+        for p in (s1, s2):
+            if p is not None and p.poll() is None:
+                p.kill()
+    saved = np.load(out, allow_pickle=False)
+    assert sorted(saved.files) == ["boxes", "counts", "labels", "scores"]
+    # On one thread, as the stages ran: the box decoder's exp turns another summation order's last
+    # bits into hundredths of a pixel.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            ref = [b.model(x) for x in data.batches("photos", 1, models.input_size(name), 2, seed=0)]
+    finally:
+        torch.set_num_threads(threads)
+    for i, want in enumerate(ref):
+        got = tuple(torch.from_numpy(saved[n][i]) for n in ("boxes", "scores", "labels", "counts"))
+        assert int(got[3][0]) > 0 and detection.same_detections(got, want) <= 1e-5
+    (path,) = (tmp_path / "s1").glob("*.json")
+    rec = json.loads(path.read_text())
+    measured = [x for x in rec["batches"] if not x["warmup"]]
+    assert all(x["payload_bytes"] == cut.nbytes for x in measured)
+    assert rec["status"] == "complete" and rec["summary"]["throughput_imgs_per_s"] > 0

@@ -69,7 +69,8 @@ class _Stage1Run(SourceEndpoint):
                     fields["hop_bytes"] = [rec.get("wire_bytes")] + [
                         fields[f"stage{j}_wire_bytes"] for j in range(2, self.num_stages)] + [f.wire_nbytes]
                 if self.keep_outputs:
-                    self.outputs[f.seq] = f.tensor.clone()
+                    self.outputs[f.seq] = tuple(t.clone() for t in f.tensor) if isinstance(f.tensor, tuple) \
+                        else f.tensor.clone()
                 self.schedule.complete(f.seq, now, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes,
                                        **fields)
                 f.release()
