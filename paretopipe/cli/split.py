@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
+from ..errors import UsageError
+from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
 
 
 def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
@@ -12,10 +13,18 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
         prog=prog, formatter_class=HelpFormatter,
         description="List the split points of a model (block-level, or every fx cut with --fine).",
         epilog=example_epilog("python -m paretopipe.split --model resnet50 --list",
-                              "python -m paretopipe.split --model mobilenetv2 --list --fine"))
-    p.add_argument("--model", required=True, help="zoo name, e.g. mobilenetv2, resnet50, vit_b_16")
+                              "python -m paretopipe.split --model mobilenetv2 --list --fine",
+                              "python -m paretopipe.split --model resnet18,yolox_n --plot cuts.png --max-live 3"))
+    p.add_argument("--model", required=True, help="zoo name, e.g. mobilenetv2, resnet50, vit_b_16, "
+                   "ssdlite320_mobilenet_v3_large (several, comma-separated, with --plot)")
     p.add_argument("--list", action="store_true", help="print the split table (the default action)")
-    p.add_argument("--fine", action="store_true", help="every fx cut instead of block cuts")
+    p.add_argument("--fine", action="store_true",
+                   help="every fx cut instead of block cuts, with the tensors that cross it (a + joins several)")
+    p.add_argument("--max-live", type=positive_int, default=None,
+                   help="with --fine or --plot: only cuts that at most this many tensors cross (default: all; "
+                        "--plot: 3)")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="draw bytes across each cut against stage 1's share of the FLOPs, a panel per model")
     p.add_argument("--num-classes", type=int, default=10)
     add_common_flags(p)
     return p
@@ -26,6 +35,36 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.sp
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
+    if args.plot:
+        return _plot(args)
+    if "," in args.model:
+        raise UsageError(f"--model {args.model}: several models go with --plot; --list takes one")
     doc = structure(args.model, args.num_classes)
-    print(doc["fine_table"] if args.fine else doc["block_table"])
+    if args.fine and args.max_live is not None:
+        print(_narrowed(doc["fine_table"], args.max_live))
+    else:
+        print(doc["fine_table"] if args.fine else doc["block_table"])
+    return 0
+
+
+def _narrowed(table: str, max_live: int) -> str:
+    """The fine table's rows of cuts that at most ``max_live`` tensors cross (column "live")."""
+    header, *rows = table.splitlines()
+    return "\n".join([header] + [r for r in rows if int(r.split()[2]) <= max_live])
+
+
+def _plot(args) -> int:
+    from ..analysis.cutplot import plot_cuts
+    from ..partition.split import cut_rows, partitioner_for
+
+    rows = {}
+    for name in [m.strip() for m in args.model.split(",")]:
+        _, part = partitioner_for(name, batch=1, num_classes=args.num_classes, structure_only=True)
+        rows[part.model_name or name] = cut_rows(part, args.max_live or 3)
+    path = plot_cuts(rows, args.plot)
+    for name, r in rows.items():
+        better = sum(x["less_than_neighbours"] for x in r)
+        print(f"{name}: {len(r)} cuts, {sum(x['width'] > 1 for x in r)} with several tensors, {better} of them "
+              f"send less than the single-tensor cuts around them")
+    print(f"written {path}")
     return 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import fx, nn
@@ -474,6 +474,25 @@ def partitioner_for(name: str, batch: int = 1, num_classes: int = 10, weights: s
         return model, Partitioner(model, torch.zeros(batch, 3, size, size, device=device), canonical)
     model = models.build(name, num_classes=num_classes, weights=weights)
     return model, Partitioner(model, torch.zeros(batch, 3, size, size), canonical)
+
+
+def cut_rows(part: Partitioner, max_live: int = 3) -> list[dict[str, Any]]:
+    """Every cut of up to ``max_live`` tensors: its width, the bytes that cross it per image, the
+    share of the model's FLOPs before it (stage 1's compute), and whether it is a multi-tensor cut
+    that sends less than both single-tensor cuts around it in graph order (the nearest before and
+    after; a cut near either end has only one)."""
+    cuts = part.candidate_cuts(max_live)
+    singles = [c for c in cuts if c.width == 1]
+    total = max(part.total_flops, 1)
+    rows = []
+    for c in cuts:
+        before = [s.nbytes for s in singles if s.position < c.position][-1:]
+        after = [s.nbytes for s in singles if s.position > c.position][:1]
+        neighbours = before + after
+        rows.append({"cut": c.name, "width": c.width, "bytes_per_image": c.nbytes // part.batch,
+                     "flops_before_pct": 100 * c.flops_before / total,
+                     "less_than_neighbours": c.width > 1 and bool(neighbours) and c.nbytes < min(neighbours)})
+    return rows
 
 
 def _human_bytes(n: int) -> str:

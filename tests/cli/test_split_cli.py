@@ -1,0 +1,44 @@
+"""``paretopipe split``: the fine table's live sets, narrowing it, and the bytes-per-cut figure."""
+
+from __future__ import annotations
+
+import subprocess
+
+from PIL import Image
+
+from conftest import PYTHON, ROOT
+
+
+def _split(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "paretopipe.split", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180)
+
+
+def test_the_fine_table_lists_live_sets_and_max_live_narrows_it():
+    every = _split("--model", "resnet18", "--list", "--fine")
+    assert every.returncode == 0, every.stderr
+    rows = every.stdout.splitlines()[1:]
+    assert len(rows) == 68 and {r.split()[2] for r in rows} == {"1", "2"}
+    wide = next(r for r in rows if r.split()[1] == "maxpool+layer1_0_relu")
+    assert wide.split()[2] == "2" and "64x56x56 + 64x56x56" in wide and "1.5 MiB" in wide
+    ones = _split("--model", "resnet18", "--list", "--fine", "--max-live", "1")
+    assert [r.split()[2] for r in ones.stdout.splitlines()[1:]] == ["1"] * 22
+
+
+def test_the_cut_figure_has_a_panel_per_model_and_says_what_it_found(tmp_path):
+    png = tmp_path / "cuts.png"
+    proc = _split("--model", "resnet18,yolox_n", "--plot", str(png), "--max-live", "2")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("resnet18: 68 cuts, 46 with several tensors")
+    assert lines[1].startswith("yolox_n: 51 cuts, 27 with several tensors")
+    assert lines[-1] == f"written {png}"
+    width, height = Image.open(png).size
+    assert width > 1.6 * height  # two panels side by side
+
+
+def test_several_models_without_a_figure_are_refused_in_one_line():
+    proc = _split("--model", "resnet18,yolox_n", "--list")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["error: --model resnet18,yolox_n: several models go with --plot; "
+                                                "--list takes one"]
