@@ -467,3 +467,14 @@ def test_fuzzed_live_set_frames_decode_to_valid_tensors_or_a_project_error(data)
     tensors = wire.live_set(f.tensor)
     assert 1 <= len(tensors) <= wire.MAX_TENSORS
     assert sum(t.numel() * t.element_size() for t in tensors) <= LIMIT
+
+
+def test_a_plain_live_set_is_sent_from_the_tensors_memory_with_one_validated_header_per_shape():
+    a, b = torch.randn(10), torch.arange(4, dtype=torch.int64)
+    first = wire.encode(wire.TENSOR, 1, (a, b))
+    second = wire.encode(wire.TENSOR, 2, (a, b))
+    assert len(first.buffers) == 3 and first.clear_nbytes == wire.HEADER.size + wire.DESCRIPTOR.size
+    a[0] = 123.0  # the queued frame's payload IS the tensor's memory
+    assert struct.unpack("<f", bytes(memoryview(second.buffers[1])[:4]))[0] == 123.0
+    f = wire.recv_frame(FakeSocket(b"".join(bytes(memoryview(x)) for x in second.buffers)))
+    assert f.seq == 2 and torch.equal(f.tensor[0], a) and torch.equal(f.tensor[1], b)
