@@ -39,6 +39,9 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
     p.add_argument("--ciphers", default="chacha20,aesgcm",
                    help="data-port ciphers whose seal and open times to measure, for predict --encrypt (none: skip)")
     add_dataset_flags(p, default="photos")
+    p.add_argument("--max-live", type=positive_int, default=1,
+                   help="profile every cut that at most this many tensors cross (a live set: skip connections, a "
+                        "detector's pyramid), so that predict --fine weighs them too; 1 is the one-tensor cuts")
     p.add_argument("--num-classes", type=positive_int, default=10)
     p.add_argument("--weights", default=None)
     p.add_argument("--out", required=True, help="device profile JSON to write, e.g. profiles/<device>-<model>.json")
@@ -60,7 +63,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
         cpushare.check_share(args.cpu_share)
     opts = ProfileOptions(model=args.model, batch_sizes=sizes, device=args.device, threads=args.threads,
                           cpus=args.cpus, cpu_share=args.cpu_share, warmup=args.warmup,
-                          repetitions=args.repetitions,
+                          repetitions=args.repetitions, max_live=args.max_live,
                           codecs=[c.strip() for c in args.codecs.split(",") if c.strip()],
                           ciphers=[c.strip() for c in args.ciphers.split(",") if c.strip() and c.strip() != "none"],
                           num_classes=args.num_classes, weights=args.weights,

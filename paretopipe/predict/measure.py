@@ -5,6 +5,9 @@ activation bytes, FLOPs and codec costs; measured once per device, read by the c
 A model with n fine cuts has n + 2 boundaries (``input``, the cuts, ``output``) and n + 1
 segments, segment i running from boundary i to boundary i + 1. Any split's stage time is a sum
 of consecutive segments, so one profile answers every split (and every multi-device plan).
+The fine cuts are those of one live tensor, or with ``max_live`` N those of up to N (and the
+block cuts, whatever they carry): a boundary's bytes are its whole live set's, and its codec
+costs are one frame of that live set.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class ProfileOptions:
     models_dir: str | None = None
     dataset: str = "photos"
     data_dir: str | None = None
+    max_live: int = 1  # boundaries: the cuts that at most this many tensors cross
 
 
 def parse_codec(text: str) -> wire.Codec:
@@ -66,7 +70,7 @@ def _median_or_mean(xs: Sequence[float], mean: bool) -> float:
     return float(statistics.fmean(xs) if mean else statistics.median(xs))
 
 
-def _round_trip(tensor: torch.Tensor, codec: wire.Codec, reps: int) -> dict[str, float]:
+def _round_trip(tensor: torch.Tensor | tuple[torch.Tensor, ...], codec: wire.Codec, reps: int) -> dict[str, float]:
     """Encode, send over a real loopback TCP connection, receive and decode, ``reps`` times."""
     listener = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(listener.getsockname())
@@ -128,17 +132,20 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     limits = apply_cpu_limits(opts.cpus, opts.threads)
     builder = StageBuilder(opts.model, opts.num_classes, opts.weights, opts.models_dir, opts.device)
     part = builder.partitioner
-    boundaries = [split.INPUT] + [c.name for c in part.cuts] + [split.OUTPUT]
-    stages = [s.to(builder.device) for s in part.stages([c.name for c in part.cuts])]
+    blocks = {part.block_cut(k) for k in range(1, part.num_blocks)}
+    cuts = [c for c in part.fine_cuts if c.width <= opts.max_live or c.name in blocks]
+    part.candidate_cuts(opts.max_live)  # a bad --max-live is refused in one line
+    boundaries = [split.INPUT] + [c.name for c in cuts] + [split.OUTPUT]
+    stages = [s.to(builder.device) for s in part.stages([c.name for c in cuts])]
     model = builder.model.to(builder.device)
     timer = StageTimer(builder.device)
-    flops = [c.flops_before for c in part.cuts]
+    flops = [c.flops_before for c in cuts]
     seg_flops = np.diff([0] + flops + [part.total_flops]) // part.batch
     doc: dict[str, Any] = {
         "schema": SCHEMA, "created_utc": records.utc_now(), "model": builder.name,
         "fingerprint": builder.fingerprint, "num_classes": opts.num_classes, "input_size": builder.input_size,
         "device": builder.device,
-        "boundaries": [{"index": i, "name": name,
+        "boundaries": [{"index": i, "name": name, "live": len(part.live_names(name)),
                         "bytes_per_image": part.payload_nbytes(name, 1)} for i, name in enumerate(boundaries)],
         "segments": [{"index": i, "start": boundaries[i], "end": boundaries[i + 1],
                       "flops_per_image": int(seg_flops[i]),
@@ -171,7 +178,7 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     with cpushare.limited(opts.cpu_share, "profile"):  # sealing runs on the stage's own share
         doc["ciphers"] = {c: aead.time_cipher(c) for c in opts.ciphers}
     doc["aes_instructions"] = aead.has_aes_instructions()
-    doc["method"] = {"warmup": opts.warmup, "repetitions": opts.repetitions,
+    doc["method"] = {"warmup": opts.warmup, "repetitions": opts.repetitions, "max_live": opts.max_live,
                      "statistic": "mean" if share_mean else "median",
                      "why_statistic": "under a CPU quota single calls are either full speed or frozen, so only "
                                       "the mean adds up across segments" if share_mean else
@@ -193,7 +200,7 @@ def _measure_batch(b: int, builder: StageBuilder, model: nn.Module, stages: list
 
     x = source_batch(0).to(device)
 
-    def chain(keep: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+    def chain(keep: bool = False) -> tuple[list[float], list[Any]]:
         times, outs, y = [], [x], x
         for stage in stages:
             y, t = timer.run(stage, y, device)
@@ -217,7 +224,7 @@ def _measure_batch(b: int, builder: StageBuilder, model: nn.Module, stages: list
     _, tensors = chain(keep=True)
     codec_rows: dict[str, list[dict[str, Any]]] = {}
     for key, codec in codecs.items():
-        codec_rows[key] = [_round_trip(t.detach().cpu(), codec, opts.codec_repetitions) for t in tensors]
+        codec_rows[key] = [_round_trip(split.to_host(t), codec, opts.codec_repetitions) for t in tensors]
     segments = [_median_or_mean([r[i] for r in seg_runs], mean) for i in range(len(stages))]
     whole = _median_or_mean(whole_runs, mean)
     # What calling a stage costs beyond its work: chained segments pay it once each, a stage once.

@@ -129,3 +129,30 @@ def test_bad_input_is_one_clear_line(mobilenet_profile, problem, args, message):
     assert proc.returncode == 2, (problem, proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], (problem, proc.stderr)
+
+
+def test_a_profile_with_live_sets_times_them_and_predict_weighs_their_bytes(tmp_path):
+    from paretopipe.partition import split as splitting
+    from paretopipe.transport import wire
+
+    out = tmp_path / "r18.json"
+    proc = _run("paretopipe.profile", "--model", "resnet18", "--threads", "1", "--max-live", "2", "--repetitions", "2",
+                "--warmup", "1", "--codecs", "float32/none", "--ciphers", "chacha20", "--batch-sizes", "1",
+                "--dataset", "synthetic", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    doc = json.loads(out.read_text())
+    _, part = splitting.partitioner_for("resnet18", batch=1, structure_only=True)
+    names = [b["name"] for b in doc["boundaries"]]
+    assert names == ["input"] + [c.name for c in part.fine_cuts] + ["output"]  # every cut of 1 or 2 tensors
+    assert doc["method"]["max_live"] == 2 and len(doc["by_batch"]["1"]["segment_compute_s"]) == len(names) - 1
+    frames = doc["by_batch"]["1"]["codecs"]["float32/none"]
+    for i, b in enumerate(doc["boundaries"]):
+        cut = part.cut(b["name"]) if b["name"] not in ("input", "output") else None
+        if cut is not None and cut.width == 2:
+            assert b["live"] == 2 and b["bytes_per_image"] == cut.nbytes
+            # One frame carries the live set: the header, one descriptor and both tensors.
+            assert frames[i]["frame_bytes"] == wire.HEADER.size + wire.DESCRIPTOR.size + cut.nbytes
+    table = _run("paretopipe.predict", "--model", "resnet18", "--device-profiles", f"{out},{out}", "--network", "lan",
+                 "--fine")
+    assert table.returncode == 0, table.stderr
+    assert "maxpool+layer1_0_relu" in table.stdout
