@@ -150,7 +150,7 @@ def _check(fut) -> None:
 
 
 # -- the master -----------------------------------------------------------------------------------
-def deliver(seq: int, result: torch.Tensor, hops: list[list[float]]) -> None:
+def deliver(seq: int, result: torch.Tensor | tuple[torch.Tensor, ...], hops: list[list[float]]) -> None:
     """Runs on the master when the last stage hands back a result."""
     now = time.monotonic()
     try:
@@ -160,7 +160,7 @@ def deliver(seq: int, result: torch.Tensor, hops: list[list[float]]) -> None:
         _STATE["schedule"].unblock()
 
 
-def _hop_fields(result: torch.Tensor, hops: list[list[float]], first: int) -> dict[str, Any]:
+def _hop_fields(result: torch.Tensor | tuple[torch.Tensor, ...], hops: list[list[float]], first: int) -> dict[str, Any]:
     """Per-stage durations and the bytes each hop carried; ``first`` is the first stage's number
     among the ranks' hops (stage 1 reports its own when the master computes it)."""
     out: dict[str, Any] = {"hop_bytes": []}
@@ -168,7 +168,7 @@ def _hop_fields(result: torch.Tensor, hops: list[list[float]], first: int) -> di
         out[f"stage{i}_queue_s"] = queue_s
         out[f"stage{i}_compute_s"] = compute_s
         out["hop_bytes"].append(int(in_bytes))
-    out["hop_bytes"].append(int(result.numel() * result.element_size()))
+    out["hop_bytes"].append(activation_nbytes(result))
     return out
 
 

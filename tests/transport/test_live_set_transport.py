@@ -163,3 +163,31 @@ def test_a_detector_split_across_its_pyramid_over_tcp_saves_the_unsplit_boxes(tm
     measured = [x for x in rec["batches"] if not x["warmup"]]
     assert all(x["payload_bytes"] == cut.nbytes for x in measured)
     assert rec["status"] == "complete" and rec["summary"]["throughput_imgs_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_rpc_ranks_split_a_detector_across_its_neck_and_return_its_boxes(tmp_path):
+    from paretopipe.partition import detection, models
+    from tcp_helpers import run
+
+    name = "yolox_n"
+    part = builder(name).partitioner
+    cuts = [part.block_cut(4), part.block_cut(9)]  # dark3 (its feature map waits for the neck), mid-neck
+    assert [part.cut(c).width for c in cuts] == [2, 3]
+    out = tmp_path / "boxes.npz"
+    proc = run([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--metrics-dir", str(tmp_path),
+                "--world-size", "4", "--num-partitions", "3", "--model", name, "--batch-size", "1",
+                "--num-test-samples", "2", "--warmup", "0", "--cut", ",".join(cuts), "--save-outputs", str(out)],
+               timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = np.load(out, allow_pickle=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks ran
+    try:
+        with torch.no_grad():
+            ref = [builder(name).model(data.synthetic_batch(i, 1, models.input_size(name))) for i in range(2)]
+    finally:
+        torch.set_num_threads(threads)
+    for i, want in enumerate(ref):
+        got = tuple(torch.from_numpy(saved[n][i]) for n in ("boxes", "scores", "labels", "counts"))
+        assert int(got[3][0]) > 0 and detection.same_detections(got, want) <= 1e-5
