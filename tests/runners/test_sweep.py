@@ -34,6 +34,27 @@ def _sweep_cmd(tmp: Path, *extra: str) -> list[str]:
             "--session", "s", "--local", "--quiet", *extra]
 
 
+@pytest.mark.slow
+def test_a_sweep_of_a_detector_measures_cuts_across_its_pyramid_like_any_split(tmp_path):
+    from paretopipe.partition import split
+
+    proc = cli.run([PYTHON, "-m", "paretopipe", "sweep", "--model", "ssdlite320_mobilenet_v3_large", "--splits",
+                    "0,15,22", "--network", "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "2",
+                    "--warmup", "1", "--out", str(tmp_path / "out"), "--session", "s", "--quiet"], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    session = tmp_path / "out" / "s"
+    runs = pd.read_csv(session / "runs.csv")
+    assert sorted(runs["split_index"]) == [0, 15, 22] and set(runs["status"]) == {"complete"}
+    _, part = split.partitioner_for("ssdlite320_mobilenet_v3_large", batch=1, structure_only=True)
+    inside = runs[runs.split_index == 15].iloc[0]
+    cut = part.cut(part.block_cut(15))
+    assert cut.width == 2 and inside["cut"] == cut.name
+    assert inside["payload_bytes_mean"] == cut.nbytes  # both tensors, one frame per batch
+    # The result is the detections (boxes, scores, labels, counts for one image), whatever the split.
+    assert set(runs["result_wire_bytes_mean"]) == {100 * 4 * 4 + 100 * 4 + 100 * 8 + 8}
+    assert (session / "report" / "pareto.csv").is_file()
+
+
 def test_parse_splits():
     assert sweep.parse_splits("all", 4) == [0, 1, 2, 3, 4]
     assert sweep.parse_splits("1,3-4,3", 4) == [1, 3, 4]
