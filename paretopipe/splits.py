@@ -1,18 +1,27 @@
-"""A split as one typed value: a block index k, an N-stage plan (k1, k2, ...), or ``adaptive``.
+"""A split as one typed value: a block index k, an N-stage plan (k1, k2, ...), a fine cut named
+by its live set (``maxpool+layer1_0_relu``), or ``adaptive``.
 
 Every form a split takes elsewhere comes from here: its label in runs.csv (``split_index``: ``3``,
-``3,9`` or ``adaptive``), its part of a configuration key (``k03``, ``k3-9``, ``kadaptive``), the
-value a run's configuration records, its number of stages, and the order tables list splits in.
+``3,9``, the cut's name or ``adaptive``), its part of a configuration key (``k03``, ``k3-9``,
+``cmaxpool.layer1_0_relu``, ``kadaptive``), the value a run's configuration records, its number of
+stages, and the order tables list splits in (block splits, then cuts, then plans, then adaptive).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from .errors import UsageError
 
 ADAPTIVE = "adaptive"
+#: A fine cut's name: fx node names joined by ``+`` (the tensors that cross it).
+CUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\+[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def is_cut_name(text: str) -> bool:
+    return bool(CUT_NAME.fullmatch(text)) and text.lower() != ADAPTIVE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,10 +33,14 @@ class Split:
     blocks: tuple[int, ...] = ()
     adaptive: bool = False
     plan: bool = False
+    cut: str = ""  # a fine cut (a live set), for the cuts --max-live adds to a sweep
 
     def __post_init__(self) -> None:
-        if self.adaptive == bool(self.blocks):
-            raise UsageError("a split is block indices or adaptive, not both and not neither")
+        if self.adaptive + bool(self.blocks) + bool(self.cut) != 1:
+            raise UsageError("a split is block indices, a cut or adaptive: exactly one of them")
+        if self.cut and not is_cut_name(self.cut):
+            raise UsageError(f"split {self.cut!r}: a cut is named by its tensors joined with + (paretopipe split "
+                             f"--list --fine)")
         if len(self.blocks) > 1 and not self.plan:
             object.__setattr__(self, "plan", True)  # several cuts are always a plan
         if any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in self.blocks):
@@ -45,10 +58,12 @@ class Split:
             text = value.strip()
             if text.lower() == ADAPTIVE:
                 return cls(adaptive=True)
+            if is_cut_name(text):
+                return cls(cut=text)
             try:
                 value = [int(p) for p in text.split(",")]
             except ValueError:
-                raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,... or {ADAPTIVE}")
+                raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,..., a cut name or {ADAPTIVE}")
             if len(value) == 1:
                 return cls((value[0],))
         if isinstance(value, (list, tuple)):
@@ -56,7 +71,7 @@ class Split:
                        plan=True)
         if hasattr(value, "__index__") and not isinstance(value, bool):  # int, numpy integers
             return cls((int(value),))
-        raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,... or {ADAPTIVE}")
+        raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,..., a cut name or {ADAPTIVE}")
 
     @property
     def stages(self) -> int:
@@ -64,16 +79,20 @@ class Split:
 
     @property
     def label(self) -> int | str:
-        """runs.csv's ``split_index``: k, ``k1,k2``, or ``adaptive``."""
+        """runs.csv's ``split_index``: k, ``k1,k2``, the cut's name, or ``adaptive``."""
         if self.adaptive:
             return ADAPTIVE
+        if self.cut:
+            return self.cut
         return ",".join(map(str, self.blocks)) if self.plan else self.blocks[0]
 
     @property
     def key(self) -> str:
-        """The split's part of a configuration key: ``k03``, ``k3-9`` or ``kadaptive``."""
+        """The split's part of a configuration key: ``k03``, ``k3-9``, ``c<cut>`` or ``kadaptive``."""
         if self.adaptive:
             return f"k{ADAPTIVE}"
+        if self.cut:  # "." where the name has "+": file names keep it, and node names never hold one
+            return "c" + self.cut.replace("+", ".")
         return "k" + "-".join(map(str, self.blocks)) if self.plan else f"k{self.blocks[0]:02d}"
 
     @property
@@ -81,12 +100,17 @@ class Split:
         """What a run's configuration records as ``split_index``."""
         if self.adaptive:
             return ADAPTIVE
+        if self.cut:
+            return self.cut
         return list(self.blocks) if self.plan else self.blocks[0]
 
     def sort_key(self) -> tuple:
-        """Block splits in numeric order, then N-stage plans, then ``adaptive``."""
+        """Block splits in numeric order, then cuts (by name: a split knows no graph), then N-stage
+        plans, then ``adaptive``."""
         if self.adaptive:
             return (2, 0, ADAPTIVE)
+        if self.cut:
+            return (0.5, 0, self.cut)
         return (1, len(self.blocks), self.blocks) if self.plan else (0, self.blocks[0], "")
 
     def __str__(self) -> str:

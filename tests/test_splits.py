@@ -23,6 +23,8 @@ from paretopipe.splits import ADAPTIVE, Split, sort_key
     ([9], "9", "k9", [9], 2),
     (ADAPTIVE, ADAPTIVE, "kadaptive", ADAPTIVE, 2),
     (" Adaptive ", ADAPTIVE, "kadaptive", ADAPTIVE, 2),
+    # A fine cut that several tensors cross (sweep --max-live): named by its live set.
+    ("maxpool+layer1_0_relu", "maxpool+layer1_0_relu", "cmaxpool.layer1_0_relu", "maxpool+layer1_0_relu", 2),
 ])
 def test_every_written_form_gives_one_split_with_its_label_key_and_config(written, label, key, config, stages):
     split = Split.of(written)
@@ -31,7 +33,7 @@ def test_every_written_form_gives_one_split_with_its_label_key_and_config(writte
     assert Split.of(split.config) == split  # a record's config reads back as the same split
 
 
-@pytest.mark.parametrize("bad", ["x", "3,x", [5, 2], -1, True, 2.5, None, ""])
+@pytest.mark.parametrize("bad", ["x y", "+x", "a++b", "3,x", [5, 2], -1, True, 2.5, None, ""])
 def test_what_is_no_split_is_refused_in_one_line_that_names_the_forms(bad):
     with pytest.raises(UsageError) as info:
         Split.of(bad)
@@ -39,9 +41,9 @@ def test_what_is_no_split_is_refused_in_one_line_that_names_the_forms(bad):
 
 
 def test_tables_list_block_splits_in_order_then_plans_then_adaptive_then_blanks():
-    written = ["adaptive", 10, "3,9", 2, "9", float("nan"), [1, 4, 8], np.int64(0)]
-    assert sorted(written, key=sort_key)[:5] == [np.int64(0), 2, "9", 10, "3,9"]
-    assert sorted(written, key=sort_key)[5:7] == [[1, 4, 8], "adaptive"]
+    written = ["adaptive", 10, "3,9", 2, "9", float("nan"), [1, 4, 8], np.int64(0), "b+c", "a+b"]
+    assert sorted(written, key=sort_key)[:7] == [np.int64(0), 2, "9", 10, "a+b", "b+c", "3,9"]
+    assert sorted(written, key=sort_key)[7:9] == [[1, 4, 8], "adaptive"]
     assert split_sort_key is sort_key
 
 

@@ -206,8 +206,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
     if opts.dry_run:
         from ..partition.structure import structure
 
-        blocks = {m: structure(m, opts.num_classes)["num_blocks"] for m in opts.models}
-        print(describe_plan(sweeper.plan(blocks), opts))
+        shapes = {m: structure(m, opts.num_classes) for m in opts.models}
+        print(describe_plan(sweeper.plan({m: s["num_blocks"] for m, s in shapes.items()},
+                                         {m: s["fine_cuts"] for m, s in shapes.items()}), opts))
         return 0
     if args.check and opts.testbed.remote:
         from ..runners.doctor import check_testbed, format_checks
@@ -286,4 +287,5 @@ def _check_splits(sweeper: Sweeper, opts: Any) -> None:
 
     for model in opts.models:
         if not is_model_file(model):
-            sweeper.splits_for(structure(model, opts.num_classes)["num_blocks"])
+            shape = structure(model, opts.num_classes)
+            sweeper.splits_for(shape["num_blocks"], shape["fine_cuts"])

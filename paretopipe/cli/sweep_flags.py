@@ -82,7 +82,12 @@ FLAGS: tuple[Flag, ...] = (
          field="", stored=NOT_STORED),
     Flag(("--models",), WHAT, "comma list of models", field="", stored=lambda o: list(o.models)),
     Flag(("--splits",), WHAT, "all, a list 1,4,8, or ranges 2-10 (0 and K are the baselines); add adaptive for the "
-         "runtime that picks the split per batch from the measured link (all,adaptive)", default="all"),
+         "runtime that picks the split per batch from the measured link (all,adaptive); fine cuts by name too, "
+         "a live set of several tensors among them (0,maxpool+layer1_0_relu,9; paretopipe split --list --fine)",
+         default="all"),
+    Flag(("--max-live",), WHAT, "widen --splits all with every fine cut that at most this many tensors cross (a "
+         "skip connection's, a detector's pyramid levels); 1 (the default) is the block splits only",
+         type=positive_int, default=1),
     Flag(("--split-blocks",), WHAT, "N-stage plans for the rpc backend, ';' between plans: 3,9;5,12 (as paretopipe "
          "predict prints them)", field="", stored=lambda o: [list(p) for p in o.plans] if o.plans else None),
     Flag(("--runs",), WHAT, "repetitions per configuration", type=positive_int, default=3),

@@ -476,6 +476,12 @@ def partitioner_for(name: str, batch: int = 1, num_classes: int = 10, weights: s
     return model, Partitioner(model, torch.zeros(batch, 3, size, size), canonical)
 
 
+def fine_cut_table(part: Partitioner) -> dict[str, list[int]]:
+    """Every fine cut in graph order: ``name -> [tensors that cross it, bytes per image]`` (what a
+    sweep needs of the cuts ``--max-live`` and ``--splits NAME`` add, without torch)."""
+    return {c.name: [c.width, c.nbytes // part.batch] for c in part.fine_cuts}
+
+
 def cut_rows(part: Partitioner, max_live: int = 3) -> list[dict[str, Any]]:
     """Every cut of up to ``max_live`` tensors: its width, the bytes that cross it per image, the
     share of the model's FLOPs before it (stage 1's compute), and whether it is a multi-tensor cut

@@ -85,7 +85,7 @@ def check_splits(ks: Iterable[Any], num_blocks: int, model: str | None = None, w
 
 
 def structure(name: str, num_classes: int = 10) -> dict[str, Any]:
-    """``{"model", "num_blocks", "block_table", "fine_table"}`` for a zoo model, from the cache or
+    """``{"model", "num_blocks", "block_table", "fine_table", "fine_cuts"}`` for a zoo model, from the cache or
     computed on the meta device (no weights) and stored. Files and registered models are computed
     every time: their code may change under the same name."""
     cacheable = "/" not in name and ":" not in name and not name.endswith(".py")
@@ -93,18 +93,18 @@ def structure(name: str, num_classes: int = 10) -> dict[str, Any]:
     if path is not None and path.is_file():
         try:
             doc = json.loads(path.read_text())
-            if {"model", "num_blocks", "block_table", "fine_table"} <= set(doc):
+            if {"model", "num_blocks", "block_table", "fine_table", "fine_cuts"} <= set(doc):
                 return doc
         except (OSError, ValueError):
             pass
     from .names import canonical_name
 
     canonical_name(name)  # an unknown name is refused here, before torch is imported to trace it
-    from .split import format_table, partitioner_for
+    from .split import fine_cut_table, format_table, partitioner_for
 
     _, part = partitioner_for(name, batch=1, num_classes=num_classes, structure_only=True)
     doc = {"model": part.model_name, "num_blocks": part.num_blocks, "block_table": format_table(part),
-           "fine_table": format_table(part, fine=True)}
+           "fine_table": format_table(part, fine=True), "fine_cuts": fine_cut_table(part)}
     if path is not None and part.model_name is not None:
         _store(path, doc)
     return doc

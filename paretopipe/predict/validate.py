@@ -90,6 +90,21 @@ def limit_mismatches(profiles: Sequence[DeviceProfile], limits: dict[str, dict[s
     return out
 
 
+def _boundary(profile: DeviceProfile, written: Any) -> tuple[int | str, int]:
+    """A measured split (a block index, or a fine cut's name from ``--max-live``) and the profile's
+    boundary it is: a fine cut is there when the profile was made with ``--max-live``."""
+    label = str(written)
+    if label.lstrip("-").isdigit():
+        k = int(label)
+        if k not in profile.blocks:
+            raise UsageError(f"split {k} of the sweep is not a block split of {profile.path}")
+        return k, profile.blocks[k]
+    if label not in profile.boundaries:
+        raise UsageError(f"split {label} of the sweep is not a boundary of {profile.path}; profile with "
+                         f"--max-live as wide as the sweep's")
+    return label, profile.boundaries.index(label)
+
+
 def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_rate: str | None = None
              ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Predict every measured TCP configuration of a sweep with its own protocol and compare."""
@@ -112,12 +127,10 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
     rows = []
     for _, c in configs.iterrows():
         up, down = LinkModel.pair(known.get(c["network"]) or get_conditions(c["network"]), base)
-        k = int(c["split_index"])
-        if k not in profiles[0].blocks:
-            raise UsageError(f"split {k} of the sweep is not a block split of {profiles[0].path}")
+        k, boundary = _boundary(profiles[0], c["split_index"])
         # The cipher its runs recorded (auto resolved): the profiles' timings of that one.
         codec = codec_key(opts.get("wire_dtype", "float32"), opts.get("compression", "none"), c["cipher"])
-        terms = chain_terms(profiles, [up], [profiles[0].blocks[k]], int(c["batch_size"]), codec, [down])
+        terms = chain_terms(profiles, [up], [boundary], int(c["batch_size"]), codec, [down])
         sim = simulate(terms, int(opts.get("num_batches", 20)), int(opts.get("warmup", 3)),
                        int(opts.get("in_flight", 1)))
         row = {"network": c["network"], "cipher": c["cipher"], "front": front_name(c["network"], c["cipher"]),

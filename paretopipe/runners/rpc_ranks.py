@@ -104,6 +104,7 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
     ``one_run(builder, transport)`` once (the command-line face) and returns its status."""
     import warnings
 
+    from ..partition.split import fine_cut_table
     from ..partition.stages import StageBuilder, apply_cpu_limits
     from ..transport import rpc as backend
 
@@ -116,7 +117,7 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
     if one_run is None:
         emit({"event": "ready", "pid": os.getpid(), "rank": opts.rank, "model": builder.name,
               "fingerprint": builder.fingerprint, "num_blocks": part.num_blocks,
-              "block_cuts": part.block_cuts(), "limits": limits})
+              "block_cuts": part.block_cuts(), "fine_cuts": fine_cut_table(part), "limits": limits})
     what = (f"rank {opts.rank} could not join the master at {opts.master_addr}:{opts.master_port}" if opts.rank else
             f"not all {opts.world_size} ranks joined at {opts.master_addr}:{opts.master_port} (start every rank "
             f"with the same MASTER_ADDR/MASTER_PORT)")

@@ -28,7 +28,7 @@ from ..manifest import node_manifest
 from ..network import deadlines, tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ..partition.structure import check_splits
-from ..splits import Split
+from ..splits import Split, is_cut_name
 from ..transport.runconfig import ADAPTIVE, RunConfig
 from . import rounds, zygote
 from .hosts import Host, Testbed
@@ -52,6 +52,13 @@ def split_adaptive(text: str) -> tuple[str, bool]:
     parts = [p.strip() for p in text.split(",")]
     kept = [p for p in parts if p.lower() != ADAPTIVE]
     return ",".join(kept), len(kept) != len(parts)
+
+
+def split_cuts(text: str) -> tuple[str, list[str]]:
+    """``--splits`` without the fine cuts it names, and those names in order."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    named = [p for p in parts if p.lower() != "all" and is_cut_name(p)]
+    return ",".join(p for p in parts if p not in named), named
 
 
 def parse_splits(text: str, num_blocks: int) -> list[int]:
@@ -150,6 +157,7 @@ class PlannedRun:
 class SweepOptions:
     models: list[str]
     splits: str = "all"
+    max_live: int = 1
     plans: list[tuple[int, ...]] | None = None
     runs: int = 3
     networks: list[str] = dataclasses.field(default_factory=lambda: ["lan"])
@@ -224,6 +232,8 @@ class GroupInfo:
     num_blocks: int
     block_cuts: list[str]
     payload_bytes_per_image: list[int] = dataclasses.field(default_factory=list)
+    # every fine cut in graph order: name -> [tensors that cross it, bytes per image]
+    fine_cuts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     limits: dict[str, Any] | None = None  # per stage: its CPU and memory limits as applied
     world_size: int | None = None  # the rpc backend's ranks
     stage_ranks: list[int] | None = None
@@ -236,6 +246,11 @@ class GroupInfo:
         info = strict.from_dict(cls, {k: v for k, v in reported.items() if k in names}, "the stage group's report")
         if len(info.block_cuts) != info.num_blocks + 1:
             raise PeerError(f"the stage group reported {len(info.block_cuts)} block cuts for {info.num_blocks} blocks")
+        for name, value in info.fine_cuts.items():
+            if not (is_cut_name(name) and isinstance(value, list) and len(value) == 2
+                    and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= strict.MAX_INT for v in value)):
+                raise PeerError(f"the stage group reported fine cut {str(name)[:60]!r} as {str(value)[:60]}, "
+                                f"not [tensors, bytes per image]")
         return info
 
 
@@ -337,25 +352,45 @@ class Sweeper:
         return True
 
     # -- plan ----------------------------------------------------------------------------------
-    def splits_for(self, num_blocks: int) -> list[Split]:
-        """The static splits (or plans), then ``adaptive`` when --splits names it."""
+    def splits_for(self, num_blocks: int, fine_cuts: dict[str, list[int]] | None = None) -> list[Split]:
+        """The static splits (or plans), then the fine cuts (named in --splits, or every cut of 2 to
+        --max-live tensors with ``all``), then ``adaptive`` when --splits names it. ``fine_cuts``:
+        the model's (:func:`paretopipe.partition.split.fine_cut_table`); without it no cut is planned."""
         if self.opts.plans:
             bad = [p for p in self.opts.plans if max(p) > num_blocks]
             if bad:
                 raise UsageError(f"--split-blocks plan {','.join(map(str, bad[0]))}: block indices go up to {num_blocks}")
             return [Split(tuple(p), plan=True) for p in self.opts.plans]
         static, adaptive = split_adaptive(self.opts.splits)
-        return ([Split((k,)) for k in parse_splits(static, num_blocks)] if static else []) + \
+        static, named = split_cuts(static)
+        blocks = [Split((k,)) for k in parse_splits(static, num_blocks)] if static else []
+        return blocks + self._cut_splits(named, fine_cuts, static.strip().lower() == "all") + \
             ([Split(adaptive=True)] if adaptive else [])
 
-    def plan(self, num_blocks: dict[str, int]) -> list[PlannedRun]:
+    def _cut_splits(self, named: list[str], fine_cuts: dict[str, list[int]] | None, every: bool) -> list[Split]:
+        limit = self.opts.max_live
+        if fine_cuts is None:
+            return []
+        for name in named:
+            if name not in fine_cuts:
+                raise UsageError(f"--splits: {name!r} is not a cut of this model (python -m paretopipe.split "
+                                 f"--list --fine lists them)")
+            if fine_cuts[name][0] > limit:
+                raise UsageError(f"--splits: {fine_cuts[name][0]} tensors cross {name}; add --max-live "
+                                 f"{fine_cuts[name][0]}")
+        wide = [n for n, (width, _) in fine_cuts.items() if 2 <= width <= limit] if every else []
+        return [Split(cut=n) for n in dict.fromkeys(named + wide)]
+
+    def plan(self, num_blocks: dict[str, int], fine_cuts: dict[str, dict[str, list[int]]] | None = None
+             ) -> list[PlannedRun]:
         """The runs of the minimum rounds (--runs), in the order they will run; --precision and drift
         checks may add more."""
         o = self.opts
         planned = []
         for model in o.models:
             for backend, cipher in self.groups():
-                configs = [(n, k) for n in o.networks for k in self.splits_for(num_blocks[model])]
+                configs = [(n, k) for n in o.networks for k in self.splits_for(num_blocks[model],
+                                                                                (fine_cuts or {}).get(model))]
                 if o.order == "sequential":
                     planned += [PlannedRun(model, backend, n, k, r, cipher=cipher) for n, k in configs
                                 for r in range(o.runs)]
@@ -417,7 +452,7 @@ class Sweeper:
         info = self.info
         adaptive = planned.split.adaptive
         blocks = [info.num_blocks] if adaptive else list(planned.split.blocks)
-        cuts = [info.block_cuts[k] for k in blocks]
+        cuts = [planned.split.cut] if planned.split.cut else [info.block_cuts[k] for k in blocks]
         rpc = planned.backend == "rpc"
         static = [k.blocks[0] for k in self.splits_for(info.num_blocks) if not (k.adaptive or k.plan)]
         extra = ({"objective": o.objective, "deadline_s": o.deadline_s,
@@ -460,7 +495,10 @@ class Sweeper:
         per_image = self.info.payload_bytes_per_image
         if planned.split.adaptive:  # any candidate may be chosen: the largest bounds them all
             blocks = range(len(per_image))
-        up = max((per_image[k] for k in blocks if k < len(per_image)), default=0) * o.batch_size * itemsize // 4
+        largest = max((per_image[k] for k in blocks if k < len(per_image)), default=0)
+        if planned.split.cut:
+            largest = self.info.fine_cuts.get(planned.split.cut, [0, 0])[1]
+        up = largest * o.batch_size * itemsize // 4
         down = o.num_classes * 4 * o.batch_size
         conditions = self.networks[planned.network] if o.link != "none" else None
         return deadlines.run_timeout_s(conditions, up, down, o.in_flight, self.compute_s)
@@ -579,7 +617,7 @@ class Sweeper:
         from tqdm import tqdm
 
         o = self.opts
-        splits = self.splits_for(self.info.num_blocks)
+        splits = self.splits_for(self.info.num_blocks, self.info.fine_cuts)
         configs = [(n, k) for n in o.networks for k in splits]
         progress = {c: rounds.ConfigProgress() for c in configs}
         max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)

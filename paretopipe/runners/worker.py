@@ -156,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     share = None
     try:
+        from ..partition.split import fine_cut_table
         from ..partition.stages import StageBuilder, apply_cpu_limits
 
         limits = apply_cpu_limits(args.cpus, args.threads)
@@ -170,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cuts = part.block_cuts()
     emit({"event": "ready", "pid": os.getpid(), "model": builder.name, "fingerprint": builder.fingerprint,
            "num_blocks": part.num_blocks, "block_cuts": cuts,
-           "payload_bytes_per_image": [part.payload_nbytes(c, 1) for c in cuts], "limits": limits})
+           "payload_bytes_per_image": [part.payload_nbytes(c, 1) for c in cuts], "fine_cuts": fine_cut_table(part),
+           "limits": limits})
     worker = StageWorker(args.role, builder, limits)
     try:
         serve_forever(worker)

@@ -34,7 +34,7 @@ class RunConfig:
 
     model: str
     cuts: list[str]
-    split_index: int | list[int] | str | None = None   # k, an N-stage plan, or "adaptive"
+    split_index: int | list[int] | str | None = None   # k, an N-stage plan, a cut's name, or "adaptive"
     batch_size: int = 8
     num_batches: int = 20
     warmup: int = 3
@@ -96,8 +96,9 @@ class RunConfig:
             raise UsageError(f"--max-batch-s {self.max_batch_s:g}: must be positive (seconds)")
         if self.link_mode not in LINK_MODES:
             raise UsageError(f"link mode {self.link_mode!r}: valid {', '.join(LINK_MODES)}")
-        if isinstance(self.split_index, str) and self.split_index != ADAPTIVE:
-            raise UsageError(f"split {self.split_index!r}: a block index k, or {ADAPTIVE}")
+        if isinstance(self.split_index, str) and self.split_index != ADAPTIVE and \
+                (len(self.cuts) != 1 or self.split_index != self.cuts[0]):
+            raise UsageError(f"split {self.split_index!r}: a block index k, the run's one cut, or {ADAPTIVE}")
         if self.adaptive and self.in_flight != 1:
             raise UsageError(f"--in-flight {self.in_flight}: the adaptive runtime keeps one batch in flight "
                              f"(it switches splits at batch boundaries); use --in-flight 1")

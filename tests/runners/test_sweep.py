@@ -55,6 +55,38 @@ def test_a_sweep_of_a_detector_measures_cuts_across_its_pyramid_like_any_split(t
     assert (session / "report" / "pareto.csv").is_file()
 
 
+@pytest.mark.slow
+def test_max_live_adds_cuts_of_several_tensors_to_a_sweep_on_both_backends(tmp_path):
+    from paretopipe.partition import split
+
+    cut = "maxpool+layer1_0_relu"
+    base = [PYTHON, "-m", "paretopipe", "sweep", "--model", "resnet18", "--network", "lan", "--runs", "1",
+            "--batch-size", "2", "--num-batches", "2", "--warmup", "1", "--out", str(tmp_path / "out"), "--quiet"]
+    # Named without --max-live: refused before anything starts, saying what to add.
+    refused = cli.run(base + ["--splits", f"0,{cut}", "--session", "x"], timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [f"error: --splits: 2 tensors cross {cut}; add --max-live 2"]
+    assert not (tmp_path / "out" / "x").exists()
+    # all --max-live 2 plans the block splits and every cut of two tensors.
+    planned = cli.run(base + ["--splits", "all", "--max-live", "2", "--dry-run", "--session", "y"], timeout=120)
+    assert planned.returncode == 0 and "56 run" in planned.stdout, planned.stdout[-500:]
+    proc = cli.run(base + ["--splits", f"0,{cut},9", "--max-live", "2", "--backend", "both", "--session", "s"],
+                   timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    session = tmp_path / "out" / "s"
+    runs = pd.read_csv(session / "runs.csv")
+    assert set(runs["status"]) == {"complete"} and len(runs) == 6
+    inside = runs[runs.split_index.astype(str) == cut]
+    assert set(inside["backend"]) == {"tcp", "rpc"} and set(inside["cut"]) == {cut}
+    _, part = split.partitioner_for("resnet18", batch=1, structure_only=True)
+    tcp = inside[inside.backend == "tcp"].iloc[0]
+    assert tcp["payload_bytes_mean"] == 2 * part.cut(cut).nbytes  # both tensors, in one frame per batch
+    assert (session / "runs" / f"{tcp['run_key']}.json").is_file() and "." in tcp["run_key"]
+    summary = pd.read_csv(session / "summary.csv")
+    assert sorted(summary["split_index"].astype(str)) == sorted(["0", "0", "9", "9", cut, cut])
+    assert (session / "report" / "pareto.csv").is_file()
+
+
 def test_parse_splits():
     assert sweep.parse_splits("all", 4) == [0, 1, 2, 3, 4]
     assert sweep.parse_splits("1,3-4,3", 4) == [1, 3, 4]
