@@ -111,7 +111,7 @@ def time_segments(builder: StageBuilder, cuts: list[str], x: torch.Tensor, repet
     segments = builder.partitioner.stages(list(cuts))
     segments = [s.to(builder.device) for s in segments]
     timer = StageTimer(builder.device)
-    x = x.to(builder.device)  # the model's input: one tensor
+    x = x.to(builder.device)
     runs, whole = [], []
     for rep in range(warmup + repetitions):
         y, times = x, []

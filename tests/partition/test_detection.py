@@ -16,13 +16,17 @@ EXPECTED = {"ssdlite320_mobilenet_v3_large": (48, 216, 21), "yolox_n": (24, 260,
             "fasterrcnn_mobilenet_v3_large_fpn": (54, 187, 17)}
 
 
+#: Faster R-CNN resizes every image to 800 px (1.6 s a forward here): every third block split of it.
+STEP = {"fasterrcnn_mobilenet_v3_large_fpn": 3}
+
+
 def _inputs(name: str, seed: int) -> torch.Tensor:
     size = models.input_size(name)
     return torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("name", DETECTORS)
-def test_every_block_split_and_the_widest_cuts_give_the_unsplit_detections(name):
+def test_the_block_splits_and_the_widest_cuts_give_the_unsplit_detections(name):
     model = models.build(name)
     x, other = _inputs(name, 1), _inputs(name, 2)
     part = split.Partitioner(model, x, name)
@@ -33,7 +37,7 @@ def test_every_block_split_and_the_widest_cuts_give_the_unsplit_detections(name)
     # depends on the image.
     assert int(ref[3][0]) > 10 and detection.same_detections(ref, ref_other) > 1000 * TOL
     widest = sorted(part.fine_cuts, key=lambda c: (-c.width, c.position))[:3]
-    for cut in [part.block_cut(k) for k in range(part.num_blocks + 1)] + [c.name for c in widest]:
+    for cut in [part.block_cut(k) for k in range(0, part.num_blocks + 1, STEP.get(name, 1))] + [c.name for c in widest]:
         stages = part.stages([cut])
         with torch.no_grad():
             got = split.run_stages(stages, x)

@@ -14,9 +14,9 @@ TOL = 1e-5
 #: Cuts per number of live tensors (the 1-tensor counts are the block-era cuts, unchanged).
 EXPECTED_WIDTHS = {"resnet18": {1: 22, 2: 46}, "efficientnet_b0": {1: 78, 2: 125, 3: 45},
                    "vit_b_16": {1: 31, 2: 109}, "mobilenetv2": {1: 72, 2: 80}}
-#: EfficientNet pools adaptively before its classifier: its cuts do not depend on the image size,
-#: so they are checked on 96 px images (5x less compute); ViT takes 224 px only, one image.
-SIZE = {"efficientnet_b0": 96}
+#: ResNet and EfficientNet pool adaptively before their classifiers: their cuts do not depend on the
+#: image size, so they are checked on small images (12x less compute); ViT takes 224 px only, one image.
+SIZE = {"resnet18": 64, "efficientnet_b0": 64}
 BATCH = {"vit_b_16": 1}
 
 

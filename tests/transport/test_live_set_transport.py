@@ -166,13 +166,13 @@ def test_a_detector_split_across_its_pyramid_over_tcp_saves_the_unsplit_boxes(tm
 
 
 @pytest.mark.slow
-def test_rpc_ranks_split_a_detector_across_its_neck_and_return_its_boxes(tmp_path):
+def test_rpc_ranks_split_a_detector_across_its_pyramid_and_return_its_boxes(tmp_path):
     from paretopipe.partition import detection, models
     from tcp_helpers import run
 
-    name = "yolox_n"
+    name = "ssdlite320_mobilenet_v3_large"
     part = builder(name).partitioner
-    cuts = [part.block_cut(4), part.block_cut(9)]  # dark3 (its feature map waits for the neck), mid-neck
+    cuts = [part.block_cut(15), part.block_cut(19)]  # the backbone's C4 map waits; then three pyramid levels
     assert [part.cut(c).width for c in cuts] == [2, 3]
     out = tmp_path / "boxes.npz"
     proc = run([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--metrics-dir", str(tmp_path),
