@@ -308,6 +308,11 @@ class Partitioner:
                              f"{examples} (list them with python -m paretopipe.split --list --fine)")
         return self._by_name[name]
 
+    def live_specs(self, name: str) -> list[tuple[tuple[int, ...], str]]:
+        """What crosses cut ``name``, tensor by tensor: its shape without the batch and its dtype (a
+        receiving stage checks each batch against it before computing)."""
+        return [(tuple(self._meta[self._node[n]][1][1:]), self._meta[self._node[n]][2]) for n in self.live_names(name)]
+
     def live_names(self, name: str) -> list[str]:
         """The node names of what crosses cut ``name``, in the order a stage takes and returns them."""
         if name == INPUT:

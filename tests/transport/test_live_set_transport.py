@@ -4,6 +4,7 @@ set, a chain carries a tensor past its middle stage, and the outputs equal the u
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -191,3 +192,50 @@ def test_rpc_ranks_split_a_detector_across_its_pyramid_and_return_its_boxes(tmp_
     for i, want in enumerate(ref):
         got = tuple(torch.from_numpy(saved[n][i]) for n in ("boxes", "scores", "labels", "counts"))
         assert int(got[3][0]) > 0 and detection.same_detections(got, want) <= 1e-5
+
+
+def test_a_frame_that_is_not_the_cuts_live_set_is_refused_and_the_real_stage_1_is_served_next():
+    from paretopipe.runners.hosts import StageProcess
+    from paretopipe.transport import tcp, wire
+    from paretopipe.transport.runconfig import RunConfig
+    from paretopipe.transport.tcp.source import run_start
+
+    secret = "live-set-secret-0123456789abcdef"
+    b = builder("resnet18")
+    cfg = RunConfig(model=b.name, cuts=[INSIDE_BLOCK], batch_size=1, num_batches=1, warmup=0, timeout_s=20)
+    worker = StageProcess("stage2", [PYTHON, "-m", "paretopipe.runners.worker", "--role", "stage2", "--model",
+                                     "resnet18", "--threads", "1"])
+    listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret.encode())
+    try:
+        worker.ready(120)
+        wrong = [torch.randn(1, 64, 56, 56),  # one tensor where two cross
+                 (torch.randn(1, 64, 56, 56), torch.randn(1, 64, 28, 28)),  # two, the second of another shape
+                 (torch.randn(1, 64, 56, 56), torch.randn(1, 64, 56, 56).double())]  # of another dtype
+        for hostile in wrong:
+            worker.send({"cmd": "connect", "host": "127.0.0.1", "port": listener.port, "secret": secret,
+                         "connect_timeout": 10})
+            worker.expect("connected", timeout=30)
+            connection = listener.connection(10)
+            connection.send(wire.RUN, meta=run_start("hostile", cfg, {"mode": "none"}, None))
+            wire.expect(connection.reader.read(time.monotonic() + 30), wire.RUN_OK)
+            connection.writer.send(wire.encode(wire.TENSOR, 0, hostile))
+            reply = connection.reader.read(time.monotonic() + 30)
+            assert reply.kind == wire.ERROR
+            reason = reply.meta["reason"]
+            assert f"what crosses {INSIDE_BLOCK} is 2 tensors: Bx64x56x56 float32, Bx64x56x56 float32" in reason
+            assert "\n" not in reason
+            connection.close()
+            worker.expect("connection_ended", timeout=30)
+            assert worker.alive()
+        # The real stage 1 is served as if nothing had happened.
+        worker.send({"cmd": "connect", "host": "127.0.0.1", "port": listener.port, "secret": secret,
+                     "connect_timeout": 10})
+        worker.expect("connected", timeout=30)
+        outcome = tcp.run_stage1(listener, b, cfg, connect_timeout=10, keep_outputs=True)
+        assert outcome.record["status"] == "complete"
+        with torch.no_grad():
+            want = b.model(data.synthetic_batch(0, 1, 224))
+        assert torch.allclose(outcome.outputs[0], want, atol=1e-5, rtol=0)
+    finally:
+        listener.close()
+        worker.stop()

@@ -172,6 +172,8 @@ class _SinkRun:
             back = Direction.from_dict(self.start.return_link) if self.start.return_link else None
             forward = Direction.from_dict(self.start.forward_link) if self.start.forward_link else None
             self.stage = self.builder.stage(self.cfg.cuts, self.index)
+            self.incoming = self.cfg.cuts[self.index - 1]
+            self.expected = self.builder.partitioner.live_specs(self.incoming)
             self.block_cuts = self.builder.partitioner.block_cuts() if self.cfg.adaptive else None
             if self.block_cuts is not None and self.cfg.cuts[0] not in self.block_cuts:
                 raise UsageError(f"an adaptive run starts at a block split, not {self.cfg.cuts[0]!r}")
@@ -299,6 +301,8 @@ class _SinkRun:
                 part1 = self._receive()
             except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
                 failure = self._relay_failure() or exc
+                if isinstance(exc, (WireError, UsageError)):  # a frame this stage refuses: say which, and why
+                    self._end_upstream(f"{self.name} refused the run: {exc}")
             finally:
                 self.work.put(None)
                 worker.join(timeout=self.cfg.timeout_s)
@@ -330,6 +334,8 @@ class _SinkRun:
                 return check_part(json_payload(f), "stage 1", True)
             if f.kind == wire.SWITCH:
                 self.work.put(_switch_stage(self.builder, f.meta, self.block_cuts))
+                self.incoming = f.meta["cuts"][0]
+                self.expected = self.builder.partitioner.live_specs(self.incoming)
                 self.switches += 1
                 continue
             if f.kind == wire.PROBE:
@@ -340,6 +346,10 @@ class _SinkRun:
                 raise WireError(f"batch {f.seq} sent twice or out of range 0..{total - 1}")
             if f.tensor is None:
                 raise WireError(f"batch {f.seq} carries no tensor")
+            got = [(tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")) for t in wire.live_set(f.tensor)]
+            if got != self.expected:
+                raise WireError(f"batch {f.seq} carries {_described(got)}; what crosses {self.incoming} is "
+                                f"{_described(self.expected)}")
             self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": f.decode_s,
                                 "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
             if f.seq >= cfg.warmup:
@@ -409,6 +419,13 @@ def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any
         x = next(inputs.batches("synthetic", cfg.batch_size, builder.input_size, 1, None, cfg.seed))
         cache[key] = time_segments(builder, builder.partitioner.block_cuts()[1:-1], x)
     return cache[key]
+
+
+def _described(specs: list[tuple[tuple[int, ...], str]]) -> str:
+    """Tensors as a line names them: ``2 tensors: Bx64x56x56 float32, Bx64x56x56 float32``."""
+    shapes = ", ".join("x".join(["B", *map(str, shape)]) + f" {dtype}" for shape, dtype in specs[:4])
+    more = f", ... ({len(specs)} in all)" if len(specs) > 4 else ""
+    return f"{len(specs)} tensor{'s' if len(specs) != 1 else ''}: {shapes}{more}"
 
 
 def _switch_stage(builder: StageBuilder, meta: dict[str, Any], block_cuts: list[str] | None) -> nn.Module:
