@@ -56,9 +56,9 @@ def split_adaptive(text: str) -> tuple[str, bool]:
 
 def split_cuts(text: str) -> tuple[str, list[str]]:
     """``--splits`` without the fine cuts it names, and those names in order."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
+    parts = [p.strip() for p in text.split(",")]
     named = [p for p in parts if p.lower() != "all" and is_cut_name(p)]
-    return ",".join(p for p in parts if p not in named), named
+    return ",".join(p for p in parts if p not in named), named  # an empty member stays, for parse_splits to refuse
 
 
 def parse_splits(text: str, num_blocks: int) -> list[int]:
