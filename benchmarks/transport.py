@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from paretopipe.partition.split import live_tensors
 from paretopipe.transport import aead, wire
 
 SIZES_MB = (0.1, 1, 4, 16)
@@ -124,7 +125,7 @@ def ours(t, n, a, b, cipher: str | None = None):
 
 def raw(t, n, a, b):
     """One tensor, or each tensor of a live set in turn, as bare bytes."""
-    data = [memoryview(x.numpy()).cast("B") for x in wire.live_set(t)]
+    data = [memoryview(x.numpy()).cast("B") for x in live_tensors(t)]
     bufs = [memoryview(bytearray(d.nbytes)) for d in data]
 
     def send(count):

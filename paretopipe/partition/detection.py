@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from .split import live_tensors
 
 SCORE_THRESHOLD = 0.001
 MAX_DETECTIONS = 100  # per image: the rows of the output
@@ -45,8 +46,7 @@ class Detector(nn.Module):
         self.pre, self.body, self.post = pre, body, post
 
     def forward(self, x: torch.Tensor) -> Detections:
-        features = self.body(self.pre(x))
-        return self.post(*(features if isinstance(features, tuple) else (features,)))
+        return self.post(*live_tensors(self.body(self.pre(x))))
 
 
 class FirstStage(nn.Module):
@@ -68,8 +68,7 @@ class LastStage(nn.Module):
         self.stage, self.post = stage, post
 
     def forward(self, *xs: torch.Tensor) -> Detections:
-        features = self.stage(*xs)
-        return self.post(*(features if isinstance(features, tuple) else (features,)))
+        return self.post(*live_tensors(self.stage(*xs)))
 
 
 def pack(detections: list[dict[str, torch.Tensor]], limit: int = MAX_DETECTIONS) -> Detections:
@@ -178,11 +177,13 @@ class _YoloxPost(nn.Module):
         for i in range(features[0].shape[0]):
             d = postprocess([o[i:i + 1] for o in outputs], conf_thres=SCORE_THRESHOLD, iou_thres=0.45,
                             input_size=self.size, max_det=MAX_DETECTIONS)
-            empty = torch.zeros(0)
-            found.append({"boxes": torch.as_tensor(d["boxes"]).reshape(-1, 4) if d["num_detections"] else empty.view(0, 4),
-                          "scores": torch.as_tensor(d["scores"]).reshape(-1) if d["num_detections"] else empty,
-                          "labels": torch.as_tensor(d["classes"]).reshape(-1).long() if d["num_detections"]
-                          else empty.long()})
+            if d["num_detections"]:  # libreyolo answers an image without detections with empty lists
+                found.append({"boxes": torch.as_tensor(d["boxes"]).reshape(-1, 4),
+                              "scores": torch.as_tensor(d["scores"]).reshape(-1),
+                              "labels": torch.as_tensor(d["classes"]).reshape(-1).long()})
+            else:
+                found.append({"boxes": torch.zeros(0, 4), "scores": torch.zeros(0),
+                              "labels": torch.zeros(0, dtype=torch.int64)})
         return pack(found)
 
 

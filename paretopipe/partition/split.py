@@ -218,10 +218,7 @@ class Partitioner:
         if canonical in _DETECTOR_BLOCKS:
             return self._detector_blocks(_DETECTOR_BLOCKS[canonical])
         names = _ANCHOR_BLOCKS.get(canonical or "") or self._generic_block_modules()
-        last_node_of: dict[str, int] = {}
-        for pos, node in enumerate(self.nodes):
-            for path in _module_path(node):
-                last_node_of[path] = pos
+        last_node_of = self._last_node_of()
         by_position = {c.position: c for c in self.cuts}
         # A cut's position may sit after trailing no-output nodes; map positions back to cuts.
         blocks: list[Block] = []
@@ -245,16 +242,21 @@ class Partitioner:
                 modules += [f"{parent}.{child}" for child, _ in self.traced.get_submodule(parent).named_children()]
             else:
                 modules.append(path)
-        last_node_of: dict[str, int] = {}
-        for pos, node in enumerate(self.nodes):
-            for path in _module_path(node):
-                last_node_of[path] = pos
+        last_node_of = self._last_node_of()
         blocks: list[Block] = []
         for module in modules:
             cut = self._cut_at.get(last_node_of.get(module, -1))
             if cut is not None and not (blocks and blocks[-1].cut.name == cut.name):
                 blocks.append(Block(len(blocks) + 1, module, cut))
         return blocks
+
+    def _last_node_of(self) -> dict[str, int]:
+        """Each module path's last node in graph order: where the module's work ends."""
+        last: dict[str, int] = {}
+        for pos, node in enumerate(self.nodes):
+            for path in _module_path(node):
+                last[path] = pos
+        return last
 
     def _cut_at_or_after(self, pos: int, by_position: dict[int, CutPoint]) -> CutPoint | None:
         if pos in by_position:

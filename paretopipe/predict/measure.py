@@ -132,9 +132,8 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     limits = apply_cpu_limits(opts.cpus, opts.threads)
     builder = StageBuilder(opts.model, opts.num_classes, opts.weights, opts.models_dir, opts.device)
     part = builder.partitioner
-    blocks = {part.block_cut(k) for k in range(1, part.num_blocks)}
-    cuts = [c for c in part.fine_cuts if c.width <= opts.max_live or c.name in blocks]
-    part.candidate_cuts(opts.max_live)  # a bad --max-live is refused in one line
+    wanted = {c.name for c in part.candidate_cuts(opts.max_live)} | {part.block_cut(k) for k in range(1, part.num_blocks)}
+    cuts = [c for c in part.fine_cuts if c.name in wanted]
     boundaries = [split.INPUT] + [c.name for c in cuts] + [split.OUTPUT]
     stages = [s.to(builder.device) for s in part.stages([c.name for c in cuts])]
     model = builder.model.to(builder.device)

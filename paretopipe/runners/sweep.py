@@ -495,9 +495,8 @@ class Sweeper:
         per_image = self.info.payload_bytes_per_image
         if planned.split.adaptive:  # any candidate may be chosen: the largest bounds them all
             blocks = range(len(per_image))
-        largest = max((per_image[k] for k in blocks if k < len(per_image)), default=0)
-        if planned.split.cut:
-            largest = self.info.fine_cuts.get(planned.split.cut, [0, 0])[1]
+        largest = (self.info.fine_cuts.get(planned.split.cut, [0, 0])[1] if planned.split.cut else
+                   max((per_image[k] for k in blocks if k < len(per_image)), default=0))
         up = largest * o.batch_size * itemsize // 4
         down = o.num_classes * 4 * o.batch_size
         conditions = self.networks[planned.network] if o.link != "none" else None

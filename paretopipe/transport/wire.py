@@ -377,13 +377,6 @@ def encode_seconds(payload: Payload | list[Payload]) -> float:
     return sum(p.encode_s for p in payload) if isinstance(payload, list) else payload.encode_s
 
 
-def live_set(tensor: torch.Tensor | tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...]:
-    """The tensors of what crosses a cut, whether one tensor or several."""
-    if tensor is None:
-        return ()
-    return tensor if isinstance(tensor, tuple) else (tensor,)
-
-
 _PLAIN: dict[tuple, tuple[bytes, type, int]] = {}  # (kind, dtype, shape) -> header, array type, bytes
 
 
@@ -758,9 +751,7 @@ class FrameReader:
             return Frame(h.kind, seq, None, meta, open_s=open_s)
         t0 = time.perf_counter()
         tensor, is_view = _decode(h, buf, 0)
-        keep = buf if is_view and pool is not None else None
-        if buf is not None and pool is not None and keep is None:
-            pool.give(buf)
+        keep = _kept(buf, is_view, pool)
         return Frame(h.kind, seq, tensor, meta, h.raw_nbytes, h.nbytes, time.perf_counter() - t0, open_s, keep,
                      pool if keep is not None else None)
 
@@ -791,9 +782,7 @@ class FrameReader:
             decoded.append(tensor)
             any_view |= is_view
             offset += t.nbytes
-        keep = buf if any_view and pool is not None else None
-        if buf is not None and pool is not None and keep is None:
-            pool.give(buf)
+        keep = _kept(buf, any_view, pool)
         return Frame(h.kind, seq, tuple(decoded), meta, sum(t.raw_nbytes for t in tensors), payload,
                      time.perf_counter() - t0, open_s, keep, pool if keep is not None else None)
 
@@ -816,6 +805,17 @@ class FrameReader:
         buf = self.pool.take(payload) if self.pool is not None else _Buffer(payload)
         buf.view[:payload] = view[meta_len:meta_len + payload]
         return view[:meta_len], buf
+
+
+def _kept(buf: _Buffer | None, viewed: bool, pool: BufferPool | None) -> _Buffer | None:
+    """The pooled buffer a frame's tensors still view (the frame's consumer releases it), else
+    nothing: a buffer no tensor views goes back to the pool now."""
+    if buf is None or pool is None:
+        return None
+    if viewed:
+        return buf
+    pool.give(buf)
+    return None
 
 
 def _frame_meta(meta_buf: Any, meta_len: int) -> dict[str, Any]:

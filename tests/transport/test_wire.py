@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from paretopipe.partition.split import live_tensors
 from paretopipe.transport import wire
 from paretopipe.errors import PeerError, WireError
 
@@ -464,7 +465,7 @@ def test_fuzzed_live_set_frames_decode_to_valid_tensors_or_a_project_error(data)
         f = wire.recv_frame(FakeSocket(data), max_payload=LIMIT)
     except (WireError, PeerError):
         return
-    tensors = wire.live_set(f.tensor)
+    tensors = live_tensors(f.tensor)
     assert 1 <= len(tensors) <= wire.MAX_TENSORS
     assert sum(t.numel() * t.element_size() for t in tensors) <= LIMIT
 

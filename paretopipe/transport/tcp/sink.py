@@ -22,6 +22,7 @@ from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...manifest import node_manifest
 from ...network.conditions import Direction
 from ...network.emulated import EmulatedLink
+from ...partition.split import live_tensors
 from ...partition.stages import StageBuilder, StageTimer, time_segments
 from ...sysmon import SystemMonitor
 from .. import inputs, pipeline, wire
@@ -346,7 +347,7 @@ class _SinkRun:
                 raise WireError(f"batch {f.seq} sent twice or out of range 0..{total - 1}")
             if f.tensor is None:
                 raise WireError(f"batch {f.seq} carries no tensor")
-            got = [(tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")) for t in wire.live_set(f.tensor)]
+            got = [(tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")) for t in live_tensors(f.tensor)]
             if got != self.expected:
                 raise WireError(f"batch {f.seq} carries {_described(got)}; what crosses {self.incoming} is "
                                 f"{_described(self.expected)}")
