@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import PeerError, UsageError
-from .common import (ArgumentParser, save_outputs, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
-                     positive_float, positive_int, read_env, run_config_from_flags, setup_logging)
+                     positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
 
 log = logging.getLogger("paretopipe.rpc")
 DEPRECATED = {"--use-local-loading": "every worker always builds its own stage locally"}

@@ -41,16 +41,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.sp
         raise UsageError(f"--model {args.model}: several models go with --plot; --list takes one")
     doc = structure(args.model, args.num_classes)
     if args.fine and args.max_live is not None:
-        print(_narrowed(doc["fine_table"], args.max_live))
+        print(_narrowed(doc, args.max_live))
     else:
         print(doc["fine_table"] if args.fine else doc["block_table"])
     return 0
 
 
-def _narrowed(table: str, max_live: int) -> str:
-    """The fine table's rows of cuts that at most ``max_live`` tensors cross (column "live")."""
-    header, *rows = table.splitlines()
-    return "\n".join([header] + [r for r in rows if int(r.split()[2]) <= max_live])
+def _narrowed(doc: dict, max_live: int) -> str:
+    """The fine table's rows of cuts that at most ``max_live`` tensors cross: its rows are the
+    structure's fine cuts, in the same order."""
+    header, *rows = doc["fine_table"].splitlines()
+    return "\n".join([header] + [r for r, (width, _) in zip(rows, doc["fine_cuts"].values()) if width <= max_live])
 
 
 def _plot(args) -> int:

@@ -11,9 +11,9 @@ from ..errors import UsageError
 from ..splits import Split
 from ..transport import aead, auth
 from ..transport.runconfig import ADAPTIVE, COMPRESSIONS, DEFAULT_MAX_PAYLOAD, OBJECTIVES, WIRE_DTYPE_NAMES
-from .common import (ArgumentParser, save_outputs, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
-                     positive_float, positive_int, read_env, run_config_from_flags, setup_logging)
+                     positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
 
 if TYPE_CHECKING:  # torch is imported where a stage runs, not for --help or a refused flag
     from ..partition.stages import StageBuilder

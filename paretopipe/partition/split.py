@@ -26,6 +26,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import UsageError
 from .structure import check_splits
 
+#: What crosses a cut: one tensor, or the live set of a cut where several cross (a tuple in graph order).
+Activation = torch.Tensor | tuple[torch.Tensor, ...]
+
 INPUT = "input"   # pseudo-cut: everything on the later stage (k = 0 baseline)
 OUTPUT = "output"  # pseudo-cut: everything on the earlier stage (k = K baseline)
 
@@ -405,27 +408,27 @@ class Partitioner:
 class PassThrough(nn.Module):
     """An empty stage (two equal cuts, or a baseline): what comes in goes out, one tensor or several."""
 
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def forward(self, *xs: torch.Tensor) -> Activation:
         return xs if len(xs) != 1 else xs[0]
 
 
-def live_tensors(x: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def live_tensors(x: Activation) -> tuple[torch.Tensor, ...]:
     """What crossed a cut as a tuple, whether one tensor or a live set of several."""
     return x if isinstance(x, tuple) else (x,)
 
 
-def activation_nbytes(x: torch.Tensor | tuple[torch.Tensor, ...]) -> int:
+def activation_nbytes(x: Activation) -> int:
     """The bytes of what crossed a cut, summed over a live set."""
     return sum(t.numel() * t.element_size() for t in live_tensors(x))
 
 
-def to_host(x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+def to_host(x: Activation) -> Activation:
     """What a stage computed, detached, on the CPU and contiguous, ready to send: one tensor or a live set."""
     moved = tuple(t.detach().cpu().contiguous() for t in live_tensors(x))
     return moved if isinstance(x, tuple) else moved[0]
 
 
-def call_stage(stage: nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+def call_stage(stage: nn.Module, x: Activation) -> Activation:
     """Run a stage on what crossed its incoming cut: one tensor, or a live set as its arguments."""
     return stage(*x) if isinstance(x, tuple) else stage(x)
 

@@ -10,8 +10,7 @@ from torch import nn
 
 from ..errors import UsageError
 from . import models, split
-
-Activation = torch.Tensor | tuple[torch.Tensor, ...]  # what crosses a cut: one tensor or a live set
+from .split import Activation
 
 
 class StageBuilder:

@@ -70,7 +70,7 @@ def _median_or_mean(xs: Sequence[float], mean: bool) -> float:
     return float(statistics.fmean(xs) if mean else statistics.median(xs))
 
 
-def _round_trip(tensor: torch.Tensor | tuple[torch.Tensor, ...], codec: wire.Codec, reps: int) -> dict[str, float]:
+def _round_trip(tensor: split.Activation, codec: wire.Codec, reps: int) -> dict[str, float]:
     """Encode, send over a real loopback TCP connection, receive and decode, ``reps`` times."""
     listener = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(listener.getsockname())

@@ -30,7 +30,7 @@ from ..errors import InfeasibleRun, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import EmulatedLink, LinkSender
-from ..partition.split import activation_nbytes, to_host
+from ..partition.split import Activation, activation_nbytes, to_host
 from ..partition.stages import StageBuilder, StageTimer
 from ..sysmon import SystemMonitor
 from . import inputs
@@ -122,7 +122,7 @@ def resources(images: int) -> dict[str, Any] | None:
     return meter.part(images)
 
 
-def forward(seq: int, x: torch.Tensor | tuple[torch.Tensor, ...], hops: list[list[float]]) -> None:
+def forward(seq: int, x: Activation, hops: list[list[float]]) -> None:
     """Run this stage on ``x`` and pass the output on; ``hops`` collects [queue_s, compute_s, in_bytes]."""
     arrived = time.monotonic()
     st = _STATE
@@ -150,7 +150,7 @@ def _check(fut) -> None:
 
 
 # -- the master -----------------------------------------------------------------------------------
-def deliver(seq: int, result: torch.Tensor | tuple[torch.Tensor, ...], hops: list[list[float]]) -> None:
+def deliver(seq: int, result: Activation, hops: list[list[float]]) -> None:
     """Runs on the master when the last stage hands back a result."""
     now = time.monotonic()
     try:
@@ -160,7 +160,7 @@ def deliver(seq: int, result: torch.Tensor | tuple[torch.Tensor, ...], hops: lis
         _STATE["schedule"].unblock()
 
 
-def _hop_fields(result: torch.Tensor | tuple[torch.Tensor, ...], hops: list[list[float]], first: int) -> dict[str, Any]:
+def _hop_fields(result: Activation, hops: list[list[float]], first: int) -> dict[str, Any]:
     """Per-stage durations and the bytes each hop carried; ``first`` is the first stage's number
     among the ranks' hops (stage 1 reports its own when the master computes it)."""
     out: dict[str, Any] = {"hop_bytes": []}
