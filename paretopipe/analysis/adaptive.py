@@ -9,6 +9,7 @@ in hindsight: the lowest median latency among the static splits measured.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +108,12 @@ def plot_over_time(session: Session, runs: pd.DataFrame, verdict: dict[str, Any]
         bottom.fill_between(cap[0], cap[1], step="post", alpha=0.3, color="tab:gray", label="trace capacity")
         bottom.set_ylabel("capacity (Mbit/s)")
     twin = bottom.twinx()
-    twin.step([b["start_s"] for b in batches], [b["split_k"] for b in batches], where="post", color="tab:red",
-              lw=1, label="adaptive split k")
-    local = [b for b in batches if b.get("served_locally")]
+    # A cut of several tensors has no block index: a gap in the line (its batches carry split_candidate).
+    k_of = [math.nan if b.get("split_k") is None else b["split_k"] for b in batches]
+    twin.step([b["start_s"] for b in batches], k_of, where="post", color="tab:red", lw=1, label="adaptive split k")
+    local = [(b["start_s"], k) for b, k in zip(batches, k_of) if b.get("served_locally")]
     if local:
-        twin.plot([b["start_s"] for b in local], [b["split_k"] for b in local], "kx", ms=4, label="served locally")
+        twin.plot([t for t, _ in local], [k for _, k in local], "kx", ms=4, label="served locally")
     twin.set_ylabel("adaptive split k", color="tab:red")
     bottom.set_xlabel("time since the link started (s)")
     handles = bottom.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]

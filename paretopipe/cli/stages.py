@@ -167,9 +167,11 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
                    help="what the chooser optimises with the cost model")
     a.add_argument("--deadline-ms", type=positive_float, default=None,
                    help="a result later than this is not waited for: stage 1 finishes the batch itself "
-                        "(default: only when stage 2 is gone)")
+                        "(adaptive default: only when stage 2 is gone). Also for a static split with --in-flight 1, "
+                        "which then serves locally while stage 2 is gone and takes it back when it reconnects")
     a.add_argument("--candidates", default=None,
-                   help="block splits the chooser may use: all (default), 1,4,8 or 2-10")
+                   help="splits the chooser may use: all block splits (default), 1,4,8 or 2-10, and cuts of several "
+                        "tensors by name (python -m paretopipe.split --list --fine)")
     a.add_argument("--device-profiles", default=None,
                    help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated; default: both "
                         "stages profile themselves briefly at start")
@@ -178,18 +180,26 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
 
 
 def adaptive_fields(args: argparse.Namespace, num_blocks: int) -> dict:
-    """The RunConfig fields of the adaptive flags (refused without --split adaptive)."""
-    given = [f for f, v in (("--deadline-ms", args.deadline_ms), ("--candidates", args.candidates),
-                            ("--device-profiles", args.device_profiles)) if v is not None]
+    """The RunConfig fields of the adaptive flags (refused without --split adaptive, except the
+    deadline, which any run with one batch in flight may have: stage 1 then finishes a late batch)."""
+    deadline = {"deadline_s": args.deadline_ms / 1e3 if args.deadline_ms else None}
+    given = [f for f, v in (("--candidates", args.candidates), ("--device-profiles", args.device_profiles))
+             if v is not None]
     if args.split_index != ADAPTIVE:
         if given or args.objective != "latency":
             raise UsageError(f"{(given or ['--objective'])[0]} applies to --split adaptive only")
-        return {}
-    from ..runners.sweep import parse_splits
-
-    return {"objective": args.objective, "deadline_s": args.deadline_ms / 1e3 if args.deadline_ms else None,
-            "candidates": parse_splits(args.candidates, num_blocks) if args.candidates else None,
+        return deadline
+    return {"objective": args.objective, **deadline,
+            "candidates": _candidates(args.candidates, num_blocks) if args.candidates else None,
             "device_profiles": args.device_profiles.split(",") if args.device_profiles else None}
+
+
+def _candidates(text: str, num_blocks: int) -> list[int | str]:
+    """``--candidates``: block splits as ``--splits`` writes them, and cuts of several tensors by name."""
+    from ..runners.sweep import parse_splits, split_cuts
+
+    blocks, named = split_cuts(text)
+    return [*(parse_splits(blocks, num_blocks) if blocks.strip(" ,") else []), *named]
 
 
 def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") -> int:
@@ -209,23 +219,20 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
                                 seed=args.seed, link_mode=link_mode, network_delay_ms_label=args.network_delay_ms,
                                 max_batch_s=args.max_batch_s, **adaptive_fields(args, builder.partitioner.num_blocks))
     observed = _observed_link(args)
+    policy = None
+    if cfg.adaptive:  # its candidates are checked before anything listens
+        from ..runners.adaptive import adaptive_policy
+
+        policy = adaptive_policy(builder, cfg)
     from ..transport import tcp
 
     listener = tcp.StageListener(tcp.listen(args.host, args.port), tcp.identity_of(builder), secret, args.max_payload,
                                  encrypt=args.encrypt)
     log.info("stage 1 listening on %s:%d (%s, cuts %s)", args.host, listener.port, builder.name, cuts)
     try:
-        if cfg.adaptive:
-            from ..runners.adaptive import AdaptiveRun
-
-            outcome = AdaptiveRun(builder, cfg, listener=listener, connection=None, conditions=conditions,
-                                  observed_link=observed, threads=args.threads, keep_outputs=bool(args.save_outputs),
-                                  connect_timeout=args.connect_timeout).run(args.out)
-        else:
-            outcome = tcp.run_stage1(listener, builder, cfg, conditions=conditions,
-                                     connect_timeout=args.connect_timeout, output_dir=args.out,
-                                     keep_outputs=bool(args.save_outputs), observed_link=observed,
-                                     threads=args.threads)
+        outcome = tcp.run_stage1(listener, builder, cfg, policy=policy, conditions=conditions,
+                                 connect_timeout=args.connect_timeout, output_dir=args.out,
+                                 keep_outputs=bool(args.save_outputs), observed_link=observed, threads=args.threads)
     finally:
         listener.close()
     if args.save_outputs:
@@ -234,8 +241,9 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     extra = ""
     if cfg.adaptive:
         a = outcome.record["manifest"]["stages"][0]["adaptive"]
-        ks = [b["split_k"] for b in outcome.record["batches"] if not b["warmup"]]
-        extra = (f", adaptive: splits used {sorted(set(ks))}, {a['switches']} switches, "
+        used = dict.fromkeys(str(b["split_k"]) if b["split_candidate"] is None else str(a["candidates"][b["split_candidate"]])
+                             for b in outcome.record["batches"] if not b["warmup"])
+        extra = (f", adaptive: splits used {', '.join(used)}, {a['switches']} switches, "
                  f"{a['served_locally']} batches served locally")
         cuts = "adaptive"
     print(f"{builder.name} cuts={cuts} latency median {_ms(s['latency_median_s'])} p95 {_ms(s['latency_p95_s'])}, "

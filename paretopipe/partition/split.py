@@ -306,6 +306,12 @@ class Partitioner:
         """The cut of every block split k = 0..K, in order (``input`` first, ``output`` last)."""
         return [self.block_cut(k) for k in range(self.num_blocks + 1)]
 
+    def boundary_cuts(self, extra: Sequence[str] = ()) -> list[str]:
+        """The block cuts and the cuts named in ``extra``, in graph order, each once: the
+        boundaries of an adaptive run's self-profile (both stages derive the same list)."""
+        named = dict.fromkeys([*self.block_cuts(), *extra])
+        return sorted(named, key=self.stage_position)
+
     def cut(self, name: str) -> CutPoint:
         if name not in self._by_name:
             examples = ", ".join(c.name for c in self.cuts[:5])

@@ -1,6 +1,7 @@
 """The adaptive split's arithmetic: a link estimate from stage 1's own frames, and a split choice
-from device profiles and the cost model, with hysteresis. No torch: the runtime (runners/adaptive.py)
-measures, this module decides.
+from device profiles and the cost model, with hysteresis, and :class:`AdaptivePolicy`, the split
+policy they make for stage 1's driver (``transport.policy``). No torch: the driver measures, this
+module decides; runners/adaptive.py builds the policy for a model.
 
 The link seen by one batch is ``net = rtt + up_bytes / goodput`` (the result coming back is a
 few bytes of logits, so its serialisation is folded into the RTT). Stage 1 knows ``net`` for every
@@ -20,7 +21,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
 from ..network.conditions import Direction
@@ -32,6 +34,9 @@ LARGE_FRAME_BYTES = 16 * 1024   # at least this: the frame measures the rate
 PROBE_BYTES = 32 * 1024
 RTT_WINDOW = 8
 PROBE_ALPHA = 0.7               # a probe is a deliberate, clean sample: it weighs more
+PROBE_INTERVAL_S = 1.0          # a rate (or RTT) sample older than this asks for a probe
+STARTUP_PINGS = 3
+STARTUP_PROBES = 2
 
 
 @dataclasses.dataclass
@@ -82,19 +87,24 @@ class LinkEstimator:
 
 
 def self_profile(model: str, batch_size: int, timings: dict[str, Any], bytes_per_image: Sequence[int],
-                 role: str) -> DeviceProfile:
-    """A device profile at block granularity from :func:`paretopipe.partition.stages.time_segments`
-    (boundary k is block split k). Codec costs are not timed in so brief a profile: they are zero
-    here, and the link estimate, measured from real frames, carries what they cost on the wire."""
+                 role: str, names: Sequence[str] | None = None, blocks: dict[int, int] | None = None) -> DeviceProfile:
+    """A device profile from :func:`paretopipe.partition.stages.time_segments`: by default at block
+    granularity (boundary k is block split k); with ``names`` (every boundary's) and ``blocks``
+    (block split -> boundary), at the block cuts and the cuts of several tensors a run may choose,
+    each boundary's bytes the sum of what crosses it. Codec costs are not timed in so brief a
+    profile: they are zero here, and the link estimate, measured from real frames, carries what
+    they cost on the wire."""
     n = len(bytes_per_image)
+    names = list(names) if names is not None else [f"k{k}" for k in range(n)]
+    blocks = blocks if blocks is not None else {k: k for k in range(n)}
     segs = timings["segment_compute_s"]
     if len(segs) != n - 1:
         raise UsageError(f"{role}'s self-profile has {len(segs)} segments for {n} block boundaries")
     rows = [{"encode_s": 0.0, "decode_s": 0.0, "frame_bytes": int(b) * batch_size, "wire_bytes": int(b) * batch_size,
              "loopback_transfer_s": 0.0} for b in bytes_per_image]
     doc = {"schema": SCHEMA, "model": model, "self_profile": True, "role": role,
-           "boundaries": [{"index": k, "name": f"k{k}", "bytes_per_image": int(b)} for k, b in enumerate(bytes_per_image)],
-           "blocks": {str(k): k for k in range(n)},
+           "boundaries": [{"index": i, "name": names[i], "bytes_per_image": int(b)} for i, b in enumerate(bytes_per_image)],
+           "blocks": {str(k): i for k, i in blocks.items()},
            "by_batch": {str(batch_size): {"segment_compute_s": list(segs), "whole_model_s": timings["whole_model_s"],
                                           "source_s": 0.0, "call_overhead_s": timings["call_overhead_s"],
                                           "codecs": {RESULT_CODEC: rows}}},
@@ -104,35 +114,49 @@ def self_profile(model: str, batch_size: int, timings: dict[str, Any], bytes_per
     return DeviceProfile(doc, f"{role}-self-profile")
 
 
+#: A candidate split: a block index k, or the name of a cut (one where several tensors cross).
+Candidate = int | str
+
+
+def boundary_of(profile: DeviceProfile, candidate: Candidate) -> int | None:
+    """Where ``candidate`` lies among ``profile``'s boundaries (``None``: the profile lacks it)."""
+    if isinstance(candidate, str):
+        return profile.boundaries.index(candidate) if candidate in profile.boundaries else None
+    return profile.blocks.get(candidate)
+
+
 @dataclasses.dataclass
 class Choice:
-    split: int
+    split: Candidate
     switched: bool
-    predicted: dict[int, float]   # candidate k -> modelled latency (s) or throughput (img/s)
+    predicted: dict[Candidate, float]   # candidate -> modelled latency (s) or throughput (img/s)
 
 
 class SplitChooser:
-    """Picks the block split that minimises modelled latency (or maximises throughput) for the
-    current link estimate. Hysteresis: a new split must beat the current one by ``margin`` (relative)
-    on ``patience`` consecutive decisions, so noise in the estimate does not make it flap."""
+    """Picks the split that minimises modelled latency (or maximises throughput) for the current
+    link estimate, among block splits and, by name, cuts where several tensors cross (the cost
+    model sums their bytes: the profiles' boundaries carry the sum). Hysteresis: a new split must
+    beat the current one by ``margin`` (relative) on ``patience`` consecutive decisions, so noise
+    in the estimate does not make it flap."""
 
-    def __init__(self, profiles: Sequence[DeviceProfile], batch_size: int, candidates: Sequence[int],
+    def __init__(self, profiles: Sequence[DeviceProfile], batch_size: int, candidates: Sequence[Candidate],
                  objective: str = "latency", codec: str = RESULT_CODEC, margin: float = 0.1,
                  patience: int = 2) -> None:
         if len(profiles) != 2:
             raise UsageError("the adaptive split chooses between two stages: give two device profiles")
         self.profiles, self.batch_size, self.codec = list(profiles), batch_size, codec
         self.objective, self.margin, self.patience = objective, margin, patience
-        blocks = profiles[0].blocks
-        missing = [k for k in candidates if k not in blocks or k not in profiles[1].blocks]
+        boundary = {k: boundary_of(profiles[0], k) for k in candidates}
+        missing = [k for k in candidates if boundary[k] is None or boundary_of(profiles[1], k) != boundary[k]]
         if missing:
-            raise UsageError(f"split {missing[0]} is not a block split of these profiles "
-                             f"(they have 0..{max(blocks)})")
-        self.candidates = sorted(set(candidates))
-        self.boundary = {k: blocks[k] for k in self.candidates}
-        self._streak: tuple[int, int] | None = None
+            raise UsageError(f"split {missing[0]} is not a boundary of these profiles (block splits "
+                             f"0..{max(profiles[0].blocks)}; profile with --max-live for cuts of several tensors)")
+        # In graph order, so ties go to the earlier split whatever the candidates' kinds.
+        self.candidates = sorted(set(candidates), key=lambda k: boundary[k])
+        self.boundary = {k: boundary[k] for k in self.candidates}
+        self._streak: tuple[Candidate, int] | None = None
 
-    def predict(self, k: int, estimate: LinkEstimate) -> float:
+    def predict(self, k: Candidate, estimate: LinkEstimate) -> float:
         """Modelled latency (s) or throughput (img/s) of split ``k`` over the estimated link."""
         half = (estimate.rtt_s or 0.0) / 2
         up = LinkModel("estimate", Direction(delay_s=half, rate_bps=estimate.goodput_bps))
@@ -146,7 +170,7 @@ class SplitChooser:
             return a < b * (1 - self.margin)
         return a > b * (1 + self.margin)
 
-    def choose(self, current: int | None, estimate: LinkEstimate) -> Choice:
+    def choose(self, current: Candidate | None, estimate: LinkEstimate) -> Choice:
         predicted = {k: self.predict(k, estimate) for k in self.candidates}
         pick = min if self.objective == "latency" else max
         best = pick(self.candidates, key=lambda k: predicted[k])
@@ -162,3 +186,79 @@ class SplitChooser:
             self._streak = None
             return Choice(best, True, predicted)
         return Choice(current, False, predicted)
+
+
+class AdaptivePolicy:
+    """The adaptive split as a :class:`paretopipe.transport.policy.SplitPolicy`: a link estimate
+    from the driver's observations, a choice from the chooser with its hysteresis, and the probes
+    the estimate needs when the chosen split's frames cannot show the rate (or the RTT).
+
+    ``cut_of`` maps every candidate (and ``local``, the split that keeps all work on stage 1) to its
+    cut's name; ``profiles_from`` turns stage 2's RUN_OK meta into the two device profiles, once."""
+
+    adaptive = True
+
+    def __init__(self, cut_of: dict[Candidate, str], candidates: Sequence[Candidate], local: Candidate,
+                 profiles_from: Callable[[dict[str, Any]], list[DeviceProfile]], *, batch_size: int,
+                 objective: str = "latency", codec: str = RESULT_CODEC,
+                 summary: dict[str, Any] | None = None) -> None:
+        self.cut_of, self.candidates, self.local = cut_of, list(candidates), local
+        self.key_of = {cut: k for k, cut in cut_of.items()}
+        self.profiles_from, self.batch_size = profiles_from, batch_size
+        self.objective, self.codec = objective, codec
+        self.estimator = LinkEstimator()
+        self.chooser: SplitChooser | None = None
+        self.free_choice = True
+        self.last_rate_sample = self.last_rtt_sample = time.monotonic()
+        self.notes = {"candidates": self.candidates, "objective": objective, **(summary or {})}
+
+    def start(self, peer_meta: dict[str, Any]) -> None:
+        # A stage 2 that came back starts from a free choice; the profiles are the first ones.
+        if self.chooser is None:
+            self.chooser = SplitChooser(self.profiles_from(peer_meta), self.batch_size, self.candidates,
+                                        self.objective, self.codec)
+        self.free_choice = True
+
+    def startup_probes(self) -> Sequence[int]:
+        self.last_rate_sample = self.last_rtt_sample = time.monotonic()
+        return [0] * STARTUP_PINGS + [PROBE_BYTES] * STARTUP_PROBES
+
+    def cuts_for(self, seq: int, current: list[str] | None) -> tuple[list[str], dict[str, Any]]:
+        est = self.estimator.estimate
+        fields: dict[str, Any] = est.as_fields()
+        split = self.local
+        if current is not None and self.chooser is not None:
+            # The first choice on a connection is free; later ones pass the hysteresis.
+            before = None if self.free_choice else self.key_of.get(current[0])
+            choice = self.chooser.choose(before, est)
+            self.free_choice = False
+            split = choice.split
+            fields["predicted_s" if self.objective == "latency" else "predicted_imgs_per_s"] = choice.predicted[split]
+        # A batch record holds numbers only: a cut of several tensors is its place among the candidates.
+        fields.update(split_k=split if isinstance(split, int) else None,
+                      split_candidate=self.candidates.index(split) if split in self.candidates else None)
+        return [self.cut_of[split]], fields
+
+    def observe(self, up_bytes: int, net_s: float, kind: str) -> None:
+        now = time.monotonic()
+        if kind == "probe":
+            self.estimator.observe(up_bytes, net_s, PROBE_ALPHA)
+            self.last_rate_sample = now
+            return
+        self.estimator.observe(up_bytes, net_s)
+        if kind == "ping":
+            self.last_rtt_sample = now
+        elif kind == "result":  # a batch that met its deadline shows the rate, or the RTT, by its size
+            if up_bytes >= LARGE_FRAME_BYTES:
+                self.last_rate_sample = now
+            elif up_bytes <= SMALL_FRAME_BYTES:
+                self.last_rtt_sample = now
+
+    def probes_due(self, now: float) -> Sequence[int]:
+        """A rate probe when the split's frames are too small to show the rate, a ping when they
+        are too large to show the RTT."""
+        return [size for size, last in ((PROBE_BYTES, self.last_rate_sample), (0, self.last_rtt_sample))
+                if now - last >= PROBE_INTERVAL_S]
+
+    def summary(self) -> dict[str, Any]:
+        return dict(self.notes)

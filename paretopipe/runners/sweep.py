@@ -454,7 +454,9 @@ class Sweeper:
         blocks = [info.num_blocks] if adaptive else list(planned.split.blocks)
         cuts = [planned.split.cut] if planned.split.cut else [info.block_cuts[k] for k in blocks]
         rpc = planned.backend == "rpc"
-        static = [k.blocks[0] for k in self.splits_for(info.num_blocks) if not (k.adaptive or k.plan)]
+        # The adaptive run chooses among the sweep's two-stage splits: block splits, and cuts by name.
+        static = [k.blocks[0] if k.blocks else k.cut for k in self.splits_for(info.num_blocks, info.fine_cuts)
+                  if not (k.adaptive or k.plan)]
         extra = ({"objective": o.objective, "deadline_s": o.deadline_s,
                   "candidates": static if len(static) > 1 else None} if adaptive else {})
         warmed = not adaptive and not o.warmup_every_run and self._warm_key(planned, cuts) in self.warmed

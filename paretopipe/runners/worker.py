@@ -89,20 +89,16 @@ class StageWorker:
             cfg = RunConfig.from_dict(cmd.config)
             self.connection = self.listener.connection(cmd.connect_timeout, self.connection)
             conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
+            policy = None
             if cfg.adaptive:
-                from .adaptive import AdaptiveRun
+                from .adaptive import adaptive_policy
 
-                run = AdaptiveRun(self.builder, cfg, listener=self.listener, connection=self.connection,
-                                  conditions=conditions, observed_link=cmd.observed_link, threads=threads,
-                                  limits=self.limits, connect_timeout=cmd.connect_timeout, keep_connection=True)
-                try:
-                    outcome = run.run()
-                finally:
-                    self.connection = run.connection_after
-                emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
-                return
-            outcome = tcp.run_on_connection(self.connection, self.builder, cfg, conditions=conditions,
-                                            observed_link=cmd.observed_link, threads=threads, limits=self.limits)
+                policy = adaptive_policy(self.builder, cfg)
+            connection, self.connection = self.connection, None
+            outcome = tcp.run_on_connection(connection, self.builder, cfg, policy=policy, listener=self.listener,
+                                            conditions=conditions, observed_link=cmd.observed_link, threads=threads,
+                                            limits=self.limits)
+            self.connection = outcome.connection  # a stage 2 that came back during the run, or the same one
             emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
         else:
             if self.serving.is_set():

@@ -30,6 +30,10 @@ class SourceEndpoint:
         """Fields the batch's record starts with."""
         return {}
 
+    def actions(self) -> list[pipeline.Action]:
+        """The schedule this endpoint runs (a backend may settle each batch before the next)."""
+        return pipeline.source_actions(self.schedule.total)
+
     def load(self, seq: int) -> None:
         self.x = next(self._batches)
 
@@ -48,7 +52,7 @@ class SourceEndpoint:
         self._batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.input_size, self.schedule.total,
                                               cfg.data_dir, cfg.seed, cfg.prefetch_batches)
         try:
-            pipeline.drive(pipeline.source_actions(self.schedule.total), self)
+            pipeline.drive(self.actions(), self)
         finally:
             if isinstance(self._batches, inputs.Prefetcher):
                 self._batches.close()

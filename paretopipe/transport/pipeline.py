@@ -9,7 +9,9 @@ the result) runs through :func:`drive`.
 
 The data source's actions per batch are ``load`` (the next input), ``admit`` (wait for a slot in
 the window of ``in_flight`` batches, then stamp the batch's start on the source's clock),
-``compute`` (its own part) and ``send``; after the last batch, ``drain`` waits for every result.
+``compute`` (its own part) and ``send``; a guarded run (a deadline, or an adaptive split) then
+``settle``s the batch (its result, or the rest of the model at the source); after the last batch,
+``drain`` waits for every result.
 A later stage's are ``recv`` (the next batch its endpoint has buffered), ``compute`` and ``send``
 (to the next stage, or the result back towards the source). Results are taken off the link by
 the endpoint as they arrive, so a result's time is stamped when it lands, not when the driver
@@ -21,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator
 
-OPS = ("load", "admit", "compute", "send", "drain", "recv")
+OPS = ("load", "admit", "compute", "send", "settle", "drain", "recv")
 #: What an endpoint's ``recv`` returns when its upstream has finished the run (no more batches).
 STOP = object()
 
@@ -38,10 +40,13 @@ class Action:
             raise ValueError(f"unknown pipeline action {self.op!r}; valid: {', '.join(OPS)}")
 
 
-def source_actions(total: int) -> list[Action]:
-    """The data source's schedule for ``total`` batches (warm-up included)."""
-    acts = [Action(op, i) for i in range(total) for op in ("load", "admit", "compute", "send")]
-    return acts + [Action("drain")]
+def source_actions(total: int, settle: bool = False) -> list[Action]:
+    """The data source's schedule for ``total`` batches (warm-up included). With ``settle`` each
+    batch is settled before the next is loaded: its result waited for up to a deadline, or the
+    batch finished at the source (a guarded run: one batch in flight, the split free to change
+    between two)."""
+    ops = ("load", "admit", "compute", "send") + (("settle",) if settle else ())
+    return [Action(op, i) for i in range(total) for op in ops] + [Action("drain")]
 
 
 def stage_actions(total: int) -> list[Action]:

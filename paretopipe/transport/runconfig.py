@@ -65,11 +65,12 @@ class RunConfig:
     world_size: int | None = None
     num_partitions: int | None = None
     # The adaptive runtime (split_index "adaptive"): what it optimises, the deadline after which
-    # stage 1 finishes a batch itself, the block splits it may choose (None: all) and device
-    # profiles (paths on stage 1's host; None: both stages profile themselves at start).
+    # stage 1 finishes a batch itself (any run with one batch in flight may have one), the splits
+    # it may choose (None: all block splits) and device profiles (paths on stage 1's host; None:
+    # both stages profile themselves at start).
     objective: str = "latency"
     deadline_s: float | None = None
-    candidates: list[int] | None = None
+    candidates: list[int | str] | None = None   # block splits, and cuts of several tensors by name
     device_profiles: list[str] | None = None
     # Energy and memory (paretopipe.energy): how often each stage reads its power sensors, each
     # stage's declared idle power and the power one busy core adds (the modelled energy of a host
@@ -102,6 +103,9 @@ class RunConfig:
         if self.adaptive and self.in_flight != 1:
             raise UsageError(f"--in-flight {self.in_flight}: the adaptive runtime keeps one batch in flight "
                              f"(it switches splits at batch boundaries); use --in-flight 1")
+        if self.deadline_s is not None and self.in_flight != 1:
+            raise UsageError(f"--deadline-ms with --in-flight {self.in_flight}: a deadline settles each batch "
+                             f"before the next; use --in-flight 1")
         if self.objective not in OBJECTIVES:
             raise UsageError(f"--objective {self.objective!r}: valid {', '.join(OBJECTIVES)}")
         if self.deadline_s is not None and not self.deadline_s > 0:

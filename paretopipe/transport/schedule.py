@@ -41,6 +41,10 @@ class BatchSchedule:
         self.on_measured_start: Callable[[], None] | None = None
         self.on_measured_complete: Callable[[], None] | None = None
 
+    def start_clock(self) -> None:
+        """Count the batches' times from now (a run whose link starts after its setup)."""
+        self.t0 = self._progress_at = time.monotonic()
+
     def acquire(self, check: Callable[[], None]) -> None:
         """Wait for a free slot in the window, calling ``check`` (which raises on a dead peer)."""
         deadline = time.monotonic() + self.timeout_s

@@ -114,8 +114,12 @@ def cases() -> list[tuple[str, list[str], str]]:
                            ("objective", ["--objective", "speed"], "--objective"),
                            ("deadline", ["--deadline-ms", "0"], "--deadline-ms")):
         add(f"stage1-adaptive-{i}", adaptive + extra, what)
-    add("stage1-deadline-static", ["stage1", "--model", "resnet18", "--split", "2", "--deadline-ms", "100"],
+    # A static split may have a deadline (its driver then serves late batches locally), with one batch in flight.
+    add("stage1-deadline-in-flight", ["stage1", "--model", "resnet18", "--split", "2", "--deadline-ms", "100",
+                                      "--in-flight", "2"], "a deadline settles each batch before the next")
+    add("stage1-candidates-static", ["stage1", "--model", "resnet18", "--split", "2", "--candidates", "1,2"],
         "applies to --split adaptive only")
+    add("stage1-candidates-unknown-cut", adaptive + ["--candidates", "2,no+such"], "is not a cut of resnet18")
     add("sweep-adaptive-rpc", ["sweep", "--model", "resnet18", "--local", "--splits", "2,adaptive", "--backend", "rpc",
                                "--dry-run"], "TCP backend")
     add("sweep-adaptive-in-flight", ["sweep", "--model", "resnet18", "--local", "--splits", "adaptive",

@@ -248,3 +248,44 @@ def test_sweep_runs_adaptive_beside_static_splits_and_reports_the_comparison(tmp
     assert verdict["adaptive_over_best_latency"] == pytest.approx(row["latency_median_s"] / best)
     assert (session / "report" / "adaptive_mobilenet_v2_trace-step.png").stat().st_size > 10_000
     assert "adaptive median" in done.stdout
+
+
+@pytest.mark.slow
+def test_adaptive_run_switches_to_a_cut_of_two_tensors_named_among_its_candidates(tmp_path):
+    """A candidate named by cut: both stages self-profile at its boundary, stage 1 moves stage 2
+    there with SWITCH (from the block split it starts at), two tensors cross in every frame, and
+    the outputs equal the unsplit model."""
+    fine = "features_2_conv_3+features_3_conv_3"
+    port = str(free_port())
+    total = 12
+    common = ["--model", MODEL, "--split", "adaptive", "--port", port, "--threads", "1", "--connect-timeout", "90"]
+    s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total),
+               "--warmup", "0", "--candidates", fine, "--out", str(tmp_path / "s1"),
+               "--save-outputs", str(tmp_path / "out.npz"))
+    s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
+    assert s1.wait(240) == 0, s1.stderr.read()
+    assert s2.wait(60) == 0, s2.stderr.read()
+    assert f"splits used {fine}" in s1.stdout.read()
+    rec = _record(tmp_path / "s1")
+    adaptive = rec["manifest"]["stages"][0]["adaptive"]
+    assert rec["status"] == "complete" and adaptive["candidates"] == [fine] and rec["config"]["candidates"] == [fine]
+    assert all(b["split_k"] is None and b["split_candidate"] == 0 and not b["served_locally"] for b in rec["batches"])
+    part = builder(MODEL).partitioner
+    assert part.cut(fine).width == 2
+    assert {b["payload_bytes"] for b in rec["batches"]} == {part.payload_nbytes(fine, 1)}
+    assert rec["batches"][0]["switched"] and adaptive["switches"] == 1
+    assert rec["manifest"]["stages"][1]["adaptive"]["switches_applied"] == 1
+    # Both self-profiles were timed at the same boundaries: the block cuts and the named one.
+    profiles = adaptive["self_profiles"]
+    assert len(profiles["stage1"]["segment_compute_s"]) == len(profiles["stage2"]["segment_compute_s"]) == \
+        part.num_blocks + 1
+    _assert_outputs_equal_unsplit(tmp_path / "out.npz", total)
+
+
+def test_an_unknown_candidate_cut_is_refused_in_one_line_before_anything_starts(tmp_path):
+    done = cli.run([cli.PYTHON, "partition1.py", "--model", MODEL, "--split", "adaptive", "--port", str(free_port()),
+                    "--host", "127.0.0.1", "--candidates", "4,nosuch+cut", "--connect-timeout", "1"], timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: adaptive candidate 'nosuch+cut' is not a cut of mobilenet_v2; python -m paretopipe.split "
+        "--model mobilenet_v2 --list --fine names them"]

@@ -103,3 +103,14 @@ def test_an_endpoint_failure_ends_the_schedule_there():
     with pytest.raises(RuntimeError, match="stage broke"):
         drive(stage_actions(5), ep)
     assert ep.calls[-1] == ("recv", 1) and ("send", 1) not in ep.calls
+
+
+def test_a_guarded_source_settles_each_batch_before_it_loads_the_next():
+    """One batch in flight at a time by construction: settle (the result, or the rest of the model
+    at the source) comes between a batch's send and the next batch's load, so a split may change
+    between two batches and never under one."""
+    acts = source_actions(2, settle=True)
+    assert acts == [Action("load", 0), Action("admit", 0), Action("compute", 0), Action("send", 0), Action("settle", 0),
+                    Action("load", 1), Action("admit", 1), Action("compute", 1), Action("send", 1), Action("settle", 1),
+                    Action("drain")]
+    assert source_actions(3) == [a for a in source_actions(3, settle=True) if a.op != "settle"]

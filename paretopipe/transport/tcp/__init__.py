@@ -35,7 +35,7 @@ next (``partition2.py --next-port``); it is a sink that forwards:
 Every stage writes the same record with every stage's part; latency is still stamped on stage
 1's clock alone. Each hop's frames take the network's up direction, results the down direction.
 
-An adaptive run (``split_index`` "adaptive", driven by runners/adaptive.py) adds three control
+An adaptive run (``split_index`` "adaptive", its policy built by runners/adaptive.py) adds three control
 frames: stage 2 answers RUN_OK with its own brief self-profile; SWITCH {cuts} between two batches
 moves the split from the next batch on (stage 2 holds every segment); PROBE (a few bytes or a
 fixed-size filler) is answered at once by PROBE_ACK, so stage 1 can measure the link between
@@ -62,11 +62,11 @@ from .connection import Connection, FrameSender, connect_with_retry, is_loopback
 from .handshake import HANDSHAKE_TIMEOUT_S, MAX_PENDING_HANDSHAKES, StageListener, identity_of, open_connection
 from .messages import RESULT_META_FIELDS, check_part, json_payload, result_duration, safe_run_id
 from .outcome import RunOutcome, assemble_record, link_manifest_of, write_record
-from .sink import Downstream, self_profile_timings, serve_connection
+from .sink import Downstream, self_profile_cuts, self_profile_timings, serve_connection
 from .source import run_on_connection, run_stage1
 
 __all__ = ["Connection", "Downstream", "FrameSender", "HANDSHAKE_TIMEOUT_S", "MAX_PENDING_HANDSHAKES", "RESULT_META_FIELDS",
            "RunOutcome", "StageListener", "assemble_record", "check_part", "connect_with_retry", "identity_of",
            "is_loopback", "json_payload", "link_manifest_of", "listen", "open_connection", "result_duration",
-           "run_on_connection", "run_stage1", "safe_run_id", "self_profile_timings", "serve_connection",
+           "run_on_connection", "run_stage1", "safe_run_id", "self_profile_cuts", "self_profile_timings", "serve_connection",
            "write_record"]

@@ -26,6 +26,7 @@ class RunOutcome:
     record: dict[str, Any]
     path: Path | None
     outputs: list[torch.Tensor] | None = None
+    connection: Any = None  # stage 1's connection still open after the run (a guarded run's may be a new one)
 
 
 def link_manifest_of(conditions: NetworkConditions | None, emulated: bool, observed: dict | None,

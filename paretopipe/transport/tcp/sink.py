@@ -175,8 +175,9 @@ class _SinkRun:
             self.stage = self.builder.stage(self.cfg.cuts, self.index)
             self.incoming = self.cfg.cuts[self.index - 1]
             self.expected = self.builder.partitioner.live_specs(self.incoming)
-            self.block_cuts = self.builder.partitioner.block_cuts() if self.cfg.adaptive else None
-            if self.block_cuts is not None and self.cfg.cuts[0] not in self.block_cuts:
+            # The cuts an adaptive run may SWITCH to (an unknown candidate is refused here, by name).
+            self.switchable = self_profile_cuts(self.builder, self.cfg) if self.cfg.adaptive else None
+            if self.switchable is not None and self.cfg.cuts[0] not in self.builder.partitioner.block_cuts():
                 raise UsageError(f"an adaptive run starts at a block split, not {self.cfg.cuts[0]!r}")
             if self.index < stages - 1:
                 if downstream is None:
@@ -334,7 +335,7 @@ class _SinkRun:
             if f.kind == wire.RECORDS:
                 return check_part(json_payload(f), "stage 1", True)
             if f.kind == wire.SWITCH:
-                self.work.put(_switch_stage(self.builder, f.meta, self.block_cuts))
+                self.work.put(_switch_stage(self.builder, f.meta, self.switchable))
                 self.incoming = f.meta["cuts"][0]
                 self.expected = self.builder.partitioner.live_specs(self.incoming)
                 self.switches += 1
@@ -410,15 +411,23 @@ def _stage_named(meta: Any) -> str:
     return f"stage {stage + 1 if ok else 2}"
 
 
+def self_profile_cuts(builder: StageBuilder, cfg: RunConfig) -> list[str]:
+    """The boundaries of an adaptive run's self-profile, and the cuts it may switch to: every
+    block cut and the run's candidates named by cut (both stages derive them from the RUN)."""
+    return builder.partitioner.boundary_cuts([c for c in cfg.candidates or [] if isinstance(c, str)])
+
+
 def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
-    """This node's block segment times at the run's batch size, measured once per process and
-    batch size (a sweep's later adaptive runs reuse it; each run records it)."""
-    key = ("self_profile", cfg.batch_size)
+    """This node's segment times between the self-profile's boundaries at the run's batch size,
+    measured once per process, batch size and boundaries (a sweep's later adaptive runs reuse
+    it; each run records it)."""
+    cuts = self_profile_cuts(builder, cfg)
+    key = ("self_profile", cfg.batch_size, tuple(cuts))
     cache = builder.timings
     if key not in cache:
         cpushare.join_compute_thread()  # under the same CPU share as the stage's compute
         x = next(inputs.batches("synthetic", cfg.batch_size, builder.input_size, 1, None, cfg.seed))
-        cache[key] = time_segments(builder, builder.partitioner.block_cuts()[1:-1], x)
+        cache[key] = time_segments(builder, cuts[1:-1], x)
     return cache[key]
 
 
@@ -429,9 +438,11 @@ def _described(specs: list[tuple[tuple[int, ...], str]]) -> str:
     return f"{len(specs)} tensor{'s' if len(specs) != 1 else ''}: {shapes}{more}"
 
 
-def _switch_stage(builder: StageBuilder, meta: dict[str, Any], block_cuts: list[str] | None) -> nn.Module:
-    """Stage 2's part for the split a SWITCH names: one of the model's block cuts, nothing else."""
+def _switch_stage(builder: StageBuilder, meta: dict[str, Any], switchable: list[str] | None) -> nn.Module:
+    """Stage 2's part for the split a SWITCH names: a block cut or one of the run's named
+    candidates, nothing else."""
     cuts = meta.get("cuts")
-    if not (isinstance(cuts, list) and len(cuts) == 1 and block_cuts and cuts[0] in block_cuts):
-        raise WireError(f"SWITCH names {str(cuts)[:80]!r}; an adaptive run switches between block cuts only")
+    if not (isinstance(cuts, list) and len(cuts) == 1 and switchable and cuts[0] in switchable):
+        raise WireError(f"SWITCH names {str(cuts)[:80]!r}; an adaptive run switches between block cuts and "
+                        f"the cuts its candidates name only")
     return builder.stage(cuts, 1)

@@ -1,10 +1,19 @@
 """Stage 1 of a TCP run, the data source: it reads the inputs, computes its part, keeps up to
 ``in_flight`` batches outstanding and stamps each one's latency on its own clock alone (a run's
-frames are drawn in the package's docstring)."""
+frames are drawn in the package's docstring).
+
+A :class:`~paretopipe.transport.policy.SplitPolicy` decides each batch's cuts: a static run's
+are the run's own, an adaptive run's follow the link (SWITCH announces a change before the batch
+that uses it). A *guarded* run (an adaptive one, or any run given ``deadline_s``) keeps one batch
+in flight and waits for each result up to the deadline: a result that does not come in time, or a
+stage 2 that is gone, is finished here from the activation already computed (``served_locally``),
+a late result is dropped by its sequence number, and a stage 2 that connects again to the
+listener gets the RUN replayed and the next batches."""
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from pathlib import Path
@@ -13,76 +22,236 @@ from typing import Any, Callable
 import torch
 
 from ... import cpushare, records
-from ...errors import ParetoPipeError
+from ...errors import ParetoPipeError, PeerError
 from ...manifest import node_manifest
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink
 from ...partition.stages import StageBuilder, StageTimer
 from ...sysmon import SystemMonitor
-from .. import wire
+from .. import pipeline, wire
 from ..endpoint import SourceEndpoint
+from ..policy import SplitPolicy, StaticPolicy
 from ..resources import ResourceMeter, stage_meter
 from ..runconfig import RunConfig
 from ..schedule import BatchSchedule, status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
-from .messages import check_part, read_result_meta
+from .messages import RESULT_META_FIELDS, check_part, json_payload, read_result_meta, result_duration
 from .outcome import (RunOutcome, assemble_record, cipher_usage, later_parts, link_manifest_of, merge_peer_seals,
                       write_record)
 
 log = logging.getLogger("paretopipe.tcp")
+#: What a guarded run counts (the record's stage-1 manifest, ``adaptive`` or ``fallback``).
+COUNTS = ("switches", "served_locally", "deadline_misses", "peer_losses", "reconnects", "late_results_dropped",
+          "probes", "probe_bytes")
+
+
+class _Next:
+    """The next stage as stage 1 sees it: the connection, its ordered sender, the cuts it runs,
+    and a thread that reads what comes back. A streaming run hands each result to ``on_result``
+    the moment it lands; otherwise every frame (and the reason reading ended) waits in ``inbox``."""
+
+    def __init__(self, connection: Connection, link: EmulatedLink | None, cuts: list[str],
+                 on_result: Callable[[wire.Frame, float], None] | None = None,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self.connection, self.cuts = connection, list(cuts)
+        self.sender = FrameSender(connection.writer, link, "stage1-send")
+        self.inbox: queue.Queue = queue.Queue()
+        self.on_result, self.on_error = on_result, on_error
+        self.reader = threading.Thread(target=self._read, name="stage1-recv", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                f = self.connection.reader.read()
+                now = time.monotonic()
+                if self.on_result is not None and f.kind != wire.RECORDS:
+                    self.on_result(wire.expect(f, wire.RESULT), now)
+                    continue
+                self.inbox.put((f, now))
+                if f.kind == wire.RECORDS:
+                    return
+        except BaseException as exc:
+            self.inbox.put((exc, time.monotonic()))
+            if self.on_error is not None:
+                self.on_error(exc)
+
+    def await_frame(self, kind: int, seq: int, deadline: float,
+                    late: Callable[[], None] = lambda: None) -> tuple[wire.Frame | None, float, str | None]:
+        """The next ``kind`` frame for ``seq``: (frame, arrival, None), or (None, when, why). An
+        earlier batch's result (after its deadline) is released, and ``late`` counts it."""
+        while True:
+            try:
+                item, arrived = self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None, time.monotonic(), "deadline"
+            if isinstance(item, BaseException):
+                return None, arrived, f"{type(item).__name__}: {item}"
+            if item.kind not in (wire.RESULT, wire.PROBE_ACK, wire.RECORDS):
+                item.release()
+                return None, arrived, f"unexpected {wire.KIND_NAMES.get(item.kind, item.kind)} frame"
+            if item.kind == kind and item.seq == seq:
+                return item, arrived, None
+            if item.kind == wire.RESULT:
+                late()
+            item.release()
+
+    def close(self, bye: bool = False) -> None:
+        self.sender.close(timeout=1.0)
+        self.connection.close(bye=bye)
 
 
 class _Stage1Run(SourceEndpoint):
-    """Stage 1's endpoint: computes its part, sends it to stage 2 through the run's sender, and
-    takes every result off the connection on a thread of its own as it arrives."""
+    """Stage 1's endpoint: starts the run on the next stage, computes its part with the cuts the
+    policy gives, sends it, and takes every result off the connection as it arrives (a guarded
+    run settles each batch before the next: the result, or the rest of the model here)."""
 
-    def __init__(self, connection: Connection, builder: StageBuilder, cfg: RunConfig, link: EmulatedLink | None,
-                 keep_outputs: bool, meter: ResourceMeter) -> None:
+    def __init__(self, connection: Connection, builder: StageBuilder, cfg: RunConfig, policy: SplitPolicy, *,
+                 run_id: str, conditions: NetworkConditions | None, link_manifest: dict[str, Any],
+                 listener: StageListener | None, keep_outputs: bool, meter: ResourceMeter) -> None:
         schedule = BatchSchedule(cfg)
         super().__init__(cfg, builder.input_size, schedule, cfg.timeout_s * (1 + schedule.total))
-        self.connection, self.builder, self.link = connection, builder, link
-        self.keep_outputs = keep_outputs
-        self.stage = builder.stage(cfg.cuts, 0)
-        self.num_stages = len(cfg.cuts) + 1
+        self.builder, self.policy, self.run_id = builder, policy, run_id
+        self.conditions, self.link_manifest, self.listener = conditions, link_manifest, listener
+        self.keep_outputs, self.meter = keep_outputs, meter
+        self.guarded = policy.adaptive or cfg.deadline_s is not None
+        self.first_connection = connection
+        self.link: EmulatedLink | None = None
+        self.next: _Next | None = None
         self.timer = StageTimer(builder.device)
         self.codec = wire.Codec(cfg.compression, cfg.compression_level, cfg.wire_dtype)
         # The energy window: the first measured batch's start to the last one's result.
         schedule.on_measured_start, schedule.on_measured_complete = meter.begin, meter.end
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, Any] = {}
         self.error: BaseException | None = None
-        self.sender: FrameSender | None = None
         self.sealed = connection.channel is not None
-        self.out: torch.Tensor | None = None
+        self.cuts: list[str] = list(cfg.cuts)  # the batch's, between admit and send
+        self.out: Any = None
+        self.sent_at = 0.0
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.events: list[dict[str, Any]] = []
+        self._probe_seq = 0
 
-    def _receive(self) -> None:
+    # -- the next stage ------------------------------------------------------------------------
+    def _start_next(self, connection: Connection, cuts: list[str], deadline: float) -> dict[str, Any]:
+        """RUN on ``connection`` (the first time, or replayed to a stage 2 that came back)."""
+        connection.sock.settimeout(self.cfg.timeout_s)
+        connection.send(wire.RUN, meta=run_start(self.run_id, self.cfg.replace(cuts=cuts), self.link_manifest,
+                                                 self.conditions))
+        ok = wire.expect(connection.reader.read(deadline), wire.RUN_OK)
+        if self.guarded:
+            connection.sock.settimeout(None)  # the deadline is kept per batch, not by the socket
+        streaming = None if self.guarded else self._landed
+        self.next = _Next(connection, self.link, cuts, streaming, None if self.guarded else self._failed)
+        self.policy.start(ok.meta or {})
+        return ok.meta or {}
+
+    def open(self) -> None:
+        """Start the run on the next stage; the link (and a trace's replay) starts once the policy
+        has what it needs, the policy's startup probes are timed, then the batches' clock starts."""
+        cfg = self.cfg
+        # An adaptive stage 2 profiles itself before its RUN_OK: it gets longer to answer.
+        self._start_next(self.first_connection, list(cfg.cuts),
+                         time.monotonic() + cfg.timeout_s + (120 if self.policy.adaptive else 0))
+        if self.conditions is not None:
+            self.link = EmulatedLink(self.conditions.up, seed=cfg.seed)
+            self.link_manifest.update(link_manifest_of(self.conditions, True, None, self.link))
+            self.next.sender.close()
+            self.next.sender = FrameSender(self.first_connection.writer, self.link, "stage1-send")
+        for size in self.policy.startup_probes():
+            self._probe(size)
+        self.schedule.start_clock()  # batch times count from the link's start, like the trace's replay
+
+    def _lose_next(self, why: str, seq: int) -> None:
+        log.warning("stage 1: stage 2 lost at batch %d (%s); serving locally until one connects", seq, why)
+        self.counts["peer_losses"] += 1
+        self.events.append({"seq": seq, "event": "peer_lost", "why": why[:200]})
+        if self.next is not None:
+            self.next.close()
+        self.next = None
+
+    def _reconnect(self, seq: int) -> None:
+        if self.listener is None:
+            return
         try:
-            for _ in range(self.schedule.total):
-                f = wire.expect(self.connection.reader.read(), wire.RESULT)
-                # The reader has decoded the result already: now is when it is usable.
-                now = time.monotonic()
-                fields = read_result_meta(f.meta, self.num_stages, self.sealed)
-                if self.sealed:
-                    fields["result_open_s"] = f.open_s
-                if self.num_stages > 2:  # what crossed each hop, the result's way back last
-                    rec = self.schedule.batches.get(f.seq, {})
-                    fields["hop_bytes"] = [rec.get("wire_bytes")] + [
-                        fields[f"stage{j}_wire_bytes"] for j in range(2, self.num_stages)] + [f.wire_nbytes]
-                if self.keep_outputs:
-                    self.outputs[f.seq] = tuple(t.clone() for t in f.tensor) if isinstance(f.tensor, tuple) \
-                        else f.tensor.clone()
-                self.schedule.complete(f.seq, now, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes,
-                                       **fields)
-                f.release()
-        except BaseException as exc:
-            self.error = exc
-            self.schedule.unblock()
+            connection = self.listener.connection(0.001)
+        except PeerError:
+            return
+        local = self.policy.cuts_for(seq, None)[0] if self.policy.adaptive else list(self.cfg.cuts)
+        try:
+            self._start_next(connection, local, time.monotonic() + self.cfg.timeout_s)
+        except (ParetoPipeError, OSError) as exc:
+            connection.close()
+            log.warning("stage 1: a returning stage 2 failed its RUN: %s", exc)
+            return
+        self.counts["reconnects"] += 1
+        self.events.append({"seq": seq, "event": "reconnected", "address": connection.address})
+
+    def _probe(self, nbytes: int) -> None:
+        """Time one PROBE round trip through the link (between batches) for the policy."""
+        payload = torch.zeros(nbytes, dtype=torch.uint8) if nbytes else None
+        enc = wire.encode(wire.PROBE, self._probe_seq, payload)
+        sent = time.monotonic()
+        self.next.sender.submit(enc)
+        f, arrived, why = self.next.await_frame(wire.PROBE_ACK, self._probe_seq, sent + self.cfg.timeout_s,
+                                                self._late)
+        self._probe_seq += 1
+        if f is None:
+            raise PeerError(f"probe unanswered ({why})")
+        f.release()
+        self.policy.observe(enc.wire_nbytes, arrived - sent, "probe" if nbytes else "ping")
+        self.counts["probes"] += 1
+        self.counts["probe_bytes"] += enc.total_nbytes
+
+    def _late(self) -> None:
+        self.counts["late_results_dropped"] += 1  # an earlier batch's result, after its deadline
+
+    # -- a streaming run's results ---------------------------------------------------------------
+    def _landed(self, f: wire.Frame, now: float) -> None:
+        """A result off the link (the reader has decoded it: now is when it is usable)."""
+        num_stages = len(self.cfg.cuts) + 1
+        fields = read_result_meta(f.meta, num_stages, self.sealed)
+        if self.sealed:
+            fields["result_open_s"] = f.open_s
+        if num_stages > 2:  # what crossed each hop, the result's way back last
+            rec = self.schedule.batches.get(f.seq, {})
+            fields["hop_bytes"] = [rec.get("wire_bytes")] + [
+                fields[f"stage{j}_wire_bytes"] for j in range(2, num_stages)] + [f.wire_nbytes]
+        self._keep(f.seq, f.tensor)
+        self.schedule.complete(f.seq, now, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes, **fields)
+        f.release()
+
+    def _failed(self, exc: BaseException) -> None:
+        self.error = exc
+        self.schedule.unblock()
+
+    def _keep(self, seq: int, result: Any) -> None:
+        if self.keep_outputs:
+            self.outputs[seq] = tuple(t.detach().clone() for t in result) if isinstance(result, tuple) \
+                else result.detach().clone()
 
     def check(self) -> None:
+        if self.guarded:
+            return  # a guarded run finds a lost stage 2 when it settles a batch
         if self.error is not None:
             raise self.error
-        if self.sender is not None and self.sender.error is not None:
-            raise self.sender.error
+        if self.next is not None and self.next.sender.error is not None:
+            raise self.next.sender.error
+
+    # -- the schedule's actions ------------------------------------------------------------------
+    def admit(self, seq: int) -> None:
+        if self.guarded and self.next is None:
+            self._reconnect(seq)
+        self.schedule.acquire(self.check)
+        self.cuts, fields = self.policy.cuts_for(seq, self.next.cuts if self.next else None)
+        if self.guarded:
+            fields.update(served_locally=False, switched=False)
+        self.rec = self.schedule.start(seq, **fields)
+
+    def compute(self, seq: int) -> None:
+        self.out, compute_s = self.timer.run(self.builder.stage(self.cuts, 0), self.x, self.builder.device)
+        self.rec["stage1_compute_s"] = compute_s
 
     def _on_sent(self, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
         """Stamps a batch's send time (and, sealed, what sealing took, which is part of it)."""
@@ -90,83 +259,156 @@ class _Stage1Run(SourceEndpoint):
             return lambda s: rec.update(stage1_send_s=s, stage1_seal_s=enc.seal_s)
         return lambda s: rec.__setitem__("stage1_send_s", s)
 
-    def compute(self, seq: int) -> None:
-        self.out, compute_s = self.timer.run(self.stage, self.x, self.builder.device)
-        self.rec["stage1_compute_s"] = compute_s
-
     def send(self, seq: int) -> None:
-        enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(self.out, self.codec))
-        self.rec.update(stage1_encode_s=enc.encode_s, payload_bytes=enc.raw_nbytes, wire_bytes=enc.wire_nbytes)
-        self.sender.submit(enc, on_sent=self._on_sent(self.rec, enc))
+        if self.next is None:
+            return  # a guarded run with no stage 2: settle serves the batch here
+        try:
+            if self.cuts != self.next.cuts:
+                self.next.sender.submit(wire.encode(wire.SWITCH, seq, meta={"cuts": list(self.cuts)}))
+                self.next.cuts = list(self.cuts)
+                self.rec["switched"] = True
+                self.counts["switches"] += 1
+            enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(self.out, self.codec))
+            self.rec.update(stage1_encode_s=enc.encode_s, payload_bytes=enc.raw_nbytes, wire_bytes=enc.wire_nbytes)
+            self.sent_at = time.monotonic()
+            self.next.sender.submit(enc, on_sent=self._on_sent(self.rec, enc))
+        except (ParetoPipeError, OSError) as exc:
+            if not self.guarded:
+                raise
+            self._lose_next(str(exc), seq)
+
+    def settle(self, seq: int) -> None:
+        """A guarded run's batch ends here: its result within the deadline, else the rest of the
+        model on this node; then the policy's observation and the probes it asks for."""
+        rec, cfg = self.rec, self.cfg
+        f, why, arrived = None, "no stage 2", time.monotonic()
+        if self.next is not None:
+            limit = cfg.deadline_s if cfg.deadline_s is not None else cfg.timeout_s
+            f, arrived, why = self.next.await_frame(wire.RESULT, seq, self.sent_at + limit, self._late)
+        if f is not None:
+            durations = {k: result_duration(f.meta.get(k), k) for k in RESULT_META_FIELDS}
+            work2 = sum(v or 0.0 for v in durations.values()) + (f.decode_s or 0.0)
+            self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work2, "result")
+            self._keep(seq, f.tensor)
+            self.schedule.complete(seq, arrived, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes,
+                                   **durations)
+            f.release()
+        else:
+            if why == "deadline":
+                self.counts["deadline_misses"] += 1
+                rec["deadline_missed"] = True
+                # The batch took at least this long on the network: let the estimate know.
+                self.policy.observe(rec["wire_bytes"], arrived - self.sent_at, "late")
+            elif self.next is not None:
+                self._lose_next(why, seq)
+            # The rest of the model, from the activation already computed (all of it at k = K).
+            result, local_s = self.timer.run(self.builder.stage([self.cuts[0]], 1), self.out, self.builder.device)
+            self._keep(seq, result)
+            self.counts["served_locally"] += 1
+            self.schedule.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s)
+        for size in self.policy.probes_due(time.monotonic()) if self.next is not None else ():
+            try:
+                self._probe(size)
+            except (ParetoPipeError, OSError) as exc:
+                self._lose_next(str(exc), seq)
+                break
 
     def run(self) -> None:
         cpushare.join_compute_thread()  # data generation and stage 1 run on this thread
-        self.sender = FrameSender(self.connection.writer, self.link, "stage1-send")
-        receiver = threading.Thread(target=self._receive, name="stage1-recv", daemon=True)
-        receiver.start()
         try:
             super().run()
         finally:
-            self.sender.close()
-            receiver.join(1.0)
+            if self.next is not None:
+                self.next.sender.close()
+
+    def actions(self) -> list[pipeline.Action]:
+        return pipeline.source_actions(self.schedule.total, settle=self.guarded)
+
+    # -- after the run ---------------------------------------------------------------------------
+    def summary(self) -> tuple[str, dict[str, Any]] | None:
+        """The stage-1 manifest's account of the split's decisions (``None`` for a plain run)."""
+        if not self.guarded:
+            return None
+        body = {**self.counts, **self.policy.summary(), "deadline_s": self.cfg.deadline_s,
+                "events": self.events[-200:]}
+        return ("adaptive" if self.policy.adaptive else "fallback"), body
+
+    def exchange(self, part1: dict[str, Any]) -> list[dict[str, Any]]:
+        """Stage 1's part to the next stage (which writes the record where the anchor did); the
+        later stages' parts back."""
+        nxt = self.next
+        nxt.sender.close()
+        nxt.connection.send_json(wire.RECORDS, part1)
+        f, _, why = nxt.await_frame(wire.RECORDS, 0, time.monotonic() + self.cfg.timeout_s, self._late)
+        if f is None:
+            raise PeerError(f"stage 2 sent no records ({why})")
+        later = later_parts(check_part(json_payload(f), "stage 2", False), 2, len(nxt.cuts) + 1)
+        merge_peer_seals([part1, *later])
+        return later
 
 
 def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunConfig, *,
+                      policy: SplitPolicy | None = None, listener: StageListener | None = None,
                       conditions: NetworkConditions | None = None, observed_link: dict | None = None,
                       threads: int | None = None, limits: dict[str, Any] | None = None,
                       keep_outputs: bool = False, output_dir: str | Path | None = None) -> RunOutcome:
-    """One run as stage 1 over an established connection. The record is written into ``output_dir``
-    (if given) even when the run fails: ``"status": "incomplete"`` with the batches that completed;
-    the error is raised afterwards, and the connection is then closed."""
-    run_id = records.new_run_id(builder.name, cfg.cuts[0])
+    """One run as stage 1 over an established connection, its split decided by ``policy`` (by
+    default the run's own cuts). The record is written into ``output_dir`` (if given) even when the
+    run fails: ``"status": "incomplete"`` with the batches that completed; the error is raised
+    afterwards, and the connection is then closed. A guarded run may end on a stage 2 that came
+    back to ``listener``: the outcome's ``connection`` is the one still open, for the next run."""
+    policy = policy or StaticPolicy(cfg.cuts)
+    run_id = records.new_run_id(builder.name, cfg.split_index if policy.adaptive else cfg.cuts[0])
     emulated = conditions is not None and cfg.link_mode == "emulated"
-    link = EmulatedLink(conditions.up, seed=cfg.seed) if emulated else None
     manifest1 = node_manifest(builder.device, threads, role="stage1", weights_fingerprint=builder.fingerprint,
                               limits=limits)
-    link_manifest = link_manifest_of(conditions, emulated, observed_link, link)
+    link_manifest = link_manifest_of(conditions, emulated, observed_link)
     failure: BaseException | None = None
     later: list[dict[str, Any]] = []
-    run: _Stage1Run | None = None
     started = time.monotonic()
     sealed_before = connection.channel.usage() if connection.channel else None
-    connection.sock.settimeout(cfg.timeout_s)
     meter = stage_meter(builder, cfg, 0)  # before RUN: a first run measures idle power while stage 2 is idle too
+    run = _Stage1Run(connection, builder, cfg, policy, run_id=run_id, conditions=conditions if emulated else None,
+                     link_manifest=link_manifest, listener=listener, keep_outputs=keep_outputs, meter=meter)
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon, meter:
         try:
-            connection.send(wire.RUN, meta=run_start(run_id, cfg, link_manifest, conditions if emulated else None))
-            wire.expect(connection.reader.read(time.monotonic() + cfg.timeout_s), wire.RUN_OK)
-            run = _Stage1Run(connection, builder, cfg, link, keep_outputs, meter)
-            log.info("stage 1: run %s started with %s", run_id, connection.address)
+            cpushare.join_compute_thread()
+            run.open()
+            log.info("%s: run %s started with %s", "adaptive" if policy.adaptive else "stage 1", run_id,
+                     connection.address)
             run.run()
         except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
             failure = exc
     mon.stop()
     status, error = status_of(failure)
-    part1 = {"manifest": {**manifest1, "cipher": cipher_usage(connection, sealed_before),
-                          "energy_sensors": meter.manifest()}, "sysmon": mon.summary(),
-             "batches": run.schedule.records() if run else [],
+    manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before), "energy_sensors": meter.manifest()}
+    if run.summary() is not None:
+        key, body = run.summary()
+        manifest1[key] = body
+    part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.schedule.records(),
              "resources": meter.part(cfg.num_batches * cfg.batch_size)}
-    if failure is None:
-        # Stage 1's part to stage 2 (which writes the record where the anchor did); stage 2's manifest
-        # and system metrics back.
+    if failure is None and run.next is not None:
         try:
-            connection.send_json(wire.RECORDS, part1)
-            back = check_part(connection.recv_json(wire.RECORDS, time.monotonic() + cfg.timeout_s), "stage 2", False)
-            later = later_parts(back, 2, len(cfg.cuts) + 1)
-            merge_peer_seals([part1, *later])
+            later = run.exchange(part1)
         except (ParetoPipeError, OSError) as exc:
             log.warning("stage 1: records exchange with stage 2 failed: %s", exc)
             failure = exc
+    after = run.next.connection if run.next is not None else None
     if failure is not None:
+        for c in {connection, after} - {None}:
+            c.close()
+        after = None
+    elif after is not connection:
         connection.close()
-    connection.runs += 1
+    if after is not None:
+        after.runs += 1
     record = assemble_record(run_id, status, error, cfg, [part1, *later], link_manifest,
                              {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
     path = write_record(record, output_dir)
     if failure is not None and status == "incomplete":  # "infeasible" is a measured outcome
         raise failure
-    outputs = [run.outputs[s] for s in sorted(run.outputs)] if keep_outputs and run else None
-    return RunOutcome(record, path, outputs)
+    outputs = [run.outputs[s] for s in sorted(run.outputs)] if keep_outputs else None
+    return RunOutcome(record, path, outputs, after)
 
 
 def run_start(run_id: str, cfg: RunConfig, link_manifest: dict[str, Any],
@@ -182,13 +424,16 @@ def run_start(run_id: str, cfg: RunConfig, link_manifest: dict[str, Any],
 
 
 def run_stage1(listener: StageListener, builder: StageBuilder, cfg: RunConfig, *, connect_timeout: float = 60.0,
-               **kw: Any) -> RunOutcome:
-    """One run as stage 1: wait for an authenticated stage 2 whose cuts fit, run, say goodbye."""
-    listener.expected_cuts = list(cfg.cuts)
+               policy: SplitPolicy | None = None, **kw: Any) -> RunOutcome:
+    """One run as stage 1: wait for an authenticated stage 2 whose cuts fit, run, say goodbye. A
+    guarded run (adaptive, or with a deadline) takes a stage 2 that comes back on ``listener``."""
+    if not (policy and policy.adaptive):  # an adaptive stage 2 starts at whichever split stage 1 says
+        listener.expected_cuts = list(cfg.cuts)
     connection = listener.connection(connect_timeout)
     try:
-        return run_on_connection(connection, builder, cfg, **kw)
+        outcome = run_on_connection(connection, builder, cfg, policy=policy, listener=listener, **kw)
     finally:
         connection.close(bye=True)
-
-
+    if outcome.connection is not None:
+        outcome.connection.close(bye=True)
+    return outcome

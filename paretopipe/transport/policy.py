@@ -1,0 +1,70 @@
+"""What decides a batch's split: a :class:`SplitPolicy`, consulted by the data source's driver
+(``tcp.source``) before each batch and fed what the driver observes on the link.
+
+The driver owns the mechanics every run may use (sending SWITCH before a batch whose cuts changed,
+timing probes, the deadline after which stage 1 finishes a batch itself, reconnecting to a stage
+that came back); a policy only decides. :class:`StaticPolicy` is a measured split: always the
+run's cuts. The adaptive policy (``predict.adaptive.AdaptivePolicy``: the link estimator, the
+cost-model chooser and its hysteresis) has the same methods and no torch; the runners build it,
+because its device profiles may need this node's self-profile. A new policy goes beside these two
+and implements the protocol; nothing in the driver changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+
+class SplitPolicy(Protocol):
+    """The split decision of one run, as stage 1's driver consults it."""
+
+    #: True when the split may change during the run (stage 2 then accepts SWITCH and PROBE).
+    adaptive: bool
+
+    def start(self, peer_meta: dict[str, Any]) -> None:
+        """Stage 2 accepted the run; ``peer_meta`` is its RUN_OK meta (an adaptive stage 2's
+        self-profile)."""
+
+    def startup_probes(self) -> Sequence[int]:
+        """Probe sizes (bytes; 0 is a ping) to time once the link starts, before the first batch."""
+
+    def cuts_for(self, seq: int, current: list[str] | None) -> tuple[list[str], dict[str, Any]]:
+        """The cuts batch ``seq`` runs with, given the next stage's ``current`` cuts (``None``: no
+        next stage, the batch is served here), and fields for the batch's record."""
+
+    def observe(self, up_bytes: int, net_s: float, kind: str) -> None:
+        """One frame's time on the network, send to decoded reply with the peer's work taken out:
+        ``kind`` is ``result``, ``late`` (the deadline passed first: a lower bound) or ``probe``."""
+
+    def probes_due(self, now: float) -> Sequence[int]:
+        """Probe sizes to time between two batches (the policy's view of the link is stale)."""
+
+    def summary(self) -> dict[str, Any]:
+        """What the record's stage-1 manifest keeps about the policy's decisions."""
+
+
+class StaticPolicy:
+    """One split for the whole run: the measured split of a sweep."""
+
+    adaptive = False
+
+    def __init__(self, cuts: Sequence[str]) -> None:
+        self.cuts = list(cuts)
+
+    def start(self, peer_meta: dict[str, Any]) -> None:
+        pass
+
+    def startup_probes(self) -> Sequence[int]:
+        return ()
+
+    def cuts_for(self, seq: int, current: list[str] | None) -> tuple[list[str], dict[str, Any]]:
+        return self.cuts, {}
+
+    def observe(self, up_bytes: int, net_s: float, kind: str) -> None:
+        pass
+
+    def probes_due(self, now: float) -> Sequence[int]:
+        return ()
+
+    def summary(self) -> dict[str, Any]:
+        return {}

@@ -1,0 +1,73 @@
+"""A static split with a deadline (``--deadline-ms``, one batch in flight): the driver's local
+fallback, which an adaptive run has too. Real processes and sockets: stage 2 freezes (results come
+too late: dropped), dies, and a new one connects and is served the rest; every batch has a result
+equal to the unsplit model's."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from paretopipe.transport import inputs as data
+from tcp_helpers import builder, free_port, kill_group, start, wait_for_line
+
+MODEL = "mobilenetv2"
+
+
+@pytest.mark.slow
+def test_a_static_split_with_a_deadline_serves_every_batch_through_a_frozen_dead_and_returning_stage2(tmp_path):
+    port = str(free_port())
+    total = 500
+    common = ["--model", MODEL, "--split", "8", "--port", port, "--threads", "1", "--connect-timeout", "90"]
+    s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total),
+               "--warmup", "0", "--deadline-ms", "300", "--out", str(tmp_path / "s1"),
+               "--save-outputs", str(tmp_path / "out.npz"))
+    s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
+    wait_for_line(s1, "stage 1: run", 120)
+    time.sleep(1.0)
+    kill_group(s2, signal.SIGSTOP)   # frozen: its results come after the deadline
+    time.sleep(1.0)
+    kill_group(s2, signal.SIGCONT)
+    time.sleep(1.0)
+    kill_group(s2)                   # dead
+    time.sleep(0.5)
+    s2b = start("partition2.py", *common, "--out", str(tmp_path / "s2b"))  # ...and back
+    assert s1.wait(300) == 0, s1.stderr.read()
+    assert s2b.wait(60) == 0, s2b.stderr.read()
+    (path,) = (tmp_path / "s1").glob("*.json")
+    rec = json.loads(path.read_text())
+    batches = rec["batches"]
+    assert rec["status"] == "complete" and rec["config"]["split_index"] == 8 and len(batches) == total
+    assert rec["config"]["deadline_s"] == pytest.approx(0.3)
+    fallback = rec["manifest"]["stages"][0]["fallback"]
+    assert fallback["deadline_misses"] >= 1 and fallback["peer_losses"] >= 1 and fallback["reconnects"] >= 1
+    assert fallback["late_results_dropped"] >= 1 and fallback["switches"] == 0 and fallback["probes"] == 0
+    local = [b for b in batches if b["served_locally"]]
+    assert len(local) == fallback["served_locally"] >= 2
+    assert all(b["local_compute_s"] > 0 for b in local) and any(b.get("deadline_missed") for b in local)
+    back = next(e["seq"] for e in fallback["events"] if e["event"] == "reconnected")
+    assert any(not b["served_locally"] for b in batches[back:])   # stage 2's again once it returned
+    # The stage 2 that came back wrote the record of the run it joined, with stage 1's part.
+    (path2,) = (tmp_path / "s2b").glob("*.json")
+    assert json.loads(path2.read_text())["run_id"] == rec["run_id"]
+    logits = np.load(tmp_path / "out.npz", allow_pickle=False)["logits"]
+    model = builder(MODEL).model
+    with torch.no_grad():
+        ref = torch.stack([model(x) for x in data.batches("synthetic", 1, 224, total, seed=0)]).numpy()
+    assert logits.shape == ref.shape and np.allclose(logits, ref, atol=1e-5)
+
+
+def test_a_deadline_needs_one_batch_in_flight(tmp_path):
+    import tcp_helpers as cli
+
+    done = cli.run([cli.PYTHON, "partition1.py", "--model", MODEL, "--split", "8", "--port", str(free_port()),
+                    "--host", "127.0.0.1", "--deadline-ms", "100", "--in-flight", "2", "--connect-timeout", "1"],
+                   timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: --deadline-ms with --in-flight 2: a deadline settles each batch before the next; use --in-flight 1"]
