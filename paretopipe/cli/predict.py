@@ -112,9 +112,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
 
     from .. import records
     from ..predict.device_profile import DeviceProfile, check_compatible, codec_key, resolve_cipher
-    from ..predict.predictions import (base_transport, parse_rate_range, plot_rate_map, predict_splits, rate_map,
-                                       rate_ranges, split_positions)
-    from ..predict.validate import GOAL_JACCARD, GOAL_MAPE, validate, write_validation
+    from ..predict.predictions import base_transport, predict_splits
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
@@ -125,26 +123,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
     profiles = [DeviceProfile.load_spec(path) for path in paths]
     if args.validate:
-        if len(profiles) != 2:
-            raise UsageError("--validate compares with a 2-stage TCP sweep: give exactly 2 device profiles")
-        table, summary = validate(args.validate, profiles, args.base_rate)
-        out = Path(summary["session"]) / "report"
-        written = write_validation(table, summary, out)
-        ceiling = summary["run_to_run_jaccard_mean"]
-        print(f"{summary['configurations']} configurations: median |error| latency "
-              f"{summary['latency_median_ape']:.1%}, throughput {summary['throughput_median_ape']:.1%}; "
-              f"front agreement (Jaccard, ties count) {summary['front_jaccard_mean']:.2f}"
-              + (f" (the sweep's runs agree with each other at {ceiling:.2f})" if ceiling is not None else ""))
-        for name, v in summary["per_network"].items():
-            rr = v.get("run_to_run_jaccard")
-            print(f"  {name}: latency {v['latency_mape']:.1%}, throughput {v['throughput_mape']:.1%}, Jaccard "
-                  f"{v['jaccard']:.2f} (strict {v['strict_jaccard']:.2f}; measured front {v['measured_front']}, tied "
-                  f"{v['measured_tied']}, predicted {v['predicted_front']}"
-                  + (f"; beyond the noise: {v['beyond_noise']}" if v["beyond_noise"] else "")
-                  + (f"; run to run {rr:.2f})" if rr is not None else ")"))
-        print(f"goals (median error <= {GOAL_MAPE:.0%}, Jaccard >= {GOAL_JACCARD}): "
-              f"{'met' if summary['goals_met'] else 'NOT met'}; written: {', '.join(str(p) for p in written)}")
-        return 0
+        return _validate(args, profiles)
     for w in check_compatible(profiles, args.model):
         log.warning("%s", w)
     base = base_transport(profiles, args.base_rate)
@@ -154,24 +133,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     if len(profiles) > 2:
         return _print_plans(profiles, conditions, args, codec, out)
     if args.sweep_rate:
-        if len(conditions) != 1:
-            raise UsageError("--sweep-rate varies one link: give one --network (its delay/jitter/loss are kept) "
-                             "or ad-hoc --delay, not several")
-        up, down = conditions[0][0]
-        rates = parse_rate_range(args.sweep_rate, args.sweep_points)
-        df = rate_map(profiles, up, rates, args.batch_size, codec, args.fine, down)
-        out = out or Path("predictions")
-        records.atomic_write_csv(out / "optimal_split_vs_rate.csv", df.to_dict("records"))
-        order = [label for label, _ in split_positions(profiles[0], args.fine)]
-        fig = plot_rate_map(df, out / "optimal_split_vs_rate.png",
-                            f"{profiles[0].model}, batch {args.batch_size}, delay "
-                            f"{up.direction.delay_s * 1e3:g} ms: optimal split vs link rate", order)
-        for column, what in (("best_latency_split", "latency"), ("best_throughput_split", "throughput")):
-            print(f"{what}-optimal split by link rate:")
-            for lo, hi, best in rate_ranges(df, column):
-                print(f"  {lo:9.3g} .. {hi:<9.3g} Mbit/s  split {best}")
-        print(f"written: {out / 'optimal_split_vs_rate.csv'}, {fig}")
-        return 0
+        return _print_rate_map(profiles, conditions, args, codec, out)
     power = _per_device_watts(args.power_core_w, len(profiles))
     tables = [predict_splits(profiles, links[0][0], args.batch_size, codec, args.fine, links[0][1],
                              objectives=args.objectives, power_core_w=power) for links in conditions]
@@ -182,6 +144,57 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     if out:
         path = records.atomic_write_csv(out / "predictions.csv", pd.concat(tables).to_dict("records"))
         print(f"written: {path}")
+    return 0
+
+
+def _validate(args: argparse.Namespace, profiles: list) -> int:
+    """``--validate``: predict a measured sweep's configurations and print how far off each front is."""
+    from ..predict.validate import GOAL_JACCARD, GOAL_MAPE, validate, write_validation
+
+    if len(profiles) != 2:
+        raise UsageError("--validate compares with a 2-stage TCP sweep: give exactly 2 device profiles")
+    table, summary = validate(args.validate, profiles, args.base_rate)
+    out = Path(summary["session"]) / "report"
+    written = write_validation(table, summary, out)
+    ceiling = summary["run_to_run_jaccard_mean"]
+    print(f"{summary['configurations']} configurations: median |error| latency "
+          f"{summary['latency_median_ape']:.1%}, throughput {summary['throughput_median_ape']:.1%}; "
+          f"front agreement (Jaccard, ties count) {summary['front_jaccard_mean']:.2f}"
+          + (f" (the sweep's runs agree with each other at {ceiling:.2f})" if ceiling is not None else ""))
+    for name, v in summary["per_network"].items():
+        rr = v.get("run_to_run_jaccard")
+        print(f"  {name}: latency {v['latency_mape']:.1%}, throughput {v['throughput_mape']:.1%}, Jaccard "
+              f"{v['jaccard']:.2f} (strict {v['strict_jaccard']:.2f}; measured front {v['measured_front']}, tied "
+              f"{v['measured_tied']}, predicted {v['predicted_front']}"
+              + (f"; beyond the noise: {v['beyond_noise']}" if v["beyond_noise"] else "")
+              + (f"; run to run {rr:.2f})" if rr is not None else ")"))
+    print(f"goals (median error <= {GOAL_MAPE:.0%}, Jaccard >= {GOAL_JACCARD}): "
+          f"{'met' if summary['goals_met'] else 'NOT met'}; written: {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def _print_rate_map(profiles: list, conditions: list, args: argparse.Namespace, codec: str, out: Path | None) -> int:
+    """``--sweep-rate``: the optimal split of one link over a range of its rates, as a table and a map."""
+    from .. import records
+    from ..predict.predictions import parse_rate_range, plot_rate_map, rate_map, rate_ranges, split_positions
+
+    if len(conditions) != 1:
+        raise UsageError("--sweep-rate varies one link: give one --network (its delay/jitter/loss are kept) "
+                         "or ad-hoc --delay, not several")
+    up, down = conditions[0][0]
+    rates = parse_rate_range(args.sweep_rate, args.sweep_points)
+    df = rate_map(profiles, up, rates, args.batch_size, codec, args.fine, down)
+    out = out or Path("predictions")
+    records.atomic_write_csv(out / "optimal_split_vs_rate.csv", df.to_dict("records"))
+    order = [label for label, _ in split_positions(profiles[0], args.fine)]
+    fig = plot_rate_map(df, out / "optimal_split_vs_rate.png",
+                        f"{profiles[0].model}, batch {args.batch_size}, delay "
+                        f"{up.direction.delay_s * 1e3:g} ms: optimal split vs link rate", order)
+    for column, what in (("best_latency_split", "latency"), ("best_throughput_split", "throughput")):
+        print(f"{what}-optimal split by link rate:")
+        for lo, hi, best in rate_ranges(df, column):
+            print(f"  {lo:9.3g} .. {hi:<9.3g} Mbit/s  split {best}")
+    print(f"written: {out / 'optimal_split_vs_rate.csv'}, {fig}")
     return 0
 
 

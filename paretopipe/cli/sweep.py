@@ -236,6 +236,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         if created:
             sweeper.discard_if_unmeasured()
         raise
+    return _finish(result, opts)
+
+
+def _finish(result: Any, opts: Any) -> int:
+    """After the sweep: its closing tables and where they are, or what failed (exit status 1)."""
     out = result.path
     if not result.measured:
         print(f"error: nothing was measured: every run of {result.configurations} "

@@ -67,6 +67,28 @@ def link_energy(link: dict[str, Any], summary: dict[str, Any], batch_size: int) 
             "link_energy_source": str(conditions.get("energy_source") or "")[:200]}
 
 
+def _memory_fields(mem: dict[str, Any], declared_limit: Any) -> dict[str, Any]:
+    """One stage's memory summary (without its ``stageN_`` prefix): peak RSS, parameters and
+    activations, the CUDA peak, and its limit (the stage's own, else the declared one) with
+    whether the peak went over it."""
+    peak = _bytes(mem.get("peak_rss_bytes"))
+    limit = _bytes(mem.get("limit_bytes"))
+    if limit is None:
+        limit = _bytes(declared_limit)
+    out: dict[str, Any] = {"peak_rss_bytes": peak, "param_bytes": _bytes(mem.get("param_bytes")),
+                           "activation_peak_bytes": _bytes(mem.get("activation_peak_bytes"))}
+    if out["param_bytes"] is not None and out["activation_peak_bytes"] is not None:
+        # The split's own footprint on this stage: what a deployment that loads only its part
+        # adds to the runtime (a sweep's worker keeps the whole model, so its RSS cannot show it).
+        out["model_bytes"] = out["param_bytes"] + out["activation_peak_bytes"]
+    if _bytes(mem.get("cuda_peak_bytes")) is not None:
+        out["cuda_peak_bytes"] = _bytes(mem["cuda_peak_bytes"])
+    if limit is not None:
+        out["memory_limit_bytes"] = limit
+        out["over_memory_limit"] = bool(peak is not None and peak > limit)
+    return out
+
+
 def summarize(resources: dict[str, Any] | None, stages: list[dict[str, Any]], config: dict[str, Any]
               ) -> dict[str, Any]:
     """Summary fields of the energy and memory of a run (``stageN_*`` per stage, the pipeline's
@@ -88,26 +110,14 @@ def summarize(resources: dict[str, Any] | None, stages: list[dict[str, Any]], co
         if j is None:
             continue
         p = f"stage{j}_"
-        mem = stage.get("memory") or {}
-        peak = _bytes(mem.get("peak_rss_bytes"))
-        limit = _bytes(mem.get("limit_bytes"))
-        if limit is None and j <= len(limits):
-            limit = _bytes(limits[j - 1])
-        out.update({p + "peak_rss_bytes": peak, p + "param_bytes": _bytes(mem.get("param_bytes")),
-                    p + "activation_peak_bytes": _bytes(mem.get("activation_peak_bytes"))})
-        if out[p + "param_bytes"] is not None and out[p + "activation_peak_bytes"] is not None:
-            # The split's own footprint on this stage: what a deployment that loads only its part
-            # adds to the runtime (a sweep's worker keeps the whole model, so its RSS cannot show it).
-            out[p + "model_bytes"] = out[p + "param_bytes"] + out[p + "activation_peak_bytes"]
-            models.append(out[p + "model_bytes"])
-        if _bytes(mem.get("cuda_peak_bytes")) is not None:
-            out[p + "cuda_peak_bytes"] = _bytes(mem["cuda_peak_bytes"])
-        if limit is not None:
-            out[p + "memory_limit_bytes"] = limit
-            out[p + "over_memory_limit"] = bool(peak is not None and peak > limit)
-            over.append(out[p + "over_memory_limit"])
-        if peak is not None:
-            peaks.append(peak)
+        mem_fields = _memory_fields(stage.get("memory") or {}, limits[j - 1] if j <= len(limits) else None)
+        out.update({p + k: v for k, v in mem_fields.items()})
+        if mem_fields.get("model_bytes") is not None:
+            models.append(mem_fields["model_bytes"])
+        if "over_memory_limit" in mem_fields:
+            over.append(mem_fields["over_memory_limit"])
+        if mem_fields["peak_rss_bytes"] is not None:
+            peaks.append(mem_fields["peak_rss_bytes"])
         images = _number(stage.get("images")) or 0
         window, cpu = _number(stage.get("window_s")), _number(stage.get("cpu_s"))
         got = _measured(stage)

@@ -18,7 +18,6 @@ import socket
 import statistics
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -122,28 +121,11 @@ def _fit_transport(points: list[tuple[int, float]]) -> dict[str, Any]:
                     "bytes_per_s; the cost model's transport beneath unshaped links of co-located stages"}
 
 
-def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Profile ``opts.model`` on this device; returns the profile document (see docs/predict.md)."""
-    if not opts.batch_sizes or min(opts.batch_sizes) < 1:
-        raise UsageError(f"--batch-sizes must be positive integers, got {opts.batch_sizes}")
-    if opts.repetitions < 1 or opts.warmup < 0:
-        raise UsageError("--repetitions must be at least 1 and --warmup 0 or more")
-    codecs = {c: parse_codec(c) for c in dict.fromkeys([RESULT_CODEC, *opts.codecs])}
-    limits = apply_cpu_limits(opts.cpus, opts.threads)
-    builder = StageBuilder(opts.model, opts.num_classes, opts.weights, opts.models_dir, opts.device)
-    part = builder.partitioner
-    wanted = {c.name for c in part.candidate_cuts(opts.max_live)} | {part.block_cut(k) for k in range(1, part.num_blocks)}
-    cuts = [c for c in part.fine_cuts if c.name in wanted]
-    boundaries = [split.INPUT] + [c.name for c in cuts] + [split.OUTPUT]
-    stages = [s.to(builder.device) for s in part.stages([c.name for c in cuts])]
-    model = builder.model.to(builder.device)
-    timer = StageTimer(builder.device)
-    flops = [c.flops_before for c in cuts]
-    seg_flops = np.diff([0] + flops + [part.total_flops]) // part.batch
-    doc: dict[str, Any] = {
-        "schema": SCHEMA, "created_utc": records.utc_now(), "model": builder.name,
-        "fingerprint": builder.fingerprint, "num_classes": opts.num_classes, "input_size": builder.input_size,
-        "device": builder.device,
+def _structure(part: Any, cuts: list, boundaries: list[str], stages: list[nn.Module]) -> dict[str, Any]:
+    """The profile's boundaries (live tensors and bytes), segments (FLOPs, parameters, activation
+    peak) and block splits: what the model is, apart from any timing."""
+    seg_flops = np.diff([0] + [c.flops_before for c in cuts] + [part.total_flops]) // part.batch
+    return {
         "boundaries": [{"index": i, "name": name, "live": len(part.live_names(name)),
                         "bytes_per_image": part.payload_nbytes(name, 1)} for i, name in enumerate(boundaries)],
         "segments": [{"index": i, "start": boundaries[i], "end": boundaries[i + 1],
@@ -154,8 +136,32 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
                      for i in range(len(boundaries) - 1)],
         "blocks": {str(k): boundaries.index(part.block_cut(k)) for k in range(part.num_blocks + 1)},
         "total_flops_per_image": int(part.total_flops // part.batch),
-        "by_batch": {},
     }
+
+
+def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Profile ``opts.model`` on this device; returns the profile document (see docs/predict.md)."""
+    if not opts.batch_sizes or min(opts.batch_sizes) < 1:
+        raise UsageError(f"--batch-sizes must be positive integers, got {opts.batch_sizes}")
+    if opts.repetitions < 1 or opts.warmup < 0:
+        raise UsageError("--repetitions must be at least 1 and --warmup 0 or more")
+    unknown = [c for c in opts.ciphers if c not in aead.CIPHERS]
+    if unknown:  # before any timing, not after minutes of it
+        raise UsageError(f"--ciphers {unknown[0]!r}: valid {', '.join(aead.CIPHERS)} (or none)")
+    codecs = {c: parse_codec(c) for c in dict.fromkeys([RESULT_CODEC, *opts.codecs])}
+    limits = apply_cpu_limits(opts.cpus, opts.threads)
+    builder = StageBuilder(opts.model, opts.num_classes, opts.weights, opts.models_dir, opts.device)
+    part = builder.partitioner
+    wanted = {c.name for c in part.candidate_cuts(opts.max_live)} | {part.block_cut(k) for k in range(1, part.num_blocks)}
+    cuts = [c for c in part.fine_cuts if c.name in wanted]
+    boundaries = [split.INPUT] + [c.name for c in cuts] + [split.OUTPUT]
+    stages = [s.to(builder.device) for s in part.stages([c.name for c in cuts])]
+    model = builder.model.to(builder.device)
+    timer = StageTimer(builder.device)
+    doc: dict[str, Any] = {"schema": SCHEMA, "created_utc": records.utc_now(), "model": builder.name,
+                           "fingerprint": builder.fingerprint, "num_classes": opts.num_classes,
+                           "input_size": builder.input_size, "device": builder.device,
+                           **_structure(part, cuts, boundaries, stages), "by_batch": {}}
     share_mean = opts.cpu_share is not None
     # Before any CPU share: the echo process stands for the other stage and must not inherit it.
     hop_s = hopprobe.hop_fixed_s() if opts.hop_probe else None
@@ -171,9 +177,6 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     if hop_s is not None:
         doc["loopback"].update(fixed_s=hop_s, fixed_source="hopprobe: half the round trip of a tiny frame "
                                "through two processes' sender, receiver and compute threads")
-    unknown = [c for c in opts.ciphers if c not in aead.CIPHERS]
-    if unknown:
-        raise UsageError(f"--ciphers {unknown[0]!r}: valid {', '.join(aead.CIPHERS)} (or none)")
     with cpushare.limited(opts.cpu_share, "profile"):  # sealing runs on the stage's own share
         doc["ciphers"] = {c: aead.time_cipher(c) for c in opts.ciphers}
     doc["aes_instructions"] = aead.has_aes_instructions()

@@ -105,6 +105,51 @@ def _boundary(profile: DeviceProfile, written: Any) -> tuple[int | str, int]:
     return label, profile.boundaries.index(label)
 
 
+def _predicted_rows(configs: pd.DataFrame, profiles: Sequence[DeviceProfile], known: dict[str, NetworkConditions],
+                    base: Any, opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each measured configuration beside its prediction (the TCP protocol replayed with the
+    profiles' durations over its network) and the absolute percentage errors."""
+    rows = []
+    for _, c in configs.iterrows():
+        up, down = LinkModel.pair(known.get(c["network"]) or get_conditions(c["network"]), base)
+        k, boundary = _boundary(profiles[0], c["split_index"])
+        # The cipher its runs recorded (auto resolved): the profiles' timings of that one.
+        codec = codec_key(opts.get("wire_dtype", "float32"), opts.get("compression", "none"), c["cipher"])
+        terms = chain_terms(profiles, [up], [boundary], int(c["batch_size"]), codec, [down])
+        sim = simulate(terms, int(opts.get("num_batches", 20)), int(opts.get("warmup", 3)),
+                       int(opts.get("in_flight", 1)))
+        row = {"network": c["network"], "cipher": c["cipher"], "front": front_name(c["network"], c["cipher"]),
+               "split_index": k, "cut": c["cut"], "batch_size": int(c["batch_size"]),
+               "latency_s": c["latency_median_s"], "throughput_imgs_per_s": c["throughput_imgs_per_s"],
+               **{col: c.get(col) for pair in INTERVALS.values() for col in pair},
+               **sim, "predicted_bottleneck": terms.bottleneck()[0]}
+        row["latency_ape"] = abs(row["predicted_latency_s"] - row["latency_s"]) / row["latency_s"]
+        row["throughput_ape"] = (abs(row["predicted_throughput_imgs_per_s"] - row["throughput_imgs_per_s"])
+                                 / row["throughput_imgs_per_s"])
+        rows.append(row)
+    return rows
+
+
+def _front_agreement(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per front (network and cipher): the measured and predicted fronts, their tie-aware and
+    strict Jaccard, and the median errors. Marks the table's front columns on the way."""
+    measured = pareto.mark_front(table, MEASURED, by=["front"])["on_front"]
+    predicted = pareto.mark_front(table, PREDICTED, by=["front"])["on_front"]
+    table["measured_on_front"], table["predicted_on_front"] = measured, predicted
+    table["measured_status"] = pareto.front_status(table, INTERVALS, MEASURED, by=["front"])
+    per_network = {}
+    for name, g in table.groupby("front", sort=False):
+        m = set(g.loc[g["measured_on_front"], "split_index"])
+        t = set(g.loc[g["measured_status"] == pareto.TIED, "split_index"])
+        p = set(g.loc[g["predicted_on_front"], "split_index"])
+        per_network[name] = {"jaccard": tie_aware_jaccard(p, m, t), "strict_jaccard": jaccard(m, p),
+                             "measured_front": sorted(m), "measured_tied": sorted(t), "predicted_front": sorted(p),
+                             "beyond_noise": sorted(p - m - t), "missed": sorted(m - p),
+                             "latency_mape": float(g["latency_ape"].median()),
+                             "throughput_mape": float(g["throughput_ape"].median())}
+    return per_network
+
+
 def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_rate: str | None = None
              ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Predict every measured TCP configuration of a sweep with its own protocol and compare."""
@@ -124,39 +169,8 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
         log.warning("%s", w)
     base = base_transport(profiles, base_rate or ("loopback" if not opts.get("hosts", {}).get("stage1") else None))
     known = {name: NetworkConditions.from_dict(d) for name, d in meta.get("networks", {}).items()}
-    rows = []
-    for _, c in configs.iterrows():
-        up, down = LinkModel.pair(known.get(c["network"]) or get_conditions(c["network"]), base)
-        k, boundary = _boundary(profiles[0], c["split_index"])
-        # The cipher its runs recorded (auto resolved): the profiles' timings of that one.
-        codec = codec_key(opts.get("wire_dtype", "float32"), opts.get("compression", "none"), c["cipher"])
-        terms = chain_terms(profiles, [up], [boundary], int(c["batch_size"]), codec, [down])
-        sim = simulate(terms, int(opts.get("num_batches", 20)), int(opts.get("warmup", 3)),
-                       int(opts.get("in_flight", 1)))
-        row = {"network": c["network"], "cipher": c["cipher"], "front": front_name(c["network"], c["cipher"]),
-               "split_index": k, "cut": c["cut"], "batch_size": int(c["batch_size"]),
-               "latency_s": c["latency_median_s"], "throughput_imgs_per_s": c["throughput_imgs_per_s"],
-               **{col: c.get(col) for pair in INTERVALS.values() for col in pair},
-               **sim, "predicted_bottleneck": terms.bottleneck()[0]}
-        row["latency_ape"] = abs(row["predicted_latency_s"] - row["latency_s"]) / row["latency_s"]
-        row["throughput_ape"] = (abs(row["predicted_throughput_imgs_per_s"] - row["throughput_imgs_per_s"])
-                                 / row["throughput_imgs_per_s"])
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    measured = pareto.mark_front(table, MEASURED, by=["front"])["on_front"]
-    predicted = pareto.mark_front(table, PREDICTED, by=["front"])["on_front"]
-    table["measured_on_front"], table["predicted_on_front"] = measured, predicted
-    table["measured_status"] = pareto.front_status(table, INTERVALS, MEASURED, by=["front"])
-    per_network = {}
-    for name, g in table.groupby("front", sort=False):
-        m = set(g.loc[g["measured_on_front"], "split_index"])
-        t = set(g.loc[g["measured_status"] == pareto.TIED, "split_index"])
-        p = set(g.loc[g["predicted_on_front"], "split_index"])
-        per_network[name] = {"jaccard": tie_aware_jaccard(p, m, t), "strict_jaccard": jaccard(m, p),
-                             "measured_front": sorted(m), "measured_tied": sorted(t), "predicted_front": sorted(p),
-                             "beyond_noise": sorted(p - m - t), "missed": sorted(m - p),
-                             "latency_mape": float(g["latency_ape"].median()),
-                             "throughput_mape": float(g["throughput_ape"].median())}
+    table = pd.DataFrame(_predicted_rows(configs, profiles, known, base, opts))
+    per_network = _front_agreement(table)
     ceiling = run_to_run_jaccard(session)
     for name, value in ceiling.items():
         per_network[name]["run_to_run_jaccard"] = value

@@ -275,50 +275,73 @@ class StageGroup(Protocol):
 GroupFactory = Callable[["Sweeper", str, str], StageGroup]
 
 
+@dataclasses.dataclass
+class _GroupState:
+    """One model and backend's configurations while they are measured: each one's progress, the
+    drift monitor and its reference, the runs drift set aside to measure again, and the session's
+    record of the group (``meta``)."""
+
+    name: str
+    cipher: str | None
+    configs: list[tuple]
+    progress: dict[tuple, Any]
+    max_runs: int
+    drift: Any
+    reference: tuple
+    meta: dict[str, Any]
+    rerun: dict[tuple, list[int]]
+    rerun_done: set[str] = dataclasses.field(default_factory=set)
+
+
+def _check_options(opts: SweepOptions) -> None:
+    """Refuse, before anything starts, the option combinations a sweep cannot run, by name."""
+    tb = opts.testbed
+    unknown = [b for b in opts.backends if b not in BACKENDS]
+    if unknown:
+        raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
+    if opts.order not in rounds.ORDERS:
+        raise UsageError(f"--order {opts.order!r}: valid {', '.join(rounds.ORDERS)}")
+    if opts.precision is not None and not 0 < opts.precision < 1:
+        raise UsageError(f"--precision {opts.precision:.0%}: give a target between 0% and 100%, e.g. 5%")
+    if opts.max_runs is not None and opts.max_runs < opts.runs:
+        raise UsageError(f"--max-runs {opts.max_runs} is below --runs {opts.runs}: the budget must allow the "
+                         f"minimum")
+    if opts.link not in LINKS:
+        raise UsageError(f"--link {opts.link!r}: valid {', '.join(LINKS)}")
+    if split_adaptive(opts.splits)[1]:
+        if opts.plans or "rpc" in opts.backends:
+            raise UsageError("the adaptive split runs on the TCP backend with two stages: use --backend tcp "
+                             "and --splits ...,adaptive")
+        if opts.in_flight != 1:
+            raise UsageError(f"--in-flight {opts.in_flight}: the adaptive runtime keeps one batch in flight; "
+                             f"use --in-flight 1 (and compare it with static splits measured so)")
+    if opts.plans and "tcp" in opts.backends:
+        raise UsageError("N-stage plans (--split-blocks) run on the rpc backend: add --backend rpc")
+    if opts.link == "tc" and not (tb.iface or any(h.iface for h in tb.hosts)):
+        raise UsageError("--link tc needs IFACE (in .env or --iface): the interface tc shapes on each host")
+    if any(x is not None for x in opts.stage_cpu):
+        if tb.remote:
+            raise UsageError("--stage-cpu emulates slower devices on this machine; with hosts in .env the "
+                             "stages already run on real devices (use --local to emulate)")
+        if "rpc" in opts.backends:
+            raise UsageError("--stage-cpu applies to the TCP backend's stage workers; use --backend tcp")
+        cpushare.Hierarchy.detect()  # a clear error now rather than from every worker
+    if tb.remote and opts.link == "tc" and "rpc" in opts.backends:
+        for h in tb.hosts:
+            try:
+                import ipaddress
+
+                ipaddress.ip_address(h.address)
+            except ValueError:
+                raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
+                                 f"addresses, not {h.address!r}")
+
+
 class Sweeper:
     def __init__(self, opts: SweepOptions, group_factory: GroupFactory | None = None) -> None:
         self.opts = opts
         self.group_factory = group_factory or Sweeper._process_group
-        tb = opts.testbed
-        unknown = [b for b in opts.backends if b not in BACKENDS]
-        if unknown:
-            raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
-        if opts.order not in rounds.ORDERS:
-            raise UsageError(f"--order {opts.order!r}: valid {', '.join(rounds.ORDERS)}")
-        if opts.precision is not None and not 0 < opts.precision < 1:
-            raise UsageError(f"--precision {opts.precision:.0%}: give a target between 0% and 100%, e.g. 5%")
-        if opts.max_runs is not None and opts.max_runs < opts.runs:
-            raise UsageError(f"--max-runs {opts.max_runs} is below --runs {opts.runs}: the budget must allow the "
-                             f"minimum")
-        if opts.link not in LINKS:
-            raise UsageError(f"--link {opts.link!r}: valid {', '.join(LINKS)}")
-        if split_adaptive(opts.splits)[1]:
-            if opts.plans or "rpc" in opts.backends:
-                raise UsageError("the adaptive split runs on the TCP backend with two stages: use --backend tcp "
-                                 "and --splits ...,adaptive")
-            if opts.in_flight != 1:
-                raise UsageError(f"--in-flight {opts.in_flight}: the adaptive runtime keeps one batch in flight; "
-                                 f"use --in-flight 1 (and compare it with static splits measured so)")
-        if opts.plans and "tcp" in opts.backends:
-            raise UsageError("N-stage plans (--split-blocks) run on the rpc backend: add --backend rpc")
-        if opts.link == "tc" and not (tb.iface or any(h.iface for h in tb.hosts)):
-            raise UsageError("--link tc needs IFACE (in .env or --iface): the interface tc shapes on each host")
-        if any(x is not None for x in opts.stage_cpu):
-            if tb.remote:
-                raise UsageError("--stage-cpu emulates slower devices on this machine; with hosts in .env the "
-                                 "stages already run on real devices (use --local to emulate)")
-            if "rpc" in opts.backends:
-                raise UsageError("--stage-cpu applies to the TCP backend's stage workers; use --backend tcp")
-            cpushare.Hierarchy.detect()  # a clear error now rather than from every worker
-        if tb.remote and opts.link == "tc" and "rpc" in opts.backends:
-            for h in tb.hosts:
-                try:
-                    import ipaddress
-
-                    ipaddress.ip_address(h.address)
-                except ValueError:
-                    raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
-                                     f"addresses, not {h.address!r}")
+        _check_options(opts)
         self.networks = {name: conditions_from_values(name, opts.inline_networks[name])
                          if name in opts.inline_networks else get_conditions(name, opts.network_file)
                          for name in opts.networks}
@@ -618,91 +641,109 @@ class Sweeper:
         from tqdm import tqdm
 
         o = self.opts
-        splits = self.splits_for(self.info.num_blocks, self.info.fine_cuts)
-        configs = [(n, k) for n in o.networks for k in splits]
-        progress = {c: rounds.ConfigProgress() for c in configs}
-        max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
+        group = self._group_state(model, backend, meta)
         tc_mode = o.link == "tc"
-        drift = rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0)
-        static = [k for k in splits if not k.adaptive] or splits
-        reference = (o.networks[0], static[len(static) // 2])
-        cipher = self.cipher
-        group = group_name(model, backend, cipher)
-        group_meta = meta.setdefault("groups", {}).setdefault(group, {})
-        group_meta.update({"order": o.order, "seed": o.seed, "precision": o.precision, "min_runs": o.runs,
-                           "max_runs": max_runs, "reference": {"network": reference[0], "split": reference[1].label},
-                           "executed": group_meta.get("executed", [])})
-        bar = tqdm(total=len(configs) * o.runs, desc=group.replace("/", " "), unit="run", dynamic_ncols=True,
-                   disable=None)
-        rerun: dict[tuple, list[int]] = {c: [] for c in configs}
-        rerun_done: set[str] = set()
+        bar = tqdm(total=len(group.configs) * o.runs, desc=group.name.replace("/", " "), unit="run",
+                   dynamic_ncols=True, disable=None)
         r = 0
         while True:
-            active = [c for c in configs if progress[c].stopped is None]
+            active = [c for c in group.configs if group.progress[c].stopped is None]
             if not active:
                 break
-            if o.order == "sequential":
-                # Today's order: every run of a configuration back to back, in the given order.
-                plan = [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in active
-                        for i in range(max_runs if o.precision else o.runs)]
-            else:
-                plan = [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in
-                        rounds.round_order(active, o.seed, group, r, tc_mode)
-                        for i in rerun[(n, k)] + [r]]
-                for c in active:
-                    rerun[c] = []
-            segments = self._segments(plan, tc_mode)
-            for network, members in segments:
+            for network, members in self._segments(self._round_plan(model, backend, group, active, r), tc_mode):
                 with self._tc_context(backend, self.networks[network]) if network else contextlib.nullcontext() \
                         as observed:
                     for one in members:
-                        cfg = (one.network, one.split)
-                        if progress[cfg].stopped is not None:
+                        if group.progress[(one.network, one.split)].stopped is not None:
                             continue  # sequential mode: precise before its budget
-                        record = self._resumed(one) or self._attempt(one, observed, model, backend)
-                        progress[cfg].attempts += 1
-                        group_meta["executed"].append(one.run_key)
-                        if record is None:
-                            failed.append(one)
-                        elif record["status"] == INFEASIBLE:
-                            # Measuring it again cannot make it meet the user's deadline.
-                            progress[cfg].stopped = INFEASIBLE
-                            log.warning("%s is infeasible: %s", one.run_key, record.get("error"))
-                        else:
-                            progress[cfg].add(record["summary"])
-                            drift.since.append((cfg, one.run, one.run_key))
+                        self._measure(one, group, observed, failed)
                         bar.update(1)
-                        if o.order == "sequential" and progress[cfg].stopped is None:
-                            progress[cfg].stopped = progress[cfg].decide(o.runs, o.precision, max_runs)
-                        drifted = self._drift_check(drift, reference, network or reference[0], observed,
-                                                    model, backend, group_meta)
-                        for (dcfg, run, key) in drifted:
-                            # Each run is measured again at most once, and each configuration at most
-                            # max_runs times: a machine that stays slow is the new normal, not drift.
-                            if key in rerun_done or dcfg not in progress or progress[dcfg].remeasured >= max_runs:
-                                continue
-                            rerun_done.add(key)
-                            self.session.set_aside(key)
-                            prog = progress[dcfg]
-                            prog.remeasured += 1
-                            prog.latencies, prog.throughputs = self._values_of(model, backend, dcfg)
-                            prog.attempts -= 1
-                            prog.stopped = None
-                            rerun[dcfg].append(run)
+                        drifted = self._drift_check(group.drift, group.reference, network or group.reference[0],
+                                                    observed, model, backend, group.meta)
+                        self._requeue_drifted(drifted, group, model, backend)
                         if time.monotonic() - self.consolidated >= CONSOLIDATE_EVERY_S:
                             self.consolidate(meta, final=False)
             r += 1
             for c in active:
-                if progress[c].stopped is None and not rerun[c]:
-                    progress[c].stopped = progress[c].decide(o.runs, o.precision, max_runs)
-            bar.total = max(bar.total, bar.n + sum(1 for c in configs if progress[c].stopped is None))
+                if group.progress[c].stopped is None and not group.rerun[c]:
+                    group.progress[c].stopped = group.progress[c].decide(o.runs, o.precision, group.max_runs)
+            bar.total = max(bar.total, bar.n + sum(1 for c in group.configs if group.progress[c].stopped is None))
         bar.close()
-        group_meta["stopping"] = {self._config_key(model, backend, c): p.describe() for c, p in progress.items()}
-        group_meta["drift_checks"] = [dataclasses.asdict(c) for c in drift.checks]
+        group.meta["stopping"] = {self._config_key(model, backend, c): p.describe() for c, p in group.progress.items()}
+        group.meta["drift_checks"] = [dataclasses.asdict(c) for c in group.drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used.
-        self.stopping.update({(self.info.model, backend, self.cipher_used or cipher, n, k.label): p.describe()
-                              for (n, k), p in progress.items()})
-        return len(configs)
+        self.stopping.update({(self.info.model, backend, self.cipher_used or group.cipher, n, k.label): p.describe()
+                              for (n, k), p in group.progress.items()})
+        return len(group.configs)
+
+    def _group_state(self, model: str, backend: str, meta: dict[str, Any]) -> "_GroupState":
+        """A group's configurations, their progress, the drift reference and the session's record of it."""
+        o = self.opts
+        splits = self.splits_for(self.info.num_blocks, self.info.fine_cuts)
+        configs = [(n, k) for n in o.networks for k in splits]
+        max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
+        static = [k for k in splits if not k.adaptive] or splits
+        reference = (o.networks[0], static[len(static) // 2])
+        name = group_name(model, backend, self.cipher)
+        group_meta = meta.setdefault("groups", {}).setdefault(name, {})
+        group_meta.update({"order": o.order, "seed": o.seed, "precision": o.precision, "min_runs": o.runs,
+                           "max_runs": max_runs, "reference": {"network": reference[0], "split": reference[1].label},
+                           "executed": group_meta.get("executed", [])})
+        return _GroupState(name, self.cipher, configs, {c: rounds.ConfigProgress() for c in configs}, max_runs,
+                           rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0), reference, group_meta,
+                           {c: [] for c in configs})
+
+    def _round_plan(self, model: str, backend: str, group: "_GroupState", active: list[tuple],
+                    r: int) -> list[PlannedRun]:
+        """Round ``r``'s runs: in random order, each active configuration's next run after the runs
+        drift set aside; sequentially, every run of a configuration back to back (today's order)."""
+        o, cipher = self.opts, group.cipher
+        if o.order == "sequential":
+            return [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in active
+                    for i in range(group.max_runs if o.precision else o.runs)]
+        plan = [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in
+                rounds.round_order(active, o.seed, group.name, r, o.link == "tc")
+                for i in group.rerun[(n, k)] + [r]]
+        for c in active:
+            group.rerun[c] = []
+        return plan
+
+    def _measure(self, one: PlannedRun, group: "_GroupState", observed: Any, failed: list[PlannedRun]) -> None:
+        """One planned run (or its record from the run being resumed), counted in its configuration."""
+        o = self.opts
+        cfg = (one.network, one.split)
+        progress = group.progress[cfg]
+        record = self._resumed(one) or self._attempt(one, observed, one.model, one.backend)
+        progress.attempts += 1
+        group.meta["executed"].append(one.run_key)
+        if record is None:
+            failed.append(one)
+        elif record["status"] == INFEASIBLE:
+            # Measuring it again cannot make it meet the user's deadline.
+            progress.stopped = INFEASIBLE
+            log.warning("%s is infeasible: %s", one.run_key, record.get("error"))
+        else:
+            progress.add(record["summary"])
+            group.drift.since.append((cfg, one.run, one.run_key))
+        if o.order == "sequential" and progress.stopped is None:
+            progress.stopped = progress.decide(o.runs, o.precision, group.max_runs)
+
+    def _requeue_drifted(self, drifted: list[tuple], group: "_GroupState", model: str, backend: str) -> None:
+        """Set aside the runs measured while the machine drifted and plan them again. Each run is
+        measured again at most once, and each configuration at most max_runs times: a machine that
+        stays slow is the new normal, not drift."""
+        for (dcfg, run, key) in drifted:
+            if key in group.rerun_done or dcfg not in group.progress or \
+                    group.progress[dcfg].remeasured >= group.max_runs:
+                continue
+            group.rerun_done.add(key)
+            self.session.set_aside(key)
+            prog = group.progress[dcfg]
+            prog.remeasured += 1
+            prog.latencies, prog.throughputs = self._values_of(model, backend, dcfg)
+            prog.attempts -= 1
+            prog.stopped = None
+            group.rerun[dcfg].append(run)
 
     @staticmethod
     def _segments(plan: list[PlannedRun], tc_mode: bool) -> list[tuple[str | None, list[PlannedRun]]]:

@@ -260,6 +260,25 @@ def _rank_parts(ranks: list[int], images: int, timeout_s: float) -> dict[str, An
     return parts
 
 
+def _link_manifest(conditions: NetworkConditions | None, up: EmulatedLink | None) -> dict[str, Any]:
+    """The record's link: the emulated conditions (and where a trace's replay started), or none."""
+    if conditions is None:
+        return {"mode": "none"}
+    return {"mode": "emulated", "conditions": conditions.to_dict(),
+            **({"trace_up": up.manifest()["trace"]} if up and up.trace else {})}
+
+
+def _resource_parts(local_meter: Any, ranks: list[int], cfg: RunConfig) -> dict[str, Any]:
+    """Every stage's energy and memory: the master's own when it is stage 1, then the ranks'."""
+    images = cfg.num_batches * cfg.batch_size
+    parts: dict[str, Any] = {}
+    if local_meter is not None:
+        local_meter.stop()
+        parts["stage1"] = local_meter.part(images)
+    parts.update(_rank_parts(ranks, images, cfg.timeout_s))
+    return parts
+
+
 def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
                conditions: NetworkConditions | None = None, keep_outputs: bool = False,
                transport: dict | None = None, limits: dict[str, Any] | None = None,
@@ -305,18 +324,11 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
         finally:
             sender.close()
     status, error = status_of(failure)
-    images = cfg.num_batches * cfg.batch_size
-    parts: dict[str, Any] = {}
-    if local_meter is not None:
-        local_meter.stop()
-        parts["stage1"] = local_meter.part(images)
-    parts.update(_rank_parts(ranks, images, cfg.timeout_s))
+    parts = _resource_parts(local_meter, ranks, cfg)
     master = node_manifest(builder.device, role="master" if local_stage is None else "master+stage1",
                            weights_fingerprint=builder.fingerprint, limits=limits)
     manifest = {"stages": [master] + [i["manifest"] for i in infos],
-                "link": observed_link or ({"mode": "emulated", "conditions": conditions.to_dict(),
-                                           **({"trace_up": up.manifest()["trace"]} if up and up.trace else {})}
-                                          if emulated else {"mode": "none"}),
+                "link": observed_link or _link_manifest(conditions if emulated else None, up),
                 "rpc": {**(transport or {}), "source": source, "stage_ranks": ranks},
                 "inputs": inputs.describe(cfg.dataset, cfg.data_dir)}
     world = max(ranks) + 1

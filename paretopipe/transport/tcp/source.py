@@ -347,6 +347,21 @@ class _Stage1Run(SourceEndpoint):
         return later
 
 
+    def finish(self, ok: bool) -> Connection | None:
+        """The connection still open for the next run (``None`` after a failure, which closes
+        every connection the run had); a stage 2 that replaced the first one leaves it closed."""
+        after = self.next.connection if self.next is not None else None
+        if not ok:
+            for c in {self.first_connection, after} - {None}:
+                c.close()
+            return None
+        if after is not self.first_connection:
+            self.first_connection.close()
+        if after is not None:
+            after.runs += 1
+        return after
+
+
 def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunConfig, *,
                       policy: SplitPolicy | None = None, listener: StageListener | None = None,
                       conditions: NetworkConditions | None = None, observed_link: dict | None = None,
@@ -381,10 +396,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
             failure = exc
     mon.stop()
     status, error = status_of(failure)
-    manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before), "energy_sensors": meter.manifest()}
-    if run.summary() is not None:
-        key, body = run.summary()
-        manifest1[key] = body
+    manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before), "energy_sensors": meter.manifest(),
+                 **dict([run.summary()] if run.summary() else [])}
     part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.schedule.records(),
              "resources": meter.part(cfg.num_batches * cfg.batch_size)}
     if failure is None and run.next is not None:
@@ -393,15 +406,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
         except (ParetoPipeError, OSError) as exc:
             log.warning("stage 1: records exchange with stage 2 failed: %s", exc)
             failure = exc
-    after = run.next.connection if run.next is not None else None
-    if failure is not None:
-        for c in {connection, after} - {None}:
-            c.close()
-        after = None
-    elif after is not connection:
-        connection.close()
-    if after is not None:
-        after.runs += 1
+    after = run.finish(failure is None)
     record = assemble_record(run_id, status, error, cfg, [part1, *later], link_manifest,
                              {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
     path = write_record(record, output_dir)
