@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .. import records
 from ..errors import UsageError
@@ -125,6 +125,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> i
         print(tc.format_show(tc.show(args.dev, runner)))
         print(f"remove with: network_delay.py clear --dev {args.dev}")
         return 0
+    return _hold(args, conditions, direction, ingress, runner)
+
+
+def _hold(args: argparse.Namespace, conditions: Any, direction: Direction, ingress: Any, runner: Any) -> int:
+    """Apply the conditions for ``--duration`` seconds (a trace followed by its controllers), then clear."""
     log_path = None if args.trace_log is None else Path(args.trace_log)
     with tc.applied(direction, args.dev, ingress, args.port, runner) as held, \
             tracecontrol.following(direction, args.dev, runner, args.trace_offset, args.seed, "up",

@@ -52,6 +52,12 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
                    help="RPC worker threads (the anchor's default is 4; 16 here because each stage's forward holds "
                         "an RPC thread while it waits for the stage, and with --in-flight 4 batches plus the "
                         "results coming back, 4 threads can all be waiting)")
+    _add_split_choice_flags(p)
+    _add_placement_flags(p)
+    return p
+
+
+def _add_split_choice_flags(p: ArgumentParser) -> None:
     s = p.add_argument_group("choosing the split (the anchor's flags)")
     s.add_argument("--use-intelligent-splitting", action="store_true",
                    help="choose the block split with the lowest modelled latency under the run's network "
@@ -62,6 +68,10 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     s.add_argument("--device-profiles", default=None,
                    help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated, for "
                         "--use-intelligent-splitting")
+
+
+def _add_placement_flags(p: ArgumentParser) -> None:
+    """Where the ranks run and what they write: the RPC transport, the master, the network."""
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads per process")
     p.add_argument("--out", "--metrics-dir", dest="out", default="./enhanced_metrics", help="folder for the run JSON")
     p.add_argument("--models-dir", default="./models")
@@ -85,7 +95,6 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     for flag in DEPRECATED:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     add_common_flags(p)
-    return p
 
 
 def _master_address(args: argparse.Namespace) -> tuple[str, int]:

@@ -102,7 +102,7 @@ def summarize(resources: dict[str, Any] | None, stages: list[dict[str, Any]], co
     measured_total: float | None = 0.0
     modelled_total: float | None = 0.0
     seen: set[tuple] = set()
-    peaks, over, models = [], [], []
+    mems: list[dict[str, Any]] = []
     names = sorted(resources, key=lambda n: int(n[5:]) if n[5:].isdigit() else 99)
     for name in names:
         stage = resources[name] or {}
@@ -110,14 +110,8 @@ def summarize(resources: dict[str, Any] | None, stages: list[dict[str, Any]], co
         if j is None:
             continue
         p = f"stage{j}_"
-        mem_fields = _memory_fields(stage.get("memory") or {}, limits[j - 1] if j <= len(limits) else None)
-        out.update({p + k: v for k, v in mem_fields.items()})
-        if mem_fields.get("model_bytes") is not None:
-            models.append(mem_fields["model_bytes"])
-        if "over_memory_limit" in mem_fields:
-            over.append(mem_fields["over_memory_limit"])
-        if mem_fields["peak_rss_bytes"] is not None:
-            peaks.append(mem_fields["peak_rss_bytes"])
+        mems.append(_memory_fields(stage.get("memory") or {}, limits[j - 1] if j <= len(limits) else None))
+        out.update({p + k: v for k, v in mems[-1].items()})
         images = _number(stage.get("images")) or 0
         window, cpu = _number(stage.get("window_s")), _number(stage.get("cpu_s"))
         got = _measured(stage)
@@ -146,6 +140,8 @@ def summarize(resources: dict[str, Any] | None, stages: list[dict[str, Any]], co
     if names:
         out["energy_per_image_j"] = measured_total
         out["energy_modelled_per_image_j"] = modelled_total
+    peaks, models = ([m[k] for m in mems if m.get(k) is not None] for k in ("peak_rss_bytes", "model_bytes"))
+    over = [m["over_memory_limit"] for m in mems if "over_memory_limit" in m]
     out["memory_peak_bytes"] = max(peaks) if peaks else None
     out["memory_model_bytes"] = max(models) if models else None
     out["memory_fits"] = (not any(over)) if over else None
