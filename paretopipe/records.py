@@ -237,8 +237,9 @@ def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, A
     total_bits = 8 * (sum(wire) + sum(result))
     total_transfer = sum(t for t in transfers if t is not None)
     out["goodput_mbit_per_s"] = total_bits / total_transfer / 1e6 if total_transfer > 0 and wire else None
-    if any("split_k" in b for b in measured):  # the adaptive runtime's batches
+    if any("served_locally" in b for b in measured):  # a guarded run: adaptive, or a static one with a deadline
         out["batches_served_locally"] = sum(bool(b.get("served_locally")) for b in measured)
+    if any("split_k" in b for b in measured):  # the adaptive runtime's batches
         out["split_switches"] = sum(bool(b.get("switched")) for b in measured)
         ks = [b["split_k"] for b in measured if b.get("split_k") is not None]
         out["split_k_median"] = statistics.median(ks) if ks else None

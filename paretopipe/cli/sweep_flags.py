@@ -137,7 +137,8 @@ FLAGS: tuple[Flag, ...] = (
          "with hosts); none", choices=("emulated", "tc", "none"), field="", stored=lambda o: o.link),
     Flag(("--objective",), RUN, "what the adaptive split optimises", default="latency",
          choices=("latency", "throughput")),
-    Flag(("--deadline-ms",), RUN, "adaptive split: a result later than this is finished on stage 1 instead",
+    Flag(("--deadline-ms",), RUN, "every TCP run, static or adaptive (one batch in flight): a result later than "
+                                  "this is finished on stage 1 instead",
          type=positive_float, field="", stored=lambda o: None if o.deadline_s is None else o.deadline_s * 1e3),
     Flag(("--rpc-source",), RUN, "where the rpc backend's data lives: a master rank of its own, or stage 1",
          default="master", choices=("master", "stage1")),

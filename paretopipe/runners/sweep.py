@@ -210,7 +210,7 @@ class SweepOptions:
     power_idle_w: list[float | None] = dataclasses.field(default_factory=list)
     power_core_w: list[float | None] = dataclasses.field(default_factory=list)
     memory_limits: list[int | None] = dataclasses.field(default_factory=list)
-    deadline_s: float | None = None     # the adaptive split's deadline before a batch is finished locally
+    deadline_s: float | None = None     # a TCP run's deadline before a batch is finished locally (static or adaptive)
 
 
 @dataclasses.dataclass
@@ -315,6 +315,8 @@ def _check_options(opts: SweepOptions) -> None:
         if opts.in_flight != 1:
             raise UsageError(f"--in-flight {opts.in_flight}: the adaptive runtime keeps one batch in flight; "
                              f"use --in-flight 1 (and compare it with static splits measured so)")
+    if opts.deadline_s is not None and ("rpc" in opts.backends or opts.in_flight != 1):
+        raise UsageError("--deadline-ms settles each TCP batch before the next: use --backend tcp and --in-flight 1")
     if opts.plans and "tcp" in opts.backends:
         raise UsageError("N-stage plans (--split-blocks) run on the rpc backend: add --backend rpc")
     if opts.link == "tc" and not (tb.iface or any(h.iface for h in tb.hosts)):
@@ -480,8 +482,9 @@ class Sweeper:
         # The adaptive run chooses among the sweep's two-stage splits: block splits, and cuts by name.
         static = [k.blocks[0] if k.blocks else k.cut for k in self.splits_for(info.num_blocks, info.fine_cuts)
                   if not (k.adaptive or k.plan)]
-        extra = ({"objective": o.objective, "deadline_s": o.deadline_s,
-                  "candidates": static if len(static) > 1 else None} if adaptive else {})
+        extra = ({"objective": o.objective, "candidates": static if len(static) > 1 else None} if adaptive else {})
+        if not rpc:
+            extra["deadline_s"] = o.deadline_s
         warmed = not adaptive and not o.warmup_every_run and self._warm_key(planned, cuts) in self.warmed
         return RunConfig(model=info.model, cuts=cuts, split_index=planned.split.config, batch_size=o.batch_size, num_batches=o.num_batches,
                          warmup=0 if warmed else o.warmup, in_flight=o.in_flight, network=planned.network,

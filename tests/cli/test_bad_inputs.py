@@ -124,6 +124,9 @@ def cases() -> list[tuple[str, list[str], str]]:
                                "--dry-run"], "TCP backend")
     add("sweep-adaptive-in-flight", ["sweep", "--model", "resnet18", "--local", "--splits", "adaptive",
                                      "--in-flight", "2", "--dry-run"], "one batch in flight")
+    for i, extra in (("rpc", ["--backend", "rpc"]), ("in-flight", ["--in-flight", "2"])):
+        add(f"sweep-deadline-{i}", ["sweep", "--model", "resnet18", "--local", "--splits", "2", "--deadline-ms", "500",
+                                    "--dry-run", *extra], "--deadline-ms settles each TCP batch before the next")
     for value, what in (("moon", "unknown network 'moon'"), ("lan,lte", "one named condition, not a list")):
         add(f"stage1-network-{value}", ["stage1", "--model", "resnet18", "--split", "2", "--network", value], what)
     for flag, value, what in (("--rate", "10mbps", "bytes per second"), ("--rate", "fast", "bad rate"),

@@ -223,6 +223,7 @@ def test_sweep_runs_adaptive_beside_static_splits_and_reports_the_comparison(tmp
     trace = ROOT / "paretopipe" / "network" / "traces" / "step.csv"
     done = cli.run([PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "8,19,adaptive",
                     "--trace", str(trace), "--batch-size", "1", "--num-batches", "8", "--warmup", "1",
+                    "--deadline-ms", "60000",
                     "--runs", "1", "--local", "--drift-every", "0", "--out", str(tmp_path), "--session", "s"], timeout=600)
     assert done.returncode == 0, done.stderr
     session = tmp_path / "s"
@@ -236,6 +237,11 @@ def test_sweep_runs_adaptive_beside_static_splits_and_reports_the_comparison(tmp
     assert rec["config"]["split_index"] == "adaptive" and rec["config"]["candidates"] == [8, 19]
     assert {b["split_k"] for b in rec["batches"]} <= {8, 19}
     assert rec["summary"]["batches_served_locally"] == 0
+    # --deadline-ms holds the static runs to the same deadline, with the same fallback counted.
+    for j in runs[runs["split_index"].astype(str) != "adaptive"]["json"]:
+        static = json.loads((session / j).read_text())
+        assert static["config"]["deadline_s"] == 60 and static["summary"]["batches_served_locally"] == 0
+        assert static["manifest"]["stages"][0]["fallback"]["served_locally"] == 0
     assert rec["manifest"]["stages"][0]["adaptive"]["self_profiles"]["stage2"]["segment_compute_s"]
     # Static and adaptive met the same stretch of the trace (run 0's seeded offset).
     offsets = {json.loads((session / j).read_text())["manifest"]["link"]["trace_up"]["offset_s"] for j in runs["json"]}
