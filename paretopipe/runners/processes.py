@@ -66,42 +66,54 @@ def _free_port() -> int:
 
 
 class TcpStages:
-    """Stage 1 and stage 2 workers joined by one authenticated session that carries every run."""
+    """The TCP stage workers, joined in a chain (stage 1 -> ... -> stage N; two in a pair) by
+    authenticated sessions that carry every run. A middle stage listens for the next one."""
 
     backend = "tcp"
 
-    def __init__(self, placement: Placement, model: str, shaped_port: bool) -> None:
-        self.p, self.model = placement, model
+    def __init__(self, placement: Placement, model: str, shaped_port: bool, stages: int = 2) -> None:
+        self.p, self.model, self.stages = placement, model, stages
         tb = placement.testbed
-        self.hosts: list[Host | None] = list(tb.stage_hosts(2)) if tb.remote else [None, None]
+        self.hosts: list[Host | None] = list(tb.stage_hosts(stages)) if tb.remote else [None] * stages
         self.port = tb.data_port if (tb.remote or shaped_port) else 0
         self.procs: list[StageProcess] = []
         self.info: dict[str, Any] = {}
 
+    def _spawn_stage(self, j: int, host: Host | None) -> StageProcess:
+        p = self.p
+        args = ["--role", "stage1" if j == 0 else "stage2", *p.model_args(self.model),
+                "--device", p.device_for(j, host), "--threads", str(p.threads_for(j, self.stages))]
+        if host is None:
+            cpus = p.local_cpus(j, self.stages)
+            args += ["--cpus", cpus] if cpus else []
+            if j < len(p.cpu_shares) and p.cpu_shares[j] is not None:
+                args += ["--cpu-share", repr(p.cpu_shares[j])]
+        return _spawn(f"stage{j + 1}", WORKER, args, host)
+
     def start(self) -> dict[str, Any]:
         p = self.p
-        for j, host in enumerate(self.hosts):
-            args = ["--role", f"stage{j + 1}", *p.model_args(self.model), "--device", p.device_for(j, host),
-                    "--threads", str(p.threads_for(j, 2))]
-            if host is None:
-                cpus = p.local_cpus(j, 2)
-                args += ["--cpus", cpus] if cpus else []
-                if j < len(p.cpu_shares) and p.cpu_shares[j] is not None:
-                    args += ["--cpu-share", repr(p.cpu_shares[j])]
-            self.procs.append(_spawn(f"stage{j + 1}", WORKER, args, host))
+        self.procs = [self._spawn_stage(j, host) for j, host in enumerate(self.hosts)]
         infos = [proc.ready(p.wait_time) for proc in self.procs]
-        if infos[0]["fingerprint"] != infos[1]["fingerprint"]:
-            raise PeerError(f"the two hosts build different weights for {self.model} ({infos[0]['fingerprint']} vs "
-                            f"{infos[1]['fingerprint']}): check torch versions and models/*.pth (paretopipe doctor)")
-        s1, s2 = self.procs
+        odd = next((j for j, i in enumerate(infos) if i["fingerprint"] != infos[0]["fingerprint"]), None)
+        if odd is not None:
+            raise PeerError(f"stage 1 and stage {odd + 1} build different weights for {self.model} "
+                            f"({infos[0]['fingerprint']} vs {infos[odd]['fingerprint']}): check torch versions and "
+                            f"models/*.pth (paretopipe doctor)")
         remote = self.hosts[0] is not None
-        s1.send({"cmd": "listen", "host": "0.0.0.0" if remote else "127.0.0.1", "port": self.port,
-                 "secret": p.testbed.secret, "encrypt": p.encrypt})
-        port = s1.expect("listening", timeout=p.wait_time)["port"]
-        s2.send({"cmd": "connect", "host": self.hosts[0].address if remote else "127.0.0.1", "port": port,
-                 "secret": p.testbed.secret, "encrypt": p.encrypt, "connect_timeout": p.wait_time})
-        s2.expect("connected", timeout=p.wait_time)
-        self.info = {**infos[0], "limits": {"stage1": infos[0].get("limits"), "stage2": infos[1].get("limits")},
+        self.procs[0].send({"cmd": "listen", "host": "0.0.0.0" if remote else "127.0.0.1", "port": self.port,
+                            "secret": p.testbed.secret, "encrypt": p.encrypt})
+        port = self.procs[0].expect("listening", timeout=p.wait_time)["port"]
+        for j in range(1, self.stages):
+            before = self.hosts[j - 1]
+            cmd = {"cmd": "connect", "host": before.address if before is not None else "127.0.0.1", "port": port,
+                   "secret": p.testbed.secret, "encrypt": p.encrypt, "connect_timeout": p.wait_time}
+            if j < self.stages - 1:  # a middle stage: the next one connects to its own listener
+                cmd.update(next_port=self.port, next_host="0.0.0.0" if remote else "127.0.0.1")
+            self.procs[j].send(cmd)
+            if j < self.stages - 1:
+                port = self.procs[j].expect("listening", timeout=p.wait_time)["port"]
+            self.procs[j].expect("connected", timeout=p.wait_time)
+        self.info = {**infos[0], "limits": {f"stage{j + 1}": i.get("limits") for j, i in enumerate(infos)},
                      "devices": [p.device_for(j, h) for j, h in enumerate(self.hosts)]}
         return self.info
 

@@ -317,8 +317,11 @@ def _check_options(opts: SweepOptions) -> None:
                              f"use --in-flight 1 (and compare it with static splits measured so)")
     if opts.deadline_s is not None and ("rpc" in opts.backends or opts.in_flight != 1):
         raise UsageError("--deadline-ms settles each TCP batch before the next: use --backend tcp and --in-flight 1")
-    if opts.plans and "tcp" in opts.backends:
-        raise UsageError("N-stage plans (--split-blocks) run on the rpc backend: add --backend rpc")
+    if opts.plans and "tcp" in opts.backends and opts.link == "tc" and not tb.remote:
+        # On one machine every TCP stage listens on 127.0.0.1, and tc shapes by the data port: a
+        # chain's middle stage cannot have that port too.
+        raise UsageError("a TCP chain (--split-blocks) on this machine shapes its hops with the emulated link: use "
+                         "--link emulated, hosts in .env for tc, or --backend rpc")
     if opts.link == "tc" and not (tb.iface or any(h.iface for h in tb.hosts)):
         raise UsageError("--link tc needs IFACE (in .env or --iface): the interface tc shapes on each host")
     if any(x is not None for x in opts.stage_cpu):
@@ -444,7 +447,8 @@ class Sweeper:
     def _process_group(self, model: str, backend: str) -> StageGroup:
         o = self.opts
         if backend == "tcp":
-            return TcpStages(self.placement(), model, shaped_port=o.link == "tc")
+            return TcpStages(self.placement(), model, shaped_port=o.link == "tc",
+                             stages=(len(o.plans[0]) + 1) if o.plans else 2)
         stages = (len(o.plans[0]) + 1) if o.plans else 2
         return RpcRanks(self.placement(), model, stages, o.rpc_source, o.rpc_transport, o.timeout or deadlines.BASE_S)
 
@@ -569,7 +573,7 @@ class Sweeper:
         if o.link != "tc":
             yield None
             return
-        stages = (len(o.plans[0]) + 1) if (o.plans and backend == "rpc") else 2
+        stages = (len(o.plans[0]) + 1) if o.plans else 2
         hosts = self._shaped_hosts(backend, stages)
         addresses = [h.address for h, _ in hosts if h is not None]
         with contextlib.ExitStack() as stack:

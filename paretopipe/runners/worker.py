@@ -46,7 +46,8 @@ class Stage1RunCommand(RunCommand):
 
 @dataclasses.dataclass
 class ConnectCommand:
-    """Stage 2: connect to stage 1 at ``host:port`` and serve its runs until it says goodbye."""
+    """A later stage: connect to the stage before at ``host:port`` and serve its runs until it says
+    goodbye; a middle stage (``next_port``) also listens for the next stage and sends its part on."""
 
     cmd: str
     host: str
@@ -55,6 +56,9 @@ class ConnectCommand:
     encrypt: str = "none"
     connect_timeout: float = 60.0
     timeout: float | None = None  # None: each run's deadline, which stage 1 derives from its link
+    # A middle stage of a chain: where it listens for the next stage (port 0: any free one).
+    next_port: int | None = None
+    next_host: str = "127.0.0.1"
 
 
 COMMANDS = {"stage1": {"listen": ListenCommand, "run": Stage1RunCommand}, "stage2": {"connect": ConnectCommand}}
@@ -103,16 +107,22 @@ class StageWorker:
         else:
             if self.serving.is_set():
                 raise UsageError("stage 2 is already serving a connection")
+            secret = auth.load_secret(cmd.secret or "")
+            downstream = None
+            if cmd.next_port is not None:  # listening first, so the next stage may connect at once
+                self.listener = tcp.StageListener(tcp.listen(cmd.next_host, cmd.next_port),
+                                                  tcp.identity_of(self.builder), secret, encrypt=cmd.encrypt)
+                downstream = tcp.Downstream(self.listener, cmd.connect_timeout)
+                emit({"event": "listening", "port": self.listener.port})
             sock = tcp.connect_with_retry(cmd.host, cmd.port, cmd.connect_timeout)
-            connection = tcp.open_connection(sock, self.builder, secret=auth.load_secret(cmd.secret or ""),
-                                             encrypt=cmd.encrypt)
+            connection = tcp.open_connection(sock, self.builder, secret=secret, encrypt=cmd.encrypt)
             emit({"event": "connected"})
 
             def serve() -> None:
                 error = None
                 try:
                     tcp.serve_connection(connection, self.builder, threads=threads, limits=self.limits,
-                                         timeout_s=cmd.timeout)
+                                         timeout_s=cmd.timeout, downstream=downstream)
                 except (ParetoPipeError, OSError) as exc:
                     error = str(exc)
                 finally:

@@ -173,7 +173,9 @@ def cases() -> list[tuple[str, list[str], str]]:
         if flag in ("--model", "--models"):
             argv = ["sweep", flag, value, "--local", "--dry-run"]
         add(f"sweep{flag}={value}", argv, what.replace("{tmp}", T))
-    add("sweep-tcp-plans", sweep + ["--split-blocks", "2,5", "--dry-run"], "add --backend rpc")
+    # A TCP chain runs in a sweep; on one machine its hops are shaped by the emulated link, not tc.
+    add("sweep-tcp-chain-tc", sweep + ["--split-blocks", "2,5", "--link", "tc", "--iface", "lo", "--dry-run"],
+        "a TCP chain (--split-blocks) on this machine shapes its hops with the emulated link")
     # --encrypt: a cipher needs the shared secret; the rpc backend cannot be sealed
     keyed = ["sweep", "--model", "resnet18", "--env-file", f"{T}/keyed.env", "--local", "--dry-run"]
     for i, argv, what in (("no-secret", sweep + ["--encrypt", "none,aesgcm", "--dry-run"],

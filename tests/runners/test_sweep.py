@@ -492,3 +492,28 @@ def test_a_stage_groups_report_is_read_field_by_field_and_a_malformed_one_is_ref
         GroupInfo.of({k: v for k, v in ready.items() if k != "block_cuts"})
     with pytest.raises(PeerError, match="2 block cuts for 2 blocks"):
         GroupInfo.of({**ready, "block_cuts": ["input", "output"]})
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_tcp_chains_of_three_stages_with_every_hop_and_stage_in_its_records(tmp_path):
+    """--split-blocks on the TCP backend: three stage workers joined in a chain (the middle one
+    listens for the last), every run complete, each hop's bytes the cut's, every stage's part."""
+    done = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--split-blocks", "5,12;8,15",
+                    "--backend", "tcp", "--network", "wifi", "--batch-size", "2", "--num-batches", "4", "--warmup", "1",
+                    "--runs", "1", "--local", "--drift-every", "0", "--out", str(tmp_path), "--session", "s"],
+                   timeout=600)
+    assert done.returncode == 0, done.stderr
+    runs = pd.read_csv(tmp_path / "s" / "runs.csv")
+    assert sorted(runs["split_index"]) == ["5,12", "8,15"] and set(runs["backend"]) == {"tcp"}
+    part = cli.builder("mobilenetv2").partitioner
+    for _, row in runs.iterrows():
+        rec = json.loads((tmp_path / "s" / row["json"]).read_text())
+        ks = [int(k) for k in row["split_index"].split(",")]
+        assert rec["status"] == "complete" and rec["config"]["cuts"] == [part.block_cut(k) for k in ks]
+        assert [s["role"] for s in rec["manifest"]["stages"]] == ["stage1", "stage2", "stage3"]
+        for b in rec["batches"]:
+            assert b["hop_bytes"][:2] == [part.payload_nbytes(part.block_cut(k), 2) for k in ks]
+            assert b["hop_bytes"][2] == 2 * 10 * 4   # the logits on their way back
+        assert rec["summary"]["stage3_compute_median_s"] > 0 and rec["summary"]["stage3_peak_rss_bytes"] > 0
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert len(summary) == 2 and (summary["latency_median_s"] > 0).all()
