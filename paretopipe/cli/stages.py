@@ -91,7 +91,7 @@ def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuil
     if args.split_index == ADAPTIVE:
         if args.cut is not None:
             raise UsageError("--cut and --split adaptive exclude each other: give one of them (the adaptive runtime "
-                             "picks block splits itself)")
+                             "picks its splits itself; --candidates names cuts for it)")
         # Stage 2 insists on nothing; stage 1 starts at K (all local) until its first choice.
         return builder, (None if not required else [builder.partitioner.block_cut(builder.partitioner.num_blocks)])
     if args.split_index is None and args.cut is None:

@@ -289,6 +289,9 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     gives an incomplete record."""
     n = len(cfg.cuts) + 1
     ranks = layout(n, source)
+    if cfg.world_size is None or cfg.world_size < max(ranks) + 1:
+        raise UsageError(f"world_size {cfg.world_size}: {n} stages with the data at the {source} need "
+                         f"{max(ranks) + 1} ranks")
     emulated = conditions is not None and cfg.link_mode == "emulated"
     infos = _configure_ranks(cfg, builder, ranks, conditions if emulated else None)
     local_stage = builder.stage(list(cfg.cuts), 0) if ranks[0] == 0 else None
@@ -331,10 +334,8 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
                 "link": observed_link or _link_manifest(conditions if emulated else None, up),
                 "rpc": {**(transport or {}), "source": source, "stage_ranks": ranks},
                 "inputs": inputs.describe(cfg.dataset, cfg.data_dir)}
-    world = max(ranks) + 1
-    config = cfg.replace(world_size=cfg.world_size or world, num_partitions=n).to_dict()
     record = records.build_run_record(backend="rpc", run_id=records.new_run_id(cfg.model, "-".join(cfg.cuts)),
-                                      status=status, error=error, config=config, manifest=manifest,
+                                      status=status, error=error, config=cfg.to_dict(), manifest=manifest,
                                       batches=schedule.records(), sysmon={"master": mon.summary()},
                                       timing={"written_by": "master"}, resources=parts)
     return record, ([outputs[s] for s in sorted(outputs)] if keep_outputs else None)

@@ -120,6 +120,13 @@ class RunConfig:
                 raise UsageError(f"{name}: {getattr(self, name)}: every value must be 0 or more")
         if not self.cuts:
             raise UsageError("a run needs at least one cut")
+        if self.rpc_transport is not None:
+            # An RPC run's stage count follows from its cuts: set once here, so nothing patches it later.
+            if self.num_partitions is None:
+                object.__setattr__(self, "num_partitions", len(self.cuts) + 1)
+            elif self.num_partitions != len(self.cuts) + 1:
+                raise UsageError(f"num_partitions {self.num_partitions}: {len(self.cuts)} cut(s) make "
+                                 f"{len(self.cuts) + 1} stages")
         from .inputs import check_dataset
 
         check_dataset(self.dataset)

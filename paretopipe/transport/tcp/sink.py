@@ -160,10 +160,10 @@ class _SinkRun:
         try:
             self.start = message(RunStart, meta, "RUN")
             self.run_id = safe_run_id(self.start.run_id)
-            # Stage 1 derived the run's deadline from its link; this stage's own --timeout overrides it.
+            # Stage 1 derived the run's deadline from its link; this stage's own --timeout overrides it
+            # here, while the record keeps the configuration stage 1 sent.
             self.cfg = RunConfig.from_dict(self.start.config, "stage 1's run configuration")
-            if timeout_s:
-                self.cfg = self.cfg.replace(timeout_s=timeout_s)
+            self.timeout_s = timeout_s or self.cfg.timeout_s
             self.index, stages = self.start.stage, len(self.cfg.cuts) + 1
             if not 1 <= self.index < stages:
                 raise WireError(f"RUN names stage {self.index + 1} of a {stages}-stage plan; a later stage is "
@@ -197,9 +197,9 @@ class _SinkRun:
     def _start_next(self, downstream: Downstream) -> None:
         """Pass the RUN on to the next stage, which must answer RUN_OK."""
         self.next = downstream.connect(list(self.cfg.cuts))
-        self.next.sock.settimeout(self.cfg.timeout_s)
+        self.next.sock.settimeout(self.timeout_s)
         self.next.send(wire.RUN, meta={**dataclasses.asdict(self.start), "stage": self.index + 1})
-        wire.expect(self.next.reader.read(time.monotonic() + self.cfg.timeout_s), wire.RUN_OK)
+        wire.expect(self.next.reader.read(time.monotonic() + self.timeout_s), wire.RUN_OK)
 
     # -- the endpoint that pipeline.drive runs on the compute thread ---------------------------
     def _compute_loop(self) -> None:
@@ -297,7 +297,7 @@ class _SinkRun:
             threading.Thread(target=self._relay_results, name=f"{self.name}-relay", daemon=True).start()
         failure: BaseException | None = None
         part1 = None
-        self.connection.sock.settimeout(self.cfg.timeout_s)
+        self.connection.sock.settimeout(self.timeout_s)
         with SystemMonitor(gpu=self.builder.device.startswith("cuda")) as mon, self.meter:
             try:
                 part1 = self._receive()
@@ -307,7 +307,7 @@ class _SinkRun:
                     self._end_upstream(f"{self.name} refused the run: {exc}")
             finally:
                 self.work.put(None)
-                worker.join(timeout=self.cfg.timeout_s)
+                worker.join(timeout=self.timeout_s)
                 if self.forward is not None:
                     self.forward.close()
                 self.sender.close()  # every result is on the wire (the window's end) before the meter stops
@@ -393,7 +393,7 @@ class _SinkRun:
         try:
             if self.next is not None:
                 self.next.send_json(wire.RECORDS, {**part1, "before": [*before, sent]})
-                item = self.relayed.get(timeout=self.cfg.timeout_s)
+                item = self.relayed.get(timeout=self.timeout_s)
                 if isinstance(item, BaseException):
                     raise PeerError(f"the next stage sent no records: {item}")
                 later = later_parts(check_part(item, f"stage {self.index + 2}", False), self.index + 2,

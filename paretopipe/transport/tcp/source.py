@@ -134,11 +134,13 @@ class _Stage1Run(SourceEndpoint):
         self._probe_seq = 0
 
     # -- the next stage ------------------------------------------------------------------------
-    def _start_next(self, connection: Connection, cuts: list[str], deadline: float) -> dict[str, Any]:
-        """RUN on ``connection`` (the first time, or replayed to a stage 2 that came back)."""
+    def _start_next(self, connection: Connection, deadline: float) -> dict[str, Any]:
+        """RUN on ``connection`` (the first time, or replayed to a stage 2 that came back). The
+        configuration goes as the run has it: a stage 2 starts at the run's cuts, and an adaptive
+        one is moved from there by SWITCH."""
+        cuts = list(self.cfg.cuts)
         connection.sock.settimeout(self.cfg.timeout_s)
-        connection.send(wire.RUN, meta=run_start(self.run_id, self.cfg.replace(cuts=cuts), self.link_manifest,
-                                                 self.conditions))
+        connection.send(wire.RUN, meta=run_start(self.run_id, self.cfg, self.link_manifest, self.conditions))
         ok = wire.expect(connection.reader.read(deadline), wire.RUN_OK)
         if self.guarded:
             connection.sock.settimeout(None)  # the deadline is kept per batch, not by the socket
@@ -152,8 +154,7 @@ class _Stage1Run(SourceEndpoint):
         has what it needs, the policy's startup probes are timed, then the batches' clock starts."""
         cfg = self.cfg
         # An adaptive stage 2 profiles itself before its RUN_OK: it gets longer to answer.
-        self._start_next(self.first_connection, list(cfg.cuts),
-                         time.monotonic() + cfg.timeout_s + (120 if self.policy.adaptive else 0))
+        self._start_next(self.first_connection, time.monotonic() + cfg.timeout_s + (120 if self.policy.adaptive else 0))
         if self.conditions is not None:
             self.link = EmulatedLink(self.conditions.up, seed=cfg.seed)
             self.link_manifest.update(link_manifest_of(self.conditions, True, None, self.link))
@@ -178,9 +179,8 @@ class _Stage1Run(SourceEndpoint):
             connection = self.listener.connection(0.001)
         except PeerError:
             return
-        local = self.policy.cuts_for(seq, None)[0] if self.policy.adaptive else list(self.cfg.cuts)
         try:
-            self._start_next(connection, local, time.monotonic() + self.cfg.timeout_s)
+            self._start_next(connection, time.monotonic() + self.cfg.timeout_s)
         except (ParetoPipeError, OSError) as exc:
             connection.close()
             log.warning("stage 1: a returning stage 2 failed its RUN: %s", exc)
