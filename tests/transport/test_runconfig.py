@@ -49,3 +49,12 @@ def test_a_run_configuration_cannot_be_patched():
         cfg.timeout_s = 5.0
     longer = dataclasses.replace(cfg, timeout_s=120.0)
     assert (cfg.timeout_s, longer.timeout_s) == (60.0, 120.0) and longer.cuts == cfg.cuts
+
+
+def test_an_rpc_runs_stage_count_is_set_once_from_its_cuts_and_never_contradicted():
+    rpc = RunConfig(model="resnet18", cuts=["a", "b"], rpc_transport="uv", world_size=4)
+    assert rpc.num_partitions == 3 and rpc.to_dict()["num_partitions"] == 3
+    assert RunConfig.from_dict(rpc.to_dict()) == rpc
+    with pytest.raises(UsageError, match="num_partitions 2: 2 cut\\(s\\) make 3 stages"):
+        RunConfig(model="resnet18", cuts=["a", "b"], rpc_transport="uv", num_partitions=2)
+    assert RunConfig(model="resnet18", cuts=["a"]).num_partitions is None   # a TCP run has none
