@@ -191,6 +191,7 @@ class _MasterRun:
     def config(self, builder: Any, ks: list[int] | None) -> Any:
         """The run's configuration for block splits ``ks``, or (None) for the fine cuts of ``--cut``."""
         from ..network import deadlines
+        from ..transport.runconfig import RpcOptions
 
         args, part = self.args, builder.partitioner
         cuts = [part.block_cut(k) for k in ks] if ks is not None else builder.cuts_for(cut=args.cut)
@@ -202,8 +203,8 @@ class _MasterRun:
         return run_config_from_flags(args, builder.name, cuts, split_index, self.conditions,
                                      timeout_s, num_batches=max(1, -(-args.num_test_samples // args.batch_size)),
                                      in_flight=in_flight, dataset=dataset_from_args(args),
-                                     rpc_transport=args.rpc_transport, rpc_source=args.rpc_source,
-                                     use_pipelining=args.use_pipelining, world_size=args.world_size)
+                                     rpc=RpcOptions(transport=args.rpc_transport, source=args.rpc_source,
+                                                    use_pipelining=args.use_pipelining, world_size=args.world_size))
 
     def __call__(self, builder: Any, transport: dict[str, Any]) -> int:
         from .. import records

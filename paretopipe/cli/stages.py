@@ -189,9 +189,11 @@ def adaptive_fields(args: argparse.Namespace, num_blocks: int) -> dict:
         if given or args.objective != "latency":
             raise UsageError(f"{(given or ['--objective'])[0]} applies to --split adaptive only")
         return deadline
-    return {"objective": args.objective, **deadline,
-            "candidates": _candidates(args.candidates, num_blocks) if args.candidates else None,
-            "device_profiles": args.device_profiles.split(",") if args.device_profiles else None}
+    from ..transport.runconfig import AdaptiveOptions
+
+    return {**deadline, "adaptive_split": AdaptiveOptions(
+        objective=args.objective, candidates=_candidates(args.candidates, num_blocks) if args.candidates else None,
+        device_profiles=args.device_profiles.split(",") if args.device_profiles else None)}
 
 
 def _candidates(text: str, num_blocks: int) -> list[int | str]:

@@ -55,17 +55,18 @@ def adaptive_policy(builder: StageBuilder, cfg: RunConfig) -> AdaptivePolicy:
     part = builder.partitioner
     num_blocks = part.num_blocks
     block_cuts = part.block_cuts()
-    candidates: list[Candidate] = list(cfg.candidates) if cfg.candidates is not None else list(range(num_blocks + 1))
+    opts = cfg.adaptive_split
+    candidates: list[Candidate] = list(opts.candidates) if opts.candidates is not None else list(range(num_blocks + 1))
     check_candidates(builder, candidates)
     if cfg.cuts[0] not in block_cuts:
         raise UsageError(f"an adaptive run starts at a block split, not {cfg.cuts[0]!r}")
     cut_of: dict[Candidate, str] = {k: cut for k, cut in enumerate(block_cuts)}
     cut_of.update({c: c for c in candidates if isinstance(c, str)})
-    notes: dict[str, Any] = {"self_profiles": None, "device_profiles": cfg.device_profiles}
+    notes: dict[str, Any] = {"self_profiles": None, "device_profiles": opts.device_profiles}
 
     def profiles_from(remote: dict[str, Any]) -> list[DeviceProfile]:
-        if cfg.device_profiles:
-            profiles = [DeviceProfile.load(p) for p in cfg.device_profiles]
+        if opts.device_profiles:
+            profiles = [DeviceProfile.load(p) for p in opts.device_profiles]
             for w in check_compatible(profiles, builder.name):
                 log.warning("adaptive: %s", w)
             return profiles
@@ -82,5 +83,5 @@ def adaptive_policy(builder: StageBuilder, cfg: RunConfig) -> AdaptivePolicy:
                 for role, t in (("stage1", mine), ("stage2", remote["profile"]))]
 
     policy = AdaptivePolicy(cut_of, candidates, num_blocks, profiles_from, batch_size=cfg.batch_size,
-                            objective=cfg.objective, codec=codec_key(cfg.wire_dtype, cfg.compression), summary=notes)
+                            objective=opts.objective, codec=codec_key(cfg.wire_dtype, cfg.compression), summary=notes)
     return policy

@@ -151,7 +151,7 @@ def run_config(builder, transport: dict, cmd: RunCommand, limits: dict[str, Any]
 
     cfg = RunConfig.from_dict(cmd.config)
     conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
-    source = cfg.rpc_source or "master"
+    source = cfg.rpc.source if cfg.rpc else "master"
     record, _ = backend.run_master(cfg, builder, source=source, conditions=conditions, transport=transport,
                                    limits=limits, observed_link=cmd.observed_link)
     return record

@@ -29,7 +29,7 @@ from ..network import deadlines, tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ..partition.structure import check_splits
 from ..splits import Split, is_cut_name
-from ..transport.runconfig import ADAPTIVE, RunConfig
+from ..transport.runconfig import ADAPTIVE, AdaptiveOptions, RpcOptions, RunConfig
 from . import rounds, zygote
 from .hosts import Host, Testbed
 from .processes import Placement, RpcRanks, TcpStages
@@ -486,7 +486,8 @@ class Sweeper:
         # The adaptive run chooses among the sweep's two-stage splits: block splits, and cuts by name.
         static = [k.blocks[0] if k.blocks else k.cut for k in self.splits_for(info.num_blocks, info.fine_cuts)
                   if not (k.adaptive or k.plan)]
-        extra = ({"objective": o.objective, "candidates": static if len(static) > 1 else None} if adaptive else {})
+        extra = ({"adaptive_split": AdaptiveOptions(objective=o.objective, candidates=static if len(static) > 1 else None)}
+                 if adaptive else {})
         if not rpc:
             extra["deadline_s"] = o.deadline_s
         warmed = not adaptive and not o.warmup_every_run and self._warm_key(planned, cuts) in self.warmed
@@ -496,9 +497,9 @@ class Sweeper:
                          num_classes=o.num_classes, dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key, config_key=planned.config_key,
                          run=planned.run, stage_limits=info.limits, max_batch_s=o.max_batch_s,
                          prefetch_batches=o.prefetch_batches,
-                         rpc_transport=o.rpc_transport if rpc else None, rpc_source=o.rpc_source if rpc else None,
-                         use_pipelining=(o.in_flight > 1) if rpc else None,
-                         world_size=info.world_size if rpc else None, energy_rate_hz=o.energy_rate_hz,
+                         rpc=RpcOptions(transport=o.rpc_transport, source=o.rpc_source, use_pipelining=o.in_flight > 1,
+                                        world_size=info.world_size) if rpc else None,
+                         energy_rate_hz=o.energy_rate_hz,
                          **self.stage_declarations(len(cuts) + 1), **extra)
 
     def stage_declarations(self, stages: int) -> dict[str, Any]:

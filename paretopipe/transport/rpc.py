@@ -289,9 +289,9 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     gives an incomplete record."""
     n = len(cfg.cuts) + 1
     ranks = layout(n, source)
-    if cfg.world_size is None or cfg.world_size < max(ranks) + 1:
-        raise UsageError(f"world_size {cfg.world_size}: {n} stages with the data at the {source} need "
-                         f"{max(ranks) + 1} ranks")
+    if cfg.rpc is None or cfg.rpc.world_size is None or cfg.rpc.world_size < max(ranks) + 1:
+        raise UsageError(f"world_size {cfg.rpc.world_size if cfg.rpc else None}: {n} stages with the data at the "
+                         f"{source} need {max(ranks) + 1} ranks")
     emulated = conditions is not None and cfg.link_mode == "emulated"
     infos = _configure_ranks(cfg, builder, ranks, conditions if emulated else None)
     local_stage = builder.stage(list(cfg.cuts), 0) if ranks[0] == 0 else None

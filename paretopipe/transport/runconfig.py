@@ -26,11 +26,53 @@ OBJECTIVES = ("latency", "throughput")
 MAX_ENERGY_RATE_HZ = 1000.0
 
 
+RPC_TRANSPORTS = ("uv", "auto")
+RPC_SOURCES = ("master", "stage1")
+
+
+@dataclasses.dataclass(frozen=True)
+class RpcOptions:
+    """The RPC backend's own settings (a TCP run has none): the TensorPipe transport, where the
+    data lives (the master alone, or the master computing stage 1), whether batches overlap, the
+    world's ranks, and the stages (set from the cuts by :class:`RunConfig`)."""
+
+    transport: str = "uv"
+    source: str = "master"
+    use_pipelining: bool = False
+    world_size: int | None = None
+    num_partitions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.transport not in RPC_TRANSPORTS:
+            raise UsageError(f"--rpc-transport {self.transport!r}: valid {', '.join(RPC_TRANSPORTS)}")
+        if self.source not in RPC_SOURCES:
+            raise UsageError(f"--rpc-source {self.source!r}: valid {', '.join(RPC_SOURCES)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveOptions:
+    """The adaptive split's settings (split_index "adaptive"): what it optimises, the splits it may
+    choose (None: every block split; block indices, and cuts of several tensors by name) and the
+    device profiles (paths on stage 1's host; None: both stages profile themselves at start)."""
+
+    objective: str = "latency"
+    candidates: list[int | str] | None = None
+    device_profiles: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise UsageError(f"--objective {self.objective!r}: valid {', '.join(OBJECTIVES)}")
+        if self.device_profiles is not None and len(self.device_profiles) != 2:
+            raise UsageError(f"--device-profiles: give two profiles (stage 1's, stage 2's), got "
+                             f"{len(self.device_profiles)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One measured run of one split. Both stages must agree on the fields the handshake checks.
-    Frozen: a stage that needs another value (stage 2's own --timeout, the adaptive run's current
-    cut) makes a new one with ``dataclasses.replace``, so the record's copy is never patched."""
+    """One measured run of one split: the core every run has, and the options of the RPC backend
+    (``rpc``) and of the adaptive split (``adaptive_split``) apart. Both stages must agree on the
+    fields the handshake checks. Frozen, and never patched on its way: what a stage needs beside
+    it (stage 2's own --timeout) it keeps beside it, so every stage's record has the same copy."""
 
     model: str
     cuts: list[str]
@@ -58,20 +100,11 @@ class RunConfig:
     config_key: str | None = None
     run: int | None = None
     stage_limits: dict[str, Any] | None = None
-    # The RPC backend's own settings.
-    rpc_transport: str | None = None
-    rpc_source: str | None = None
-    use_pipelining: bool | None = None
-    world_size: int | None = None
-    num_partitions: int | None = None
-    # The adaptive runtime (split_index "adaptive"): what it optimises, the deadline after which
-    # stage 1 finishes a batch itself (any run with one batch in flight may have one), the splits
-    # it may choose (None: all block splits) and device profiles (paths on stage 1's host; None:
-    # both stages profile themselves at start).
-    objective: str = "latency"
+    # After this long a result is not waited for: stage 1 finishes the batch itself (one batch in
+    # flight; an adaptive run, or a static one that asks for the fallback).
     deadline_s: float | None = None
-    candidates: list[int | str] | None = None   # block splits, and cuts of several tensors by name
-    device_profiles: list[str] | None = None
+    rpc: RpcOptions | None = None
+    adaptive_split: AdaptiveOptions | None = None
     # Energy and memory (paretopipe.energy): how often each stage reads its power sensors, each
     # stage's declared idle power and the power one busy core adds (the modelled energy of a host
     # without sensors), and each stage's memory limit in bytes (a stage over it is marked).
@@ -106,13 +139,12 @@ class RunConfig:
         if self.deadline_s is not None and self.in_flight != 1:
             raise UsageError(f"--deadline-ms with --in-flight {self.in_flight}: a deadline settles each batch "
                              f"before the next; use --in-flight 1")
-        if self.objective not in OBJECTIVES:
-            raise UsageError(f"--objective {self.objective!r}: valid {', '.join(OBJECTIVES)}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise UsageError(f"--deadline-ms {self.deadline_s * 1e3:g}: must be positive")
-        if self.device_profiles is not None and len(self.device_profiles) != 2:
-            raise UsageError(f"--device-profiles: give two profiles (stage 1's, stage 2's), got "
-                             f"{len(self.device_profiles)}")
+        if self.adaptive and self.adaptive_split is None:
+            object.__setattr__(self, "adaptive_split", AdaptiveOptions())
+        elif self.adaptive_split is not None and not self.adaptive:
+            raise UsageError(f"adaptive split options for split {self.split_index!r}: they apply to {ADAPTIVE} only")
         if not 0 < self.energy_rate_hz <= MAX_ENERGY_RATE_HZ:
             raise UsageError(f"--energy-rate-hz {self.energy_rate_hz:g}: give a rate in (0, {MAX_ENERGY_RATE_HZ}] Hz")
         for name in ("power_idle_w", "power_core_w", "memory_limits"):
@@ -120,12 +152,12 @@ class RunConfig:
                 raise UsageError(f"{name}: {getattr(self, name)}: every value must be 0 or more")
         if not self.cuts:
             raise UsageError("a run needs at least one cut")
-        if self.rpc_transport is not None:
+        if self.rpc is not None:
             # An RPC run's stage count follows from its cuts: set once here, so nothing patches it later.
-            if self.num_partitions is None:
-                object.__setattr__(self, "num_partitions", len(self.cuts) + 1)
-            elif self.num_partitions != len(self.cuts) + 1:
-                raise UsageError(f"num_partitions {self.num_partitions}: {len(self.cuts)} cut(s) make "
+            if self.rpc.num_partitions is None:
+                object.__setattr__(self, "rpc", dataclasses.replace(self.rpc, num_partitions=len(self.cuts) + 1))
+            elif self.rpc.num_partitions != len(self.cuts) + 1:
+                raise UsageError(f"num_partitions {self.rpc.num_partitions}: {len(self.cuts)} cut(s) make "
                                  f"{len(self.cuts) + 1} stages")
         from .inputs import check_dataset
 

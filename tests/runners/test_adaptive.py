@@ -234,7 +234,7 @@ def test_sweep_runs_adaptive_beside_static_splits_and_reports_the_comparison(tmp
     row = summary[summary["split_index"].astype(str) == "adaptive"].iloc[0]
     assert row["runs"] == 1 and row["latency_median_s"] > 0
     rec = json.loads((session / runs[runs["split_index"].astype(str) == "adaptive"].iloc[0]["json"]).read_text())
-    assert rec["config"]["split_index"] == "adaptive" and rec["config"]["candidates"] == [8, 19]
+    assert rec["config"]["split_index"] == "adaptive" and rec["config"]["adaptive_split"]["candidates"] == [8, 19]
     assert {b["split_k"] for b in rec["batches"]} <= {8, 19}
     assert rec["summary"]["batches_served_locally"] == 0
     # --deadline-ms holds the static runs to the same deadline, with the same fallback counted.
@@ -274,7 +274,7 @@ def test_adaptive_run_switches_to_a_cut_of_two_tensors_named_among_its_candidate
     assert f"splits used {fine}" in s1.stdout.read()
     rec = _record(tmp_path / "s1")
     adaptive = rec["manifest"]["stages"][0]["adaptive"]
-    assert rec["status"] == "complete" and adaptive["candidates"] == [fine] and rec["config"]["candidates"] == [fine]
+    assert rec["status"] == "complete" and adaptive["candidates"] == [fine] and rec["config"]["adaptive_split"]["candidates"] == [fine]
     assert all(b["split_k"] is None and b["split_candidate"] == 0 and not b["served_locally"] for b in rec["batches"])
     part = builder(MODEL).partitioner
     assert part.cut(fine).width == 2

@@ -85,7 +85,7 @@ def test_three_host_rpc_sweep_of_a_three_stage_plan(tmp_path):
             assert rec["manifest"]["rpc"]["stage_ranks"] == [1, 2, 3] and len(rec["manifest"]["stages"]) == 4
             hops = rec["batches"][-1]["hop_bytes"]
             assert len(hops) == 4 and hops[0] == 3 * 224 * 224 * 4 and hops[-1] == 40
-            assert rec["config"]["world_size"] == 4 and len(rec["config"]["cuts"]) == 2
+            assert rec["config"]["rpc"]["world_size"] == 4 and len(rec["config"]["cuts"]) == 2
         for i in (1, 2, 3):
             assert "htb" not in _qdisc(made, i)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from paretopipe.errors import UsageError
-from paretopipe.transport.runconfig import RunConfig
+from paretopipe.transport.runconfig import AdaptiveOptions, RpcOptions, RunConfig
 
 
 def _cfg(**kw):
@@ -52,9 +54,28 @@ def test_a_run_configuration_cannot_be_patched():
 
 
 def test_an_rpc_runs_stage_count_is_set_once_from_its_cuts_and_never_contradicted():
-    rpc = RunConfig(model="resnet18", cuts=["a", "b"], rpc_transport="uv", world_size=4)
-    assert rpc.num_partitions == 3 and rpc.to_dict()["num_partitions"] == 3
+    rpc = RunConfig(model="resnet18", cuts=["a", "b"], rpc=RpcOptions(world_size=4))
+    assert rpc.rpc.num_partitions == 3 and rpc.to_dict()["rpc"]["num_partitions"] == 3
     assert RunConfig.from_dict(rpc.to_dict()) == rpc
     with pytest.raises(UsageError, match="num_partitions 2: 2 cut\\(s\\) make 3 stages"):
-        RunConfig(model="resnet18", cuts=["a", "b"], rpc_transport="uv", num_partitions=2)
-    assert RunConfig(model="resnet18", cuts=["a"]).num_partitions is None   # a TCP run has none
+        RunConfig(model="resnet18", cuts=["a", "b"], rpc=RpcOptions(num_partitions=2))
+    assert RunConfig(model="resnet18", cuts=["a"]).rpc is None   # a TCP run has no RPC options
+
+
+def test_the_backend_and_the_adaptive_split_keep_their_options_apart_from_the_core():
+    adaptive = RunConfig(model="resnet18", cuts=["output"], split_index="adaptive")
+    assert adaptive.adaptive_split == AdaptiveOptions()   # the defaults, made once
+    named = RunConfig(model="resnet18", cuts=["output"], split_index="adaptive",
+                      adaptive_split=AdaptiveOptions(candidates=[3, "a+b"]))
+    assert RunConfig.from_dict(named.to_dict()).adaptive_split.candidates == [3, "a+b"]
+    with pytest.raises(UsageError, match="apply to adaptive only"):
+        RunConfig(model="resnet18", cuts=["x"], split_index=2, adaptive_split=AdaptiveOptions())
+    with pytest.raises(UsageError, match="--objective 'speed'"):
+        AdaptiveOptions(objective="speed")
+    with pytest.raises(UsageError, match="--rpc-source 'moon'"):
+        RpcOptions(source="moon")
+    with pytest.raises(UsageError, match="unknown key 'objective'"):   # the old flat form is refused by name
+        RunConfig.from_dict({**named.to_dict(), "objective": "latency"})
+    cfg = RunConfig(model="resnet18", cuts=["x"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.timeout_s = 1.0

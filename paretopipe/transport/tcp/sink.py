@@ -127,7 +127,7 @@ class _SinkRun:
         back, forward = self._accept(meta, timeout_s, downstream)
         cfg = self.cfg
         self.ok_meta = {"profile": self_profile_timings(builder, cfg)} \
-            if cfg.adaptive and not cfg.device_profiles else None
+            if cfg.adaptive and not cfg.adaptive_split.device_profiles else None
         # Before RUN_OK: a first run measures idle power while stage 1 waits, idle too.
         self.meter = stage_meter(builder, cfg, self.index)
         connection.send(wire.RUN_OK, meta=self.ok_meta)
@@ -414,7 +414,8 @@ def _stage_named(meta: Any) -> str:
 def self_profile_cuts(builder: StageBuilder, cfg: RunConfig) -> list[str]:
     """The boundaries of an adaptive run's self-profile, and the cuts it may switch to: every
     block cut and the run's candidates named by cut (both stages derive them from the RUN)."""
-    return builder.partitioner.boundary_cuts([c for c in cfg.candidates or [] if isinstance(c, str)])
+    named = (cfg.adaptive_split.candidates if cfg.adaptive_split else None) or []
+    return builder.partitioner.boundary_cuts([c for c in named if isinstance(c, str)])
 
 
 def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
