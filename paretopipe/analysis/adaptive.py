@@ -3,7 +3,8 @@ and the latency-over-time figure with the adaptive choice drawn over the trace's
 
 Every configuration of a sweep run r replays its trace from the same seeded offset (the run index
 is the seed), so static and adaptive runs meet the same segment. The best static split is chosen
-in hindsight: the lowest median latency among the static splits measured.
+in hindsight: the lowest median latency among the two-stage static splits measured, block splits
+and cuts of several tensors alike (the adaptive split may choose either).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pandas as pd
 
 from ..network import traces
 from ..splits import ADAPTIVE
-from .session import Session
+from .session import Session, split_sort_key
 
 GOAL_WITHIN = 0.10   # adaptive's median latency within 10% of the best static split's
 COLUMNS = ["model", "backend", "network", "batch_size", "split_index", "role", "latency_median_s",
@@ -33,7 +34,7 @@ def comparison(configs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         labels = grp["split_index"].astype(str)
         if ADAPTIVE not in set(labels):
             continue
-        static = grp[labels.str.lstrip("-").str.isdigit()]
+        static = grp[(labels != ADAPTIVE) & ~labels.str.contains(",")]   # two-stage: not a plan
         adaptive = grp[labels == ADAPTIVE].iloc[0]
         if static.empty or pd.isna(adaptive["latency_median_s"]):
             continue
@@ -87,10 +88,10 @@ def plot_over_time(session: Session, runs: pd.DataFrame, verdict: dict[str, Any]
     if adaptive is None:
         return
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    statics = sorted({verdict["best_static_split"], max(int(k) for k in runs["split_index"].astype(str)
-                                                         if k.lstrip("-").isdigit())}, key=int)
-    for label, rec in [("adaptive", adaptive)] + [(f"static k={k}", _record(session, runs, network, k))
-                                                  for k in statics]:
+    blocks = [int(k) for k in runs["split_index"].astype(str) if k.lstrip("-").isdigit()]
+    statics = sorted({str(verdict["best_static_split"])} | ({str(max(blocks))} if blocks else set()), key=split_sort_key)
+    for label, rec in [("adaptive", adaptive)] + [(f"static {'k=' if k.isdigit() else ''}{k}",
+                                                   _record(session, runs, network, k)) for k in statics]:
         if rec is None:
             continue
         pts = [(b["start_s"], b["latency_s"] * 1e3) for b in rec["batches"] if b.get("latency_s") is not None]

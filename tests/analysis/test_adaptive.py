@@ -1,0 +1,58 @@
+"""The static-vs-adaptive comparison: the best static split in hindsight may be a cut of several
+tensors (the adaptive split may choose one), and the latency-over-time figure draws a run whose
+batches chose such a cut (no block index: a gap in the split line) without failing."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from paretopipe.analysis import adaptive
+from paretopipe.analysis.plotting import pyplot
+from paretopipe.analysis.session import Session
+
+FINE = "features_2_conv_3+features_3_conv_3"
+
+
+def _configs() -> pd.DataFrame:
+    rows = [("8", 0.090), ("19", 0.060), (FINE, 0.050), ("3,9", 0.010), ("adaptive", 0.052)]
+    return pd.DataFrame([{"model": "mobilenet_v2", "backend": "tcp", "network": "trace-step", "batch_size": 1,
+                          "split_index": split, "latency_median_s": lat, "latency_p95_s": lat * 1.5,
+                          "throughput_imgs_per_s": 1 / lat, "runs": 1} for split, lat in rows])
+
+
+def test_the_best_static_split_may_be_a_cut_of_several_tensors_but_never_a_plan():
+    table, verdicts = adaptive.comparison(_configs())
+    (verdict,) = verdicts.to_dict("records")
+    assert verdict["best_static_split"] == FINE   # the plan 3,9 is faster but not a two-stage split
+    assert verdict["adaptive_over_best_latency"] == 0.052 / 0.050 and verdict["within_goal"]
+    roles = dict(zip(table["split_index"], table["role"]))
+    assert roles == {"8": "static", "19": "static", FINE: "best static", "3,9": "static", "adaptive": "adaptive"}
+
+
+def _record(batches: list[dict]) -> dict:
+    return {"manifest": {"link": {"mode": "emulated"}}, "batches": batches}
+
+
+def test_the_figure_draws_an_adaptive_run_that_chose_a_cut_of_several_tensors(tmp_path):
+    fine = [{"start_s": 0.1 * i, "latency_s": 0.05, "split_k": None, "split_candidate": 1,
+             "served_locally": False} for i in range(5)]
+    local = [{"start_s": 0.5 + 0.1 * i, "latency_s": 0.06, "split_k": 19, "split_candidate": 2,
+              "served_locally": i == 0} for i in range(5)]
+    files = {"adaptive": _record(fine + local), FINE: _record(fine), "19": _record(local)}
+    for i, (split, rec) in enumerate(files.items()):
+        (tmp_path / f"r{i}.json").write_text(json.dumps(rec))
+    runs = pd.DataFrame([{"network": "trace-step", "split_index": split, "status": "complete", "run": 0,
+                          "json": f"r{i}.json"} for i, split in enumerate(files)])
+    plt = pyplot()
+    fig = plt.figure()
+    adaptive.plot_over_time(Session(tmp_path), runs, {"network": "trace-step", "best_static_split": FINE}, fig, "t")
+    top, bottom, twin = fig.axes
+    assert [line.get_label() for line in top.get_lines()] == ["adaptive", "static k=19", f"static {FINE}"]
+    step, crosses = twin.get_lines()
+    ks = list(step.get_ydata())
+    assert all(math.isnan(k) for k in ks[:5]) and ks[5:] == [19] * 5   # no block index while on the cut
+    assert list(crosses.get_ydata()) == [19]                             # the batch served locally
+    plt.close(fig)
