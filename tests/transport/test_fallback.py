@@ -71,3 +71,23 @@ def test_a_deadline_needs_one_batch_in_flight(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "error: --deadline-ms with --in-flight 2: a deadline settles each batch before the next; use --in-flight 1"]
+
+
+def test_a_guarded_run_records_each_result_as_a_streaming_run_does_sealed_too(tmp_path):
+    """With a deadline the driver settles each batch itself; what a result carries (every later
+    stage's durations, its seal opening on both sides) reaches the batch record all the same, and
+    the outputs are the unsplit model's."""
+    from tcp_helpers import run_in_threads
+
+    secret = bytes(range(32))
+    s1, _ = run_in_threads("resnet18", 4, tmp_path, secret=secret, encrypt="chacha20", batch_size=2,
+                           num_batches=3, warmup=1, deadline_s=30.0)
+    rec = s1.record
+    assert rec["status"] == "complete" and rec["manifest"]["stages"][0]["fallback"]["served_locally"] == 0
+    for b in rec["batches"]:
+        assert not b["served_locally"] and b["result_open_s"] > 0 and b["stage2_open_s"] > 0
+        assert all(b[f"stage2_{k}"] is not None for k in ("decode_s", "queue_s", "compute_s", "encode_s"))
+    model = builder("resnet18").model
+    with torch.no_grad():
+        ref = [model(x) for x in data.batches("synthetic", 2, 224, 4, seed=0)]
+    assert all(torch.allclose(out, r, atol=1e-5) for out, r in zip(s1.outputs, ref))

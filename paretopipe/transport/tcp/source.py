@@ -36,7 +36,7 @@ from ..runconfig import RunConfig
 from ..schedule import BatchSchedule, status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
-from .messages import RESULT_META_FIELDS, check_part, json_payload, read_result_meta, result_duration
+from .messages import check_part, json_payload, read_result_meta
 from .outcome import (RunOutcome, assemble_record, cipher_usage, later_parts, link_manifest_of, merge_peer_seals,
                       write_record)
 
@@ -208,18 +208,24 @@ class _Stage1Run(SourceEndpoint):
         self.counts["late_results_dropped"] += 1  # an earlier batch's result, after its deadline
 
     # -- a streaming run's results ---------------------------------------------------------------
-    def _landed(self, f: wire.Frame, now: float) -> None:
-        """A result off the link (the reader has decoded it: now is when it is usable)."""
+    def _result_fields(self, f: wire.Frame) -> dict[str, Any]:
+        """A result's fields for its batch record: what every later stage reported (durations,
+        seal openings, bytes sent on) and what receiving it cost here."""
         num_stages = len(self.cfg.cuts) + 1
         fields = read_result_meta(f.meta, num_stages, self.sealed)
+        fields.update(result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes)
         if self.sealed:
             fields["result_open_s"] = f.open_s
         if num_stages > 2:  # what crossed each hop, the result's way back last
             rec = self.schedule.batches.get(f.seq, {})
             fields["hop_bytes"] = [rec.get("wire_bytes")] + [
                 fields[f"stage{j}_wire_bytes"] for j in range(2, num_stages)] + [f.wire_nbytes]
+        return fields
+
+    def _landed(self, f: wire.Frame, now: float) -> None:
+        """A result off the link (the reader has decoded it: now is when it is usable)."""
         self._keep(f.seq, f.tensor)
-        self.schedule.complete(f.seq, now, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes, **fields)
+        self.schedule.complete(f.seq, now, **self._result_fields(f))
         f.release()
 
     def _failed(self, exc: BaseException) -> None:
@@ -286,12 +292,12 @@ class _Stage1Run(SourceEndpoint):
             limit = cfg.deadline_s if cfg.deadline_s is not None else cfg.timeout_s
             f, arrived, why = self.next.await_frame(wire.RESULT, seq, self.sent_at + limit, self._late)
         if f is not None:
-            durations = {k: result_duration(f.meta.get(k), k) for k in RESULT_META_FIELDS}
-            work2 = sum(v or 0.0 for v in durations.values()) + (f.decode_s or 0.0)
-            self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work2, "result")
+            fields = self._result_fields(f)
+            # Network time: the wait, less every stage's reported work and this stage's receiving.
+            work = sum(v or 0.0 for k, v in fields.items() if k.endswith("_s"))
+            self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work, "result")
             self._keep(seq, f.tensor)
-            self.schedule.complete(seq, arrived, result_decode_s=f.decode_s, result_wire_bytes=f.wire_nbytes,
-                                   **durations)
+            self.schedule.complete(seq, arrived, **fields)
             f.release()
         else:
             if why == "deadline":
