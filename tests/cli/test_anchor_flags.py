@@ -5,7 +5,6 @@ workflow of hand-run JSON files analysed by ``paretopipe report``."""
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 
@@ -13,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON
 from paretopipe.cli import common, rpc, stages, sweep
 from paretopipe.errors import UsageError
 from paretopipe.transport import inputs

@@ -82,7 +82,7 @@ def test_chooser_offloads_on_a_fast_link_keeps_work_local_on_a_slow_one_and_does
     second = chooser.choose(k_fast, slow)
     assert second.switched and second.split == 19
     # An estimate that wobbles around the point where two splits cost the same never switches.
-    lo, hi = None, None
+    lo = None
     for rate in np.geomspace(1e6, 40e6, 200):
         picks = chooser.choose(None, LinkEstimate(rtt_s=0.002, s_per_byte=8 / rate)).split
         if picks != 19 and lo is None:

@@ -6,7 +6,6 @@ import json
 import shutil
 import signal
 import socket
-import subprocess
 import time
 
 import jsonschema
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON
 from paretopipe import records
 from paretopipe.network.conditions import get_conditions
 from paretopipe.transport import inputs as data
