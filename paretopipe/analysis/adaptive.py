@@ -89,7 +89,8 @@ def plot_over_time(session: Session, runs: pd.DataFrame, verdict: dict[str, Any]
         return
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     blocks = [int(k) for k in runs["split_index"].astype(str) if k.lstrip("-").isdigit()]
-    statics = sorted({str(verdict["best_static_split"])} | ({str(max(blocks))} if blocks else set()), key=split_sort_key)
+    local = {str(max(blocks))} if blocks else set()   # all on stage 1, k = K
+    statics = sorted({str(verdict["best_static_split"])} | local, key=split_sort_key)
     for label, rec in [("adaptive", adaptive)] + [(f"static {'k=' if k.isdigit() else ''}{k}",
                                                    _record(session, runs, network, k)) for k in statics]:
         if rec is None:

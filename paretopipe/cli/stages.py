@@ -243,7 +243,8 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     extra = ""
     if cfg.adaptive:
         a = outcome.record["manifest"]["stages"][0]["adaptive"]
-        used = dict.fromkeys(str(b["split_k"]) if b["split_candidate"] is None else str(a["candidates"][b["split_candidate"]])
+        # A batch names its split by block index, or a cut of several tensors by its candidate's place.
+        used = dict.fromkeys(str(b["split_k"] if b["split_candidate"] is None else a["candidates"][b["split_candidate"]])
                              for b in outcome.record["batches"] if not b["warmup"])
         extra = (f", adaptive: splits used {', '.join(used)}, {a['switches']} switches, "
                  f"{a['served_locally']} batches served locally")

@@ -103,7 +103,8 @@ def self_profile(model: str, batch_size: int, timings: dict[str, Any], bytes_per
     rows = [{"encode_s": 0.0, "decode_s": 0.0, "frame_bytes": int(b) * batch_size, "wire_bytes": int(b) * batch_size,
              "loopback_transfer_s": 0.0} for b in bytes_per_image]
     doc = {"schema": SCHEMA, "model": model, "self_profile": True, "role": role,
-           "boundaries": [{"index": i, "name": names[i], "bytes_per_image": int(b)} for i, b in enumerate(bytes_per_image)],
+           "boundaries": [{"index": i, "name": names[i], "bytes_per_image": int(b)}
+                          for i, b in enumerate(bytes_per_image)],
            "blocks": {str(k): i for k, i in blocks.items()},
            "by_batch": {str(batch_size): {"segment_compute_s": list(segs), "whole_model_s": timings["whole_model_s"],
                                           "source_s": 0.0, "call_overhead_s": timings["call_overhead_s"],

@@ -28,13 +28,12 @@ from ..errors import UsageError, WireError
 from ..splits import is_cut_name
 from ..partition.stages import StageBuilder
 from ..partition.structure import check_splits
-from ..predict.adaptive import PROBE_INTERVAL_S, AdaptivePolicy, Candidate, self_profile
+from ..predict.adaptive import AdaptivePolicy, Candidate, self_profile
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key
 from ..transport import tcp
 from ..transport.runconfig import RunConfig
 
 log = logging.getLogger("paretopipe.adaptive")
-__all__ = ["PROBE_INTERVAL_S", "adaptive_policy", "check_candidates"]
 
 
 def check_candidates(builder: StageBuilder, candidates: list[Candidate]) -> None:

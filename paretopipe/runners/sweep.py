@@ -486,8 +486,8 @@ class Sweeper:
         # The adaptive run chooses among the sweep's two-stage splits: block splits, and cuts by name.
         static = [k.blocks[0] if k.blocks else k.cut for k in self.splits_for(info.num_blocks, info.fine_cuts)
                   if not (k.adaptive or k.plan)]
-        extra = ({"adaptive_split": AdaptiveOptions(objective=o.objective, candidates=static if len(static) > 1 else None)}
-                 if adaptive else {})
+        candidates = static if len(static) > 1 else None
+        extra = {"adaptive_split": AdaptiveOptions(objective=o.objective, candidates=candidates)} if adaptive else {}
         if not rpc:
             extra["deadline_s"] = o.deadline_s
         warmed = not adaptive and not o.warmup_every_run and self._warm_key(planned, cuts) in self.warmed

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, PROBE_ALPHA, PROBE_BYTES, LinkEstimate, LinkEstimator,
-                                         SplitChooser, self_profile)
+from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, PROBE_ALPHA, PROBE_BYTES, PROBE_INTERVAL_S, LinkEstimate,
+                                         LinkEstimator, SplitChooser, self_profile)
 from paretopipe.transport import inputs as data
 import tcp_helpers as cli
-from paretopipe.runners.adaptive import PROBE_INTERVAL_S
 from tcp_helpers import builder, free_port, kill_group, start, wait_for_line
 
 MODEL = "mobilenetv2"

@@ -134,27 +134,26 @@ class _Stage1Run(SourceEndpoint):
         self._probe_seq = 0
 
     # -- the next stage ------------------------------------------------------------------------
-    def _start_next(self, connection: Connection, deadline: float) -> dict[str, Any]:
+    def _start_next(self, connection: Connection, deadline: float) -> None:
         """RUN on ``connection`` (the first time, or replayed to a stage 2 that came back). The
         configuration goes as the run has it: a stage 2 starts at the run's cuts, and an adaptive
         one is moved from there by SWITCH."""
-        cuts = list(self.cfg.cuts)
         connection.sock.settimeout(self.cfg.timeout_s)
         connection.send(wire.RUN, meta=run_start(self.run_id, self.cfg, self.link_manifest, self.conditions))
         ok = wire.expect(connection.reader.read(deadline), wire.RUN_OK)
         if self.guarded:
             connection.sock.settimeout(None)  # the deadline is kept per batch, not by the socket
         streaming = None if self.guarded else self._landed
-        self.next = _Next(connection, self.link, cuts, streaming, None if self.guarded else self._failed)
+        self.next = _Next(connection, self.link, list(self.cfg.cuts), streaming, None if self.guarded else self._failed)
         self.policy.start(ok.meta or {})
-        return ok.meta or {}
 
     def open(self) -> None:
         """Start the run on the next stage; the link (and a trace's replay) starts once the policy
         has what it needs, the policy's startup probes are timed, then the batches' clock starts."""
         cfg = self.cfg
         # An adaptive stage 2 profiles itself before its RUN_OK: it gets longer to answer.
-        self._start_next(self.first_connection, time.monotonic() + cfg.timeout_s + (120 if self.policy.adaptive else 0))
+        profiling_s = 120 if self.policy.adaptive else 0
+        self._start_next(self.first_connection, time.monotonic() + cfg.timeout_s + profiling_s)
         if self.conditions is not None:
             self.link = EmulatedLink(self.conditions.up, seed=cfg.seed)
             self.link_manifest.update(link_manifest_of(self.conditions, True, None, self.link))
@@ -331,13 +330,14 @@ class _Stage1Run(SourceEndpoint):
         return pipeline.source_actions(self.schedule.total, settle=self.guarded)
 
     # -- after the run ---------------------------------------------------------------------------
-    def summary(self) -> tuple[str, dict[str, Any]] | None:
-        """The stage-1 manifest's account of the split's decisions (``None`` for a plain run)."""
+    def manifest_part(self) -> dict[str, Any]:
+        """The stage-1 manifest's account of a guarded run's decisions, under ``adaptive`` or
+        ``fallback`` (nothing for a streaming run)."""
         if not self.guarded:
-            return None
+            return {}
         body = {**self.counts, **self.policy.summary(), "deadline_s": self.cfg.deadline_s,
                 "events": self.events[-200:]}
-        return ("adaptive" if self.policy.adaptive else "fallback"), body
+        return {"adaptive" if self.policy.adaptive else "fallback": body}
 
     def exchange(self, part1: dict[str, Any]) -> list[dict[str, Any]]:
         """Stage 1's part to the next stage (which writes the record where the anchor did); the
@@ -403,7 +403,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     mon.stop()
     status, error = status_of(failure)
     manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before), "energy_sensors": meter.manifest(),
-                 **dict([run.summary()] if run.summary() else [])}
+                 **run.manifest_part()}
     part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.schedule.records(),
              "resources": meter.part(cfg.num_batches * cfg.batch_size)}
     if failure is None and run.next is not None:
