@@ -221,3 +221,33 @@ def kill_group(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def stage2_freezes_dies_and_returns(s1, s2, stage2_args: list[str], out_dir: Path, ready: str,
+                                    pause_s: float, settle_s: float):
+    """Once stage 1 logs ``ready``: freeze stage 2 past the deadline (SIGSTOP), resume it, kill it,
+    and start a new one with ``stage2_args`` (writing into ``out_dir``); returns the new one."""
+    wait_for_line(s1, ready, 120)
+    time.sleep(pause_s)
+    kill_group(s2, signal.SIGSTOP)   # frozen: its results come after the deadline
+    time.sleep(pause_s)
+    kill_group(s2, signal.SIGCONT)
+    time.sleep(pause_s)
+    kill_group(s2)                   # dead
+    time.sleep(settle_s)
+    return start("partition2.py", *stage2_args, "--out", str(out_dir))  # ...and back
+
+
+def assert_logits_equal_unsplit(npz: Path, model_name: str, count: int, batch_size: int = 1) -> None:
+    """The logits a run saved equal the unsplit model's on the same synthetic inputs (atol 1e-5)."""
+    import numpy as np
+    import torch
+
+    from paretopipe.transport import inputs
+
+    logits = np.load(npz, allow_pickle=False)["logits"]
+    model = builder(model_name).model
+    with torch.no_grad():
+        ref = torch.stack([model(x) for x in inputs.batches("synthetic", batch_size, 224, count, seed=0)]).numpy()
+    assert logits.shape == ref.shape
+    assert np.allclose(logits, ref, atol=1e-5)

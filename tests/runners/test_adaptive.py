@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-import time
 
 import numpy as np
 import pytest
-import torch
 
 from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, PROBE_ALPHA, PROBE_BYTES, PROBE_INTERVAL_S, LinkEstimate,
                                          LinkEstimator, SplitChooser, self_profile)
-from paretopipe.transport import inputs as data
 import tcp_helpers as cli
-from tcp_helpers import builder, free_port, kill_group, start, wait_for_line
+from tcp_helpers import assert_logits_equal_unsplit, builder, free_port, stage2_freezes_dies_and_returns, start
 
 MODEL = "mobilenetv2"
 # The step test's link: STEP_S fast (40 Mbit/s), STEP_S slow (3 Mbit/s), repeating. While it keeps
@@ -108,12 +104,6 @@ def test_one_rate_probe_after_a_step_up_is_enough_to_offload_again():
 
 
 # -- the runtime, end to end -----------------------------------------------------------------------
-def _reference(count: int) -> list[torch.Tensor]:
-    model = builder(MODEL).model
-    with torch.no_grad():
-        return [model(x) for x in data.batches("synthetic", 1, 224, count, seed=0)]
-
-
 def _write_profiles(tmp_path) -> str:
     paths = []
     for p in _profiles(0.005, 0.0005):
@@ -126,13 +116,6 @@ def _write_profiles(tmp_path) -> str:
 def _record(folder):
     (path,) = folder.glob("*.json")
     return json.loads(path.read_text())
-
-
-def _assert_outputs_equal_unsplit(npz, count):
-    logits = np.load(npz, allow_pickle=False)["logits"]
-    ref = torch.stack(_reference(count)).numpy()
-    assert logits.shape == ref.shape
-    assert np.allclose(logits, ref, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -174,7 +157,7 @@ def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outpu
     first_local = ks.index(19, ks.index(next(k for k in ks if k < 19)))
     assert any(k < 19 for k in ks[first_local:])
     assert rec["summary"]["split_switches"] >= 2
-    _assert_outputs_equal_unsplit(tmp_path / "out.npz", total)
+    assert_logits_equal_unsplit(tmp_path / "out.npz", MODEL, total)
 
 
 @pytest.mark.slow
@@ -186,15 +169,7 @@ def test_fallback_serves_every_batch_when_stage2_freezes_dies_and_returns(tmp_pa
                "--warmup", "0", "--deadline-ms", "300", "--device-profiles", _write_profiles(tmp_path),
                "--out", str(tmp_path / "s1"), "--save-outputs", str(tmp_path / "out.npz"))
     s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
-    wait_for_line(s1, "adaptive: run", 120)
-    time.sleep(1.5)
-    kill_group(s2, signal.SIGSTOP)   # a frozen server: results come too late
-    time.sleep(1.5)
-    kill_group(s2, signal.SIGCONT)
-    time.sleep(1.5)
-    kill_group(s2)                   # a dead server
-    time.sleep(1.0)
-    s2b = start("partition2.py", *common, "--out", str(tmp_path / "s2b"))  # ...that comes back
+    s2b = stage2_freezes_dies_and_returns(s1, s2, common, tmp_path / "s2b", "adaptive: run", 1.5, 1.0)
     assert s1.wait(300) == 0, s1.stderr.read()
     assert s2b.wait(60) == 0, s2b.stderr.read()
     rec = _record(tmp_path / "s1")
@@ -210,7 +185,7 @@ def test_fallback_serves_every_batch_when_stage2_freezes_dies_and_returns(tmp_pa
     assert any(b.get("deadline_missed") for b in local)
     back = next(e["seq"] for e in adaptive["events"] if e["event"] == "reconnected")
     assert any(not b["served_locally"] for b in batches[back:])   # remote again once stage 2 returned
-    _assert_outputs_equal_unsplit(tmp_path / "out.npz", total)
+    assert_logits_equal_unsplit(tmp_path / "out.npz", MODEL, total)
 
 
 @pytest.mark.slow
@@ -284,7 +259,7 @@ def test_adaptive_run_switches_to_a_cut_of_two_tensors_named_among_its_candidate
     profiles = adaptive["self_profiles"]
     assert len(profiles["stage1"]["segment_compute_s"]) == len(profiles["stage2"]["segment_compute_s"]) == \
         part.num_blocks + 1
-    _assert_outputs_equal_unsplit(tmp_path / "out.npz", total)
+    assert_logits_equal_unsplit(tmp_path / "out.npz", MODEL, total)
 
 
 def test_an_unknown_candidate_cut_is_refused_in_one_line_before_anything_starts(tmp_path):

@@ -6,15 +6,12 @@ equal to the unsplit model's."""
 from __future__ import annotations
 
 import json
-import signal
-import time
 
-import numpy as np
 import pytest
 import torch
 
 from paretopipe.transport import inputs as data
-from tcp_helpers import builder, free_port, kill_group, start, wait_for_line
+from tcp_helpers import assert_logits_equal_unsplit, builder, free_port, stage2_freezes_dies_and_returns, start
 
 MODEL = "mobilenetv2"
 
@@ -28,15 +25,7 @@ def test_a_static_split_with_a_deadline_serves_every_batch_through_a_frozen_dead
                "--warmup", "0", "--deadline-ms", "300", "--out", str(tmp_path / "s1"),
                "--save-outputs", str(tmp_path / "out.npz"))
     s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
-    wait_for_line(s1, "stage 1: run", 120)
-    time.sleep(1.0)
-    kill_group(s2, signal.SIGSTOP)   # frozen: its results come after the deadline
-    time.sleep(1.0)
-    kill_group(s2, signal.SIGCONT)
-    time.sleep(1.0)
-    kill_group(s2)                   # dead
-    time.sleep(0.5)
-    s2b = start("partition2.py", *common, "--out", str(tmp_path / "s2b"))  # ...and back
+    s2b = stage2_freezes_dies_and_returns(s1, s2, common, tmp_path / "s2b", "stage 1: run", 1.0, 0.5)
     assert s1.wait(300) == 0, s1.stderr.read()
     assert s2b.wait(60) == 0, s2b.stderr.read()
     (path,) = (tmp_path / "s1").glob("*.json")
@@ -55,11 +44,7 @@ def test_a_static_split_with_a_deadline_serves_every_batch_through_a_frozen_dead
     # The stage 2 that came back wrote the record of the run it joined, with stage 1's part.
     (path2,) = (tmp_path / "s2b").glob("*.json")
     assert json.loads(path2.read_text())["run_id"] == rec["run_id"]
-    logits = np.load(tmp_path / "out.npz", allow_pickle=False)["logits"]
-    model = builder(MODEL).model
-    with torch.no_grad():
-        ref = torch.stack([model(x) for x in data.batches("synthetic", 1, 224, total, seed=0)]).numpy()
-    assert logits.shape == ref.shape and np.allclose(logits, ref, atol=1e-5)
+    assert_logits_equal_unsplit(tmp_path / "out.npz", MODEL, total)
 
 
 def test_a_deadline_needs_one_batch_in_flight(tmp_path):

@@ -319,7 +319,6 @@ class _Stage1Run(SourceEndpoint):
                 break
 
     def run(self) -> None:
-        cpushare.join_compute_thread()  # data generation and stage 1 run on this thread
         try:
             super().run()
         finally:
@@ -393,6 +392,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
                      link_manifest=link_manifest, listener=listener, keep_outputs=keep_outputs, meter=meter)
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon, meter:
         try:
+            # The self-profile, data generation and stage 1 run on this thread, under the stage's CPU share.
             cpushare.join_compute_thread()
             run.open()
             log.info("%s: run %s started with %s", "adaptive" if policy.adaptive else "stage 1", run_id,
