@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from . import allocator
+
 
 STAMP = ".paretopipe-deploy.json"  # written next to the package by `--deploy`, where no .git exists
 
@@ -118,7 +120,8 @@ def node_manifest(device: str = "cpu", threads: int | None = None, **extra: Any)
            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
            "python": platform.python_version(), "torch": _version("torch"), "torchvision": _version("torchvision"),
            "numpy": np.__version__, "git_commit": _git_commit(), "source_digest": source_digest(),
-           "device": device, **cuda_versions(device), "torch_threads": threads, "pid": os.getpid()}
+           "device": device, **cuda_versions(device), "torch_threads": threads, "pid": os.getpid(),
+           "allocator": allocator.settings()}
     out.update(extra)
     return out
 

@@ -8,6 +8,7 @@ import time
 import torch
 from torch import nn
 
+from .. import allocator
 from ..errors import UsageError
 from . import models, split
 from .split import Activation
@@ -18,6 +19,9 @@ class StageBuilder:
 
     def __init__(self, model: str, num_classes: int = 10, weights: str | None = None,
                  models_dir: str | None = None, device: str = "cpu") -> None:
+        # Every process that computes a stage (a stage, a rank, a profile) builds one of these:
+        # here its activations get the same allocator path whatever the process did before.
+        allocator.keep_activations_in_heap()
         self.name = models.canonical_name(model)
         self.num_classes = num_classes
         self.model = models.build(model, num_classes=num_classes, weights=weights, models_dir=models_dir)
