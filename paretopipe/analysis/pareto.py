@@ -113,8 +113,10 @@ def robustness(runs: pd.DataFrame, config_cols: Sequence[str], objectives: Mappi
     """
     objectives = dict(objectives or DEFAULT_OBJECTIVES)
     usable, _, _ = _usable(runs, objectives)
-    if usable.empty:
-        return pd.Series(dtype=float)
+    if usable.empty:  # no run measured anything: every configuration is off the front, none robust
+        index = pd.MultiIndex.from_tuples([], names=list(config_cols)) if len(config_cols) > 1 else \
+            pd.Index([], name=config_cols[0])
+        return pd.Series([], index=index, dtype=float, name="front_robustness")
     rng = np.random.default_rng(seed)
     grouped = [(key, g[list(objectives)].to_numpy(dtype=float)) for key, g in usable.groupby(list(config_cols))]
     keys = [k for k, _ in grouped]

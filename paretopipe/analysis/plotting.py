@@ -176,6 +176,25 @@ def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
     ax.grid(True, axis="y", alpha=0.3)
 
 
+#: What each figure of a panel needs, per row, to draw anything: finite positive values in these
+#: columns (the log-scaled axes among them cannot show zero or a gap).
+FIGURE_NEEDS = {"front": ("latency_s", "throughput_imgs_per_s"), "objectives": ("latency_s", "throughput_imgs_per_s"),
+                "breakdown": ("latency_mean_s",), "vs_split": ("latency_median_s", "throughput_imgs_per_s"),
+                "payload": ("payload_bytes_mean",)}
+
+
+def nothing_to_draw(table: pd.DataFrame, figure: str) -> str | None:
+    """Why ``figure`` (a key of :data:`FIGURE_NEEDS`) has nothing to draw from ``table``, or None."""
+    needs = FIGURE_NEEDS[figure]
+    missing = [c for c in needs if c not in table.columns]
+    if missing:
+        return f"the table has no {missing[0]} column"
+    values = table[list(needs)].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
+    if not (np.isfinite(values) & (values > 0)).all(axis=1).any():
+        return f"no configuration has a measured {' and '.join(needs)} above zero"
+    return None
+
+
 def pyplot():
     """matplotlib.pyplot on the file-only Agg backend (no display needed, e.g. in CI or over SSH)."""
     import matplotlib

@@ -6,8 +6,9 @@ folder (holding runs.csv) or a results folder, whose newest session is used.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -16,10 +17,11 @@ from .. import records
 from ..errors import UsageError
 from . import objectives as objectives_mod
 from . import pareto
-from .plotting import (plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload, plot_vs_split, pyplot,
-                       save_figure)
+from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
+                       plot_vs_split, pyplot, save_figure)
 from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, panel_names
 
+log = logging.getLogger("paretopipe.report")
 OBJECTIVES = pareto.DEFAULT_OBJECTIVES
 #: Sealed configurations beside their plain twins, when a session swept --encrypt with none.
 PRIVACY_FILE = "privacy_cost.csv"
@@ -54,6 +56,8 @@ def pareto_table(session: Session | str | Path, resamples: int = 200,
     # Normalise per model/backend/batch over every network, so hypervolumes compare across networks.
     for _, panel in table.groupby(PANEL_KEY):
         values = panel[cols].to_numpy(dtype=float)
+        if not np.isfinite(values).all(axis=1).any():
+            continue  # nothing measured in this panel: no front, no hypervolume
         lower, upper = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
         for _, grp in panel.groupby("network"):
             on = grp[grp["on_front"]]
@@ -136,37 +140,62 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     if not cost.empty:
         records.atomic_write_csv(out / PRIVACY_FILE, cost.to_dict("records"), list(cost.columns))
     for key, panel in table.groupby(PANEL_KEY):
-        model = key[0]
-        title, stem = panel_names(key)
-        default = [o.name for o in chosen] == list(objectives_mod.DEFAULT)
-        fig, ax = plt.subplots(figsize=(8, 5.5))
-        plot_fronts(panel, ax, f"Pareto fronts: {title}" + ("" if default else
-                    f" (front over {', '.join(o.name for o in chosen)}; drawn on latency and throughput)"),
-                    line=default)
-        fig.tight_layout()
-        save_figure(fig, out / f"front_{stem}.{fmt}")
-        if not default:
-            size = max(6, 2.6 * len(chosen))
-            fig = plt.figure(figsize=(size, size))
-            plot_objective_matrix(panel, chosen, fig, f"Every pair of objectives: {title}")
-            fig.tight_layout()
-            save_figure(fig, out / f"objectives_{stem}.{fmt}")
-        fig = plt.figure(figsize=(4 * panel["network"].nunique() + 1, 4.5))
-        plot_breakdown(panel, fig, f"Where the time goes per split: {title}")
-        fig.tight_layout()
-        save_figure(fig, out / f"breakdown_{stem}.{fmt}")
-        fig = plt.figure(figsize=(11, 4.5))
-        plot_vs_split(panel, fig, f"Latency and throughput vs split: {title}")
-        fig.tight_layout()
-        save_figure(fig, out / f"vs_split_{stem}.{fmt}")
-        fig, ax = plt.subplots(figsize=(7, 4))
-        plot_payload(panel, ax, f"Payload per image vs split: {model}")
-        fig.tight_layout()
-        save_figure(fig, out / f"payload_{records.file_label(model)}.{fmt}")
+        _panel_figures(plt, panel, key, chosen, out, fmt)
     from . import adaptive
 
     adaptive.write(session, out, fmt, plt)
     return out
+
+
+def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[objectives_mod.Objective],
+                   out: Path, fmt: str) -> None:
+    """The figures of one panel; one with nothing to draw is left out, with one line that says why."""
+    title, stem = panel_names(key)
+    default = [o.name for o in chosen] == list(objectives_mod.DEFAULT)
+
+    def figure(name: str, path: Path, make: Callable[[], Any]) -> None:
+        why = nothing_to_draw(panel, name)
+        if why is not None:
+            log.warning("report: %s not drawn: %s", path.name, why)
+            return
+        fig = make()
+        fig.tight_layout()
+        save_figure(fig, path)
+
+    def front() -> Any:
+        fig, ax = plt.subplots(figsize=(8, 5.5))
+        plot_fronts(panel, ax, f"Pareto fronts: {title}" + ("" if default else
+                    f" (front over {', '.join(o.name for o in chosen)}; drawn on latency and throughput)"),
+                    line=default)
+        return fig
+
+    def matrix() -> Any:
+        size = max(6, 2.6 * len(chosen))
+        fig = plt.figure(figsize=(size, size))
+        plot_objective_matrix(panel, chosen, fig, f"Every pair of objectives: {title}")
+        return fig
+
+    def breakdown() -> Any:
+        fig = plt.figure(figsize=(4 * panel["network"].nunique() + 1, 4.5))
+        plot_breakdown(panel, fig, f"Where the time goes per split: {title}")
+        return fig
+
+    def vs_split() -> Any:
+        fig = plt.figure(figsize=(11, 4.5))
+        plot_vs_split(panel, fig, f"Latency and throughput vs split: {title}")
+        return fig
+
+    def payload() -> Any:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        plot_payload(panel, ax, f"Payload per image vs split: {key[0]}")
+        return fig
+
+    figure("front", out / f"front_{stem}.{fmt}", front)
+    if not default:
+        figure("objectives", out / f"objectives_{stem}.{fmt}", matrix)
+    figure("breakdown", out / f"breakdown_{stem}.{fmt}", breakdown)
+    figure("vs_split", out / f"vs_split_{stem}.{fmt}", vs_split)
+    figure("payload", out / f"payload_{records.file_label(key[0])}.{fmt}", payload)
 
 
 def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import records
 from ..errors import UsageError
+from ..network.labels import link_label
 from ..splits import Split, sort_key
 
 log = logging.getLogger("paretopipe.session")
@@ -116,7 +117,8 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
     """One runs.csv row from a run record (the record's own fields, never its file name)."""
     s, c = rec["summary"], rec["config"]
     return {"run_key": c.get("run_key") or rec["run_id"], "config_key": c.get("config_key") or rec["run_id"],
-            "model": c["model"], "backend": rec["backend"], "network": c.get("network"),
+            "model": c["model"], "backend": rec["backend"],
+            "network": c.get("network") or link_label(rec["manifest"]["link"]),
             "split_index": split_label(c.get("split_index")), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
             "cipher": cipher_of(rec["manifest"]),

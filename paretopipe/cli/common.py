@@ -196,6 +196,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     except BrokenPipeError:  # e.g. piped into head: not an error of ours
         sys.stderr.close()
         return 0
+    except Exception as exc:  # a defect of ours: still one line, and --debug shows where
+        if debug:
+            raise
+        first = (str(exc).splitlines() or [""])[0][:300]
+        print(f"error: unexpected {type(exc).__name__}: {first} (a defect: rerun with --debug for the traceback "
+              f"and report it)", file=sys.stderr)
+        return 1
 
 
 def example_epilog(*lines: str) -> str:
