@@ -1,0 +1,351 @@
+"""A newcomer's first hour, run for real: the README's and docs' command lines as written, in the
+order a newcomer meets them, with only their sizes reduced (fewer batches, splits, runs and
+repetitions); then what each leaves behind: the files, the figures, and a front table that names
+each run's network.
+
+Each command runs in a fresh folder laid out like a clone (the entry scripts, ``paretopipe/`` for
+the shipped traces, ``../shared`` beside it), so relative paths in the docs resolve as they would
+for a user, and nothing is written into the checkout. :func:`reduced` checks that a line differs
+from its documented form only in size flags and in where it writes or listens (:data:`SIZES`,
+:data:`PLACES`); ``tests/test_docs_examples.py`` checks that every documented command line is run
+here (:data:`RUN`) or marked in the docs as needing hardware this machine lacks.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import PYTHON, ROOT, is_root
+from tcp_helpers import STARTED, free_port
+
+pytestmark = pytest.mark.slow
+
+#: Flags whose value is a size: a reduced line may change or add them.
+SIZES = {"--runs", "--num-batches", "--num-test-samples", "--warmup", "--batch-size", "--splits", "--repetitions", "--codecs", "--ciphers",
+         "--duration", "--batches", "--max-runs", "--only", "--quiet"}
+#: Flags that say where a command writes, listens or runs: a reduced line may add them.
+PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session"}
+#: Every documented command line a test here runs (as written, or reduced in size only), as
+#: ``tests/test_docs_examples.py`` finds it in the docs.
+RUN = frozenset({
+    "python automated_split_tester.py --model mobilenetv2 --splits all --runs 3 --network lan,wifi,lte",
+    "python partition1.py --model-name resnet50 --split-index 4 --in-flight 4 --network lte",
+    "python partition2.py --model-name resnet50 --split-index 4 --host 127.0.0.1 --output-dir results/manual",
+    "python network_delay.py apply --network lte --dev eth0 --port 5555",
+    "python -m paretopipe.report results",
+    "python -m paretopipe.profile --model mobilenetv2 --threads 1 --out profiles/pi-mobilenet_v2.json",
+    "python -m paretopipe.predict --model mobilenetv2 --device-profiles "
+    "profiles/pi-mobilenet_v2.json,profiles/gpu-mobilenet_v2.json --network lte,wifi",
+    "paretopipe --help",
+    "python -m paretopipe.split --model resnet18 --list",
+    "python distributed_runner.py --local --world-size 4 --num-partitions 3 --model resnet18 --split-blocks 3,6 "
+    "--use-pipelining",
+    "python network_delay.py apply --trace paretopipe/network/traces/markov-cellular.up --dev eth0 --port 5555 "
+    "--duration 120 --trace-log rates.csv",
+    "python automated_split_tester.py --model mobilenetv2 --splits all --network lan "
+    "--trace ../shared/traces/TMobile-LTE-short.up",
+    "python automated_split_tester.py --model mobilenetv2 --splits all,adaptive --trace "
+    "paretopipe/network/traces/step.csv --stage-cpu 0.25,1 --batch-size 1 --num-batches 100",
+    "python benchmarks/adaptive_vs_static.py --runs 3 --batches 40",
+    "python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
+    "--objectives latency,throughput,energy,memory --power-idle-w 2.7,40 --power-core-w 0.9,15 "
+    "--memory-limit stage1=1GiB",
+    "paretopipe report results --objectives latency,memory_stage1",
+    "python partition1.py --model mobilenetv2 --split adaptive --batch-size 1 --trace paretopipe/network/traces/step.csv",
+    "python partition2.py --model mobilenetv2 --split adaptive --host 127.0.0.1",
+    "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --out profiles/server-mobilenet_v2.json",
+    "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --cpu-share 0.25 "
+    "--out profiles/edge-mobilenet_v2.json",
+    *(f"python -m paretopipe.predict --model mobilenetv2 --device-profiles "
+      f"profiles/edge-mobilenet_v2.json,profiles/server-mobilenet_v2.json {tail}"
+      for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms")),
+})
+SHARED = ROOT.parent / "shared"
+SCRIPTS = ("automated_split_tester.py", "partition1.py", "partition2.py", "distributed_runner.py",
+           "network_delay.py", "partition.sh", "benchmarks")
+
+
+def reduced(doc: str, **sizes: str | None) -> list[str]:
+    """``doc`` (a documented line, one of :data:`RUN`) with ``sizes`` set (``num_batches="3"`` sets
+    ``--num-batches 3``; None removes a flag), as an argv; refuses a change that is not a size or a
+    place."""
+    assert doc in RUN, f"{doc!r} is not one of the documented lines this module runs"
+    argv = shlex.split(doc, comments=True)
+    for name, value in sizes.items():
+        flag = "--" + name.replace("_", "-")
+        assert flag in SIZES | PLACES, f"{flag} is not a size or a place: the walkthrough runs lines as written"
+        if flag in argv:
+            i = argv.index(flag)
+            del argv[i:i + (1 if i + 1 == len(argv) or argv[i + 1].startswith("--") else 2)]
+        if value is not None:
+            argv += [flag] if value == "" else [flag, value]
+    return argv
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """A folder that looks like a fresh clone to a command line (its outputs land here)."""
+    work = tmp_path / "clone"
+    work.mkdir()
+    for name in (*SCRIPTS, "paretopipe", "examples", "notebooks"):
+        (work / name).symlink_to(ROOT / name)
+    if SHARED.is_dir():
+        (tmp_path / "shared").symlink_to(SHARED)
+    return work
+
+
+def sh(argv: list[str], cwd: Path, timeout: float = 600, prefix: list[str] | None = None,
+       ok: bool = True) -> subprocess.CompletedProcess:
+    """Run one command line (``python`` is this interpreter) and return it; ``ok``: it must succeed."""
+    argv = _interpreter(argv)
+    proc = subprocess.run((prefix or []) + argv, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "MPLBACKEND": "Agg"})
+    if ok:
+        assert proc.returncode == 0, f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr[-2000:]}"
+    return proc
+
+
+def _interpreter(argv: list[str]) -> list[str]:
+    """``python`` is this interpreter, and ``paretopipe`` its ``python -m paretopipe``."""
+    if argv[0] == "paretopipe":
+        return [PYTHON, "-m", "paretopipe", *argv[1:]]
+    return [PYTHON if a in ("python", "python3") else a for a in argv]
+
+
+def start(argv: list[str], cwd: Path, prefix: list[str] | None = None) -> subprocess.Popen:
+    argv = _interpreter(argv)
+    proc = subprocess.Popen((prefix or []) + argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    STARTED.append(proc)  # conftest kills it after the test, pass or fail
+    return proc
+
+
+def hand_run(cwd: Path, stage1: list[str], stage2: list[str], prefix: list[str] | None = None) -> None:
+    """Stage 1 listens, stage 2 connects; both must finish."""
+    s1 = start(stage1, cwd, prefix)
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "listening on" not in seen:
+        line = s1.stderr.readline()
+        seen += line
+        assert line or s1.poll() is None, f"stage 1 exited early: {seen}"
+        assert time.monotonic() < deadline, f"stage 1 never listened: {seen}"
+    sh(stage2, cwd, prefix=prefix)
+    assert s1.wait(300) == 0, s1.stderr.read()[-2000:]
+
+
+def report_and_notebook(cwd: Path, folder: Path, networks: set[str]) -> pd.DataFrame:
+    """``paretopipe report`` on what a command left, then the notebook on it: every figure of a
+    front is drawn, the front table names each run's network, and the notebook runs."""
+    out = sh(shlex.split(f"python -m paretopipe.report {shlex.quote(str(folder))}"), cwd)
+    assert "report written to" in out.stdout
+    report = Path(out.stdout.split("report written to")[-1].strip())
+    table = pd.read_csv(report / "pareto.csv")
+    assert set(table["network"]) == networks, table[["network", "split_index"]]
+    assert table["network"].notna().all()
+    assert any(report.glob("front_*.png")) and any(report.glob("vs_split_*.png")), sorted(report.iterdir())
+    html = (report / "report.html").read_text()
+    assert all(n in html for n in networks)
+    for network in networks:  # the printed front table names it too
+        assert network in out.stdout, out.stdout
+    _notebook(folder, networks)
+    return table
+
+
+def _notebook(folder: Path, networks: set[str]) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ROOT / "notebooks" / "pareto_front.ipynb", as_version=4)
+    saved = os.environ.get("PARETOPIPE_RESULTS_DIR")
+    os.environ["PARETOPIPE_RESULTS_DIR"] = str(folder)
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    finally:
+        if saved is None:
+            os.environ.pop("PARETOPIPE_RESULTS_DIR")
+        else:
+            os.environ["PARETOPIPE_RESULTS_DIR"] = saved
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "on a front" in text and all(n in text for n in networks), text[-3000:]
+
+
+# -- 1. the sweep ------------------------------------------------------------------------------
+def test_the_sweep_then_its_report_and_the_notebook(clone):
+    sh(reduced("python automated_split_tester.py --model mobilenetv2 --splits all --runs 3 --network lan,wifi,lte",
+               splits="0,10,19", runs="1", batch_size="1", num_batches="3", warmup="1", local=""), clone)
+    sh(reduced("python -m paretopipe.report results"), clone)
+    session = next((clone / "results").glob("*/runs.csv")).parent
+    drawn = {p.name.rsplit("_mobilenet", 1)[0] for p in (session / "report").glob("*.png")}
+    assert drawn >= {"front", "breakdown", "vs_split", "payload"}, drawn
+    table = report_and_notebook(clone, session, {"lan", "wifi", "lte"})
+    assert len(table) == 9 and table["front_status"].isin(["front", "tied", "dominated"]).all()
+
+
+# -- 2. the two stages by hand, with and without --network ---------------------------------------
+def test_the_two_stages_by_hand_with_and_without_a_network_then_report(clone):
+    port = str(free_port())
+    stage1 = "python partition1.py --model-name resnet50 --split-index 4 --in-flight 4 --network lte"
+    stage2 = "python partition2.py --model-name resnet50 --split-index 4 --host 127.0.0.1 --output-dir results/manual"
+    small = {"num_batches": "3", "warmup": "1", "batch_size": "1"}
+    hand_run(clone, reduced(stage1, port=port, **small), reduced(stage2, port=port))
+    # The anchor's default: no --network, so nothing shapes the link but the link itself.
+    anchor_default = [a for a in reduced(stage1, port=port, **small) if a not in ("--network", "lte")]
+    hand_run(clone, anchor_default, reduced(stage2, port=port, output_dir="results/plain"))
+    manual = report_and_notebook(clone, clone / "results" / "manual", {"lte"})
+    plain = report_and_notebook(clone, clone / "results" / "plain", {"unshaped"})
+    assert len(manual) == len(plain) == 1
+    runs = pd.read_csv(clone / "results" / "plain" / "consolidated" / "runs.csv")
+    assert runs["network"].tolist() == ["unshaped"] and runs["link_mode"].tolist() == ["none"]
+
+
+# -- 3. the RPC backend ----------------------------------------------------------------------------
+def test_distributed_runner_then_report(clone):
+    sh(reduced("python distributed_runner.py --local --world-size 4 --num-partitions 3 --model resnet18 "
+               "--split-blocks 3,6 --use-pipelining", num_test_samples="2", batch_size="1", out="results/rpc"), clone)
+    report_and_notebook(clone, clone / "results" / "rpc", {"unshaped"})
+
+
+# -- 4. network conditions with tc, in a namespace whose interface is eth0 ----------------------------
+@pytest.fixture
+def eth0_namespace():
+    """A network namespace whose veth end is called ``eth0`` (the docs' interface), lo up."""
+    if not is_root():
+        pytest.skip("network namespaces and tc need root")
+    ns, peer = f"ppwalk{os.getpid()}", f"ppw{os.getpid() % 100000}b"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "link", "add", "ppwtmp" + str(os.getpid() % 10000), "type", "veth", "peer", "name",
+                        peer], check=True)
+        subprocess.run(["ip", "link", "set", "ppwtmp" + str(os.getpid() % 10000), "netns", ns, "name", "eth0"],
+                       check=True)
+        for argv in (["ip", "link", "set", "eth0", "up"], ["ip", "link", "set", "lo", "up"]):
+            subprocess.run(["ip", "netns", "exec", ns, *argv], check=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", peer], capture_output=True)
+
+
+def _qdiscs(ns: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "eth0"], capture_output=True,
+                          text=True).stdout
+
+
+def test_network_delay_apply_and_clear_then_a_hand_run_names_the_tree(clone, eth0_namespace):
+    from paretopipe.network import tc
+
+    ns = eth0_namespace
+    apply_lte = reduced("python network_delay.py apply --network lte --dev eth0 --port 5555", netns=ns)
+    proc = sh(apply_lte, clone, ok=tc.netem_available())
+    if not tc.netem_available():  # lte has a delay: netem, which this kernel lacks, must be named
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "netem" in proc.stderr, proc.stderr
+    sh(["python", "network_delay.py", "clear", "--dev", "eth0", "--netns", ns], clone)
+    assert "htb" not in _qdiscs(ns)
+    # A trace as the README runs it (its duration cut), cleared by itself at the end.
+    sh(reduced("python network_delay.py apply --trace paretopipe/network/traces/markov-cellular.up --dev eth0 "
+               "--port 5555 --duration 120 --trace-log rates.csv", duration="2", netns=ns), clone)
+    assert "htb" not in _qdiscs(ns) and len((clone / "rates.csv").read_text().splitlines()) > 1
+    # A rate by hand, then the two stages inside the namespace reading the tree back.
+    sh(["python", "network_delay.py", "apply", "--rate", "40mbit", "--dev", "eth0", "--netns", ns], clone)
+    try:
+        port, inside = str(free_port()), ["ip", "netns", "exec", ns]
+        hand_run(clone, ["python", "partition1.py", "--model-name", "mobilenetv2", "--split-index", "4", "--port",
+                         port, "--num-batches", "2", "--warmup", "1", "--batch-size", "1", "--link", "tc",
+                         "--link-dev", "eth0"],
+                 ["python", "partition2.py", "--model-name", "mobilenetv2", "--split-index", "4", "--host",
+                  "127.0.0.1", "--port", port, "--output-dir", "results/tc"], prefix=inside)
+    finally:
+        sh(["python", "network_delay.py", "clear", "--dev", "eth0", "--netns", ns], clone)
+    report_and_notebook(clone, clone / "results" / "tc", {"tc-rate40mbit"})
+
+
+# -- 5. profile and predict ---------------------------------------------------------------------------
+def test_profile_then_predict_as_the_readme_and_docs_show(clone):
+    few = {"repetitions": "2", "warmup": "1", "codecs": "float32/none", "ciphers": "none"}
+    sh(reduced("python -m paretopipe.profile --model mobilenetv2 --threads 1 --out profiles/pi-mobilenet_v2.json",
+               **few), clone)
+    # No GPU here: the README's GPU profile is taken on this CPU under the name the next line reads.
+    sh(reduced("python -m paretopipe.profile --model mobilenetv2 --threads 1 --out profiles/pi-mobilenet_v2.json",
+               out="profiles/gpu-mobilenet_v2.json", **few), clone)
+    out = sh(reduced("python -m paretopipe.predict --model mobilenetv2 --device-profiles "
+                     "profiles/pi-mobilenet_v2.json,profiles/gpu-mobilenet_v2.json --network lte,wifi"), clone)
+    assert "lte" in out.stdout and "wifi" in out.stdout
+    sh(reduced("python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 "
+               "--out profiles/server-mobilenet_v2.json", **few), clone)
+    if is_root():  # a CPU share is a cgroup quota
+        sh(reduced("python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --cpu-share 0.25 "
+                   "--out profiles/edge-mobilenet_v2.json", **few), clone)
+    else:
+        (clone / "profiles" / "edge-mobilenet_v2.json").write_bytes(
+            (clone / "profiles" / "server-mobilenet_v2.json").read_bytes())
+    pair = "profiles/edge-mobilenet_v2.json,profiles/server-mobilenet_v2.json"
+    for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms"):
+        out = sh(reduced(f"python -m paretopipe.predict --model mobilenetv2 --device-profiles {pair} {tail}"), clone)
+        assert out.stdout.strip(), tail
+
+
+# -- 6. the rest of the README's examples ------------------------------------------------------------
+def test_help_and_split_list(clone):
+    assert "usage" in sh(reduced("paretopipe --help"), clone).stdout.lower()  # the README's comment dropped
+    listing = sh(reduced("python -m paretopipe.split --model resnet18 --list"), clone).stdout
+    assert "layer4" in listing
+
+
+def test_a_sweep_over_a_recorded_trace_and_one_over_four_objectives(clone):
+    if not SHARED.is_dir():
+        pytest.skip("../shared (the recorded traces) is not beside this checkout")
+    sh(reduced("python automated_split_tester.py --model mobilenetv2 --splits all --network lan "
+               "--trace ../shared/traces/TMobile-LTE-short.up", splits="0,19", batch_size="1", num_batches="3",
+               warmup="1", local="", out="results-trace"), clone)
+    assert any((clone / "results-trace").glob("*/summary.csv"))
+    sh(reduced("python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
+               "--objectives latency,throughput,energy,memory --power-idle-w 2.7,40 --power-core-w 0.9,15 "
+               "--memory-limit stage1=1GiB", splits="0,19", batch_size="1", num_batches="3", warmup="1", local=""),
+       clone)
+    out = sh(reduced("paretopipe report results --objectives latency,memory_stage1"), clone)
+    assert "stage1_model_bytes" in out.stdout  # the front table shows the second objective
+    report = Path(out.stdout.split("report written to")[-1].strip())
+    assert any((clone / report).glob("objectives_*.png"))
+
+
+def test_the_adaptive_split_as_the_readme_and_docs_run_it(clone):
+    sweep = ("python automated_split_tester.py --model mobilenetv2 --splits all,adaptive --trace "
+             "paretopipe/network/traces/step.csv --stage-cpu 0.25,1 --batch-size 1 --num-batches 100")
+    if not is_root():
+        pytest.skip("--stage-cpu is a cgroup quota: root")
+    sh(reduced(sweep, splits="0,19,adaptive", num_batches="6", warmup="1", local=""), clone)
+    session = next((clone / "results").glob("*/summary.csv")).parent
+    assert "adaptive" in set(pd.read_csv(session / "summary.csv")["split_index"].astype(str))
+    port = str(free_port())
+    hand_run(clone, reduced("python partition1.py --model mobilenetv2 --split adaptive --batch-size 1 "
+                            "--trace paretopipe/network/traces/step.csv", port=port, num_batches="6", warmup="1"),
+             reduced("python partition2.py --model mobilenetv2 --split adaptive --host 127.0.0.1", port=port,
+                     output_dir="results/adaptive"))
+    assert any((clone / "results" / "adaptive").glob("*.json"))
+    sh(reduced("python benchmarks/adaptive_vs_static.py --runs 3 --batches 40", runs="1", batches="4",
+               only="step", out=str(clone / "bench")), clone, timeout=900)
+
+
+def test_reduced_changes_sizes_and_places_only():
+    line = "python automated_split_tester.py --model mobilenetv2 --splits all --runs 3 --network lan,wifi,lte"
+    with pytest.raises(AssertionError, match="not a size or a place"):
+        reduced(line, network="lan")
+    with pytest.raises(AssertionError, match="not one of the documented lines"):
+        reduced("python partition1.py --model-name vgg16")
+    assert reduced(line, runs="1", splits=None, local="") == [
+        "python", "automated_split_tester.py", "--model", "mobilenetv2", "--network", "lan,wifi,lte", "--runs", "1",
+        "--local"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
