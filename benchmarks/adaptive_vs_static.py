@@ -61,6 +61,8 @@ def main() -> int:
                    help="runs per split, in seeded interleaved rounds (each round its own trace offset); the "
                         "summary medians are over runs")
     p.add_argument("--only", default=None, help="comma list of trace names")
+    p.add_argument("--splits", default=None, help="the static splits to compare, e.g. 15,19 (default: "
+                   f"{FAST_SPLITS} on a trace whose uplink averages 10 Mbit/s or more, else {SLOW_SPLITS})")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,7 +72,7 @@ def main() -> int:
             continue
         netfile = out / f"{name}.toml"
         netfile.write_text(f'[trace-{name}]\ntrace_up = "{up}"\ntrace_down = "{down}"\n')
-        splits = FAST_SPLITS if mean_up_mbit(up) >= 10 else SLOW_SPLITS
+        splits = args.splits or (FAST_SPLITS if mean_up_mbit(up) >= 10 else SLOW_SPLITS)
         t0 = time.monotonic()
         cmd = [sys.executable, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", f"{splits},adaptive",
                "--network", f"trace-{name}", "--network-file", str(netfile), "--stage-cpu", "0.25,1",

@@ -19,11 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from paretopipe.predict.device_profile import DeviceProfile, average
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-sys.path.insert(0, str(ROOT))
-
-from paretopipe.predict.device_profile import DeviceProfile, average  # noqa: E402
 
 SPLITS = [0, 4, 10, 15, 19]
 

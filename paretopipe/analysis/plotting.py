@@ -179,7 +179,7 @@ def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
 #: What each figure of a panel needs, per row, to draw anything: finite positive values in these
 #: columns (the log-scaled axes among them cannot show zero or a gap).
 FIGURE_NEEDS = {"front": ("latency_s", "throughput_imgs_per_s"), "objectives": ("latency_s", "throughput_imgs_per_s"),
-                "breakdown": ("latency_mean_s",), "vs_split": ("latency_median_s", "throughput_imgs_per_s"),
+                "breakdown": ("latency_s",), "vs_split": ("latency_median_s", "throughput_imgs_per_s"),
                 "payload": ("payload_bytes_mean",)}
 
 
