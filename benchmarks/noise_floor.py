@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from paretopipe.partition import split
+from paretopipe.partition import tables
 from paretopipe.records import bootstrap_ci, median_ci
 
 MODEL, K = "mobilenetv2", 10
@@ -40,7 +40,7 @@ def speed_swings() -> list[float]:
     """Median ms per call of stage 2, one value per window."""
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
-    _, part = split.partitioner_for(MODEL)
+    _, part = tables.partitioner_for(MODEL)
     first, second = part.stages([part.block_cut(K)])
     out = []
     with torch.inference_mode():

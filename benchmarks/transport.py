@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from paretopipe.partition.split import live_tensors
+from paretopipe.partition.activation import live_tensors
 from paretopipe.transport import aead, wire
 
 SIZES_MB = (0.1, 1, 4, 16)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Iterable
 
 from .errors import UsageError
 
@@ -123,3 +123,13 @@ def sort_key(value: Any) -> tuple:
         return Split.of(value).sort_key()
     except (UsageError, ValueError, TypeError, OverflowError):
         return (3, 0, str(value))
+
+
+def check_splits(ks: Iterable[Any], num_blocks: int, model: str | None = None, what: str = "split index") -> None:
+    """The one range rule for block splits: k in 0..K, where 0 puts the whole model on stage 2 and K
+    all of it on stage 1. Raises with the first bad one, in one line that names what is valid."""
+    bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= num_blocks]
+    if bad:
+        where = f" for {model}" if model else ""
+        raise UsageError(f"{what} {bad[0]} out of range{where}: valid 0..{num_blocks} (0 = all on stage 2, "
+                         f"{num_blocks} = all on stage 1, 1..{num_blocks - 1} = block cuts)")

@@ -15,7 +15,7 @@ _MARKERS = {1: "o", 2: "s", 3: "^"}
 
 
 def plot_cuts(models: dict[str, list[dict[str, Any]]], path: str | Path) -> Path:
-    """One panel per model from :func:`paretopipe.partition.split.cut_rows`; returns the file."""
+    """One panel per model from :func:`paretopipe.partition.tables.cut_rows`; returns the file."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 4.2), squeeze=False, sharey=True)
     for ax, (name, rows) in zip(axes[0], models.items()):

@@ -149,7 +149,8 @@ def _check_layout(args: argparse.Namespace) -> None:
         raise UsageError("--use-intelligent-splitting chooses the one split of 2 partitions: drop --split-block/"
                          "--split-blocks and use --num-partitions 2 (for N devices: paretopipe predict --devices)")
     if args.rank == 0 and args.cut is None:  # the split and the model are checked before any rank starts
-        from ..partition.structure import check_splits, structure
+        from ..partition.structure import structure
+        from ..splits import check_splits
 
         shape = structure(args.model, args.num_classes)
         num_blocks = shape["num_blocks"]

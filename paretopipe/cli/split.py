@@ -56,7 +56,7 @@ def _narrowed(doc: dict, max_live: int) -> str:
 
 def _plot(args) -> int:
     from ..analysis.cutplot import plot_cuts
-    from ..partition.split import cut_rows, partitioner_for
+    from ..partition.tables import cut_rows, partitioner_for
 
     rows = {}
     for name in [m.strip() for m in args.model.split(",")]:

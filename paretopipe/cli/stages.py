@@ -99,7 +99,7 @@ def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuil
             return builder, None
         raise UsageError(f"give --split (0..{builder.partitioner.num_blocks} for {builder.name}) or --cut NAME")
     if isinstance(args.split_index, list):  # a chain of len + 1 stages
-        from ..partition.structure import check_splits
+        from ..splits import check_splits
 
         if args.cut is not None:
             raise UsageError("--cut and a plan of several splits exclude each other: give one of them")

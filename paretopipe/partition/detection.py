@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .split import live_tensors
+from .activation import live_tensors
 
 SCORE_THRESHOLD = 0.001
 MAX_DETECTIONS = 100  # per image: the rows of the output

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from . import detection, weightcache
 # The names live in a torch-free module, so that commands which only check a name stay light; they
 # are re-exported here because every caller that builds a model also names it.
 from .names import (_CUSTOM, ANCHOR_ALIASES, DETECTORS, ENTRY_POINT_GROUP, NAMED_MODELS, canonical_name, input_size,
@@ -53,8 +54,6 @@ def construct(canonical: str, num_classes: int) -> nn.Module:
     if key in _CUSTOM:
         return _CUSTOM[key][1](num_classes)
     if canonical in DETECTORS:
-        from . import detection
-
         return detection.build(canonical, num_classes, DETECTORS[canonical])
     import torchvision.models as tvm
 
@@ -280,8 +279,6 @@ def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = 
     if path is not None or not calibrate or (normalize(canonical) in _CUSTOM and digest is None):
         model = fresh()
     else:
-        from . import weightcache
-
         model, _ = weightcache.cached_build(weightcache.cache_key(canonical, num_classes, seed, digest),
                                             lambda: skeleton(canonical, num_classes),
                                             fresh, fingerprint)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
+from .cachefiles import torchvision_builders
 
 if TYPE_CHECKING:
     from torch import nn
@@ -152,7 +153,6 @@ def source_digest(name: str) -> str | None:
 
 
 def _torchvision_names() -> dict[str, str]:
-    from .structure import torchvision_builders  # structure imports this module
 
     return {normalize(n): n for n in torchvision_builders()}
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import torch
 from torch import fx, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UsageError
-from .structure import check_splits
+from ..splits import check_splits
+from .activation import Activation, call_stage, live_tensors
+from .detection import Detector
 
-#: What crosses a cut: one tensor, or the live set of a cut where several cross (a tuple in graph order).
-Activation = torch.Tensor | tuple[torch.Tensor, ...]
 
 INPUT = "input"   # pseudo-cut: everything on the later stage (k = 0 baseline)
 OUTPUT = "output"  # pseudo-cut: everything on the earlier stage (k = K baseline)
@@ -144,8 +144,6 @@ class Partitioner:
     """Traces a model once; answers cut-point questions and builds stages for any cut list."""
 
     def __init__(self, model: nn.Module, example_input: torch.Tensor, model_name: str | None = None):
-        from .detection import Detector
-
         self.model = model
         self.model_name = model_name
         # A detector is traced in its backbone and pyramid only; its transform joins the first
@@ -418,27 +416,6 @@ class PassThrough(nn.Module):
         return xs if len(xs) != 1 else xs[0]
 
 
-def live_tensors(x: Activation) -> tuple[torch.Tensor, ...]:
-    """What crossed a cut as a tuple, whether one tensor or a live set of several."""
-    return x if isinstance(x, tuple) else (x,)
-
-
-def activation_nbytes(x: Activation) -> int:
-    """The bytes of what crossed a cut, summed over a live set."""
-    return sum(t.numel() * t.element_size() for t in live_tensors(x))
-
-
-def to_host(x: Activation) -> Activation:
-    """What a stage computed, detached, on the CPU and contiguous, ready to send: one tensor or a live set."""
-    moved = tuple(t.detach().cpu().contiguous() for t in live_tensors(x))
-    return moved if isinstance(x, tuple) else moved[0]
-
-
-def call_stage(stage: nn.Module, x: Activation) -> Activation:
-    """Run a stage on what crossed its incoming cut: one tensor, or a live set as its arguments."""
-    return stage(*x) if isinstance(x, tuple) else stage(x)
-
-
 def cut_points(model: nn.Module, example_input: torch.Tensor) -> list[CutPoint]:
     """Every valid fx cut of ``model`` in graph order."""
     return Partitioner(model, example_input).cuts
@@ -471,80 +448,3 @@ def verify(model: nn.Module, stages: Sequence[nn.Module], inputs: torch.Tensor,
     got = live_tensors(run_stages(stages, inputs))
     return max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
                for a, b in zip(got, live_tensors(reference)))
-
-
-def partitioner_for(name: str, batch: int = 1, num_classes: int = 10, weights: str | None = None,
-                    structure_only: bool = False) -> tuple[nn.Module, Partitioner]:
-    """Build ``name`` from the zoo and trace it at ``batch`` images.
-
-    ``structure_only`` builds the model on the meta device (no weights, no memory, no compute):
-    cut points, shapes, bytes and FLOPs are the same, so ``--list`` and ``--dry-run`` take a
-    fraction of a second. Its stages cannot run."""
-    from . import models
-
-    canonical = models.canonical_name(name)
-    size = models.input_size(name)
-    if structure_only:
-        model = models.skeleton(canonical, num_classes).eval()
-        device = next(iter(model.parameters()), torch.empty(0, device="meta")).device
-        return model, Partitioner(model, torch.zeros(batch, 3, size, size, device=device), canonical)
-    model = models.build(name, num_classes=num_classes, weights=weights)
-    return model, Partitioner(model, torch.zeros(batch, 3, size, size), canonical)
-
-
-def fine_cut_table(part: Partitioner) -> dict[str, list[int]]:
-    """Every fine cut in graph order: ``name -> [tensors that cross it, bytes per image]`` (what a
-    sweep needs of the cuts ``--max-live`` and ``--splits NAME`` add, without torch)."""
-    return {c.name: [c.width, c.nbytes // part.batch] for c in part.fine_cuts}
-
-
-def cut_rows(part: Partitioner, max_live: int = 3) -> list[dict[str, Any]]:
-    """Every cut of up to ``max_live`` tensors: its width, the bytes that cross it per image, the
-    share of the model's FLOPs before it (stage 1's compute), and whether it is a multi-tensor cut
-    that sends less than both single-tensor cuts around it in graph order (the nearest before and
-    after; a cut near either end has only one)."""
-    cuts = part.candidate_cuts(max_live)
-    singles = [c for c in cuts if c.width == 1]
-    total = max(part.total_flops, 1)
-    rows = []
-    for c in cuts:
-        before = [s.nbytes for s in singles if s.position < c.position][-1:]
-        after = [s.nbytes for s in singles if s.position > c.position][:1]
-        neighbours = before + after
-        rows.append({"cut": c.name, "width": c.width, "bytes_per_image": c.nbytes // part.batch,
-                     "flops_before_pct": 100 * c.flops_before / total,
-                     "less_than_neighbours": c.width > 1 and bool(neighbours) and c.nbytes < min(neighbours)})
-    return rows
-
-
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def format_table(part: Partitioner, fine: bool = False) -> str:
-    """The table printed by ``--list``: one row per block split (or per fx cut with ``fine``)."""
-    total = max(part.total_flops, 1)
-    rows = []
-    if fine:
-        header = ("index", "cut", "live", "shapes", "bytes@1", "FLOPs %")
-        for c in part.fine_cuts:
-            shapes = " + ".join("x".join(map(str, t.shape[1:])) or "scalar" for t in c.live)
-            rows.append((str(c.index), c.name, str(c.width), shapes,
-                         _human_bytes(c.nbytes // part.batch), f"{100 * c.flops_before / total:.1f}"))
-    else:
-        header = ("k", "block", "cut", "shape", "bytes@1", "FLOPs %")
-        rows.append(("0", "(input)", INPUT, "-", _human_bytes(part.payload_nbytes(INPUT, 1)), "0.0"))
-        for b in part.blocks:
-            c = b.cut
-            rows.append((str(b.k), b.module, c.name, "x".join(map(str, c.shape[1:])),
-                         _human_bytes(c.nbytes // part.batch), f"{100 * c.flops_before / total:.1f}"))
-        rows.append((str(part.num_blocks), "(whole model)", OUTPUT, "-",
-                     _human_bytes(part.payload_nbytes(OUTPUT, 1)), "100.0"))
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join(lines)

@@ -11,7 +11,7 @@ from torch import nn
 from .. import allocator
 from ..errors import UsageError
 from . import models, split
-from .split import Activation
+from .activation import Activation, call_stage
 
 
 class StageBuilder:
@@ -91,14 +91,14 @@ class StageTimer:
             with torch.no_grad():
                 moved = tuple(t.to(device, non_blocking=True) for t in x) if isinstance(x, tuple) \
                     else x.to(device, non_blocking=True)
-                out = split.call_stage(stage, moved)
+                out = call_stage(stage, moved)
             end.record()
             end.synchronize()
             # Events time the GPU work; the wall clock includes the host-to-device copy too.
             return out, max(time.perf_counter() - t0, start.elapsed_time(end) / 1e3)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = split.call_stage(stage, x)
+            out = call_stage(stage, x)
         return out, time.perf_counter() - t0
 
 

@@ -28,6 +28,7 @@ from .. import cpushare, records
 from ..errors import UsageError
 from ..manifest import node_manifest
 from ..partition import split
+from ..partition.activation import Activation, to_host
 from ..partition.stages import StageBuilder, StageTimer, apply_cpu_limits
 from ..transport import aead, inputs, wire
 from . import hopprobe
@@ -69,7 +70,7 @@ def _median_or_mean(xs: Sequence[float], mean: bool) -> float:
     return float(statistics.fmean(xs) if mean else statistics.median(xs))
 
 
-def _round_trip(tensor: split.Activation, codec: wire.Codec, reps: int) -> dict[str, float]:
+def _round_trip(tensor: Activation, codec: wire.Codec, reps: int) -> dict[str, float]:
     """Encode, send over a real loopback TCP connection, receive and decode, ``reps`` times."""
     listener = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(listener.getsockname())
@@ -226,7 +227,7 @@ def _measure_batch(b: int, builder: StageBuilder, model: nn.Module, stages: list
     _, tensors = chain(keep=True)
     codec_rows: dict[str, list[dict[str, Any]]] = {}
     for key, codec in codecs.items():
-        codec_rows[key] = [_round_trip(split.to_host(t), codec, opts.codec_repetitions) for t in tensors]
+        codec_rows[key] = [_round_trip(to_host(t), codec, opts.codec_repetitions) for t in tensors]
     segments = [_median_or_mean([r[i] for r in seg_runs], mean) for i in range(len(stages))]
     whole = _median_or_mean(whole_runs, mean)
     # What calling a stage costs beyond its work: chained segments pay it once each, a stage once.

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import UsageError, WireError
 from ..splits import is_cut_name
 from ..partition.stages import StageBuilder
-from ..partition.structure import check_splits
+from ..splits import check_splits
 from ..predict.adaptive import AdaptivePolicy, Candidate, self_profile
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key
 from ..transport import tcp

@@ -70,7 +70,7 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
 def cut_digest(model: str, num_classes: int) -> str:
     """A digest of ``model``'s cut points (names, shapes, dtypes) and block cuts: what two hosts with
     different torch versions must agree on to split the model the same way."""
-    from ..partition.split import partitioner_for
+    from ..partition.tables import partitioner_for
 
     try:
         _, part = partitioner_for(model, num_classes=num_classes, structure_only=True)

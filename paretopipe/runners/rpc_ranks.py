@@ -104,7 +104,7 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
     ``one_run(builder, transport)`` once (the command-line face) and returns its status."""
     import warnings
 
-    from ..partition.split import fine_cut_table
+    from ..partition.tables import fine_cut_table
     from ..partition.stages import StageBuilder, apply_cpu_limits
     from ..transport import rpc as backend
 

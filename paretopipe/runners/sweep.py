@@ -27,7 +27,7 @@ from ..errors import ParetoPipeError, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network import deadlines, tc, tracecontrol
 from ..network.conditions import NetworkConditions, conditions_from_values, get_conditions
-from ..partition.structure import check_splits
+from ..splits import check_splits
 from ..splits import Split, is_cut_name
 from ..transport.runconfig import ADAPTIVE, AdaptiveOptions, RpcOptions, RunConfig
 from . import rounds, zygote
@@ -383,7 +383,7 @@ class Sweeper:
     def splits_for(self, num_blocks: int, fine_cuts: dict[str, list[int]] | None = None) -> list[Split]:
         """The static splits (or plans), then the fine cuts (named in --splits, or every cut of 2 to
         --max-live tensors with ``all``), then ``adaptive`` when --splits names it. ``fine_cuts``:
-        the model's (:func:`paretopipe.partition.split.fine_cut_table`); without it no cut is planned."""
+        the model's (:func:`paretopipe.partition.tables.fine_cut_table`); without it no cut is planned."""
         if self.opts.plans:
             bad = [p for p in self.opts.plans if max(p) > num_blocks]
             if bad:

@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     share = None
     try:
-        from ..partition.split import fine_cut_table
+        from ..partition.tables import fine_cut_table
         from ..partition.stages import StageBuilder, apply_cpu_limits
 
         limits = apply_cpu_limits(args.cpus, args.threads)

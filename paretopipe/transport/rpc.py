@@ -30,7 +30,7 @@ from ..errors import InfeasibleRun, PeerError, UsageError
 from ..manifest import node_manifest
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import EmulatedLink, LinkSender
-from ..partition.split import Activation, activation_nbytes, to_host
+from ..partition.activation import Activation, activation_nbytes, to_host
 from ..partition.stages import StageBuilder, StageTimer
 from ..sysmon import SystemMonitor
 from . import inputs

@@ -12,7 +12,7 @@ import torch
 import torchvision.models as tvm
 
 from paretopipe.errors import UsageError
-from paretopipe.partition import models, split
+from paretopipe.partition import models, tables
 
 BUILDERS = tvm.list_models(module=tvm)
 
@@ -23,9 +23,9 @@ def test_regnet_falls_back_to_a_real_build_and_lists_its_cuts():
             models.construct("regnet_y_400mf", 10)
     model = models.skeleton("regnet_y_400mf", 10)
     assert all(p.is_meta for p in model.parameters())  # built for real, then nothing held
-    _, part = split.partitioner_for("regnet_y_400mf", structure_only=True)
+    _, part = tables.partitioner_for("regnet_y_400mf", structure_only=True)
     assert part.num_blocks >= 5 and len(part.cuts) > part.num_blocks
-    table = split.format_table(part)
+    table = tables.format_table(part)
     assert table.splitlines()[0].split()[:3] == ["k", "block", "cut"] and "(whole model)" in table
 
 
@@ -33,7 +33,7 @@ def test_regnet_falls_back_to_a_real_build_and_lists_its_cuts():
 @pytest.mark.parametrize("name", BUILDERS)
 def test_every_classification_builder_lists_its_cuts_or_is_refused_in_one_line(name):
     try:
-        model, part = split.partitioner_for(name, structure_only=True)
+        model, part = tables.partitioner_for(name, structure_only=True)
     except UsageError as exc:  # allowed, but it must say why in one line
         assert str(exc) and "\n" not in str(exc)
         return

@@ -8,7 +8,7 @@ import torch
 
 from conftest import traced
 from paretopipe.errors import UsageError
-from paretopipe.partition import split
+from paretopipe.partition import activation, split, tables
 
 TOL = 1e-5
 #: Cuts per number of live tensors (the 1-tensor counts are the block-era cuts, unchanged).
@@ -38,10 +38,10 @@ def test_every_cut_of_up_to_three_live_tensors_is_exact(name):
         first, second = part.stages([cut.name])
         with torch.no_grad():
             mid = first(inputs)
-            live = split.live_tensors(mid)
+            live = activation.live_tensors(mid)
             assert [tuple(t.shape) for t in live] == [t.shape for t in cut.live], cut.name
             assert sum(t.numel() * t.element_size() for t in live) == cut.nbytes
-            out = split.call_stage(second, mid)
+            out = activation.call_stage(second, mid)
         diff = float((out - ref).abs().max())
         assert diff <= TOL, f"{name} cut {cut.name}: max abs diff {diff}"
 
@@ -73,7 +73,7 @@ def test_a_tensor_used_two_stages_later_is_carried_through_the_stage_between():
     middle_inputs = [n.name for n in stages[1].graph.nodes if n.op == "placeholder"]
     assert middle_inputs == ["maxpool", a.live[1].name]
     with torch.no_grad():
-        carried = split.call_stage(stages[1], stages[0](inputs))
+        carried = activation.call_stage(stages[1], stages[0](inputs))
         assert torch.equal(carried[0], stages[0](inputs)[0])  # maxpool passes through untouched
         diff = float((split.run_stages(stages, inputs) - model(inputs)).abs().max())
     assert diff <= TOL
@@ -85,7 +85,7 @@ def test_candidate_cuts_widen_with_max_live_and_the_table_shows_live_sets():
     assert len(part.candidate_cuts(2)) == len(part.fine_cuts) == 68
     with pytest.raises(UsageError, match="--max-live 0"):
         part.candidate_cuts(0)
-    table = split.format_table(part, fine=True).splitlines()
+    table = tables.format_table(part, fine=True).splitlines()
     assert table[0].split() == ["index", "cut", "live", "shapes", "bytes@1", "FLOPs", "%"]
     row = next(line for line in table if line.split()[1] == "maxpool+layer1_0_relu")
     assert row.split()[2] == "2" and "64x16x16 + 64x16x16" in row and "128.0 KiB" in row

@@ -110,12 +110,12 @@ def test_split_list_is_answered_from_the_structure_cache(cache):
 
 
 def test_structure_only_needs_no_weights():
-    from paretopipe.partition import split
+    from paretopipe.partition import tables
 
-    meta_model, meta_part = split.partitioner_for("vgg16", structure_only=True)
+    meta_model, meta_part = tables.partitioner_for("vgg16", structure_only=True)
     assert all(p.is_meta for p in meta_model.parameters())
-    _, real = split.partitioner_for("alexnet")
-    _, meta_alex = split.partitioner_for("alexnet", structure_only=True)
+    _, real = tables.partitioner_for("alexnet")
+    _, meta_alex = tables.partitioner_for("alexnet", structure_only=True)
     assert [c.name for c in meta_alex.cuts] == [c.name for c in real.cuts]
     assert [c.nbytes for c in meta_alex.cuts] == [c.nbytes for c in real.cuts]
     assert meta_alex.total_flops == real.total_flops and meta_alex.num_blocks == real.num_blocks

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from paretopipe.partition import split
+from paretopipe.partition import tables
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m"]
@@ -49,7 +49,7 @@ def mobilenet_profile(tmp_path_factory, worker_id) -> Path:
 @pytest.mark.slow
 def test_profile_has_one_segment_per_fine_cut_that_add_up(mobilenet_profile):
     doc = json.loads(mobilenet_profile.read_text())
-    _, part = split.partitioner_for("mobilenetv2")
+    _, part = tables.partitioner_for("mobilenetv2")
     assert [b["name"] for b in doc["boundaries"]] == ["input"] + [c.name for c in part.cuts] + ["output"]
     assert len(doc["segments"]) == len(part.cuts) + 1  # one ending at each fine cut, one at the output
     assert [b["bytes_per_image"] for b in doc["boundaries"][1:-1]] == [c.nbytes for c in part.cuts]
@@ -132,7 +132,7 @@ def test_bad_input_is_one_clear_line(mobilenet_profile, problem, args, message):
 
 
 def test_a_profile_with_live_sets_times_them_and_predict_weighs_their_bytes(tmp_path):
-    from paretopipe.partition import split as splitting
+    from paretopipe.partition import tables as splitting
     from paretopipe.transport import wire
 
     out = tmp_path / "r18.json"

@@ -36,7 +36,7 @@ def _sweep_cmd(tmp: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_sweep_of_a_detector_measures_cuts_across_its_pyramid_like_any_split(tmp_path):
-    from paretopipe.partition import split
+    from paretopipe.partition import tables
 
     proc = cli.run([PYTHON, "-m", "paretopipe", "sweep", "--model", "ssdlite320_mobilenet_v3_large", "--splits",
                     "0,15,22", "--network", "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "2",
@@ -45,7 +45,7 @@ def test_a_sweep_of_a_detector_measures_cuts_across_its_pyramid_like_any_split(t
     session = tmp_path / "out" / "s"
     runs = pd.read_csv(session / "runs.csv")
     assert sorted(runs["split_index"]) == [0, 15, 22] and set(runs["status"]) == {"complete"}
-    _, part = split.partitioner_for("ssdlite320_mobilenet_v3_large", batch=1, structure_only=True)
+    _, part = tables.partitioner_for("ssdlite320_mobilenet_v3_large", batch=1, structure_only=True)
     inside = runs[runs.split_index == 15].iloc[0]
     cut = part.cut(part.block_cut(15))
     assert cut.width == 2 and inside["cut"] == cut.name
@@ -57,7 +57,7 @@ def test_a_sweep_of_a_detector_measures_cuts_across_its_pyramid_like_any_split(t
 
 @pytest.mark.slow
 def test_max_live_adds_cuts_of_several_tensors_to_a_sweep_on_both_backends(tmp_path):
-    from paretopipe.partition import split
+    from paretopipe.partition import tables
 
     cut = "maxpool+layer1_0_relu"
     base = [PYTHON, "-m", "paretopipe", "sweep", "--model", "resnet18", "--network", "lan", "--runs", "1",
@@ -78,7 +78,7 @@ def test_max_live_adds_cuts_of_several_tensors_to_a_sweep_on_both_backends(tmp_p
     assert set(runs["status"]) == {"complete"} and len(runs) == 6
     inside = runs[runs.split_index.astype(str) == cut]
     assert set(inside["backend"]) == {"tcp", "rpc"} and set(inside["cut"]) == {cut}
-    _, part = split.partitioner_for("resnet18", batch=1, structure_only=True)
+    _, part = tables.partitioner_for("resnet18", batch=1, structure_only=True)
     tcp = inside[inside.backend == "tcp"].iloc[0]
     assert tcp["payload_bytes_mean"] == 2 * part.cut(cut).nbytes  # both tensors, in one frame per batch
     assert (session / "runs" / f"{tcp['run_key']}.json").is_file() and "." in tcp["run_key"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from paretopipe.partition.split import live_tensors
+from paretopipe.partition.activation import live_tensors
 from paretopipe.transport import wire
 from paretopipe.errors import PeerError, WireError
 

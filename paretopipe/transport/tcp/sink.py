@@ -22,7 +22,7 @@ from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...manifest import node_manifest
 from ...network.conditions import Direction
 from ...network.emulated import EmulatedLink
-from ...partition.split import live_tensors
+from ...partition.activation import live_tensors
 from ...partition.stages import StageBuilder, StageTimer, time_segments
 from ...sysmon import SystemMonitor
 from .. import inputs, pipeline, wire
