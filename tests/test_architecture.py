@@ -72,3 +72,20 @@ def test_no_module_reads_outside_the_package():
     for bench in (ROOT / "benchmarks").glob("*.py"):
         text = bench.read_text()
         assert "sys.path.insert" not in text and "from tests" not in text, bench.name
+
+
+def test_every_module_has_its_test_module_or_names_where_it_is_tested():
+    """tests/x/test_y.py for paretopipe/x/y.py, or a row of tests/README.md naming test modules that
+    exist (a module observable only where it is used: a CLI face, a backend's side of a socket)."""
+    import re
+
+    tested = {p.stem[len("test_"):] for p in (ROOT / "tests").rglob("test_*.py")}
+    rows = {m: re.findall(r"`(tests/[^`]+\.py)`", rest) for m, rest in
+            re.findall(r"^\| `(paretopipe/[^`]+\.py)` \|(.*)$", (ROOT / "tests" / "README.md").read_text(), re.M)}
+    modules = [p for p in (ROOT / "paretopipe").rglob("*.py") if p.stem not in ("__init__", "__main__")]
+    missing = [str(p.relative_to(ROOT)) for p in modules
+               if p.stem not in tested and str(p.relative_to(ROOT)) not in rows]
+    assert not missing, f"no test module and no row in tests/README.md: {missing}"
+    for module, files in rows.items():
+        assert (ROOT / module).is_file(), f"tests/README.md names {module}, which is gone"
+        assert files and all((ROOT / f).is_file() for f in files), f"{module}: {files} must exist"

@@ -96,3 +96,43 @@ def test_the_session_owns_its_reference_drifted_and_trace_control_files(tmp_path
     # A trace controller's log: one file label, never a path, whatever the network or host is called.
     path = s.trace_control_path("lte/../x-10.0.0.2-up")
     assert path.parent == s.path / "trace-control" and "/" not in path.name and ".." not in path.name
+
+
+#: Student's t quantile t(0.975, 2 degrees of freedom), from the table: the interval of three runs.
+T_975_2DF = 4.302652729911275
+
+
+def _row(k: int, run: int, latency: float, throughput: float, status: str = "complete") -> dict:
+    return {"model": "mobilenet_v2", "backend": "tcp", "cipher": "none", "network": "lan", "batch_size": 1,
+            "split_index": k, "cut": f"c{k}", "run": run, "status": status, "latency_median_s": latency,
+            "throughput_imgs_per_s": throughput, "batches_measured": 4, "error": None}
+
+
+def test_summarize_runs_gives_the_hand_computed_median_p95_and_log_t_interval():
+    """Three runs a factor 2 apart: their logs are ln 0.2 -+ ln 2, so the mean of the logs is ln 0.2,
+    their standard deviation ln 2, and the 95% interval of the median is 0.2 * exp(-+ t ln 2 / sqrt 3)."""
+    import math
+
+    from paretopipe.analysis.session import summarize_runs
+
+    rows = [_row(3, r, lat, tp) for r, (lat, tp) in enumerate([(0.1, 40.0), (0.2, 20.0), (0.4, 10.0)])]
+    rows.append(_row(5, 0, 9.0, 0.1, status="infeasible"))
+    (entry,), infeasible = [e for e in summarize_runs(rows) if e["status"] == "complete"], \
+        [e for e in summarize_runs(rows) if e["status"] == "infeasible"]
+    half = T_975_2DF * math.log(2) / math.sqrt(3)
+    assert entry["runs"] == 3 and entry["latency_median_s"] == pytest.approx(0.2)
+    assert entry["latency_median_p95_s"] == pytest.approx(0.2 + 0.9 * 0.2)  # linear between the 2nd and 3rd
+    assert entry["latency_median_ci95_low_s"] == pytest.approx(0.2 * math.exp(-half), rel=1e-12)
+    assert entry["latency_median_ci95_high_s"] == pytest.approx(0.2 * math.exp(half), rel=1e-12)
+    assert entry["throughput_ci95_low_imgs_per_s"] == pytest.approx(20 * math.exp(-half), rel=1e-12)
+    assert entry["throughput_ci95_high_imgs_per_s"] == pytest.approx(20 * math.exp(half), rel=1e-12)
+    assert infeasible[0]["split_index"] == 5 and infeasible[0]["runs"] == 0 and infeasible[0]["infeasible_runs"] == 1
+
+
+def test_median_ci_by_hand_for_one_run_and_for_values_without_logs():
+    import math
+
+    assert records.median_ci([0.3]) == (0.3, 0.3) and records.median_ci([None]) == (None, None)
+    # A zero has no log: a t interval on the values, mean 1 and standard deviation 1.
+    low, high = records.median_ci([0.0, 1.0, 2.0])
+    assert (low, high) == (pytest.approx(1 - T_975_2DF / math.sqrt(3)), pytest.approx(1 + T_975_2DF / math.sqrt(3)))
