@@ -98,8 +98,8 @@ def test_the_session_owns_its_reference_drifted_and_trace_control_files(tmp_path
     assert path.parent == s.path / "trace-control" and "/" not in path.name and ".." not in path.name
 
 
-#: Student's t quantile t(0.975, 2 degrees of freedom), from the table: the interval of three runs.
-T_975_2DF = 4.302652729911275
+#: Student's t quantile t(0.975) at 2 degrees of freedom, in closed form: (2p - 1) sqrt(2 / (4p(1 - p))).
+T_975_2DF = 0.95 * (2 / (4 * 0.975 * 0.025)) ** 0.5
 
 
 def _row(k: int, run: int, latency: float, throughput: float, status: str = "complete") -> dict:
