@@ -10,7 +10,7 @@ back with ``--link tc --link-dev IFACE``. Such a run is labelled by its manifest
   holds (``tc-unshaped`` when the tree shapes nothing);
 - the emulated conditions' own name, where an emulated run's configuration lost it.
 
-Labels hold only letters, digits and ``-`` so that they can stand in file names.
+The tc labels hold only letters, digits and ``-``, so that they can stand in file names.
 """
 
 from __future__ import annotations
