@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 from conftest import PYTHON, ROOT, is_root
+from notebook_helpers import execute
 from tcp_helpers import STARTED, free_port
 
 pytestmark = pytest.mark.slow
@@ -163,20 +164,9 @@ def report_and_notebook(cwd: Path, folder: Path, networks: set[str]) -> pd.DataF
 
 def _notebook(folder: Path, networks: set[str]) -> None:
     import nbformat
-    from nbclient import NotebookClient
 
     nb = nbformat.read(ROOT / "notebooks" / "pareto_front.ipynb", as_version=4)
-    saved = os.environ.get("PARETOPIPE_RESULTS_DIR")
-    os.environ["PARETOPIPE_RESULTS_DIR"] = str(folder)
-    try:
-        NotebookClient(nb, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    finally:
-        if saved is None:
-            os.environ.pop("PARETOPIPE_RESULTS_DIR")
-        else:
-            os.environ["PARETOPIPE_RESULTS_DIR"] = saved
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    text = execute(nb, {"PARETOPIPE_RESULTS_DIR": str(folder)})
     assert "on a front" in text and all(n in text for n in networks), text[-3000:]
 
 

@@ -113,15 +113,13 @@ def robustness(runs: pd.DataFrame, config_cols: Sequence[str], objectives: Mappi
     """
     objectives = dict(objectives or DEFAULT_OBJECTIVES)
     usable, _, _ = _usable(runs, objectives)
-    if usable.empty:  # no run measured anything: every configuration is off the front, none robust
-        index = pd.MultiIndex.from_tuples([], names=list(config_cols)) if len(config_cols) > 1 else \
-            pd.Index([], name=config_cols[0])
-        return pd.Series([], index=index, dtype=float, name="front_robustness")
-    rng = np.random.default_rng(seed)
     grouped = [(key, g[list(objectives)].to_numpy(dtype=float)) for key, g in usable.groupby(list(config_cols))]
     keys = [k for k, _ in grouped]
     index = pd.MultiIndex.from_tuples(keys, names=list(config_cols)) if len(config_cols) > 1 else \
         pd.Index([k[0] if isinstance(k, tuple) else k for k in keys], name=config_cols[0])
+    if not keys:  # no run measured anything: every configuration is off the front, none robust
+        return pd.Series([], index=index, dtype=float, name="front_robustness")
+    rng = np.random.default_rng(seed)
     # The front groups are fixed across resamples: find each configuration's group once, and leave
     # pandas out of the resampling loop (200 DataFrame fronts cost about 1 s per report).
     meta = pd.DataFrame(keys, columns=list(config_cols))

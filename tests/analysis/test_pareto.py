@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT
+from notebook_helpers import execute
 from paretopipe.analysis import pareto, plotting, report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_small"
@@ -132,23 +132,6 @@ def test_report_cli_writes_table_and_figures(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: no sweep results under")
 
 
-def _execute(nb, env: dict[str, str]):
-    from nbclient import NotebookClient
-
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        NotebookClient(nb, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-
-
 @pytest.mark.slow
 def test_notebook_is_saved_with_outputs_and_runs_headless_on_a_fresh_clone():
     """Committed with its outputs (figures included), and it runs with no results folder and no
@@ -161,7 +144,7 @@ def test_notebook_is_saved_with_outputs_and_runs_headless_on_a_fresh_clone():
     assert (ROOT / "examples" / "session-demo" / "summary.csv").is_file()
     if any((ROOT / "results").glob("*/runs.csv")):
         pytest.skip("this checkout has results/, which the notebook prefers to the shipped session")
-    text = _execute(nb, {"MPLBACKEND": "Agg"})
+    text = execute(nb, {"MPLBACKEND": "Agg"})
     assert "session: examples/session-demo" in text and "on a front" in text
 
 
@@ -169,7 +152,7 @@ def test_notebook_runs_headless_on_the_fixture(tmp_path):
     import nbformat
 
     nb = nbformat.read(ROOT / "notebooks" / "pareto_front.ipynb", as_version=4)
-    text = _execute(nb, {"PARETOPIPE_RESULTS_DIR": str(FIXTURE), "MPLBACKEND": "Agg"})
+    text = execute(nb, {"PARETOPIPE_RESULTS_DIR": str(FIXTURE), "MPLBACKEND": "Agg"})
     assert "on a front" in text and "split_index" in text
 
 
