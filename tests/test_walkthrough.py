@@ -17,7 +17,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +24,7 @@ import pytest
 
 from conftest import PYTHON, ROOT, is_root
 from notebook_helpers import execute
-from tcp_helpers import STARTED, free_port
+from tcp_helpers import STARTED, free_port, wait_for_line
 
 pytestmark = pytest.mark.slow
 
@@ -133,13 +132,7 @@ def start(argv: list[str], cwd: Path, prefix: list[str] | None = None) -> subpro
 def hand_run(cwd: Path, stage1: list[str], stage2: list[str], prefix: list[str] | None = None) -> None:
     """Stage 1 listens, stage 2 connects; both must finish."""
     s1 = start(stage1, cwd, prefix)
-    deadline = time.monotonic() + 120
-    seen = ""
-    while "listening on" not in seen:
-        line = s1.stderr.readline()
-        seen += line
-        assert line or s1.poll() is None, f"stage 1 exited early: {seen}"
-        assert time.monotonic() < deadline, f"stage 1 never listened: {seen}"
+    wait_for_line(s1, "listening on", 120)
     sh(stage2, cwd, prefix=prefix)
     assert s1.wait(300) == 0, s1.stderr.read()[-2000:]
 
