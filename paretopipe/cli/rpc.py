@@ -85,8 +85,11 @@ def _add_placement_flags(p: ArgumentParser) -> None:
     p.add_argument("--master-addr", default=None, help="overrides MASTER_ADDR from .env/environment")
     p.add_argument("--master-port", type=port_number, default=None, help="overrides MASTER_PORT")
     p.add_argument("--timeout", type=positive_float, default=None,
-                   help="seconds: joining (default 60), and per result (default: follows the link: 60 s plus what "
-                        "the batches in flight need at its slowest rate)")
+                   help="seconds per result (default: follows the link: 60 s plus what the batches in flight need "
+                        "at its slowest rate)")
+    p.add_argument("--join-timeout", type=positive_float, default=None,
+                   help="seconds for every rank to start, build its model and join (default 60, or --timeout if "
+                        "longer): start-up on a loaded machine, not the link")
     add_network_flags(p.add_argument_group("emulated network conditions on every hop"))
     p.add_argument("--local", action="store_true", help="spawn every rank as a process on this machine")
     p.add_argument("--save-outputs", default=None, help="master: write the logits to this .npz")
@@ -179,7 +182,8 @@ def _rank_options(args: argparse.Namespace) -> Any:
                                  model=args.model, num_classes=args.num_classes, weights=args.weights,
                                  models_dir=args.models_dir, device=args.device, threads=args.threads,
                                  transport=args.rpc_transport, rpc_threads=args.num_threads,
-                                 timeout=args.timeout or deadlines.BASE_S, source=args.rpc_source)
+                                 join_timeout=args.join_timeout or max(args.timeout or 0.0, deadlines.BASE_S),
+                                 source=args.rpc_source)
 
 
 class _MasterRun:

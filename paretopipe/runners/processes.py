@@ -167,7 +167,7 @@ class RpcRanks:
             args = ["--rank", str(rank), "--world-size", str(self.world), "--master-addr", addr,
                     "--master-port", str(port), *p.model_args(self.model), "--device", p.device_for(stage, host),
                     "--threads", str(p.threads_for(stage, self.stages)), "--transport", self.transport,
-                    "--timeout", repr(max(self.timeout, p.wait_time)), "--source", self.source]
+                    "--join-timeout", repr(max(self.timeout, p.wait_time)), "--source", self.source]
             env = None
             if host is not None and (host.iface or tb.iface):
                 iface = host.iface or tb.iface

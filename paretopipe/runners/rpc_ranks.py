@@ -41,7 +41,8 @@ class RankOptions:
     cpus: str | None = None
     transport: str = "uv"
     rpc_threads: int = 16
-    timeout: float = 60.0
+    #: Seconds for every rank to start, build its model and join: start-up, not the link, so not --timeout.
+    join_timeout: float = 60.0
     source: str = "master"
 
     def argv(self) -> list[str]:
@@ -49,7 +50,7 @@ class RankOptions:
         out = ["--rank", str(self.rank), "--world-size", str(self.world_size), "--master-addr", self.master_addr,
                "--master-port", str(self.master_port), "--model", self.model, "--num-classes", str(self.num_classes),
                "--device", self.device, "--transport", self.transport, "--rpc-threads", str(self.rpc_threads),
-               "--timeout", repr(self.timeout), "--source", self.source]
+               "--join-timeout", repr(self.join_timeout), "--source", self.source]
         for flag, value in (("--weights", self.weights), ("--models-dir", self.models_dir),
                             ("--threads", self.threads), ("--cpus", self.cpus)):
             if value is not None:
@@ -121,9 +122,9 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
     what = (f"rank {opts.rank} could not join the master at {opts.master_addr}:{opts.master_port}" if opts.rank else
             f"not all {opts.world_size} ranks joined at {opts.master_addr}:{opts.master_port} (start every rank "
             f"with the same MASTER_ADDR/MASTER_PORT)")
-    dog = watchdog(opts.timeout, what, procs)
+    dog = watchdog(opts.join_timeout, what, procs)
     transport = backend.init(opts.rank, opts.world_size, opts.master_addr, opts.master_port, opts.transport,
-                             opts.rpc_threads, opts.timeout)
+                             opts.rpc_threads, opts.join_timeout)
     dog.cancel()
     if opts.rank != 0:
         backend.rpc.shutdown()  # serves the master's calls until it shuts the group down
@@ -183,14 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cpus", default=None)
     p.add_argument("--transport", default="uv", choices=TRANSPORTS)
     p.add_argument("--rpc-threads", type=int, default=16)
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--join-timeout", type=float, default=60.0)
     p.add_argument("--source", default="master", choices=SOURCES)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     opts = RankOptions(rank=args.rank, world_size=args.world_size, master_addr=args.master_addr,
                        master_port=args.master_port, model=args.model, num_classes=args.num_classes,
                        weights=args.weights, models_dir=args.models_dir, device=args.device, threads=args.threads,
-                       cpus=args.cpus, transport=args.transport, rpc_threads=args.rpc_threads, timeout=args.timeout,
+                       cpus=args.cpus, transport=args.transport, rpc_threads=args.rpc_threads, join_timeout=args.join_timeout,
                        source=args.source)
     try:
         return serve_rank(opts)

@@ -17,7 +17,7 @@ from conftest import PYTHON, ROOT
 from paretopipe import records
 from paretopipe.partition import models
 from paretopipe.transport import inputs as data
-from tcp_helpers import popen, run
+from tcp_helpers import free_port, popen, run
 
 
 def _run(tmp, *args, timeout=300):
@@ -77,7 +77,8 @@ def test_killed_worker_gives_clear_error_and_incomplete_json(tmp_path):
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
-    while time.monotonic() < deadline + 120 and not any("batches measured" in line for line in lines):
+    while (time.monotonic() < deadline + 120 and proc.poll() is None
+           and not any("batches measured" in line for line in lines)):
         time.sleep(0.2)
     assert any("batches measured" in line for line in lines), "".join(lines)
     victim.kill()
@@ -94,6 +95,21 @@ def test_killed_worker_gives_clear_error_and_incomplete_json(tmp_path):
     assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in [victim])
     assert not [c for c in psutil.process_iter(["cmdline"]) if "--master-port" in " ".join(c.info["cmdline"] or [])
                 and str(tmp_path) in " ".join(c.info["cmdline"] or [])]
+
+
+def test_a_rank_that_never_joins_fails_within_join_timeout_not_timeout(tmp_path):
+    """Joining is start-up (a loaded machine starting torch and building the model), bounded by
+    --join-timeout; --timeout bounds each result. A master alone waits the former, then one line."""
+    t0 = time.monotonic()
+    proc = run([PYTHON, "distributed_runner.py", "--rank", "0", "--world-size", "3", "--master-addr", "127.0.0.1",
+                "--master-port", str(free_port()), "--model", "mobilenetv2", "--split-block", "5",
+                "--timeout", "1", "--join-timeout", "6", "--metrics-dir", str(tmp_path)], timeout=120)
+    waited = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr[-500:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [errors[0]] and "not all 3 ranks joined at 127.0.0.1" in errors[0] and "within 6s" in errors[0]
+    assert "Traceback" not in proc.stderr and waited >= 6
+    assert not list(tmp_path.glob("*.json"))  # nothing ran, so no record claims a run
 
 
 @pytest.mark.parametrize("args,match", [
