@@ -31,6 +31,9 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 SCHEMA_VERSION = 2
 SCHEMA_FILE = Path(__file__).with_name("run.schema.json")
 BOOTSTRAP_RESAMPLES = 2000
+#: A run's status: measured in full; stopped by the user's --max-batch-s (a measured outcome, never
+#: retried); or cut short by a failure (its error says which).
+COMPLETE, INFEASIBLE, INCOMPLETE = "complete", "infeasible", "incomplete"
 
 # Per-batch duration fields subtracted from latency to get the transfer time: every stage's
 # compute, codec and queue parts (any number of stages), and decoding the result.
@@ -42,7 +45,17 @@ _WORK = re.compile(r"^(stage\d+_(compute|encode|decode|queue|seal|open)_s|result
 
 
 def work_fields(batch: dict[str, Any]) -> list[str]:
+    """The fields of a batch (or a result's meta) that are some stage's work, not the network's."""
     return [k for k in batch if _WORK.match(k)]
+
+
+def stage_figures(summary: dict[str, Any], figure: str) -> list[Any]:
+    """``figure`` of every stage in order (``compute_median_s``: stage 1's, stage 2's, ...), as far
+    as the summary has stages: the one reader of the record's ``stageN_<figure>`` columns."""
+    out = []
+    while f"stage{len(out) + 1}_{figure}" in summary:
+        out.append(summary[f"stage{len(out) + 1}_{figure}"])
+    return out
 
 
 def utc_now() -> str:

@@ -133,3 +133,63 @@ def check_splits(ks: Iterable[Any], num_blocks: int, model: str | None = None, w
         where = f" for {model}" if model else ""
         raise UsageError(f"{what} {bad[0]} out of range{where}: valid 0..{num_blocks} (0 = all on stage 2, "
                          f"{num_blocks} = all on stage 1, 1..{num_blocks - 1} = block cuts)")
+
+
+# -- the split texts of --splits and --split-blocks ---------------------------------------------
+def split_adaptive(text: str) -> tuple[str, bool]:
+    """``--splits`` without its ``adaptive`` member, and whether it had one."""
+    parts = [p.strip() for p in text.split(",")]
+    kept = [p for p in parts if p.lower() != ADAPTIVE]
+    return ",".join(kept), len(kept) != len(parts)
+
+
+def split_cuts(text: str) -> tuple[str, list[str]]:
+    """``--splits`` without the fine cuts it names, and those names in order."""
+    parts = [p.strip() for p in text.split(",")]
+    named = [p for p in parts if p.lower() != "all" and is_cut_name(p)]
+    return ",".join(p for p in parts if p not in named), named  # an empty member stays, for parse_splits to refuse
+
+
+def parse_splits(text: str, num_blocks: int) -> list[int]:
+    """``all``, ``1,4,8``, ``2-10`` or a mix, each within 0..K (0 and K are the baselines)."""
+    if text.strip().lower() == "all":
+        return list(range(num_blocks + 1))
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if lo > hi:
+                    raise UsageError(f"bad --splits range {part!r}: write it low-high, e.g. 2-10")
+                out.extend(range(lo, hi + 1))
+            elif part:
+                out.append(int(part))
+        except ValueError:
+            raise UsageError(f"bad --splits {text!r}: use all, a list like 1,4,8 or a range like 2-10")
+    check_splits(out, num_blocks)
+    if not out:
+        raise UsageError(f"--splits {text!r} names no split: use all, a list like 1,4,8 or a range like 2-10")
+    return sorted(set(out))
+
+
+def parse_plans(text: str) -> list[tuple[int, ...]]:
+    """``3,9;5,12``: N-stage plans as ``--split-blocks`` lists (the planner prints them so)."""
+    plans = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            ks = tuple(int(k) for k in part.split(","))
+        except ValueError:
+            raise UsageError(f"bad --split-blocks {text!r}: plans are comma lists of block indices separated by "
+                             f"';', e.g. 3,9;5,12")
+        if list(ks) != sorted(ks) or min(ks) < 0:
+            raise UsageError(f"--split-blocks plan {part!r}: block indices must be increasing and at least 0")
+        plans.append(ks)
+    if not plans:
+        raise UsageError(f"--split-blocks {text!r} names no plan")
+    if len({len(p) for p in plans}) != 1:
+        raise UsageError(f"--split-blocks {text!r}: every plan needs the same number of stages")
+    return plans

@@ -51,3 +51,13 @@ def test_the_interval_over_runs_holds_the_median_95_percent_of_the_time_at_three
     assert records.median_ci([]) == (None, None)
     lo, hi = records.median_ci([0.0, 1.0, 2.0])  # a zero has no log: a t interval on the values
     assert lo < 0.0 and hi > 2.0 and lo + hi == pytest.approx(2.0)
+
+
+def test_stage_figures_read_every_stage_in_order_and_work_fields_name_only_work():
+    summary = records.summarize([{"seq": 0, "warmup": False, "start_s": 0.0, "end_s": 0.5, "latency_s": 0.5,
+                                  "stage1_compute_s": 0.1, "stage2_compute_s": 0.2, "stage3_compute_s": 0.05,
+                                  "stage2_wire_bytes": 100}], 1)
+    assert records.stage_figures(summary, "compute_median_s") == [0.1, 0.2, 0.05]
+    assert records.stage_figures(summary, "nothing_s") == []
+    meta = {"stage2_compute_s": 0.2, "stage2_wire_bytes": 100, "result_decode_s": 0.01, "hop_bytes": [1, 2]}
+    assert sorted(records.work_fields(meta)) == ["result_decode_s", "stage2_compute_s"]

@@ -8,7 +8,7 @@ import pytest
 
 from paretopipe.analysis.session import config_key, split_label, split_sort_key
 from paretopipe.errors import UsageError
-from paretopipe.splits import ADAPTIVE, Split, sort_key
+from paretopipe.splits import ADAPTIVE, Split, parse_plans, parse_splits, sort_key
 
 
 @pytest.mark.parametrize("written,label,key,config,stages", [
@@ -52,3 +52,25 @@ def test_the_session_labels_and_keys_come_from_the_split():
     assert config_key("mobilenet_v2", "tcp", "lan", 4) == "mobilenet_v2_tcp_lan_k04"
     assert config_key("resnet18", "rpc", "wifi", Split((3, 9))) == "resnet18_rpc_wifi_k3-9"
     assert config_key("resnet18", "tcp", "lte", ADAPTIVE, "aesgcm") == "resnet18_tcp_lte_kadaptive_aesgcm"
+
+
+def test_parse_splits():
+    assert parse_splits("all", 4) == [0, 1, 2, 3, 4]
+    assert parse_splits("1,3-4,3", 4) == [1, 3, 4]
+    with pytest.raises(UsageError, match=r"split index 9 out of range: valid 0\.\.4"):
+        parse_splits("9", 4)
+    with pytest.raises(UsageError, match="bad --splits"):
+        parse_splits("x-y", 4)
+
+
+def test_parse_plans_and_the_members_of_splits_text():
+    from paretopipe.splits import split_adaptive, split_cuts
+
+    assert parse_plans("3,9; 5,12;") == [(3, 9), (5, 12)]
+    for text, match in (("9,3", "must be increasing"), ("3,9;5", "same number of stages"), (";", "names no plan"),
+                        ("3,x", "bad --split-blocks")):
+        with pytest.raises(UsageError, match=match):
+            parse_plans(text)
+    assert split_adaptive("1, adaptive,4") == ("1,4", True) and split_adaptive("1,4") == ("1,4", False)
+    assert split_cuts("2,maxpool+layer1_0_relu,5") == ("2,5", ["maxpool+layer1_0_relu"])
+    assert split_cuts("all") == ("all", [])

@@ -15,11 +15,13 @@ configuration across runs) is defined here once.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,12 +34,41 @@ log = logging.getLogger("paretopipe.session")
 
 #: Where the tables of a folder of hand-run JSON files go (inside that folder).
 CONSOLIDATED = "consolidated"
-#: What identifies a configuration; runs of one configuration differ only in ``run``.
-CONFIG_KEY = ["model", "backend", "cipher", "network", "batch_size", "split_index"]
-#: One panel of figures: every network and split of one model, backend, cipher and batch size.
-PANEL_KEY = ["model", "backend", "cipher", "batch_size"]
 #: A configuration's cipher when its record (or a table from before encryption) names none.
 PLAIN = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigKey:
+    """What identifies a configuration: runs of one configuration differ only in ``run``. The one
+    statement of it: its fields, in order, are summary.csv's key columns (:data:`CONFIG_KEY`, what
+    tables group by); :attr:`text` is its form in file names, run keys and failures.csv; the
+    sweeper keys each configuration's stopping rule by it."""
+
+    model: str
+    backend: str
+    cipher: str
+    network: str
+    batch_size: int
+    split_index: Any  # the split's label (:attr:`paretopipe.splits.Split.label`): 3, "3,9", a cut, "adaptive"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "split_index", split_label(self.split_index))
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> "ConfigKey":
+        """The key of a runs.csv or summary.csv row (or a run row before it is written)."""
+        return cls(*(row[k] for k in CONFIG_KEY))
+
+    @property
+    def text(self) -> str:
+        """``model_backend_network_k03[_cipher]``: without the batch size, which one sweep fixes."""
+        return config_key(self.model, self.backend, self.network, self.split_index, self.cipher)
+
+
+CONFIG_KEY = [f.name for f in dataclasses.fields(ConfigKey)]
+#: One panel of figures: every network and split of one model, backend, cipher and batch size.
+PANEL_KEY = ["model", "backend", "cipher", "batch_size"]
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
               "batch_size", "in_flight", "cipher", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
@@ -320,17 +351,17 @@ class Session:
 
     # -- consolidated files --------------------------------------------------------------------
     def consolidate(self, failures: Iterable[dict[str, Any]], final: bool,
-                    stopping: dict[tuple, dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-        """Rewrite runs.csv and failures.csv (and summary.csv when ``final``). ``stopping`` is keyed
-        by (model, backend, cipher, network, split_index): why each configuration stopped being measured."""
+                    stopping: dict[ConfigKey, dict[str, Any]] | None = None
+                    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Rewrite runs.csv and failures.csv (and summary.csv when ``final``). ``stopping``: why each
+        configuration stopped being measured."""
         rows, skipped = self.run_rows()
         parts = sorted({k for r in rows for k in r if BREAKDOWN.match(k) or RESOURCES.match(k)})
         records.atomic_write_csv(self.path / "runs.csv", rows, RUN_FIELDS + parts)
         if final:
             summary = summarize_runs(rows)
             for entry in summary:
-                entry.update((stopping or {}).get((entry["model"], entry["backend"], entry["cipher"],
-                                                   entry["network"], entry["split_index"]), {}))
+                entry.update((stopping or {}).get(ConfigKey.of(entry), {}))
             records.atomic_write_csv(self.path / "summary.csv", summary)
         records.atomic_write_csv(self.path / "failures.csv", list(failures), FAILURE_FIELDS)
         return rows, skipped
@@ -392,6 +423,24 @@ def sessions_under(root: str | Path, holding: str = "runs.csv") -> list[Path]:
     hand-run records is not a session."""
     return sorted((p.parent for p in Path(root).glob(f"*/{holding}") if p.parent.name != CONSOLIDATED),
                   key=lambda p: p.stat().st_mtime)
+
+
+def sweep_session_dir(out_dir: str, session: str | None, resume: bool) -> Path:
+    """A sweep's session folder: ``--session`` under ``--out``, the newest one for ``--resume``, or a new
+    timestamped one."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the sessions")
+    if session:
+        if "/" in session or session in (".", ".."):
+            raise UsageError(f"--session {session!r}: a folder name, not a path")
+        return out / session
+    if resume:
+        sessions = sessions_under(out, "session.json")
+        if not sessions:
+            raise UsageError(f"--resume: no session found under {out}; give the --out of an earlier sweep")
+        return sessions[-1]
+    return out / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def find_session(path: str | Path) -> Session:

@@ -198,7 +198,7 @@ def adaptive_fields(args: argparse.Namespace, num_blocks: int) -> dict:
 
 def _candidates(text: str, num_blocks: int) -> list[int | str]:
     """``--candidates``: block splits as ``--splits`` writes them, and cuts of several tensors by name."""
-    from ..runners.sweep import parse_splits, split_cuts
+    from ..splits import parse_splits, split_cuts
 
     blocks, named = split_cuts(text)
     return [*(parse_splits(blocks, num_blocks) if blocks.strip(" ,") else []), *named]

@@ -12,7 +12,10 @@ from .. import cpushare
 from ..errors import UsageError
 from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices
-from ..runners.sweep import SweepOptions, Sweeper, describe_plan, parse_plans, session_dir
+from ..analysis.session import sweep_session_dir
+from ..runners.sweep import SweepOptions, Sweeper, describe_plan
+from ..runners.sweep.plan import plan_runs, splits_for
+from ..splits import parse_plans
 from ..network import traces
 from ..transport import aead
 from ..transport.auth import load_secret
@@ -173,7 +176,7 @@ def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Ex
         return exp
     base = None
     if args.resume:
-        base = experiment.stored(session_dir(args.out, args.session, True), p)
+        base = experiment.stored(sweep_session_dir(args.out, args.session, True), p)
     if args.config:
         exp = experiment.read(args.config, p)
         if base is not None:
@@ -207,8 +210,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         from ..partition.structure import structure
 
         shapes = {m: structure(m, opts.num_classes) for m in opts.models}
-        print(describe_plan(sweeper.plan({m: s["num_blocks"] for m, s in shapes.items()},
-                                         {m: s["fine_cuts"] for m, s in shapes.items()}), opts))
+        print(describe_plan(plan_runs(opts, {m: s["num_blocks"] for m, s in shapes.items()},
+                                      {m: s["fine_cuts"] for m, s in shapes.items()}), opts))
         return 0
     if args.check and opts.testbed.remote:
         from ..runners.doctor import check_testbed, format_checks
@@ -221,7 +224,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
             return 1
     tb = opts.testbed
     where = ("locally" if not tb.remote else " -> ".join(f"{h.address} ({h.device})" for h in tb.hosts) + " over SSH")
-    _check_splits(sweeper, opts)
+    _check_splits(opts)
     log.info("sweep %s, link %s, results in %s", where, opts.link, sweeper.dir)
     created = not sweeper.dir.exists()
     sweeper.dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +285,7 @@ def _print_report(report: Path, objectives: str | None) -> None:
         print(format_verdicts(pd.read_csv(report / "adaptive_verdicts.csv")))
 
 
-def _check_splits(sweeper: Sweeper, opts: Any) -> None:
+def _check_splits(opts: SweepOptions) -> None:
     """A split beyond a zoo model's or a registered model's blocks is a usage error before any
     folder or worker exists (a zoo model's block count is cached: milliseconds). A model file's is
     traced anew on every call (about 3 s here), so it is left to the workers, which build the
@@ -293,4 +296,4 @@ def _check_splits(sweeper: Sweeper, opts: Any) -> None:
     for model in opts.models:
         if not is_model_file(model):
             shape = structure(model, opts.num_classes)
-            sweeper.splits_for(shape["num_blocks"], shape["fine_cuts"])
+            splits_for(opts, shape["num_blocks"], shape["fine_cuts"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from paretopipe import records
-from paretopipe.analysis.session import CONFIG_KEY, Session, config_key, find_session, run_key
+from paretopipe.analysis.session import CONFIG_KEY, ConfigKey, Session, config_key, find_session, run_key
 from paretopipe.errors import UsageError
 
 
@@ -136,3 +136,18 @@ def test_median_ci_by_hand_for_one_run_and_for_values_without_logs():
     # A zero has no log: a t interval on the values, mean 1 and standard deviation 1.
     low, high = records.median_ci([0.0, 1.0, 2.0])
     assert (low, high) == (pytest.approx(1 - T_975_2DF / math.sqrt(3)), pytest.approx(1 + T_975_2DF / math.sqrt(3)))
+
+
+def test_one_config_key_type_keys_the_tables_the_file_names_and_the_stopping_rules(tmp_path):
+    key = ConfigKey("mobilenet_v2", "tcp", "none", "lan", 1, "3")
+    assert CONFIG_KEY == ["model", "backend", "cipher", "network", "batch_size", "split_index"]
+    assert key.split_index == 3 and key == ConfigKey.of({**dict(zip(CONFIG_KEY, key.__dict__.values())), "x": 1})
+    assert key.text == config_key("mobilenet_v2", "tcp", "lan", 3) == "mobilenet_v2_tcp_lan_k03"
+    assert ConfigKey("resnet18", "tcp", "aesgcm", "lte", 8, (3, 9)).text == "resnet18_tcp_lte_k3-9_aesgcm"
+    s = Session(tmp_path / "s")
+    for run in (0, 1):
+        for k in (0, 3):
+            s.write_run(run_key(config_key("mobilenet_v2", "tcp", "lan", k), run), _record(run, k, 0.1))
+    s.consolidate([], final=True, stopping={key: {"stop_reason": "precise"}})
+    summary = s.configs().set_index("split_index")
+    assert summary.loc[3, "stop_reason"] == "precise" and summary.loc[0, "stop_reason"] != "precise"

@@ -14,7 +14,7 @@ import pytest
 from conftest import PYTHON, ROOT, sshd_env_file
 import tcp_helpers as cli
 from paretopipe.runners import rounds, sweep
-from paretopipe.errors import PeerError, UsageError
+from paretopipe.errors import PeerError
 
 PROFILES = """
 [lan]
@@ -85,15 +85,6 @@ def test_max_live_adds_cuts_of_several_tensors_to_a_sweep_on_both_backends(tmp_p
     summary = pd.read_csv(session / "summary.csv")
     assert sorted(summary["split_index"].astype(str)) == sorted(["0", "0", "9", "9", cut, cut])
     assert (session / "report" / "pareto.csv").is_file()
-
-
-def test_parse_splits():
-    assert sweep.parse_splits("all", 4) == [0, 1, 2, 3, 4]
-    assert sweep.parse_splits("1,3-4,3", 4) == [1, 3, 4]
-    with pytest.raises(UsageError, match=r"split index 9 out of range: valid 0\.\.4"):
-        sweep.parse_splits("9", 4)
-    with pytest.raises(UsageError, match="bad --splits"):
-        sweep.parse_splits("x-y", 4)
 
 
 @pytest.mark.slow
@@ -475,23 +466,6 @@ def test_scripted_full_disk_stops_the_sweep_with_one_line_and_keeps_what_was_wri
         _scripted(tmp_path, lambda cfg, i: _speed(cfg["split_index"]), runs=1, drift_every_s=0).run()
     kept = list((tmp_path / "s" / "runs").glob("*.json"))
     assert len(kept) == 2 and all(json.loads(p.read_text())["status"] == "complete" for p in kept)
-
-
-def test_a_stage_groups_report_is_read_field_by_field_and_a_malformed_one_is_refused():
-    from paretopipe.errors import PeerError, UsageError
-    from paretopipe.runners.sweep import GroupInfo
-
-    ready = {"event": "ready", "pid": 4242, "model": "mobilenet_v2", "fingerprint": "abc", "num_blocks": 2,
-             "block_cuts": ["input", "b1", "output"], "payload_bytes_per_image": [3, 2, 1], "limits": None}
-    info = GroupInfo.of(ready)  # a worker's ready event carries its pid too: not part of the report
-    assert (info.model, info.num_blocks, info.block_cuts, info.world_size) == ("mobilenet_v2", 2,
-                                                                             ["input", "b1", "output"], None)
-    with pytest.raises(UsageError, match="num_blocks"):
-        GroupInfo.of({**ready, "num_blocks": "2"})
-    with pytest.raises(UsageError, match="block_cuts"):
-        GroupInfo.of({k: v for k, v in ready.items() if k != "block_cuts"})
-    with pytest.raises(PeerError, match="2 block cuts for 2 blocks"):
-        GroupInfo.of({**ready, "block_cuts": ["input", "output"]})
 
 
 @pytest.mark.slow

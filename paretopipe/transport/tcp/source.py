@@ -293,7 +293,7 @@ class _Stage1Run(SourceEndpoint):
         if f is not None:
             fields = self._result_fields(f)
             # Network time: the wait, less every stage's reported work and this stage's receiving.
-            work = sum(v or 0.0 for k, v in fields.items() if k.endswith("_s"))
+            work = sum(fields[k] or 0.0 for k in records.work_fields(fields))
             self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work, "result")
             self._keep(seq, f.tensor)
             self.schedule.complete(seq, arrived, **fields)

@@ -1,0 +1,114 @@
+"""The processes that run a sweep's stages, as the sweep sees them: what a stage group does
+(:class:`StageGroup`), what it reports of the model (:class:`GroupInfo`, checked field by field),
+how the real ones are made, and one group's configurations while they are measured."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+from ... import strict
+from ...errors import PeerError
+from ...network import deadlines
+from ...splits import is_cut_name
+from .. import rounds
+from ..processes import Placement, RpcRanks, TcpStages
+from .options import SweepOptions, stage_count
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupInfo:
+    """What a started stage group reports of the model its stages built (every stage built the
+    same: the group checked their fingerprints), checked field by field: it comes from worker
+    processes, over SSH on a testbed."""
+
+    model: str
+    fingerprint: str
+    num_blocks: int
+    block_cuts: list[str]
+    payload_bytes_per_image: list[int] = dataclasses.field(default_factory=list)
+    # every fine cut in graph order: name -> [tensors that cross it, bytes per image]
+    fine_cuts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    limits: dict[str, Any] | None = None  # per stage: its CPU and memory limits as applied
+    world_size: int | None = None  # the rpc backend's ranks
+    stage_ranks: list[int] | None = None
+    devices: list[str] | None = None
+
+    @classmethod
+    def of(cls, reported: dict[str, Any]) -> "GroupInfo":
+        """The fields of a group's report (a worker's ready event carries more, such as its pid)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        info = strict.from_dict(cls, {k: v for k, v in reported.items() if k in names}, "the stage group's report")
+        if len(info.block_cuts) != info.num_blocks + 1:
+            raise PeerError(f"the stage group reported {len(info.block_cuts)} block cuts for {info.num_blocks} blocks")
+        for name, value in info.fine_cuts.items():
+            if not (is_cut_name(name) and isinstance(value, list) and len(value) == 2
+                    and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= strict.MAX_INT for v in value)):
+                raise PeerError(f"the stage group reported fine cut {str(name)[:60]!r} as {str(value)[:60]}, "
+                                f"not [tensors, bytes per image]")
+        return info
+
+
+class StageGroup(Protocol):
+    """What the sweep asks of the processes that run its stages (:class:`TcpStages`,
+    :class:`RpcRanks`, or a test's scripted group): start and report the model's ``info`` (read
+    as a :class:`GroupInfo`), run one configuration and return its record, say whether they are
+    alive, stop."""
+
+    def start(self) -> dict[str, Any]: ...
+
+    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None,
+            budget: float) -> dict[str, Any]: ...
+
+    def alive(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+class GroupOwner(Protocol):
+    """What a group factory reads of the sweeper: its options and the current group's cipher."""
+
+    opts: SweepOptions
+    cipher: str
+
+
+#: Makes the stage group of one (model, backend) under the sweeper's current cipher; the default
+#: starts real processes.
+GroupFactory = Callable[[GroupOwner, str, str], StageGroup]
+
+
+@dataclasses.dataclass
+class GroupProgress:
+    """One model and backend's configurations while they are measured: each one's progress, the
+    drift monitor and its reference, the runs drift set aside to measure again, and the session's
+    record of the group (``meta``)."""
+
+    name: str
+    cipher: str | None
+    configs: list[tuple]
+    progress: dict[tuple, rounds.ConfigProgress]
+    max_runs: int
+    drift: rounds.DriftMonitor
+    reference: tuple
+    meta: dict[str, Any]
+    rerun: dict[tuple, list[int]]
+    rerun_done: set[str] = dataclasses.field(default_factory=set)
+
+
+def placement(opts: SweepOptions, cipher: str) -> Placement:
+    """Where and how each stage process runs: hosts, devices, threads, CPU shares, pinning."""
+    stages = max(2, stage_count(opts))
+    devices = opts.stage_devices or ["cpu"] * stages
+    return Placement(testbed=opts.testbed, devices=devices,
+                     threads=[t or opts.threads for t in opts.stage_threads] + [opts.threads] * stages,
+                     cpu_shares=opts.stage_cpu, pin=opts.optimizations, wait_time=opts.wait_time,
+                     num_classes=opts.num_classes, weights=opts.weights, encrypt=cipher)
+
+
+def process_group(sweeper: GroupOwner, model: str, backend: str) -> StageGroup:
+    """The default :data:`GroupFactory`: real stage processes, here or on the testbed's hosts."""
+    o = sweeper.opts
+    where = placement(o, sweeper.cipher)
+    if backend == "tcp":
+        return TcpStages(where, model, shaped_port=o.link == "tc", stages=stage_count(o))
+    return RpcRanks(where, model, stage_count(o), o.rpc_source, o.rpc_transport, o.timeout or deadlines.BASE_S)

@@ -1,0 +1,130 @@
+"""A sweep's options, and the combinations of them a sweep cannot run, refused by name before
+anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from typing import Any
+
+from ... import cpushare
+from ...errors import UsageError
+from ...splits import split_adaptive
+from .. import rounds
+from ..hosts import Testbed
+
+BACKENDS = ("tcp", "rpc")
+LINKS = ("emulated", "tc", "none")
+
+
+@dataclasses.dataclass
+class SweepOptions:
+    models: list[str]
+    splits: str = "all"
+    max_live: int = 1
+    plans: list[tuple[int, ...]] | None = None
+    runs: int = 3
+    networks: list[str] = dataclasses.field(default_factory=lambda: ["lan"])
+    backends: list[str] = dataclasses.field(default_factory=lambda: ["tcp"])
+    batch_size: int = 8
+    num_batches: int = 20
+    warmup: int = 3
+    warmup_every_run: bool = False
+    in_flight: int = 1
+    link: str = "emulated"
+    out: str = "results"
+    session: str | None = None
+    resume: bool = False
+    wait_time: float = 120.0
+    timeout: float | None = None        # None: each run's deadline follows its link (network.deadlines)
+    max_batch_s: float | None = None    # a batch slower than this makes its configuration infeasible
+    prefetch_batches: int = 0           # input batches prepared ahead in a thread (--enable-prefetch)
+    threads: int | None = None
+    optimizations: bool = True
+    dry_run: bool = False
+    cleanup: bool = False
+    report: bool = True
+    testbed: Testbed = dataclasses.field(default_factory=Testbed)
+    network_file: str | None = None
+    wire_dtype: str = "float32"
+    compression: str = "none"
+    # The TCP data port's --encrypt choices (transport.aead): one worker group each, since a cipher is
+    # agreed per connection; the cipher is part of a configuration's key.
+    ciphers: list[str] = dataclasses.field(default_factory=lambda: ["none"])
+    stage_cpu: list[float | None] = dataclasses.field(default_factory=lambda: [None, None])
+    stage_threads: list[int | None] = dataclasses.field(default_factory=lambda: [None, None])
+    stage_devices: list[str] = dataclasses.field(default_factory=list)
+    rpc_source: str = "master"
+    rpc_transport: str = "uv"
+    num_classes: int = 10
+    weights: str | None = None
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    inline_networks: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    order: str = "random"
+    seed: int = 0
+    precision: float | None = None      # relative half-width of the 95% CIs, e.g. 0.05
+    max_runs: int | None = None         # per-configuration budget of runs with a precision target
+    drift_every_s: float = 60.0         # re-measure the reference this often (0: never)
+    objective: str = "latency"          # the adaptive split's objective
+    objectives: str | None = None       # the fronts' objectives (report, closing table): latency,throughput
+    energy_rate_hz: float = 10.0        # how often each stage reads its power sensors
+    # Per stage: declared idle watts and the watts one busy core adds (modelled energy where a host
+    # has no sensor), and memory limits in bytes; None entries take the host's (.env / [hosts]).
+    power_idle_w: list[float | None] = dataclasses.field(default_factory=list)
+    power_core_w: list[float | None] = dataclasses.field(default_factory=list)
+    memory_limits: list[int | None] = dataclasses.field(default_factory=list)
+    deadline_s: float | None = None     # a TCP run's deadline before a batch is finished locally (static or adaptive)
+
+
+
+def check_options(opts: SweepOptions) -> None:
+    """Refuse, before anything starts, the option combinations a sweep cannot run, by name."""
+    tb = opts.testbed
+    unknown = [b for b in opts.backends if b not in BACKENDS]
+    if unknown:
+        raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
+    if opts.order not in rounds.ORDERS:
+        raise UsageError(f"--order {opts.order!r}: valid {', '.join(rounds.ORDERS)}")
+    if opts.precision is not None and not 0 < opts.precision < 1:
+        raise UsageError(f"--precision {opts.precision:.0%}: give a target between 0% and 100%, e.g. 5%")
+    if opts.max_runs is not None and opts.max_runs < opts.runs:
+        raise UsageError(f"--max-runs {opts.max_runs} is below --runs {opts.runs}: the budget must allow the "
+                         f"minimum")
+    if opts.link not in LINKS:
+        raise UsageError(f"--link {opts.link!r}: valid {', '.join(LINKS)}")
+    if split_adaptive(opts.splits)[1]:
+        if opts.plans or "rpc" in opts.backends:
+            raise UsageError("the adaptive split runs on the TCP backend with two stages: use --backend tcp "
+                             "and --splits ...,adaptive")
+        if opts.in_flight != 1:
+            raise UsageError(f"--in-flight {opts.in_flight}: the adaptive runtime keeps one batch in flight; "
+                             f"use --in-flight 1 (and compare it with static splits measured so)")
+    if opts.deadline_s is not None and ("rpc" in opts.backends or opts.in_flight != 1):
+        raise UsageError("--deadline-ms settles each TCP batch before the next: use --backend tcp and --in-flight 1")
+    if opts.plans and "tcp" in opts.backends and opts.link == "tc" and not tb.remote:
+        # On one machine every TCP stage listens on 127.0.0.1, and tc shapes by the data port: a
+        # chain's middle stage cannot have that port too.
+        raise UsageError("a TCP chain (--split-blocks) on this machine shapes its hops with the emulated link: use "
+                         "--link emulated, hosts in .env for tc, or --backend rpc")
+    if opts.link == "tc" and not (tb.iface or any(h.iface for h in tb.hosts)):
+        raise UsageError("--link tc needs IFACE (in .env or --iface): the interface tc shapes on each host")
+    if any(x is not None for x in opts.stage_cpu):
+        if tb.remote:
+            raise UsageError("--stage-cpu emulates slower devices on this machine; with hosts in .env the "
+                             "stages already run on real devices (use --local to emulate)")
+        if "rpc" in opts.backends:
+            raise UsageError("--stage-cpu applies to the TCP backend's stage workers; use --backend tcp")
+        cpushare.Hierarchy.detect()  # a clear error now rather than from every worker
+    if tb.remote and opts.link == "tc" and "rpc" in opts.backends:
+        for h in tb.hosts:
+            try:
+                ipaddress.ip_address(h.address)
+            except ValueError:
+                raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
+                                 f"addresses, not {h.address!r}")
+
+
+def stage_count(opts: SweepOptions) -> int:
+    """How many stages every configuration of the sweep has: a plan's cuts plus one, else two."""
+    return (len(opts.plans[0]) + 1) if opts.plans else 2

@@ -1,0 +1,155 @@
+"""What a sweep runs and in what order, from its options and the model's shape alone (no
+processes, no clock): the splits, the planned runs of the minimum rounds, one round's runs, the
+stretches of runs that share one application of tc, and the plan as the dry run prints it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from ...analysis.session import config_key, run_key
+from ...errors import UsageError
+from ...splits import Split, parse_splits, split_adaptive, split_cuts
+from .. import rounds
+from .group import GroupProgress
+from .options import SweepOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """One run of the plan: a configuration (model, backend, network, split) and its repetition."""
+
+    model: str
+    backend: str
+    network: str
+    split: Split
+    run: int
+    reference: bool = False  # a drift check's re-measurement of the reference configuration
+    cipher: str = "none"     # the TCP data port's --encrypt choice (transport.aead)
+
+    @property
+    def split_index(self) -> int | str:
+        return self.split.label
+
+    @property
+    def stages(self) -> int:
+        return self.split.stages
+
+    @property
+    def config_key(self) -> str:
+        return config_key(self.model, self.backend, self.network, self.split, self.cipher)
+
+    @property
+    def run_key(self) -> str:
+        return f"{self.config_key}_ref{self.run}" if self.reference else run_key(self.config_key, self.run)
+
+
+def group_name(model: str, backend: str, cipher: str) -> str:
+    """A worker group's name in session.json and its seed of the round order (a plain group keeps
+    the name it had before ciphers, so its order is what it was)."""
+    return f"{model}/{backend}" + (f"/{cipher}" if cipher != "none" else "")
+
+
+def worker_groups(opts: SweepOptions) -> list[tuple[str, str]]:
+    """(backend, cipher) of each worker group of a model: the TCP backend once per cipher."""
+    return [(backend, cipher) for backend in opts.backends
+            for cipher in (opts.ciphers if backend == "tcp" else ["none"])]
+
+
+def splits_for(opts: SweepOptions, num_blocks: int, fine_cuts: dict[str, list[int]] | None = None) -> list[Split]:
+    """The static splits (or plans), then the fine cuts (named in --splits, or every cut of 2 to
+    --max-live tensors with ``all``), then ``adaptive`` when --splits names it. ``fine_cuts``:
+    the model's (:func:`paretopipe.partition.tables.fine_cut_table`); without it no cut is planned."""
+    if opts.plans:
+        bad = [p for p in opts.plans if max(p) > num_blocks]
+        if bad:
+            raise UsageError(f"--split-blocks plan {','.join(map(str, bad[0]))}: block indices go up to {num_blocks}")
+        return [Split(tuple(p), plan=True) for p in opts.plans]
+    static, adaptive = split_adaptive(opts.splits)
+    static, named = split_cuts(static)
+    blocks = [Split((k,)) for k in parse_splits(static, num_blocks)] if static else []
+    return blocks + _cut_splits(opts.max_live, named, fine_cuts, static.strip().lower() == "all") + \
+        ([Split(adaptive=True)] if adaptive else [])
+
+
+def _cut_splits(limit: int, named: list[str], fine_cuts: dict[str, list[int]] | None, every: bool) -> list[Split]:
+    if fine_cuts is None:
+        return []
+    for name in named:
+        if name not in fine_cuts:
+            raise UsageError(f"--splits: {name!r} is not a cut of this model (python -m paretopipe.split "
+                             f"--list --fine lists them)")
+        if fine_cuts[name][0] > limit:
+            raise UsageError(f"--splits: {fine_cuts[name][0]} tensors cross {name}; add --max-live "
+                             f"{fine_cuts[name][0]}")
+    wide = [n for n, (width, _) in fine_cuts.items() if 2 <= width <= limit] if every else []
+    return [Split(cut=n) for n in dict.fromkeys(named + wide)]
+
+
+def plan_runs(opts: SweepOptions, num_blocks: dict[str, int],
+              fine_cuts: dict[str, dict[str, list[int]]] | None = None) -> list[PlannedRun]:
+    """The runs of the minimum rounds (--runs), in the order they will run; --precision and drift
+    checks may add more."""
+    planned = []
+    for model in opts.models:
+        for backend, cipher in worker_groups(opts):
+            configs = [(n, k) for n in opts.networks
+                       for k in splits_for(opts, num_blocks[model], (fine_cuts or {}).get(model))]
+            if opts.order == "sequential":
+                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher) for n, k in configs
+                            for r in range(opts.runs)]
+                continue
+            for r in range(opts.runs):
+                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher) for n, k in
+                            rounds.round_order(configs, opts.seed, group_name(model, backend, cipher), r,
+                                               opts.link == "tc")]
+    return planned
+
+
+def round_plan(opts: SweepOptions, model: str, backend: str, group: GroupProgress, active: list[tuple],
+               r: int) -> list[PlannedRun]:
+    """Round ``r``'s runs: in random order, each active configuration's next run after the runs
+    drift set aside; sequentially, every run of a configuration back to back. Takes the set-aside
+    runs it plans out of ``group.rerun``."""
+    cipher = group.cipher
+    if opts.order == "sequential":
+        return [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in active
+                for i in range(group.max_runs if opts.precision else opts.runs)]
+    plan = [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in
+            rounds.round_order(active, opts.seed, group.name, r, opts.link == "tc")
+            for i in group.rerun[(n, k)] + [r]]
+    for c in active:
+        group.rerun[c] = []
+    return plan
+
+
+def segments(plan: list[PlannedRun], tc_mode: bool) -> list[tuple[str | None, list[PlannedRun]]]:
+    """With tc, consecutive runs of one network share one application of its qdiscs."""
+    if not tc_mode:
+        return [(None, plan)]
+    out: list[tuple[str | None, list[PlannedRun]]] = []
+    for one in plan:
+        if out and out[-1][0] == one.network:
+            out[-1][1].append(one)
+        else:
+            out.append((one.network, [one]))
+    return out
+
+
+def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
+    per = opts.warmup + opts.num_batches
+    where = ("locally" if not opts.testbed.remote else
+             "on " + ", ".join(f"{h.address} ({h.device})" for h in opts.testbed.hosts))
+    ciphers = f" x ciphers {', '.join(opts.ciphers)} (tcp)" if opts.ciphers != ["none"] else ""
+    lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)}"
+             f"{ciphers} x "
+             f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
+             f"{opts.runs} runs; {per} batches of {opts.batch_size} each ({opts.warmup} warm-up"
+             + (")" if opts.warmup_every_run or not opts.warmup else ", on a cut's first run in each worker group)"),
+             f"order: {opts.order}" + (f" (seed {opts.seed}), one round per run" if opts.order == "random" else "")
+             + (f"; --precision {opts.precision:.0%}: up to {opts.max_runs or 3 * opts.runs} runs per configuration"
+                if opts.precision else "")]
+    lines += [f"  {p.run_key}" for p in planned[:10]]
+    if len(planned) > 10:
+        lines.append(f"  ... and {len(planned) - 10} more")
+    return "\n".join(lines)

@@ -1,0 +1,350 @@
+"""The sweep's loop: worker groups started in turn, rounds of runs, retries on fresh processes,
+resuming, atomic writes (a full disk stops the sweep), consolidation and the closing report."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ... import cpushare, records
+from ...analysis.session import ConfigKey, Session, cipher_of, sweep_session_dir
+from ...errors import ParetoPipeError, PeerError, UsageError
+from ...manifest import node_manifest
+from ...network.conditions import conditions_from_values, get_conditions
+from ...records import COMPLETE, INFEASIBLE
+from ...transport.runconfig import RunConfig
+from .. import rounds, zygote
+from . import configure
+from .drift import drift_check, measuring_s, requeue_drifted
+from .group import GroupFactory, GroupInfo, GroupProgress, StageGroup, process_group
+from .options import SweepOptions, check_options
+from .plan import PlannedRun, group_name, round_plan, segments, splits_for, worker_groups
+from .shaping import tc_applied
+
+log = logging.getLogger("paretopipe.sweep")
+#: runs.csv and session.json are rebuilt at most this often during a sweep (and at its end); the
+#: run records, written after every run, are the source of truth either way.
+CONSOLIDATE_EVERY_S = 5.0
+
+
+class DiskFullError(ParetoPipeError):
+    """No room left to write results: the sweep stops, nothing is retried."""
+
+
+@dataclasses.dataclass
+class SweepResult:
+    path: Path
+    configurations: int
+    failed: list[PlannedRun]
+    measured: int = 0  # runs recorded (complete or infeasible), resumed ones included
+
+
+class Sweeper:
+    """One sweep: every worker group (model, backend, cipher) started in turn, its configurations
+    measured in rounds until each one's stopping rule is met, every run written as it ends."""
+
+    def __init__(self, opts: SweepOptions, group_factory: GroupFactory | None = None) -> None:
+        self.opts = opts
+        self.group_factory = group_factory or process_group
+        check_options(opts)
+        self.networks = {name: conditions_from_values(name, opts.inline_networks[name])
+                         if name in opts.inline_networks else get_conditions(name, opts.network_file)
+                         for name in opts.networks}
+        self.session = Session(sweep_session_dir(opts.out, opts.session, opts.resume))
+        self.dir = self.session.path
+        self.group: StageGroup | None = None
+        self.info: GroupInfo | None = None  # the current group's report (start)
+        # (model, backend, cuts) this worker group has already run: their one-time costs (lazy
+        # init, kernel selection for the shapes, allocator growth) are paid, so later runs of the
+        # same cut skip the warm-up unless --warmup-every-run (without it the demo's 1 warm-up
+        # batch per 10 measured was 0.04 s of a run's 0.06 s overhead).
+        self.warmed: set[tuple] = set()
+        self.failures: list[dict[str, Any]] = []
+        self.stopping: dict[ConfigKey, dict[str, Any]] = {}
+        self.started = time.monotonic()
+        self.measured_s = self.reference_s = 0.0
+        self.consolidated = float("-inf")
+        self.compute_s = 0.0  # the slowest batch compute (all stages) measured in this worker group
+        self.cipher = "none"  # the current worker group's --encrypt choice
+        self.cipher_used: str | None = None  # ...and the cipher its runs record (auto resolved)
+
+    # -- layout --------------------------------------------------------------------------------
+    def discard_if_unmeasured(self) -> bool:
+        """Remove this session's folder when no run (nor reference run) was recorded in it."""
+        if not self.dir.is_dir() or self.session.measured_anything():
+            return False
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return True
+
+    # -- processes -----------------------------------------------------------------------------
+    def start(self, model: str, backend: str, cipher: str = "none") -> GroupInfo:
+        """Start the stage group of (model, backend) under ``cipher``; its report is the current
+        :attr:`info` until the next start."""
+        self.stop()
+        self.warmed.clear()
+        self.compute_s = 0.0
+        self.cipher, self.cipher_used = cipher, None
+        self.group = self.group_factory(self, model, backend)
+        try:
+            self.info = GroupInfo.of(self.group.start())
+        except BaseException:
+            self.stop()
+            raise
+        return self.info
+
+    def stop(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+            self.group = None
+            if any(x is not None for x in self.opts.stage_cpu):
+                cpushare.remove_stale()  # groups of workers that could not clean up after themselves
+
+    # -- one configuration ---------------------------------------------------------------------
+    def run_config(self, planned: PlannedRun) -> RunConfig:
+        """The typed configuration of one planned run in the current group; the record's ``config``
+        is exactly this."""
+        o, info = self.opts, self.info
+        conditions = self.networks[planned.network] if o.link != "none" else None
+        return configure.run_config(
+            o, info, planned, warmed=self._warm_key(planned, configure.run_cuts(info, planned)) in self.warmed,
+            timeout_s=configure.timeout_s(o, info, planned, configure.run_blocks(info, planned), conditions,
+                                          self.compute_s))
+
+    def run_one(self, planned: PlannedRun, observed: dict | None) -> dict[str, Any]:
+        o = self.opts
+        cfg = self.run_config(planned).to_dict()
+        conditions = self.networks[planned.network].to_dict() if o.link == "emulated" else None
+        budget = o.wait_time + cfg["timeout_s"] * (o.num_batches + o.warmup + 2)
+        record = self.group.run(cfg, conditions, observed, budget)
+        if not isinstance(record, dict) or not isinstance(record.get("summary"), dict):
+            raise PeerError(f"{planned.backend}: the run returned no record")
+        if record["status"] == INFEASIBLE:
+            # A measured outcome; the run was cut short mid-exchange, so the stages start afresh.
+            self.stop()
+            return record
+        if record["status"] != COMPLETE:
+            raise PeerError(record.get("error") or "run incomplete")
+        self.warmed.add(self._warm_key(planned, cfg["cuts"]))
+        self.cipher_used = cipher_of(record.get("manifest") or {})
+        stages = records.stage_figures(record["summary"], "compute_median_s")
+        self.compute_s = max(self.compute_s, sum(v or 0.0 for v in stages))
+        return record
+
+    @staticmethod
+    def _warm_key(planned: PlannedRun, cuts: Sequence[str]) -> tuple:
+        return planned.model, planned.backend, tuple(cuts)
+
+    # -- the sweep -----------------------------------------------------------------------------
+    def run(self) -> SweepResult:
+        o = self.opts
+        self.started = time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        meta = self._load_session()
+        if not o.testbed.remote and self.group_factory is process_group:
+            zygote.prestart()
+        self.measured_s = self.reference_s = 0.0
+        interrupted = False
+        total = 0
+        failed: list[PlannedRun] = []
+        try:
+            for model in o.models:
+                for backend, cipher in worker_groups(o):
+                    self.start(model, backend, cipher)
+                    total += self._sweep_group(model, backend, meta, failed)
+                    self.stop()
+        except KeyboardInterrupt:
+            interrupted = True
+            log.warning("interrupted: stopping the stages; finished runs stay valid, --resume completes the rest")
+        finally:
+            self.stop()
+            meta["interrupted"] = interrupted
+            try:
+                self.consolidate(meta, final=True)
+            except DiskFullError as exc:
+                log.error("%s", exc)
+        if interrupted:
+            raise KeyboardInterrupt
+        measured = meta.get("runs_complete", 0) + meta.get("runs_infeasible", 0)
+        if o.report and measured:
+            self._report()
+        return SweepResult(self.dir, total, failed, measured)
+
+    def _sweep_group(self, model: str, backend: str, meta: dict[str, Any],
+                     failed: list[PlannedRun]) -> int:
+        """Every configuration of one model and backend, in rounds (see :mod:`.rounds`)."""
+        from tqdm import tqdm
+
+        o = self.opts
+        group = self._group_state(model, backend, meta)
+        tc_mode = o.link == "tc"
+        bar = tqdm(total=len(group.configs) * o.runs, desc=group.name.replace("/", " "), unit="run",
+                   dynamic_ncols=True, disable=None)
+        r = 0
+        while True:
+            active = [c for c in group.configs if group.progress[c].stopped is None]
+            if not active:
+                break
+            for network, members in segments(round_plan(o, model, backend, group, active, r), tc_mode):
+                with tc_applied(o, self.session, backend, self.networks[network]) if network else contextlib.nullcontext() \
+                        as observed:
+                    for one in members:
+                        if group.progress[(one.network, one.split)].stopped is not None:
+                            continue  # sequential mode: precise before its budget
+                        self._measure(one, group, observed, failed)
+                        bar.update(1)
+                        drifted = drift_check(self, group.drift, group.reference, network or group.reference[0],
+                                              observed, model, backend, group.meta)
+                        requeue_drifted(self, drifted, group, model, backend)
+                        if time.monotonic() - self.consolidated >= CONSOLIDATE_EVERY_S:
+                            self.consolidate(meta, final=False)
+            r += 1
+            for c in active:
+                if group.progress[c].stopped is None and not group.rerun[c]:
+                    group.progress[c].stopped = group.progress[c].decide(o.runs, o.precision, group.max_runs)
+            bar.total = max(bar.total, bar.n + sum(1 for c in group.configs if group.progress[c].stopped is None))
+        bar.close()
+        group.meta["stopping"] = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher).config_key: p.describe()
+                                 for (n, k), p in group.progress.items()}
+        group.meta["drift_checks"] = [dataclasses.asdict(c) for c in group.drift.checks]
+        # Keyed as summary.csv keys a configuration: by the cipher its runs used.
+        self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, n, o.batch_size,
+                                        k.label): p.describe() for (n, k), p in group.progress.items()})
+        return len(group.configs)
+
+    def _group_state(self, model: str, backend: str, meta: dict[str, Any]) -> GroupProgress:
+        """A group's configurations, their progress, the drift reference and the session's record of it."""
+        o = self.opts
+        splits = splits_for(o, self.info.num_blocks, self.info.fine_cuts)
+        configs = [(n, k) for n in o.networks for k in splits]
+        max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
+        static = [k for k in splits if not k.adaptive] or splits
+        reference = (o.networks[0], static[len(static) // 2])
+        name = group_name(model, backend, self.cipher)
+        group_meta = meta.setdefault("groups", {}).setdefault(name, {})
+        group_meta.update({"order": o.order, "seed": o.seed, "precision": o.precision, "min_runs": o.runs,
+                           "max_runs": max_runs, "reference": {"network": reference[0], "split": reference[1].label},
+                           "executed": group_meta.get("executed", [])})
+        return GroupProgress(name, self.cipher, configs, {c: rounds.ConfigProgress() for c in configs}, max_runs,
+                           rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0), reference, group_meta,
+                           {c: [] for c in configs})
+
+    def _measure(self, one: PlannedRun, group: GroupProgress, observed: Any, failed: list[PlannedRun]) -> None:
+        """One planned run (or its record from the run being resumed), counted in its configuration."""
+        o = self.opts
+        cfg = (one.network, one.split)
+        progress = group.progress[cfg]
+        record = self._resumed(one) or self.attempt(one, observed, one.model, one.backend)
+        progress.attempts += 1
+        group.meta["executed"].append(one.run_key)
+        if record is None:
+            failed.append(one)
+        elif record["status"] == INFEASIBLE:
+            # Measuring it again cannot make it meet the user's deadline.
+            progress.stopped = INFEASIBLE
+            log.warning("%s is infeasible: %s", one.run_key, record.get("error"))
+        else:
+            progress.add(record["summary"])
+            group.drift.since.append((cfg, one.run, one.run_key))
+        if o.order == "sequential" and progress.stopped is None:
+            progress.stopped = progress.decide(o.runs, o.precision, group.max_runs)
+
+    def _resumed(self, planned: PlannedRun) -> dict[str, Any] | None:
+        """With --resume, a run already complete is taken as it is, not measured again."""
+        if not self.opts.resume or not self.session.completed(planned.run_key):
+            return None
+        return self.session.read_run(self.session.run_path(planned.run_key))
+
+    def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> dict | None:
+        """Run ``planned`` and write its record; a failure is recorded and tried once more on fresh
+        processes. Returns the record, or None when both attempts failed."""
+        for attempt in (1, 2):
+            try:
+                if self.group is None or not self.group.alive():
+                    self.start(model, backend, planned.cipher)
+                record = self.run_one(planned, observed)
+                if planned.reference:  # kept apart: a reference run is not a run of the sweep
+                    self._write(lambda: self.session.write_reference(planned.run_key, record),
+                                self.session.reference_path(planned.run_key))
+                else:
+                    self._write(lambda: self.session.write_run(planned.run_key, record),
+                                self.session.run_path(planned.run_key))
+                    self.measured_s += measuring_s(record["summary"])
+                return record
+            except DiskFullError:
+                raise
+            except (ParetoPipeError, OSError) as exc:
+                self.failures.append({"run_key": planned.run_key, "attempt": attempt, "error": str(exc),
+                                      "time_utc": records.utc_now()})
+                log.warning("%s attempt %d failed: %s", planned.run_key, attempt, exc)
+                # A half-finished exchange leaves the processes in an unknown state: start them afresh.
+                self.stop()
+                try:
+                    self.start(model, backend, planned.cipher)
+                except ParetoPipeError as exc2:
+                    self.failures.append({"run_key": planned.run_key, "attempt": attempt,
+                                          "error": f"restart failed: {exc2}", "time_utc": records.utc_now()})
+                    if attempt == 2:
+                        raise
+        return None
+
+    def _write(self, write, path: Path):
+        """Run a write; a full disk becomes one DiskFullError naming the path and the space left."""
+        try:
+            return write()
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = shutil.disk_usage(self.dir).free if self.dir.exists() else 0
+                raise DiskFullError(f"disk full: cannot write {path} ({free} bytes free on that file system); "
+                                    f"free some space and run the sweep again with --resume")
+            raise
+
+    def _load_session(self) -> dict[str, Any]:
+        opts = dataclasses.asdict(self.opts)
+        opts["testbed"] = self.opts.testbed.describe()
+        meta = {"schema_version": records.SCHEMA_VERSION, "created_utc": records.utc_now(),
+                "options": opts, "manifest": node_manifest(role="controller"),
+                "networks": {n: c.to_dict() for n, c in self.networks.items()}}
+        try:
+            old = self.session.read_meta()
+        except UsageError as exc:
+            log.warning("%s: starting the session file afresh", exc)
+            old = None
+        if old is not None:
+            meta["created_utc"] = old.get("created_utc", meta["created_utc"])
+            meta["resumed_utc"] = list(old.get("resumed_utc") or []) + [records.utc_now()]
+            self.failures = list(old.get("failures") or [])
+        return meta
+
+    # -- consolidation -------------------------------------------------------------------------
+    def consolidate(self, meta: dict[str, Any], final: bool) -> None:
+        """runs.csv and session.json after every run; summary.csv (CIs of the medians over runs) at the end.
+        The run records are the source of truth: a later consolidation rebuilds everything else."""
+        rows, skipped = self._write(lambda: self.session.consolidate(self.failures, final, self.stopping),
+                                    self.dir / "runs.csv")
+        self.consolidated = time.monotonic()
+        wall, measured_s = time.monotonic() - self.started, self.measured_s
+        meta.update({"updated_utc": records.utc_now(), "complete": final and not meta.get("interrupted"),
+                     "runs_complete": sum(r["status"] == COMPLETE for r in rows),
+                     "runs_infeasible": sum(r["status"] == INFEASIBLE for r in rows),
+                     "unreadable_runs": skipped,
+                     "timing": {"wall_s": wall, "measured_s": measured_s, "reference_s": self.reference_s,
+                                "overhead_s": wall - measured_s,
+                                "overhead_ratio": (wall - measured_s) / measured_s if measured_s else None,
+                                "note": "measured_s sums the measured spans of this invocation's runs (first "
+                                        "measured batch's start to last completion); "
+                                        "overhead is everything else (start-up, model builds, warm-up, "
+                                        "handshakes, writing, and the drift checks' reference runs, "
+                                        "reference_s of measuring)"},
+                     "failures": self.failures})
+        self._write(lambda: self.session.write_meta(meta), self.session.meta_path)
+
+    def _report(self) -> None:
+        from ...analysis import report  # matplotlib: loaded only when a sweep ends with its report
+
+        report.write_report(self.dir, self.dir / "report", objectives=self.opts.objectives)
