@@ -9,6 +9,8 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from .. import __version__
 from ..envfile import read_env  # noqa: F401  (re-exported for the command modules)
+from ..argtypes import (nonneg_float, nonneg_int, percent, port_number, port_or_zero,  # noqa: F401
+                        positive_float, positive_int)  # (re-exported for the command modules)
 from ..errors import ParetoPipeError, UsageError
 
 # (flag, example) of the ad-hoc network values; "%%" because argparse formats help text.
@@ -24,33 +26,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults in --help (once, by argparse; help texts never repeat them) and examples as written."""
-
-
-def _typed(name: str, convert: Callable[[str], Any], ok: Callable[[Any], bool], valid: str):
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except (TypeError, ValueError, OverflowError):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {valid}")
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is out of range: {valid}")
-        return value
-    parse.__name__ = name  # argparse names the type in its message
-    return parse
-
-
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
-
-
-positive_int = _typed("positive_int", int, lambda v: v >= 1, "a whole number of at least 1")
-nonneg_int = _typed("nonneg_int", int, lambda v: v >= 0, "a whole number of at least 0")
-port_number = _typed("port", int, lambda v: 1 <= v <= 65535, "a TCP port, 1..65535")
-port_or_zero = _typed("port", int, lambda v: 0 <= v <= 65535, "a TCP port, 0..65535 (0 = any free port)")
-positive_float = _typed("positive_float", float, lambda v: v > 0 and _finite(v), "a positive number")
-percent = _typed("percent", lambda t: float(str(t).strip().rstrip("%")) / 100, lambda v: 0 < v < 1,
-                 "a percentage between 0 and 100, e.g. 5%")
-nonneg_float = _typed("nonneg_float", float, lambda v: v >= 0 and _finite(v), "a number of at least 0")
 
 
 def add_common_flags(parser: argparse.ArgumentParser) -> None:

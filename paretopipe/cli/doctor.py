@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, read_env, setup_logging
+from ..runners import flags
+from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, read_env, setup_logging
 
 
 def parser(prog: str = "paretopipe doctor") -> ArgumentParser:
@@ -17,9 +18,9 @@ def parser(prog: str = "paretopipe doctor") -> ArgumentParser:
                     "port free; CUDA where a GPU device was asked for. Prints a table, then one line per problem.",
         epilog=example_epilog("paretopipe doctor --model mobilenetv2",
                               "paretopipe doctor --env-file lab.env --model resnet18 --deploy"))
-    p.add_argument("--env-file", default=".env")
+    flags.ENV_FILE.add_to(p)
     p.add_argument("--model", "--models", dest="models", default="mobilenetv2", help="comma list of models to fingerprint")
-    p.add_argument("--num-classes", type=positive_int, default=10)
+    flags.NUM_CLASSES.add_to(p)
     p.add_argument("--stage-devices", default=None, help="device per host, e.g. cpu,cuda (overrides .env)")
     p.add_argument("--deploy", action="store_true",
                    help="first ship this working tree to REMOTE_DIR on every host (and a venv where needed)")

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..runners import flags
 from ..errors import UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      network_from_args, setup_logging)
@@ -30,7 +31,7 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
             "python -m paretopipe.predict --model mobilenetv2 --device-profiles edge.json,server.json --sweep-rate 1mbit..1gbit --delay 20ms",
             "python -m paretopipe.predict --model resnet18 --device-profiles pi1.json,pi2.json,gpu.json --links wifi,lan",
             "python -m paretopipe.predict --model mobilenetv2 --device-profiles s1.json,s2.json --validate results/"))
-    p.add_argument("--model", required=True, help="the model the device profiles were taken of")
+    flags.MODEL.add_to(p, required=True, help="the model the device profiles were taken of")
     p.add_argument("--device-profiles", "--stage-profiles", dest="device_profiles", required=True,
                    help="comma list of device profile JSONs, one per device in chain order (device 1 holds the "
                         "data); a+b averages two profiles of one device, e.g. taken before and after a sweep")
@@ -39,9 +40,9 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     p.add_argument("--base-rate", default=None,
                    help="the network beneath the shaping: a rate such as 940mbit, or 'loopback' (default: this "
                         "host's loopback when all device profiles come from one host, else unlimited)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--wire-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"])
+    flags.BATCH_SIZE.add_to(p, default=1)
+    flags.WIRE_DTYPE.add_to(p)
+    flags.COMPRESSION.add_to(p)
     p.add_argument("--encrypt", default="none", choices=["none", "auto", "chacha20", "aesgcm"],
                    help="predict a sealed data port: each device's measured seal and open times (paretopipe "
                         "profile --ciphers) join its frames' encode and decode; auto picks as the stages would")

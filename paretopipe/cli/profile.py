@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
+from ..runners import flags
 from ..errors import UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
-                     example_epilog, nonneg_int, positive_float, positive_int, setup_logging)
+                     example_epilog, nonneg_int, positive_int, setup_logging)
 
 log = logging.getLogger("paretopipe.profile")
 
@@ -25,13 +26,12 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
             "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --cpu-share 0.25 "
             "--out profiles/edge-mobilenet_v2.json   # an emulated weaker device",
             "python -m paretopipe.profile --model resnet50 --device cuda --batch-sizes 1,8 --out profiles/gpu-resnet50.json"))
-    p.add_argument("--model", required=True, help="zoo name, e.g. mobilenetv2, resnet18")
+    flags.MODEL.add_to(p, required=True)
     p.add_argument("--batch-sizes", default="1", help="comma list of batch sizes to time")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (match the stage that will run here)")
-    p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0-3 (as the sweeper pins stages)")
-    p.add_argument("--cpu-share", type=positive_float, default=None,
-                   help="hold this process to a CPU share via cgroups (emulates a weaker device; as --stage-cpu)")
+    for row in (flags.DEVICE, flags.THREADS, flags.CPUS):
+        row.add_to(p)
+    flags.CPU_SHARE.add_to(p, help="hold this process to a CPU share via cgroups (emulates a weaker device; as "
+                                   "--stage-cpu)")
     p.add_argument("--warmup", type=nonneg_int, default=3, help="untimed passes first")
     p.add_argument("--repetitions", type=positive_int, default=15, help="timed passes; the median (mean under a share) is kept")
     p.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
@@ -42,8 +42,8 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
     p.add_argument("--max-live", type=positive_int, default=1,
                    help="profile every cut that at most this many tensors cross (a live set: skip connections, a "
                         "detector's pyramid), so that predict --fine weighs them too; 1 is the one-tensor cuts")
-    p.add_argument("--num-classes", type=positive_int, default=10)
-    p.add_argument("--weights", default=None)
+    flags.NUM_CLASSES.add_to(p)
+    flags.WEIGHTS.add_to(p)
     p.add_argument("--out", required=True, help="device profile JSON to write, e.g. profiles/<device>-<model>.json")
     add_common_flags(p)
     return p

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..runners import flags
 from ..errors import PeerError, UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
@@ -31,9 +32,9 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
             "python distributed_runner.py --rank 0 --world-size 3 --model mobilenetv2 --split-block 8   # on the master"))
     p.add_argument("--rank", type=nonneg_int, default=0, help="0 = master, 1..N-1 = workers")
     p.add_argument("--world-size", type=positive_int, default=3)
-    p.add_argument("--model", "--model-name", dest="model", default="mobilenetv2")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--num-classes", type=positive_int, default=10)
+    flags.MODEL.add_to(p, default="mobilenetv2", aliases=("--model-name",))
+    flags.BATCH_SIZE.add_to(p)
+    flags.NUM_CLASSES.add_to(p)
     add_dataset_flags(p)
     add_prefetch_flags(p)
     p.add_argument("--num-test-samples", type=positive_int, default=64, help="images in the measured batches")
@@ -72,16 +73,10 @@ def _add_split_choice_flags(p: ArgumentParser) -> None:
 
 def _add_placement_flags(p: ArgumentParser) -> None:
     """Where the ranks run and what they write: the RPC transport, the master, the network."""
-    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads per process")
+    flags.THREADS.add_to(p, help="torch intra-op threads per process")
     p.add_argument("--out", "--metrics-dir", dest="out", default="./enhanced_metrics", help="folder for the run JSON")
-    p.add_argument("--models-dir", default="./models")
-    p.add_argument("--weights", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--rpc-transport", default="uv", choices=["uv", "auto"],
-                   help="uv: TCP even on one host; auto: TensorPipe may use shared memory")
-    p.add_argument("--rpc-source", default="master", choices=["master", "stage1"],
-                   help="master: the master only holds the data (the anchor's layout; one extra hop); stage1: "
-                        "the master computes stage 1 itself, as the TCP backend's data source does")
+    for row in (flags.MODELS_DIR, flags.WEIGHTS, flags.DEVICE, flags.RPC_TRANSPORT, flags.RPC_SOURCE):
+        row.add_to(p)
     p.add_argument("--master-addr", default=None, help="overrides MASTER_ADDR from .env/environment")
     p.add_argument("--master-port", type=port_number, default=None, help="overrides MASTER_PORT")
     p.add_argument("--timeout", type=positive_float, default=None,
@@ -93,7 +88,7 @@ def _add_placement_flags(p: ArgumentParser) -> None:
     add_network_flags(p.add_argument_group("emulated network conditions on every hop"))
     p.add_argument("--local", action="store_true", help="spawn every rank as a process on this machine")
     p.add_argument("--save-outputs", default=None, help="master: write the logits to this .npz")
-    p.add_argument("--env-file", default=".env")
+    flags.ENV_FILE.add_to(p)
     p.add_argument("--shards-dir", default=None, help=argparse.SUPPRESS)
     for flag in DEPRECATED:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)

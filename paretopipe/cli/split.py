@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..runners import flags
 from ..errors import UsageError
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
 
@@ -15,8 +16,7 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
         epilog=example_epilog("python -m paretopipe.split --model resnet50 --list",
                               "python -m paretopipe.split --model mobilenetv2 --list --fine",
                               "python -m paretopipe.split --model resnet18,yolox_n --plot cuts.png --max-live 3"))
-    p.add_argument("--model", required=True, help="zoo name, e.g. mobilenetv2, resnet50, vit_b_16, "
-                   "ssdlite320_mobilenet_v3_large (several, comma-separated, with --plot)")
+    flags.MODEL.add_to(p, required=True, help=flags.MODEL.help + " (several, comma-separated, with --plot)")
     p.add_argument("--list", action="store_true", help="print the split table (the default action)")
     p.add_argument("--fine", action="store_true",
                    help="every fx cut instead of block cuts, with the tensors that cross it (a + joins several)")
@@ -25,7 +25,7 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
                         "--plot: 3)")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="draw bytes across each cut against stage 1's share of the FLOPs, a panel per model")
-    p.add_argument("--num-classes", type=int, default=10)
+    flags.NUM_CLASSES.add_to(p)
     add_common_flags(p)
     return p
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Sequence
 from ..errors import UsageError
 from ..splits import Split
 from ..transport import aead, auth
-from ..transport.runconfig import ADAPTIVE, COMPRESSIONS, DEFAULT_MAX_PAYLOAD, OBJECTIVES, WIRE_DTYPE_NAMES
+from ..runners import flags
+from ..transport.runconfig import ADAPTIVE, DEFAULT_MAX_PAYLOAD
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
                      positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
@@ -24,18 +25,15 @@ DEFAULT_PORT = 5555
 
 def _common(parser: argparse.ArgumentParser, stage: int) -> None:
     g = parser.add_argument_group("model and split (both stages must agree)")
-    g.add_argument("--model", "--model-name", dest="model", default="mobilenetv2",
-                   help="zoo name (mobilenetv2, resnet18, resnet50, vgg16, alexnet, inceptionv3, any torchvision name)")
+    flags.MODEL.add_to(g, default="mobilenetv2", aliases=("--model-name",))
     g.add_argument("--split", "--split-index", dest="split_index", type=split_or_adaptive, default=None,
                    help="block index k: the first k blocks run on stage 1 (0 and K are the baselines); "
                         "k1,k2,...: a chain of stages (stage 1 runs blocks up to k1, stage 2 up to k2, ...); "
                         "adaptive: choose per batch from the measured link (both stages hold every block)"
                         + ("" if stage == 1 else "; omitted: whatever stage 1 runs"))
     g.add_argument("--cut", default=None, help="a fine fx cut name instead of --split (paretopipe split --list --fine)")
-    g.add_argument("--num-classes", type=positive_int, default=10)
-    g.add_argument("--weights", default=None, help="state-dict .pth to load (else models/<name>.pth if present, else "
-                                                   "the deterministic initialisation)")
-    g.add_argument("--models-dir", default=None, help="folder searched for <name>.pth (./models when not given)")
+    for row in (flags.NUM_CLASSES, flags.WEIGHTS, flags.MODELS_DIR):
+        row.add_to(g)
     n = parser.add_argument_group("connection")
     n.add_argument("--port", type=port_number, default=DEFAULT_PORT)
     n.add_argument("--timeout", type=positive_float, default=None,
@@ -44,13 +42,13 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
                         + ("" if stage == 1 else "; stage 1's deadline") + ")")
     n.add_argument("--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for the peer to appear")
     n.add_argument("--max-payload", type=positive_int, default=DEFAULT_MAX_PAYLOAD, help="largest frame payload accepted, bytes")
-    n.add_argument("--env-file", default=".env", help=f"where {auth.SECRET_ENV} (the data port's shared secret) is read from")
+    flags.ENV_FILE.add_to(n, help=f"where {auth.SECRET_ENV} (the data port's shared secret) is read from")
     n.add_argument("--encrypt", default="none", choices=list(aead.CHOICES),
                    help=f"seal every frame after the handshake (AEAD, keys from {auth.SECRET_ENV}); auto: AES-GCM "
                         "when both CPUs have AES instructions, else ChaCha20-Poly1305. Both stages must agree")
     r = parser.add_argument_group("execution and output")
-    r.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    r.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads on this node")
+    flags.DEVICE.add_to(r)
+    flags.THREADS.add_to(r)
     r.add_argument("--out", "--output-dir", dest="out", default=None if stage == 1 else ".",
                    help="folder for the run JSON")
     r.add_argument("--link-dev", default=None, help="with --link tc: interface whose qdiscs are read back into the manifest")
@@ -145,7 +143,7 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     _common(p, 1)
     d = p.add_argument_group("workload")
-    d.add_argument("--batch-size", type=positive_int, default=8)
+    flags.BATCH_SIZE.add_to(d)
     d.add_argument("--num-batches", type=nonneg_int, default=20, help="measured batches")
     d.add_argument("--warmup", type=nonneg_int, default=3, help="extra batches first, excluded from statistics")
     d.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window (1 = no overlap)")
@@ -154,17 +152,16 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     add_dataset_flags(d, default="auto")
     add_prefetch_flags(d)
     d.add_argument("--seed", type=nonneg_int, default=0)
-    d.add_argument("--compression", default="none", choices=list(COMPRESSIONS))
+    flags.COMPRESSION.add_to(d)
     d.add_argument("--compression-level", type=positive_int, default=3)
-    d.add_argument("--wire-dtype", default="float32", choices=list(WIRE_DTYPE_NAMES))
+    flags.WIRE_DTYPE.add_to(d)
     k = p.add_argument_group("network conditions")
     add_network_flags(k)
-    k.add_argument("--link", default=None, choices=["emulated", "tc", "none"],
-                   help="emulated: in-process link for --network (the choice when one is given); tc: shaped by network_delay.py")
+    flags.LINK.add_to(k, help="emulated: in-process link for --network (the choice when one is given); tc: shaped by "
+                              "network_delay.py")
     k.add_argument("--network-delay-ms", type=float, default=None, help="anchor label only; the manifest records the link actually used")
     a = p.add_argument_group("adaptive split (--split adaptive)")
-    a.add_argument("--objective", default="latency", choices=list(OBJECTIVES),
-                   help="what the chooser optimises with the cost model")
+    flags.OBJECTIVE.add_to(a)
     a.add_argument("--deadline-ms", type=positive_float, default=None,
                    help="a result later than this is not waited for: stage 1 finishes the batch itself "
                         "(adaptive default: only when stage 2 is gone). Also for a static split with --in-flight 1, "
@@ -275,8 +272,8 @@ def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:
                    help="make this a middle stage: listen on this port for the next stage, send it this stage's "
                         "output, and relay its results back")
     c.add_argument("--next-host", default="0.0.0.0", help="address to listen on for the next stage")
-    p.add_argument("--batch-size", type=positive_int, default=None, help="accepted for the anchor; stage 1 decides")
-    p.add_argument("--link", default=None, choices=["emulated", "tc", "none"], help=argparse.SUPPRESS)
+    flags.BATCH_SIZE.add_to(p, default=None, help="accepted for the anchor; stage 1 decides")
+    flags.LINK.add_to(p, help=argparse.SUPPRESS)
     return p
 
 

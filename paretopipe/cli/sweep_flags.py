@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..runners import flags
 from ..transport import aead
 from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, nonneg_int, percent,
                      positive_float, positive_int)
@@ -48,6 +49,13 @@ class Flag:
     stored: bool | Callable[[SweepOptions], Any] | None = True
     invocation: bool = False
     harmless: bool = False
+
+    @classmethod
+    def of(cls, row: flags.Option, group: str, **kw: Any) -> "Flag":
+        """The sweep's flag for a catalogue row (:mod:`paretopipe.runners.flags`): its flags, type,
+        default, choices and help, with the sweep's own group and (``kw``) the rest."""
+        base = dict(help=row.help, type=row.type, default=row.default, choices=row.choices, metavar=row.metavar)
+        return cls(row.flags, group, **{**base, **kw})
 
     @property
     def name(self) -> str:
@@ -101,8 +109,8 @@ FLAGS: tuple[Flag, ...] = (
          field="", stored=NOT_STORED),
     Flag(("--backend",), WHAT, default="tcp", choices=("tcp", "rpc", "both"), field="",
          stored=lambda o: "both" if len(o.backends) == 2 else o.backends[0]),
-    Flag(("--num-classes",), WHAT, type=positive_int, default=10),
-    Flag(("--weights",), WHAT, "state-dict .pth every stage loads (it must exist on every host)"),
+    Flag.of(flags.NUM_CLASSES, WHAT),
+    Flag.of(flags.WEIGHTS, WHAT),
     # -- order and repetitions ---------------------------------------------------------------------
     Flag(("--order",), ORDER, "random: seeded rounds, each configuration once per round in a new order, so drift "
          "spreads over every split; sequential: every run of a configuration back to back, splits in order (the "
@@ -117,7 +125,7 @@ FLAGS: tuple[Flag, ...] = (
          "order only); runs measured during a drift are measured again", type=nonneg_float, default=60.0,
          field="drift_every_s", stored=lambda o: o.drift_every_s),
     # -- each run ----------------------------------------------------------------------------------
-    Flag(("--batch-size",), RUN, type=positive_int, default=8),
+    Flag.of(flags.BATCH_SIZE, RUN),
     Flag(("--num-batches",), RUN, "measured batches per run", type=positive_int, default=20),
     Flag(("--warmup",), RUN, "warm-up batches on a cut's first run in each worker group (later runs of that cut "
          "skip them: its one-time costs are paid; the record's config.warmup says which)", type=nonneg_int,
@@ -125,24 +133,22 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--warmup-every-run",), RUN, "warm up before every run, as separate processes per run would have to",
          store_true=True),
     Flag(("--in-flight",), RUN, "pipelining window", type=positive_int, default=1),
-    Flag(("--wire-dtype",), RUN, default="float32", choices=("float32", "float16", "bfloat16")),
-    Flag(("--compression",), RUN, default="none", choices=("none", "zstd", "lz4")),
+    Flag.of(flags.WIRE_DTYPE, RUN),
+    Flag.of(flags.COMPRESSION, RUN),
     Flag(("--encrypt",), RUN, f"comma list of the TCP data port's ciphers to sweep ({', '.join(aead.CHOICES)}), "
          "e.g. none,aesgcm: each is a configuration of its own (AEAD, keys from PARETOPIPE_SECRET), with its cipher "
          "and seal and open times recorded, so the report shows what privacy costs at every split",
          default="none", field="", stored=lambda o: list(o.ciphers) if o.ciphers != ["none"] else None),
     # --dataset, --data-dir, --enable-prefetch and --prefetch-batches: common.add_dataset_flags and
     # add_prefetch_flags, added after --encrypt (see add_flags); their fields are below.
-    Flag(("--link",), RUN, "emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the choice "
-         "with hosts); none", choices=("emulated", "tc", "none"), field="", stored=lambda o: o.link),
-    Flag(("--objective",), RUN, "what the adaptive split optimises", default="latency",
-         choices=("latency", "throughput")),
+    Flag.of(flags.LINK, RUN, help="emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the "
+            "choice with hosts); none", field="", stored=lambda o: o.link),
+    Flag.of(flags.OBJECTIVE, RUN),
     Flag(("--deadline-ms",), RUN, "every TCP run, static or adaptive (one batch in flight): a result later than "
                                   "this is finished on stage 1 instead",
          type=positive_float, field="", stored=lambda o: None if o.deadline_s is None else o.deadline_s * 1e3),
-    Flag(("--rpc-source",), RUN, "where the rpc backend's data lives: a master rank of its own, or stage 1",
-         default="master", choices=("master", "stage1")),
-    Flag(("--rpc-transport",), RUN, default="uv", choices=("uv", "auto")),
+    Flag.of(flags.RPC_SOURCE, RUN),
+    Flag.of(flags.RPC_TRANSPORT, RUN),
     # -- energy, memory and the fronts' objectives (--objectives: report.add_objectives_flag) ------
     Flag(("--energy-rate-hz",), MEASURE, "how often each stage reads its host's power sensors (RAPL, NVML, a Pi 5's "
          "PMIC, INA2xx)", type=positive_float, default=10.0,
@@ -167,7 +173,7 @@ FLAGS: tuple[Flag, ...] = (
          stored=NOT_STORED, harmless=True),
     Flag(("--stage-devices",), WHERE, "device per stage, e.g. cpu,cuda (with hosts: overrides DEVICES/PI1_DEVICE/"
          "GPU_DEVICE)", field="", stored=lambda o: _joined(o.stage_devices)),
-    Flag(("--threads",), WHERE, "torch threads per stage (cores / stages otherwise)", type=positive_int),
+    Flag.of(flags.THREADS, WHERE, help="torch threads per stage (cores / stages otherwise)"),
     Flag(("--stage-threads",), WHERE, "torch threads per stage, e.g. 1,2 (overrides --threads)", field="",
          stored=lambda o: _joined(o.stage_threads)),
     Flag(("--stage-cpu",), WHERE, "CPU share per stage via cgroup quota, e.g. 0.25,1 (an edge device and a server on "

@@ -32,7 +32,7 @@ from ..errors import UsageError
 from . import detection, weightcache
 # The names live in a torch-free module, so that commands which only check a name stay light; they
 # are re-exported here because every caller that builds a model also names it.
-from .names import (_CUSTOM, ANCHOR_ALIASES, DETECTORS, ENTRY_POINT_GROUP, NAMED_MODELS, canonical_name, input_size,
+from .names import (_CUSTOM, ANCHOR_ALIASES, DEFAULT_NUM_CLASSES, DETECTORS, ENTRY_POINT_GROUP, NAMED_MODELS, canonical_name, input_size,
                     is_model_file, known_models, normalize, register, source_digest)
 
 __all__ = ["ANCHOR_ALIASES", "DETECTORS", "ENTRY_POINT_GROUP", "NAMED_MODELS", "build", "canonical_name", "construct",
@@ -245,7 +245,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     model.load_state_dict(state, strict=True)
 
 
-def build(name: str, num_classes: int = 10, weights: str | os.PathLike | None = None,
+def build(name: str, num_classes: int = DEFAULT_NUM_CLASSES, weights: str | os.PathLike | None = None,
           models_dir: str | os.PathLike | None = None, calibrate: bool = True) -> nn.Module:
     """Build ``name`` in eval mode with identical weights on every machine.
 

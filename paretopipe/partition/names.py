@@ -39,6 +39,9 @@ NAMED_MODELS = ("mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "ince
 #: the feature pyramid, with the transform on the first stage and the heads on the last.
 DETECTORS = {"ssdlite320_mobilenet_v3_large": 320, "fasterrcnn_mobilenet_v3_large_fpn": 320, "yolox_n": 416,
              "yolox_s": 640}
+#: Classes of a classifier's head when none is given: the shape of the deterministic default weights
+#: (a state dict of another head needs its own --num-classes).
+DEFAULT_NUM_CLASSES = 10
 #: Packages add models under this entry-point group: ``name = "pkg.module:build"``.
 ENTRY_POINT_GROUP = "paretopipe.models"
 

@@ -12,12 +12,13 @@ from .. import allocator
 from ..errors import UsageError
 from . import models, split
 from .activation import Activation, call_stage
+from .names import DEFAULT_NUM_CLASSES
 
 
 class StageBuilder:
     """Builds the model once per process and hands out stages for any cut list (re-partition in place)."""
 
-    def __init__(self, model: str, num_classes: int = 10, weights: str | None = None,
+    def __init__(self, model: str, num_classes: int = DEFAULT_NUM_CLASSES, weights: str | None = None,
                  models_dir: str | None = None, device: str = "cpu") -> None:
         # Every process that computes a stage (a stage, a rank, a profile) builds one of these:
         # here its activations get the same allocator path whatever the process did before.

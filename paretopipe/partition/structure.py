@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import __version__
 from .cachefiles import folder, store, version
-from .names import canonical_name, normalize
+from .names import DEFAULT_NUM_CLASSES, canonical_name, normalize
 
 
 def _path(name: str, num_classes: int) -> Path | None:
@@ -31,7 +31,7 @@ def _path(name: str, num_classes: int) -> Path | None:
     return root / f"{normalize(name)}-c{num_classes}-{digest}.json"
 
 
-def structure(name: str, num_classes: int = 10) -> dict[str, Any]:
+def structure(name: str, num_classes: int = DEFAULT_NUM_CLASSES) -> dict[str, Any]:
     """``{"model", "num_blocks", "block_table", "fine_table", "fine_cuts"}`` for a zoo model, from the cache or
     computed on the meta device (no weights) and stored. Files and registered models are computed
     every time: their code may change under the same name."""

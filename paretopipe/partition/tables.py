@@ -14,9 +14,10 @@ from torch import nn
 
 from . import models
 from .split import INPUT, OUTPUT, Partitioner
+from .names import DEFAULT_NUM_CLASSES
 
 
-def partitioner_for(name: str, batch: int = 1, num_classes: int = 10, weights: str | None = None,
+def partitioner_for(name: str, batch: int = 1, num_classes: int = DEFAULT_NUM_CLASSES, weights: str | None = None,
                     structure_only: bool = False) -> tuple[nn.Module, Partitioner]:
     """Build ``name`` from the zoo and trace it at ``batch`` images.
 

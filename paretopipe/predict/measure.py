@@ -31,6 +31,7 @@ from ..partition import split
 from ..partition.activation import Activation, to_host
 from ..partition.stages import StageBuilder, StageTimer, apply_cpu_limits
 from ..transport import aead, inputs, wire
+from ..partition.names import DEFAULT_NUM_CLASSES
 from . import hopprobe
 from .device_profile import DEFAULT_CODECS, RESULT_CODEC, SCHEMA
 
@@ -52,7 +53,7 @@ class ProfileOptions:
     ciphers: list[str] = dataclasses.field(default_factory=lambda: list(aead.CIPHERS))  # --encrypt's, timed per frame
     codec_repetitions: int = 3
     hop_probe: bool = True
-    num_classes: int = 10
+    num_classes: int = DEFAULT_NUM_CLASSES
     weights: str | None = None
     models_dir: str | None = None
     dataset: str = "photos"

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from ..errors import UsageError
 from ..manifest import STAMP, _git_commit, source_digest
 from ..sshcmd import remote_path
+from ..partition.names import DEFAULT_NUM_CLASSES
 from .hosts import Host, Testbed
 
 log = logging.getLogger("paretopipe.doctor")
@@ -67,7 +68,7 @@ def reference(models: Sequence[str], num_classes: int) -> dict[str, Any]:
     return check(models, num_classes, None, "cpu")
 
 
-def check_testbed(testbed: Testbed, models: Sequence[str], num_classes: int = 10,
+def check_testbed(testbed: Testbed, models: Sequence[str], num_classes: int = DEFAULT_NUM_CLASSES,
                   tc_needed: bool = True) -> tuple[list[dict[str, str]], list[str]]:
     """(table rows, problems) for every host of ``testbed``."""
     if not testbed.hosts:

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import flags
+
 
 def port_free(port: int) -> bool:
     with socket.socket() as s:
@@ -84,9 +86,9 @@ def cut_digest(model: str, num_classes: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paretopipe.runners.hostcheck")
     p.add_argument("--models", default="")
-    p.add_argument("--num-classes", type=int, default=10)
+    flags.NUM_CLASSES.add_to(p)
     p.add_argument("--port", type=int, default=None)
-    p.add_argument("--device", default="cpu")
+    flags.DEVICE.add_to(p)
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     print(json.dumps(check(models, args.num_classes, args.port, args.device)))

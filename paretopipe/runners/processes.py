@@ -12,7 +12,11 @@ import sys
 from typing import Any
 
 from ..errors import PeerError, UsageError
+from ..partition.names import DEFAULT_NUM_CLASSES
+from .commands import ConnectCommand, ListenCommand, RunCommand, Stage1RunCommand, encode
 from .hosts import Host, StageProcess, Testbed, stop_all
+from .rpc_ranks import RankOptions
+from .worker import WorkerOptions
 
 WORKER = "paretopipe.runners.worker"
 RANKS = "paretopipe.runners.rpc_ranks"
@@ -28,7 +32,7 @@ class Placement:
     cpu_shares: list[float | None]
     pin: bool = True                    # local: each stage on its own share of the cores
     wait_time: float = 120.0
-    num_classes: int = 10
+    num_classes: int = DEFAULT_NUM_CLASSES
     weights: str | None = None
     encrypt: str = "none"               # the TCP data port's cipher choice (transport.aead)
 
@@ -47,10 +51,6 @@ class Placement:
         if host is not None:
             return host.device
         return self.devices[stage] if stage < len(self.devices) else "cpu"
-
-    def model_args(self, model: str) -> list[str]:
-        out = ["--model", model, "--num-classes", str(self.num_classes)]
-        return out + (["--weights", self.weights] if self.weights else [])
 
 
 def _spawn(role: str, module: str, args: list[str], host: Host | None, env: dict[str, str] | None = None) -> StageProcess:
@@ -81,13 +81,11 @@ class TcpStages:
 
     def _spawn_stage(self, j: int, host: Host | None) -> StageProcess:
         p = self.p
-        args = ["--role", "stage1" if j == 0 else "stage2", *p.model_args(self.model),
-                "--device", p.device_for(j, host), "--threads", str(p.threads_for(j, self.stages))]
-        if host is None:
-            cpus = p.local_cpus(j, self.stages)
-            args += ["--cpus", cpus] if cpus else []
-            if j < len(p.cpu_shares) and p.cpu_shares[j] is not None:
-                args += ["--cpu-share", repr(p.cpu_shares[j])]
+        local = host is None
+        args = WorkerOptions(role="stage1" if j == 0 else "stage2", model=self.model, num_classes=p.num_classes,
+                             weights=p.weights, device=p.device_for(j, host), threads=p.threads_for(j, self.stages),
+                             cpus=p.local_cpus(j, self.stages) if local else None,
+                             cpu_share=p.cpu_shares[j] if local and j < len(p.cpu_shares) else None).to_argv()
         return _spawn(f"stage{j + 1}", WORKER, args, host)
 
     def start(self) -> dict[str, Any]:
@@ -100,16 +98,16 @@ class TcpStages:
                             f"({infos[0]['fingerprint']} vs {infos[odd]['fingerprint']}): check torch versions and "
                             f"models/*.pth (paretopipe doctor)")
         remote = self.hosts[0] is not None
-        self.procs[0].send({"cmd": "listen", "host": "0.0.0.0" if remote else "127.0.0.1", "port": self.port,
-                            "secret": p.testbed.secret, "encrypt": p.encrypt})
+        self.procs[0].send(encode(ListenCommand(host="0.0.0.0" if remote else "127.0.0.1", port=self.port,
+                                                secret=p.testbed.secret, encrypt=p.encrypt)))
         port = self.procs[0].expect("listening", timeout=p.wait_time)["port"]
         for j in range(1, self.stages):
             before = self.hosts[j - 1]
-            cmd = {"cmd": "connect", "host": before.address if before is not None else "127.0.0.1", "port": port,
-                   "secret": p.testbed.secret, "encrypt": p.encrypt, "connect_timeout": p.wait_time}
-            if j < self.stages - 1:  # a middle stage: the next one connects to its own listener
-                cmd.update(next_port=self.port, next_host="0.0.0.0" if remote else "127.0.0.1")
-            self.procs[j].send(cmd)
+            middle = j < self.stages - 1  # a middle stage: the next one connects to its own listener
+            self.procs[j].send(encode(ConnectCommand(
+                host=before.address if before is not None else "127.0.0.1", port=port, secret=p.testbed.secret,
+                encrypt=p.encrypt, connect_timeout=p.wait_time, next_port=self.port if middle else None,
+                next_host="0.0.0.0" if remote else "127.0.0.1")))
             if j < self.stages - 1:
                 port = self.procs[j].expect("listening", timeout=p.wait_time)["port"]
             self.procs[j].expect("connected", timeout=p.wait_time)
@@ -119,8 +117,8 @@ class TcpStages:
 
     def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None, budget: float) -> dict[str, Any]:
         s1 = self.procs[0]
-        s1.send({"cmd": "run", "config": cfg, "conditions": conditions, "observed_link": observed,
-                 "connect_timeout": self.p.wait_time})
+        s1.send(encode(Stage1RunCommand(config=cfg, conditions=conditions, observed_link=observed,
+                                        connect_timeout=self.p.wait_time)))
         return s1.expect("done", timeout=budget)["record"]
 
     def alive(self) -> bool:
@@ -164,10 +162,10 @@ class RpcRanks:
         port = tb.rpc_port if remote else _free_port()
         for rank in range(self.world):
             host, stage = self._rank_host(rank)
-            args = ["--rank", str(rank), "--world-size", str(self.world), "--master-addr", addr,
-                    "--master-port", str(port), *p.model_args(self.model), "--device", p.device_for(stage, host),
-                    "--threads", str(p.threads_for(stage, self.stages)), "--transport", self.transport,
-                    "--join-timeout", repr(max(self.timeout, p.wait_time)), "--source", self.source]
+            args = RankOptions(rank=rank, world_size=self.world, master_addr=addr, master_port=port, model=self.model,
+                               num_classes=p.num_classes, weights=p.weights, device=p.device_for(stage, host),
+                               threads=p.threads_for(stage, self.stages), transport=self.transport,
+                               join_timeout=max(self.timeout, p.wait_time), source=self.source).to_argv()
             env = None
             if host is not None and (host.iface or tb.iface):
                 iface = host.iface or tb.iface
@@ -186,7 +184,7 @@ class RpcRanks:
 
     def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None, budget: float) -> dict[str, Any]:
         master = self.procs[0]
-        master.send({"cmd": "run", "config": cfg, "conditions": conditions, "observed_link": observed})
+        master.send(encode(RunCommand(config=cfg, conditions=conditions, observed_link=observed)))
         return master.expect("done", timeout=budget)["record"]
 
     def alive(self) -> bool:

@@ -9,7 +9,6 @@ worker: ``run`` (configure the ranks for one configuration, run it, answer with 
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import dataclasses
 import logging
@@ -21,41 +20,34 @@ import threading
 from typing import Any, Callable, Sequence
 
 from ..errors import ParetoPipeError, PeerError
+from . import flags
 from .commands import RunCommand, emit, serve_commands
+from .flags import CommandLine
 
 log = logging.getLogger("paretopipe.rpc")
 
 
 @dataclasses.dataclass
-class RankOptions:
+class RankOptions(CommandLine):
+    """One rank's command line (``python -m paretopipe.runners.rpc_ranks`` + :meth:`to_argv`): the
+    one declaration that ``distributed_runner.py --local`` and the sweeper write and the rank parses."""
+
     rank: int
     world_size: int
     master_addr: str
     master_port: int
-    model: str
-    num_classes: int = 10
-    weights: str | None = None
-    models_dir: str | None = None
-    device: str = "cpu"
-    threads: int | None = None
-    cpus: str | None = None
-    transport: str = "uv"
+    model: str = flags.option(flags.MODEL)
+    num_classes: int = flags.option(flags.NUM_CLASSES, default=flags.NUM_CLASSES.default)
+    weights: str | None = flags.option(flags.WEIGHTS, default=None)
+    models_dir: str | None = flags.option(flags.MODELS_DIR, default=None)
+    device: str = flags.option(flags.DEVICE, default=flags.DEVICE.default)
+    threads: int | None = flags.option(flags.THREADS, default=None)
+    cpus: str | None = flags.option(flags.CPUS, default=None)
+    transport: str = flags.option(flags.RPC_TRANSPORT, default=flags.RPC_TRANSPORT.default)
     rpc_threads: int = 16
     #: Seconds for every rank to start, build its model and join: start-up, not the link, so not --timeout.
     join_timeout: float = 60.0
-    source: str = "master"
-
-    def argv(self) -> list[str]:
-        """This rank's command line (``python -m paretopipe.runners.rpc_ranks`` + these)."""
-        out = ["--rank", str(self.rank), "--world-size", str(self.world_size), "--master-addr", self.master_addr,
-               "--master-port", str(self.master_port), "--model", self.model, "--num-classes", str(self.num_classes),
-               "--device", self.device, "--transport", self.transport, "--rpc-threads", str(self.rpc_threads),
-               "--join-timeout", repr(self.join_timeout), "--source", self.source]
-        for flag, value in (("--weights", self.weights), ("--models-dir", self.models_dir),
-                            ("--threads", self.threads), ("--cpus", self.cpus)):
-            if value is not None:
-                out += [flag, str(value)]
-        return out
+    source: str = flags.option(flags.RPC_SOURCE, default=flags.RPC_SOURCE.default)
 
 
 def watchdog(seconds: float, what: str, procs: Sequence[subprocess.Popen] = ()) -> threading.Timer:
@@ -93,7 +85,7 @@ def spawn_local(opts: RankOptions) -> list[subprocess.Popen]:
     """Ranks 1..world-1 as processes on this machine (for ``--local``); they die with this one."""
     procs = []
     for rank in range(1, opts.world_size):
-        argv = dataclasses.replace(opts, rank=rank).argv()
+        argv = dataclasses.replace(opts, rank=rank).to_argv()
         procs.append(subprocess.Popen([sys.executable, "-m", "paretopipe.runners.rpc_ranks", *argv],
                                       preexec_fn=_die_with_parent, stdout=subprocess.DEVNULL))
     return procs
@@ -167,32 +159,9 @@ def check_alive_of(procs: Sequence[subprocess.Popen]) -> Callable[[], None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..transport.rpc import SOURCES, TRANSPORTS
-
-    p = argparse.ArgumentParser(prog="python -m paretopipe.runners.rpc_ranks",
-                                description="One RPC rank for the sweeper (rank 0 takes JSON lines on stdin).")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world-size", type=int, required=True)
-    p.add_argument("--master-addr", required=True)
-    p.add_argument("--master-port", type=int, required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--weights", default=None)
-    p.add_argument("--models-dir", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--cpus", default=None)
-    p.add_argument("--transport", default="uv", choices=TRANSPORTS)
-    p.add_argument("--rpc-threads", type=int, default=16)
-    p.add_argument("--join-timeout", type=float, default=60.0)
-    p.add_argument("--source", default="master", choices=SOURCES)
-    args = p.parse_args(argv)
+    opts = RankOptions.parse(argv, "python -m paretopipe.runners.rpc_ranks",
+                             "One RPC rank for the sweeper (rank 0 takes JSON lines on stdin).")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    opts = RankOptions(rank=args.rank, world_size=args.world_size, master_addr=args.master_addr,
-                       master_port=args.master_port, model=args.model, num_classes=args.num_classes,
-                       weights=args.weights, models_dir=args.models_dir, device=args.device, threads=args.threads,
-                       cpus=args.cpus, transport=args.transport, rpc_threads=args.rpc_threads, join_timeout=args.join_timeout,
-                       source=args.source)
     try:
         return serve_rank(opts)
     except ParetoPipeError as exc:

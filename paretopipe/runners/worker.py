@@ -11,7 +11,6 @@ commands (over the SSH channel), never on a command line.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -21,44 +20,11 @@ from typing import Any, Sequence
 
 from .. import cpushare
 from ..errors import ParetoPipeError, UsageError
-from .commands import RunCommand, emit, serve_commands
+from . import flags
+from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands
+from .flags import CommandLine
 
 log = logging.getLogger("paretopipe.worker")
-
-
-@dataclasses.dataclass
-class ListenCommand:
-    """Stage 1: open the data port on ``host:port`` (0 = any free port) and accept stage 2 connections."""
-
-    cmd: str
-    host: str = "127.0.0.1"
-    port: int = 0
-    secret: str | None = None
-    encrypt: str = "none"
-
-
-@dataclasses.dataclass
-class Stage1RunCommand(RunCommand):
-    """Stage 1: one run over the current connection (waiting up to ``connect_timeout`` for one)."""
-
-    connect_timeout: float = 60.0
-
-
-@dataclasses.dataclass
-class ConnectCommand:
-    """A later stage: connect to the stage before at ``host:port`` and serve its runs until it says
-    goodbye; a middle stage (``next_port``) also listens for the next stage and sends its part on."""
-
-    cmd: str
-    host: str
-    port: int
-    secret: str | None = None
-    encrypt: str = "none"
-    connect_timeout: float = 60.0
-    timeout: float | None = None  # None: each run's deadline, which stage 1 derives from its link
-    # A middle stage of a chain: where it listens for the next stage (port 0: any free one).
-    next_port: int | None = None
-    next_host: str = "127.0.0.1"
 
 
 COMMANDS = {"stage1": {"listen": ListenCommand, "run": Stage1RunCommand}, "stage2": {"connect": ConnectCommand}}
@@ -139,6 +105,24 @@ class StageWorker:
             self.listener.close()
 
 
+@dataclasses.dataclass
+class WorkerOptions(CommandLine):
+    """A stage worker's command line (``python -m paretopipe.runners.worker`` + :meth:`to_argv`):
+    the one declaration the sweeper writes and the worker parses. The secret is never here."""
+
+    role: str = dataclasses.field(metadata={"option": flags.Option(("--role",), "stage1 listens and runs; "
+                                                                   "stage2 connects and serves",
+                                                                   choices=("stage1", "stage2"))})
+    model: str = flags.option(flags.MODEL)
+    num_classes: int = flags.option(flags.NUM_CLASSES, default=flags.NUM_CLASSES.default)
+    weights: str | None = flags.option(flags.WEIGHTS, default=None)
+    models_dir: str | None = flags.option(flags.MODELS_DIR, default=None)
+    device: str = flags.option(flags.DEVICE, default=flags.DEVICE.default)
+    threads: int | None = flags.option(flags.THREADS, default=None)
+    cpus: str | None = flags.option(flags.CPUS, default=None)
+    cpu_share: float | None = flags.option(flags.CPU_SHARE, default=None)
+
+
 def serve_forever(worker: StageWorker) -> None:
     if serve_commands(COMMANDS[worker.role], worker.handle, worker.role):
         worker.close()
@@ -146,19 +130,8 @@ def serve_forever(worker: StageWorker) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m paretopipe.runners.worker",
-                                description="Stage worker for the sweeper (JSON lines on stdin/stdout).")
-    p.add_argument("--role", choices=["stage1", "stage2"], required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--weights", default=None)
-    p.add_argument("--models-dir", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--cpus", default=None, help="CPU list to pin to, e.g. 0 or 0-1")
-    p.add_argument("--cpu-share", type=float, default=None,
-                   help="CPU share of the compute threads via a cgroup quota (1 = one core), after the model is built")
-    args = p.parse_args(argv)
+    args = WorkerOptions.parse(argv, "python -m paretopipe.runners.worker",
+                               "Stage worker for the sweeper (JSON lines on stdin/stdout).")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     share = None
     try:

@@ -36,14 +36,12 @@ from ..sysmon import SystemMonitor
 from . import inputs
 from .endpoint import SourceEndpoint
 from .resources import ResourceMeter, stage_meter
-from .runconfig import RunConfig
+from .runconfig import RPC_SOURCES, RPC_TRANSPORTS, RunConfig
 from .schedule import BatchSchedule, status_of
 
 log = logging.getLogger("paretopipe.rpc")
 
 MASTER = "master"
-TRANSPORTS = ("uv", "auto")
-SOURCES = ("master", "stage1")
 _STATE: dict[str, Any] = {}
 
 
@@ -55,8 +53,8 @@ def backend_options(transport: str, num_threads: int, timeout_s: float, init_met
     """TensorPipe options. ``uv`` forces its TCP transport and the basic channel (so two processes
     on one host still pay for a real socket, and shaping applies); ``auto`` lets it pick shared
     memory. They must be given to the constructor: the C++ agent never reads attributes set later."""
-    if transport not in TRANSPORTS:
-        raise UsageError(f"--rpc-transport {transport!r}: valid {', '.join(TRANSPORTS)}")
+    if transport not in RPC_TRANSPORTS:
+        raise UsageError(f"--rpc-transport {transport!r}: valid {', '.join(RPC_TRANSPORTS)}")
     kwargs: dict[str, Any] = {"num_worker_threads": num_threads, "rpc_timeout": timeout_s, "init_method": init_method}
     if transport == "uv":
         kwargs.update(_transports=["uv"], _channels=["basic"])
@@ -175,8 +173,8 @@ def _hop_fields(result: Activation, hops: list[list[float]], first: int) -> dict
 def layout(num_stages: int, source: str) -> list[int]:
     """The rank of each stage (0-based): ``master`` puts stage j on rank j + 1 (the master only
     holds the data); ``stage1`` puts stage j on rank j, the first stage on the master itself."""
-    if source not in SOURCES:
-        raise UsageError(f"--rpc-source {source!r}: valid {', '.join(SOURCES)}")
+    if source not in RPC_SOURCES:
+        raise UsageError(f"--rpc-source {source!r}: valid {', '.join(RPC_SOURCES)}")
     return list(range(1, num_stages + 1)) if source == "master" else list(range(num_stages))
 
 

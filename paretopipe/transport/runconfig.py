@@ -13,6 +13,7 @@ from typing import Any
 from .. import strict
 from ..errors import UsageError
 from ..splits import ADAPTIVE
+from ..partition.names import DEFAULT_NUM_CLASSES
 
 LINK_MODES = ("none", "emulated", "tc")
 #: How activations may travel (``wire`` holds their codes and torch dtypes): named here, torch-free,
@@ -84,7 +85,7 @@ class RunConfig:
     dataset: str = "synthetic"
     prefetch_batches: int = 0   # the anchor's --enable-prefetch: batches prepared ahead in a thread (0: none)
     data_dir: str | None = None
-    num_classes: int = 10
+    num_classes: int = DEFAULT_NUM_CLASSES
     wire_dtype: str = "float32"
     compression: str = "none"
     compression_level: int = 3

@@ -10,11 +10,13 @@ from typing import Any
 from ... import cpushare
 from ...errors import UsageError
 from ...splits import split_adaptive
+from ...transport.runconfig import LINK_MODES
+from ...partition.names import DEFAULT_NUM_CLASSES
 from .. import rounds
 from ..hosts import Testbed
 
 BACKENDS = ("tcp", "rpc")
-LINKS = ("emulated", "tc", "none")
+LINKS = LINK_MODES
 
 
 @dataclasses.dataclass
@@ -56,7 +58,7 @@ class SweepOptions:
     stage_devices: list[str] = dataclasses.field(default_factory=list)
     rpc_source: str = "master"
     rpc_transport: str = "uv"
-    num_classes: int = 10
+    num_classes: int = DEFAULT_NUM_CLASSES
     weights: str | None = None
     dataset: str = "synthetic"
     data_dir: str | None = None

@@ -1,0 +1,35 @@
+"""The value types of command-line options: each parses one text or refuses it with one line
+that names what is valid (argparse prints it as the usage error). Used by every parser, the
+package's command-line faces and the stage processes' own command lines alike."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+
+def _typed(name: str, convert: Callable[[str], Any], ok: Callable[[Any], bool], valid: str):
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except (TypeError, ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {valid}")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: {valid}")
+        return value
+    parse.__name__ = name  # argparse names the type in its message
+    return parse
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+positive_int = _typed("positive_int", int, lambda v: v >= 1, "a whole number of at least 1")
+nonneg_int = _typed("nonneg_int", int, lambda v: v >= 0, "a whole number of at least 0")
+port_number = _typed("port", int, lambda v: 1 <= v <= 65535, "a TCP port, 1..65535")
+port_or_zero = _typed("port", int, lambda v: 0 <= v <= 65535, "a TCP port, 0..65535 (0 = any free port)")
+positive_float = _typed("positive_float", float, lambda v: v > 0 and _finite(v), "a positive number")
+percent = _typed("percent", lambda t: float(str(t).strip().rstrip("%")) / 100, lambda v: 0 < v < 1,
+                 "a percentage between 0 and 100, e.g. 5%")
+nonneg_float = _typed("nonneg_float", float, lambda v: v >= 0 and _finite(v), "a number of at least 0")

@@ -1,0 +1,138 @@
+"""The options that more than one command takes, each declared once: its flags, value type,
+default, choices (named where the values live: ``transport.runconfig``, ``partition.names``) and
+help. Every parser that takes one adds it from its row here: the sweep's table, the stages, the
+RPC ranks, doctor, profile, split, predict, and the command lines of the processes the sweeper
+starts (:class:`CommandLine`: one dataclass writes a process's argv and parses it back).
+
+Here, not in ``cli/``, because the stage workers and ranks (``runners/``) parse them too and
+nothing may import the command-line layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any, Callable, Sequence, TypeVar
+
+from ..argtypes import positive_float, positive_int
+from ..partition.names import DEFAULT_NUM_CLASSES
+from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
+                                   WIRE_DTYPE_NAMES)
+
+_UNSET: Any = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option: ``flags`` (the first names it; the rest are aliases), its value ``type`` (None:
+    text), ``default``, ``choices`` and ``help`` (argparse prints the default; the help never does)."""
+
+    flags: tuple[str, ...]
+    help: str = ""
+    type: Callable[[str], Any] | None = None
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.flags[0].lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: Any = _UNSET,
+               help: str | None = None, required: bool = False, dest: str | None = None,
+               aliases: tuple[str, ...] = ()) -> argparse.Action:
+        """Add this option to ``parser``. A command may give its own ``default`` (where it means
+        something else there: predict's batch of 1), ``help`` or ``aliases`` (the anchor's
+        ``--model-name``); the type and choices are the row's."""
+        kw: dict[str, Any] = {"dest": dest or self.name, "help": self.help if help is None else help,
+                              "type": self.type, "choices": list(self.choices) if self.choices else None,
+                              "metavar": self.metavar}
+        if required:
+            kw["required"] = True
+        else:
+            kw["default"] = self.default if default is _UNSET else default
+        return parser.add_argument(*self.flags, *aliases, **{k: v for k, v in kw.items() if v is not None or k == "default"})
+
+
+MODEL = Option(("--model",), "zoo name (mobilenetv2, resnet50, vit_b_16, ...), a registered model, or a model file")
+NUM_CLASSES = Option(("--num-classes",), "classes of the classifier head (the shape of the default weights; a "
+                     "state dict of another head needs its own)", positive_int, DEFAULT_NUM_CLASSES)
+WEIGHTS = Option(("--weights",), "state-dict .pth to load (else models/<name>.pth if present, else the "
+                 "deterministic default weights); it must exist on every host")
+MODELS_DIR = Option(("--models-dir",), "folder searched for <name>.pth (./models when not given)")
+DEVICE = Option(("--device",), "cpu or cuda[:N]", default="cpu")
+THREADS = Option(("--threads",), "torch intra-op threads (match the stage that will run here)", positive_int)
+CPUS = Option(("--cpus",), "CPUs to pin to, e.g. 0 or 0-3 (as the sweeper pins stages)")
+CPU_SHARE = Option(("--cpu-share",), "CPU share of the compute threads through a cgroup quota (1 = one core), "
+                   "applied after the model is built", positive_float)
+BATCH_SIZE = Option(("--batch-size",), "images per batch", positive_int, 8)
+WIRE_DTYPE = Option(("--wire-dtype",), "dtype of the activations on the wire", default="float32",
+                    choices=WIRE_DTYPE_NAMES)
+COMPRESSION = Option(("--compression",), "codec of the activations on the wire", default="none",
+                     choices=COMPRESSIONS)
+RPC_TRANSPORT = Option(("--rpc-transport",), "uv: TCP even on one host; auto: TensorPipe may use shared memory",
+                       default="uv", choices=RPC_TRANSPORTS)
+RPC_SOURCE = Option(("--rpc-source",), "master: the master only holds the data (the anchor's layout; one extra "
+                    "hop); stage1: the master computes stage 1 itself, as the TCP backend's data source does",
+                    default="master", choices=RPC_SOURCES)
+LINK = Option(("--link",), "how the network conditions are applied: emulated (an in-process link), tc "
+              "(qdiscs on the interface), none", choices=LINK_MODES)
+OBJECTIVE = Option(("--objective",), "what the adaptive split optimises with the cost model", default="latency",
+                   choices=OBJECTIVES)
+ENV_FILE = Option(("--env-file",), "the .env file read for hosts and secrets", default=".env")
+
+
+def option(row: Option, **field_kw: Any) -> Any:
+    """A :class:`CommandLine` field written and parsed as ``row``."""
+    return dataclasses.field(metadata={"option": row}, **field_kw)
+
+
+C = TypeVar("C", bound="CommandLine")
+
+
+class CommandLine:
+    """A process's command line as one dataclass: :meth:`to_argv` writes it, :meth:`parse` reads
+    it back. A field's flag is its catalogue row's (:func:`option`), else ``--field-name``; its
+    type comes from the row or the annotation; a field without a default is required."""
+
+    @classmethod
+    def _options(cls) -> list[tuple[dataclasses.Field, Option]]:
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            row = f.metadata.get("option")
+            if row is None:
+                row = Option((f"--{f.name.replace('_', '-')}",), type=_value_type(hints[f.name]))
+            out.append((f, row))
+        return out
+
+    def to_argv(self) -> list[str]:
+        """``--flag value`` for every field that has a value (None: left out)."""
+        out: list[str] = []
+        for f, row in self._options():
+            value = getattr(self, f.name)
+            if value is not None:
+                out += [row.flags[0], repr(value) if isinstance(value, float) else str(value)]
+        return out
+
+    @classmethod
+    def parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog=prog, description=description)
+        for f, row in cls._options():
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            row.add_to(p, dest=f.name, required=required,
+                       **({} if required else {"default": f.default}))
+        return p
+
+    @classmethod
+    def parse(cls: type[C], argv: Sequence[str] | None, prog: str, description: str) -> C:
+        return cls(**vars(cls.parser(prog, description).parse_args(argv)))
+
+
+def _value_type(hint: Any) -> Callable[[str], Any] | None:
+    """int, float or text (None) from a field's annotation, ``X | None`` included."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint if hint in (int, float) else None
