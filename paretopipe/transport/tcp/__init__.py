@@ -57,7 +57,8 @@ nor crash it; a refused stranger costs the real peer nothing.
 One concept per module: ``messages`` (typed frames and their JSON), ``connection`` (sockets, the
 connection, the ordered sender), ``handshake`` (the listener and both halves of the handshake),
 ``source`` (stage 1's endpoint and run), ``sink`` (every later stage's endpoint and runs, a middle
-stage's forwarding included) and ``outcome`` (the run record). Both endpoints are driven by
+stage's forwarding included), ``switching`` (a later stage's half of an adaptive run: its
+self-profile and the SWITCHes it obeys) and ``outcome`` (the run record). Both endpoints are driven by
 :func:`paretopipe.transport.pipeline.drive`, the one driver of every backend.
 """
 
@@ -65,8 +66,9 @@ from .connection import Connection, FrameSender, connect_with_retry, is_loopback
 from .handshake import HANDSHAKE_TIMEOUT_S, MAX_PENDING_HANDSHAKES, StageListener, identity_of, open_connection
 from .messages import RESULT_META_FIELDS, check_part, json_payload, result_duration, safe_run_id
 from .outcome import RunOutcome, assemble_record, link_manifest_of, write_record
-from .sink import Downstream, self_profile_cuts, self_profile_timings, serve_connection
+from .sink import Downstream, serve_connection
 from .source import run_on_connection, run_stage1
+from .switching import self_profile_cuts, self_profile_timings
 
 __all__ = ["Connection", "Downstream", "FrameSender", "HANDSHAKE_TIMEOUT_S", "MAX_PENDING_HANDSHAKES", "RESULT_META_FIELDS",
            "RunOutcome", "StageListener", "assemble_record", "check_part", "connect_with_retry", "identity_of",

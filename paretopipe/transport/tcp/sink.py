@@ -2,7 +2,7 @@
 computes its part of each batch on one thread. The last stage returns results with its own
 durations; a middle stage (a chain of more than two: Pi -> Pi -> server) sends its part on to the
 next stage and relays the results back, adding its own. An adaptive run (two stages) adds SWITCH
-(the split moves between two batches) and PROBE (answered at once)."""
+(the split moves between two batches) and PROBE (answered at once), through ``tcp.switching``."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from ...manifest import node_manifest
 from ...network.conditions import Direction
 from ...network.emulated import EmulatedLink
 from ...partition.activation import live_tensors
-from ...partition.stages import StageBuilder, StageTimer, time_segments
+from ...partition.stages import StageBuilder, StageTimer
 from ...sysmon import SystemMonitor
-from .. import inputs, pipeline, wire
+from .. import pipeline, wire
 from ..resources import stage_meter
 from ..runconfig import RunConfig
 from ..schedule import status_of
@@ -33,6 +33,7 @@ from .connection import Connection, FrameSender
 from .handshake import StageListener
 from .messages import RunStart, check_part, json_payload, message, read_result_meta, result_meta_fields, safe_run_id
 from .outcome import RunOutcome, assemble_record, cipher_usage, later_parts, merge_peer_seals, write_record
+from .switching import KINDS as SWITCHING_KINDS, SwitchingStage
 
 log = logging.getLogger("paretopipe.tcp")
 
@@ -126,11 +127,10 @@ class _SinkRun:
         self.sealed = connection.channel is not None
         back, forward = self._accept(meta, timeout_s, downstream)
         cfg = self.cfg
-        self.ok_meta = {"profile": self_profile_timings(builder, cfg)} \
-            if cfg.adaptive and not cfg.adaptive_split.device_profiles else None
+        ok_meta = self.adaptive.run_ok_meta() if self.adaptive is not None else None
         # Before RUN_OK: a first run measures idle power while stage 1 waits, idle too.
         self.meter = stage_meter(builder, cfg, self.index)
-        connection.send(wire.RUN_OK, meta=self.ok_meta)
+        connection.send(wire.RUN_OK, meta=ok_meta)
         self.timer = StageTimer(builder.device)
         self.manifest = node_manifest(builder.device, threads, role=self.name, weights_fingerprint=builder.fingerprint,
                                       limits=limits)
@@ -144,7 +144,6 @@ class _SinkRun:
         self.work: queue.Queue = queue.Queue()
         self.seen: dict[int, dict[str, Any]] = {}
         self.compute_error: list[BaseException] = []
-        self.switches = 0
         self.sysmon: dict[str, Any] = {}
         self.sealed_before = sealed_before  # the connection's AEAD counters when RUN came
         self.current: tuple[wire.Frame, float] | None = None  # the batch between recv and send
@@ -175,10 +174,7 @@ class _SinkRun:
             self.stage = self.builder.stage(self.cfg.cuts, self.index)
             self.incoming = self.cfg.cuts[self.index - 1]
             self.expected = self.builder.partitioner.live_specs(self.incoming)
-            # The cuts an adaptive run may SWITCH to (an unknown candidate is refused here, by name).
-            self.switchable = self_profile_cuts(self.builder, self.cfg) if self.cfg.adaptive else None
-            if self.switchable is not None and self.cfg.cuts[0] not in self.builder.partitioner.block_cuts():
-                raise UsageError(f"an adaptive run starts at a block split, not {self.cfg.cuts[0]!r}")
+            self.adaptive = SwitchingStage(self.builder, self.cfg) if self.cfg.adaptive else None
             if self.index < stages - 1:
                 if downstream is None:
                     raise UsageError(f"this is stage {self.index + 1} of {stages}, a middle stage, but it has no next "
@@ -324,7 +320,7 @@ class _SinkRun:
 
     def _receive(self) -> dict[str, Any]:
         cfg, total = self.cfg, self.cfg.warmup + self.cfg.num_batches
-        kinds = (wire.TENSOR, wire.RECORDS) + ((wire.SWITCH, wire.PROBE) if cfg.adaptive else ())
+        kinds = (wire.TENSOR, wire.RECORDS) + (SWITCHING_KINDS if self.adaptive is not None else ())
         while True:
             f = wire.expect(self.connection.reader.read(), *kinds)
             if self.compute_error:
@@ -335,10 +331,9 @@ class _SinkRun:
             if f.kind == wire.RECORDS:
                 return check_part(json_payload(f), "stage 1", True)
             if f.kind == wire.SWITCH:
-                self.work.put(_switch_stage(self.builder, f.meta, self.switchable))
-                self.incoming = f.meta["cuts"][0]
+                stage, self.incoming = self.adaptive.switch(f.meta)
+                self.work.put(stage)
                 self.expected = self.builder.partitioner.live_specs(self.incoming)
-                self.switches += 1
                 continue
             if f.kind == wire.PROBE:
                 f.release()
@@ -366,9 +361,8 @@ class _SinkRun:
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
                     "energy_sensors": self.meter.manifest()}
         resources = self.meter.part(self.cfg.num_batches * self.cfg.batch_size)
-        if self.cfg.adaptive:
-            manifest = {**manifest, "adaptive": {"switches_applied": self.switches,
-                                                 "self_profile": (self.ok_meta or {}).get("profile")}}
+        if self.adaptive is not None:
+            manifest = {**manifest, "adaptive": self.adaptive.manifest()}
         batches = [self.seen[s] for s in sorted(self.seen)]
         sent: dict[str, Any] = {"manifest": manifest, "sysmon": self.sysmon, "resources": resources}
         if self.sealed:
@@ -411,39 +405,8 @@ def _stage_named(meta: Any) -> str:
     return f"stage {stage + 1 if ok else 2}"
 
 
-def self_profile_cuts(builder: StageBuilder, cfg: RunConfig) -> list[str]:
-    """The boundaries of an adaptive run's self-profile, and the cuts it may switch to: every
-    block cut and the run's candidates named by cut (both stages derive them from the RUN)."""
-    named = (cfg.adaptive_split.candidates if cfg.adaptive_split else None) or []
-    return builder.partitioner.boundary_cuts([c for c in named if isinstance(c, str)])
-
-
-def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
-    """This node's segment times between the self-profile's boundaries at the run's batch size,
-    measured once per process, batch size and boundaries (a sweep's later adaptive runs reuse
-    it; each run records it)."""
-    cuts = self_profile_cuts(builder, cfg)
-    key = ("self_profile", cfg.batch_size, tuple(cuts))
-    cache = builder.timings
-    if key not in cache:
-        cpushare.join_compute_thread()  # under the same CPU share as the stage's compute
-        x = next(inputs.batches("synthetic", cfg.batch_size, builder.input_size, 1, None, cfg.seed))
-        cache[key] = time_segments(builder, cuts[1:-1], x)
-    return cache[key]
-
-
 def _described(specs: list[tuple[tuple[int, ...], str]]) -> str:
     """Tensors as a line names them: ``2 tensors: Bx64x56x56 float32, Bx64x56x56 float32``."""
     shapes = ", ".join("x".join(["B", *map(str, shape)]) + f" {dtype}" for shape, dtype in specs[:4])
     more = f", ... ({len(specs)} in all)" if len(specs) > 4 else ""
     return f"{len(specs)} tensor{'s' if len(specs) != 1 else ''}: {shapes}{more}"
-
-
-def _switch_stage(builder: StageBuilder, meta: dict[str, Any], switchable: list[str] | None) -> nn.Module:
-    """Stage 2's part for the split a SWITCH names: a block cut or one of the run's named
-    candidates, nothing else."""
-    cuts = meta.get("cuts")
-    if not (isinstance(cuts, list) and len(cuts) == 1 and switchable and cuts[0] in switchable):
-        raise WireError(f"SWITCH names {str(cuts)[:80]!r}; an adaptive run switches between block cuts and "
-                        f"the cuts its candidates name only")
-    return builder.stage(cuts, 1)

@@ -1,0 +1,74 @@
+"""A later stage's half of an adaptive run (two stages): the cuts a SWITCH may name (every block
+cut and the run's candidates named by cut, which both stages derive from the RUN), the
+self-profile it returns in RUN_OK, and the stage part each SWITCH asks for, refused unless it is
+one of those cuts. The driver on stage 1 (``tcp.source``) decides; this side only obeys, checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ... import cpushare
+from ...errors import UsageError, WireError
+from ...partition.stages import StageBuilder, time_segments
+from .. import inputs, wire
+from ..runconfig import RunConfig
+
+#: The frames an adaptive run adds to a later stage's input, beside TENSOR and RECORDS.
+KINDS = (wire.SWITCH, wire.PROBE)
+
+
+def self_profile_cuts(builder: StageBuilder, cfg: RunConfig) -> list[str]:
+    """The boundaries of an adaptive run's self-profile, and the cuts it may switch to: every
+    block cut and the run's candidates named by cut (both stages derive them from the RUN)."""
+    named = (cfg.adaptive_split.candidates if cfg.adaptive_split else None) or []
+    return builder.partitioner.boundary_cuts([c for c in named if isinstance(c, str)])
+
+
+def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
+    """This node's segment times between the self-profile's boundaries at the run's batch size,
+    measured once per process, batch size and boundaries (a sweep's later adaptive runs reuse
+    it; each run records it)."""
+    cuts = self_profile_cuts(builder, cfg)
+    key = ("self_profile", cfg.batch_size, tuple(cuts))
+    cache = builder.timings
+    if key not in cache:
+        cpushare.join_compute_thread()  # under the same CPU share as the stage's compute
+        x = next(inputs.batches("synthetic", cfg.batch_size, builder.input_size, 1, None, cfg.seed))
+        cache[key] = time_segments(builder, cuts[1:-1], x)
+    return cache[key]
+
+
+class SwitchingStage:
+    """The adaptive side of one run on a later stage. Made when the RUN is accepted (a run that
+    starts anywhere but at a block cut is refused then); :meth:`run_ok_meta` measures the
+    self-profile unless stage 1 brought device profiles."""
+
+    def __init__(self, builder: StageBuilder, cfg: RunConfig) -> None:
+        self.builder, self.cfg = builder, cfg
+        self.switchable = self_profile_cuts(builder, cfg)  # an unknown candidate is refused here, by name
+        if cfg.cuts[0] not in builder.partitioner.block_cuts():
+            raise UsageError(f"an adaptive run starts at a block split, not {cfg.cuts[0]!r}")
+        self.switches = 0
+        self.profile: dict[str, Any] | None = None
+
+    def run_ok_meta(self) -> dict[str, Any] | None:
+        """RUN_OK's meta: this node's self-profile, or nothing when the run carries device profiles."""
+        if self.cfg.adaptive_split.device_profiles:
+            return None
+        self.profile = self_profile_timings(self.builder, self.cfg)
+        return {"profile": self.profile}
+
+    def switch(self, meta: dict[str, Any]) -> tuple[nn.Module, str]:
+        """The stage part for the split a SWITCH names, and the cut it now receives at: a block cut
+        or one of the run's named candidates, nothing else."""
+        cuts = meta.get("cuts")
+        if not (isinstance(cuts, list) and len(cuts) == 1 and cuts[0] in self.switchable):
+            raise WireError(f"SWITCH names {str(cuts)[:80]!r}; an adaptive run switches between block cuts and "
+                            f"the cuts its candidates name only")
+        self.switches += 1
+        return self.builder.stage(cuts, 1), cuts[0]
+
+    def manifest(self) -> dict[str, Any]:
+        return {"switches_applied": self.switches, "self_profile": self.profile}

@@ -1,0 +1,53 @@
+"""A later stage's half of an adaptive run, without sockets: the cuts a SWITCH may name, the
+stage part it gets, the self-profile in RUN_OK, and every other SWITCH refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paretopipe.errors import UsageError, WireError
+from paretopipe.partition.stages import StageBuilder
+from paretopipe.partition.tables import fine_cut_table
+from paretopipe.transport.runconfig import AdaptiveOptions, RunConfig
+from paretopipe.transport.tcp.switching import SwitchingStage, self_profile_cuts
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return StageBuilder("mobilenetv2")
+
+
+def _cfg(builder, cut: str, **adaptive) -> RunConfig:
+    return RunConfig(model=builder.name, cuts=[cut], split_index="adaptive", batch_size=1, num_batches=1, warmup=0,
+                     adaptive_split=AdaptiveOptions(**adaptive))
+
+
+def test_a_switch_gets_the_stage_part_of_a_block_cut_or_a_named_candidate_and_nothing_else(builder):
+    blocks = builder.partitioner.block_cuts()
+    wide = next(name for name, (width, _) in fine_cut_table(builder.partitioner).items() if width == 2)
+    cfg = _cfg(builder, blocks[-1], candidates=[3, wide])
+    side = SwitchingStage(builder, cfg)
+    assert set(blocks) < set(side.switchable) and wide in side.switchable
+    assert side.switchable == self_profile_cuts(builder, cfg)
+    stage, incoming = side.switch({"cuts": [blocks[3]]})
+    x = torch.ones(1, 3, builder.input_size, builder.input_size)
+    with torch.no_grad():  # the part it returns is stage 2 of that split: it finishes the model exactly
+        assert torch.equal(stage(builder.stage([blocks[3]], 0)(x)), builder.model.eval()(x))
+    assert incoming == blocks[3] and side.switches == 1
+    for bad in ({"cuts": ["no_such_cut"]}, {"cuts": blocks[2:4]}, {"cuts": "layer"}, {}):
+        with pytest.raises(WireError, match="an adaptive run switches between block cuts and the cuts its "
+                                            "candidates name only"):
+            side.switch(bad)
+    assert side.switches == 1 and side.manifest() == {"switches_applied": 1, "self_profile": None}
+
+
+def test_run_ok_carries_the_self_profile_unless_the_run_brought_profiles_and_a_fine_start_is_refused(builder):
+    blocks = builder.partitioner.block_cuts()
+    side = SwitchingStage(builder, _cfg(builder, blocks[-1]))
+    meta = side.run_ok_meta()
+    assert meta["profile"] is side.profile and side.manifest()["self_profile"] is side.profile
+    assert SwitchingStage(builder, _cfg(builder, blocks[-1], device_profiles=["a.json", "b.json"])).run_ok_meta() is None
+    fine = next(c for c in fine_cut_table(builder.partitioner) if c not in blocks)
+    with pytest.raises(UsageError, match=f"an adaptive run starts at a block split, not '{fine}'"):
+        SwitchingStage(builder, _cfg(builder, fine))
