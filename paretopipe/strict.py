@@ -81,6 +81,8 @@ def _check(value: Any, tp: Any, path: str) -> Any:
         return value
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, path)
+    if isinstance(tp, type) and hasattr(tp, "from_checked"):  # a type that checks its own JSON form
+        return tp.from_checked(value, path)
     raise TypeError(f"strict: unsupported field type {tp!r} at {path}")
 
 

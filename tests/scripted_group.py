@@ -39,7 +39,8 @@ class ScriptedGroup:
                 "payload_bytes_per_image": [1000 * (self.num_blocks + 1 - k) for k in range(self.num_blocks + 1)],
                 "limits": {}}
 
-    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None, budget: float) -> dict[str, Any]:
+    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None,
+            budget: float) -> records.RunRecord:
         outcome = self.script(cfg, len(self.calls))
         self.calls.append(cfg)
         if isinstance(outcome, BaseException):
@@ -50,9 +51,10 @@ class ScriptedGroup:
                     "latency_s": latency, "stage1_compute_s": latency / 2, "stage2_compute_s": latency / 4,
                     "payload_bytes": 1000, "wire_bytes": 1000, "result_wire_bytes": 40}
                    for i in range(cfg["warmup"] + cfg["num_batches"])]
-        return records.build_run_record(backend=self.backend, run_id=f"scripted-{len(self.calls)}", status="complete",
-                                        error=None, config=cfg, manifest={"link": {"mode": "scripted"}},
-                                        batches=batches, sysmon={})
+        # As the real groups return it: the record its process wrote, read back as the type.
+        return records.RunRecord.of(records.build_run_record(
+            backend=self.backend, run_id=f"scripted-{len(self.calls)}", status="complete", error=None, config=cfg,
+            manifest={"link": {"mode": "scripted"}}, batches=batches, sysmon={}))
 
     def alive(self) -> bool:
         return self._alive

@@ -23,6 +23,7 @@ from .plotting import front_line, front_plot_data, pyplot, save_figure
 from .report import GROUP, pareto_table
 from .session import (CONFIG_KEY, PANEL_KEY, Session, find_session, ordered_splits, panel_names, sessions_under,
                       split_sort_key)
+from .sanity import monotone_violations
 
 METRICS = ("latency_s", "throughput_imgs_per_s")
 STAGE_COMPUTE = ("stage1_compute_median_s", "stage2_compute_median_s")
@@ -194,8 +195,6 @@ def goals(result: dict[str, Any], min_jaccard: float, selective: dict[str, int])
     """Reproducibility goals of two runs of one experiment: per network the front+tied sets agree
     with Jaccard >= ``min_jaccard``; on the ``selective`` networks neither set holds a split k <= the
     given bound (the tied set must stay selective); and B's stage-1 compute is monotone in k."""
-    from .sanity import monotone_violations
-
     lines, met = [], True
     fronts = result["fronts"]
     worst = fronts["jaccard_front_or_tied"].min() if len(fronts) else 0.0

@@ -21,6 +21,7 @@ import pandas as pd
 from .objectives import Objective
 from .plotting import PALETTE, breakdown_parts
 from .session import PANEL_KEY, panel_names
+from .. import records
 
 #: Energy and memory columns shown on hover when a session has them.
 _RESOURCE_HOVER = (("energy_per_image_j", "energy/image (measured)", "J"),
@@ -136,7 +137,6 @@ def write_html(table: pd.DataFrame, objectives: Sequence[Objective], path: Path)
     once, in the page's head, so it works offline and from a file."""
     import plotly.io as pio
 
-    from .. import records
 
     sections = []
     for key, panel in table.groupby(PANEL_KEY):

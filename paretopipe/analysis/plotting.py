@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from .session import split_sort_key
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
@@ -32,8 +33,6 @@ def front_line(points: list[dict[str, Any]], network: str) -> list[tuple[float, 
 
 def _by_split(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows in split order (block index, then plans, then adaptive), whatever the column's dtype."""
-    from .session import split_sort_key
-
     return frame.iloc[sorted(range(len(frame)), key=lambda i: split_sort_key(frame["split_index"].iloc[i]))]
 
 

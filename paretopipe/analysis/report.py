@@ -15,11 +15,14 @@ import pandas as pd
 
 from .. import records
 from ..errors import UsageError
-from . import objectives as objectives_mod
+from . import adaptive_comparison, objectives as objectives_mod
 from . import pareto
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
 from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, panel_names
+from .interactive import write_html
+from .sanity import sanity_checks
+from .privacy import privacy_cost
 
 log = logging.getLogger("paretopipe.report")
 OBJECTIVES = pareto.DEFAULT_OBJECTIVES
@@ -127,23 +130,15 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     table = pareto_table(session, objectives=objectives)
     chosen = objectives_mod.parse(table.attrs.get("objectives"), table)
     records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))
-    from .interactive import write_html
-
     write_html(table, chosen, out / HTML_FILE)
-    from .sanity import sanity_checks
-
     checks = sanity_checks(session.configs(), session.runs(), session.read_meta())
     records.atomic_write_csv(out / "sanity.csv", checks.to_dict("records"), list(checks.columns))
-    from .privacy import privacy_cost
-
     cost = privacy_cost(table)
     if not cost.empty:
         records.atomic_write_csv(out / PRIVACY_FILE, cost.to_dict("records"), list(cost.columns))
     for key, panel in table.groupby(PANEL_KEY):
         _panel_figures(plt, panel, key, chosen, out, fmt)
-    from . import adaptive
-
-    adaptive.write(session, out, fmt, plt)
+    adaptive_comparison.write(session, out, fmt, plt)
     return out
 
 

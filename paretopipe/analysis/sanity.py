@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from ..network.conditions import NetworkConditions
 
 #: A shaped transfer may read this much below bytes/rate + delay before it is flagged (clocks,
 #: the emulator's and htb's own accounting).
@@ -70,8 +71,6 @@ def _sealed(cipher: Any) -> str:
 def transfer_violations(summary: pd.DataFrame, networks: dict[str, Any], link_modes: dict[str, str]
                         ) -> list[dict[str, Any]]:
     """Shaped configurations whose median transfer beats bytes/rate + delay (both ways)."""
-    from ..network.conditions import NetworkConditions
-
     out = []
     for _, row in summary.iterrows():
         spec = networks.get(row["network"])

@@ -12,6 +12,9 @@ from ..envfile import read_env  # noqa: F401  (re-exported for the command modul
 from ..argtypes import (nonneg_float, nonneg_int, percent, port_number, port_or_zero,  # noqa: F401
                         positive_float, positive_int)  # (re-exported for the command modules)
 from ..errors import ParetoPipeError, UsageError
+from ..transport import inputs
+from ..transport.runconfig import RunConfig
+from ..network.conditions import get_conditions
 
 # (flag, example) of the ad-hoc network values; "%%" because argparse formats help text.
 NETWORK_VALUES = (("delay", "50ms"), ("jitter", "5ms"), ("loss", "1%%"), ("rate", "10mbit"))
@@ -86,8 +89,6 @@ def prefetch_from_args(args: argparse.Namespace) -> int:
 
 def dataset_from_args(args: argparse.Namespace, compression: str = "none", local: bool = True) -> str:
     """The resolved dataset spec; checked on this machine when this machine reads it."""
-    from ..transport import inputs
-
     spec = inputs.resolve_default(args.dataset, compression)
     if local:
         inputs.check_local(spec, args.data_dir)
@@ -99,8 +100,6 @@ def run_config_from_flags(args: argparse.Namespace, model: str, cuts: list[str],
     """The one place a stage command builds its run configuration from its flags: the workload
     (batch size, warm-up, inputs, prefetch), the model and the network conditions; ``fields`` are
     what the command sets itself (its batch count, window, backend options), and win."""
-    from ..transport.runconfig import RunConfig
-
     common: dict[str, Any] = dict(
         model=model, cuts=cuts, split_index=split_index, batch_size=args.batch_size, warmup=args.warmup,
         data_dir=args.data_dir, prefetch_batches=prefetch_from_args(args), num_classes=args.num_classes,
@@ -131,8 +130,6 @@ def adhoc_network_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def network_from_args(args: argparse.Namespace, required: bool = False):
     """The network conditions the flags describe, or None when none was given (and none is required)."""
-    from ..network.conditions import get_conditions
-
     adhoc = adhoc_network_values(args)
     given = {k: v for k, v in adhoc.items() if v and k != "distribution"}
     if not required and not (args.network or given):

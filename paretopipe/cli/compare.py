@@ -35,6 +35,7 @@ def parser(prog: str = "paretopipe compare") -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "paretopipe compare") -> int:
+    # lazy for start-up: pandas
     from ..analysis.compare import compare, format_comparison, goals, newest_two
 
     args = parser(prog).parse_args(argv)

@@ -8,6 +8,8 @@ from typing import Sequence
 
 from ..runners import flags
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, read_env, setup_logging
+from ..runners.doctor import check_testbed, deploy, format_checks
+from ..runners.hosts import Testbed
 
 
 def parser(prog: str = "paretopipe doctor") -> ArgumentParser:
@@ -30,9 +32,6 @@ def parser(prog: str = "paretopipe doctor") -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "paretopipe doctor") -> int:
-    from ..runners.doctor import check_testbed, deploy, format_checks
-    from ..runners.hosts import Testbed
-
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else None

@@ -33,6 +33,7 @@ from ..errors import UsageError
 # whose change does not change what is measured (--resume may change them freely). Both are marked
 # in the sweep's option table.
 from .sweep_flags import HARMLESS, INVOCATION
+from ..records import atomic_write_text
 
 try:  # Python >= 3.11
     import tomllib
@@ -136,7 +137,6 @@ def write(path: Path, sweep: dict[str, Any], networks: dict[str, dict[str, Any]]
     """The resolved experiment, atomically, as TOML (None values left out: TOML has no null)."""
     import tomli_w
 
-    from ..records import atomic_write_text
 
     doc: dict[str, Any] = {"sweep": {k: v for k, v in sweep.items() if v is not None}}
     if networks:

@@ -6,6 +6,7 @@ import json
 from typing import Sequence
 
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
+from ..runners import lab
 
 
 def parser(prog: str = "paretopipe lab") -> ArgumentParser:
@@ -34,8 +35,6 @@ def parser(prog: str = "paretopipe lab") -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "paretopipe lab") -> int:
-    from ..runners import lab
-
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     if args.cmd == "up":

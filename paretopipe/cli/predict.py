@@ -15,6 +15,11 @@ from ..runners import flags
 from ..errors import UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      network_from_args, setup_logging)
+from ..network.conditions import get_conditions
+from ..predict.costmodel import LinkModel
+from .. import records
+from ..predict.device_profile import DeviceProfile, check_compatible, codec_key, resolve_cipher
+from ..predict.planner import pareto_plans, split_blocks
 
 log = logging.getLogger("paretopipe.predict")
 
@@ -66,9 +71,6 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
 
 def _links_for(args: argparse.Namespace, base: dict[str, Any], hops: int) -> list[list[tuple[Any, Any]]]:
     """One list of (up, down) hop links per network condition to evaluate."""
-    from ..network.conditions import get_conditions
-    from ..predict.costmodel import LinkModel
-
     names = [x.strip() for x in (args.network or "").split(",") if x.strip()]
     if args.links:
         hop_names = [x.strip() for x in args.links.split(",") if x.strip()]
@@ -111,8 +113,7 @@ def _per_device_watts(text: str | None, devices: int) -> list[float | None] | No
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.predict") -> int:
     import pandas as pd
 
-    from .. import records
-    from ..predict.device_profile import DeviceProfile, check_compatible, codec_key, resolve_cipher
+    # lazy for start-up: pandas
     from ..predict.predictions import base_transport, predict_splits
 
     args = parser(prog).parse_args(argv)
@@ -150,6 +151,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
 
 def _validate(args: argparse.Namespace, profiles: list) -> int:
     """``--validate``: predict a measured sweep's configurations and print how far off each front is."""
+    # lazy for start-up: pandas
     from ..predict.validate import GOAL_JACCARD, GOAL_MAPE, validate, write_validation
 
     if len(profiles) != 2:
@@ -176,7 +178,7 @@ def _validate(args: argparse.Namespace, profiles: list) -> int:
 
 def _print_rate_map(profiles: list, conditions: list, args: argparse.Namespace, codec: str, out: Path | None) -> int:
     """``--sweep-rate``: the optimal split of one link over a range of its rates, as a table and a map."""
-    from .. import records
+    # lazy for start-up: pandas
     from ..predict.predictions import parse_rate_range, plot_rate_map, rate_map, rate_ranges, split_positions
 
     if len(conditions) != 1:
@@ -200,8 +202,7 @@ def _print_rate_map(profiles: list, conditions: list, args: argparse.Namespace, 
 
 
 def _print_plans(profiles, conditions, args: argparse.Namespace, codec: str, out: Path | None) -> int:
-    from .. import records
-    from ..predict.planner import pareto_plans, split_blocks
+    # lazy for start-up: pandas
     from ..predict.predictions import split_positions
 
     positions = [b for _, b in split_positions(profiles[0], args.fine)]

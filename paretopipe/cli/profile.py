@@ -9,13 +9,13 @@ from ..runners import flags
 from ..errors import UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
                      example_epilog, nonneg_int, positive_int, setup_logging)
+from ..predict.device_profile import DEFAULT_CODECS
+from .. import cpushare, records
 
 log = logging.getLogger("paretopipe.profile")
 
 
 def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
-    from ..predict.device_profile import DEFAULT_CODECS
-
     p = ArgumentParser(
         prog=prog, formatter_class=HelpFormatter,
         description="Measure a device profile of a model on this device: compute time of every segment "
@@ -50,7 +50,7 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.profile") -> int:
-    from .. import cpushare, records
+    # lazy for start-up: torch
     from ..predict.measure import ProfileOptions, measure
 
     args = parser(prog).parse_args(argv)

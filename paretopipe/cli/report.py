@@ -19,6 +19,7 @@ def add_objectives_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _objective_names(text: str) -> str:
+    # lazy for start-up: pandas
     from ..analysis.objectives import check_names
 
     return check_names(text)
@@ -28,7 +29,9 @@ def print_front_table(report_dir: Path, objectives: str | None) -> None:
     """The front and tied points, with the objectives' columns beyond latency and throughput."""
     import pandas as pd
 
+    # lazy for start-up: pandas
     from ..analysis.objectives import parse
+    # lazy for start-up: pandas
     from ..analysis.report import format_front_table
 
     table = pd.read_csv(report_dir / "pareto.csv")
@@ -52,10 +55,12 @@ def parser(prog: str = "python -m paretopipe.report") -> ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.report") -> int:
     import pandas as pd
 
+    # lazy for start-up: pandas
     from ..analysis.report import write_report
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
+    # lazy for start-up: pandas
     from ..analysis.sanity import format_sanity
 
     out = write_report(args.results, args.out, args.format, objectives=args.objectives)
@@ -63,7 +68,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
     print(format_sanity(pd.read_csv(out / "sanity.csv")))
     print_privacy_cost(out)
     if (out / "adaptive_verdicts.csv").is_file():
-        from ..analysis.adaptive import format_verdicts
+        # lazy for start-up: pandas
+        from ..analysis.adaptive_comparison import format_verdicts
 
         print(format_verdicts(pd.read_csv(out / "adaptive_verdicts.csv")))
     print(f"report written to {out}")
@@ -74,7 +80,9 @@ def print_privacy_cost(report_dir: Path) -> None:
     """The sealed-over-plain table, when the session swept ciphers (the sweep prints it too)."""
     import pandas as pd
 
+    # lazy for start-up: pandas
     from ..analysis.privacy import format_privacy_cost
+    # lazy for start-up: pandas
     from ..analysis.report import PRIVACY_FILE
 
     if (report_dir / PRIVACY_FILE).is_file():

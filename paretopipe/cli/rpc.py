@@ -9,11 +9,16 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..runners import flags
+from ..runners import flags, rpc_ranks
 from ..errors import PeerError, UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
                      positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
+from ..partition.structure import structure
+from ..splits import check_splits
+from ..network import deadlines
+from ..transport.runconfig import RpcOptions
+from .. import records
 
 log = logging.getLogger("paretopipe.rpc")
 DEPRECATED = {"--use-local-loading": "every worker always builds its own stage locally"}
@@ -147,9 +152,6 @@ def _check_layout(args: argparse.Namespace) -> None:
         raise UsageError("--use-intelligent-splitting chooses the one split of 2 partitions: drop --split-block/"
                          "--split-blocks and use --num-partitions 2 (for N devices: paretopipe predict --devices)")
     if args.rank == 0 and args.cut is None:  # the split and the model are checked before any rank starts
-        from ..partition.structure import structure
-        from ..splits import check_splits
-
         shape = structure(args.model, args.num_classes)
         num_blocks = shape["num_blocks"]
         check_splits(_split_blocks(args, num_blocks), num_blocks, shape["model"])
@@ -163,8 +165,6 @@ def _rank_options(args: argparse.Namespace) -> Any:
     """This rank's options, with the master's address (a free loopback port for --local)."""
     import socket
 
-    from ..network import deadlines
-    from ..runners import rpc_ranks
 
     addr, port = _master_address(args)
     if args.local and args.rank == 0:
@@ -190,9 +190,6 @@ class _MasterRun:
 
     def config(self, builder: Any, ks: list[int] | None) -> Any:
         """The run's configuration for block splits ``ks``, or (None) for the fine cuts of ``--cut``."""
-        from ..network import deadlines
-        from ..transport.runconfig import RpcOptions
-
         args, part = self.args, builder.partitioner
         cuts = [part.block_cut(k) for k in ks] if ks is not None else builder.cuts_for(cut=args.cut)
         split_index = None if ks is None else ks[0] if len(ks) == 1 else ks
@@ -207,13 +204,13 @@ class _MasterRun:
                                                     use_pipelining=args.use_pipelining, world_size=args.world_size))
 
     def __call__(self, builder: Any, transport: dict[str, Any]) -> int:
-        from .. import records
-        from ..runners import rpc_ranks
+        # lazy for start-up: torch
         from ..transport import rpc as backend
 
         args, procs = self.args, self.procs
         choice = None
         if _intelligent(args):
+            # lazy for start-up: pandas
             from ..runners.intelligent import choose_split
 
             args.split_block, choice = choose_split(builder, args.batch_size, self.conditions,
@@ -253,8 +250,6 @@ class _MasterRun:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py") -> int:
-    from ..runners import rpc_ranks
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)

@@ -7,6 +7,7 @@ from typing import Sequence
 from ..runners import flags
 from ..errors import UsageError
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
+from ..partition.structure import structure
 
 
 def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
@@ -31,8 +32,6 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.split") -> int:
-    from ..partition.structure import structure
-
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     if args.plot:
@@ -55,7 +54,9 @@ def _narrowed(doc: dict, max_live: int) -> str:
 
 
 def _plot(args) -> int:
+    # lazy for start-up: pandas
     from ..analysis.cutplot import plot_cuts
+    # lazy for start-up: torch
     from ..partition.tables import cut_rows, partitioner_for
 
     rows = {}

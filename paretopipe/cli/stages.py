@@ -8,13 +8,14 @@ import signal
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import UsageError
-from ..splits import Split
+from ..splits import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth
 from ..runners import flags
-from ..transport.runconfig import ADAPTIVE, DEFAULT_MAX_PAYLOAD
+from ..transport.runconfig import ADAPTIVE, AdaptiveOptions, DEFAULT_MAX_PAYLOAD
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
                      positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
+from ..network import deadlines, tc
 
 if TYPE_CHECKING:  # torch is imported where a stage runs, not for --help or a refused flag
     from ..partition.stages import StageBuilder
@@ -57,8 +58,6 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
 
 def _link_timeout_s(args: argparse.Namespace, builder: StageBuilder, cuts: list[str] | None, conditions) -> float:
     """The run's deadline from the bytes its batches send under ``conditions`` (none: the base)."""
-    from ..network import deadlines
-
     part = builder.partitioner
     names = part.block_cuts() if args.split_index == ADAPTIVE or not cuts else cuts
     itemsize = 2 if args.wire_dtype in ("float16", "bfloat16") else 4
@@ -81,6 +80,7 @@ def split_or_adaptive(text: str) -> int | list[int] | str:
 def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuilder, list[str] | None]:
     import torch
 
+    # lazy for start-up: torch
     from ..partition.stages import StageBuilder
 
     if args.threads:
@@ -97,8 +97,6 @@ def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuil
             return builder, None
         raise UsageError(f"give --split (0..{builder.partitioner.num_blocks} for {builder.name}) or --cut NAME")
     if isinstance(args.split_index, list):  # a chain of len + 1 stages
-        from ..splits import check_splits
-
         if args.cut is not None:
             raise UsageError("--cut and a plan of several splits exclude each other: give one of them")
         check_splits(args.split_index, builder.partitioner.num_blocks, builder.name)
@@ -113,8 +111,6 @@ def _secret(args: argparse.Namespace) -> bytes | None:
 def _observed_link(args: argparse.Namespace) -> dict | None:
     if getattr(args, "link", None) != "tc":
         return None
-    from ..network import tc
-
     if not args.link_dev:
         raise UsageError("--link tc needs --link-dev IFACE so the applied qdiscs can be read back")
     return tc.observed_link_state(args.link_dev)
@@ -186,8 +182,6 @@ def adaptive_fields(args: argparse.Namespace, num_blocks: int) -> dict:
         if given or args.objective != "latency":
             raise UsageError(f"{(given or ['--objective'])[0]} applies to --split adaptive only")
         return deadline
-    from ..transport.runconfig import AdaptiveOptions
-
     return {**deadline, "adaptive_split": AdaptiveOptions(
         objective=args.objective, candidates=_candidates(args.candidates, num_blocks) if args.candidates else None,
         device_profiles=args.device_profiles.split(",") if args.device_profiles else None)}
@@ -195,8 +189,6 @@ def adaptive_fields(args: argparse.Namespace, num_blocks: int) -> dict:
 
 def _candidates(text: str, num_blocks: int) -> list[int | str]:
     """``--candidates``: block splits as ``--splits`` writes them, and cuts of several tensors by name."""
-    from ..splits import parse_splits, split_cuts
-
     blocks, named = split_cuts(text)
     return [*(parse_splits(blocks, num_blocks) if blocks.strip(" ,") else []), *named]
 
@@ -220,9 +212,11 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     observed = _observed_link(args)
     policy = None
     if cfg.adaptive:  # its candidates are checked before anything listens
-        from ..runners.adaptive import adaptive_policy
+        # lazy for start-up: torch
+        from ..runners.adaptive_setup import adaptive_policy
 
         policy = adaptive_policy(builder, cfg)
+    # lazy for start-up: torch
     from ..transport import tcp
 
     listener = tcp.StageListener(tcp.listen(args.host, args.port), tcp.identity_of(builder), secret, args.max_payload,
@@ -285,6 +279,7 @@ def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") 
     aead.check_choice(args.encrypt, secret)
     builder, cuts = _builder(args, required=False)
     observed = _observed_link(args)
+    # lazy for start-up: torch
     from ..transport import tcp
 
     downstream = None

@@ -24,6 +24,10 @@ from .report import print_front_table, print_privacy_cost
 from .common import (ArgumentParser, HelpFormatter, dataset_from_args, example_epilog, prefetch_from_args, read_env,
                      setup_logging)
 from .sweep_flags import add_flags, resolved_table, simple_fields
+from ..partition.names import canonical_name, is_model_file
+from ..energy.memory import parse_limits
+from ..partition.structure import structure
+from ..runners.doctor import check_testbed, format_checks
 
 log = logging.getLogger("paretopipe.sweep")
 
@@ -59,8 +63,6 @@ def _per_stage_ints(text: str | None, flag: str) -> list[int | None]:
 
 
 def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
-    from ..partition.names import canonical_name
-
     models = [m.strip() for m in (args.models or args.model or "mobilenetv2").split(",") if m.strip()]
     if not models:
         raise UsageError("--models names no model")
@@ -139,8 +141,6 @@ def _per_stage_floats(text: str | None, flag: str, stages: int) -> list[float | 
 
 
 def _memory_limits(text: str | None, stages: int) -> list[int | None]:
-    from ..energy.memory import parse_limits
-
     limits = parse_limits(text, stages)
     return [limits.get(f"stage{j}") for j in range(1, stages + 1)] if limits else []
 
@@ -207,15 +207,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         if changed:
             log.warning("resuming with changed options (--force-resume): %s", "; ".join(changed))
     if opts.dry_run:
-        from ..partition.structure import structure
-
         shapes = {m: structure(m, opts.num_classes) for m in opts.models}
         print(describe_plan(plan_runs(opts, {m: s["num_blocks"] for m, s in shapes.items()},
                                       {m: s["fine_cuts"] for m, s in shapes.items()}), opts))
         return 0
     if args.check and opts.testbed.remote:
-        from ..runners.doctor import check_testbed, format_checks
-
         rows, problems = check_testbed(opts.testbed, opts.models, opts.num_classes)
         print(format_checks(rows))
         if problems:
@@ -271,6 +267,7 @@ def _print_report(report: Path, objectives: str | None) -> None:
     adaptive split's verdicts, each where the report wrote it."""
     import pandas as pd
 
+    # lazy for start-up: pandas
     from ..analysis.sanity import format_sanity
 
     print("Pareto-optimal splits and those tied with them within 95% CIs (latency_s: median per batch; "
@@ -280,7 +277,8 @@ def _print_report(report: Path, objectives: str | None) -> None:
         print(format_sanity(pd.read_csv(report / "sanity.csv")))
     print_privacy_cost(report)
     if (report / "adaptive_verdicts.csv").is_file():
-        from ..analysis.adaptive import format_verdicts
+        # lazy for start-up: pandas
+        from ..analysis.adaptive_comparison import format_verdicts
 
         print(format_verdicts(pd.read_csv(report / "adaptive_verdicts.csv")))
 
@@ -290,9 +288,6 @@ def _check_splits(opts: SweepOptions) -> None:
     folder or worker exists (a zoo model's block count is cached: milliseconds). A model file's is
     traced anew on every call (about 3 s here), so it is left to the workers, which build the
     model anyway; the folder of a sweep they refuse is discarded."""
-    from ..partition.names import is_model_file
-    from ..partition.structure import structure
-
     for model in opts.models:
         if not is_model_file(model):
             shape = structure(model, opts.num_classes)

@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import UsageError
 from ..splits import check_splits
 from .activation import Activation, call_stage, live_tensors
-from .detection import Detector
+from .detection import Detector, FirstStage, LastStage
 
 
 INPUT = "input"   # pseudo-cut: everything on the later stage (k = 0 baseline)
@@ -350,8 +350,6 @@ class Partitioner:
         bounds.append((len(self.nodes) - 1, []))
         stages = [self._stage(a, ins, b, outs) for (a, ins), (b, outs) in zip(bounds, bounds[1:])]
         if self.pre is not None:
-            from .detection import FirstStage, LastStage
-
             stages[0], stages[-1] = FirstStage(self.pre, stages[0]), LastStage(stages[-1], self.post)
         return stages
 

@@ -45,7 +45,7 @@ def structure(name: str, num_classes: int = DEFAULT_NUM_CLASSES) -> dict[str, An
         except (OSError, ValueError):
             pass
     canonical_name(name)  # an unknown name is refused here, before torch is imported to trace it
-    # Lazy for start-up time: a cache hit (above) answers --list and --dry-run without torch.
+    # lazy for start-up: torch; a cache hit (above) answers --list and --dry-run without it.
     from .tables import fine_cut_table, format_table, partitioner_for
 
     _, part = partitioner_for(name, batch=1, num_classes=num_classes, structure_only=True)

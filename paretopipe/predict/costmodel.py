@@ -27,6 +27,7 @@ from ..errors import UsageError
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import LinkSchedule
 from .device_profile import RESULT_CODEC, DeviceProfile, split_codec
+from ..records import throughput_window
 
 # The last stage sends its own durations in each result frame's JSON meta (see transport/tcp/sink.py).
 RESULT_META_BYTES = len(json.dumps({k: 0.012345678901234567 for k in (
@@ -263,8 +264,6 @@ def simulate(terms: ChainTerms, num_batches: int, warmup: int, in_flight: int) -
     server (stage 1 also pays for decoding results). Summarised like records.summarize: median
     latency of the measured batches, and measured images over the measured window.
     """
-    from ..records import throughput_window
-
     n, parts = terms.stages, terms.parts
     fwd = [_LinkSim(link) for link in terms.links]
     back = [_LinkSim(link) for link in reversed(terms.back_links)]

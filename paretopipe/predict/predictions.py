@@ -15,6 +15,7 @@ from ..errors import UsageError
 from ..units import parse_rate
 from .costmodel import LinkModel, chain_terms
 from .device_profile import DeviceProfile
+from ..analysis.plotting import PALETTE, pyplot, save_figure
 
 log = logging.getLogger("paretopipe.predict")
 
@@ -130,8 +131,6 @@ def rate_ranges(df: pd.DataFrame, column: str) -> list[tuple[float, float, str]]
 
 
 def plot_rate_map(df: pd.DataFrame, path: Path, title: str, split_order: Sequence[str]) -> Path:
-    from ..analysis.plotting import PALETTE, pyplot, save_figure
-
     plt = pyplot()
 
     pos = {s: i for i, s in enumerate(split_order)}

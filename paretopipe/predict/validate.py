@@ -20,6 +20,7 @@ from ..network.conditions import NetworkConditions, get_conditions
 from .costmodel import LinkModel, chain_terms, simulate
 from .device_profile import DeviceProfile, check_compatible, codec_key
 from .predictions import PREDICTED, base_transport
+from ..analysis.plotting import PALETTE, pyplot, save_figure
 
 log = logging.getLogger("paretopipe.predict")
 
@@ -199,8 +200,6 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
 
 
 def write_validation(table: pd.DataFrame, summary: dict[str, Any], out: Path) -> list[Path]:
-    from ..analysis.plotting import PALETTE, pyplot, save_figure
-
     paths = [records.atomic_write_csv(out / "prediction_validation.csv", table.to_dict("records")),
              records.atomic_write_json(out / "prediction_validation.json", summary)]
     plt = pyplot()

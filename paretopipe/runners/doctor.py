@@ -23,6 +23,7 @@ from ..manifest import STAMP, _git_commit, source_digest
 from ..sshcmd import remote_path
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .hosts import Host, Testbed
+from .hostcheck import check
 
 log = logging.getLogger("paretopipe.doctor")
 COLUMNS = ("host", "ssh", "device", "arch", "commit", "digest", "torch", "build", "weights", "tc", "root", "port",
@@ -63,8 +64,6 @@ def probe(host: Host, models: Sequence[str], num_classes: int, port: int, timeou
 
 def reference(models: Sequence[str], num_classes: int) -> dict[str, Any]:
     """This machine's side of the comparison."""
-    from .hostcheck import check
-
     return check(models, num_classes, None, "cpu")
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import flags
+from .. import __version__
+from ..manifest import _git_commit, source_digest
 
 
 def port_free(port: int) -> bool:
@@ -31,9 +33,6 @@ def port_free(port: int) -> bool:
 
 
 def check(models: Sequence[str], num_classes: int, port: int | None, device: str) -> dict[str, Any]:
-    from .. import __version__
-    from ..manifest import _git_commit, source_digest
-
     out: dict[str, Any] = {"hostname": socket.gethostname(), "paretopipe": __version__, "git_commit": _git_commit(),
                            "source_digest": source_digest(), "python": sys.version.split()[0],
                            "machine": platform.machine()}
@@ -56,6 +55,7 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
         return out
     out["device_ok"] = device == "cpu" or (out["cuda_available"] and
                                            (device == "cuda" or int(device.split(":")[1]) < out["cuda_devices"]))
+    # lazy for start-up: torch
     from ..partition import models as zoo
 
     prints = {}
@@ -72,6 +72,7 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
 def cut_digest(model: str, num_classes: int) -> str:
     """A digest of ``model``'s cut points (names, shapes, dtypes) and block cuts: what two hosts with
     different torch versions must agree on to split the model the same way."""
+    # lazy for start-up: torch
     from ..partition.tables import partitioner_for
 
     try:

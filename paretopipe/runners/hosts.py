@@ -24,6 +24,8 @@ from ..network import tc
 from ..transport.auth import load_secret
 from ..sshcmd import check_host, check_user, remote_path, ssh_argv
 from . import zygote
+from ..energy.memory import parse_size
+from .. import strict
 
 DEVICES_HELP = "cpu, cuda or cuda:N"
 
@@ -66,8 +68,6 @@ def _watts(values: list[str], i: int, key: str) -> float | None:
 
 
 def _limit(values: list[str], i: int) -> int | None:
-    from ..energy.memory import parse_size
-
     return parse_size(values[i], "MEMORY_LIMITS entry") if i < len(values) and values[i] else None
 
 
@@ -166,8 +166,6 @@ class Testbed:
     def from_table(cls, table: dict[str, Any], env: dict[str, str], devices: Sequence[str] | None = None) -> "Testbed":
         """An experiment file's ``[hosts]`` with an inline ``list`` of hosts; the secret still comes
         from ``.env`` or the environment, never from the file."""
-        from .. import strict
-
         allowed = {"list", "data_port", "rpc_port", "iface", "env_file"}
         unknown = sorted(set(table) - allowed)
         if unknown:

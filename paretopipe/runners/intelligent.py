@@ -16,10 +16,11 @@ from typing import Any, Sequence
 
 from ..errors import UsageError
 from ..network.conditions import NetworkConditions
-from ..predict.adaptive import self_profile
+from ..predict.adaptive_policy import self_profile
 from ..predict.costmodel import LinkModel
 from ..predict.device_profile import RESULT_CODEC, DeviceProfile, check_compatible
 from ..predict.predictions import predict_splits
+from ..transport.runconfig import RunConfig
 
 log = logging.getLogger("paretopipe.intelligent")
 
@@ -31,9 +32,8 @@ def _finite(value: Any) -> float | None:
 def choose_split(builder, batch_size: int, conditions: NetworkConditions | None,
                  device_profiles: Sequence[str] | None = None, seed: int = 0) -> tuple[int, dict[str, Any]]:
     """(block split k, the manifest's ``split_choice``: source, every candidate's prediction)."""
+    # lazy for start-up: torch
     from ..transport import tcp
-    from ..transport.runconfig import RunConfig
-
     part = builder.partitioner
     if device_profiles:
         if len(device_profiles) != 2:

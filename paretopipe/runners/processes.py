@@ -12,9 +12,10 @@ import sys
 from typing import Any
 
 from ..errors import PeerError, UsageError
+from ..records import RunRecord
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .commands import ConnectCommand, ListenCommand, RunCommand, Stage1RunCommand, encode
-from .hosts import Host, StageProcess, Testbed, stop_all
+from .hosts import check_device_name, Host, StageProcess, stop_all, Testbed
 from .rpc_ranks import RankOptions
 from .worker import WorkerOptions
 
@@ -57,6 +58,15 @@ def _spawn(role: str, module: str, args: list[str], host: Host | None, env: dict
     if host is None:
         return StageProcess(role, [sys.executable, "-m", module, *args], env=env)
     return StageProcess(f"{role} on {host.address}", host.argv(module, args, env), ssh=host.ssh())
+
+
+def received_record(event: dict[str, Any], who: str) -> RunRecord:
+    """The record a ``done`` event carries, checked field by field: it comes from another process,
+    over SSH on a testbed."""
+    try:
+        return RunRecord.of(event.get("record"), f"{who}'s record")
+    except UsageError as exc:
+        raise PeerError(str(exc))
 
 
 def _free_port() -> int:
@@ -119,7 +129,7 @@ class TcpStages:
         s1 = self.procs[0]
         s1.send(encode(Stage1RunCommand(config=cfg, conditions=conditions, observed_link=observed,
                                         connect_timeout=self.p.wait_time)))
-        return s1.expect("done", timeout=budget)["record"]
+        return received_record(s1.expect("done", timeout=budget), "stage 1")
 
     def alive(self) -> bool:
         return bool(self.procs) and all(proc.alive() for proc in self.procs)
@@ -137,6 +147,7 @@ class RpcRanks:
 
     def __init__(self, placement: Placement, model: str, stages: int, source: str, transport: str,
                  timeout: float) -> None:
+        # lazy for start-up: torch
         from ..transport.rpc import layout
 
         self.p, self.model, self.stages, self.source, self.transport = placement, model, stages, source, transport
@@ -185,7 +196,7 @@ class RpcRanks:
     def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None, budget: float) -> dict[str, Any]:
         master = self.procs[0]
         master.send(encode(RunCommand(config=cfg, conditions=conditions, observed_link=observed)))
-        return master.expect("done", timeout=budget)["record"]
+        return received_record(master.expect("done", timeout=budget), "the rpc master")
 
     def alive(self) -> bool:
         return bool(self.procs) and all(proc.alive() for proc in self.procs)
@@ -197,8 +208,6 @@ class RpcRanks:
 
 
 def check_stage_devices(devices: list[str], stages: int) -> list[str]:
-    from .hosts import check_device_name
-
     if len(devices) not in (0, 1, stages):
         raise UsageError(f"--stage-devices {','.join(devices)}: give one device per stage ({stages})")
     return [check_device_name(d, "--stage-devices") for d in (devices * stages if len(devices) == 1 else devices)]

@@ -23,6 +23,8 @@ from ..errors import ParetoPipeError, PeerError
 from . import flags
 from .commands import RunCommand, emit, serve_commands
 from .flags import CommandLine
+from ..network.conditions import NetworkConditions
+from ..transport.runconfig import RunConfig
 
 log = logging.getLogger("paretopipe.rpc")
 
@@ -66,6 +68,7 @@ def watchdog(seconds: float, what: str, procs: Sequence[subprocess.Popen] = ()) 
 
 def hard_exit(procs: Sequence[subprocess.Popen], code: int) -> None:
     """A dead peer leaves the RPC agent unable to shut down gracefully; stop children and exit."""
+    # lazy for start-up: torch
     from ..transport import rpc as backend
 
     for p in procs:
@@ -97,8 +100,11 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
     ``one_run(builder, transport)`` once (the command-line face) and returns its status."""
     import warnings
 
+    # lazy for start-up: torch
     from ..partition.tables import fine_cut_table
+    # lazy for start-up: torch
     from ..partition.stages import StageBuilder, apply_cpu_limits
+    # lazy for start-up: torch
     from ..transport import rpc as backend
 
     # torch's own deprecation notice from inside rpc.shutdown, on every rank: not ours to act on.
@@ -138,10 +144,8 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
 
 
 def run_config(builder, transport: dict, cmd: RunCommand, limits: dict[str, Any]) -> dict[str, Any]:
-    from ..network.conditions import NetworkConditions
+    # lazy for start-up: torch
     from ..transport import rpc as backend
-    from ..transport.runconfig import RunConfig
-
     cfg = RunConfig.from_dict(cmd.config)
     conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
     source = cfg.rpc.source if cfg.rpc else "master"

@@ -23,6 +23,8 @@ from ..errors import ParetoPipeError, UsageError
 from . import flags
 from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands
 from .flags import CommandLine
+from ..network.conditions import NetworkConditions
+from ..transport.runconfig import RunConfig
 
 log = logging.getLogger("paretopipe.worker")
 
@@ -43,10 +45,8 @@ class StageWorker:
 
     def handle(self, cmd: ListenCommand | Stage1RunCommand | ConnectCommand) -> None:
         """Run one checked command (see ``commands.serve_commands``)."""
-        from ..network.conditions import NetworkConditions
+        # lazy for start-up: torch
         from ..transport import auth, tcp
-        from ..transport.runconfig import RunConfig
-
         threads = self.limits.get("torch_threads")
         if isinstance(cmd, ListenCommand):
             if self.listener is None:
@@ -61,7 +61,8 @@ class StageWorker:
             conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
             policy = None
             if cfg.adaptive:
-                from .adaptive import adaptive_policy
+                # lazy for start-up: torch
+                from .adaptive_setup import adaptive_policy
 
                 policy = adaptive_policy(self.builder, cfg)
             connection, self.connection = self.connection, None
@@ -135,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     share = None
     try:
+        # lazy for start-up: torch
         from ..partition.tables import fine_cut_table
+        # lazy for start-up: torch
         from ..partition.stages import StageBuilder, apply_cpu_limits
 
         limits = apply_cpu_limits(args.cpus, args.threads)

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 # What a stage imports on its way to its first run (the stage modules import these lazily, so that
 # their --help stays fast).
 PRELOAD = ("torch", "torchvision", "paretopipe.partition.stages", "paretopipe.transport.tcp",
-           "paretopipe.transport.rpc", "paretopipe.runners.adaptive", "paretopipe.runners.worker",
+           "paretopipe.transport.rpc", "paretopipe.runners.adaptive_setup", "paretopipe.runners.worker",
            "paretopipe.runners.rpc_ranks")
 # Read once, when an interpreter or a native library starts: a child that needs other values than
 # the zygote's cannot get them by a fork.

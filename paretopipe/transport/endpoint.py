@@ -9,15 +9,15 @@ import torch
 
 from . import inputs, pipeline
 from .runconfig import RunConfig
-from .schedule import BatchSchedule
+from .bookkeeping import BatchBook
 
 
 class SourceEndpoint:
     """The ``load``, ``admit`` and ``drain`` of :func:`pipeline.source_actions`; subclasses define
     ``compute`` and ``send``, and ``check`` (raises when a peer or a sender failed)."""
 
-    def __init__(self, cfg: RunConfig, input_size: int, schedule: BatchSchedule, drain_limit_s: float) -> None:
-        self.cfg, self.schedule, self.drain_limit_s = cfg, schedule, drain_limit_s
+    def __init__(self, cfg: RunConfig, input_size: int, book: BatchBook, drain_limit_s: float) -> None:
+        self.cfg, self.book, self.drain_limit_s = cfg, book, drain_limit_s
         self.input_size = input_size
         self._batches: Iterator[torch.Tensor] | None = None
         self.x: torch.Tensor | None = None  # the batch between load and send
@@ -32,24 +32,24 @@ class SourceEndpoint:
 
     def actions(self) -> list[pipeline.Action]:
         """The schedule this endpoint runs (a backend may settle each batch before the next)."""
-        return pipeline.source_actions(self.schedule.total)
+        return pipeline.source_actions(self.book.total)
 
     def load(self, seq: int) -> None:
         self.x = next(self._batches)
 
     def admit(self, seq: int) -> None:
-        self.schedule.acquire(self.check)
-        self.rec = self.schedule.start(seq, **self.start_fields(self.x))
+        self.book.acquire(self.check)
+        self.rec = self.book.start(seq, **self.start_fields(self.x))
 
     def drain(self, _: None) -> None:
-        self.schedule.wait_finished(self.check, self.drain_limit_s)
+        self.book.wait_finished(self.check, self.drain_limit_s)
 
     def run(self) -> None:
         """Drive the whole schedule; the inputs' prefetch thread is closed however it ends. The
         inputs open here, on the thread that runs the schedule (a prefetch thread it starts shares
         that thread's CPU share)."""
         cfg = self.cfg
-        self._batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.input_size, self.schedule.total,
+        self._batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.input_size, self.book.total,
                                               cfg.data_dir, cfg.seed, cfg.prefetch_batches)
         try:
             pipeline.drive(self.actions(), self)

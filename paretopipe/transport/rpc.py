@@ -37,7 +37,7 @@ from . import inputs
 from .endpoint import SourceEndpoint
 from .resources import ResourceMeter, stage_meter
 from .runconfig import RPC_SOURCES, RPC_TRANSPORTS, RunConfig
-from .schedule import BatchSchedule, status_of
+from .bookkeeping import BatchBook, status_of
 
 log = logging.getLogger("paretopipe.rpc")
 
@@ -155,7 +155,7 @@ def deliver(seq: int, result: Activation, hops: list[list[float]]) -> None:
         _STATE["on_result"](seq, now, result, hops)
     except Exception as exc:  # a result the run cannot use ends the run, reported by the master
         _STATE["error"] = exc
-        _STATE["schedule"].unblock()
+        _STATE["book"].unblock()
 
 
 def _hop_fields(result: Activation, hops: list[list[float]], first: int) -> dict[str, Any]:
@@ -211,9 +211,9 @@ class _MasterSource(SourceEndpoint):
     each batch to the first remote rank through its emulated link; results come back through
     :func:`deliver`."""
 
-    def __init__(self, cfg: RunConfig, builder: StageBuilder, schedule: BatchSchedule, local_stage: Any,
+    def __init__(self, cfg: RunConfig, builder: StageBuilder, book: BatchBook, local_stage: Any,
                  sender: LinkSender, first: str, check_alive: Callable[[], None] | None) -> None:
-        super().__init__(cfg, builder.input_size, schedule, cfg.timeout_s * cfg.in_flight)
+        super().__init__(cfg, builder.input_size, book, cfg.timeout_s * cfg.in_flight)
         self.builder, self.local_stage, self.sender, self.first = builder, local_stage, sender, first
         self.check_alive = check_alive
         self.timer = StageTimer(builder.device)
@@ -293,33 +293,33 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     emulated = conditions is not None and cfg.link_mode == "emulated"
     infos = _configure_ranks(cfg, builder, ranks, conditions if emulated else None)
     local_stage = builder.stage(list(cfg.cuts), 0) if ranks[0] == 0 else None
-    schedule = BatchSchedule(cfg)
+    book = BatchBook(cfg)
     local_meter = stage_meter(builder, cfg, 0) if local_stage is not None else None
     if local_meter is not None:  # the master is stage 1: its window is stage 1's, as on TCP
         local_meter.start()
-        schedule.on_measured_start, schedule.on_measured_complete = local_meter.begin, local_meter.end
+        book.on_measured_start, book.on_measured_complete = local_meter.begin, local_meter.end
     outputs: dict[int, torch.Tensor] = {}
     first_remote = 2 if local_stage is not None else 1
 
     def on_result(seq: int, now: float, result: torch.Tensor, hops: list[list[float]]) -> None:
         fields = _hop_fields(result, hops, first_remote)
         if local_stage is not None:
-            fields["hop_bytes"].insert(0, schedule.batches[seq]["input_bytes"])
+            fields["hop_bytes"].insert(0, book.batches[seq]["input_bytes"])
         # The tensor crossing the first cut (stage 1 -> stage 2) is the split's payload.
         fields["payload_bytes"] = fields["wire_bytes"] = fields["hop_bytes"][1] if n > 1 else None
         fields["result_wire_bytes"] = fields["hop_bytes"][-1]
-        schedule.complete(seq, now, **fields)
+        book.complete(seq, now, **fields)
         if keep_outputs:
             outputs[seq] = result
 
-    _STATE.update(schedule=schedule, on_result=on_result, error=None)
+    _STATE.update(book=book, on_result=on_result, error=None)
     up = EmulatedLink(conditions.up, seed=cfg.seed) if emulated else None
     sender = LinkSender(up, "rpc-send-master")
     first = worker_name(ranks[1] if local_stage is not None else ranks[0])
     failure: BaseException | None = None
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
         try:
-            _MasterSource(cfg, builder, schedule, local_stage, sender, first, check_alive).run()
+            _MasterSource(cfg, builder, book, local_stage, sender, first, check_alive).run()
         except (PeerError, InfeasibleRun, RuntimeError, KeyboardInterrupt) as exc:
             failure = exc
         finally:
@@ -334,6 +334,6 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
                 "inputs": inputs.describe(cfg.dataset, cfg.data_dir)}
     record = records.build_run_record(backend="rpc", run_id=records.new_run_id(cfg.model, "-".join(cfg.cuts)),
                                       status=status, error=error, config=cfg.to_dict(), manifest=manifest,
-                                      batches=schedule.records(), sysmon={"master": mon.summary()},
+                                      batches=book.records(), sysmon={"master": mon.summary()},
                                       timing={"written_by": "master"}, resources=parts)
     return record, ([outputs[s] for s in sorted(outputs)] if keep_outputs else None)

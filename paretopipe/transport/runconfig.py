@@ -14,6 +14,7 @@ from .. import strict
 from ..errors import UsageError
 from ..splits import ADAPTIVE
 from ..partition.names import DEFAULT_NUM_CLASSES
+from .inputs import check_dataset
 
 LINK_MODES = ("none", "emulated", "tc")
 #: How activations may travel (``wire`` holds their codes and torch dtypes): named here, torch-free,
@@ -160,8 +161,6 @@ class RunConfig:
             elif self.rpc.num_partitions != len(self.cuts) + 1:
                 raise UsageError(f"num_partitions {self.rpc.num_partitions}: {len(self.cuts)} cut(s) make "
                                  f"{len(self.cuts) + 1} stages")
-        from .inputs import check_dataset
-
         check_dataset(self.dataset)
 
     @property

@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from paretopipe.analysis import adaptive
+from paretopipe.analysis import adaptive_comparison as adaptive
 from paretopipe.analysis.plotting import pyplot
 from paretopipe.analysis.session import Session
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, PROBE_ALPHA, PROBE_BYTES, PROBE_INTERVAL_S, LinkEstimate,
+from paretopipe.predict.adaptive_policy import (LARGE_FRAME_BYTES, PROBE_ALPHA, PROBE_BYTES, PROBE_INTERVAL_S, LinkEstimate,
                                          LinkEstimator, SplitChooser, self_profile)
 import tcp_helpers as cli
 from tcp_helpers import assert_logits_equal_unsplit, builder, free_port, stage2_freezes_dies_and_returns, start

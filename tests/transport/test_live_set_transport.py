@@ -3,6 +3,7 @@ set, a chain carries a tensor past its middle stage, and the outputs equal the u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -216,7 +217,7 @@ def test_a_frame_that_is_not_the_cuts_live_set_is_refused_and_the_real_stage_1_i
                          "connect_timeout": 10})
             worker.expect("connected", timeout=30)
             connection = listener.connection(10)
-            connection.send(wire.RUN, meta=run_start("hostile", cfg, {"mode": "none"}, None))
+            connection.send(wire.RUN, meta=dataclasses.asdict(run_start("hostile", cfg, {"mode": "none"}, None)))
             wire.expect(connection.reader.read(time.monotonic() + 30), wire.RUN_OK)
             connection.writer.send(wire.encode(wire.TENSOR, 0, hostile))
             reply = connection.reader.read(time.monotonic() + 30)

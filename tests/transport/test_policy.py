@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from paretopipe.predict.adaptive import (LARGE_FRAME_BYTES, PROBE_BYTES, PROBE_INTERVAL_S, AdaptivePolicy,
+from paretopipe.predict.adaptive_policy import (LARGE_FRAME_BYTES, PROBE_BYTES, PROBE_INTERVAL_S, AdaptivePolicy,
                                          SplitChooser, self_profile)
 from paretopipe.transport.policy import StaticPolicy
 
@@ -41,7 +41,7 @@ def test_a_static_policy_keeps_the_runs_cuts_whatever_it_observes():
 def test_the_chooser_weighs_a_cut_of_several_tensors_by_their_summed_bytes():
     chooser = SplitChooser(_profiles(), 1, [0, 1, FINE, 2, 3])
     assert chooser.candidates == [0, 1, FINE, 2, 3]   # graph order across block splits and named cuts
-    from paretopipe.predict.adaptive import LinkEstimate
+    from paretopipe.predict.adaptive_policy import LinkEstimate
 
     slowish = LinkEstimate(rtt_s=0.002, s_per_byte=8 / 50e6)
     picked = chooser.choose(None, slowish)

@@ -9,7 +9,7 @@ import time
 from typing import Any, Protocol
 
 from ...analysis.session import Session
-from ...records import COMPLETE, INFEASIBLE
+from ...records import COMPLETE, INFEASIBLE, RunRecord, RunSummary
 from .. import rounds
 from .group import GroupProgress
 from .options import SweepOptions
@@ -28,12 +28,7 @@ class Measurer(Protocol):
     cipher: str
     reference_s: float
 
-    def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> dict | None: ...
-
-
-def measuring_s(summary: dict[str, Any]) -> float:
-    """How long a run spent measuring: its span, fill included (a record from before spans: its window)."""
-    return summary.get("measured_span_s") or summary.get("measured_window_s") or 0.0
+    def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> RunRecord | None: ...
 
 
 def drift_check(sweeper: Measurer, drift: rounds.DriftMonitor, reference: tuple, network: str,
@@ -74,21 +69,21 @@ def drift_check(sweeper: Measurer, drift: rounds.DriftMonitor, reference: tuple,
 
 
 def reference_runs(sweeper: Measurer, count: int, network: str, reference: tuple, observed: dict | None,
-                   model: str, backend: str, group_meta: dict[str, Any]) -> list[dict[str, Any]] | None:
+                   model: str, backend: str, group_meta: dict[str, Any]) -> list[RunSummary] | None:
     """``count`` runs of the reference configuration, kept apart from the sweep's; their
     summaries, none when one fails, or None when one is infeasible."""
-    summaries = []
+    summaries: list[RunSummary] = []
     for _ in range(count):
         n = len(group_meta.setdefault("reference_runs", []))
         planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=sweeper.cipher)
         record = sweeper.attempt(planned, observed, model, backend)
         if record is None:
             return []
-        if record["status"] == INFEASIBLE:
+        if record.status == INFEASIBLE:
             return None
         group_meta["reference_runs"].append(planned.run_key)
-        sweeper.reference_s += measuring_s(record["summary"])
-        summaries.append(record["summary"])
+        sweeper.reference_s += record.summary.measuring_s
+        summaries.append(record.summary)
     return summaries
 
 

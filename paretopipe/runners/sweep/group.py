@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 from ... import strict
 from ...errors import PeerError
 from ...network import deadlines
+from ...records import RunRecord
 from ...splits import is_cut_name
 from .. import rounds
 from ..processes import Placement, RpcRanks, TcpStages
@@ -58,7 +59,7 @@ class StageGroup(Protocol):
     def start(self) -> dict[str, Any]: ...
 
     def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None,
-            budget: float) -> dict[str, Any]: ...
+            budget: float) -> RunRecord: ...
 
     def alive(self) -> bool: ...
 

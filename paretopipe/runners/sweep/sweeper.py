@@ -17,11 +17,11 @@ from ...analysis.session import ConfigKey, Session, cipher_of, sweep_session_dir
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
 from ...network.conditions import conditions_from_values, get_conditions
-from ...records import COMPLETE, INFEASIBLE
+from ...records import COMPLETE, INFEASIBLE, RunRecord
 from ...transport.runconfig import RunConfig
 from .. import rounds, zygote
 from . import configure
-from .drift import drift_check, measuring_s, requeue_drifted
+from .drift import drift_check, requeue_drifted
 from .group import GroupFactory, GroupInfo, GroupProgress, StageGroup, process_group
 from .options import SweepOptions, check_options
 from .plan import PlannedRun, group_name, round_plan, segments, splits_for, worker_groups
@@ -116,24 +116,23 @@ class Sweeper:
             timeout_s=configure.timeout_s(o, info, planned, configure.run_blocks(info, planned), conditions,
                                           self.compute_s))
 
-    def run_one(self, planned: PlannedRun, observed: dict | None) -> dict[str, Any]:
+    def run_one(self, planned: PlannedRun, observed: dict | None) -> RunRecord:
         o = self.opts
         cfg = self.run_config(planned).to_dict()
         conditions = self.networks[planned.network].to_dict() if o.link == "emulated" else None
         budget = o.wait_time + cfg["timeout_s"] * (o.num_batches + o.warmup + 2)
         record = self.group.run(cfg, conditions, observed, budget)
-        if not isinstance(record, dict) or not isinstance(record.get("summary"), dict):
+        if not isinstance(record, RunRecord):
             raise PeerError(f"{planned.backend}: the run returned no record")
-        if record["status"] == INFEASIBLE:
+        if record.status == INFEASIBLE:
             # A measured outcome; the run was cut short mid-exchange, so the stages start afresh.
             self.stop()
             return record
-        if record["status"] != COMPLETE:
-            raise PeerError(record.get("error") or "run incomplete")
+        if record.status != COMPLETE:
+            raise PeerError(record.error or "run incomplete")
         self.warmed.add(self._warm_key(planned, cfg["cuts"]))
-        self.cipher_used = cipher_of(record.get("manifest") or {})
-        stages = records.stage_figures(record["summary"], "compute_median_s")
-        self.compute_s = max(self.compute_s, sum(v or 0.0 for v in stages))
+        self.cipher_used = cipher_of(record.manifest)
+        self.compute_s = max(self.compute_s, sum(v or 0.0 for v in record.summary.stages("compute_median_s")))
         return record
 
     @staticmethod
@@ -244,23 +243,28 @@ class Sweeper:
         group.meta["executed"].append(one.run_key)
         if record is None:
             failed.append(one)
-        elif record["status"] == INFEASIBLE:
+        elif record.status == INFEASIBLE:
             # Measuring it again cannot make it meet the user's deadline.
             progress.stopped = INFEASIBLE
-            log.warning("%s is infeasible: %s", one.run_key, record.get("error"))
+            log.warning("%s is infeasible: %s", one.run_key, record.error)
         else:
-            progress.add(record["summary"])
+            progress.add(record.summary)
             group.drift.since.append((cfg, one.run, one.run_key))
         if o.order == "sequential" and progress.stopped is None:
             progress.stopped = progress.decide(o.runs, o.precision, group.max_runs)
 
-    def _resumed(self, planned: PlannedRun) -> dict[str, Any] | None:
+    def _resumed(self, planned: PlannedRun) -> RunRecord | None:
         """With --resume, a run already complete is taken as it is, not measured again."""
         if not self.opts.resume or not self.session.completed(planned.run_key):
             return None
-        return self.session.read_run(self.session.run_path(planned.run_key))
+        path = self.session.run_path(planned.run_key)
+        try:
+            return RunRecord.of(self.session.read_run(path), str(path))
+        except UsageError as exc:  # a record this version cannot read: measured again, not trusted
+            log.warning("%s: measuring it again (%s)", path, exc)
+            return None
 
-    def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> dict | None:
+    def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> RunRecord | None:
         """Run ``planned`` and write its record; a failure is recorded and tried once more on fresh
         processes. Returns the record, or None when both attempts failed."""
         for attempt in (1, 2):
@@ -269,12 +273,12 @@ class Sweeper:
                     self.start(model, backend, planned.cipher)
                 record = self.run_one(planned, observed)
                 if planned.reference:  # kept apart: a reference run is not a run of the sweep
-                    self._write(lambda: self.session.write_reference(planned.run_key, record),
+                    self._write(lambda: self.session.write_reference(planned.run_key, record.to_dict()),
                                 self.session.reference_path(planned.run_key))
                 else:
-                    self._write(lambda: self.session.write_run(planned.run_key, record),
+                    self._write(lambda: self.session.write_run(planned.run_key, record.to_dict()),
                                 self.session.run_path(planned.run_key))
-                    self.measured_s += measuring_s(record["summary"])
+                    self.measured_s += record.summary.measuring_s
                 return record
             except DiskFullError:
                 raise
@@ -345,6 +349,7 @@ class Sweeper:
         self._write(lambda: self.session.write_meta(meta), self.session.meta_path)
 
     def _report(self) -> None:
-        from ...analysis import report  # matplotlib: loaded only when a sweep ends with its report
+        # lazy for start-up: pandas and matplotlib load only when a sweep ends with its report
+        from ...analysis import report
 
         report.write_report(self.dir, self.dir / "report", objectives=self.opts.objectives)

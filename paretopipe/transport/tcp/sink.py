@@ -28,7 +28,7 @@ from ...sysmon import SystemMonitor
 from .. import pipeline, wire
 from ..resources import stage_meter
 from ..runconfig import RunConfig
-from ..schedule import status_of
+from ..bookkeeping import status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
 from .messages import RunStart, check_part, json_payload, message, read_result_meta, result_meta_fields, safe_run_id
@@ -194,7 +194,7 @@ class _SinkRun:
         """Pass the RUN on to the next stage, which must answer RUN_OK."""
         self.next = downstream.connect(list(self.cfg.cuts))
         self.next.sock.settimeout(self.timeout_s)
-        self.next.send(wire.RUN, meta={**dataclasses.asdict(self.start), "stage": self.index + 1})
+        self.next.send(wire.RUN, meta=dataclasses.asdict(dataclasses.replace(self.start, stage=self.index + 1)))
         wire.expect(self.next.reader.read(time.monotonic() + self.timeout_s), wire.RUN_OK)
 
     # -- the endpoint that pipeline.drive runs on the compute thread ---------------------------

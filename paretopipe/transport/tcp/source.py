@@ -12,6 +12,7 @@ listener gets the RUN replayed and the next batches."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -33,10 +34,10 @@ from ..endpoint import SourceEndpoint
 from ..policy import SplitPolicy, StaticPolicy
 from ..resources import ResourceMeter, stage_meter
 from ..runconfig import RunConfig
-from ..schedule import BatchSchedule, status_of
+from ..bookkeeping import BatchBook, status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
-from .messages import check_part, json_payload, read_result_meta
+from .messages import RunStart, check_part, json_payload, read_result_meta
 from .outcome import (RunOutcome, assemble_record, cipher_usage, later_parts, link_manifest_of, merge_peer_seals,
                       write_record)
 
@@ -110,8 +111,8 @@ class _Stage1Run(SourceEndpoint):
     def __init__(self, connection: Connection, builder: StageBuilder, cfg: RunConfig, policy: SplitPolicy, *,
                  run_id: str, conditions: NetworkConditions | None, link_manifest: dict[str, Any],
                  listener: StageListener | None, keep_outputs: bool, meter: ResourceMeter) -> None:
-        schedule = BatchSchedule(cfg)
-        super().__init__(cfg, builder.input_size, schedule, cfg.timeout_s * (1 + schedule.total))
+        book = BatchBook(cfg)
+        super().__init__(cfg, builder.input_size, book, cfg.timeout_s * (1 + book.total))
         self.builder, self.policy, self.run_id = builder, policy, run_id
         self.conditions, self.link_manifest, self.listener = conditions, link_manifest, listener
         self.keep_outputs, self.meter = keep_outputs, meter
@@ -122,7 +123,7 @@ class _Stage1Run(SourceEndpoint):
         self.timer = StageTimer(builder.device)
         self.codec = wire.Codec(cfg.compression, cfg.compression_level, cfg.wire_dtype)
         # The energy window: the first measured batch's start to the last one's result.
-        schedule.on_measured_start, schedule.on_measured_complete = meter.begin, meter.end
+        book.on_measured_start, book.on_measured_complete = meter.begin, meter.end
         self.outputs: dict[int, Any] = {}
         self.error: BaseException | None = None
         self.sealed = connection.channel is not None
@@ -139,7 +140,8 @@ class _Stage1Run(SourceEndpoint):
         configuration goes as the run has it: a stage 2 starts at the run's cuts, and an adaptive
         one is moved from there by SWITCH."""
         connection.sock.settimeout(self.cfg.timeout_s)
-        connection.send(wire.RUN, meta=run_start(self.run_id, self.cfg, self.link_manifest, self.conditions))
+        connection.send(wire.RUN, meta=dataclasses.asdict(run_start(self.run_id, self.cfg, self.link_manifest,
+                                                                    self.conditions)))
         ok = wire.expect(connection.reader.read(deadline), wire.RUN_OK)
         if self.guarded:
             connection.sock.settimeout(None)  # the deadline is kept per batch, not by the socket
@@ -161,7 +163,7 @@ class _Stage1Run(SourceEndpoint):
             self.next.sender = FrameSender(self.first_connection.writer, self.link, "stage1-send")
         for size in self.policy.startup_probes():
             self._probe(size)
-        self.schedule.start_clock()  # batch times count from the link's start, like the trace's replay
+        self.book.start_clock()  # batch times count from the link's start, like the trace's replay
 
     def _lose_next(self, why: str, seq: int) -> None:
         log.warning("stage 1: stage 2 lost at batch %d (%s); serving locally until one connects", seq, why)
@@ -216,7 +218,7 @@ class _Stage1Run(SourceEndpoint):
         if self.sealed:
             fields["result_open_s"] = f.open_s
         if num_stages > 2:  # what crossed each hop, the result's way back last
-            rec = self.schedule.batches.get(f.seq, {})
+            rec = self.book.batches.get(f.seq, {})
             fields["hop_bytes"] = [rec.get("wire_bytes")] + [
                 fields[f"stage{j}_wire_bytes"] for j in range(2, num_stages)] + [f.wire_nbytes]
         return fields
@@ -224,12 +226,12 @@ class _Stage1Run(SourceEndpoint):
     def _landed(self, f: wire.Frame, now: float) -> None:
         """A result off the link (the reader has decoded it: now is when it is usable)."""
         self._keep(f.seq, f.tensor)
-        self.schedule.complete(f.seq, now, **self._result_fields(f))
+        self.book.complete(f.seq, now, **self._result_fields(f))
         f.release()
 
     def _failed(self, exc: BaseException) -> None:
         self.error = exc
-        self.schedule.unblock()
+        self.book.unblock()
 
     def _keep(self, seq: int, result: Any) -> None:
         if self.keep_outputs:
@@ -248,11 +250,11 @@ class _Stage1Run(SourceEndpoint):
     def admit(self, seq: int) -> None:
         if self.guarded and self.next is None:
             self._reconnect(seq)
-        self.schedule.acquire(self.check)
+        self.book.acquire(self.check)
         self.cuts, fields = self.policy.cuts_for(seq, self.next.cuts if self.next else None)
         if self.guarded:
             fields.update(served_locally=False, switched=False)
-        self.rec = self.schedule.start(seq, **fields)
+        self.rec = self.book.start(seq, **fields)
 
     def compute(self, seq: int) -> None:
         self.out, compute_s = self.timer.run(self.builder.stage(self.cuts, 0), self.x, self.builder.device)
@@ -296,7 +298,7 @@ class _Stage1Run(SourceEndpoint):
             work = sum(fields[k] or 0.0 for k in records.work_fields(fields))
             self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work, "result")
             self._keep(seq, f.tensor)
-            self.schedule.complete(seq, arrived, **fields)
+            self.book.complete(seq, arrived, **fields)
             f.release()
         else:
             if why == "deadline":
@@ -310,7 +312,7 @@ class _Stage1Run(SourceEndpoint):
             result, local_s = self.timer.run(self.builder.stage([self.cuts[0]], 1), self.out, self.builder.device)
             self._keep(seq, result)
             self.counts["served_locally"] += 1
-            self.schedule.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s)
+            self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s)
         for size in self.policy.probes_due(time.monotonic()) if self.next is not None else ():
             try:
                 self._probe(size)
@@ -326,7 +328,7 @@ class _Stage1Run(SourceEndpoint):
                 self.next.sender.close()
 
     def actions(self) -> list[pipeline.Action]:
-        return pipeline.source_actions(self.schedule.total, settle=self.guarded)
+        return pipeline.source_actions(self.book.total, settle=self.guarded)
 
     # -- after the run ---------------------------------------------------------------------------
     def manifest_part(self) -> dict[str, Any]:
@@ -404,7 +406,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     status, error = status_of(failure)
     manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before), "energy_sensors": meter.manifest(),
                  **run.manifest_part()}
-    part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.schedule.records(),
+    part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.book.records(),
              "resources": meter.part(cfg.num_batches * cfg.batch_size)}
     if failure is None and run.next is not None:
         try:
@@ -423,15 +425,14 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
 
 
 def run_start(run_id: str, cfg: RunConfig, link_manifest: dict[str, Any],
-              conditions: NetworkConditions | None) -> dict[str, Any]:
-    """Stage 1's RUN meta for stage 2: ``conditions`` when the link is emulated (each hop's frames
-    take the up direction, the results on their way back the down). A middle stage passes it on
-    with the next stage's number."""
-    meta: dict[str, Any] = {"run_id": run_id, "config": cfg.to_dict(), "link": link_manifest,
-                            "return_link": conditions.down.to_dict() if conditions else None}
-    if len(cfg.cuts) > 1:  # a chain: the receiving stage's place and its own forward direction
-        meta.update(stage=1, forward_link=conditions.up.to_dict() if conditions else None)
-    return meta
+              conditions: NetworkConditions | None) -> RunStart:
+    """Stage 1's RUN for stage 2 (the one type both write and read): ``conditions`` when the link
+    is emulated (each hop's frames take the up direction, the results on their way back the
+    down). A middle stage passes it on with the next stage's number."""
+    chain = len(cfg.cuts) > 1  # a chain: the receiving stage's place and its own forward direction
+    return RunStart(run_id=run_id, config=cfg.to_dict(), link=link_manifest,
+                    return_link=conditions.down.to_dict() if conditions else None,
+                    forward_link=conditions.up.to_dict() if conditions and chain else None)
 
 
 def run_stage1(listener: StageListener, builder: StageBuilder, cfg: RunConfig, *, connect_timeout: float = 60.0,

@@ -35,3 +35,14 @@ from .buffers import BufferPool, Frame, ReceiveBuffer
 from .frames import encode, encode_seconds, Encoded, frame
 from .send import FrameWriter, send_encoded, send_frame
 from .reader import expect, FrameReader, recv_exact_into, recv_frame
+
+__all__ = [
+    "BYE", "BufferPool", "CAST_DTYPES", "CAST_FROM", "CHALLENGE", "CODECS", "CODEC_NAMES", "Codec",
+    "DEFAULT_MAX_PAYLOAD", "DESCRIPTOR", "DTYPES", "DTYPE_CODES", "ERROR", "EXTRA_OFFSET", "Encoded", "Frame",
+    "FrameReader", "FrameWriter", "HEADER", "HELLO", "HELLO_OK", "Header", "ITEMSIZE", "KIND_NAMES", "MAGIC",
+    "MAX_JSON_DEPTH", "MAX_META_BYTES", "MAX_NDIM", "MAX_NUMBER_CHARS", "MAX_TENSORS", "NO_SEQ", "NO_TENSOR",
+    "PROBE", "PROBE_ACK", "Payload", "RECORDS", "RESULT", "RUN", "RUN_OK", "ReceiveBuffer", "SEQ", "SEQ_OFFSET",
+    "SWITCH", "TAG_BYTES", "TENSOR", "VERSION", "WIRE_DTYPES", "check_shape", "compress", "decompress", "encode",
+    "encode_payload", "encode_seconds", "expect", "frame", "loads_bounded", "parse_descriptors", "parse_header",
+    "recv_exact_into", "recv_frame", "send_encoded", "send_frame", "shuffle_bytes", "tensor_bytes",
+    "unshuffle_bytes"]

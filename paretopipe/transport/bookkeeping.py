@@ -1,4 +1,5 @@
-"""The data source's per-batch schedule, shared by both backends.
+"""The data source's per-batch bookkeeping, shared by both backends (the order of work itself, the
+schedule, is ``transport.pipeline``).
 
 A window of ``in_flight`` batches, warm-up flags, start and end stamps on the source's own
 monotonic clock (the only clock a latency ever comes from), and the rule that turns an error into
@@ -15,13 +16,13 @@ from typing import Any, Callable
 from ..errors import InfeasibleRun, PeerError, WireError
 from .runconfig import RunConfig
 
-log = logging.getLogger("paretopipe.schedule")
+log = logging.getLogger("paretopipe.bookkeeping")
 #: A run says when its first measured batch is back (the pipeline works end to end), then how far
 #: it is at most this often, so a user (or a test) can see it measuring rather than guess.
 PROGRESS_EVERY_S = 10.0
 
 
-class BatchSchedule:
+class BatchBook:
     """Bookkeeping of one run's batches at the data source."""
 
     def __init__(self, cfg: RunConfig) -> None:

@@ -20,6 +20,8 @@ import pandas as pd
 from ..network import traces
 from ..splits import ADAPTIVE
 from .session import Session, split_sort_key
+from .. import records
+from .plotting import save_figure
 
 GOAL_WITHIN = 0.10   # adaptive's median latency within 10% of the best static split's
 COLUMNS = ["model", "backend", "network", "batch_size", "split_index", "role", "latency_median_s",
@@ -139,9 +141,6 @@ def format_verdicts(verdicts: pd.DataFrame) -> str:
 def write(session: Session, out: Path, fmt: str, plt) -> pd.DataFrame | None:
     """adaptive.csv, adaptive_verdicts.csv and one latency-over-time figure per trace; None when the
     session has no adaptive runs."""
-    from .. import records
-    from .plotting import save_figure
-
     configs = session.configs()
     if configs is None or ADAPTIVE not in set(configs["split_index"].astype(str)):
         return None

@@ -10,7 +10,7 @@ import pytest
 
 from paretopipe.errors import InfeasibleRun, PeerError, WireError
 from paretopipe.transport.runconfig import RunConfig
-from paretopipe.transport.schedule import BatchSchedule, status_of
+from paretopipe.transport.bookkeeping import BatchBook, status_of
 
 
 def _cfg(**kw):
@@ -18,7 +18,7 @@ def _cfg(**kw):
 
 
 def test_the_window_blocks_the_source_until_a_result_frees_a_slot():
-    sched = BatchSchedule(_cfg(num_batches=3, warmup=0, in_flight=2, timeout_s=30))
+    sched = BatchBook(_cfg(num_batches=3, warmup=0, in_flight=2, timeout_s=30))
     for seq in range(2):
         sched.acquire(lambda: None)
         sched.start(seq)
@@ -38,7 +38,7 @@ def test_the_window_blocks_the_source_until_a_result_frees_a_slot():
 
 
 def test_stamps_and_repeats():
-    sched = BatchSchedule(_cfg(num_batches=2, warmup=1, in_flight=2, timeout_s=1))
+    sched = BatchBook(_cfg(num_batches=2, warmup=1, in_flight=2, timeout_s=1))
     for seq in range(2):
         sched.acquire(lambda: None)
         sched.start(seq)
@@ -52,7 +52,7 @@ def test_stamps_and_repeats():
 
 
 def test_a_full_window_that_never_frees_times_out_and_check_runs_while_waiting():
-    sched = BatchSchedule(_cfg(num_batches=2, warmup=0, in_flight=1, timeout_s=0.3))
+    sched = BatchBook(_cfg(num_batches=2, warmup=0, in_flight=1, timeout_s=0.3))
     sched.acquire(lambda: None)
     sched.start(0)
     checks = []
@@ -62,13 +62,13 @@ def test_a_full_window_that_never_frees_times_out_and_check_runs_while_waiting()
 
 
 def test_a_batch_past_max_batch_s_ends_the_run_as_infeasible():
-    late = BatchSchedule(_cfg(num_batches=2, warmup=0, in_flight=2, max_batch_s=0.2))
+    late = BatchBook(_cfg(num_batches=2, warmup=0, in_flight=2, max_batch_s=0.2))
     late.acquire(lambda: None)
     late.start(0)
     late.complete(0, late._starts[0] + 0.5)  # completed, but after 0.5 s
     with pytest.raises(InfeasibleRun, match=r"batch 0 took 0.5 s, more than --max-batch-s 0.2"):
         late.check_deadline()
-    stuck = BatchSchedule(_cfg(num_batches=2, warmup=0, in_flight=1, max_batch_s=0.2, timeout_s=30))
+    stuck = BatchBook(_cfg(num_batches=2, warmup=0, in_flight=1, max_batch_s=0.2, timeout_s=30))
     stuck.acquire(lambda: None)
     stuck.start(0)
     stuck.check_deadline()  # young: fine
@@ -84,11 +84,11 @@ def test_status_of():
 
 
 def test_progress_is_reported_at_the_first_measured_batch_then_at_most_every_10_s(caplog):
-    sched = BatchSchedule(_cfg(num_batches=5, warmup=1, in_flight=6, timeout_s=30))
+    sched = BatchBook(_cfg(num_batches=5, warmup=1, in_flight=6, timeout_s=30))
     for seq in range(6):
         sched.start(seq)
     t0 = sched.t0
-    with caplog.at_level("INFO", logger="paretopipe.schedule"):
+    with caplog.at_level("INFO", logger="paretopipe.bookkeeping"):
         sched.complete(0, t0 + 1.0)   # warm-up: nothing measured yet
         sched.complete(1, t0 + 2.0)   # the first measured batch
         sched.complete(2, t0 + 5.0)   # within 10 s of the last line

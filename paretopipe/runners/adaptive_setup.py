@@ -1,4 +1,4 @@
-"""The adaptive split for one model: the :class:`~paretopipe.predict.adaptive.AdaptivePolicy` that
+"""The adaptive split for one model: the :class:`~paretopipe.predict.adaptive_policy.AdaptivePolicy` that
 stage 1's driver (``transport.tcp.source``) consults before each batch.
 
 What the driver does with it, per batch (one batch in flight, so a switch falls between two):
@@ -28,7 +28,7 @@ from ..errors import UsageError, WireError
 from ..splits import is_cut_name
 from ..partition.stages import StageBuilder
 from ..splits import check_splits
-from ..predict.adaptive import AdaptivePolicy, Candidate, self_profile
+from ..predict.adaptive_policy import AdaptivePolicy, Candidate, self_profile
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key
 from ..transport import tcp
 from ..transport.runconfig import RunConfig
