@@ -234,6 +234,73 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: _sort_key(tuple(e[k] for k in CONFIG_KEY)))
 
 
+
+@dataclasses.dataclass
+class GroupMeta:
+    """One worker group's account in session.json: how its configurations were ordered and
+    stopped, the drift reference, every run key it executed (in order) and its reference runs."""
+
+    order: str
+    seed: int
+    precision: float | None
+    min_runs: int
+    max_runs: int
+    reference: dict[str, Any]  # {"network": ..., "split": the split's label}
+    executed: list[str] = dataclasses.field(default_factory=list)
+    reference_runs: list[str] = dataclasses.field(default_factory=list)
+    stopping: dict[str, dict[str, Any]] | None = None  # by configuration key text, once the group ends
+    drift_checks: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if not self.reference_runs:  # as before: present once a drift check measured the reference
+            del out["reference_runs"]
+        return {k: v for k, v in out.items() if v is not None or k == "precision"}
+
+
+@dataclasses.dataclass
+class SessionMeta:
+    """session.json, the sweep's own account of a session: its options and controller, the network
+    conditions, each worker group's (:class:`GroupMeta`), when it was created, resumed and last
+    updated, how many runs it recorded, its timing and every failed attempt. The sweeper holds one
+    and writes it with :meth:`Session.write_meta`; readers take the JSON object."""
+
+    schema_version: int
+    created_utc: str
+    options: dict[str, Any]
+    manifest: dict[str, Any]
+    networks: dict[str, Any]
+    resumed_utc: list[str] = dataclasses.field(default_factory=list)
+    groups: dict[str, GroupMeta] = dataclasses.field(default_factory=dict)
+    updated_utc: str | None = None
+    complete: bool = False
+    runs_complete: int = 0
+    runs_infeasible: int = 0
+    unreadable_runs: list[str] = dataclasses.field(default_factory=list)
+    timing: dict[str, Any] = dataclasses.field(default_factory=dict)
+    failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    interrupted: bool | None = None  # set when the sweep ends, one way or the other
+
+    def group(self, name: str, **fields: Any) -> GroupMeta:
+        """The group's account, made on its first start; a later start (a retried group) keeps the
+        runs it executed and updates the rest."""
+        old = self.groups.get(name)
+        self.groups[name] = GroupMeta(**fields, executed=old.executed if old else [],
+                                      reference_runs=old.reference_runs if old else [])
+        return self.groups[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "groups":
+                value = {name: g.to_dict() for name, g in value.items()}
+            if value is None or (f.name in ("resumed_utc", "groups") and not value):
+                continue  # absent until it happens, as session.json has always been written
+            out[f.name] = value
+        return out
+
+
 class Session:
     """One session folder: where its files are, and how they are read and written."""
 
@@ -377,8 +444,8 @@ class Session:
             raise UsageError(f"{self.meta_path} is not a session file")
         return meta
 
-    def write_meta(self, meta: dict[str, Any]) -> Path:
-        return records.atomic_write_json(self.meta_path, meta)
+    def write_meta(self, meta: SessionMeta | dict[str, Any]) -> Path:
+        return records.atomic_write_json(self.meta_path, meta.to_dict() if isinstance(meta, SessionMeta) else meta)
 
     # -- reading for analysis ------------------------------------------------------------------
     def runs(self):

@@ -151,3 +151,26 @@ def test_one_config_key_type_keys_the_tables_the_file_names_and_the_stopping_rul
     s.consolidate([], final=True, stopping={key: {"stop_reason": "precise"}})
     summary = s.configs().set_index("split_index")
     assert summary.loc[3, "stop_reason"] == "precise" and summary.loc[0, "stop_reason"] != "precise"
+
+
+def test_session_json_is_written_from_one_typed_record_in_the_shape_it_always_had(tmp_path):
+    from paretopipe.analysis.session import SessionMeta
+
+    meta = SessionMeta(schema_version=2, created_utc="t0", options={"runs": 3}, manifest={"role": "controller"},
+                       networks={"lan": {}})
+    assert list(meta.to_dict()) == ["schema_version", "created_utc", "options", "manifest", "networks", "complete",
+                                    "runs_complete", "runs_infeasible", "unreadable_runs", "timing", "failures"]
+    group = meta.group("m/tcp", order="random", seed=7, precision=None, min_runs=3, max_runs=3,
+                       reference={"network": "lan", "split": 4})
+    group.executed.append("k_r0")
+    again = meta.group("m/tcp", order="random", seed=7, precision=None, min_runs=3, max_runs=9,
+                       reference={"network": "lan", "split": 4})  # a retried group keeps what it executed
+    assert again.executed == ["k_r0"] and again.max_runs == 9
+    again.stopping = {"k": {"stop_reason": "runs"}}
+    meta.interrupted = False
+    Session(tmp_path / "s").write_meta(meta)
+    written = Session(tmp_path / "s").read_meta()
+    assert written["groups"] == {"m/tcp": {"order": "random", "seed": 7, "precision": None, "min_runs": 3,
+                                           "max_runs": 9, "reference": {"network": "lan", "split": 4},
+                                           "executed": ["k_r0"], "stopping": {"k": {"stop_reason": "runs"}}}}
+    assert written["interrupted"] is False and "resumed_utc" not in written

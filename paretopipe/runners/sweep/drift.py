@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
-from ...analysis.session import Session
+from ...analysis.session import GroupMeta, Session
 from ...records import COMPLETE, INFEASIBLE, RunRecord, RunSummary
 from .. import rounds
 from .group import GroupProgress
@@ -32,7 +32,7 @@ class Measurer(Protocol):
 
 
 def drift_check(sweeper: Measurer, drift: rounds.DriftMonitor, reference: tuple, network: str,
-                observed: dict | None, model: str, backend: str, group_meta: dict[str, Any]) -> list:
+                observed: dict | None, model: str, backend: str, group_meta: GroupMeta) -> list:
     """Measure the reference when due; returns the runs to measure again after a drift."""
     now = time.monotonic() - sweeper.started
     if not (drift.needs_baseline(network) or drift.due(now)):
@@ -69,19 +69,19 @@ def drift_check(sweeper: Measurer, drift: rounds.DriftMonitor, reference: tuple,
 
 
 def reference_runs(sweeper: Measurer, count: int, network: str, reference: tuple, observed: dict | None,
-                   model: str, backend: str, group_meta: dict[str, Any]) -> list[RunSummary] | None:
+                   model: str, backend: str, group_meta: GroupMeta) -> list[RunSummary] | None:
     """``count`` runs of the reference configuration, kept apart from the sweep's; their
     summaries, none when one fails, or None when one is infeasible."""
     summaries: list[RunSummary] = []
     for _ in range(count):
-        n = len(group_meta.setdefault("reference_runs", []))
+        n = len(group_meta.reference_runs)
         planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=sweeper.cipher)
         record = sweeper.attempt(planned, observed, model, backend)
         if record is None:
             return []
         if record.status == INFEASIBLE:
             return None
-        group_meta["reference_runs"].append(planned.run_key)
+        group_meta.reference_runs.append(planned.run_key)
         sweeper.reference_s += record.summary.measuring_s
         summaries.append(record.summary)
     return summaries

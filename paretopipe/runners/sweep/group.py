@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Callable, Protocol
 
 from ... import strict
+from ...analysis.session import GroupMeta
 from ...errors import PeerError
 from ...network import deadlines
 from ...records import RunRecord
@@ -91,7 +92,7 @@ class GroupProgress:
     max_runs: int
     drift: rounds.DriftMonitor
     reference: tuple
-    meta: dict[str, Any]
+    meta: GroupMeta  # its account in session.json
     rerun: dict[tuple, list[int]]
     rerun_done: set[str] = dataclasses.field(default_factory=set)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ... import cpushare, records
-from ...analysis.session import ConfigKey, Session, cipher_of, sweep_session_dir
+from ...analysis.session import ConfigKey, Session, SessionMeta, cipher_of, sweep_session_dir
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
 from ...network.conditions import conditions_from_values, get_conditions
@@ -162,19 +162,19 @@ class Sweeper:
             log.warning("interrupted: stopping the stages; finished runs stay valid, --resume completes the rest")
         finally:
             self.stop()
-            meta["interrupted"] = interrupted
+            meta.interrupted = interrupted
             try:
                 self.consolidate(meta, final=True)
             except DiskFullError as exc:
                 log.error("%s", exc)
         if interrupted:
             raise KeyboardInterrupt
-        measured = meta.get("runs_complete", 0) + meta.get("runs_infeasible", 0)
+        measured = meta.runs_complete + meta.runs_infeasible
         if o.report and measured:
             self._report()
         return SweepResult(self.dir, total, failed, measured)
 
-    def _sweep_group(self, model: str, backend: str, meta: dict[str, Any],
+    def _sweep_group(self, model: str, backend: str, meta: SessionMeta,
                      failed: list[PlannedRun]) -> int:
         """Every configuration of one model and backend, in rounds (see :mod:`.rounds`)."""
         from tqdm import tqdm
@@ -208,15 +208,15 @@ class Sweeper:
                     group.progress[c].stopped = group.progress[c].decide(o.runs, o.precision, group.max_runs)
             bar.total = max(bar.total, bar.n + sum(1 for c in group.configs if group.progress[c].stopped is None))
         bar.close()
-        group.meta["stopping"] = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher).config_key: p.describe()
-                                 for (n, k), p in group.progress.items()}
-        group.meta["drift_checks"] = [dataclasses.asdict(c) for c in group.drift.checks]
+        group.meta.stopping = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher).config_key: p.describe()
+                               for (n, k), p in group.progress.items()}
+        group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used.
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, n, o.batch_size,
                                         k.label): p.describe() for (n, k), p in group.progress.items()})
         return len(group.configs)
 
-    def _group_state(self, model: str, backend: str, meta: dict[str, Any]) -> GroupProgress:
+    def _group_state(self, model: str, backend: str, meta: SessionMeta) -> GroupProgress:
         """A group's configurations, their progress, the drift reference and the session's record of it."""
         o = self.opts
         splits = splits_for(o, self.info.num_blocks, self.info.fine_cuts)
@@ -225,10 +225,8 @@ class Sweeper:
         static = [k for k in splits if not k.adaptive] or splits
         reference = (o.networks[0], static[len(static) // 2])
         name = group_name(model, backend, self.cipher)
-        group_meta = meta.setdefault("groups", {}).setdefault(name, {})
-        group_meta.update({"order": o.order, "seed": o.seed, "precision": o.precision, "min_runs": o.runs,
-                           "max_runs": max_runs, "reference": {"network": reference[0], "split": reference[1].label},
-                           "executed": group_meta.get("executed", [])})
+        group_meta = meta.group(name, order=o.order, seed=o.seed, precision=o.precision, min_runs=o.runs,
+                                max_runs=max_runs, reference={"network": reference[0], "split": reference[1].label})
         return GroupProgress(name, self.cipher, configs, {c: rounds.ConfigProgress() for c in configs}, max_runs,
                            rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0), reference, group_meta,
                            {c: [] for c in configs})
@@ -240,7 +238,7 @@ class Sweeper:
         progress = group.progress[cfg]
         record = self._resumed(one) or self.attempt(one, observed, one.model, one.backend)
         progress.attempts += 1
-        group.meta["executed"].append(one.run_key)
+        group.meta.executed.append(one.run_key)
         if record is None:
             failed.append(one)
         elif record.status == INFEASIBLE:
@@ -308,44 +306,42 @@ class Sweeper:
                                     f"free some space and run the sweep again with --resume")
             raise
 
-    def _load_session(self) -> dict[str, Any]:
+    def _load_session(self) -> SessionMeta:
         opts = dataclasses.asdict(self.opts)
         opts["testbed"] = self.opts.testbed.describe()
-        meta = {"schema_version": records.SCHEMA_VERSION, "created_utc": records.utc_now(),
-                "options": opts, "manifest": node_manifest(role="controller"),
-                "networks": {n: c.to_dict() for n, c in self.networks.items()}}
+        meta = SessionMeta(schema_version=records.SCHEMA_VERSION, created_utc=records.utc_now(), options=opts,
+                           manifest=node_manifest(role="controller"),
+                           networks={n: c.to_dict() for n, c in self.networks.items()})
         try:
             old = self.session.read_meta()
         except UsageError as exc:
             log.warning("%s: starting the session file afresh", exc)
             old = None
         if old is not None:
-            meta["created_utc"] = old.get("created_utc", meta["created_utc"])
-            meta["resumed_utc"] = list(old.get("resumed_utc") or []) + [records.utc_now()]
+            meta.created_utc = old.get("created_utc", meta.created_utc)
+            meta.resumed_utc = list(old.get("resumed_utc") or []) + [records.utc_now()]
             self.failures = list(old.get("failures") or [])
         return meta
 
     # -- consolidation -------------------------------------------------------------------------
-    def consolidate(self, meta: dict[str, Any], final: bool) -> None:
+    def consolidate(self, meta: SessionMeta, final: bool) -> None:
         """runs.csv and session.json after every run; summary.csv (CIs of the medians over runs) at the end.
         The run records are the source of truth: a later consolidation rebuilds everything else."""
         rows, skipped = self._write(lambda: self.session.consolidate(self.failures, final, self.stopping),
                                     self.dir / "runs.csv")
         self.consolidated = time.monotonic()
         wall, measured_s = time.monotonic() - self.started, self.measured_s
-        meta.update({"updated_utc": records.utc_now(), "complete": final and not meta.get("interrupted"),
-                     "runs_complete": sum(r["status"] == COMPLETE for r in rows),
-                     "runs_infeasible": sum(r["status"] == INFEASIBLE for r in rows),
-                     "unreadable_runs": skipped,
-                     "timing": {"wall_s": wall, "measured_s": measured_s, "reference_s": self.reference_s,
-                                "overhead_s": wall - measured_s,
-                                "overhead_ratio": (wall - measured_s) / measured_s if measured_s else None,
-                                "note": "measured_s sums the measured spans of this invocation's runs (first "
-                                        "measured batch's start to last completion); "
-                                        "overhead is everything else (start-up, model builds, warm-up, "
-                                        "handshakes, writing, and the drift checks' reference runs, "
-                                        "reference_s of measuring)"},
-                     "failures": self.failures})
+        meta.updated_utc, meta.complete = records.utc_now(), final and not meta.interrupted
+        meta.runs_complete = sum(r["status"] == COMPLETE for r in rows)
+        meta.runs_infeasible = sum(r["status"] == INFEASIBLE for r in rows)
+        meta.unreadable_runs, meta.failures = skipped, self.failures
+        meta.timing = {"wall_s": wall, "measured_s": measured_s, "reference_s": self.reference_s,
+                       "overhead_s": wall - measured_s,
+                       "overhead_ratio": (wall - measured_s) / measured_s if measured_s else None,
+                       "note": "measured_s sums the measured spans of this invocation's runs (first measured "
+                               "batch's start to last completion); overhead is everything else (start-up, model "
+                               "builds, warm-up, handshakes, writing, and the drift checks' reference runs, "
+                               "reference_s of measuring)"}
         self._write(lambda: self.session.write_meta(meta), self.session.meta_path)
 
     def _report(self) -> None:
