@@ -29,14 +29,14 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 def traced(name: str, batch: int = 2, size: int | None = None):
     """(model, partitioner, inputs, other_inputs) for a zoo model at ``batch`` images of ``size``
     pixels a side (the model's own input size unless given)."""
-    from paretopipe.partition import models, split
+    from paretopipe.partition import fxcuts, models
 
     model = models.build(name)
     size = size or models.input_size(name)
     gen = torch.Generator().manual_seed(1234)
     inputs = torch.randn(batch, 3, size, size, generator=gen)
     other = torch.randn(batch, 3, size, size, generator=gen)
-    part = split.Partitioner(model, inputs, models.canonical_name(name))
+    part = fxcuts.Partitioner(model, inputs, models.canonical_name(name))
     return model, part, inputs, other
 
 

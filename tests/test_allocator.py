@@ -17,12 +17,12 @@ CYCLES = """
 import json, resource, sys, torch
 from paretopipe import allocator
 from paretopipe.manifest import node_manifest
-from paretopipe.partition import models, split
+from paretopipe.partition import fxcuts, models
 from paretopipe.transport.inputs import synthetic_batch
 if sys.argv[1] == "tuned":
     allocator.keep_activations_in_heap()
 torch.set_num_threads(1)
-part = split.Partitioner(models.build("mobilenetv2"), torch.zeros(1, 3, 224, 224), "mobilenet_v2")
+part = fxcuts.Partitioner(models.build("mobilenetv2"), torch.zeros(1, 3, 224, 224), "mobilenet_v2")
 stage = part.stages([part.block_cut(4)])[0]
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -2,7 +2,7 @@
 things every layer does with it (count its bytes, move it to the host, call a stage on it).
 
 A leaf of the partition layer: detectors, stages, the wire and both backends use it without the
-graph machinery of :mod:`.split`.
+graph machinery of :mod:`.fxcuts`.
 """
 
 from __future__ import annotations

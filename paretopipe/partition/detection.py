@@ -4,7 +4,7 @@ pyramid traced and cut like any model, the heads and post-processing on the last
 A detector's heads and post-processing (anchor generation, box decoding, NMS) are not fx-traceable
 and need not be: every cut lies in the backbone and the pyramid, where the pyramid's several
 outputs cross a cut together as a live set. A :class:`Detector` holds the three parts; its
-forward is the unsplit model, and :class:`paretopipe.partition.split.Partitioner` traces its
+forward is the unsplit model, and :class:`paretopipe.partition.fxcuts.Partitioner` traces its
 ``body`` only, putting ``pre`` before the first stage and ``post`` after the last.
 
 The output is a fixed-shape tuple, so that it travels as one frame and batches stack: boxes

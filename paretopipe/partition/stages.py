@@ -10,7 +10,7 @@ from torch import nn
 
 from .. import allocator
 from ..errors import UsageError
-from . import models, split
+from . import fxcuts, models
 from .activation import Activation, call_stage
 from .names import DEFAULT_NUM_CLASSES
 
@@ -27,7 +27,7 @@ class StageBuilder:
         self.num_classes = num_classes
         self.model = models.build(model, num_classes=num_classes, weights=weights, models_dir=models_dir)
         self.input_size = models.input_size(model)
-        self.partitioner = split.Partitioner(self.model, torch.zeros(1, 3, self.input_size, self.input_size),
+        self.partitioner = fxcuts.Partitioner(self.model, torch.zeros(1, 3, self.input_size, self.input_size),
                                              self.name)
         self.fingerprint = models.fingerprint(self.model)
         self.device = _check_device(device)

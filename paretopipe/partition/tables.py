@@ -1,7 +1,7 @@
 """A zoo model's cut tables: build it (on the meta device for structure only), trace it, and
 tabulate its block and fine cuts for ``split --list``, the sweep's planning and the structure cache.
 
-Above :mod:`.split` and :mod:`.models`, which it joins; :mod:`.structure` computes its cached
+Above :mod:`.fxcuts` and :mod:`.models`, which it joins; :mod:`.structure` computes its cached
 documents here.
 """
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from . import models
-from .split import INPUT, OUTPUT, Partitioner
+from .fxcuts import INPUT, OUTPUT, Partitioner
 from .names import DEFAULT_NUM_CLASSES
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from .. import cpushare, records
 from ..errors import UsageError
 from ..manifest import node_manifest
-from ..partition import split
+from ..partition import fxcuts
 from ..partition.activation import Activation, to_host
 from ..partition.stages import StageBuilder, StageTimer, apply_cpu_limits
 from ..transport import aead, inputs, wire
@@ -156,7 +156,7 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     part = builder.partitioner
     wanted = {c.name for c in part.candidate_cuts(opts.max_live)} | {part.block_cut(k) for k in range(1, part.num_blocks)}
     cuts = [c for c in part.fine_cuts if c.name in wanted]
-    boundaries = [split.INPUT] + [c.name for c in cuts] + [split.OUTPUT]
+    boundaries = [fxcuts.INPUT] + [c.name for c in cuts] + [fxcuts.OUTPUT]
     stages = [s.to(builder.device) for s in part.stages([c.name for c in cuts])]
     model = builder.model.to(builder.device)
     timer = StageTimer(builder.device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paretopipe.partition import detection, models, split
+from paretopipe.partition import detection, fxcuts, models
 
 TOL = 1e-5
 DETECTORS = ["ssdlite320_mobilenet_v3_large", "yolox_n",
@@ -29,7 +29,7 @@ def _inputs(name: str, seed: int) -> torch.Tensor:
 def test_the_block_splits_and_the_widest_cuts_give_the_unsplit_detections(name):
     model = models.build(name)
     x, other = _inputs(name, 1), _inputs(name, 2)
-    part = split.Partitioner(model, x, name)
+    part = fxcuts.Partitioner(model, x, name)
     assert (len(part.cuts), len(part.fine_cuts), len(part.blocks)) == EXPECTED[name]
     with torch.no_grad():
         ref, ref_other = model(x), model(other)
@@ -40,7 +40,7 @@ def test_the_block_splits_and_the_widest_cuts_give_the_unsplit_detections(name):
     for cut in [part.block_cut(k) for k in range(0, part.num_blocks + 1, STEP.get(name, 1))] + [c.name for c in widest]:
         stages = part.stages([cut])
         with torch.no_grad():
-            got = split.run_stages(stages, x)
+            got = fxcuts.run_stages(stages, x)
         diff = detection.same_detections(got, ref)
         assert diff <= TOL, f"{name} cut {cut}: {diff}"
     # The pyramid crosses a late cut whole: several tensors, each used after it.
@@ -50,14 +50,14 @@ def test_the_block_splits_and_the_widest_cuts_give_the_unsplit_detections(name):
 def test_a_detectors_first_stage_runs_its_transform_and_its_last_the_heads():
     name = "ssdlite320_mobilenet_v3_large"
     model = models.build(name)
-    part = split.Partitioner(model, _inputs(name, 1), name)
+    part = fxcuts.Partitioner(model, _inputs(name, 1), name)
     first, last = part.stages([part.block_cut(3)])
     assert isinstance(first, detection.FirstStage) and first.pre is model.pre
     assert isinstance(last, detection.LastStage) and last.post is model.post
     # The input baseline still transforms on stage 1: what crosses is the resized, normalised image.
-    assert part.payload_nbytes(split.INPUT, 1) == 3 * 320 * 320 * 4
+    assert part.payload_nbytes(fxcuts.INPUT, 1) == 3 * 320 * 320 * 4
     # The output baseline sends every pyramid level.
-    assert part.payload_nbytes(split.OUTPUT, 1) == sum(
+    assert part.payload_nbytes(fxcuts.OUTPUT, 1) == sum(
         t.numel() * 4 for t in model.body(model.pre(_inputs(name, 1))))
 
 

@@ -8,7 +8,7 @@ import torch
 
 from conftest import traced
 from paretopipe.errors import UsageError
-from paretopipe.partition import activation, split, tables
+from paretopipe.partition import activation, fxcuts, tables
 
 TOL = 1e-5
 #: Cuts per number of live tensors (the 1-tensor counts are the block-era cuts, unchanged).
@@ -20,7 +20,7 @@ SIZE = {"resnet18": 64, "efficientnet_b0": 64}
 BATCH = {"vit_b_16": 1}
 
 
-def _widths(part: split.Partitioner) -> dict[int, int]:
+def _widths(part: fxcuts.Partitioner) -> dict[int, int]:
     counts: dict[int, int] = {}
     for c in part.fine_cuts:
         counts[c.width] = counts.get(c.width, 0) + 1
@@ -75,7 +75,7 @@ def test_a_tensor_used_two_stages_later_is_carried_through_the_stage_between():
     with torch.no_grad():
         carried = activation.call_stage(stages[1], stages[0](inputs))
         assert torch.equal(carried[0], stages[0](inputs)[0])  # maxpool passes through untouched
-        diff = float((split.run_stages(stages, inputs) - model(inputs)).abs().max())
+        diff = float((fxcuts.run_stages(stages, inputs) - model(inputs)).abs().max())
     assert diff <= TOL
 
 

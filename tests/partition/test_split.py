@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from conftest import PYTHON, ROOT, traced
-from paretopipe.partition import models, split
+from paretopipe.partition import fxcuts, models
 from paretopipe.errors import UsageError
 
 NAMED = models.NAMED_MODELS
@@ -70,7 +70,7 @@ def test_every_block_split_is_a_fine_cut_and_the_baselines_are_exact(name):
     model, part, inputs, _ = traced(name)
     if name in EXPECTED_K:
         assert part.num_blocks == EXPECTED_K[name]
-    assert part.block_cut(0) == split.INPUT and part.block_cut(part.num_blocks) == split.OUTPUT
+    assert part.block_cut(0) == fxcuts.INPUT and part.block_cut(part.num_blocks) == fxcuts.OUTPUT
     order = {cut.name: i for i, cut in enumerate(part.cuts)}
     inner = [part.block_cut(k) for k in range(1, part.num_blocks)]
     assert all(cut in order for cut in inner), name
@@ -80,7 +80,7 @@ def test_every_block_split_is_a_fine_cut_and_the_baselines_are_exact(name):
     for k in (0, part.num_blocks):
         stages = part.stages([part.block_cut(k)])
         assert len(stages) == 2
-        assert split.verify(model, stages, inputs, reference=ref) <= TOL, f"{name} k={k}"
+        assert fxcuts.verify(model, stages, inputs, reference=ref) <= TOL, f"{name} k={k}"
 
 
 @pytest.mark.parametrize("name", NAMED_PARAMS)
@@ -93,7 +93,7 @@ def test_three_way_partitions_are_exact(name):
     for a, b in sorted(pairs):
         stages = part.stages([part.cuts[a].name, part.cuts[b].name])
         assert len(stages) == 3
-        assert split.verify(model, stages, inputs, reference=ref) <= TOL, f"{name} cuts {a},{b}"
+        assert fxcuts.verify(model, stages, inputs, reference=ref) <= TOL, f"{name} cuts {a},{b}"
 
 
 def test_stages_own_their_parameters():
@@ -136,16 +136,16 @@ def test_inception_default_flag_gives_the_documented_31_cuts():
     import torchvision
 
     m = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=True).eval()
-    assert len(split.cut_points(m, torch.zeros(1, 3, 299, 299))) == 31
+    assert len(fxcuts.cut_points(m, torch.zeros(1, 3, 299, 299))) == 31
 
 
 def test_generic_torchvision_model_splits_exactly():
     model = models.build("resnet101", num_classes=10)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    part = split.Partitioner(model, x, "resnet101")
+    part = fxcuts.Partitioner(model, x, "resnet101")
     assert part.num_blocks > 30  # stem layers + 33 bottlenecks + head
     for k in (1, part.num_blocks // 2, part.num_blocks - 1):
-        assert split.verify(model, part.stages([part.block_cut(k)]), x) <= TOL
+        assert fxcuts.verify(model, part.stages([part.block_cut(k)]), x) <= TOL
 
 
 def test_names_are_case_and_dash_insensitive():
@@ -162,10 +162,10 @@ def test_register_custom_model_and_split_it():
 
     model = models.build("TinyTestNet", num_classes=4)
     x = torch.randn(3, 3, 16, 16)
-    part = split.Partitioner(model, x, models.canonical_name("tiny-test-net"))
+    part = fxcuts.Partitioner(model, x, models.canonical_name("tiny-test-net"))
     assert len(part.cuts) == 5  # between each of the six layers
     for cut in part.cuts:
-        assert split.verify(model, part.stages([cut.name]), x) <= TOL
+        assert fxcuts.verify(model, part.stages([cut.name]), x) <= TOL
 
 
 def test_weights_load_from_file_and_mismatch_is_clear(tmp_path):
@@ -198,7 +198,7 @@ def test_untraceable_model_names_the_failing_op():
             return -x
 
     with pytest.raises(UsageError, match=r"cannot trace Branchy at .*test_split.py:\d+ .*make forward traceable"):
-        split.cut_points(Branchy(), torch.zeros(1, 3))
+        fxcuts.cut_points(Branchy(), torch.zeros(1, 3))
 
 
 def test_cli_lists_blocks_and_errors_in_one_line():

@@ -12,7 +12,7 @@ import torch
 
 from conftest import PYTHON, ROOT
 import tcp_helpers as cli
-from paretopipe.partition import models, split
+from paretopipe.partition import fxcuts, models
 
 SKIPNET = "examples/models/skipnet.py:build"
 TOL = 1e-5
@@ -22,10 +22,10 @@ def test_model_file_with_skip_and_cat_splits_exactly_at_every_cut():
     model = models.build(str(ROOT / SKIPNET), num_classes=5)
     assert models.input_size(str(ROOT / SKIPNET)) == 64  # the file's INPUT_SIZE
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
-    part = split.Partitioner(model, x, models.canonical_name(str(ROOT / SKIPNET)))
+    part = fxcuts.Partitioner(model, x, models.canonical_name(str(ROOT / SKIPNET)))
     assert any("cat" in c.name for c in part.cuts) or len(part.cuts) > 8
     for cut in part.cuts:  # fine cuts: inside the skip connection two tensors cross
-        assert split.verify(model, part.stages([cut.name]), x) <= TOL, cut.name
+        assert fxcuts.verify(model, part.stages([cut.name]), x) <= TOL, cut.name
     # Deterministic weights, the same in another process (the weight cache keys on the source digest).
     code = (f"from paretopipe.partition import models; "
             f"print(models.fingerprint(models.build({str(ROOT / SKIPNET)!r}, num_classes=5)))")
