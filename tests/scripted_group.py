@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from paretopipe import records
 from paretopipe.errors import PeerError
+from paretopipe.network.conditions import NetworkConditions
+from paretopipe.transport.runconfig import RunConfig
 
 #: (config dict, index of this call among all runs of the group) -> seconds per batch, or an
 #: exception to raise.
@@ -39,8 +41,9 @@ class ScriptedGroup:
                 "payload_bytes_per_image": [1000 * (self.num_blocks + 1 - k) for k in range(self.num_blocks + 1)],
                 "limits": {}}
 
-    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None,
+    def run(self, config: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
             budget: float) -> records.RunRecord:
+        cfg = config.to_dict()  # what the script reads, as a process would receive it
         outcome = self.script(cfg, len(self.calls))
         self.calls.append(cfg)
         if isinstance(outcome, BaseException):

@@ -12,7 +12,9 @@ import sys
 from typing import Any
 
 from ..errors import PeerError, UsageError
+from ..network.conditions import NetworkConditions
 from ..records import RunRecord
+from ..transport.runconfig import RunConfig
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .commands import ConnectCommand, ListenCommand, RunCommand, Stage1RunCommand, encode
 from .hosts import check_device_name, Host, StageProcess, stop_all, Testbed
@@ -125,10 +127,11 @@ class TcpStages:
                      "devices": [p.device_for(j, h) for j, h in enumerate(self.hosts)]}
         return self.info
 
-    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None, budget: float) -> dict[str, Any]:
+    def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
+            budget: float) -> RunRecord:
         s1 = self.procs[0]
-        s1.send(encode(Stage1RunCommand(config=cfg, conditions=conditions, observed_link=observed,
-                                        connect_timeout=self.p.wait_time)))
+        s1.send(encode(Stage1RunCommand(config=cfg.to_dict(), conditions=conditions.to_dict() if conditions else None,
+                                        observed_link=observed, connect_timeout=self.p.wait_time)))
         return received_record(s1.expect("done", timeout=budget), "stage 1")
 
     def alive(self) -> bool:
@@ -193,9 +196,11 @@ class RpcRanks:
                      "devices": [p.device_for(j, h) for j, h in enumerate(self.stage_hosts)]}
         return self.info
 
-    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None, budget: float) -> dict[str, Any]:
+    def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
+            budget: float) -> RunRecord:
         master = self.procs[0]
-        master.send(encode(RunCommand(config=cfg, conditions=conditions, observed_link=observed)))
+        master.send(encode(RunCommand(config=cfg.to_dict(), conditions=conditions.to_dict() if conditions else None,
+                                      observed_link=observed)))
         return received_record(master.expect("done", timeout=budget), "the rpc master")
 
     def alive(self) -> bool:

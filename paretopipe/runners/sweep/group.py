@@ -11,8 +11,10 @@ from ... import strict
 from ...analysis.session import GroupMeta
 from ...errors import PeerError
 from ...network import deadlines
+from ...network.conditions import NetworkConditions
 from ...records import RunRecord
 from ...splits import is_cut_name
+from ...transport.runconfig import RunConfig
 from .. import rounds
 from ..processes import Placement, RpcRanks, TcpStages
 from .options import SweepOptions, stage_count
@@ -59,7 +61,7 @@ class StageGroup(Protocol):
 
     def start(self) -> dict[str, Any]: ...
 
-    def run(self, cfg: dict[str, Any], conditions: dict | None, observed: dict | None,
+    def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
             budget: float) -> RunRecord: ...
 
     def alive(self) -> bool: ...

@@ -118,9 +118,9 @@ class Sweeper:
 
     def run_one(self, planned: PlannedRun, observed: dict | None) -> RunRecord:
         o = self.opts
-        cfg = self.run_config(planned).to_dict()
-        conditions = self.networks[planned.network].to_dict() if o.link == "emulated" else None
-        budget = o.wait_time + cfg["timeout_s"] * (o.num_batches + o.warmup + 2)
+        cfg = self.run_config(planned)
+        conditions = self.networks[planned.network] if o.link == "emulated" else None
+        budget = o.wait_time + cfg.timeout_s * (o.num_batches + o.warmup + 2)
         record = self.group.run(cfg, conditions, observed, budget)
         if not isinstance(record, RunRecord):
             raise PeerError(f"{planned.backend}: the run returned no record")
@@ -130,7 +130,7 @@ class Sweeper:
             return record
         if record.status != COMPLETE:
             raise PeerError(record.error or "run incomplete")
-        self.warmed.add(self._warm_key(planned, cfg["cuts"]))
+        self.warmed.add(self._warm_key(planned, cfg.cuts))
         self.cipher_used = cipher_of(record.manifest)
         self.compute_s = max(self.compute_s, sum(v or 0.0 for v in record.summary.stages("compute_median_s")))
         return record
