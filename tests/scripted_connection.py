@@ -91,3 +91,19 @@ def connection_pair(max_payload: int = 1 << 30) -> tuple[Connection, ScriptedPee
     """A stage's :class:`Connection` (authenticated, plain) and the scripted peer at its other end."""
     mine, theirs = socket_pair()
     return Connection(mine, None, "scripted", max_payload), ScriptedPeer(theirs)
+
+
+def in_thread(fn, *args, **kw) -> tuple[threading.Thread, dict]:
+    """Run a stage's endpoint as its process would, on a thread of its own; the dict gets its
+    ``result`` or the ``error`` it raised, for the test to read once the thread is done."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["result"] = fn(*args, **kw)
+        except Exception as exc:  # the test reads it
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out

@@ -84,9 +84,9 @@ OBJECTIVE = Option(("--objective",), "what the adaptive split optimises with the
 ENV_FILE = Option(("--env-file",), "the .env file read for hosts and secrets", default=".env")
 
 
-def option(row: Option, **field_kw: Any) -> Any:
-    """A :class:`CommandLine` field written and parsed as ``row``."""
-    return dataclasses.field(metadata={"option": row}, **field_kw)
+def option(row: Option, *, required: bool = False) -> Any:
+    """A :class:`CommandLine` field written and parsed as ``row``, with the row's default."""
+    return dataclasses.field(metadata={"option": row}, **({} if required else {"default": row.default}))
 
 
 C = TypeVar("C", bound="CommandLine")
@@ -136,3 +136,17 @@ def _value_type(hint: Any) -> Callable[[str], Any] | None:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return hint if hint in (int, float) else None
+
+
+@dataclasses.dataclass(kw_only=True)
+class ModelProcess(CommandLine):
+    """What every stage process (a TCP stage worker, an RPC rank) is started with: the model it
+    builds, its weights, and where and on how many threads it computes."""
+
+    model: str = option(MODEL, required=True)
+    num_classes: int = option(NUM_CLASSES)
+    weights: str | None = option(WEIGHTS)
+    models_dir: str | None = option(MODELS_DIR)
+    device: str = option(DEVICE)
+    threads: int | None = option(THREADS)
+    cpus: str | None = option(CPUS)

@@ -22,15 +22,15 @@ from typing import Any, Callable, Sequence
 from ..errors import ParetoPipeError, PeerError
 from . import flags
 from .commands import RunCommand, emit, serve_commands
-from .flags import CommandLine
+from .flags import ModelProcess
 from ..network.conditions import NetworkConditions
 from ..transport.runconfig import RunConfig
 
 log = logging.getLogger("paretopipe.rpc")
 
 
-@dataclasses.dataclass
-class RankOptions(CommandLine):
+@dataclasses.dataclass(kw_only=True)
+class RankOptions(ModelProcess):
     """One rank's command line (``python -m paretopipe.runners.rpc_ranks`` + :meth:`to_argv`): the
     one declaration that ``distributed_runner.py --local`` and the sweeper write and the rank parses."""
 
@@ -38,18 +38,11 @@ class RankOptions(CommandLine):
     world_size: int
     master_addr: str
     master_port: int
-    model: str = flags.option(flags.MODEL)
-    num_classes: int = flags.option(flags.NUM_CLASSES, default=flags.NUM_CLASSES.default)
-    weights: str | None = flags.option(flags.WEIGHTS, default=None)
-    models_dir: str | None = flags.option(flags.MODELS_DIR, default=None)
-    device: str = flags.option(flags.DEVICE, default=flags.DEVICE.default)
-    threads: int | None = flags.option(flags.THREADS, default=None)
-    cpus: str | None = flags.option(flags.CPUS, default=None)
-    transport: str = flags.option(flags.RPC_TRANSPORT, default=flags.RPC_TRANSPORT.default)
+    transport: str = flags.option(flags.RPC_TRANSPORT)
     rpc_threads: int = 16
     #: Seconds for every rank to start, build its model and join: start-up, not the link, so not --timeout.
     join_timeout: float = 60.0
-    source: str = flags.option(flags.RPC_SOURCE, default=flags.RPC_SOURCE.default)
+    source: str = flags.option(flags.RPC_SOURCE)
 
 
 def watchdog(seconds: float, what: str, procs: Sequence[subprocess.Popen] = ()) -> threading.Timer:

@@ -22,7 +22,7 @@ from .. import cpushare
 from ..errors import ParetoPipeError, UsageError
 from . import flags
 from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands
-from .flags import CommandLine
+from .flags import ModelProcess
 from ..network.conditions import NetworkConditions
 from ..transport.runconfig import RunConfig
 
@@ -106,22 +106,16 @@ class StageWorker:
             self.listener.close()
 
 
-@dataclasses.dataclass
-class WorkerOptions(CommandLine):
+ROLE = flags.Option(("--role",), "stage1 listens and runs; stage2 connects and serves", choices=("stage1", "stage2"))
+
+
+@dataclasses.dataclass(kw_only=True)
+class WorkerOptions(ModelProcess):
     """A stage worker's command line (``python -m paretopipe.runners.worker`` + :meth:`to_argv`):
     the one declaration the sweeper writes and the worker parses. The secret is never here."""
 
-    role: str = dataclasses.field(metadata={"option": flags.Option(("--role",), "stage1 listens and runs; "
-                                                                   "stage2 connects and serves",
-                                                                   choices=("stage1", "stage2"))})
-    model: str = flags.option(flags.MODEL)
-    num_classes: int = flags.option(flags.NUM_CLASSES, default=flags.NUM_CLASSES.default)
-    weights: str | None = flags.option(flags.WEIGHTS, default=None)
-    models_dir: str | None = flags.option(flags.MODELS_DIR, default=None)
-    device: str = flags.option(flags.DEVICE, default=flags.DEVICE.default)
-    threads: int | None = flags.option(flags.THREADS, default=None)
-    cpus: str | None = flags.option(flags.CPUS, default=None)
-    cpu_share: float | None = flags.option(flags.CPU_SHARE, default=None)
+    role: str = flags.option(ROLE, required=True)
+    cpu_share: float | None = flags.option(flags.CPU_SHARE)
 
 
 def serve_forever(worker: StageWorker) -> None:

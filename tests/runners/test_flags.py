@@ -58,8 +58,8 @@ def test_every_command_refuses_a_non_positive_num_classes_in_one_line(command, t
 def test_a_process_command_line_is_written_and_parsed_by_one_declaration():
     worker = WorkerOptions(role="stage2", model="resnet18", num_classes=7, threads=2, cpus="0-1", cpu_share=0.25)
     argv = worker.to_argv()
-    assert argv == ["--role", "stage2", "--model", "resnet18", "--num-classes", "7", "--device", "cpu",
-                    "--threads", "2", "--cpus", "0-1", "--cpu-share", "0.25"]
+    assert argv == ["--model", "resnet18", "--num-classes", "7", "--device", "cpu", "--threads", "2", "--cpus", "0-1",
+                    "--role", "stage2", "--cpu-share", "0.25"]
     assert WorkerOptions.parse(argv, "w", "") == worker
     rank = RankOptions(rank=2, world_size=3, master_addr="127.0.0.1", master_port=29500, model="m", weights="w.pth",
                        transport="auto", source="stage1", join_timeout=12.5)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 
 import pytest
 import torch
 
-from scripted_connection import connection_pair
+from scripted_connection import connection_pair, in_thread
 from paretopipe.errors import WireError
 from paretopipe.partition.stages import StageBuilder
 from paretopipe.transport import wire
@@ -35,18 +34,8 @@ def _config(builder, batches: int) -> RunConfig:
 
 
 def _serve(connection, builder, tmp_path):
-    """serve_connection on a thread, as a worker serves its connection; its outcome or failure."""
-    out: dict = {}
-
-    def serve() -> None:
-        try:
-            out["outcomes"] = serve_connection(connection, builder, output_dir=tmp_path)
-        except Exception as exc:  # the test reads it
-            out["error"] = exc
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread, out
+    """serve_connection on a thread, as a worker serves its connection."""
+    return in_thread(serve_connection, connection, builder, output_dir=tmp_path)
 
 
 def _run(peer, cfg):
@@ -79,8 +68,8 @@ def test_a_later_stage_returns_the_unsplit_models_outputs_and_writes_what_it_com
     assert part2["manifest"]["role"] == "stage2" and part2["manifest"]["weights_fingerprint"] == builder.fingerprint
     peer.send(wire.BYE)
     thread.join(60)
-    assert "error" not in out and len(out["outcomes"]) == 1
-    record = json.loads(out["outcomes"][0].path.read_text())
+    assert "error" not in out and len(out["result"]) == 1
+    record = json.loads(out["result"][0].path.read_text())
     assert record["status"] == "complete" and record["config"] == cfg.to_dict()
     assert [b["seq"] for b in record["batches"]] == [0, 1, 2] and record["summary"]["batches_measured"] == 3
     assert record["timing"]["written_by"] == "stage2"

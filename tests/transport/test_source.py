@@ -6,13 +6,12 @@ asked for ends the run incomplete with the batches that completed kept."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
 import torch
 
-from scripted_connection import connection_pair
+from scripted_connection import connection_pair, in_thread
 from paretopipe.errors import PeerError, WireError
 from paretopipe.partition.stages import StageBuilder
 from paretopipe.transport import wire
@@ -35,17 +34,8 @@ def _config(builder, batches: int, in_flight: int = 1) -> RunConfig:
 
 
 def _stage1(connection, builder, cfg, tmp_path):
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["outcome"] = run_on_connection(connection, builder, cfg, keep_outputs=True, output_dir=tmp_path)
-        except Exception as exc:  # the test reads it
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
+    """Stage 1's run on a thread, as its worker runs it."""
+    return in_thread(run_on_connection, connection, builder, cfg, keep_outputs=True, output_dir=tmp_path)
 
 
 def test_stage1_sends_its_run_keeps_the_window_and_records_stage2s_part(builder, tmp_path):
@@ -75,7 +65,7 @@ def test_stage1_sends_its_run_keeps_the_window_and_records_stage2s_part(builder,
     peer.send(wire.RECORDS, 0, json_tensor({"manifest": {"role": "stage2"}, "sysmon": {}}))
     thread.join(60)
     assert "error" not in out, out.get("error")
-    record = out["outcome"].record
+    record = out["result"].record
     assert record["status"] == "complete" and [m["role"] for m in record["manifest"]["stages"]] == ["stage1", "stage2"]
     measured = [b for b in record["batches"] if not b["warmup"]]
     assert len(measured) == 4 and all(b["stage2_compute_s"] == STAGE2_COMPUTE_S for b in measured)
@@ -83,8 +73,8 @@ def test_stage1_sends_its_run_keeps_the_window_and_records_stage2s_part(builder,
     # work than the whole round trip took here); that report is kept beside it, not mixed in.
     assert all(b["latency_s"] == pytest.approx(b["end_s"] - b["start_s"]) for b in measured)
     assert all(0 < b["latency_s"] < STAGE2_COMPUTE_S for b in measured)
-    x = torch.stack([o for o in out["outcome"].outputs])
-    assert x.shape[0] == 5 and json.loads(out["outcome"].path.read_text())["run_id"] == record["run_id"]
+    x = torch.stack([o for o in out["result"].outputs])
+    assert x.shape[0] == 5 and json.loads(out["result"].path.read_text())["run_id"] == record["run_id"]
 
 
 def test_a_result_stage1_never_sent_ends_the_run_incomplete_with_what_completed(builder, tmp_path):

@@ -34,6 +34,19 @@ class ReceiveBuffer:
         return t
 
 
+def consume(views: list[memoryview], n: int) -> int:
+    """Drop ``n`` bytes from the front of a scatter list in place (after a partial send or
+    receive); returns how many of them lay past its end (0 when it did not run out)."""
+    while n and views:
+        if n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        else:
+            views[0] = views[0][n:]
+            n = 0
+    return n
+
+
 class BufferPool:
     """Receive buffers reused frame after frame. ``take`` hands one out; whoever holds the frame
     gives it back with :meth:`Frame.release`. At most ``max_bytes`` are kept idle."""

@@ -12,7 +12,7 @@ import torch
 from ...errors import PeerError, WireError
 from ..runconfig import DEFAULT_MAX_PAYLOAD
 from .boundedjson import loads_bounded
-from .buffers import BufferPool, Frame, ReceiveBuffer
+from .buffers import BufferPool, Frame, ReceiveBuffer, consume
 from .codecs import decompress, unshuffle_bytes
 from .layout import (CODEC_NAMES, DESCRIPTOR, DTYPES, ERROR, HEADER, KIND_NAMES, NO_SEQ, NO_TENSOR, SEQ, SEQ_OFFSET,
                      TAG_BYTES, Header, parse_descriptors, parse_header)
@@ -99,14 +99,7 @@ class FrameReader:
             if n == 0:
                 raise PeerError("peer closed the connection" + (" in the middle of a frame body" if started else ""))
             started = True
-            while n and views:
-                if n >= views[0].nbytes:
-                    n -= views[0].nbytes
-                    views.pop(0)
-                else:
-                    views[0] = views[0][n:]
-                    n = 0
-            self._have = n  # what spilled over belongs to the next header
+            self._have = consume(views, n)  # what spilled over belongs to the next header
 
     def read(self, deadline: float | None = None) -> Frame:
         """The next frame, validated before anything it claims is allocated; ``deadline``

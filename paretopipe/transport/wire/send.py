@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ...errors import PeerError
+from .buffers import consume
 from .codecs import Codec
 from .frames import Encoded, encode
 from .layout import TAG_BYTES
@@ -29,16 +30,9 @@ def send_encoded(sock: socket.socket, enc: Encoded) -> None:
 def _send_rest(sock: socket.socket, enc: Encoded, sent: int) -> None:
     """After a partial send (a timeout-mode socket, a signal): the views that are left."""
     views = [memoryview(b).cast("B") for b in enc.buffers]
+    consume(views, sent)
     while views:
-        while sent and views:
-            if sent >= views[0].nbytes:
-                sent -= views[0].nbytes
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
-        if views:
-            sent = sock.sendmsg(views)
+        consume(views, sock.sendmsg(views))
 
 
 class FrameWriter:
