@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
@@ -12,7 +13,7 @@ from ..envfile import read_env  # noqa: F401  (re-exported for the command modul
 from ..argtypes import (nonneg_float, nonneg_int, percent, port_number, port_or_zero,  # noqa: F401
                         positive_float, positive_int)  # (re-exported for the command modules)
 from ..errors import ParetoPipeError, UsageError
-from ..transport import inputs
+from ..transport import auth, inputs
 from ..transport.runconfig import RunConfig
 from ..network.conditions import get_conditions
 
@@ -179,3 +180,17 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
 
 def example_epilog(*lines: str) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def stage_secret(args: argparse.Namespace) -> bytes | None:
+    """The data port's shared secret from ``--env-file`` (None when it names none)."""
+    return auth.load_secret(read_env(args.env_file).get(auth.SECRET_ENV))
+
+
+def signals_as_interrupt() -> None:
+    """The sweeper stops stages with SIGTERM and an SSH disconnect sends SIGHUP; both act like
+    Ctrl-C, so the JSON is still written and sockets are closed."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)

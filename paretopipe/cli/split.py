@@ -6,6 +6,7 @@ from typing import Sequence
 
 from ..runners import flags
 from ..errors import UsageError
+from ..llm import shapes
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
 from ..partition.structure import structure
 
@@ -17,7 +18,10 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
         epilog=example_epilog("python -m paretopipe.split --model resnet50 --list",
                               "python -m paretopipe.split --model mobilenetv2 --list --fine",
                               "python -m paretopipe.split --model resnet18,yolox_n --plot cuts.png --max-live 3"))
-    flags.MODEL.add_to(p, required=True, help=flags.MODEL.help + " (several, comma-separated, with --plot)")
+    flags.MODEL.add_to(p, help=flags.MODEL.help + " (several, comma-separated, with --plot), or a language model "
+                               f"({', '.join(shapes.NAMED)})")
+    flags.MODEL_DIR.add_to(p)
+    flags.CUT_DTYPE.add_to(p, help="a language model's cut dtype, for the bytes per token")
     p.add_argument("--list", action="store_true", help="print the split table (the default action)")
     p.add_argument("--fine", action="store_true",
                    help="every fx cut instead of block cuts, with the tensors that cross it (a + joins several)")
@@ -34,6 +38,14 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.split") -> int:
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
+    if args.model_dir is not None or shapes.is_named(args.model):
+        # lazy for start-up: transformers (reading a folder's config checks its architecture)
+        from ..llm.build import source
+
+        print(shapes.cut_table(source(None if args.model_dir else args.model, args.model_dir).shape, args.cut_dtype))
+        return 0
+    if args.model is None:
+        raise UsageError("give --model NAME (or --model-dir DIR for a language model)")
     if args.plot:
         return _plot(args)
     if "," in args.model:

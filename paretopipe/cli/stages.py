@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
+import sys
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import UsageError
@@ -12,9 +12,11 @@ from ..splits import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth
 from ..runners import flags
 from ..transport.runconfig import ADAPTIVE, AdaptiveOptions, DEFAULT_MAX_PAYLOAD
+from . import lm_stages
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
-                     positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
+                     positive_float, positive_int, run_config_from_flags, save_outputs, setup_logging,
+                     signals_as_interrupt, stage_secret)
 from ..network import deadlines, tc
 
 if TYPE_CHECKING:  # torch is imported where a stage runs, not for --help or a refused flag
@@ -104,25 +106,12 @@ def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuil
     return builder, builder.cuts_for(args.split_index, args.cut)
 
 
-def _secret(args: argparse.Namespace) -> bytes | None:
-    return auth.load_secret(read_env(args.env_file).get(auth.SECRET_ENV))
-
-
 def _observed_link(args: argparse.Namespace) -> dict | None:
     if getattr(args, "link", None) != "tc":
         return None
     if not args.link_dev:
         raise UsageError("--link tc needs --link-dev IFACE so the applied qdiscs can be read back")
     return tc.observed_link_state(args.link_dev)
-
-
-def _signals_as_interrupt() -> None:
-    # The sweeper stops stages with SIGTERM and an SSH disconnect sends SIGHUP; treat both like
-    # Ctrl-C so the JSON is still written and sockets are closed.
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
 
 
 def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
@@ -194,10 +183,12 @@ def _candidates(text: str, num_blocks: int) -> list[int | str]:
 
 
 def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") -> int:
+    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
+        return lm_stages.main_lm_stage1(argv, prog)
     args = stage1_parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    _signals_as_interrupt()
-    secret = _secret(args)
+    signals_as_interrupt()
+    secret = stage_secret(args)
     aead.check_choice(args.encrypt, secret)
     builder, cuts = _builder(args)
     conditions = network_from_args(args)
@@ -272,10 +263,12 @@ def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:
 
 
 def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") -> int:
+    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
+        return lm_stages.main_lm_stage2(argv, prog)
     args = stage2_parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    _signals_as_interrupt()
-    secret = _secret(args)
+    signals_as_interrupt()
+    secret = stage_secret(args)
     aead.check_choice(args.encrypt, secret)
     builder, cuts = _builder(args, required=False)
     observed = _observed_link(args)

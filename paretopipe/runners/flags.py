@@ -17,6 +17,7 @@ import typing
 from typing import Any, Callable, Sequence, TypeVar
 
 from ..argtypes import positive_float, positive_int
+from ..llm.shapes import CUT_DTYPES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
                                    WIRE_DTYPE_NAMES)
@@ -82,6 +83,17 @@ LINK = Option(("--link",), "how the network conditions are applied: emulated (an
 OBJECTIVE = Option(("--objective",), "what the adaptive split optimises with the cost model", default="latency",
                    choices=OBJECTIVES)
 ENV_FILE = Option(("--env-file",), "the .env file read for hosts and secrets", default=".env")
+
+# Language models (paretopipe.llm): the stages, the chains and split --list.
+MODEL_DIR = Option(("--model-dir",), "a local folder of a decoder-only LM (config.json, *.safetensors, tokenizer.json "
+                                     "if any; nothing is fetched) instead of a named shape")
+PROMPT = Option(("--prompt",), "the prompt text (every stream the same; tokenizer.json, else bytes)")
+PROMPT_LEN = Option(("--prompt-len",), "a seeded prompt of N tokens per stream (default 16 without --prompt)",
+                    positive_int)
+GEN_TOKENS = Option(("--gen-tokens",), "tokens generated per stream (the prefill gives the first)", positive_int, 16)
+STREAMS = Option(("--streams",), "concurrent sequences in flight (S > 1 fills the pipeline's bubble)", positive_int, 1)
+CUT_DTYPE = Option(("--cut-dtype",), "dtype of the hidden state crossing a cut (int8: one float32 scale per token)",
+                   default="float32", choices=tuple(CUT_DTYPES))
 
 
 def option(row: Option, *, required: bool = False) -> Any:

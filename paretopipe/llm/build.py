@@ -1,0 +1,259 @@
+"""A stage's parts of a decoder-only LM, and nothing of the others': the model is laid out on the
+meta device (no memory), and only the blocks a stage holds are made real and filled, from the
+portable generator or from a local folder's safetensors.
+
+Default weights: every matrix and bias drawn from :func:`partition.models.portable_uniform`
+(PCG64, seeded per model and parameter name, exact on x86 and aarch64 alike) at the scales
+:func:`_bound` explains, norms at one as transformers leaves them. Drawing by parameter name is what lets a stage build only its own parameters and
+still hold the same bits as the whole model built on another machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from ..partition.models import fingerprint as module_fingerprint
+from .shapes import LMShape, named, shape_from_config, stage_blocks, stage_layers
+
+GENERATOR = "portable-uniform-v1/embed0.1/gain2"
+INIT_STD = 0.02       # biases, as transformers' initializer_range
+EMBED_STD = 0.1
+RESIDUAL_GAIN = 2.0
+_CHUNK = 1 << 22  # values drawn at a time: a 128k x 2048 embedding would take 4 GiB in one go
+
+
+@dataclasses.dataclass
+class LMSource:
+    """Where a model's shape and weights come from: a named shape (portable weights) or a folder."""
+
+    shape: LMShape
+    model_dir: Path | None = None
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.shape.name
+
+    def identity(self) -> str:
+        """What two stages must share, as a short digest: the configuration and how the weights
+        were made (the generator, or every byte of the folder's weight files)."""
+        digest = hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode())
+        if self.model_dir is None:
+            digest.update(GENERATOR.encode())
+        else:
+            for path in weight_files(self.model_dir):
+                with open(path, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 24), b""):
+                        digest.update(chunk)
+        return digest.hexdigest()[:16]
+
+
+def source(model: str | None, model_dir: str | None = None) -> LMSource:
+    """A named shape, or a user's folder (config.json and safetensors; nothing is fetched)."""
+    if model_dir is not None:
+        folder = Path(model_dir)
+        config_path = folder / "config.json"
+        if not config_path.is_file():
+            raise UsageError(f"--model-dir {model_dir}: no config.json there (a folder saved by save_pretrained "
+                             f"holds config.json and model.safetensors)")
+        if not weight_files(folder):
+            raise UsageError(f"--model-dir {model_dir}: no *.safetensors weights there")
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--model-dir {model_dir}: config.json is not readable JSON ({exc})")
+        if not isinstance(config, dict):
+            raise UsageError(f"--model-dir {model_dir}: config.json is not a JSON object")
+        _check_architecture(config, f"--model-dir {model_dir}")
+        src = LMSource(shape_from_config(config, folder.resolve().name), folder, config)
+        skeleton(src)  # the layout is checked before anything listens (the meta device: no memory)
+        return src
+    shape = named(model or "")
+    return LMSource(shape, None, {**shape.config_dict(), "initializer_range": INIT_STD})
+
+
+def weight_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors"))
+
+
+def _check_architecture(config: dict[str, Any], what: str) -> None:
+    from transformers import AutoConfig  # lazy for start-up: transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    arch = config.get("model_type")
+    if arch not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UsageError(f"{what}: architecture {arch!r} is not a decoder-only causal LM transformers knows "
+                         f"(for example llama, qwen2, mistral)")
+    try:
+        AutoConfig.for_model(**config)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{what}: transformers cannot read this {arch} configuration ({exc})")
+
+
+def hf_config(src: LMSource):
+    """The transformers configuration, with attention by torch's SDPA (the same kernel everywhere)."""
+    from transformers import AutoConfig  # lazy for start-up: transformers
+
+    config = AutoConfig.for_model(**src.config)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def skeleton(src: LMSource) -> nn.Module:
+    """The whole causal LM on the meta device: its layout, no memory."""
+    from transformers import AutoModelForCausalLM  # lazy for start-up: transformers
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config(src))
+    inner = getattr(model, "model", None)
+    if not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) or not hasattr(model, "lm_head"):
+        raise UsageError(f"{src.name}: this architecture ({src.shape.architecture}) does not have the layout of a "
+                         f"decoder-only LM ParetoPipe splits (embed_tokens, layers, norm, rotary_emb, lm_head)")
+    return model
+
+
+@dataclasses.dataclass
+class StageParts:
+    """What one stage holds: its blocks' modules (None for blocks it does not hold)."""
+
+    blocks: tuple[int, int]
+    layers: range
+    embed: nn.Embedding | None
+    decoder: nn.ModuleList
+    norm: nn.Module | None
+    lm_head: nn.Linear | None
+    rotary: nn.Module | None
+    config: Any
+
+    def modules(self) -> nn.ModuleDict:
+        named_parts = {"embed": self.embed, "norm": self.norm, "lm_head": self.lm_head}
+        out = nn.ModuleDict({k: v for k, v in named_parts.items() if v is not None})
+        out["layers"] = self.decoder
+        return out
+
+    def fingerprint(self) -> str:
+        return module_fingerprint(self.modules())
+
+    def param_bytes(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for p in self.modules().parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+        return total
+
+
+def build_stage(src: LMSource, splits: list[int], index: int) -> StageParts:
+    """Stage ``index`` (0-based) of the plan ``splits``: only its blocks are made real."""
+    model = skeleton(src)
+    shape = src.shape
+    first, end = stage_blocks(shape, splits, index)
+    layers = stage_layers(shape, splits, index)
+    holds = lambda block: first <= block < end  # noqa: E731
+    inner = model.model
+    wanted: dict[str, nn.Module] = {}
+    embed = inner.embed_tokens if holds(0) else None
+    lm_head = model.lm_head if holds(shape.num_blocks - 1) else None
+    norm = inner.norm if holds(shape.num_hidden_layers + 1) else None
+    if embed is not None:
+        wanted["model.embed_tokens"] = embed
+    for i in layers:
+        wanted[f"model.layers.{i}"] = inner.layers[i]
+    if norm is not None:
+        wanted["model.norm"] = norm
+    if lm_head is not None:
+        wanted["lm_head"] = lm_head
+    tied = shape.tie_word_embeddings
+    for prefix, module in wanted.items():
+        if prefix == "lm_head" and tied and embed is not None:
+            continue  # the same tensor as the embedding, filled once
+        module.to_empty(device="cpu")
+        _fill(src, prefix, module)
+    if lm_head is not None and tied:
+        lm_head.weight = embed.weight if embed is not None else lm_head.weight
+    decoder = nn.ModuleList(inner.layers[i] for i in layers)
+    for local, layer in enumerate(decoder):
+        layer.self_attn.layer_idx = local  # this stage's KV cache numbers its own layers from 0
+    rotary = type(inner.rotary_emb)(config=model.config) if len(layers) else None
+    parts = StageParts((first, end), layers, embed, decoder, norm, lm_head, rotary, model.config)
+    for module in parts.modules().modules():
+        module.eval()
+    for p in parts.modules().parameters():
+        p.requires_grad_(False)
+    return parts
+
+
+@torch.no_grad()
+def _fill(src: LMSource, prefix: str, module: nn.Module) -> None:
+    """Fill a block's parameters (and persistent buffers) by their names in the whole model."""
+    tensors = dict(module.named_parameters(recurse=True))
+    if src.model_dir is not None:
+        _fill_from_folder(src, prefix, module, tensors)
+        return
+    for name, p in sorted(tensors.items()):
+        full = f"{prefix}.{name}"
+        if name.endswith("norm.weight") or name == "weight" and prefix.endswith("norm"):
+            p.fill_(1.0)  # RMSNorm's scale: transformers' init, exact everywhere
+            continue
+        if full == "lm_head.weight" and src.shape.tie_word_embeddings:
+            full = "model.embed_tokens.weight"
+        p.copy_(portable_values(p.shape, src.name, full) * _bound(full, p))
+
+
+def _bound(full: str, p: torch.Tensor) -> float:
+    """Uniform bounds of the default weights (a uniform in +-b has a standard deviation b/sqrt(3)).
+    transformers' own init (all 0.02) makes an untrained model echo its last prompt token: the
+    tied embedding's self-product outweighs what the layers add. So the layers keep their input's
+    variance (1/fan_in), the residual branches' outputs count twice, the embeddings are 0.1: the
+    generated tokens then vary along the sequence and with the prompt."""
+    if "embed_tokens" in full or full.startswith("lm_head"):
+        return EMBED_STD * math.sqrt(3.0)
+    if p.dim() >= 2:
+        gain = RESIDUAL_GAIN if full.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
+        return gain * math.sqrt(3.0 / p.shape[1])
+    return INIT_STD * math.sqrt(3.0)
+
+
+def portable_values(shape: torch.Size | tuple[int, ...], *key: str) -> torch.Tensor:
+    """Uniform values in [-1, 1), as float32, the same bits on every CPU (the stream of
+    :func:`partition.models.portable_uniform`, drawn in chunks so a large embedding fits)."""
+    entropy = [int(hashlib.sha256(str(k).encode()).hexdigest()[:16], 16) for k in key]
+    bits = np.random.PCG64(np.random.SeedSequence(entropy))
+    n = math.prod(shape)
+    out = np.empty(n, dtype=np.float32)
+    for start in range(0, n, _CHUNK):
+        raw = bits.random_raw(min(_CHUNK, n - start))
+        out[start:start + raw.size] = (raw >> np.uint64(11)).astype(np.float64) * 2.0 ** -52 - 1.0
+    return torch.from_numpy(out.reshape(tuple(shape)))
+
+
+def _fill_from_folder(src: LMSource, prefix: str, module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors import safe_open  # lazy for start-up: safetensors
+
+    wanted = {f"{prefix}.{n}": p for n, p in tensors.items()}
+    if prefix == "lm_head" and src.shape.tie_word_embeddings:
+        wanted = {"model.embed_tokens.weight": tensors["weight"]}
+    found: set[str] = set()
+    for path in weight_files(src.model_dir):
+        with safe_open(str(path), framework="pt") as fh:
+            for key in set(fh.keys()) & set(wanted):
+                value = fh.get_tensor(key)
+                if tuple(value.shape) != tuple(wanted[key].shape):
+                    raise UsageError(f"{path.name}: {key} has shape {tuple(value.shape)}, config.json implies "
+                                     f"{tuple(wanted[key].shape)}")
+                wanted[key].copy_(value.to(wanted[key].dtype))
+                found.add(key)
+    missing = sorted(set(wanted) - found)
+    if missing:
+        raise UsageError(f"--model-dir {src.model_dir}: the weights lack {missing[0]}"
+                         + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))

@@ -1,0 +1,48 @@
+"""A language-model run's figures from its per-token timings (no torch): time to first token,
+time per output token, tokens/s, and each stage's compute per phase."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(xs, dtype=float), q)) if xs else None
+
+
+def summarize(steps: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]], hops: Sequence[dict[str, Any]],
+              streams: int) -> dict[str, Any]:
+    """``steps``: one per generated token ({stream, step, sent_s, done_s}, seconds on stage 1's
+    clock). A stream's first token ends its prefill (time to first token, from the moment stage
+    1 began it); each later token's time per output token is the gap since the one before."""
+    by_stream: dict[int, list[dict[str, Any]]] = {}
+    for s in steps:
+        by_stream.setdefault(s["stream"], []).append(s)
+    ttft, tpot = [], []
+    for items in by_stream.values():
+        items.sort(key=lambda s: s["step"])
+        ttft.append(items[0]["done_s"] - items[0]["sent_s"])
+        tpot.extend(b["done_s"] - a["done_s"] for a, b in zip(items, items[1:]))
+    span = (max(s["done_s"] for s in steps) - min(s["sent_s"] for s in steps)) if steps else 0.0
+    out: dict[str, Any] = {
+        "streams": streams, "tokens_generated": len(steps),
+        "ttft_median_s": statistics.median(ttft) if ttft else None, "ttft_max_s": max(ttft) if ttft else None,
+        "tpot_median_s": statistics.median(tpot) if tpot else None,
+        "tpot_p90_s": _pct(tpot, 90), "tpot_p99_s": _pct(tpot, 99),
+        "tokens_per_s": len(steps) / span if span > 0 else None,
+        "decode_tokens_per_s": (len(tpot) / sum(tpot) * max(1, len(by_stream))) if tpot and sum(tpot) > 0 else None,
+    }
+    for st in stages:
+        j = st["stage"]
+        for phase in ("prefill", "decode"):
+            xs = st.get(f"compute_{phase}_s") or []
+            out[f"stage{j}_{phase}_compute_median_s"] = statistics.median(xs) if xs else None
+        out[f"stage{j}_kv_bytes"] = st.get("kv_bytes")
+        out[f"stage{j}_peak_rss_bytes"] = st.get("peak_rss_bytes")
+    for hop in hops:
+        out[f"hop{hop['hop']}_prefill_bytes"] = hop["prefill_bytes"]
+        out[f"hop{hop['hop']}_bytes_per_token"] = hop["bytes_per_token"]
+    return out
