@@ -33,3 +33,23 @@ positive_float = _typed("positive_float", float, lambda v: v > 0 and _finite(v),
 percent = _typed("percent", lambda t: float(str(t).strip().rstrip("%")) / 100, lambda v: 0 < v < 1,
                  "a percentage between 0 and 100, e.g. 5%")
 nonneg_float = _typed("nonneg_float", float, lambda v: v >= 0 and _finite(v), "a number of at least 0")
+
+
+def list_of(item: Callable[[str], Any], name: str) -> Callable[[str], list[Any]]:
+    """A comma list whose every item ``item`` parses (a sweep's dimension: 128,1024)."""
+    def parse(text: str) -> list[Any]:
+        values = [item(part.strip()) for part in str(text).split(",") if part.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r} names no value: give a comma list")
+        return values
+    parse.__name__ = name
+    return parse
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+    parse.__name__ = "choice"
+    return parse

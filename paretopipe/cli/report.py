@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
+from ..analysis import lm_fronts
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
 
 OBJECTIVES_HELP = ("objectives of the fronts, two or more of latency, throughput, energy, memory, energy_stageN, "
@@ -60,6 +61,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
+    if lm_fronts.is_lm_session(Path(args.results)):
+        print(lm_fronts.report(Path(args.results)))
+        return 0
     # lazy for start-up: pandas
     from ..analysis.sanity import format_sanity
 

@@ -19,7 +19,7 @@ from ..splits import parse_plans
 from ..network import traces
 from ..transport import aead
 from ..transport.auth import load_secret
-from . import experiment
+from . import experiment, lm_stages, lm_sweep
 from .report import print_front_table, print_privacy_cost
 from .common import (ArgumentParser, HelpFormatter, dataset_from_args, example_epilog, prefetch_from_args, read_env,
                      setup_logging)
@@ -189,6 +189,8 @@ def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Ex
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.py") -> int:
+    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
+        return lm_sweep.main(argv, prog)
     p = parser(prog)
     args = p.parse_args(argv)
     setup_logging(args.debug, args.quiet)

@@ -16,7 +16,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence, TypeVar
 
-from ..argtypes import positive_float, positive_int
+from ..argtypes import list_of, one_of, positive_float, positive_int
 from ..llm.shapes import CUT_DTYPES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
@@ -94,6 +94,11 @@ GEN_TOKENS = Option(("--gen-tokens",), "tokens generated per stream (the prefill
 STREAMS = Option(("--streams",), "concurrent sequences in flight (S > 1 fills the pipeline's bubble)", positive_int, 1)
 CUT_DTYPE = Option(("--cut-dtype",), "dtype of the hidden state crossing a cut (int8: one float32 scale per token)",
                    default="float32", choices=tuple(CUT_DTYPES))
+# The language-model sweep's dimensions: the same flags as a comma list, each value a configuration.
+PROMPT_LENS = Option(("--prompt-len",), "seeded prompt lengths, a comma list (128,1024)",
+                     list_of(positive_int, "positive_int_list"), [16])
+CUT_DTYPES_LIST = Option(("--cut-dtype",), f"a comma list of {', '.join(CUT_DTYPES)}: each a configuration of its own",
+                         list_of(one_of(tuple(CUT_DTYPES)), "cut_dtype_list"), ["float32"])
 
 
 def option(row: Option, *, required: bool = False) -> Any:

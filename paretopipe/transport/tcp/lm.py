@@ -114,7 +114,7 @@ def _peak_rss_bytes() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-class _Stages:
+class LMStages:
     """A process's built stages, one per plan position, kept across runs of one connection."""
 
     def __init__(self, src: LMSource) -> None:
@@ -151,12 +151,28 @@ def _stage_part(stage: LMStage, index: int, cfg: LMRunConfig, src: LMSource, sen
 def run_lm_stage1(listener: StageListener, src: LMSource, cfg: LMRunConfig, prompts: list[list[int]], *,
                   conditions: NetworkConditions | None, connect_timeout: float, output_dir: str | None,
                   threads: int | None, run_id: str | None = None) -> LMOutcome:
-    """Stage 1's run: send the RUN, generate ``cfg.gen_tokens`` tokens for every stream, collect
-    the later stages' parts, write the record."""
+    """``partition1.py``'s run: wait for the later stage, run once, say goodbye."""
+    connection = listener.connection(connect_timeout)
+    try:
+        outcome = run_lm(connection, LMStages(src), cfg, prompts, conditions=conditions, output_dir=output_dir,
+                         threads=threads, run_id=run_id)
+    except BaseException:
+        connection.close()
+        raise
+    connection.close(bye=True)
+    return outcome
+
+
+def run_lm(connection: Connection, stages: "LMStages", cfg: LMRunConfig, prompts: list[list[int]], *,
+           conditions: NetworkConditions | None, output_dir: str | Path | None, threads: int | None,
+           run_id: str | None = None) -> LMOutcome:
+    """Stage 1's run on an open connection (which may carry more runs): send the RUN, generate
+    ``cfg.gen_tokens`` tokens for every stream, collect the later stages' parts, write the record
+    (an incomplete one too, then raise)."""
+    src = stages.src
     check_plan(src.shape, cfg.splits)
     run_id = safe_run_id(run_id or f"{src.name}_llm_s{'-'.join(map(str, cfg.splits))}_{time.strftime('%Y%m%d-%H%M%S')}")
-    stage = _Stages(src).get(cfg.splits, 0)
-    connection = listener.connection(connect_timeout)
+    stage = stages.get(cfg.splits, 0)
     start = LMRunStart(run_id, dataclasses.asdict(cfg), 1,
                        conditions.down.to_dict() if conditions else None,
                        conditions.up.to_dict() if conditions and len(cfg.splits) > 1 else None)
@@ -176,27 +192,25 @@ def run_lm_stage1(listener: StageListener, src: LMSource, cfg: LMRunConfig, prom
         tokens_by_stream = run.generate(dict(enumerate(prompts)), cfg.gen_tokens, count_bytes=True)
         tokens = [tokens_by_stream[s] for s in range(cfg.streams)]
         steps = run.clock
-        connection.send(wire.RECORDS)
+        sender.submit(wire.encode(wire.RECORDS, 0))
         parts = _read_parts(connection, cfg, len(cfg.splits))
     except (ParetoPipeError, OSError) as exc:
         status, error = "incomplete", str(exc)
     finally:
         sender.close()
     own = _stage_part(stage, 0, cfg, src, hop_bytes["prefill"] + hop_bytes["decode"], threads)
-    stages = [own, *parts]
-    hops = _hops(stages, hop_bytes, cfg)
+    stage_parts = [own, *parts]
+    hops = _hops(stage_parts, hop_bytes, cfg)
     record = {"kind": LM_RECORD_KIND, "backend": "tcp", "run_id": run_id, "status": status, "error": error,
               "config": dataclasses.asdict(cfg),
               "manifest": {"link": link_manifest_of(conditions, conditions is not None, None, link),
                            "cipher": connection.cipher},
-              "stages": stages, "hops": hops, "steps": steps, "tokens": tokens,
-              "summary": summarize(steps, stages, hops, cfg.streams)}
+              "stages": stage_parts, "hops": hops, "steps": steps, "tokens": tokens,
+              "summary": summarize(steps, stage_parts, hops, cfg.streams)}
     path = (records.atomic_write_json(Path(output_dir) / f"{run_id}.json", record) if output_dir is not None
             else None)
     if status != "complete":
-        connection.close()
         raise PeerError(f"the run did not complete: {error}" + (f" (incomplete record {path})" if path else ""))
-    connection.close(bye=True)
     return LMOutcome(record, path, tokens)
 
 
@@ -276,7 +290,7 @@ def serve_lm_connection(connection: Connection, src: LMSource, *, threads: int |
                         timeout_s: float | None = None, downstream: Any = None) -> list[dict[str, Any]]:
     """Serve language-model runs on a connection until BYE; returns this stage's parts. A run this
     stage cannot take, or a malformed frame, is answered with ERROR and ends the run in one line."""
-    stages = _Stages(src)
+    stages = LMStages(src)
     done = []
     bye = False
     try:
@@ -295,7 +309,7 @@ def serve_lm_connection(connection: Connection, src: LMSource, *, threads: int |
 
 
 class _LaterStage:
-    def __init__(self, connection: Connection, src: LMSource, stages: _Stages, meta: dict[str, Any],
+    def __init__(self, connection: Connection, src: LMSource, stages: LMStages, meta: dict[str, Any],
                  threads: int | None, timeout_s: float | None, downstream: Any) -> None:
         self.connection, self.src, self.threads = connection, src, threads
         self.next: Connection | None = None
