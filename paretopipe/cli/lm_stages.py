@@ -82,6 +82,9 @@ def stage1_parser(prog: str) -> ArgumentParser:
     w.add_argument("--top-k", type=nonneg_int, default=0, help="with --temperature: sample among the k largest (0: all)")
     w.add_argument("--seed", type=nonneg_int, default=0)
     w.add_argument("--warmup", type=nonneg_int, default=1, help="short unmeasured generations first")
+    w.add_argument("--check-exact", action="store_true",
+                   help="the last stage compares its logits with the unsplit float32 model's after the run (always "
+                        "for a lossy --cut-dtype); it then builds the whole model once")
     w.add_argument("--save-outputs", default=None, help="write the generated token ids to this .npz (key: tokens)")
     k = p.add_argument_group("network conditions (emulated link)")
     add_network_flags(k)
@@ -135,6 +138,7 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
     timeout = args.timeout or _timeout_s(conditions, src.shape, prompts, args)
     cfg = LMRunConfig(model=src.name, identity=src.identity(), splits=list(args.split), gen_tokens=args.gen_tokens,
                       streams=args.streams, prompt_tokens=[len(p) for p in prompts], cut_dtype=args.cut_dtype,
+                      check_exact=args.check_exact or args.cut_dtype != "float32",
                       temperature=args.temperature, top_k=args.top_k, seed=args.seed, warmup=args.warmup,
                       timeout_s=timeout, network=conditions.name if conditions else None)
     listener = tcp.StageListener(tcp.listen(args.host, args.port), LMIdentity.of(src).as_dict(), secret,
@@ -150,7 +154,7 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
     s = outcome.record["summary"]
     print(f"{src.name} split={','.join(map(str, args.split))} ttft {_ms(s['ttft_median_s'])}, time per token "
           f"{_ms(s['tpot_median_s'])} (p90 {_ms(s['tpot_p90_s'])}), {_num(s['tokens_per_s'])} tokens/s, "
-          f"text {tok.decode(outcome.tokens[0])[:60]!r}" + (f", written {outcome.path}" if outcome.path else ""))
+          f"text {tok.decode(outcome.tokens[0])[:60]!r}" + _exact_note(s) + (f", written {outcome.path}" if outcome.path else ""))
     return 0
 
 
@@ -194,6 +198,13 @@ def main_lm_stage2(argv: Sequence[str] | None, prog: str = "partition2.py") -> i
               f"{part['kv_bytes']} B, peak RSS {part['peak_rss_bytes'] / 2**20:.0f} MiB "
               f"({time.monotonic() - started:.1f}s)")
     return 0
+
+
+def _exact_note(summary: dict) -> str:
+    if summary.get("token_agreement") is None:
+        return ""
+    return (f", against unsplit float32: tokens agree {summary['token_agreement']:.0%}, largest logit difference "
+            f"{summary['max_logit_diff']:.2g}")
 
 
 def _ms(x: float | None) -> str:

@@ -42,6 +42,9 @@ def summarize(steps: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
             out[f"stage{j}_{phase}_compute_median_s"] = statistics.median(xs) if xs else None
         out[f"stage{j}_kv_bytes"] = st.get("kv_bytes")
         out[f"stage{j}_peak_rss_bytes"] = st.get("peak_rss_bytes")
+    exact = next((st["exactness"] for st in stages if st.get("exactness")), None)
+    out["token_agreement"] = exact["token_agreement"] if exact else None
+    out["max_logit_diff"] = exact["max_logit_diff"] if exact else None
     for hop in hops:
         out[f"hop{hop['hop']}_prefill_bytes"] = hop["prefill_bytes"]
         out[f"hop{hop['hop']}_bytes_per_token"] = hop["bytes_per_token"]

@@ -181,7 +181,7 @@ class LMSweep:
         run_cfg = LMRunConfig(model=self.src.name, identity=self.src.identity(), splits=[cfg.split],
                               gen_tokens=self.opts.gen_tokens, streams=self.opts.streams,
                               prompt_tokens=[len(p) for p in prompts], cut_dtype=cfg.cut_dtype, seed=self.opts.seed,
-                              warmup=self.opts.warmup, timeout_s=timeout,
+                              warmup=self.opts.warmup, timeout_s=timeout, check_exact=cfg.cut_dtype != "float32",
                               network=None if conditions is None else cfg.network)
         recs = []
         for r in range(self.opts.runs):

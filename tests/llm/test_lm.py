@@ -173,3 +173,19 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+def test_float32_logits_over_tcp_agree_with_the_unsplit_model_at_every_step(reference, tmp_path):
+    record, got, out, _ = _run_pair(tmp_path, "2", "--check-exact")
+    exact = record["stages"][-1]["exactness"]
+    assert exact["steps"] == 2 * GEN and exact["token_agreement"] == 1.0
+    assert exact["max_logit_diff"] < 1e-5
+    assert "tokens agree 100%" in out
+
+
+def test_an_int8_cut_records_what_it_costs_against_float32(reference, tmp_path):
+    record, got, _, _ = _run_pair(tmp_path, "3", "--cut-dtype", "int8")
+    assert record["hops"][0]["bytes_per_token"] == 64 + 4  # int8 values and one float32 scale per token
+    s = record["summary"]
+    assert 0.0 <= s["token_agreement"] <= 1.0 and 0.0 < s["max_logit_diff"] < 0.5
+    assert s["max_logit_diff"] == record["stages"][-1]["exactness"]["max_logit_diff"]

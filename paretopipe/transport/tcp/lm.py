@@ -33,7 +33,7 @@ import torch
 from ... import records
 from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...llm.build import LMSource, build_stage
-from ...llm.generate import Sampling
+from ...llm.generate import Sampling, reference_model
 from ...llm.shapes import CUT_DTYPES, check_plan, stage_blocks, stage_layers
 from ...llm.stage import LMStage, cut_nbytes, decode_cut, encode_cut
 from ...llm.summary import summarize
@@ -65,6 +65,9 @@ class LMRunConfig:
     warmup: int = 1
     timeout_s: float = 60.0
     network: str | None = None
+    # The last stage compares its logits with the unsplit float32 model's after the run (teacher-forced on
+    # the generated tokens): on by default for a lossy cut dtype, so the bytes it saves come with their cost.
+    check_exact: bool = False
 
     @property
     def sampling(self) -> Sampling:
@@ -192,7 +195,9 @@ def run_lm(connection: Connection, stages: "LMStages", cfg: LMRunConfig, prompts
         tokens_by_stream = run.generate(dict(enumerate(prompts)), cfg.gen_tokens, count_bytes=True)
         tokens = [tokens_by_stream[s] for s in range(cfg.streams)]
         steps = run.clock
-        sender.submit(wire.encode(wire.RECORDS, 0))
+        sequences = (torch.tensor([p + t for p, t in zip(prompts, tokens)], dtype=torch.int64)
+                     if cfg.check_exact else None)
+        sender.submit(wire.encode(wire.RECORDS, 0, sequences))
         parts = _read_parts(connection, cfg, len(cfg.splits))
     except (ParetoPipeError, OSError) as exc:
         status, error = "incomplete", str(exc)
@@ -356,6 +361,7 @@ class _LaterStage:
                                     f"stage{self.index + 1}-forward") if self.next is not None else None)
         self.hop_bytes = {"prefill": 0, "decode": 0, "decode_steps": 0}
         self.relay_error: list[BaseException] = []
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}  # (stream, step): what this last stage chose from
         connection.send(wire.RUN_OK)
 
     def serve(self) -> dict[str, Any]:
@@ -367,7 +373,7 @@ class _LaterStage:
             while True:
                 f = self.connection.reader.read(time.monotonic() + self.timeout_s)
                 if f.kind == wire.RECORDS:
-                    return self._records(relay)
+                    return self._records(relay, f)
                 wire.expect(f, wire.TENSOR)
                 self._step(f)
         except (ParetoPipeError, OSError) as exc:
@@ -395,6 +401,8 @@ class _LaterStage:
         except ValueError as exc:
             raise WireError(f"step {f.seq}: {exc}")
         if self.last:
+            if self.cfg.check_exact and stream < self.cfg.streams:
+                self.logits[(stream, step)] = h[0].clone()
             token = self.cfg.sampling.choose(h[0], stream, step)
             self.back.submit(wire.encode(wire.RESULT, f.seq, None, {"stream": stream, "token": token}))
             return
@@ -433,6 +441,31 @@ class _LaterStage:
             raise WireError(f"step {f.seq}: the hidden state holds NaN or infinity")
         return x
 
+    def _exactness(self, sequences: torch.Tensor | None) -> dict[str, Any]:
+        """Token agreement and the largest logit difference against the unsplit float32 model,
+        fed the run's own tokens (teacher-forced), so every step is compared on the same context."""
+        cfg = self.cfg
+        want = (cfg.streams, cfg.prompt_tokens[0] + cfg.gen_tokens)
+        if sequences is None or sequences.dtype != torch.int64 or tuple(sequences.shape) != want \
+                or len(set(cfg.prompt_tokens)) != 1 or bool(((sequences < 0) | (sequences >= self.src.shape.vocab_size)).any()):
+            raise WireError(f"RECORDS must carry the streams' token ids as int64 {want} for the exactness check")
+        reference = reference_model(self.src)
+        prompt = cfg.prompt_tokens[0]
+        agree, steps, worst = 0, 0, 0.0
+        with torch.inference_mode():
+            for stream in range(cfg.streams):
+                logits = reference(input_ids=sequences[stream:stream + 1, :-1]).logits[0]
+                for step in range(cfg.gen_tokens):
+                    ref = logits[prompt - 1 + step]
+                    got = self.logits.get((stream, step))
+                    if got is None:
+                        raise WireError(f"no logits kept for stream {stream} step {step}")
+                    worst = max(worst, float((ref - got).abs().max()))
+                    agree += cfg.sampling.choose(ref, stream, step) == int(sequences[stream, prompt + step])
+                    steps += 1
+        return {"reference": "the unsplit model in float32, teacher-forced on the generated tokens",
+                "token_agreement": agree / steps, "max_logit_diff": worst, "steps": steps}
+
     def _relay(self) -> None:
         """A middle stage: the next stage's results go back as they come, until its RECORDS."""
         try:
@@ -446,13 +479,17 @@ class _LaterStage:
         except BaseException as exc:  # reported when RECORDS are due
             self.relay_error.append(exc)
 
-    def _records(self, relay: threading.Thread | None) -> dict[str, Any]:
+    def _records(self, relay: threading.Thread | None, f: wire.Frame) -> dict[str, Any]:
         own = _stage_part(self.stage, self.index, self.cfg, self.src,
                           self.hop_bytes["prefill"] + self.hop_bytes["decode"], self.threads)
         own["hop_bytes"] = dict(self.hop_bytes)
+        sequences = f.tensor.clone() if isinstance(f.tensor, torch.Tensor) else None
+        f.release()
+        if self.last and self.cfg.check_exact:
+            own["exactness"] = self._exactness(sequences)
         parts = [own]
         if self.next is not None:
-            self.forward.submit(wire.encode(wire.RECORDS, 0))
+            self.forward.submit(wire.encode(wire.RECORDS, 0, sequences))
             relay.join(self.timeout_s + 600)
             if self.relay_error or relay.is_alive():
                 raise PeerError(f"the next stage's results: {self.relay_error[0] if self.relay_error else 'timed out'}")
