@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps test test-fast demo demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
+.PHONY: venv sysdeps test test-fast demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -53,6 +53,13 @@ demo: venv
 	@if [ "$$(ls results/*/runs.csv 2>/dev/null | wc -l)" -ge 2 ]; then \
 	  $(PY) -m paretopipe compare results --goal 0.9 --selective wifi:4,lte:4 | tail -6; \
 	else echo "reproducibility: run make demo once more to compare two sessions (goal: front+tied Jaccard >= 0.9)"; fi
+
+# A language model split at every layer boundary (tiny-lm: 4 layers, 7 cuts) under three networks
+# and two prompt lengths: time to first token against time per token, the fronts, the bound ratios.
+demo-llm: venv
+	$(PY) -m paretopipe split --model tiny-lm --list
+	$(PY) automated_split_tester.py --model tiny-lm --splits all --network lan,wifi,3g --prompt-len 16,128 \
+	  --gen-tokens 16 --runs 2 --out results-llm
 
 # An edge device (a quarter of a core, via a cgroup quota) and a server on one machine (needs root).
 EDGE   := results-edge/profiles/edge-mobilenet_v2.json+results-edge/profiles/edge-mobilenet_v2-after.json

@@ -13,6 +13,7 @@ here (:data:`RUN`) or marked in the docs as needing hardware this machine lacks.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.slow
 
 #: Flags whose value is a size: a reduced line may change or add them.
 SIZES = {"--runs", "--num-batches", "--num-test-samples", "--warmup", "--batch-size", "--splits", "--repetitions",
-         "--codecs", "--ciphers", "--duration", "--batches", "--max-runs", "--only", "--quiet"}
+         "--codecs", "--ciphers", "--duration", "--batches", "--max-runs", "--only", "--quiet", "--prompt-len",
+         "--gen-tokens"}
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
 PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session"}
 #: Every documented command line a test here runs (as written, or reduced in size only), as
@@ -65,6 +67,12 @@ RUN = frozenset({
     "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --out profiles/server-mobilenet_v2.json",
     "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --cpu-share 0.25 "
     "--out profiles/edge-mobilenet_v2.json",
+    "python -m paretopipe.split --model smollm2-135m --list",
+    "python partition1.py --model tiny-lm --split 3 --prompt Hello --gen-tokens 16",
+    "python partition2.py --model tiny-lm --host 127.0.0.1",
+    "python automated_split_tester.py --model smollm2-135m --splits all --network lan,wifi,lte --prompt-len 128,1024 "
+    "--gen-tokens 64",
+    "python -m paretopipe.report results-llm",
     *(f"python -m paretopipe.predict --model mobilenetv2 --device-profiles "
       f"profiles/edge-mobilenet_v2.json,profiles/server-mobilenet_v2.json {tail}"
       for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms")),
@@ -319,6 +327,26 @@ def test_the_adaptive_split_as_the_readme_and_docs_run_it(clone):
     bench = sh(reduced("python benchmarks/adaptive_vs_static.py --runs 3 --batches 40", runs="1", batches="4",
                        only="step", splits="15,19", out=str(clone / "bench")), clone, timeout=900)
     assert "step" in bench.stdout and (clone / "bench" / "step" / "report" / "adaptive_verdicts.csv").is_file()
+
+
+# -- 8. a language model: its cuts, a run by hand, a sweep and its fronts (docs/llm.md) ---------------
+def test_a_language_model_listed_run_by_hand_swept_and_reported(clone):
+    listed = sh(reduced("python -m paretopipe.split --model smollm2-135m --list"), clone).stdout
+    assert "normed hidden state" in listed and "  2304  " in listed  # 576 x 4 bytes a token
+    port = str(free_port())
+    hand_run(clone, reduced("python partition1.py --model tiny-lm --split 3 --prompt Hello --gen-tokens 16",
+                            port=port, out="results/lm", gen_tokens="6"),
+             reduced("python partition2.py --model tiny-lm --host 127.0.0.1", port=port))
+    record = json.loads(next((clone / "results" / "lm").glob("*.json")).read_text())
+    assert record["status"] == "complete" and len(record["tokens"][0]) == 6
+    sh(reduced("python automated_split_tester.py --model smollm2-135m --splits all --network lan,wifi,lte "
+               "--prompt-len 128,1024 --gen-tokens 64", splits="0,16,32", prompt_len="8", gen_tokens="3"), clone)
+    out = sh(reduced("python -m paretopipe.report results-llm"), clone).stdout
+    for network in ("lan", "wifi", "lte"):
+        assert f"smollm2-135m on {network}, prompt 8 tokens" in out
+    session = next((clone / "results-llm").glob("*/summary.csv")).parent
+    assert {p.name for p in (session / "report").glob("*.png")} == {"lm_ttft_vs_tpot.png", "lm_tokens_vs_memory.png",
+                                                                     "lm_tpot_vs_rtt.png"}
 
 
 def test_reduced_changes_sizes_and_places_only():

@@ -229,8 +229,13 @@ def draw_fronts(session: Path, rows: list[dict[str, Any]]) -> list[Path]:
     return written
 
 
-def is_lm_session(path: Path) -> bool:
-    return (Path(path) / SESSION_FILE).is_file()
+def find_lm_session(path: Path) -> Path | None:
+    """A language-model session folder itself, or the newest one inside a folder of sessions."""
+    path = Path(path)
+    if (path / SESSION_FILE).is_file():
+        return path
+    inside = sorted(p.parent for p in path.glob(f"*/{SESSION_FILE}")) if path.is_dir() else []
+    return inside[-1] if inside else None
 
 
 def report(session: Path) -> str:

@@ -62,7 +62,7 @@ def _common(p: argparse.ArgumentParser, stage: int) -> None:
     add_common_flags(p)
 
 
-def stage1_parser(prog: str) -> ArgumentParser:
+def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     p = ArgumentParser(prog=prog, formatter_class=HelpFormatter,
                        description="Stage 1 of a split language model: holds the prompts and the first blocks, "
                                    "listens, sends each step's hidden state on and receives the chosen token; "
@@ -91,7 +91,7 @@ def stage1_parser(prog: str) -> ArgumentParser:
     return p
 
 
-def stage2_parser(prog: str) -> ArgumentParser:
+def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:
     p = ArgumentParser(prog=prog, formatter_class=HelpFormatter,
                        description="A later stage of a split language model: connects to the stage before, runs its "
                                    "layers with a KV cache of its own, and (the last stage) chooses each token.",

@@ -13,7 +13,7 @@ from .common import (ArgumentParser, HelpFormatter, add_common_flags, example_ep
                      positive_int, setup_logging)
 
 
-def parser(prog: str) -> ArgumentParser:
+def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     p = ArgumentParser(prog=prog, formatter_class=HelpFormatter,
                        description="Sweep every split of a language model on this machine: stage 1 here, the last "
                                    "stage in a process of its own on the next CPU, under each emulated network and "

@@ -61,8 +61,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    if lm_fronts.is_lm_session(Path(args.results)):
-        print(lm_fronts.report(Path(args.results)))
+    lm_session = lm_fronts.find_lm_session(Path(args.results))
+    if lm_session is not None:
+        print(lm_fronts.report(lm_session))
         return 0
     # lazy for start-up: pandas
     from ..analysis.sanity import format_sanity
