@@ -73,6 +73,7 @@ RUN = frozenset({
     "python automated_split_tester.py --model smollm2-135m --splits all --network lan,wifi,lte --prompt-len 128,1024 "
     "--gen-tokens 64",
     "python -m paretopipe.report results-llm",
+    "python distributed_runner.py --local --world-size 3 --model tiny-lm --split-blocks 1,4 --gen-tokens 16",
     *(f"python -m paretopipe.predict --model mobilenetv2 --device-profiles "
       f"profiles/edge-mobilenet_v2.json,profiles/server-mobilenet_v2.json {tail}"
       for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms")),
@@ -339,6 +340,10 @@ def test_a_language_model_listed_run_by_hand_swept_and_reported(clone):
              reduced("python partition2.py --model tiny-lm --host 127.0.0.1", port=port))
     record = json.loads(next((clone / "results" / "lm").glob("*.json")).read_text())
     assert record["status"] == "complete" and len(record["tokens"][0]) == 6
+    sh(reduced("python distributed_runner.py --local --world-size 3 --model tiny-lm --split-blocks 1,4 --gen-tokens 16",
+               gen_tokens="6", out="results/lm-rpc"), clone)
+    rpc_record = json.loads(next((clone / "results" / "lm-rpc").glob("*.json")).read_text())
+    assert rpc_record["backend"] == "rpc" and len(rpc_record["tokens"][0]) == 6
     sh(reduced("python automated_split_tester.py --model smollm2-135m --splits all --network lan,wifi,lte "
                "--prompt-len 128,1024 --gen-tokens 64", splits="0,16,32", prompt_len="8", gen_tokens="3"), clone)
     out = sh(reduced("python -m paretopipe.report results-llm"), clone).stdout

@@ -130,7 +130,9 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
     # lazy for start-up: torch
     from ..transport import tcp
     # lazy for start-up: torch
-    from ..transport.tcp.lm import LMIdentity, LMRunConfig, run_lm_stage1
+    from ..transport.tcp.lm import LMIdentity, run_lm_stage1
+    # lazy for start-up: torch
+    from ..transport.lmrun import LMRunConfig
 
     tok = tokenizer_for(args.model_dir)
     prompts = [prompt_ids(args.prompt, args.prompt_len, src.shape.vocab_size, src.shape.max_position_embeddings,

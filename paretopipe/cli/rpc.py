@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..runners import flags, rpc_ranks
+from . import lm_rpc, lm_stages
 from ..errors import PeerError, UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
@@ -251,6 +252,8 @@ class _MasterRun:
 
 def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if lm_stages.wants_lm(argv):
+        return lm_rpc.main(argv, prog)
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     for flag, note in DEPRECATED.items():

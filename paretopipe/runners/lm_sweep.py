@@ -122,7 +122,9 @@ class LMSweep:
         # lazy for start-up: torch
         from ..transport import tcp
         # lazy for start-up: torch
-        from ..transport.tcp.lm import LMIdentity, LMStages
+        from ..transport.lmrun import LMStages
+        # lazy for start-up: torch
+        from ..transport.tcp.lm import LMIdentity
 
         (self.session / "runs").mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(self.opts.threads)
@@ -164,7 +166,9 @@ class LMSweep:
 
     def _configuration(self, connection, stages, cfg: LMConfig) -> None:
         # lazy for start-up: torch
-        from ..transport.tcp.lm import LMRunConfig, run_lm
+        from ..transport.lmrun import LMRunConfig
+        # lazy for start-up: torch
+        from ..transport.tcp.lm import run_lm
 
         why = infeasible_why(self.opts, self.shape, cfg)
         if why is not None:

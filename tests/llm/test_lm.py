@@ -17,7 +17,8 @@ from paretopipe.errors import WireError
 from paretopipe.llm import build, generate, shapes, tokens
 from paretopipe.transport import wire
 from paretopipe.transport.tcp.connection import Connection
-from paretopipe.transport.tcp.lm import LMRunConfig, LMRunStart, serve_lm_connection
+from paretopipe.transport.lmrun import LMRunConfig
+from paretopipe.transport.tcp.lm import LMRunStart, serve_lm_connection
 from tcp_helpers import free_port, run, start, wait_for_line
 
 GEN = 8

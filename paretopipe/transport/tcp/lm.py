@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import resource
-import sys
 import threading
 import time
 from pathlib import Path
@@ -32,46 +30,21 @@ import torch
 
 from ... import records
 from ...errors import ParetoPipeError, PeerError, UsageError, WireError
-from ...llm.build import LMSource, build_stage
-from ...llm.generate import Sampling, reference_model
-from ...llm.shapes import CUT_DTYPES, check_plan, stage_blocks, stage_layers
+from ...llm.build import LMSource
+from ...llm.generate import reference_model
+from ...llm.shapes import CUT_DTYPES, check_plan, stage_blocks
 from ...llm.stage import LMStage, cut_nbytes, decode_cut, encode_cut
 from ...llm.summary import summarize
-from ...manifest import node_manifest
 from ...network.conditions import Direction, NetworkConditions
 from ...network.emulated import EmulatedLink
 from .. import wire
 from .connection import Connection, FrameSender
 from .handshake import StageListener
+from ..lmrun import LM_RECORD_KIND, LMRunConfig, LMStages, hop_figures, stage_part
 from .messages import json_payload, json_tensor, message, safe_run_id
 from .outcome import link_manifest_of
 
 log = logging.getLogger("paretopipe.tcp")
-LM_RECORD_KIND = "llm"
-
-
-@dataclasses.dataclass
-class LMRunConfig:
-    model: str
-    identity: str
-    splits: list[int]
-    gen_tokens: int
-    streams: int
-    prompt_tokens: list[int]  # each stream's prompt length
-    cut_dtype: str = "float32"
-    temperature: float = 0.0
-    top_k: int = 0
-    seed: int = 0
-    warmup: int = 1
-    timeout_s: float = 60.0
-    network: str | None = None
-    # The last stage compares its logits with the unsplit float32 model's after the run (teacher-forced on
-    # the generated tokens): on by default for a lossy cut dtype, so the bytes it saves come with their cost.
-    check_exact: bool = False
-
-    @property
-    def sampling(self) -> Sampling:
-        return Sampling(self.temperature, self.top_k, self.seed)
 
 
 @dataclasses.dataclass
@@ -110,43 +83,6 @@ class LMOutcome:
 def _payload(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """One tensor as itself; an int8 cut's values and scales as a live set of two."""
     return tensors[0] if len(tensors) == 1 else tensors
-
-
-def _peak_rss_bytes() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
-
-
-class LMStages:
-    """A process's built stages, one per plan position, kept across runs of one connection."""
-
-    def __init__(self, src: LMSource) -> None:
-        self.src = src
-        self._built: dict[tuple[tuple[int, ...], int], LMStage] = {}
-
-    def get(self, splits: list[int], index: int) -> LMStage:
-        key = (tuple(splits), index)
-        if key not in self._built:
-            self._built.clear()  # one plan at a time: a process holds its own stage only
-            self._built[key] = LMStage(build_stage(self.src, splits, index))
-        stage = self._built[key]
-        stage.reset()
-        return stage
-
-
-def _stage_part(stage: LMStage, index: int, cfg: LMRunConfig, src: LMSource, sent_bytes: int,
-                threads: int | None) -> dict[str, Any]:
-    measured = [s for s in stage.caches if s < cfg.streams]
-    first, end = stage_blocks(src.shape, cfg.splits, index)
-    layers = stage_layers(src.shape, cfg.splits, index)
-    return {"stage": index + 1, "blocks": [first, end], "layers": [layers.start, layers.stop],
-            "compute_prefill_s": stage.compute_s("prefill", cfg.streams),
-            "compute_decode_s": stage.compute_s("decode", cfg.streams),
-            "kv_bytes": sum(stage.caches[s].nbytes() for s in measured),
-            "kv_tokens": sum(stage.caches[s].length() for s in measured) if layers else 0,
-            "param_bytes": stage.parts.param_bytes(), "peak_rss_bytes": _peak_rss_bytes(),
-            "bytes_sent": sent_bytes, "weights_fingerprint": stage.parts.fingerprint(),
-            "manifest": node_manifest("cpu", threads, role=f"stage{index + 1}")}
 
 
 # -- stage 1 --------------------------------------------------------------------------------
@@ -203,9 +139,9 @@ def run_lm(connection: Connection, stages: "LMStages", cfg: LMRunConfig, prompts
         status, error = "incomplete", str(exc)
     finally:
         sender.close()
-    own = _stage_part(stage, 0, cfg, src, hop_bytes["prefill"] + hop_bytes["decode"], threads)
+    own = stage_part(stage, 0, cfg, src, hop_bytes["prefill"] + hop_bytes["decode"], threads)
     stage_parts = [own, *parts]
-    hops = _hops(stage_parts, hop_bytes, cfg)
+    hops = hop_figures(stage_parts, hop_bytes, cfg)
     record = {"kind": LM_RECORD_KIND, "backend": "tcp", "run_id": run_id, "status": status, "error": error,
               "config": dataclasses.asdict(cfg),
               "manifest": {"link": link_manifest_of(conditions, conditions is not None, None, link),
@@ -217,18 +153,6 @@ def run_lm(connection: Connection, stages: "LMStages", cfg: LMRunConfig, prompts
     if status != "complete":
         raise PeerError(f"the run did not complete: {error}" + (f" (incomplete record {path})" if path else ""))
     return LMOutcome(record, path, tokens)
-
-
-def _hops(stages: list[dict[str, Any]], stage1_bytes: dict[str, int], cfg: LMRunConfig) -> list[dict[str, Any]]:
-    """Each hop's bytes: the prefill's, and per decode token (what stage j put on the wire for
-    its hidden states; stage 1's own count, the later stages' from their parts)."""
-    out = []
-    for j, st in enumerate(stages[:-1], start=1):
-        counts = stage1_bytes if j == 1 else st.get("hop_bytes") or {}
-        steps = counts.get("decode_steps") or 0
-        out.append({"hop": f"{j}-{j + 1}", "prefill_bytes": counts.get("prefill", 0),
-                    "bytes_per_token": counts.get("decode", 0) / steps if steps else None})
-    return out
 
 
 def _read_parts(connection: Connection, cfg: LMRunConfig, later: int) -> list[dict[str, Any]]:
@@ -480,7 +404,7 @@ class _LaterStage:
             self.relay_error.append(exc)
 
     def _records(self, relay: threading.Thread | None, f: wire.Frame) -> dict[str, Any]:
-        own = _stage_part(self.stage, self.index, self.cfg, self.src,
+        own = stage_part(self.stage, self.index, self.cfg, self.src,
                           self.hop_bytes["prefill"] + self.hop_bytes["decode"], self.threads)
         own["hop_bytes"] = dict(self.hop_bytes)
         sequences = f.tensor.clone() if isinstance(f.tensor, torch.Tensor) else None

@@ -1,0 +1,44 @@
+"""A split language model over PyTorch RPC, as real rank processes: the tokens equal the unsplit
+model's through a chain of three ranks, the record adds up, and a plan that does not fit the
+world is one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import PYTHON
+from paretopipe.llm import build, generate, tokens
+from tcp_helpers import run
+
+
+@pytest.fixture(scope="module")
+def reference():
+    src = build.source("tiny-lm")
+    return src, generate.reference_model(src)
+
+
+def test_tokens_over_rpc_equal_the_unsplit_model_through_three_ranks(reference, tmp_path):
+    src, model = reference
+    res = run([PYTHON, "distributed_runner.py", "--local", "--world-size", "3", "--model", "tiny-lm", "--split-blocks",
+               "1,4", "--prompt-len", "10", "--gen-tokens", "6", "--streams", "2", "--network", "wifi", "--out",
+               str(tmp_path), "--save-outputs", str(tmp_path / "t.npz"), "--rpc-transport", "uv"], timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    want = [generate.generate_unsplit(model, tokens.seeded_prompt(10, 260, 0, s), 6)[0] for s in (0, 1)]
+    assert np.load(tmp_path / "t.npz")["tokens"].tolist() == want
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert record["backend"] == "rpc" and record["status"] == "complete" and record["tokens"] == want
+    assert [h["bytes_per_token"] for h in record["hops"]] == [256, 256]
+    assert [s["layers"] for s in record["stages"]] == [[0, 0], [0, 3], [3, 4]]
+    assert record["manifest"]["link"]["conditions"]["name"] == "wifi"
+    assert "rpc ttft" in res.stdout
+
+
+def test_a_plan_that_does_not_fit_the_world_is_one_line():
+    res = run([PYTHON, "distributed_runner.py", "--local", "--world-size", "2", "--model", "tiny-lm",
+               "--split-blocks", "1,4"], timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "2 split(s) make 3 stages" in lines[0]
