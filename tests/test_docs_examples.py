@@ -29,7 +29,7 @@ SCRIPTS = {"automated_split_tester.py": ("sweep", "parser"), "partition1.py": ("
 SUBCOMMANDS = {"stage1": ("stages", "stage1_parser"), "stage2": ("stages", "stage2_parser")}
 #: A line that names a language model goes to its own parser, as the command's main sends it.
 LM_PARSERS = {("sweep", "parser"): ("lm_sweep", "parser"), ("stages", "stage1_parser"): ("lm_stages", "stage1_parser"),
-              ("stages", "stage2_parser"): ("lm_stages", "stage2_parser")}
+              ("stages", "stage2_parser"): ("lm_stages", "stage2_parser"), ("rpc", "parser"): ("lm_rpc", "parser")}
 
 
 def _blocks() -> list[tuple[str, str, str]]:
