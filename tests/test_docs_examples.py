@@ -29,7 +29,8 @@ SCRIPTS = {"automated_split_tester.py": ("sweep", "parser"), "partition1.py": ("
 SUBCOMMANDS = {"stage1": ("stages", "stage1_parser"), "stage2": ("stages", "stage2_parser")}
 #: A line that names a language model goes to its own parser, as the command's main sends it.
 LM_PARSERS = {("sweep", "parser"): ("lm_sweep", "parser"), ("stages", "stage1_parser"): ("lm_stages", "stage1_parser"),
-              ("stages", "stage2_parser"): ("lm_stages", "stage2_parser"), ("rpc", "parser"): ("lm_rpc", "parser")}
+              ("stages", "stage2_parser"): ("lm_stages", "stage2_parser"), ("rpc", "parser"): ("lm_rpc", "parser"),
+              ("profile", "parser"): ("lm_predict", "profile_parser"), ("predict", "parser"): ("lm_predict", "predict_parser")}
 
 
 def _blocks() -> list[tuple[str, str, str]]:
@@ -64,6 +65,7 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser | None, list[s
             module, argv = argv[1], argv[2:]
             if module != "paretopipe":
                 mod, fn = SCRIPTS[module]
+                mod, fn = LM_PARSERS.get((mod, fn), (mod, fn)) if lm_stages.wants_lm(argv) else (mod, fn)
                 return getattr(importlib.import_module(f"paretopipe.cli.{mod}"), fn)(), argv
             argv = ["paretopipe", *argv]
         else:

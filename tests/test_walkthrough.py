@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 #: Flags whose value is a size: a reduced line may change or add them.
 SIZES = {"--runs", "--num-batches", "--num-test-samples", "--warmup", "--batch-size", "--splits", "--repetitions",
          "--codecs", "--ciphers", "--duration", "--batches", "--max-runs", "--only", "--quiet", "--prompt-len",
-         "--gen-tokens"}
+         "--gen-tokens", "--decode-steps"}
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
 PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session"}
 #: Every documented command line a test here runs (as written, or reduced in size only), as
@@ -74,6 +74,11 @@ RUN = frozenset({
     "--gen-tokens 64",
     "python -m paretopipe.report results-llm",
     "python distributed_runner.py --local --world-size 3 --model tiny-lm --split-blocks 1,4 --gen-tokens 16",
+    "python -m paretopipe.profile --model smollm2-135m --prompt-len 128,1024 --threads 1 "
+    "--out profiles/cpu-smollm2-135m.json",
+    "python -m paretopipe.predict --model smollm2-135m --device-profiles "
+    "profiles/cpu-smollm2-135m.json,profiles/cpu-smollm2-135m.json --network lan,wifi,lte --prompt-len 128,1024 "
+    "--validate results-llm",
     *(f"python -m paretopipe.predict --model mobilenetv2 --device-profiles "
       f"profiles/edge-mobilenet_v2.json,profiles/server-mobilenet_v2.json {tail}"
       for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms")),
@@ -352,6 +357,12 @@ def test_a_language_model_listed_run_by_hand_swept_and_reported(clone):
     session = next((clone / "results-llm").glob("*/summary.csv")).parent
     assert {p.name for p in (session / "report").glob("*.png")} == {"lm_ttft_vs_tpot.png", "lm_tokens_vs_memory.png",
                                                                      "lm_tpot_vs_rtt.png"}
+    sh(reduced("python -m paretopipe.profile --model smollm2-135m --prompt-len 128,1024 --threads 1 "
+               "--out profiles/cpu-smollm2-135m.json", prompt_len="8", decode_steps="3", repetitions="2"), clone)
+    check = sh(reduced("python -m paretopipe.predict --model smollm2-135m --device-profiles "
+                       "profiles/cpu-smollm2-135m.json,profiles/cpu-smollm2-135m.json --network lan,wifi,lte "
+                       "--prompt-len 128,1024 --validate results-llm", prompt_len="8"), clone).stdout
+    assert "9 configurations, median |error|" in check
 
 
 def test_reduced_changes_sizes_and_places_only():

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..runners import flags
+from . import lm_predict, lm_stages
 from ..errors import UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      network_from_args, setup_logging)
@@ -111,6 +113,8 @@ def _per_device_watts(text: str | None, devices: int) -> list[float | None] | No
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.predict") -> int:
+    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
+        return lm_predict.predict_main(argv, prog)
     import pandas as pd
 
     # lazy for start-up: pandas

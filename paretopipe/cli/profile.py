@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Sequence
 
 from ..runners import flags
+from . import lm_predict, lm_stages
 from ..errors import UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
                      example_epilog, nonneg_int, positive_int, setup_logging)
@@ -50,6 +52,8 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.profile") -> int:
+    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
+        return lm_predict.profile_main(argv, prog)
     # lazy for start-up: torch
     from ..predict.measure import ProfileOptions, measure
 

@@ -1,0 +1,107 @@
+"""Predicted time to first token and time per token of every split of a language model, from two
+device profiles (``paretopipe profile --model NAME``: each block's compute per phase) and a link.
+
+For split k, stage 1's blocks come from the first device's profile and the rest from the second's:
+
+- time to first token = stage 1's prefill + the prompt's hidden states across the link (serialised
+  at the up rate) + the up delay + stage 2's prefill + the down delay;
+- time per token = stage 1's decode + stage 2's decode + the round trip + the bytes per token at
+  the up rate (the token coming back is a few bytes).
+
+Both are what the measured records call ``ttft_median_s`` and ``tpot_median_s``; ``validate``
+compares them with a sweep's summary. No torch here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..llm import shapes
+from ..network.conditions import NetworkConditions
+
+PROFILE_KIND = "llm-profile"
+RESULT_BYTES = 64  # a RESULT frame carrying one token id: header and meta
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a readable device profile ({exc})")
+    if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
+        raise UsageError(f"{path}: not a language model's device profile (paretopipe profile --model NAME writes one)")
+    return data
+
+
+def _phase(profile: dict[str, Any], prompt_len: int) -> dict[str, Any]:
+    """The profile's phases at ``prompt_len``, or at its nearest length with the prefill scaled by
+    the ratio of lengths (prefill work grows about linearly with the prompt at these sizes)."""
+    lens = {int(k): v for k, v in profile["prompt_lens"].items()}
+    if prompt_len in lens:
+        return lens[prompt_len]
+    near = min(lens, key=lambda p: abs(p - prompt_len))
+    scale = prompt_len / near
+    return {**lens[near], "prefill_s": [t * scale for t in lens[near]["prefill_s"]], "scaled_from": near}
+
+
+def predict(shape: shapes.LMShape, profiles: list[dict[str, Any]], conditions: NetworkConditions | None,
+            prompt_len: int, cut_dtype: str = "float32") -> list[dict[str, Any]]:
+    """One row per split: the predicted time to first token and time per token."""
+    if len(profiles) != 2:
+        raise UsageError(f"--device-profiles: a language model's split has two devices, got {len(profiles)} profiles")
+    for p in profiles:
+        if p["model"] != shape.name or len(p["blocks"]) != shape.num_blocks:
+            raise UsageError(f"a device profile of {p['model']} ({len(p['blocks'])} blocks) cannot predict "
+                             f"{shape.name} ({shape.num_blocks} blocks)")
+    a, b = (_phase(p, prompt_len) for p in profiles)
+    up = conditions.up if conditions else None
+    down = conditions.down if conditions else None
+    rtt = (up.delay_s + down.delay_s) if conditions else 0.0
+    rows = []
+    for k in range(shape.last_split + 1):
+        bpt = shapes.cut_bytes_per_token(shape, k, cut_dtype)
+        prefill_bytes = bpt * prompt_len
+        s1p, s2p = sum(a["prefill_s"][:k]), sum(b["prefill_s"][k:])
+        s1d, s2d = sum(a["decode_s"][:k]), sum(b["decode_s"][k:])
+        ttft = s1p + s2p + rtt + (up.serialise_s(prefill_bytes) if up else 0.0) + \
+            (down.serialise_s(RESULT_BYTES) if down else 0.0)
+        tpot = s1d + s2d + rtt + (up.serialise_s(bpt) if up else 0.0) + (down.serialise_s(RESULT_BYTES) if down else 0.0)
+        rows.append({"network": conditions.name if conditions else "unshaped", "split": k, "prompt_len": prompt_len,
+                     "predicted_ttft_s": ttft, "predicted_tpot_s": tpot, "stage1_prefill_s": s1p,
+                     "stage2_prefill_s": s2p, "stage1_decode_s": s1d, "stage2_decode_s": s2d,
+                     "bytes_per_token": bpt})
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'network':>10} {'prompt':>6} {'split':>5} {'TTFT ms':>9} {'TPOT ms':>9} {'B/token':>8}"]
+    for r in rows:
+        out.append(f"{r['network']:>10} {r['prompt_len']:>6} {r['split']:>5} {r['predicted_ttft_s'] * 1e3:>9.2f} "
+                   f"{r['predicted_tpot_s'] * 1e3:>9.2f} {r['bytes_per_token']:>8}")
+    return "\n".join(out)
+
+
+def validate(rows: list[dict[str, Any]], summary_csv: Path) -> dict[str, Any]:
+    """Predicted against measured, per configuration of a sweep's summary.csv: each one's relative
+    errors, and their medians."""
+    with open(summary_csv, newline="") as fh:
+        measured = [r for r in csv.DictReader(fh) if r["status"] == "complete"]
+    by_key = {(r["network"], r["prompt_len"], r["split"]): r for r in rows}
+    pairs = []
+    for m in measured:
+        p = by_key.get((m["network"], int(m["prompt_len"]), int(m["split"])))
+        if p is None:
+            continue
+        pairs.append({"network": m["network"], "prompt_len": int(m["prompt_len"]), "split": int(m["split"]),
+                      "ttft_error": p["predicted_ttft_s"] / float(m["ttft_median_s"]) - 1,
+                      "tpot_error": p["predicted_tpot_s"] / float(m["tpot_median_s"]) - 1})
+    if not pairs:
+        raise UsageError(f"{summary_csv}: no configuration of the session matches the predictions (same model, "
+                         f"networks and prompt lengths?)")
+    return {"configurations": len(pairs), "pairs": pairs,
+            "ttft_median_abs_error": statistics.median(abs(p["ttft_error"]) for p in pairs),
+            "tpot_median_abs_error": statistics.median(abs(p["tpot_error"]) for p in pairs)}
