@@ -103,6 +103,9 @@ test-arm: lab-arm
 arm-fingerprints:
 	bash scripts/arm_sysroot.sh fingerprints > tests/partition/golden/fingerprints.json.new
 	mv tests/partition/golden/fingerprints.json.new tests/partition/golden/fingerprints.json
+	mkdir -p tests/llm/golden
+	bash scripts/arm_sysroot.sh python /opt/paretopipe/scripts/lm_fingerprints.py > tests/llm/golden/fingerprints.json.new
+	mv tests/llm/golden/fingerprints.json.new tests/llm/golden/fingerprints.json
 
 clean:
 	rm -rf .venv .pytest_cache

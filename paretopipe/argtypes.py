@@ -53,3 +53,19 @@ def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
         return text
     parse.__name__ = "choice"
     return parse
+
+
+def watts_per_stage(text: str) -> list[float | None]:
+    """``2.7,45``: watts per stage or device, 0 or more; an empty entry (``0.9,``) leaves that one
+    to its host's declaration."""
+    values: list[float | None] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            value = float(part) if part else None
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give watts per stage, e.g. 2.7,45")
+        if value is not None and not (value >= 0 and _finite(value)):
+            raise argparse.ArgumentTypeError(f"{text!r}: watts must be 0 or more")
+        values.append(value)
+    return values

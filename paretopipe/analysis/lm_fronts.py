@@ -26,7 +26,7 @@ SUMMARY_FIELDS = ["model", "network", "prompt_len", "gen_tokens", "streams", "cu
                   "ttft_median_s", "tpot_median_s", "tpot_p90_s", "tpot_p99_s", "tokens_per_s",
                   "stage1_decode_compute_s", "stage2_decode_compute_s", "stage1_memory_bytes", "stage1_kv_bytes",
                   "last_kv_bytes", "bytes_per_token", "prefill_bytes", "rtt_s", "rate_bytes_per_s", "bound_s",
-                  "tpot_over_bound", "token_agreement", "max_logit_diff", "front_ttft_tpot", "front_tokens_memory", "note"]
+                  "tpot_over_bound", "token_agreement", "max_logit_diff", "energy_per_token_modelled_j", "front_ttft_tpot", "front_tokens_memory", "note"]
 
 
 def decode_bound_s(stage_decode_s: Sequence[float], bytes_per_token: float, rtt_s: float,
@@ -81,6 +81,7 @@ def summarize_config(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "rate_bytes_per_s": rate, "bound_s": bound,
             "tpot_over_bound": tpot / bound if tpot and bound > 0 else None,
             "token_agreement": _median(s.get("token_agreement") for s in summaries),
+            "energy_per_token_modelled_j": _median(s.get("energy_per_token_modelled_j") for s in summaries),
             "max_logit_diff": max((s["max_logit_diff"] for s in summaries if s.get("max_logit_diff") is not None),
                                   default=None), "note": ""}
 

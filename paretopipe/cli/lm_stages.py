@@ -82,6 +82,8 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     w.add_argument("--top-k", type=nonneg_int, default=0, help="with --temperature: sample among the k largest (0: all)")
     w.add_argument("--seed", type=nonneg_int, default=0)
     w.add_argument("--warmup", type=nonneg_int, default=1, help="short unmeasured generations first")
+    flags.POWER_IDLE_W.add_to(w)
+    flags.POWER_CORE_W.add_to(w)
     w.add_argument("--check-exact", action="store_true",
                    help="the last stage compares its logits with the unsplit float32 model's after the run (always "
                         "for a lossy --cut-dtype); it then builds the whole model once")
@@ -141,6 +143,8 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
     cfg = LMRunConfig(model=src.name, identity=src.identity(), splits=list(args.split), gen_tokens=args.gen_tokens,
                       streams=args.streams, prompt_tokens=[len(p) for p in prompts], cut_dtype=args.cut_dtype,
                       check_exact=args.check_exact or args.cut_dtype != "float32",
+                      power_idle_w=_per_stage(args.power_idle_w, "--power-idle-w", len(args.split) + 1),
+                      power_core_w=_per_stage(args.power_core_w, "--power-core-w", len(args.split) + 1),
                       temperature=args.temperature, top_k=args.top_k, seed=args.seed, warmup=args.warmup,
                       timeout_s=timeout, network=conditions.name if conditions else None)
     listener = tcp.StageListener(tcp.listen(args.host, args.port), LMIdentity.of(src).as_dict(), secret,
@@ -156,7 +160,7 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
     s = outcome.record["summary"]
     print(f"{src.name} split={','.join(map(str, args.split))} ttft {_ms(s['ttft_median_s'])}, time per token "
           f"{_ms(s['tpot_median_s'])} (p90 {_ms(s['tpot_p90_s'])}), {_num(s['tokens_per_s'])} tokens/s, "
-          f"text {tok.decode(outcome.tokens[0])[:60]!r}" + _exact_note(s) + (f", written {outcome.path}" if outcome.path else ""))
+          f"text {tok.decode(outcome.tokens[0])[:60]!r}" + _exact_note(s) + _energy_note(s) + (f", written {outcome.path}" if outcome.path else ""))
     return 0
 
 
@@ -200,6 +204,17 @@ def main_lm_stage2(argv: Sequence[str] | None, prog: str = "partition2.py") -> i
               f"{part['kv_bytes']} B, peak RSS {part['peak_rss_bytes'] / 2**20:.0f} MiB "
               f"({time.monotonic() - started:.1f}s)")
     return 0
+
+
+def _per_stage(values: list[float] | None, flag: str, stages: int) -> list[float] | None:
+    if values is not None and len(values) != stages:
+        raise UsageError(f"{flag}: give one value per stage ({stages}), got {len(values)}")
+    return values
+
+
+def _energy_note(summary: dict) -> str:
+    j = summary.get("energy_per_token_modelled_j")
+    return "" if j is None else f", {j * 1e3:.1f} mJ a token (modelled)"
 
 
 def _exact_note(summary: dict) -> str:

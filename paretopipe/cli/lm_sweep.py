@@ -39,6 +39,8 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
                    help="a stage that would hold more (parameters + KV cache at the full context) makes the "
                         "configuration infeasible: recorded, not run")
     flags.THREADS.add_to(w, default=1)
+    flags.POWER_IDLE_W.add_to(w)
+    flags.POWER_CORE_W.add_to(w)
     n = p.add_argument_group("network conditions (emulated link)")
     n.add_argument("--network", "--networks", dest="network", default="lan",
                    help="comma list of named conditions (lan, wifi, lte, 4g, 3g, ...); unshaped: no emulation")
@@ -51,6 +53,12 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     return p
 
 
+def _two(values: list[float] | None, flag: str) -> list[float] | None:
+    if values is not None and len(values) != 2:
+        raise UsageError(f"{flag}: a language-model sweep has two stages: give two values, e.g. 2.7,45")
+    return values
+
+
 def main(argv: Sequence[str] | None, prog: str = "automated_split_tester.py") -> int:
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
@@ -60,7 +68,8 @@ def main(argv: Sequence[str] | None, prog: str = "automated_split_tester.py") ->
         n.strip() for n in args.network.split(",") if n.strip()], prompt_lens=args.prompt_len,
         gen_tokens=args.gen_tokens, streams=args.streams, cut_dtypes=args.cut_dtype, runs=args.runs, out=args.out,
         session=args.session, network_file=args.network_file, seed=args.seed, warmup=args.warmup,
-        threads=args.threads, memory_limit_mb=args.memory_limit, timeout_s=args.timeout)
+        threads=args.threads, memory_limit_mb=args.memory_limit, timeout_s=args.timeout,
+        power_idle_w=_two(args.power_idle_w, "--power-idle-w"), power_core_w=_two(args.power_core_w, "--power-core-w"))
     # lazy for start-up: torch, transformers
     from ..runners.lm_sweep import LMSweep
 

@@ -58,9 +58,8 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
                    help="the predicted front's objectives, two or more of latency, throughput, memory (each stage's "
                         "parameters plus its largest activation, from the profiles), memory_stageN, energy "
                         "(modelled: needs --power-core-w); default latency,throughput")
-    p.add_argument("--power-core-w", default=None,
-                   help="per device, e.g. 0.9,15: the watts one busy core adds; x each stage's predicted compute = "
-                        "its modelled energy per image")
+    flags.POWER_CORE_W.add_to(p, help="per device, e.g. 0.9,15: the watts one busy core adds; x each stage's "
+                                      "predicted compute = its modelled energy per image")
     p.add_argument("--sweep-rate", default=None, help="draw the optimal split versus link rate over a range, e.g. 1mbit..1gbit")
     p.add_argument("--sweep-points", type=int, default=80)
     p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
@@ -100,15 +99,10 @@ def _format_table(df) -> str:
     return "\n".join(lines)
 
 
-def _per_device_watts(text: str | None, devices: int) -> list[float | None] | None:
-    if not text:
-        return None
-    try:
-        values = [float(v) if v.strip() else None for v in text.split(",")]
-    except ValueError:
-        raise UsageError(f"--power-core-w {text!r}: give watts per device, e.g. 0.9,15")
-    if len(values) != devices or any(v is not None and not 0 <= v < float("inf") for v in values):
-        raise UsageError(f"--power-core-w {text!r}: give one value of 0 or more watts per device ({devices})")
+def _per_device_watts(values: list[float | None] | None, devices: int) -> list[float | None] | None:
+    if values is not None and len(values) != devices:
+        shown = ",".join("" if v is None else f"{v:g}" for v in values)
+        raise UsageError(f"--power-core-w {shown!r}: give one value of 0 or more watts per device ({devices})")
     return values
 
 

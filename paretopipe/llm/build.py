@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..partition.models import fingerprint as module_fingerprint
+from ..partition.models import fingerprint as module_fingerprint, fingerprint_tensors
 from .shapes import LMShape, named, shape_from_config, stage_blocks, stage_layers
 
 GENERATOR = "portable-uniform-v1/embed0.1/gain2"
@@ -257,3 +257,53 @@ def _fill_from_folder(src: LMSource, prefix: str, module: nn.Module, tensors: di
     if missing:
         raise UsageError(f"--model-dir {src.model_dir}: the weights lack {missing[0]}"
                          + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+
+
+def block_weights(src: LMSource, prefix: str) -> dict[str, torch.Tensor]:
+    """One block's default weights by their names in the whole model (``model.layers.0``,
+    ``model.norm``, ...), as transformers lays the block out."""
+    model = skeleton(src)
+    module = model.get_submodule(prefix)
+    module.to_empty(device="cpu")
+    _fill(src, prefix, module)
+    return {f"{prefix}.{n}": p.detach() for n, p in module.named_parameters()}
+
+
+def expected_block_weights(shape: LMShape, prefix: str) -> dict[str, torch.Tensor]:
+    """The same weights from the shape alone, without transformers: the names and shapes a llama
+    or qwen2 block has, each filled as :func:`_fill` fills it. What an aarch64 host (no
+    transformers there) computes for the golden fingerprints."""
+    h, hd, i = shape.hidden_size, shape.kv_head_dim, shape.intermediate_size
+    q, kv = shape.num_attention_heads * hd, shape.num_key_value_heads * hd
+    if prefix.startswith("model.layers."):
+        names = {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
+                 "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+                 "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
+                 "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+        if shape.architecture == "qwen2":
+            names.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+    elif prefix == "model.norm":
+        names = {"weight": (h,)}
+    elif prefix in ("model.embed_tokens", "lm_head"):
+        names = {"weight": (shape.vocab_size, h)}
+    else:
+        raise UsageError(f"{prefix}: not a block of {shape.name}")
+    out = {}
+    for name, dims in names.items():
+        full = f"{prefix}.{name}"
+        if name.endswith("norm.weight") or prefix == "model.norm":
+            out[full] = torch.ones(dims)
+            continue
+        drawn = "model.embed_tokens.weight" if full == "lm_head.weight" and shape.tie_word_embeddings else full
+        p = torch.empty(dims)
+        out[full] = portable_values(dims, shape.name, drawn) * _bound(drawn, p)
+    return out
+
+
+def golden_blocks(shape: LMShape) -> list[str]:
+    """The blocks the golden file fingerprints: all of the test model's, and the first and last
+    layers and the final norm of the others (their embeddings are hundreds of megabytes)."""
+    if shape.name == "tiny-lm":
+        return ["model.embed_tokens", *(f"model.layers.{i}" for i in range(shape.num_hidden_layers)), "model.norm"]
+    return ["model.layers.0", f"model.layers.{shape.num_hidden_layers - 1}", "model.norm"]
+

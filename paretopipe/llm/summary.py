@@ -14,7 +14,8 @@ def _pct(xs: Sequence[float], q: float) -> float | None:
 
 
 def summarize(steps: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]], hops: Sequence[dict[str, Any]],
-              streams: int) -> dict[str, Any]:
+              streams: int, power_idle_w: Sequence[float | None] | None = None,
+              power_core_w: Sequence[float | None] | None = None) -> dict[str, Any]:
     """``steps``: one per generated token ({stream, step, sent_s, done_s}, seconds on stage 1's
     clock). A stream's first token ends its prefill (time to first token, from the moment stage
     1 began it); each later token's time per output token is the gap since the one before."""
@@ -45,7 +46,25 @@ def summarize(steps: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
     exact = next((st["exactness"] for st in stages if st.get("exactness")), None)
     out["token_agreement"] = exact["token_agreement"] if exact else None
     out["max_logit_diff"] = exact["max_logit_diff"] if exact else None
+    out["energy_per_token_modelled_j"] = modelled_energy_per_token(stages, span, len(steps), power_idle_w,
+                                                                   power_core_w)
     for hop in hops:
         out[f"hop{hop['hop']}_prefill_bytes"] = hop["prefill_bytes"]
         out[f"hop{hop['hop']}_bytes_per_token"] = hop["bytes_per_token"]
     return out
+
+
+def modelled_energy_per_token(stages: Sequence[dict[str, Any]], span_s: float, tokens: int,
+                              idle_w: Sequence[float | None] | None,
+                              core_w: Sequence[float | None] | None) -> float | None:
+    """Joules per generated token, modelled as the image runs model it (energy.summary): each
+    stage's compute seconds x the power one busy core adds, plus its idle power x the run's span;
+    None without declared powers for every stage (this machine has no energy sensor)."""
+    if not tokens or not idle_w or not core_w or len(idle_w) != len(stages) or len(core_w) != len(stages) \
+            or None in idle_w or None in core_w:
+        return None
+    joules = 0.0
+    for st, idle, core in zip(stages, idle_w, core_w):
+        busy = sum(st.get("compute_prefill_s") or []) + sum(st.get("compute_decode_s") or [])
+        joules += core * busy + idle * span_s
+    return joules / tokens

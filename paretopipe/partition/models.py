@@ -36,7 +36,7 @@ from .names import (_CUSTOM, ANCHOR_ALIASES, DEFAULT_NUM_CLASSES, DETECTORS, ENT
                     is_model_file, known_models, normalize, register, source_digest)
 
 __all__ = ["ANCHOR_ALIASES", "DETECTORS", "ENTRY_POINT_GROUP", "NAMED_MODELS", "build", "canonical_name", "construct",
-           "default_weights_path", "fingerprint", "input_size", "is_model_file", "known_models", "load_weights",
+           "default_weights_path", "fingerprint", "fingerprint_tensors", "input_size", "is_model_file", "known_models", "load_weights",
            "normalize", "portable_uniform", "register", "skeleton", "source_digest"]
 
 MODELS_DIR_ENV = "PARETOPIPE_MODELS_DIR"
@@ -290,8 +290,13 @@ def build(name: str, num_classes: int = DEFAULT_NUM_CLASSES, weights: str | os.P
 
 def fingerprint(module: nn.Module) -> str:
     """Short sha256 over names, dtypes, shapes and bytes of the state dict."""
+    return fingerprint_tensors(module.state_dict())
+
+
+def fingerprint_tensors(named: dict[str, torch.Tensor]) -> str:
+    """:func:`fingerprint` of named tensors (a state dict, or a model's weights by name)."""
     digest = hashlib.sha256()
-    for key, tensor in sorted(module.state_dict().items()):
+    for key, tensor in sorted(named.items()):
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")

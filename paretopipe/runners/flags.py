@@ -16,7 +16,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence, TypeVar
 
-from ..argtypes import list_of, one_of, positive_float, positive_int
+from ..argtypes import list_of, one_of, positive_float, positive_int, watts_per_stage
 from ..llm.shapes import CUT_DTYPES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
@@ -94,6 +94,12 @@ GEN_TOKENS = Option(("--gen-tokens",), "tokens generated per stream (the prefill
 STREAMS = Option(("--streams",), "concurrent sequences in flight (S > 1 fills the pipeline's bubble)", positive_int, 1)
 CUT_DTYPE = Option(("--cut-dtype",), "dtype of the hidden state crossing a cut (int8: one float32 scale per token)",
                    default="float32", choices=tuple(CUT_DTYPES))
+# Modelled energy: declared powers, one value per stage (predict, the language-model runs; the sweep's table
+# reads the same texts).
+POWER_IDLE_W = Option(("--power-idle-w",), "watts per stage, e.g. 2.7,45: each device's idle power, for the modelled "
+                      "energy", watts_per_stage)
+POWER_CORE_W = Option(("--power-core-w",), "watts per stage, e.g. 0.9,15: what one busy core adds; x the stage's "
+                      "compute seconds = its modelled energy", watts_per_stage)
 # The language-model sweep's dimensions: the same flags as a comma list, each value a configuration.
 PROMPT_LENS = Option(("--prompt-len",), "seeded prompt lengths, a comma list (128,1024)",
                      list_of(positive_int, "positive_int_list"), [16])

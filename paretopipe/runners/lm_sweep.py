@@ -54,6 +54,8 @@ class LMSweepOptions:
     threads: int = 1
     memory_limit_mb: float | None = None
     timeout_s: float | None = None
+    power_idle_w: list[float] | None = None
+    power_core_w: list[float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +71,10 @@ class LMConfig:
 
 
 def plan(opts: LMSweepOptions, splits: list[int]) -> list[LMConfig]:
-    """Networks outermost (as the image sweep shapes one link at a time), then prompt lengths,
-    dtypes and splits."""
-    return [LMConfig(n, p, d, k) for n in opts.networks for p in opts.prompt_lens for d in opts.cut_dtypes
-            for k in splits]
+    """Splits outermost: each stage is built once per split (the emulated link changes from one
+    run to the next for free), then networks, prompt lengths and dtypes."""
+    return [LMConfig(n, p, d, k) for k in splits for n in opts.networks for p in opts.prompt_lens
+            for d in opts.cut_dtypes]
 
 
 def stage_memory_bytes(shape: shapes.LMShape, split: int, index: int, context: int, streams: int) -> int:
@@ -186,6 +188,7 @@ class LMSweep:
                               gen_tokens=self.opts.gen_tokens, streams=self.opts.streams,
                               prompt_tokens=[len(p) for p in prompts], cut_dtype=cfg.cut_dtype, seed=self.opts.seed,
                               warmup=self.opts.warmup, timeout_s=timeout, check_exact=cfg.cut_dtype != "float32",
+                              power_idle_w=self.opts.power_idle_w, power_core_w=self.opts.power_core_w,
                               network=None if conditions is None else cfg.network)
         recs = []
         for r in range(self.opts.runs):

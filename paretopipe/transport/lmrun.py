@@ -36,6 +36,9 @@ class LMRunConfig:
     # The last stage compares its logits with the unsplit float32 model's after the run (teacher-forced on
     # the generated tokens): on by default for a lossy cut dtype, so the bytes it saves come with their cost.
     check_exact: bool = False
+    # Declared powers per stage, for the modelled energy per token (no sensor here: labelled modelled).
+    power_idle_w: list[float | None] | None = None
+    power_core_w: list[float | None] | None = None
 
     @property
     def sampling(self) -> Sampling:

@@ -175,4 +175,4 @@ def run_master(cfg: LMRunConfig, prompts: list[list[int]], world_size: int, *,
                          {"mode": "none"}, "rpc": {**(transport or {}), "stage_ranks": list(range(n))},
                          "master": node_manifest("cpu", threads, role="master stage1")},
             "stages": parts, "hops": hops, "steps": steps, "tokens": tokens,
-            "summary": summarize(steps, parts, hops, cfg.streams)}
+            "summary": summarize(steps, parts, hops, cfg.streams, cfg.power_idle_w, cfg.power_core_w)}

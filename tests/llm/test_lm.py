@@ -56,7 +56,7 @@ def _run_pair(tmp_path, split: str, *extra: str):
 @pytest.mark.parametrize("split", [0, 3, 6])
 def test_tokens_over_tcp_equal_the_unsplit_model_and_the_record_adds_up(reference, tmp_path, split):
     src, _ = reference
-    record, got, out, _ = _run_pair(tmp_path, str(split))
+    record, got, out, _ = _run_pair(tmp_path, str(split), "--power-idle-w", "2.7,40", "--power-core-w", "0.9,15")
     assert got.tolist() == [_want(reference, 0), _want(reference, 1)]
     assert record["kind"] == "llm" and record["status"] == "complete" and record["tokens"] == got.tolist()
     hop = record["hops"][0]
@@ -71,7 +71,12 @@ def test_tokens_over_tcp_equal_the_unsplit_model_and_the_record_adds_up(referenc
     s = record["summary"]
     assert s["tokens_generated"] == 2 * GEN and 0 < s["ttft_median_s"] and 0 < s["tpot_median_s"] <= s["tpot_p99_s"]
     assert len(record["steps"]) == 2 * GEN
-    assert "ttft" in out and "time per token" in out
+    assert "ttft" in out and "time per token" in out and "(modelled)" in out
+    # modelled energy: each stage's compute x its busy-core watts + its idle watts x the span, per token
+    span = max(x["done_s"] for x in record["steps"]) - min(x["sent_s"] for x in record["steps"])
+    busy = [sum(st["compute_prefill_s"]) + sum(st["compute_decode_s"]) for st in record["stages"]]
+    want_j = (0.9 * busy[0] + 2.7 * span + 15 * busy[1] + 40 * span) / (2 * GEN)
+    assert s["energy_per_token_modelled_j"] == pytest.approx(want_j)
 
 
 def test_a_chain_of_three_generates_the_same_tokens(reference, tmp_path):

@@ -138,3 +138,32 @@ def test_split_outputs_across_architectures_equal_the_unsplit_model(arm_lab, tmp
         ref = torch.stack([model(x) for x in data.batches("photos", 2, models.input_size(MODEL), 3)]).numpy()
     assert logits.shape == ref.shape == (3, 2, 10)  # every batch, the warm-up one included
     assert np.abs(logits - ref).max() <= CROSS_ARCH_ATOL
+
+
+def test_a_language_model_split_across_architectures_generates_the_unsplit_models_tokens(arm_lab, tmp_path):
+    """tiny-lm's stage 1 (embedding and two layers) on the aarch64 host, the rest on x86, over SSH
+    as a user would start them: the greedy tokens equal the unsplit model's on x86, and both
+    stages built their own blocks from the same portable generator (the handshake compares it)."""
+    from paretopipe.envfile import read_env
+    from paretopipe.llm import build, generate, tokens
+    from paretopipe.runners.hosts import Testbed
+
+    env_file = read_env(str(arm_lab.env_file))
+    tb = Testbed.from_env(env_file)
+    pi, server = tb.hosts
+    env = {"PARETOPIPE_SECRET": env_file["PARETOPIPE_SECRET"]}
+    saved = f"/tmp/arm-lm-{os.getpid()}.npz"  # inside the sysroot
+    common = ["--model", "tiny-lm", "--port", str(tb.data_port), "--threads", "1", "--connect-timeout", "900"]
+    stage1 = subprocess.Popen(pi.argv("paretopipe", ["stage1", *common, "--host", pi.address, "--split", "3",
+                                                     "--prompt-len", "12", "--gen-tokens", "6", "--warmup", "0",
+                                                     "--save-outputs", saved, "--out", "/tmp"], env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stage2 = subprocess.run(server.argv("paretopipe", ["stage2", *common, "--host", pi.address], env),
+                            capture_output=True, text=True, timeout=1800)
+    out, err = stage1.communicate(timeout=900)
+    assert stage2.returncode == 0 and stage1.returncode == 0, stage2.stderr[-2000:] + err[-2000:]
+    got = np.load(_rootfs_path(saved), allow_pickle=False)["tokens"].tolist()
+    _rootfs_path(saved).unlink()
+    src = build.source("tiny-lm")
+    want = generate.generate_unsplit(generate.reference_model(src), tokens.seeded_prompt(12, 260, 0, 0), 6)[0]
+    assert got == [want]

@@ -147,7 +147,7 @@ def run_lm(connection: Connection, stages: "LMStages", cfg: LMRunConfig, prompts
               "manifest": {"link": link_manifest_of(conditions, conditions is not None, None, link),
                            "cipher": connection.cipher},
               "stages": stage_parts, "hops": hops, "steps": steps, "tokens": tokens,
-              "summary": summarize(steps, stage_parts, hops, cfg.streams)}
+              "summary": summarize(steps, stage_parts, hops, cfg.streams, cfg.power_idle_w, cfg.power_core_w)}
     path = (records.atomic_write_json(Path(output_dir) / f"{run_id}.json", record) if output_dir is not None
             else None)
     if status != "complete":
