@@ -194,3 +194,12 @@ def signals_as_interrupt() -> None:
         raise KeyboardInterrupt
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
+
+
+def fmt_ms(x: float | None) -> str:
+    """Seconds as milliseconds for a one-line report (n/a when not measured)."""
+    return "n/a" if x is None else f"{x * 1e3:.2f} ms"
+
+
+def fmt_num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}"

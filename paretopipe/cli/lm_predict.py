@@ -14,6 +14,7 @@ from ..errors import UsageError
 from ..llm import shapes
 from ..predict import lm_costmodel
 from ..runners import flags
+from .lm_stages import add_model_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      positive_int, setup_logging)
 from ..network.conditions import get_conditions
@@ -27,8 +28,7 @@ def profile_parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser
                                    "prompt and in a decode step, timed on this device as a stage runs it.",
                        epilog=example_epilog("python -m paretopipe.profile --model tiny-lm --prompt-len 16,128 "
                                              "--threads 1 --out profiles/cpu-tiny-lm.json"))
-    flags.MODEL.add_to(p, default=None)
-    flags.MODEL_DIR.add_to(p)
+    add_model_flags(p)
     flags.PROMPT_LENS.add_to(p)
     p.add_argument("--decode-steps", type=positive_int, default=16, help="decode steps timed after each prefill")
     p.add_argument("--repetitions", type=positive_int, default=5, help="timed prefills; the median is kept")
@@ -78,8 +78,7 @@ def predict_parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser
                        epilog=example_epilog("python -m paretopipe.predict --model tiny-lm --device-profiles "
                                              "profiles/cpu-tiny-lm.json,profiles/cpu-tiny-lm.json --network lan,3g "
                                              "--prompt-len 16"))
-    flags.MODEL.add_to(p, default=None)
-    flags.MODEL_DIR.add_to(p)
+    add_model_flags(p)
     p.add_argument("--device-profiles", required=True, help="stage 1's and stage 2's profiles, comma-separated")
     add_network_flags(p, many=True)
     flags.PROMPT_LENS.add_to(p)

@@ -20,8 +20,9 @@ from ..llm import shapes
 from ..llm.tokens import prompt_ids, tokenizer_for
 from ..network import deadlines
 from ..runners import flags, rpc_ranks
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
-                     network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
+from .lm_stages import add_generation_flags, add_model_flags, per_stage
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog, fmt_ms,
+                     fmt_num, network_from_args, nonneg_int, port_number, positive_float, positive_int, read_env,
                      setup_logging)
 
 log = logging.getLogger("paretopipe.rpc")
@@ -39,17 +40,10 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     p.add_argument("--rank", type=nonneg_int, default=0, help="0 = the master (stage 1), 1..N-1 = later stages")
     p.add_argument("--world-size", type=positive_int, default=2, help="stages: the master and one rank per later stage")
     p.add_argument("--local", action="store_true", help="start ranks 1..N-1 on this machine")
-    flags.MODEL.add_to(p, default=None, aliases=("--model-name",), help=f"a named LM shape: {', '.join(shapes.NAMED)}")
-    flags.MODEL_DIR.add_to(p)
+    add_model_flags(p)
     p.add_argument("--split", "--split-block", "--split-blocks", dest="split", default=None,
                    help="k (two stages) or k1,k2,... (one more stage per split)")
-    flags.PROMPT.add_to(p)
-    flags.PROMPT_LEN.add_to(p)
-    flags.GEN_TOKENS.add_to(p)
-    flags.STREAMS.add_to(p)
-    flags.CUT_DTYPE.add_to(p)
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--warmup", type=nonneg_int, default=1, help="short unmeasured generations first")
+    add_generation_flags(p.add_argument_group("generation"))
     p.add_argument("--master-addr", default=None, help="default: MASTER_ADDR from .env, else 127.0.0.1")
     p.add_argument("--master-port", type=port_number, default=None, help="default: MASTER_PORT from .env, else 29500")
     flags.ENV_FILE.add_to(p)
@@ -142,6 +136,8 @@ def main(argv: Sequence[str] | None, prog: str = "distributed_runner.py") -> int
     cfg = LMRunConfig(model=src.name, identity=src.identity(), splits=splits, gen_tokens=args.gen_tokens,
                       streams=args.streams, prompt_tokens=[len(p) for p in prompts], cut_dtype=args.cut_dtype,
                       seed=args.seed, warmup=args.warmup,
+                      power_idle_w=per_stage(args.power_idle_w, "--power-idle-w", len(splits) + 1),
+                      power_core_w=per_stage(args.power_core_w, "--power-core-w", len(splits) + 1),
                       timeout_s=args.timeout or deadlines.run_timeout_s(conditions, nbytes, 64, in_flight=args.streams),
                       network=conditions.name if conditions else None)
     try:
@@ -160,7 +156,7 @@ def main(argv: Sequence[str] | None, prog: str = "distributed_runner.py") -> int
     for proc in procs:
         proc.wait(cfg.timeout_s)
     s = record["summary"]
-    print(f"{src.name} split={','.join(map(str, splits))} rpc ttft {s['ttft_median_s'] * 1e3:.2f} ms, time per token "
-          f"{s['tpot_median_s'] * 1e3:.2f} ms, {s['tokens_per_s']:.1f} tokens/s, written {path}")
+    print(f"{src.name} split={','.join(map(str, splits))} rpc ttft {fmt_ms(s['ttft_median_s'])}, time per token "
+          f"{fmt_ms(s['tpot_median_s'])}, {fmt_num(s['tokens_per_s'])} tokens/s, written {path}")
     return 0
 

@@ -17,8 +17,8 @@ from ..network import deadlines
 from ..runners import flags
 from ..transport import aead
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
-                     network_from_args, nonneg_int, port_number, positive_float, setup_logging, signals_as_interrupt,
-                     stage_secret)
+                     fmt_ms, fmt_num, network_from_args, nonneg_int, port_number, positive_float, setup_logging,
+                     signals_as_interrupt, stage_secret)
 
 log = logging.getLogger("paretopipe.tcp")
 DEFAULT_PORT = 5555
@@ -40,11 +40,29 @@ def _splits(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: a split index k, or k1,k2,... for a chain")
 
 
+def add_model_flags(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--model (a named shape) or --model-dir (a local folder): every language-model command."""
+    flags.MODEL.add_to(group, default=None, aliases=("--model-name",), help=f"a named LM shape: {', '.join(shapes.NAMED)}")
+    flags.MODEL_DIR.add_to(group)
+
+
+def add_generation_flags(group: argparse._ArgumentGroup, sweep: bool = False) -> None:
+    """What a run generates; a sweep takes prompt lengths and cut dtypes as lists."""
+    if not sweep:
+        flags.PROMPT.add_to(group)
+    (flags.PROMPT_LENS if sweep else flags.PROMPT_LEN).add_to(group)
+    flags.GEN_TOKENS.add_to(group)
+    flags.STREAMS.add_to(group)
+    (flags.CUT_DTYPES_LIST if sweep else flags.CUT_DTYPE).add_to(group)
+    group.add_argument("--seed", type=nonneg_int, default=0)
+    group.add_argument("--warmup", type=nonneg_int, default=1, help="short unmeasured generations first")
+    flags.POWER_IDLE_W.add_to(group)
+    flags.POWER_CORE_W.add_to(group)
+
+
 def _common(p: argparse.ArgumentParser, stage: int) -> None:
     g = p.add_argument_group("model and split")
-    flags.MODEL.add_to(g, default=None, aliases=("--model-name",),
-                       help=f"a named LM shape: {', '.join(shapes.NAMED)}")
-    flags.MODEL_DIR.add_to(g)
+    add_model_flags(g)
     g.add_argument("--split", "--split-index", dest="split", type=_splits, default=None,
                    help="k: stage 1 runs the first k blocks (embedding, layers, final norm; 0 sends token ids); "
                         "k1,k2: a chain (python -m paretopipe split --model NAME --list)"
@@ -73,17 +91,9 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     _common(p, 1)
     w = p.add_argument_group("generation")
-    flags.PROMPT.add_to(w)
-    flags.PROMPT_LEN.add_to(w)
-    flags.GEN_TOKENS.add_to(w)
-    flags.STREAMS.add_to(w)
-    flags.CUT_DTYPE.add_to(w)
+    add_generation_flags(w)
     w.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else seeded sampling at this temperature")
     w.add_argument("--top-k", type=nonneg_int, default=0, help="with --temperature: sample among the k largest (0: all)")
-    w.add_argument("--seed", type=nonneg_int, default=0)
-    w.add_argument("--warmup", type=nonneg_int, default=1, help="short unmeasured generations first")
-    flags.POWER_IDLE_W.add_to(w)
-    flags.POWER_CORE_W.add_to(w)
     w.add_argument("--check-exact", action="store_true",
                    help="the last stage compares its logits with the unsplit float32 model's after the run (always "
                         "for a lossy --cut-dtype); it then builds the whole model once")
@@ -107,7 +117,8 @@ def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:
     return p
 
 
-def _source(args: argparse.Namespace):
+def load_source(args: argparse.Namespace):
+    """The model a command names (after --threads is applied): a named shape or a folder."""
     import torch  # lazy for start-up: torch
 
     # lazy for start-up: torch, transformers
@@ -118,15 +129,21 @@ def _source(args: argparse.Namespace):
     return source(None if args.model_dir else args.model, args.model_dir)
 
 
-def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> int:
-    args = stage1_parser(prog).parse_args(argv)
+def _begin(args: argparse.Namespace) -> bytes | None:
+    """A stage's start: logging, signals as Ctrl-C (so the record is written), the data port's secret."""
     setup_logging(args.debug, args.quiet)
     signals_as_interrupt()
     secret = stage_secret(args)
     aead.check_choice(args.encrypt, secret)
+    return secret
+
+
+def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> int:
+    args = stage1_parser(prog).parse_args(argv)
+    secret = _begin(args)
     if args.split is None:
         raise UsageError("give --split K (python -m paretopipe split --model NAME --list shows the cuts)")
-    src = _source(args)
+    src = load_source(args)
     shapes.check_plan(src.shape, args.split)
     conditions = network_from_args(args)
     # lazy for start-up: torch
@@ -143,8 +160,8 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
     cfg = LMRunConfig(model=src.name, identity=src.identity(), splits=list(args.split), gen_tokens=args.gen_tokens,
                       streams=args.streams, prompt_tokens=[len(p) for p in prompts], cut_dtype=args.cut_dtype,
                       check_exact=args.check_exact or args.cut_dtype != "float32",
-                      power_idle_w=_per_stage(args.power_idle_w, "--power-idle-w", len(args.split) + 1),
-                      power_core_w=_per_stage(args.power_core_w, "--power-core-w", len(args.split) + 1),
+                      power_idle_w=per_stage(args.power_idle_w, "--power-idle-w", len(args.split) + 1),
+                      power_core_w=per_stage(args.power_core_w, "--power-core-w", len(args.split) + 1),
                       temperature=args.temperature, top_k=args.top_k, seed=args.seed, warmup=args.warmup,
                       timeout_s=timeout, network=conditions.name if conditions else None)
     listener = tcp.StageListener(tcp.listen(args.host, args.port), LMIdentity.of(src).as_dict(), secret,
@@ -158,8 +175,8 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
     if args.save_outputs:
         np.savez(args.save_outputs, tokens=np.asarray(outcome.tokens, dtype=np.int64))
     s = outcome.record["summary"]
-    print(f"{src.name} split={','.join(map(str, args.split))} ttft {_ms(s['ttft_median_s'])}, time per token "
-          f"{_ms(s['tpot_median_s'])} (p90 {_ms(s['tpot_p90_s'])}), {_num(s['tokens_per_s'])} tokens/s, "
+    print(f"{src.name} split={','.join(map(str, args.split))} ttft {fmt_ms(s['ttft_median_s'])}, time per token "
+          f"{fmt_ms(s['tpot_median_s'])} (p90 {fmt_ms(s['tpot_p90_s'])}), {fmt_num(s['tokens_per_s'])} tokens/s, "
           f"text {tok.decode(outcome.tokens[0])[:60]!r}" + _exact_note(s) + _energy_note(s) + (f", written {outcome.path}" if outcome.path else ""))
     return 0
 
@@ -173,11 +190,8 @@ def _timeout_s(conditions, shape: shapes.LMShape, prompts: list[list[int]], args
 
 def main_lm_stage2(argv: Sequence[str] | None, prog: str = "partition2.py") -> int:
     args = stage2_parser(prog).parse_args(argv)
-    setup_logging(args.debug, args.quiet)
-    signals_as_interrupt()
-    secret = stage_secret(args)
-    aead.check_choice(args.encrypt, secret)
-    src = _source(args)
+    secret = _begin(args)
+    src = load_source(args)
     if args.split is not None:
         shapes.check_plan(src.shape, args.split)
     # lazy for start-up: torch
@@ -206,7 +220,7 @@ def main_lm_stage2(argv: Sequence[str] | None, prog: str = "partition2.py") -> i
     return 0
 
 
-def _per_stage(values: list[float] | None, flag: str, stages: int) -> list[float] | None:
+def per_stage(values: list[float] | None, flag: str, stages: int) -> list[float] | None:
     if values is not None and len(values) != stages:
         raise UsageError(f"{flag}: give one value per stage ({stages}), got {len(values)}")
     return values
@@ -222,11 +236,3 @@ def _exact_note(summary: dict) -> str:
         return ""
     return (f", against unsplit float32: tokens agree {summary['token_agreement']:.0%}, largest logit difference "
             f"{summary['max_logit_diff']:.2g}")
-
-
-def _ms(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 1e3:.2f} ms"
-
-
-def _num(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1f}"

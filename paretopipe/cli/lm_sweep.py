@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import UsageError
-from ..llm import shapes
 from ..runners import flags
 from ..runners.lm_sweep import LMSweepOptions
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, example_epilog, nonneg_int, positive_float,
+from .lm_stages import add_generation_flags, add_model_flags
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_float,
                      positive_int, setup_logging)
 
 
@@ -24,23 +24,15 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
                                              "python automated_split_tester.py --model tiny-lm --splits all "
                                              "--network lan,3g --gen-tokens 16"))
     g = p.add_argument_group("model and splits")
-    flags.MODEL.add_to(g, default=None, aliases=("--model-name",), help=f"a named LM shape: {', '.join(shapes.NAMED)}")
-    flags.MODEL_DIR.add_to(g)
+    add_model_flags(g)
     g.add_argument("--splits", default="all", help="all, 1,4,8 or 2-10 (python -m paretopipe split --model NAME --list)")
     w = p.add_argument_group("workload")
-    flags.PROMPT_LENS.add_to(w)
-    flags.GEN_TOKENS.add_to(w)
-    flags.STREAMS.add_to(w)
-    flags.CUT_DTYPES_LIST.add_to(w)
+    add_generation_flags(w, sweep=True)
     w.add_argument("--runs", type=positive_int, default=1, help="runs per configuration")
-    w.add_argument("--warmup", type=nonneg_int, default=1, help="short unmeasured generations before each run")
-    w.add_argument("--seed", type=nonneg_int, default=0)
     w.add_argument("--memory-limit", type=positive_float, default=None, metavar="MB",
                    help="a stage that would hold more (parameters + KV cache at the full context) makes the "
                         "configuration infeasible: recorded, not run")
     flags.THREADS.add_to(w, default=1)
-    flags.POWER_IDLE_W.add_to(w)
-    flags.POWER_CORE_W.add_to(w)
     n = p.add_argument_group("network conditions (emulated link)")
     n.add_argument("--network", "--networks", dest="network", default="lan",
                    help="comma list of named conditions (lan, wifi, lte, 4g, 3g, ...); unshaped: no emulation")

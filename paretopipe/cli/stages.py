@@ -14,9 +14,9 @@ from ..runners import flags
 from ..transport.runconfig import ADAPTIVE, AdaptiveOptions, DEFAULT_MAX_PAYLOAD
 from . import lm_stages
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
-                     add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
-                     positive_float, positive_int, run_config_from_flags, save_outputs, setup_logging,
-                     signals_as_interrupt, stage_secret)
+                     add_prefetch_flags, dataset_from_args, example_epilog, fmt_ms, fmt_num, network_from_args,
+                     nonneg_int, port_number, positive_float, positive_int, run_config_from_flags, save_outputs,
+                     setup_logging, signals_as_interrupt, stage_secret)
 from ..network import deadlines, tc
 
 if TYPE_CHECKING:  # torch is imported where a stage runs, not for --help or a refused flag
@@ -231,8 +231,8 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
         extra = (f", adaptive: splits used {', '.join(used)}, {a['switches']} switches, "
                  f"{a['served_locally']} batches served locally")
         cuts = "adaptive"
-    print(f"{builder.name} cuts={cuts} latency median {_ms(s['latency_median_s'])} p95 {_ms(s['latency_p95_s'])}, "
-          f"throughput {_num(s['throughput_imgs_per_s'])} img/s, payload {_num(s['payload_bytes_mean'])} B"
+    print(f"{builder.name} cuts={cuts} latency median {fmt_ms(s['latency_median_s'])} p95 {fmt_ms(s['latency_p95_s'])}, "
+          f"throughput {fmt_num(s['throughput_imgs_per_s'])} img/s, payload {fmt_num(s['payload_bytes_mean'])} B"
           + extra + _cipher_note(outcome.record) + (f", written {outcome.path}" if outcome.path else ""))
     return 0
 
@@ -300,13 +300,5 @@ def _cipher_note(record: dict) -> str:
     if cipher.get("cipher", "none") == "none":
         return ""
     s = record["summary"]
-    return (f", sealed with {cipher['cipher']} (seal {_ms(s.get('stage1_seal_median_s'))}, "
-            f"open {_ms(s.get('stage2_open_median_s'))} a batch)")
-
-
-def _ms(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 1e3:.2f} ms"
-
-
-def _num(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1f}"
+    return (f", sealed with {cipher['cipher']} (seal {fmt_ms(s.get('stage1_seal_median_s'))}, "
+            f"open {fmt_ms(s.get('stage2_open_median_s'))} a batch)")
