@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..energy.memory import parse_limits
 from ..errors import UsageError
 from ..runners import flags
 from ..runners.lm_sweep import LMSweepOptions
@@ -29,9 +30,10 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
     w = p.add_argument_group("workload")
     add_generation_flags(w, sweep=True)
     w.add_argument("--runs", type=positive_int, default=1, help="runs per configuration")
-    w.add_argument("--memory-limit", type=positive_float, default=None, metavar="MB",
-                   help="a stage that would hold more (parameters + KV cache at the full context) makes the "
-                        "configuration infeasible: recorded, not run")
+    w.add_argument("--memory-limit", default=None,
+                   help="stage1=512MiB or one size per stage (512MiB,4GiB), as the image sweep takes it: a stage that "
+                        "would hold more (parameters + KV cache at the full context) makes the configuration "
+                        "infeasible: recorded, not run")
     flags.THREADS.add_to(w, default=1)
     n = p.add_argument_group("network conditions (emulated link)")
     n.add_argument("--network", "--networks", dest="network", default="lan",
@@ -60,7 +62,7 @@ def main(argv: Sequence[str] | None, prog: str = "automated_split_tester.py") ->
         n.strip() for n in args.network.split(",") if n.strip()], prompt_lens=args.prompt_len,
         gen_tokens=args.gen_tokens, streams=args.streams, cut_dtypes=args.cut_dtype, runs=args.runs, out=args.out,
         session=args.session, network_file=args.network_file, seed=args.seed, warmup=args.warmup,
-        threads=args.threads, memory_limit_mb=args.memory_limit, timeout_s=args.timeout,
+        threads=args.threads, memory_limits=parse_limits(args.memory_limit, 2), timeout_s=args.timeout,
         power_idle_w=_two(args.power_idle_w, "--power-idle-w"), power_core_w=_two(args.power_core_w, "--power-core-w"))
     # lazy for start-up: torch, transformers
     from ..runners.lm_sweep import LMSweep

@@ -52,7 +52,7 @@ class LMSweepOptions:
     seed: int = 0
     warmup: int = 1
     threads: int = 1
-    memory_limit_mb: float | None = None
+    memory_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # stage1/stage2 -> bytes
     timeout_s: float | None = None
     power_idle_w: list[float] | None = None
     power_core_w: list[float] | None = None
@@ -88,14 +88,13 @@ def stage_memory_bytes(shape: shapes.LMShape, split: int, index: int, context: i
 
 
 def infeasible_why(opts: LMSweepOptions, shape: shapes.LMShape, cfg: LMConfig) -> str | None:
-    if opts.memory_limit_mb is None:
-        return None
     context = cfg.prompt_len + opts.gen_tokens
     for index in (0, 1):
+        limit = opts.memory_limits.get(f"stage{index + 1}")
         need = stage_memory_bytes(shape, cfg.split, index, context, opts.streams)
-        if need > opts.memory_limit_mb * 1e6:
+        if limit is not None and need > limit:
             return (f"stage {index + 1} needs {need / 1e6:.1f} MB (parameters and KV cache at {context} tokens) "
-                    f"> --memory-limit {opts.memory_limit_mb:g} MB")
+                    f"> its --memory-limit {limit / 1e6:g} MB")
     return None
 
 

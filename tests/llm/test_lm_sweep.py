@@ -18,10 +18,10 @@ def test_a_sweep_measures_every_configuration_and_reports_its_fronts(tmp_path):
     nets = tmp_path / "nets.toml"
     nets.write_text('[lan]\n[slow]\ndelay = "10ms"\nrate = "2mbit"\n')
     # One stage holds the whole of tiny-lm at splits 0 and 6: 0.659 MB of parameters, and a KV cache of
-    # 12 kB at 8 + 4 tokens, 36 kB at 32 + 4: over 0.68 MB only with the longer prompt.
+    # 12 kB at 8 + 4 tokens, 36 kB at 32 + 4: over 680 kB only with the longer prompt.
     res = run([PYTHON, "automated_split_tester.py", "--model", "tiny-lm", "--splits", "0,3,6", "--network",
                "lan,slow", "--network-file", str(nets), "--prompt-len", "8,32", "--gen-tokens", "4",
-               "--memory-limit", "0.68", "--out", str(tmp_path / "res"), "--session", "s"], timeout=600)
+               "--memory-limit", "680kB,680kB", "--out", str(tmp_path / "res"), "--session", "s"], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     session = tmp_path / "res" / "s"
     with open(session / "summary.csv") as fh:
@@ -57,10 +57,11 @@ def test_stage_memory_is_parameters_and_kv_cache():
     assert stage_memory_bytes(shape, 3, 0, 100, 2) == 4 * sum(params[:3]) + 2 * 2 * 16 * 4 * 2 * 100 * 2
     assert stage_memory_bytes(shape, 3, 1, 100, 2) == 4 * sum(params[3:]) + 2 * 2 * 16 * 4 * 2 * 100 * 2
     opts = LMSweepOptions(model="tiny-lm", model_dir=None, splits="all", networks=["lan"], prompt_lens=[8],
-                          memory_limit_mb=0.1)
+                          memory_limits={"stage2": 100_000})
     from paretopipe.runners.lm_sweep import LMConfig
 
-    assert "> --memory-limit 0.1 MB" in infeasible_why(opts, shape, LMConfig("lan", 8, "float32", 3))
+    assert "stage 2 needs 0.4 MB" in infeasible_why(opts, shape, LMConfig("lan", 8, "float32", 3))
+    assert infeasible_why(opts, shape, LMConfig("lan", 8, "float32", 6)) is None  # stage 2 holds the head only
 
 
 def test_the_bound_of_a_decode_step_adds_compute_round_trip_and_bytes():
