@@ -3,7 +3,7 @@
 
 Computed from the shapes alone (paretopipe.llm.build.expected_block_weights: no transformers,
 which the aarch64 sysroot does not have); tests/llm/golden/fingerprints.json holds what this
-printed on aarch64 under qemu-user (``make arm-fingerprints``), and tests/llm/test_fingerprints.py
+printed on aarch64 under qemu-user (``make arm-fingerprints``), and tests/llm/test_lm_fingerprints.py
 builds the same blocks through transformers on whatever CPU runs it and compares.
 """
 

@@ -108,3 +108,10 @@ def test_a_package_import_inside_a_function_says_why():
                     if not said:
                         unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not unexplained, unexplained
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by their basename (tests/ has no packages): two files of one name
+    in different folders make a collection error that ends the whole run."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
