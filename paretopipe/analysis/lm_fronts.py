@@ -231,12 +231,18 @@ def draw_fronts(session: Path, rows: list[dict[str, Any]]) -> list[Path]:
 
 
 def find_lm_session(path: Path) -> Path | None:
-    """A language-model session folder itself, or the newest one inside a folder of sessions."""
+    """A language-model session folder itself, or the newest session inside a folder of sessions
+    when that one is a language model's."""
     path = Path(path)
     if (path / SESSION_FILE).is_file():
         return path
-    inside = sorted(p.parent for p in path.glob(f"*/{SESSION_FILE}")) if path.is_dir() else []
-    return inside[-1] if inside else None
+    if not path.is_dir():
+        return None
+    # The newest session of either kind decides: a folder holding image sessions too reports those
+    # when one of them is newer (session folders are named by their start time).
+    newest = max((p.parent for name in (SESSION_FILE, "session.json") for p in path.glob(f"*/{name}")),
+                 key=lambda p: p.name, default=None)
+    return newest if newest is not None and (newest / SESSION_FILE).is_file() else None
 
 
 def report(session: Path) -> str:

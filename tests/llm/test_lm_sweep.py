@@ -68,3 +68,13 @@ def test_the_bound_of_a_decode_step_adds_compute_round_trip_and_bytes():
     assert lm_fronts.decode_bound_s([0.001, 0.002], 1000, 0.02, 1e6) == 0.001 + 0.002 + 0.02 + 0.001
     assert lm_fronts.pareto_mask(__import__("numpy").array([[1, 2], [2, 1], [2, 2], [1, 2]])).tolist() == \
         [True, True, False, True]
+
+
+def test_report_of_a_folder_follows_its_newest_session_of_either_kind(tmp_path):
+    (tmp_path / "20261126-100000").mkdir()
+    (tmp_path / "20261126-100000" / lm_fronts.SESSION_FILE).write_text("{}")
+    assert lm_fronts.find_lm_session(tmp_path) == tmp_path / "20261126-100000"
+    (tmp_path / "20261126-110000").mkdir()
+    (tmp_path / "20261126-110000" / "session.json").write_text("{}")  # a newer image sweep
+    assert lm_fronts.find_lm_session(tmp_path) is None
+    assert lm_fronts.find_lm_session(tmp_path / "20261126-100000") == tmp_path / "20261126-100000"
