@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed.rpc as rpc
 
+from .. import strict
 from ..errors import PeerError, UsageError
 from ..llm.build import LMSource
 from ..llm.shapes import check_plan
@@ -43,7 +44,7 @@ def set_source(src: LMSource, rank: int) -> None:
 def configure(cfg: dict[str, Any], index: int, next_name: str, direction: dict[str, Any] | None) -> dict[str, Any]:
     """Called by the master before a run: become stage ``index`` of the run's plan."""
     src: LMSource = _LM["src"]
-    run = LMRunConfig(**cfg)
+    run = strict.from_dict(LMRunConfig, cfg, "the master's run configuration")
     if run.identity != src.identity():
         return {"identity": src.identity(), "model": src.name}
     old = _LM.get("sender")

@@ -195,3 +195,29 @@ def test_an_int8_cut_records_what_it_costs_against_float32(reference, tmp_path):
     s = record["summary"]
     assert 0.0 <= s["token_agreement"] <= 1.0 and 0.0 < s["max_logit_diff"] < 0.5
     assert s["max_logit_diff"] == record["stages"][-1]["exactness"]["max_logit_diff"]
+
+
+def test_a_run_configuration_of_the_wrong_types_is_refused_by_name(reference):
+    import dataclasses
+
+    src, _ = reference
+    mine, theirs = socket.socketpair()
+    up = Connection(mine, None, "test", wire.DEFAULT_MAX_PAYLOAD)
+    failure: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _serve_into(Connection(theirs, None, "test", wire.DEFAULT_MAX_PAYLOAD),
+                                                         src, failure), daemon=True)
+    thread.start()
+    cfg = dataclasses.asdict(LMRunConfig(model=src.name, identity=src.identity(), splits=[3], gen_tokens=4, streams=1,
+                                         prompt_tokens=[5]))
+    up.send(wire.RUN, meta=dataclasses.asdict(LMRunStart("bad", {**cfg, "splits": "3"})))
+    reply = up.reader.read()
+    assert reply.kind == wire.ERROR and "splits" in reply.meta["reason"]
+    thread.join(10)
+    assert failure and isinstance(failure[0], WireError)
+
+
+def _serve_into(connection, src, failure: list) -> None:
+    try:
+        serve_lm_connection(connection, src)
+    except BaseException as exc:
+        failure.append(exc)

@@ -245,10 +245,7 @@ class _LaterStage:
         try:
             self.start = message(LMRunStart, meta, "LMRUN")
             safe_run_id(self.start.run_id)
-            try:
-                self.cfg = LMRunConfig(**self.start.config)
-            except TypeError as exc:
-                raise WireError(f"stage 1's run configuration: {exc}")
+            self.cfg = message(LMRunConfig, self.start.config, "stage 1's run configuration")
             if self.cfg.identity != src.identity() or self.cfg.model != src.name:
                 raise WireError(f"stage 1 runs {self.cfg.model} ({self.cfg.identity}), this stage has {src.name} "
                                 f"({src.identity()})")
