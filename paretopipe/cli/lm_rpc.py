@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None, prog: str = "distributed_runner.py") -> int
     # lazy for start-up: torch
     from ..transport import rpc_lm
     # lazy for start-up: torch
-    from ..transport.lmrun import LMRunConfig
+    from ..transport.lmrun import LMRunConfig, run_timeout_s
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -132,13 +132,13 @@ def main(argv: Sequence[str] | None, prog: str = "distributed_runner.py") -> int
     if args.rank != 0:
         backend.rpc.shutdown()
         return 0
-    nbytes = max(len(p) for p in prompts) * shapes.cut_bytes_per_token(src.shape, splits[0], args.cut_dtype)
     cfg = LMRunConfig(model=src.name, identity=src.identity(), splits=splits, gen_tokens=args.gen_tokens,
                       streams=args.streams, prompt_tokens=[len(p) for p in prompts], cut_dtype=args.cut_dtype,
                       seed=args.seed, warmup=args.warmup,
                       power_idle_w=per_stage(args.power_idle_w, "--power-idle-w", len(splits) + 1),
                       power_core_w=per_stage(args.power_core_w, "--power-core-w", len(splits) + 1),
-                      timeout_s=args.timeout or deadlines.run_timeout_s(conditions, nbytes, 64, in_flight=args.streams),
+                      timeout_s=args.timeout or run_timeout_s(src.shape, conditions, max(len(p) for p in prompts), splits[0],
+                                                              args.cut_dtype, args.streams),
                       network=conditions.name if conditions else None)
     try:
         record = rpc_lm.run_master(cfg, prompts, args.world_size, conditions=conditions, threads=args.threads,

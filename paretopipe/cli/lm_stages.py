@@ -13,7 +13,6 @@ import numpy as np
 from ..errors import UsageError
 from ..llm import shapes
 from ..llm.tokens import prompt_ids, tokenizer_for
-from ..network import deadlines
 from ..runners import flags
 from ..transport import aead
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
@@ -151,12 +150,13 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
     # lazy for start-up: torch
     from ..transport.tcp.lm import LMIdentity, run_lm_stage1
     # lazy for start-up: torch
-    from ..transport.lmrun import LMRunConfig
+    from ..transport.lmrun import LMRunConfig, run_timeout_s
 
     tok = tokenizer_for(args.model_dir)
     prompts = [prompt_ids(args.prompt, args.prompt_len, src.shape.vocab_size, src.shape.max_position_embeddings,
                           args.gen_tokens, tok, args.seed, s) for s in range(args.streams)]
-    timeout = args.timeout or _timeout_s(conditions, src.shape, prompts, args)
+    timeout = args.timeout or run_timeout_s(src.shape, conditions, max(len(p) for p in prompts), min(args.split),
+                                            args.cut_dtype, args.streams)
     cfg = LMRunConfig(model=src.name, identity=src.identity(), splits=list(args.split), gen_tokens=args.gen_tokens,
                       streams=args.streams, prompt_tokens=[len(p) for p in prompts], cut_dtype=args.cut_dtype,
                       check_exact=args.check_exact or args.cut_dtype != "float32",
@@ -179,13 +179,6 @@ def main_lm_stage1(argv: Sequence[str] | None, prog: str = "partition1.py") -> i
           f"{fmt_ms(s['tpot_median_s'])} (p90 {fmt_ms(s['tpot_p90_s'])}), {fmt_num(s['tokens_per_s'])} tokens/s, "
           f"text {tok.decode(outcome.tokens[0])[:60]!r}" + _exact_note(s) + _energy_note(s) + (f", written {outcome.path}" if outcome.path else ""))
     return 0
-
-
-def _timeout_s(conditions, shape: shapes.LMShape, prompts: list[list[int]], args: argparse.Namespace) -> float:
-    """The run's deadline from its largest step (every stream's prefill in flight at once), as the
-    image runs derive theirs from a batch (network.deadlines)."""
-    nbytes = max(len(p) for p in prompts) * shapes.cut_bytes_per_token(shape, min(args.split), args.cut_dtype)
-    return deadlines.run_timeout_s(conditions, nbytes, 64, in_flight=args.streams)
 
 
 def main_lm_stage2(argv: Sequence[str] | None, prog: str = "partition2.py") -> int:

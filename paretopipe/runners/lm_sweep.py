@@ -27,7 +27,6 @@ from ..analysis.session import sweep_session_dir
 from ..llm import shapes
 from ..llm.tokens import prompt_ids, tokenizer_for
 from ..manifest import node_manifest
-from ..network import deadlines
 from ..network.conditions import NetworkConditions, get_conditions
 from ..splits import parse_splits
 
@@ -167,7 +166,7 @@ class LMSweep:
 
     def _configuration(self, connection, stages, cfg: LMConfig) -> None:
         # lazy for start-up: torch
-        from ..transport.lmrun import LMRunConfig
+        from ..transport.lmrun import LMRunConfig, run_timeout_s
         # lazy for start-up: torch
         from ..transport.tcp.lm import run_lm
 
@@ -181,8 +180,8 @@ class LMSweep:
         conditions = self.conditions[cfg.network]
         prompts = [prompt_ids(None, cfg.prompt_len, self.shape.vocab_size, self.shape.max_position_embeddings,
                               self.opts.gen_tokens, self.tokenizer, self.opts.seed, s) for s in range(self.opts.streams)]
-        nbytes = cfg.prompt_len * shapes.cut_bytes_per_token(self.shape, cfg.split, cfg.cut_dtype)
-        timeout = self.opts.timeout_s or deadlines.run_timeout_s(conditions, nbytes, 64, in_flight=self.opts.streams)
+        timeout = self.opts.timeout_s or run_timeout_s(self.shape, conditions, cfg.prompt_len, cfg.split, cfg.cut_dtype,
+                                                       self.opts.streams)
         run_cfg = LMRunConfig(model=self.src.name, identity=self.src.identity(), splits=[cfg.split],
                               gen_tokens=self.opts.gen_tokens, streams=self.opts.streams,
                               prompt_tokens=[len(p) for p in prompts], cut_dtype=cfg.cut_dtype, seed=self.opts.seed,

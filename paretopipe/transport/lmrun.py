@@ -11,9 +11,11 @@ from typing import Any
 
 from ..llm.build import LMSource, build_stage
 from ..llm.generate import Sampling
-from ..llm.shapes import stage_blocks, stage_layers
+from ..llm.shapes import LMShape, cut_bytes_per_token, stage_blocks, stage_layers
 from ..llm.stage import LMStage
 from ..manifest import node_manifest
+from ..network import deadlines
+from ..network.conditions import NetworkConditions
 
 LM_RECORD_KIND = "llm"
 
@@ -94,3 +96,22 @@ def hop_figures(stages: list[dict[str, Any]], stage1_bytes: dict[str, int], cfg:
     return out
 
 
+
+
+def new_hop_bytes() -> dict[str, int]:
+    """What a stage put on its next hop: the prefills' bytes, the decode steps' bytes and their count."""
+    return {"prefill": 0, "decode": 0, "decode_steps": 0}
+
+
+def count_hop(hop_bytes: dict[str, int], start: int, nbytes: int) -> None:
+    """One step sent on: a prefill starts at position 0, a decode step anywhere after."""
+    hop_bytes["prefill" if start == 0 else "decode"] += nbytes
+    hop_bytes["decode_steps"] += start != 0
+
+
+def run_timeout_s(shape: LMShape, conditions: NetworkConditions | None, prompt_len: int, first_split: int,
+                  cut_dtype: str, streams: int) -> float:
+    """The run's deadline from its largest step (every stream's prefill in flight at once), as the
+    image runs derive theirs from a batch (network.deadlines)."""
+    nbytes = prompt_len * cut_bytes_per_token(shape, first_split, cut_dtype)
+    return deadlines.run_timeout_s(conditions, nbytes, 64, in_flight=streams)

@@ -28,7 +28,7 @@ from ..manifest import node_manifest
 from ..network.conditions import Direction, NetworkConditions
 from ..network.emulated import EmulatedLink, LinkSender
 from .rpc import MASTER, NO_RPC_TIMEOUT, worker_name
-from .lmrun import LM_RECORD_KIND, LMRunConfig, LMStages, hop_figures, stage_part
+from .lmrun import LM_RECORD_KIND, LMRunConfig, LMStages, count_hop, hop_figures, new_hop_bytes, stage_part
 
 log = logging.getLogger("paretopipe.rpc")
 _LM: dict[str, Any] = {}
@@ -37,7 +37,7 @@ _LM: dict[str, Any] = {}
 def set_source(src: LMSource, rank: int) -> None:
     """What this rank serves; the master configures it once every rank has joined."""
     _LM.update(src=src, stages=LMStages(src), rank=rank, lock=threading.Lock(),
-               hop_bytes={"prefill": 0, "decode": 0, "decode_steps": 0})
+               hop_bytes=new_hop_bytes())
 
 
 # -- a stage rank -------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ def configure(cfg: dict[str, Any], index: int, next_name: str, direction: dict[s
     link = EmulatedLink(Direction.from_dict(direction), seed=run.seed + index) if direction else None
     _LM.update(cfg=run, index=index, next=next_name, stage=_LM["stages"].get(list(run.splits), index),
                sender=LinkSender(link, f"rpc-lm-send-{index}"),
-               hop_bytes={"prefill": 0, "decode": 0, "decode_steps": 0})
+               hop_bytes=new_hop_bytes())
     return {"identity": src.identity(), "model": src.name}
 
 
@@ -72,8 +72,7 @@ def forward(stream: int, step: int, start: int, tensors: tuple[torch.Tensor, ...
         return
     out = encode_cut(h, cfg.cut_dtype)
     if stream < cfg.streams:
-        st["hop_bytes"]["prefill" if start == 0 else "decode"] += cut_nbytes(out)
-        st["hop_bytes"]["decode_steps"] += start != 0
+        count_hop(st["hop_bytes"], start, cut_nbytes(out))
     st["sender"].submit(cut_nbytes(out), lambda: rpc.rpc_async(target, forward, args=(stream, step, start, out),
                                                                timeout=NO_RPC_TIMEOUT).add_done_callback(_check))
 
@@ -122,7 +121,7 @@ def run_master(cfg: LMRunConfig, prompts: list[list[int]], world_size: int, *,
     _LM["results"] = queue.Queue()
     link = EmulatedLink(conditions.up, seed=cfg.seed) if conditions else None
     sender = LinkSender(link, "rpc-lm-send-master")
-    hop_bytes = {"prefill": 0, "decode": 0, "decode_steps": 0}
+    hop_bytes = new_hop_bytes()
     status, error, steps, tokens = "complete", None, [], [[] for _ in range(cfg.streams)]
 
     def send(stream: int, step: int, ids: list[int], start: int, count: bool) -> float:
@@ -130,8 +129,7 @@ def run_master(cfg: LMRunConfig, prompts: list[list[int]], world_size: int, *,
         h = stage.forward(stream, torch.tensor([ids]), start)
         out = encode_cut(h, cfg.cut_dtype)
         if count:
-            hop_bytes["prefill" if start == 0 else "decode"] += cut_nbytes(out)
-            hop_bytes["decode_steps"] += start != 0
+            count_hop(hop_bytes, start, cut_nbytes(out))
         sender.submit(cut_nbytes(out), lambda: rpc.rpc_async(worker_name(1), forward, args=(stream, step, start, out),
                                                             timeout=NO_RPC_TIMEOUT).add_done_callback(_check))
         return sent

@@ -40,7 +40,7 @@ from ...network.emulated import EmulatedLink
 from .. import wire
 from .connection import Connection, FrameSender
 from .handshake import StageListener
-from ..lmrun import LM_RECORD_KIND, LMRunConfig, LMStages, hop_figures, stage_part
+from ..lmrun import LM_RECORD_KIND, LMRunConfig, LMStages, count_hop, hop_figures, new_hop_bytes, stage_part
 from .messages import json_payload, json_tensor, message, safe_run_id
 from .outcome import link_manifest_of
 
@@ -119,7 +119,7 @@ def run_lm(connection: Connection, stages: "LMStages", cfg: LMRunConfig, prompts
     tokens: list[list[int]] = [[] for _ in range(cfg.streams)]
     link = EmulatedLink(conditions.up, seed=cfg.seed) if conditions else None
     sender = FrameSender(connection.writer, link, "stage1-send")
-    hop_bytes = {"prefill": 0, "decode": 0, "decode_steps": 0}
+    hop_bytes = new_hop_bytes()
     try:
         connection.sock.settimeout(cfg.timeout_s)
         connection.send(wire.RUN, meta=dataclasses.asdict(start))
@@ -179,8 +179,7 @@ class _Generation:
         h = self.stage.forward(stream, torch.tensor([ids]), start)
         tensors = encode_cut(h, self.cfg.cut_dtype)
         if count:
-            self.hop_bytes["prefill" if start == 0 else "decode"] += cut_nbytes(tensors)
-            self.hop_bytes["decode_steps"] += start != 0
+            count_hop(self.hop_bytes, start, cut_nbytes(tensors))
         self.seq += 1
         self.sender.submit(wire.encode(wire.TENSOR, self.seq, _payload(tensors), {"stream": stream, "start": start, "step": step}))
         return self.seq, sent
@@ -280,7 +279,7 @@ class _LaterStage:
                                 f"stage{self.index + 1}-send")
         self.forward = (FrameSender(self.next.writer, EmulatedLink(forward, seed=self.cfg.seed) if forward else None,
                                     f"stage{self.index + 1}-forward") if self.next is not None else None)
-        self.hop_bytes = {"prefill": 0, "decode": 0, "decode_steps": 0}
+        self.hop_bytes = new_hop_bytes()
         self.relay_error: list[BaseException] = []
         self.logits: dict[tuple[int, int], torch.Tensor] = {}  # (stream, step): what this last stage chose from
         connection.send(wire.RUN_OK)
@@ -329,8 +328,7 @@ class _LaterStage:
             return
         tensors = encode_cut(h, self.cfg.cut_dtype)
         if stream < self.cfg.streams:
-            self.hop_bytes["prefill" if start == 0 else "decode"] += cut_nbytes(tensors)
-            self.hop_bytes["decode_steps"] += start != 0
+            count_hop(self.hop_bytes, start, cut_nbytes(tensors))
         self.forward.submit(wire.encode(wire.TENSOR, f.seq, _payload(tensors), {"stream": stream, "start": start, "step": step}))
 
     def _checked_input(self, f: wire.Frame, start: int) -> torch.Tensor:
