@@ -29,10 +29,12 @@ def faults():
 with torch.no_grad():
     for i in range(3):
         stage(synthetic_batch(i, 1, 224))
-    before = faults()
+    per_batch = []
     for i in range(20):
+        before = faults()
         stage(synthetic_batch(i, 1, 224))
-print(json.dumps({"faults": faults() - before, "allocator": node_manifest()["allocator"]}))
+        per_batch.append(faults() - before)
+print(json.dumps({"faults": per_batch, "allocator": node_manifest()["allocator"]}))
 """
 
 
@@ -47,10 +49,13 @@ def test_freed_activations_serve_the_next_batch_without_page_faults():
     tuned, default = _cycles("tuned"), _cycles("default")
     if tuned["allocator"].get("allocator") == "unchanged":
         pytest.skip(f"no glibc mallopt here: {tuned['allocator']['why']}")
-    # glibc's default faults in about 1700 pages a batch here (33678 in 20 batches when measured); the
-    # heap keeps them: no fault at all after the warm-up.
-    assert default["faults"] > 20 * 256, default
-    assert tuned["faults"] < 256, tuned
+    # glibc's default faults up to 3200 pages in on most batches here (33678 in 20 batches once):
+    # it maps activations afresh. Kept in the heap, batches fault nothing; the heap may
+    # still grow once (one batch faulting 300 to 1200 pages in was seen in 1 run of 8), which is not
+    # the per-batch cost this setting removes.
+    assert sum(f > 256 for f in default["faults"]) >= 10, default
+    assert sum(f > 0 for f in tuned["faults"]) <= 2, tuned
+    assert sum(tuned["faults"]) * 10 < sum(default["faults"]), (tuned, default)
     assert tuned["allocator"] == {"allocator": "glibc, activations kept in the heap",
                                   "mmap_threshold_bytes": 32 << 20, "trim_threshold_bytes": 1 << 30}
     assert default["allocator"] == {"allocator": "default"}
