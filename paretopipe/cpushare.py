@@ -113,6 +113,19 @@ def _make_group(h: Hierarchy, share: float, name: str, pid: int) -> dict[str, An
             "cpu_quota_us": quota, "cpu_period_us": period}
 
 
+def set_share(applied: dict[str, Any], share: float, hierarchy: Hierarchy | None = None) -> None:
+    """Change the share of a group made by :func:`limit` or :func:`limit_compute` (a compute
+    trace's step): its processes keep running, at the new quota from the next period."""
+    h = hierarchy or Hierarchy.detect()
+    quota, period = quota_period_us(share)
+    group = Path(applied["cgroup"])
+    if h.version == 1:
+        _write(group / "cpu.cfs_period_us", str(period))
+        _write(group / "cpu.cfs_quota_us", str(quota))
+    else:
+        _write(group / "cpu.max", f"{quota} {period}")
+
+
 def limit(pid: int, share: float, name: str, hierarchy: Hierarchy | None = None) -> dict[str, Any]:
     """Move ``pid`` (all its threads) into a new cgroup limited to ``share`` of one core.
 
@@ -170,6 +183,19 @@ def release(applied: dict[str, Any], pid: int) -> None:
             (group.parent / members).write_text(member)
     with contextlib.suppress(OSError):
         group.rmdir()
+
+
+def check_writable(hierarchy: Hierarchy | None = None) -> None:
+    """Refuse in one line where the cpu controller cannot be written (not root, a read-only
+    cgroup mount): make and remove a group of our own."""
+    h = hierarchy or Hierarchy.detect()
+    group = h.root / f"{GROUP_PREFIX}check-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        group.rmdir()
+    except OSError as exc:
+        raise UsageError(f"the cgroup cpu controller at {h.root} cannot be written ({exc.strerror or exc}): CPU "
+                         f"shares and compute traces need root or a delegated cgroup")
 
 
 def remove_stale(hierarchy: Hierarchy | None = None) -> int:

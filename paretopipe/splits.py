@@ -1,5 +1,6 @@
 """A split as one typed value: a block index k, an N-stage plan (k1, k2, ...), a fine cut named
-by its live set (``maxpool+layer1_0_relu``), or ``adaptive``.
+by its live set (``maxpool+layer1_0_relu``), or a policy that chooses per batch: ``adaptive``
+(ours) or ``sciot`` (SCIoT's decision rule).
 
 Every form a split takes elsewhere comes from here: its label in runs.csv (``split_index``: ``3``,
 ``3,9``, the cut's name or ``adaptive``), its part of a configuration key (``k03``, ``k3-9``,
@@ -16,26 +17,35 @@ from typing import Any, Iterable
 from .errors import UsageError
 
 ADAPTIVE = "adaptive"
+SCIOT = "sciot"
+#: The splits a runtime policy chooses per batch, by name (runners/adaptive_setup.py builds each).
+POLICIES = (ADAPTIVE, SCIOT)
 #: A fine cut's name: fx node names joined by ``+`` (the tensors that cross it).
 CUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\+[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def is_cut_name(text: str) -> bool:
-    return bool(CUT_NAME.fullmatch(text)) and text.lower() != ADAPTIVE
+    return bool(CUT_NAME.fullmatch(text)) and text.lower() not in POLICIES
 
 
 @dataclasses.dataclass(frozen=True)
 class Split:
     """``blocks``: the block index of each cut, in order (one for a two-stage split; empty for
-    adaptive, whose split the runtime chooses per batch). ``plan``: written as a plan of stages
-    (``--split-blocks``, a list in a record), which keeps its plan form even with one cut."""
+    adaptive, whose split the runtime chooses per batch, by ``policy``: adaptive or sciot).
+    ``plan``: written as a plan of stages (``--split-blocks``, a list in a record), which keeps its
+    plan form even with one cut."""
 
     blocks: tuple[int, ...] = ()
     adaptive: bool = False
     plan: bool = False
     cut: str = ""  # a fine cut (a live set), for the cuts --max-live adds to a sweep
+    policy: str = ""  # the runtime policy of an adaptive split: adaptive (the default) or sciot
 
     def __post_init__(self) -> None:
+        if self.adaptive and not self.policy:
+            object.__setattr__(self, "policy", ADAPTIVE)
+        if self.policy and (not self.adaptive or self.policy not in POLICIES):
+            raise UsageError(f"split policy {self.policy!r}: valid {', '.join(POLICIES)}")
         if self.adaptive + bool(self.blocks) + bool(self.cut) != 1:
             raise UsageError("a split is block indices, a cut or adaptive: exactly one of them")
         if self.cut and not is_cut_name(self.cut):
@@ -56,14 +66,14 @@ class Split:
             return value
         if isinstance(value, str):
             text = value.strip()
-            if text.lower() == ADAPTIVE:
-                return cls(adaptive=True)
+            if text.lower() in POLICIES:
+                return cls(adaptive=True, policy=text.lower())
             if is_cut_name(text):
                 return cls(cut=text)
             try:
                 value = [int(p) for p in text.split(",")]
             except ValueError:
-                raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,..., a cut name or {ADAPTIVE}")
+                raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,..., a cut name, {ADAPTIVE} or {SCIOT}")
             if len(value) == 1:
                 return cls((value[0],))
         if isinstance(value, (list, tuple)):
@@ -71,7 +81,7 @@ class Split:
                        plan=True)
         if hasattr(value, "__index__") and not isinstance(value, bool):  # int, numpy integers
             return cls((int(value),))
-        raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,..., a cut name or {ADAPTIVE}")
+        raise UsageError(f"split {value!r}: a block index k, a plan k1,k2,..., a cut name, {ADAPTIVE} or {SCIOT}")
 
     @property
     def stages(self) -> int:
@@ -79,18 +89,18 @@ class Split:
 
     @property
     def label(self) -> int | str:
-        """runs.csv's ``split_index``: k, ``k1,k2``, the cut's name, or ``adaptive``."""
+        """runs.csv's ``split_index``: k, ``k1,k2``, the cut's name, or the policy's name."""
         if self.adaptive:
-            return ADAPTIVE
+            return self.policy
         if self.cut:
             return self.cut
         return ",".join(map(str, self.blocks)) if self.plan else self.blocks[0]
 
     @property
     def key(self) -> str:
-        """The split's part of a configuration key: ``k03``, ``k3-9``, ``c<cut>`` or ``kadaptive``."""
+        """The split's part of a configuration key: ``k03``, ``k3-9``, ``c<cut>``, ``kadaptive`` or ``ksciot``."""
         if self.adaptive:
-            return f"k{ADAPTIVE}"
+            return f"k{self.policy}"
         if self.cut:  # "." where the name has "+": file names keep it, and node names never hold one
             return "c" + self.cut.replace("+", ".")
         return "k" + "-".join(map(str, self.blocks)) if self.plan else f"k{self.blocks[0]:02d}"
@@ -99,16 +109,16 @@ class Split:
     def config(self) -> int | list[int] | str:
         """What a run's configuration records as ``split_index``."""
         if self.adaptive:
-            return ADAPTIVE
+            return self.policy
         if self.cut:
             return self.cut
         return list(self.blocks) if self.plan else self.blocks[0]
 
     def sort_key(self) -> tuple:
         """Block splits in numeric order, then cuts (by name: a split knows no graph), then N-stage
-        plans, then ``adaptive``."""
+        plans, then the policies."""
         if self.adaptive:
-            return (2, 0, ADAPTIVE)
+            return (2, POLICIES.index(self.policy), self.policy)
         if self.cut:
             return (0.5, 0, self.cut)
         return (1, len(self.blocks), self.blocks) if self.plan else (0, self.blocks[0], "")
@@ -136,11 +146,11 @@ def check_splits(ks: Iterable[Any], num_blocks: int, model: str | None = None, w
 
 
 # -- the split texts of --splits and --split-blocks ---------------------------------------------
-def split_adaptive(text: str) -> tuple[str, bool]:
-    """``--splits`` without its ``adaptive`` member, and whether it had one."""
+def split_adaptive(text: str) -> tuple[str, list[str]]:
+    """``--splits`` without its policy members (``adaptive``, ``sciot``), and those it named, in order."""
     parts = [p.strip() for p in text.split(",")]
-    kept = [p for p in parts if p.lower() != ADAPTIVE]
-    return ",".join(kept), len(kept) != len(parts)
+    kept = [p for p in parts if p.lower() not in POLICIES]
+    return ",".join(kept), list(dict.fromkeys(p.lower() for p in parts if p.lower() in POLICIES))
 
 
 def split_cuts(text: str) -> tuple[str, list[str]]:

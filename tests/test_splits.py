@@ -71,6 +71,7 @@ def test_parse_plans_and_the_members_of_splits_text():
                         ("3,x", "bad --split-blocks")):
         with pytest.raises(UsageError, match=match):
             parse_plans(text)
-    assert split_adaptive("1, adaptive,4") == ("1,4", True) and split_adaptive("1,4") == ("1,4", False)
+    assert split_adaptive("1, adaptive,4") == ("1,4", ["adaptive"]) and split_adaptive("1,4") == ("1,4", [])
+    assert split_adaptive("sciot,1,Adaptive") == ("1", ["sciot", "adaptive"])
     assert split_cuts("2,maxpool+layer1_0_relu,5") == ("2,5", ["maxpool+layer1_0_relu"])
     assert split_cuts("all") == ("all", [])

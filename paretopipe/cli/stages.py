@@ -7,11 +7,13 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Sequence
 
+from .. import cputrace
 from ..errors import UsageError
 from ..splits import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth
 from ..runners import flags
-from ..transport.runconfig import ADAPTIVE, AdaptiveOptions, DEFAULT_MAX_PAYLOAD
+from ..splits import POLICIES
+from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD
 from . import lm_stages
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, fmt_ms, fmt_num, network_from_args,
@@ -61,16 +63,17 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
 def _link_timeout_s(args: argparse.Namespace, builder: StageBuilder, cuts: list[str] | None, conditions) -> float:
     """The run's deadline from the bytes its batches send under ``conditions`` (none: the base)."""
     part = builder.partitioner
-    names = part.block_cuts() if args.split_index == ADAPTIVE or not cuts else cuts
+    names = part.block_cuts() if args.split_index in POLICIES or not cuts else cuts
     itemsize = 2 if args.wire_dtype in ("float16", "bfloat16") else 4
     up = max(part.payload_nbytes(c, args.batch_size) for c in names) * itemsize // 4
     return deadlines.run_timeout_s(conditions, up, args.num_classes * 4 * args.batch_size, args.in_flight)
 
 
 def split_or_adaptive(text: str) -> int | list[int] | str:
-    """``--split``: a block index k, a plan of N stages as a comma list (``3,9``), or ``adaptive``."""
-    if text.strip().lower() == ADAPTIVE:
-        return ADAPTIVE
+    """``--split``: a block index k, a plan of N stages as a comma list (``3,9``), or a policy
+    (``adaptive``, ``sciot``)."""
+    if text.strip().lower() in POLICIES:
+        return text.strip().lower()
     if "," in text:
         try:
             return Split.of([nonneg_int(k) for k in text.split(",")]).config
@@ -88,9 +91,9 @@ def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuil
     if args.threads:
         torch.set_num_threads(args.threads)
     builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
-    if args.split_index == ADAPTIVE:
+    if args.split_index in POLICIES:
         if args.cut is not None:
-            raise UsageError("--cut and --split adaptive exclude each other: give one of them (the adaptive runtime "
+            raise UsageError(f"--cut and --split {args.split_index} exclude each other: give one of them (the adaptive runtime "
                              "picks its splits itself; --candidates names cuts for it)")
         # Stage 2 insists on nothing; stage 1 starts at K (all local) until its first choice.
         return builder, (None if not required else [builder.partitioner.block_cut(builder.partitioner.num_blocks)])
@@ -145,6 +148,9 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     flags.LINK.add_to(k, help="emulated: in-process link for --network (the choice when one is given); tc: shaped by "
                               "network_delay.py")
     k.add_argument("--network-delay-ms", type=float, default=None, help="anchor label only; the manifest records the link actually used")
+    flags.STAGE_CPU_TRACE.add_to(k, help="stage1=FILE: this stage's CPU share follows a compute trace (CSV "
+                                         "time_s,cpu_share, or pi4-throttle, noisy-neighbour) through a cgroup quota, "
+                                         "from the batches' start at a seeded offset")
     a = p.add_argument_group("adaptive split (--split adaptive)")
     flags.OBJECTIVE.add_to(a)
     a.add_argument("--deadline-ms", type=positive_float, default=None,
@@ -157,6 +163,8 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     a.add_argument("--device-profiles", default=None,
                    help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated; default: both "
                         "stages profile themselves briefly at start")
+    for row in flags.POLICY_FLAGS:
+        row.add_to(a)
     p.add_argument("--save-outputs", default=None, help="write the returned logits to this .npz (for checks)")
     return p
 
@@ -167,13 +175,20 @@ def adaptive_fields(args: argparse.Namespace, num_blocks: int) -> dict:
     deadline = {"deadline_s": args.deadline_ms / 1e3 if args.deadline_ms else None}
     given = [f for f, v in (("--candidates", args.candidates), ("--device-profiles", args.device_profiles))
              if v is not None]
-    if args.split_index != ADAPTIVE:
+    given += [f"--{n.replace('_', '-')}" for n in POLICY_SETTINGS if getattr(args, n) is not None]
+    if args.split_index not in POLICIES:
         if given or args.objective != "latency":
-            raise UsageError(f"{(given or ['--objective'])[0]} applies to --split adaptive only")
+            raise UsageError(f"{(given or ['--objective'])[0]} applies to --split adaptive or sciot only")
         return deadline
+    settings = {POLICY_SETTINGS[n]: getattr(args, n) for n in POLICY_SETTINGS if getattr(args, n) is not None}
     return {**deadline, "adaptive_split": AdaptiveOptions(
         objective=args.objective, candidates=_candidates(args.candidates, num_blocks) if args.candidates else None,
-        device_profiles=args.device_profiles.split(",") if args.device_profiles else None)}
+        device_profiles=args.device_profiles.split(",") if args.device_profiles else None, **settings)}
+
+
+#: The policies' variance settings: flag dest -> AdaptiveOptions field (unset flags keep SCIoT's defaults).
+POLICY_SETTINGS = {"ema_alpha": "ema_alpha", "cv_threshold": "cv_threshold", "variance_window": "window",
+                   "local_probability": "local_probability"}
 
 
 def _candidates(text: str, num_blocks: int) -> list[int | str]:
@@ -190,6 +205,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     signals_as_interrupt()
     secret = stage_secret(args)
     aead.check_choice(args.encrypt, secret)
+    traced = cputrace.parse_stage_traces(args.stage_cpu_trace, stages=("stage1",))
     builder, cuts = _builder(args)
     conditions = network_from_args(args)
     link_mode = args.link or ("emulated" if conditions else "none")
@@ -214,9 +230,11 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
                                  encrypt=args.encrypt)
     log.info("stage 1 listening on %s:%d (%s, cuts %s)", args.host, listener.port, builder.name, cuts)
     try:
-        outcome = tcp.run_stage1(listener, builder, cfg, policy=policy, conditions=conditions,
-                                 connect_timeout=args.connect_timeout, output_dir=args.out,
-                                 keep_outputs=bool(args.save_outputs), observed_link=observed, threads=args.threads)
+        with cputrace.own_group("stage1", traced.get("stage1")) as specs:
+            outcome = tcp.run_stage1(listener, builder, cfg, policy=policy, conditions=conditions,
+                                     connect_timeout=args.connect_timeout, output_dir=args.out,
+                                     keep_outputs=bool(args.save_outputs), observed_link=observed, threads=args.threads,
+                                     cpu_traces=specs)
     finally:
         listener.close()
     if args.save_outputs:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import cpushare
+from .. import cpushare, cputrace
 from ..errors import UsageError
 from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices
@@ -111,6 +111,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         optimizations=not args.no_optimizations, report=not args.no_report, testbed=testbed,
                         ciphers=_ciphers(args.encrypt, backends, testbed),
                         stage_cpu=cpushare.parse_shares(args.stage_cpu, 2),
+                        stage_cpu_trace=cputrace.parse_stage_traces(args.stage_cpu_trace),
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
                         dataset=dataset_from_args(args, args.compression, local=not testbed.remote),

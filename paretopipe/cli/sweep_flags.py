@@ -178,6 +178,8 @@ FLAGS: tuple[Flag, ...] = (
          stored=lambda o: _joined(o.stage_threads)),
     Flag(("--stage-cpu",), WHERE, "CPU share per stage via cgroup quota, e.g. 0.25,1 (an edge device and a server on "
          "one machine; local TCP only)", field="", stored=lambda o: _joined(o.stage_cpu)),
+    Flag.of(flags.STAGE_CPU_TRACE, WHERE, help=flags.STAGE_CPU_TRACE.help + " (local TCP only)", field="",
+            stored=lambda o: ",".join(f"{k}={v}" for k, v in sorted(o.stage_cpu_trace.items())) or None),
     Flag(("--no-optimizations",), WHERE, "do not pin stages to separate cores (the anchor's behaviour; for "
          "comparisons)", store_true=True, field="", stored=lambda o: not o.optimizations),
     # -- experiment files --------------------------------------------------------------------------

@@ -18,12 +18,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .. import records
+from .. import cputrace, records
 from ..errors import UsageError
 from ..units import format_duration, format_rate, parse_duration, parse_percent, parse_rate
 
 DISTRIBUTIONS = ("normal", "pareto", "paretonormal", "uniform")
 MSS_BYTES = 1448  # TCP payload per segment on a 1500-byte MTU with timestamps
+CPU_TRACE_KEYS = ("cpu_trace_stage1", "cpu_trace_stage2")
 VALUE_KEYS = ("delay", "jitter", "distribution", "loss", "rate", "trace", "energy_nj_per_bit")
 FILE_NAME = "profiles.toml"
 
@@ -160,6 +161,8 @@ class NetworkConditions:
     down: Direction = Direction()
     comment: str = ""
     energy_source: str = ""  # where the directions' energy_nj_per_bit come from (a paper, a datasheet)
+    #: Compute traces the network brings with it, (stage, path) pairs: a device that changes under it.
+    cpu_traces: tuple[tuple[str, str], ...] = ()
 
     @property
     def symmetric(self) -> bool:
@@ -182,6 +185,8 @@ class NetworkConditions:
         out = {"name": self.name, "up": self.up.to_dict(), "down": self.down.to_dict()}
         if self.energy_source:
             out["energy_source"] = self.energy_source
+        if self.cpu_traces:
+            out["cpu_traces"] = dict(self.cpu_traces)
         return out
 
     def to_values(self) -> dict[str, Any]:
@@ -203,14 +208,19 @@ class NetworkConditions:
             out["comment"] = self.comment
         if self.energy_source:
             out["energy_source"] = self.energy_source
+        out.update({f"cpu_trace_{stage}": path for stage, path in self.cpu_traces})
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "NetworkConditions":
         if not isinstance(data, dict) or not isinstance(data.get("up"), dict) or not isinstance(data.get("down"), dict):
             raise UsageError("network conditions must be an object with 'up' and 'down' directions")
+        traces = data.get("cpu_traces") or {}
+        if not isinstance(traces, dict) or not all(isinstance(v, str) for v in traces.values()):
+            raise UsageError("network conditions' cpu_traces must map a stage name to a trace file")
         return cls(name=str(data.get("name", "custom"))[:100], up=Direction.from_dict(data["up"]),
-                   down=Direction.from_dict(data["down"]), energy_source=str(data.get("energy_source") or "")[:500])
+                   down=Direction.from_dict(data["down"]), energy_source=str(data.get("energy_source") or "")[:500],
+                   cpu_traces=tuple(sorted((str(k), v) for k, v in traces.items())))
 
     def describe(self) -> str:
         if self.symmetric:
@@ -269,17 +279,38 @@ def _split_adhoc(values: dict[str, Any]) -> dict[str, Any]:
 def conditions_from_values(name: str, values: dict[str, Any], base_dir: Path | None = None) -> NetworkConditions:
     """One table of profiles.toml (or ad-hoc values) -> :class:`NetworkConditions`."""
     values = _split_adhoc(values)
-    valid = set(VALUE_KEYS) | {f"{k}_{d}" for k in VALUE_KEYS for d in ("up", "down")} | {"comment", "energy_source"}
+    valid = set(VALUE_KEYS) | {f"{k}_{d}" for k in VALUE_KEYS for d in ("up", "down")} | {"comment", "energy_source"} \
+        | set(CPU_TRACE_KEYS)
     unknown = sorted(set(values) - valid)
     if unknown:
         raise UsageError(f"network {name!r}: unknown key {unknown[0]!r}; valid: {', '.join(VALUE_KEYS)} "
-                         f"(each also with _up or _down), comment, energy_source")
+                         f"(each also with _up or _down), comment, energy_source, {', '.join(CPU_TRACE_KEYS)}")
     up, down = _direction(name, values, "up", base_dir), _direction(name, values, "down", base_dir)
     source = str(values.get("energy_source", ""))
     if (up.energy_nj_per_bit is not None or down.energy_nj_per_bit is not None) and not source.strip():
         raise UsageError(f"network {name!r}: energy_nj_per_bit needs energy_source, where the constant comes from "
                          f"(a measurement, a paper, a datasheet): a modelled figure names its source")
-    return NetworkConditions(name=name, up=up, down=down, comment=str(values.get("comment", "")), energy_source=source)
+    return NetworkConditions(name=name, up=up, down=down, comment=str(values.get("comment", "")), energy_source=source,
+                             cpu_traces=_cpu_traces(name, values, base_dir))
+
+
+def _cpu_traces(name: str, values: dict[str, Any], base_dir: Path | None) -> tuple[tuple[str, str], ...]:
+    """``cpu_trace_stage1 = "FILE"`` keys -> (stage, path) pairs, each file checked (a relative
+    path is the network file's neighbour, else a shipped compute trace's name)."""
+    out = []
+    for key in CPU_TRACE_KEYS:
+        if values.get(key) is None:
+            continue
+        path = Path(str(values[key])).expanduser()
+        if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
+            path = base_dir / path
+        try:
+            resolved = cputrace.resolve(str(path))
+            cputrace.load(resolved)
+        except UsageError as exc:
+            raise UsageError(f"network {name!r} ({key}): {exc}")
+        out.append((key.removeprefix("cpu_trace_"), resolved))
+    return tuple(out)
 
 
 def load_conditions(path: str | Path | None = None) -> dict[str, NetworkConditions]:

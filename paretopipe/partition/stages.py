@@ -103,6 +103,75 @@ class StageTimer:
         return out, time.perf_counter() - t0
 
 
+class TimedChain(nn.Module):
+    """Consecutive segments of a model run one after another, each one timed: what a stage of an
+    adaptive run computes, so that it observes its per-segment compute on every batch. The chain
+    of segments ``first``.. gives the same outputs as the stage between the same cuts (the cuts
+    are exact); ``times`` holds the last call's seconds per segment, and with ``keep_inputs`` the
+    activation each segment took, and the last one's output, for re-timing between batches."""
+
+    def __init__(self, segments: list[nn.Module], first: int, cuda: bool = False, keep_inputs: bool = False) -> None:
+        super().__init__()
+        self.segments = nn.ModuleList(segments)
+        self.first, self.cuda, self.keep_inputs = first, cuda, keep_inputs
+        self.times: list[float] = []
+        self.inputs: list[Activation] = []
+
+    def forward(self, *args: torch.Tensor) -> Activation:
+        x: Activation = args[0] if len(args) == 1 else tuple(args)  # a live set arrives as arguments
+        times, inputs = [], []
+        for seg in self.segments:
+            if self.keep_inputs:
+                inputs.append(x)
+            t0 = time.perf_counter()
+            x = call_stage(seg, x)
+            if self.cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        self.times = times
+        self.inputs = inputs + [x] if self.keep_inputs else []
+        return x
+
+
+class SegmentChains:
+    """The segments between an adaptive run's boundaries (``boundaries``: every cut it may split
+    at, the model's input and output included), and the chain each stage runs for a split."""
+
+    def __init__(self, builder: StageBuilder, boundaries: list[str]) -> None:
+        self.builder, self.boundaries = builder, list(boundaries)
+        self.interior = self.boundaries[1:-1]
+        self.count = len(self.boundaries) - 1
+        self._chains: dict[tuple[str, int], TimedChain] = {}
+
+    def segment(self, j: int) -> nn.Module:
+        return self.builder.stage(self.interior, j)
+
+    def chain(self, cut: str, side: int, keep_inputs: bool = False) -> TimedChain:
+        """Stage 1's part (``side`` 0: the segments before ``cut``) or stage 2's (1: from it on)."""
+        key = (cut, side)
+        if key not in self._chains:
+            b = self.boundaries.index(cut)
+            js = range(0, b) if side == 0 else range(b, self.count)
+            self._chains[key] = TimedChain([self.segment(j) for j in js], js.start,
+                                           self.builder.device.startswith("cuda"), keep_inputs)
+        return self._chains[key]
+
+    def retime(self, first: int, x: Activation, count: int, repetitions: int = 3) -> list[float]:
+        """Segments ``first``.. (``count`` of them, chained from ``x``, segment ``first``'s input)
+        run again: each one's median over ``repetitions`` passes (a re-profile)."""
+        import statistics
+
+        timer = StageTimer(self.builder.device)
+        passes = []
+        for _ in range(repetitions):
+            y, times = x, []
+            for j in range(first, first + count):
+                y, t = timer.run(self.segment(j), y, self.builder.device)
+                times.append(t)
+            passes.append(times)
+        return [float(statistics.median(p[i] for p in passes)) for i in range(count)]
+
+
 def time_segments(builder: StageBuilder, cuts: list[str], x: torch.Tensor, repetitions: int = 8,
                   warmup: int = 2) -> dict[str, float | list[float]]:
     """Each segment's compute between consecutive ``cuts`` (interior cuts, in order) and the whole

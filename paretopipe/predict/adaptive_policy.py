@@ -21,11 +21,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import random
 import time
 from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
 from ..network.conditions import Direction
+from .compute_tracker import ComputeTracker
 from .costmodel import LinkModel, chain_terms
 from .device_profile import RESULT_CODEC, SCHEMA, DeviceProfile
 
@@ -35,6 +37,7 @@ PROBE_BYTES = 32 * 1024
 RTT_WINDOW = 8
 PROBE_ALPHA = 0.7               # a probe is a deliberate, clean sample: it weighs more
 PROBE_INTERVAL_S = 1.0          # a rate (or RTT) sample older than this asks for a probe
+COMPUTE_PROBE_INTERVAL_S = 1.0  # stage 1 idle this long: re-time its first segments (ours, not SCIoT's)
 STARTUP_PINGS = 3
 STARTUP_PROBES = 2
 
@@ -189,36 +192,97 @@ class SplitChooser:
         return Choice(current, False, predicted)
 
 
+@dataclasses.dataclass(frozen=True)
+class VarianceSettings:
+    """How a policy watches compute (``compute_tracker``): SCIoT's defaults."""
+
+    ema_alpha: float = 0.2
+    cv_threshold: float = 0.15
+    window: int = 10
+
+
 class AdaptivePolicy:
     """The adaptive split as a :class:`paretopipe.transport.policy.SplitPolicy`: a link estimate
-    from the driver's observations, a choice from the chooser with its hysteresis, and the probes
-    the estimate needs when the chosen split's frames cannot show the rate (or the RTT).
+    from the driver's observations, each stage's compute from its per-segment times
+    (``compute_tracker``), a choice from the chooser with its hysteresis, and the probes the
+    estimate needs when the chosen split's frames cannot show the rate (or the RTT).
 
     ``cut_of`` maps every candidate (and ``local``, the split that keeps all work on stage 1) to its
-    cut's name; ``profiles_from`` turns stage 2's RUN_OK meta into the two device profiles, once."""
+    cut's name; ``profiles_from`` turns stage 2's RUN_OK meta into the two device profiles, once;
+    ``segments`` are the boundaries the stages time each segment between (None: compute is not
+    watched, the profiles hold for the run)."""
 
     adaptive = True
+    name = "adaptive"
+    #: Ours: a segment a stage does not run follows the stage's observed speed (compute_tracker).
+    speed_ratio = True
 
     def __init__(self, cut_of: dict[Candidate, str], candidates: Sequence[Candidate], local: Candidate,
                  profiles_from: Callable[[dict[str, Any]], list[DeviceProfile]], *, batch_size: int,
                  objective: str = "latency", codec: str = RESULT_CODEC,
-                 summary: dict[str, Any] | None = None) -> None:
+                 summary: dict[str, Any] | None = None, segments: Sequence[str] | None = None,
+                 variance: VarianceSettings = VarianceSettings(), seed: int = 0,
+                 given_profiles: bool = False) -> None:
         self.cut_of, self.candidates, self.local = cut_of, list(candidates), local
         self.key_of = {cut: k for k, cut in cut_of.items()}
         self.profiles_from, self.batch_size = profiles_from, batch_size
         self.objective, self.codec = objective, codec
+        self.segments = list(segments) if segments is not None else None
+        self.variance, self.seed = variance, seed
+        # Device profiles given for the run may be another machine's: the run's own first
+        # observations are then the baseline each change is measured from.
+        self.given_profiles = given_profiles
         self.estimator = LinkEstimator()
         self.chooser: SplitChooser | None = None
+        self.tracker: ComputeTracker | None = None
         self.free_choice = True
         self.last_rate_sample = self.last_rtt_sample = time.monotonic()
-        self.notes = {"candidates": self.candidates, "objective": objective, **(summary or {})}
+        self.notes = {"policy": self.name, "candidates": self.candidates, "objective": objective,
+                      "variance": dataclasses.asdict(variance), **(summary or {})}
+
+    def make_chooser(self, profiles: list[DeviceProfile]) -> SplitChooser:
+        return SplitChooser(profiles, self.batch_size, self.candidates, self.objective, self.codec)
 
     def start(self, peer_meta: dict[str, Any]) -> None:
         # A stage 2 that came back starts from a free choice; the profiles are the first ones.
         if self.chooser is None:
-            self.chooser = SplitChooser(self.profiles_from(peer_meta), self.batch_size, self.candidates,
-                                        self.objective, self.codec)
+            self.chooser = self.make_chooser(self.profiles_from(peer_meta))
+            self.tracker = self._tracker(self.chooser.profiles)
         self.free_choice = True
+
+    def _tracker(self, profiles: list[DeviceProfile]) -> ComputeTracker | None:
+        if self.segments is None:
+            return None
+        base = [list(p.batch(self.batch_size)["segment_compute_s"]) for p in profiles]
+        if any(len(b) != len(self.segments) - 1 for b in base):
+            self.notes["compute_tracking"] = (f"off: the device profiles have {len(base[0])} segments, the run "
+                                              f"{len(self.segments) - 1} (profile with the run's boundaries)")
+            self.segments = None
+            return None
+        v = self.variance
+        return ComputeTracker(base, alpha=v.ema_alpha, cv_threshold=v.cv_threshold, window=v.window,
+                              speed_ratio=self.speed_ratio, relative=self.given_profiles)
+
+    def _refresh_profiles(self) -> None:
+        """The chooser's profiles take the tracker's estimates (read per decision by the cost model)."""
+        if self.tracker is None or self.chooser is None:
+            return
+        for stage, profile in enumerate(self.chooser.profiles):
+            profile.batch(self.batch_size)["segment_compute_s"][:] = self.tracker.estimates(stage)
+
+    def observe_compute(self, seq: int, stage: int, first: int, times: Sequence[float]) -> None:
+        if self.tracker is not None:
+            self.tracker.observe(seq, stage, first, times)
+
+    def reprofiles_due(self) -> Sequence[tuple[int, str]]:
+        if self.tracker is None:
+            return ()
+        probe = COMPUTE_PROBE_INTERVAL_S if self.speed_ratio else None
+        return [(r.segment, r.why) for r in self.tracker.due(probe)]
+
+    def reprofiled(self, seq: int, segment: int, seconds: float, why: str) -> None:
+        if self.tracker is not None:
+            self.tracker.reprofiled(seq, 0, segment, seconds, why)
 
     def startup_probes(self) -> Sequence[int]:
         self.last_rate_sample = self.last_rtt_sample = time.monotonic()
@@ -229,16 +293,25 @@ class AdaptivePolicy:
         fields: dict[str, Any] = est.as_fields()
         split = self.local
         if current is not None and self.chooser is not None:
-            # The first choice on a connection is free; later ones pass the hysteresis.
-            before = None if self.free_choice else self.key_of.get(current[0])
-            choice = self.chooser.choose(before, est)
-            self.free_choice = False
-            split = choice.split
-            fields["predicted_s" if self.objective == "latency" else "predicted_imgs_per_s"] = choice.predicted[split]
+            self._refresh_profiles()
+            split = self.decide(current, est, fields)
+        if self.tracker is not None:
+            fields.update(compute_ratio_stage1=round(self.tracker.ratio(0), 4),
+                          compute_ratio_stage2=round(self.tracker.ratio(1), 4),
+                          reprofiles=self.tracker.reprofiles)
         # A batch record holds numbers only: a cut of several tensors is its place among the candidates.
         fields.update(split_k=split if isinstance(split, int) else None,
                       split_candidate=self.candidates.index(split) if split in self.candidates else None)
         return [self.cut_of[split]], fields
+
+    def decide(self, current: list[str], est: LinkEstimate, fields: dict[str, Any]) -> Candidate:
+        """The split of the next batch: the chooser's, with its hysteresis (the first choice on a
+        connection is free)."""
+        before = None if self.free_choice else self.key_of.get(current[0])
+        choice = self.chooser.choose(before, est)
+        self.free_choice = False
+        fields["predicted_s" if self.objective == "latency" else "predicted_imgs_per_s"] = choice.predicted[choice.split]
+        return choice.split
 
     def observe(self, up_bytes: int, net_s: float, kind: str) -> None:
         now = time.monotonic()
@@ -262,4 +335,38 @@ class AdaptivePolicy:
                 if now - last >= PROBE_INTERVAL_S]
 
     def summary(self) -> dict[str, Any]:
-        return dict(self.notes)
+        out = dict(self.notes)
+        if self.tracker is not None:
+            out["compute"] = self.tracker.summary()
+        return out
+
+
+class SciotPolicy(AdaptivePolicy):
+    """SCIoT's decision rule on the same runtime (Bove and Bedogni, CCNC and SEC 2024): every
+    batch takes the split the estimates make fastest, with no hysteresis; a segment a stage does
+    not run keeps its last estimate; and with probability ``local_probability`` (seeded) a batch
+    is forced whole onto stage 1, which refreshes all of stage 1's times. The link estimate, the
+    cost model and the variance detection are the ones the adaptive policy uses, so the two
+    policies differ in their rule alone."""
+
+    name = "sciot"
+    speed_ratio = False
+
+    def __init__(self, *args: Any, local_probability: float = 0.1, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.local_probability = local_probability
+        self.rng = random.Random(f"{self.seed}/sciot")
+        self.forced = 0
+        self.notes["local_probability"] = local_probability
+
+    def make_chooser(self, profiles: list[DeviceProfile]) -> SplitChooser:
+        return SplitChooser(profiles, self.batch_size, self.candidates, self.objective, self.codec,
+                            margin=0.0, patience=1)
+
+    def decide(self, current: list[str], est: LinkEstimate, fields: dict[str, Any]) -> Candidate:
+        if self.rng.random() < self.local_probability:
+            self.forced += 1
+            self.notes["forced_local"] = self.forced
+            fields["forced_local"] = True
+            return self.local
+        return super().decide(current, est, fields)

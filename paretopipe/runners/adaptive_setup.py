@@ -25,10 +25,9 @@ import logging
 from typing import Any
 
 from ..errors import UsageError, WireError
-from ..splits import is_cut_name
 from ..partition.stages import StageBuilder
-from ..splits import check_splits
-from ..predict.adaptive_policy import AdaptivePolicy, Candidate, self_profile
+from ..splits import SCIOT, check_splits, is_cut_name
+from ..predict.adaptive_policy import AdaptivePolicy, Candidate, SciotPolicy, VarianceSettings, self_profile
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key
 from ..transport import tcp
 from ..transport.runconfig import RunConfig
@@ -81,6 +80,13 @@ def adaptive_policy(builder: StageBuilder, cfg: RunConfig) -> AdaptivePolicy:
         return [self_profile(builder.name, cfg.batch_size, t, bytes_per_image, role, labels, blocks)
                 for role, t in (("stage1", mine), ("stage2", remote["profile"]))]
 
-    policy = AdaptivePolicy(cut_of, candidates, num_blocks, profiles_from, batch_size=cfg.batch_size,
-                            objective=opts.objective, codec=codec_key(cfg.wire_dtype, cfg.compression), summary=notes)
+    variance = VarianceSettings(ema_alpha=opts.ema_alpha, cv_threshold=opts.cv_threshold, window=opts.window)
+    common = dict(batch_size=cfg.batch_size, objective=opts.objective, codec=codec_key(cfg.wire_dtype, cfg.compression),
+                  summary=notes, segments=tcp.self_profile_cuts(builder, cfg), variance=variance, seed=cfg.seed,
+                  given_profiles=bool(opts.device_profiles))
+    if cfg.split_index == SCIOT:
+        policy = SciotPolicy(cut_of, candidates, num_blocks, profiles_from, local_probability=opts.local_probability,
+                             **common)
+    else:
+        policy = AdaptivePolicy(cut_of, candidates, num_blocks, profiles_from, **common)
     return policy

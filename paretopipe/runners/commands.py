@@ -45,9 +45,12 @@ class ListenCommand:
 
 @dataclasses.dataclass(kw_only=True)
 class Stage1RunCommand(RunCommand):
-    """Stage 1: one run over the current connection (waiting up to ``connect_timeout`` for one)."""
+    """Stage 1: one run over the current connection (waiting up to ``connect_timeout`` for one),
+    replaying ``cpu_traces`` (``cputrace.StageTrace`` fields: stage, cgroup, trace, offset_s) on
+    the stages' groups."""
 
     connect_timeout: float = 60.0
+    cpu_traces: list[dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass(kw_only=True)

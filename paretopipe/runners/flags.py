@@ -16,7 +16,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence, TypeVar
 
-from ..argtypes import list_of, one_of, positive_float, positive_int, watts_per_stage
+from ..argtypes import list_of, nonneg_float, one_of, positive_float, positive_int, watts_per_stage
 from ..llm.shapes import CUT_DTYPES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
@@ -68,6 +68,19 @@ THREADS = Option(("--threads",), "torch intra-op threads (match the stage that w
 CPUS = Option(("--cpus",), "CPUs to pin to, e.g. 0 or 0-3 (as the sweeper pins stages)")
 CPU_SHARE = Option(("--cpu-share",), "CPU share of the compute threads through a cgroup quota (1 = one core), "
                    "applied after the model is built", positive_float)
+STAGE_CPU_TRACE = Option(("--stage-cpu-trace",), "compute trace per stage, stage1=FILE[,stage2=FILE] (CSV "
+                         "time_s,cpu_share, or a shipped name: pi4-throttle, noisy-neighbour): the stage's CPU share "
+                         "follows it through a cgroup quota during each run, from a seeded offset",
+                         metavar="STAGE=FILE")
+# The runtime policies' variance detection (--split adaptive or sciot); None: SCIoT's defaults.
+EMA_ALPHA = Option(("--ema-alpha",), "weight of the newest batch in each segment's smoothed compute time "
+                   "(SCIoT: 0.2)", positive_float)
+CV_THRESHOLD = Option(("--cv-threshold",), "a segment whose compute varies more than this (coefficient of "
+                      "variation over the window) is re-profiled with the next one (SCIoT: 0.15)", positive_float)
+VARIANCE_WINDOW = Option(("--variance-window",), "batches in each segment's sliding window (SCIoT: 10)", positive_int)
+LOCAL_PROBABILITY = Option(("--local-probability",), "sciot only: the chance a batch runs whole on stage 1 to "
+                           "refresh its times (SCIoT's example: 0.1)", nonneg_float)
+POLICY_FLAGS = (EMA_ALPHA, CV_THRESHOLD, VARIANCE_WINDOW, LOCAL_PROBABILITY)
 BATCH_SIZE = Option(("--batch-size",), "images per batch", positive_int, 8)
 WIRE_DTYPE = Option(("--wire-dtype",), "dtype of the activations on the wire", default="float32",
                     choices=WIRE_DTYPE_NAMES)

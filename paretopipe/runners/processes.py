@@ -128,11 +128,23 @@ class TcpStages:
         return self.info
 
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
-            budget: float) -> RunRecord:
+            budget: float, cpu_traces: dict[str, str] | None = None) -> RunRecord:
         s1 = self.procs[0]
         s1.send(encode(Stage1RunCommand(config=cfg.to_dict(), conditions=conditions.to_dict() if conditions else None,
-                                        observed_link=observed, connect_timeout=self.p.wait_time)))
+                                        observed_link=observed, connect_timeout=self.p.wait_time,
+                                        cpu_traces=self._trace_specs(cpu_traces) if cpu_traces else None)))
         return received_record(s1.expect("done", timeout=budget), "stage 1")
+
+    def _trace_specs(self, cpu_traces: dict[str, str]) -> list[dict[str, Any]]:
+        """Each traced stage's group (from its worker's limits) with its trace, for stage 1 to replay
+        (every stage of a traced run is a local process: the sweep refused hosts)."""
+        specs = []
+        for stage, path in sorted(cpu_traces.items()):
+            group = (self.info.get("limits", {}).get(stage) or {}).get("cgroup")
+            if group is None:
+                raise UsageError(f"{stage} has no CPU group to replay {path} on (is it a stage of this run?)")
+            specs.append({"stage": stage, "cgroup": group, "trace": path, "offset_s": None})
+        return specs
 
     def alive(self) -> bool:
         return bool(self.procs) and all(proc.alive() for proc in self.procs)
@@ -202,6 +214,17 @@ class RpcRanks:
         master.send(encode(RunCommand(config=cfg.to_dict(), conditions=conditions.to_dict() if conditions else None,
                                       observed_link=observed)))
         return received_record(master.expect("done", timeout=budget), "the rpc master")
+
+    def _trace_specs(self, cpu_traces: dict[str, str]) -> list[dict[str, Any]]:
+        """Each traced stage's group (from its worker's limits) with its trace, for stage 1 to replay
+        (every stage of a traced run is a local process: the sweep refused hosts)."""
+        specs = []
+        for stage, path in sorted(cpu_traces.items()):
+            group = (self.info.get("limits", {}).get(stage) or {}).get("cgroup")
+            if group is None:
+                raise UsageError(f"{stage} has no CPU group to replay {path} on (is it a stage of this run?)")
+            specs.append({"stage": stage, "cgroup": group, "trace": path, "offset_s": None})
+        return specs
 
     def alive(self) -> bool:
         return bool(self.procs) and all(proc.alive() for proc in self.procs)

@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any, Sequence
 
-from .. import cpushare
+from .. import cpushare, cputrace
 from ..errors import ParetoPipeError, UsageError
 from . import flags
 from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands
@@ -65,10 +65,11 @@ class StageWorker:
                 from .adaptive_setup import adaptive_policy
 
                 policy = adaptive_policy(self.builder, cfg)
+            traced = [cputrace.StageTrace.of(t) for t in cmd.cpu_traces or ()]
             connection, self.connection = self.connection, None
             outcome = tcp.run_on_connection(connection, self.builder, cfg, policy=policy, listener=self.listener,
                                             conditions=conditions, observed_link=cmd.observed_link, threads=threads,
-                                            limits=self.limits)
+                                            limits=self.limits, cpu_traces=traced)
             self.connection = outcome.connection  # a stage 2 that came back during the run, or the same one
             emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
         else:

@@ -42,11 +42,25 @@ class SplitPolicy(Protocol):
     def summary(self) -> dict[str, Any]:
         """What the record's stage-1 manifest keeps about the policy's decisions."""
 
+    #: The boundaries (cuts, the model's input and output included) between which the stages
+    #: time each segment on every batch; None: the policy does not watch compute.
+    segments: list[str] | None
+
+    def observe_compute(self, seq: int, stage: int, first: int, times: Sequence[float]) -> None:
+        """Stage ``stage`` (0: stage 1) ran segments ``first``.. of batch ``seq`` in ``times``."""
+
+    def reprofiles_due(self) -> Sequence[tuple[int, str]]:
+        """Segments (and why) for stage 1 to re-time on itself before the next batch."""
+
+    def reprofiled(self, seq: int, segment: int, seconds: float, why: str) -> None:
+        """Stage 1 re-timed ``segment``: its fresh time."""
+
 
 class StaticPolicy:
     """One split for the whole run: the measured split of a sweep."""
 
     adaptive = False
+    segments = None
 
     def __init__(self, cuts: Sequence[str]) -> None:
         self.cuts = list(cuts)
@@ -68,3 +82,12 @@ class StaticPolicy:
 
     def summary(self) -> dict[str, Any]:
         return {}
+
+    def observe_compute(self, seq: int, stage: int, first: int, times: Sequence[float]) -> None:
+        pass
+
+    def reprofiles_due(self) -> Sequence[tuple[int, str]]:
+        return ()
+
+    def reprofiled(self, seq: int, segment: int, seconds: float, why: str) -> None:
+        pass

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import strict
 from ..errors import UsageError
-from ..splits import ADAPTIVE
+from ..splits import POLICIES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .inputs import check_dataset
 
@@ -55,15 +55,34 @@ class RpcOptions:
 class AdaptiveOptions:
     """The adaptive split's settings (split_index "adaptive"): what it optimises, the splits it may
     choose (None: every block split; block indices, and cuts of several tensors by name) and the
-    device profiles (paths on stage 1's host; None: both stages profile themselves at start)."""
+    device profiles (paths on stage 1's host; None: both stages profile themselves at start).
+
+    Both policies watch each stage's per-segment compute: a sliding ``window`` of batches and an
+    EMA (weight ``ema_alpha`` on the newest), and a segment whose coefficient of variation over
+    the window exceeds ``cv_threshold`` is re-profiled with its successor. ``local_probability``
+    is SCIoT's: the chance that a batch is forced whole onto stage 1 to refresh its times (the
+    sciot policy only). The defaults are SCIoT's (Bove and Bedogni; its code's example setting
+    for the probability)."""
 
     objective: str = "latency"
     candidates: list[int | str] | None = None
     device_profiles: list[str] | None = None
+    ema_alpha: float = 0.2
+    cv_threshold: float = 0.15
+    window: int = 10
+    local_probability: float = 0.1
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise UsageError(f"--objective {self.objective!r}: valid {', '.join(OBJECTIVES)}")
+        if not 0 < self.ema_alpha <= 1:
+            raise UsageError(f"--ema-alpha {self.ema_alpha:g}: valid (0, 1], the newest sample's weight")
+        if not self.cv_threshold > 0:
+            raise UsageError(f"--cv-threshold {self.cv_threshold:g}: give a coefficient of variation above 0, e.g. 0.15")
+        if not 3 <= self.window <= 1000:
+            raise UsageError(f"--variance-window {self.window}: valid 3..1000 batches")
+        if not 0 <= self.local_probability <= 1:
+            raise UsageError(f"--local-probability {self.local_probability:g}: valid 0..1")
         if self.device_profiles is not None and len(self.device_profiles) != 2:
             raise UsageError(f"--device-profiles: give two profiles (stage 1's, stage 2's), got "
                              f"{len(self.device_profiles)}")
@@ -132,9 +151,10 @@ class RunConfig:
             raise UsageError(f"--max-batch-s {self.max_batch_s:g}: must be positive (seconds)")
         if self.link_mode not in LINK_MODES:
             raise UsageError(f"link mode {self.link_mode!r}: valid {', '.join(LINK_MODES)}")
-        if isinstance(self.split_index, str) and self.split_index != ADAPTIVE and \
+        if isinstance(self.split_index, str) and self.split_index not in POLICIES and \
                 (len(self.cuts) != 1 or self.split_index != self.cuts[0]):
-            raise UsageError(f"split {self.split_index!r}: a block index k, the run's one cut, or {ADAPTIVE}")
+            raise UsageError(f"split {self.split_index!r}: a block index k, the run's one cut, or a policy "
+                             f"({', '.join(POLICIES)})")
         if self.adaptive and self.in_flight != 1:
             raise UsageError(f"--in-flight {self.in_flight}: the adaptive runtime keeps one batch in flight "
                              f"(it switches splits at batch boundaries); use --in-flight 1")
@@ -146,7 +166,8 @@ class RunConfig:
         if self.adaptive and self.adaptive_split is None:
             object.__setattr__(self, "adaptive_split", AdaptiveOptions())
         elif self.adaptive_split is not None and not self.adaptive:
-            raise UsageError(f"adaptive split options for split {self.split_index!r}: they apply to {ADAPTIVE} only")
+            raise UsageError(f"adaptive split options for split {self.split_index!r}: they apply to "
+                             f"{' and '.join(POLICIES)} only")
         if not 0 < self.energy_rate_hz <= MAX_ENERGY_RATE_HZ:
             raise UsageError(f"--energy-rate-hz {self.energy_rate_hz:g}: give a rate in (0, {MAX_ENERGY_RATE_HZ}] Hz")
         for name in ("power_idle_w", "power_core_w", "memory_limits"):
@@ -165,7 +186,8 @@ class RunConfig:
 
     @property
     def adaptive(self) -> bool:
-        return self.split_index == ADAPTIVE
+        """The split is chosen per batch by a policy (``adaptive`` or ``sciot``)."""
+        return isinstance(self.split_index, str) and self.split_index in POLICIES
 
     def to_dict(self) -> dict[str, Any]:
         return strict.to_dict(self)

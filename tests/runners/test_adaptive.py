@@ -269,3 +269,56 @@ def test_an_unknown_candidate_cut_is_refused_in_one_line_before_anything_starts(
     assert done.stderr.strip().splitlines() == [
         "error: adaptive candidate 'nosuch+cut' is not a cut of mobilenet_v2; python -m paretopipe.split "
         "--model mobilenet_v2 --list --fine names them"]
+
+
+# -- when the device changes ----------------------------------------------------------------------
+def _phase_splits(rec: dict, trace_rows: list[tuple[float, float]], period_s: float, settle_s: float) -> dict:
+    """Each measured batch's split by the share its stage 1 had (judged ``settle_s`` after a step)."""
+    offset = rec["manifest"]["stages"][0]["cpu_traces"][0]["offset_s"]
+    out: dict[float, list] = {}
+    for b in rec["batches"]:
+        if b["warmup"]:
+            continue
+        t = (offset + b["start_s"]) % period_s
+        start, share = max((r for r in trace_rows if r[0] <= t), key=lambda r: r[0])
+        if t - start >= settle_s:
+            out.setdefault(share, []).append(b["split_k"])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.alone
+@pytest.mark.root
+def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_reprofile_recorded(tmp_path):
+    """Stage 1 (a full core) throttles to 40% for 6 s of every 15 (the Pi 4 trace, time-compressed)
+    while stage 2 holds 70% of one: local wins at full speed, offloading while throttled. Both
+    policies follow it on the same trace; ours's record lists its re-profiles beside the switches."""
+    from paretopipe import cpushare
+
+    try:
+        cpushare.check_writable()
+    except Exception as exc:  # noqa: BLE001 - the reason is the skip's message
+        pytest.skip(f"no writable cgroup cpu controller: {exc}")
+    rows = [(0.0, 1.0), (3.0, 0.4), (9.0, 1.0)]
+    trace = tmp_path / "throttle.csv"
+    trace.write_text("time_s,cpu_share\n" + "".join(f"{t:g},{s:g}\n" for t, s in rows))
+    done = cli.run([cli.PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "0,18,adaptive,sciot",
+                    "--runs", "1", "--batch-size", "1", "--num-batches", "450", "--threads", "1",
+                    "--stage-cpu", "1,0.7", "--stage-cpu-trace", f"stage1={trace}", "--out", str(tmp_path / "out"),
+                    "--session", "s", "--no-report"], timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = tmp_path / "out" / "s" / "runs"
+    for policy in ("adaptive", "sciot"):
+        rec = json.loads((runs / f"mobilenetv2_tcp_lan_k{policy}_r0.json").read_text())
+        phases = _phase_splits(rec, rows, 15.0, settle_s=2.5)
+        throttled, full = phases[0.4], phases[1.0]
+        # Offloaded (k = 0) while throttled; local (18, or SCIoT's forced 19) at full speed.
+        assert sum(k == 0 for k in throttled) >= 0.6 * len(throttled), (policy, throttled)
+        assert sum(k >= 18 for k in full) >= 0.6 * len(full), (policy, full)
+        adaptive = rec["manifest"]["stages"][0]["adaptive"]
+        assert adaptive["policy"] == policy and adaptive["switches"] >= 2
+        events = adaptive["compute"]["reprofile_events"]
+        assert events and {"seq", "stage", "segment", "why", "old_s", "new_s"} <= set(events[0])
+        assert any(e["why"].startswith("cv ") for e in events)
+    sciot = json.loads((runs / "mobilenetv2_tcp_lan_ksciot_r0.json").read_text())["manifest"]["stages"][0]["adaptive"]
+    assert sciot["forced_local"] > 0 and sciot["compute"]["speed_ratio"] is False

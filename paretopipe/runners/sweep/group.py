@@ -62,7 +62,7 @@ class StageGroup(Protocol):
     def start(self) -> dict[str, Any]: ...
 
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
-            budget: float) -> RunRecord: ...
+            budget: float, cpu_traces: dict[str, str] | None = None) -> RunRecord: ...
 
     def alive(self) -> bool: ...
 
@@ -74,6 +74,8 @@ class GroupOwner(Protocol):
 
     opts: SweepOptions
     cipher: str
+
+    def traced_stages(self) -> set[str]: ...
 
 
 #: Makes the stage group of one (model, backend) under the sweeper's current cipher; the default
@@ -99,20 +101,22 @@ class GroupProgress:
     rerun_done: set[str] = dataclasses.field(default_factory=set)
 
 
-def placement(opts: SweepOptions, cipher: str) -> Placement:
-    """Where and how each stage process runs: hosts, devices, threads, CPU shares, pinning."""
+def placement(opts: SweepOptions, cipher: str, traced: set[str] = frozenset()) -> Placement:
+    """Where and how each stage process runs: hosts, devices, threads, CPU shares, pinning. A
+    stage some run replays a compute trace on gets a group at a full core until the trace moves it."""
     stages = max(2, stage_count(opts))
     devices = opts.stage_devices or ["cpu"] * stages
+    shares = [1.0 if share is None and f"stage{j + 1}" in traced else share for j, share in enumerate(opts.stage_cpu)]
     return Placement(testbed=opts.testbed, devices=devices,
                      threads=[t or opts.threads for t in opts.stage_threads] + [opts.threads] * stages,
-                     cpu_shares=opts.stage_cpu, pin=opts.optimizations, wait_time=opts.wait_time,
+                     cpu_shares=shares, pin=opts.optimizations, wait_time=opts.wait_time,
                      num_classes=opts.num_classes, weights=opts.weights, encrypt=cipher)
 
 
 def process_group(sweeper: GroupOwner, model: str, backend: str) -> StageGroup:
     """The default :data:`GroupFactory`: real stage processes, here or on the testbed's hosts."""
     o = sweeper.opts
-    where = placement(o, sweeper.cipher)
+    where = placement(o, sweeper.cipher, sweeper.traced_stages())
     if backend == "tcp":
         return TcpStages(where, model, shaped_port=o.link == "tc", stages=stage_count(o))
     return RpcRanks(where, model, stage_count(o), o.rpc_source, o.rpc_transport, o.timeout or deadlines.BASE_S)

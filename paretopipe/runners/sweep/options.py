@@ -54,6 +54,8 @@ class SweepOptions:
     # agreed per connection; the cipher is part of a configuration's key.
     ciphers: list[str] = dataclasses.field(default_factory=lambda: ["none"])
     stage_cpu: list[float | None] = dataclasses.field(default_factory=lambda: [None, None])
+    # Compute traces per stage (cputrace: stage name -> CSV), replayed in every run; a network may bring its own.
+    stage_cpu_trace: dict[str, str] = dataclasses.field(default_factory=dict)
     stage_threads: list[int | None] = dataclasses.field(default_factory=lambda: [None, None])
     stage_devices: list[str] = dataclasses.field(default_factory=list)
     rpc_source: str = "master"
@@ -111,13 +113,8 @@ def check_options(opts: SweepOptions) -> None:
                          "--link emulated, hosts in .env for tc, or --backend rpc")
     if opts.link == "tc" and not (tb.iface or any(h.iface for h in tb.hosts)):
         raise UsageError("--link tc needs IFACE (in .env or --iface): the interface tc shapes on each host")
-    if any(x is not None for x in opts.stage_cpu):
-        if tb.remote:
-            raise UsageError("--stage-cpu emulates slower devices on this machine; with hosts in .env the "
-                             "stages already run on real devices (use --local to emulate)")
-        if "rpc" in opts.backends:
-            raise UsageError("--stage-cpu applies to the TCP backend's stage workers; use --backend tcp")
-        cpushare.Hierarchy.detect()  # a clear error now rather than from every worker
+    if any(x is not None for x in opts.stage_cpu) or opts.stage_cpu_trace:
+        check_cpu_emulation(opts, "--stage-cpu-trace" if opts.stage_cpu_trace else "--stage-cpu")
     if tb.remote and opts.link == "tc" and "rpc" in opts.backends:
         for h in tb.hosts:
             try:
@@ -125,6 +122,19 @@ def check_options(opts: SweepOptions) -> None:
             except ValueError:
                 raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
                                  f"addresses, not {h.address!r}")
+
+
+def check_cpu_emulation(opts: SweepOptions, what: str) -> None:
+    """CPU shares and compute traces act on this machine's TCP stage workers through cgroups."""
+    if opts.testbed.remote:
+        raise UsageError(f"{what} emulates slower devices on this machine; with hosts in .env the "
+                         f"stages already run on real devices (use --local to emulate)")
+    if "rpc" in opts.backends:
+        raise UsageError(f"{what} applies to the TCP backend's stage workers; use --backend tcp")
+    if opts.plans:
+        raise UsageError(f"{what} applies to the two stages of a pair; drop --split-blocks")
+    cpushare.Hierarchy.detect()  # a clear error now rather than from every worker
+    cpushare.check_writable()
 
 
 def stage_count(opts: SweepOptions) -> int:

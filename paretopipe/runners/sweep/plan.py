@@ -65,11 +65,11 @@ def splits_for(opts: SweepOptions, num_blocks: int, fine_cuts: dict[str, list[in
         if bad:
             raise UsageError(f"--split-blocks plan {','.join(map(str, bad[0]))}: block indices go up to {num_blocks}")
         return [Split(tuple(p), plan=True) for p in opts.plans]
-    static, adaptive = split_adaptive(opts.splits)
+    static, policies = split_adaptive(opts.splits)
     static, named = split_cuts(static)
     blocks = [Split((k,)) for k in parse_splits(static, num_blocks)] if static else []
     return blocks + _cut_splits(opts.max_live, named, fine_cuts, static.strip().lower() == "all") + \
-        ([Split(adaptive=True)] if adaptive else [])
+        [Split(adaptive=True, policy=p) for p in policies]
 
 
 def _cut_splits(limit: int, named: list[str], fine_cuts: dict[str, list[int]] | None, every: bool) -> list[Split]:

@@ -23,7 +23,7 @@ from .. import rounds, zygote
 from . import configure
 from .drift import drift_check, requeue_drifted
 from .group import GroupFactory, GroupInfo, GroupProgress, StageGroup, process_group
-from .options import SweepOptions, check_options
+from .options import SweepOptions, check_cpu_emulation, check_options
 from .plan import PlannedRun, group_name, round_plan, segments, splits_for, worker_groups
 from .shaping import tc_applied
 
@@ -56,6 +56,8 @@ class Sweeper:
         self.networks = {name: conditions_from_values(name, opts.inline_networks[name])
                          if name in opts.inline_networks else get_conditions(name, opts.network_file)
                          for name in opts.networks}
+        if any(c.cpu_traces for c in self.networks.values()):
+            check_cpu_emulation(opts, "a network's cpu_trace")
         self.session = Session(sweep_session_dir(opts.out, opts.session, opts.resume))
         self.dir = self.session.path
         self.group: StageGroup | None = None
@@ -102,8 +104,12 @@ class Sweeper:
         if self.group is not None:
             self.group.stop()
             self.group = None
-            if any(x is not None for x in self.opts.stage_cpu):
+            if any(x is not None for x in self.opts.stage_cpu) or self.traced_stages():
                 cpushare.remove_stale()  # groups of workers that could not clean up after themselves
+
+    def traced_stages(self) -> set[str]:
+        """Stages some run of the sweep replays a compute trace on (their workers need a group)."""
+        return set(self.opts.stage_cpu_trace) | {s for c in self.networks.values() for s, _ in c.cpu_traces}
 
     # -- one configuration ---------------------------------------------------------------------
     def run_config(self, planned: PlannedRun) -> RunConfig:
@@ -116,12 +122,17 @@ class Sweeper:
             timeout_s=configure.timeout_s(o, info, planned, configure.run_blocks(info, planned), conditions,
                                           self.compute_s))
 
+    def cpu_traces(self, planned: PlannedRun) -> dict[str, str]:
+        """The compute traces of a planned run: its network's, and ``--stage-cpu-trace``'s over them."""
+        return {**dict(self.networks[planned.network].cpu_traces), **self.opts.stage_cpu_trace}
+
     def run_one(self, planned: PlannedRun, observed: dict | None) -> RunRecord:
         o = self.opts
         cfg = self.run_config(planned)
         conditions = self.networks[planned.network] if o.link == "emulated" else None
         budget = o.wait_time + cfg.timeout_s * (o.num_batches + o.warmup + 2)
-        record = self.group.run(cfg, conditions, observed, budget)
+        traced = self.cpu_traces(planned)
+        record = self.group.run(cfg, conditions, observed, budget, **({"cpu_traces": traced} if traced else {}))
         if not isinstance(record, RunRecord):
             raise PeerError(f"{planned.backend}: the run returned no record")
         if record.status == INFEASIBLE:

@@ -165,6 +165,26 @@ def read_result_meta(meta: dict[str, Any], num_stages: int, sealed: bool, first:
     return out
 
 
+#: The most segments a result may report times for (a model's boundaries are far fewer).
+MAX_SEGMENTS = 4096
+
+
+def read_segment_times(meta: dict[str, Any], segments: int) -> tuple[int, list[float]]:
+    """An adaptive stage 2's per-segment compute of a batch (``stage2_segment_first`` and
+    ``stage2_segment_s``), checked against the run's ``segments``: (first, times), or (0, [])
+    when the result carries none."""
+    first, times = meta.get("stage2_segment_first"), meta.get("stage2_segment_s")
+    if first is None and times is None:
+        return 0, []
+    if not (isinstance(first, int) and not isinstance(first, bool) and isinstance(times, list)
+            and len(times) <= MAX_SEGMENTS and 0 <= first and first + len(times) <= segments):
+        raise WireError(f"a result's segment times ({str(first)[:20]}, {len(times) if isinstance(times, list) else '?'} "
+                        f"values) do not fit the run's {segments} segments")
+    if any(t is None for t in times):
+        raise WireError("a result's segment times hold an empty value")
+    return first, [float(result_duration(t, "stage2_segment_s")) for t in times]
+
+
 def json_tensor(obj: dict[str, Any]) -> torch.Tensor | None:
     """A JSON object as a frame's uint8 payload (None for an empty one)."""
     raw = json.dumps(obj, default=records.json_default).encode()

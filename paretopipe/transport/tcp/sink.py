@@ -23,7 +23,7 @@ from ...manifest import node_manifest
 from ...network.conditions import Direction
 from ...network.emulated import EmulatedLink
 from ...partition.activation import live_tensors
-from ...partition.stages import StageBuilder, StageTimer
+from ...partition.stages import StageBuilder, StageTimer, TimedChain
 from ...sysmon import SystemMonitor
 from .. import pipeline, wire
 from ..resources import stage_meter
@@ -149,6 +149,7 @@ class _SinkRun:
         self.current: tuple[wire.Frame, float] | None = None  # the batch between recv and send
         self.out: Any = None
         self.relayed: queue.Queue = queue.Queue()  # the next stage's RECORDS, or why they never came
+        self.segment_times: dict[str, Any] = {}  # the batch's per-segment compute, for an adaptive stage 1
 
     def _accept(self, meta: dict[str, Any], timeout_s: float | None,
                 downstream: Downstream | None) -> tuple[Direction | None, Direction | None]:
@@ -175,6 +176,8 @@ class _SinkRun:
             self.incoming = self.cfg.cuts[self.index - 1]
             self.expected = self.builder.partitioner.live_specs(self.incoming)
             self.adaptive = SwitchingStage(self.builder, self.cfg) if self.cfg.adaptive else None
+            if self.adaptive is not None:
+                self.stage = self.adaptive.initial()
             if self.index < stages - 1:
                 if downstream is None:
                     raise UsageError(f"this is stage {self.index + 1} of {stages}, a middle stage, but it has no next "
@@ -221,6 +224,8 @@ class _SinkRun:
         began = time.monotonic()
         self.out, compute_s = self.timer.run(self.stage, f.tensor, self.builder.device)
         self.seen[f.seq].update({f"{self.name}_queue_s": began - arrived, f"{self.name}_compute_s": compute_s})
+        if isinstance(self.stage, TimedChain):  # an adaptive run's policy watches each segment
+            self.segment_times = {"stage2_segment_first": self.stage.first, "stage2_segment_s": list(self.stage.times)}
 
     def send(self, _slot: int) -> None:
         f, _ = self.current
@@ -234,7 +239,7 @@ class _SinkRun:
         rec[f"{self.name}_encode_s"] = wire.encode_seconds(payload)
         # The activation's buffer goes back to the pool once the result is on the wire: an empty
         # last stage (k = K) returns its input itself, sent straight from that buffer.
-        enc = wire.frame(wire.RESULT, f.seq, payload, {k: rec[k] for k in self.fields})
+        enc = wire.frame(wire.RESULT, f.seq, payload, {**{k: rec[k] for k in self.fields}, **self.segment_times})
         self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
 
     def _on_sent(self, f: wire.Frame, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:

@@ -18,16 +18,16 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from ... import cpushare, records
-from ...errors import ParetoPipeError, PeerError
+from ... import cpushare, cputrace, records
+from ...errors import ParetoPipeError, PeerError, WireError
 from ...manifest import node_manifest
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink
-from ...partition.stages import StageBuilder, StageTimer
+from ...partition.stages import SegmentChains, StageBuilder, StageTimer
 from ...sysmon import SystemMonitor
 from .. import pipeline, wire
 from ..endpoint import SourceEndpoint
@@ -37,7 +37,7 @@ from ..runconfig import RunConfig
 from ..bookkeeping import BatchBook, status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
-from .messages import RunStart, check_part, json_payload, read_result_meta
+from .messages import RunStart, check_part, json_payload, read_result_meta, read_segment_times
 from .outcome import (RunOutcome, assemble_record, cipher_usage, later_parts, link_manifest_of, merge_peer_seals,
                       write_record)
 
@@ -110,7 +110,8 @@ class _Stage1Run(SourceEndpoint):
 
     def __init__(self, connection: Connection, builder: StageBuilder, cfg: RunConfig, policy: SplitPolicy, *,
                  run_id: str, conditions: NetworkConditions | None, link_manifest: dict[str, Any],
-                 listener: StageListener | None, keep_outputs: bool, meter: ResourceMeter) -> None:
+                 listener: StageListener | None, keep_outputs: bool, meter: ResourceMeter,
+                 cpu_traces: cputrace.Replays | None = None) -> None:
         book = BatchBook(cfg)
         super().__init__(cfg, builder.input_size, book, cfg.timeout_s * (1 + book.total))
         self.builder, self.policy, self.run_id = builder, policy, run_id
@@ -133,6 +134,11 @@ class _Stage1Run(SourceEndpoint):
         self.counts = dict.fromkeys(COUNTS, 0)
         self.events: list[dict[str, Any]] = []
         self._probe_seq = 0
+        self.cpu_traces = cpu_traces
+        self.cpu_trace_summaries: list[dict[str, Any]] = []
+        # A policy that watches compute: this stage runs its part segment by segment, each timed.
+        self.chains = SegmentChains(builder, policy.segments) if policy.segments else None
+        self.chain = None
 
     # -- the next stage ------------------------------------------------------------------------
     def _start_next(self, connection: Connection, deadline: float) -> None:
@@ -163,6 +169,8 @@ class _Stage1Run(SourceEndpoint):
             self.next.sender = FrameSender(self.first_connection.writer, self.link, "stage1-send")
         for size in self.policy.startup_probes():
             self._probe(size)
+        if self.cpu_traces is not None:
+            self.cpu_traces.start()  # from the same instant as the batches' clock and the link's trace
         self.book.start_clock()  # batch times count from the link's start, like the trace's replay
 
     def _lose_next(self, why: str, seq: int) -> None:
@@ -257,7 +265,12 @@ class _Stage1Run(SourceEndpoint):
         self.rec = self.book.start(seq, **fields)
 
     def compute(self, seq: int) -> None:
-        self.out, compute_s = self.timer.run(self.builder.stage(self.cuts, 0), self.x, self.builder.device)
+        if self.chains is not None:
+            self.chain = self.chains.chain(self.cuts[0], 0, keep_inputs=True)
+            self.out, compute_s = self.timer.run(self.chain, self.x, self.builder.device)
+            self.policy.observe_compute(seq, 0, self.chain.first, self.chain.times)
+        else:
+            self.out, compute_s = self.timer.run(self.builder.stage(self.cuts, 0), self.x, self.builder.device)
         self.rec["stage1_compute_s"] = compute_s
 
     def _on_sent(self, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
@@ -294,6 +307,8 @@ class _Stage1Run(SourceEndpoint):
             f, arrived, why = self.next.await_frame(wire.RESULT, seq, self.sent_at + limit, self._late)
         if f is not None:
             fields = self._result_fields(f)
+            if self.chains is not None:
+                self._observe_stage2(seq, f.meta)
             # Network time: the wait, less every stage's reported work and this stage's receiving.
             work = sum(fields[k] or 0.0 for k in records.work_fields(fields))
             self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work, "result")
@@ -313,6 +328,7 @@ class _Stage1Run(SourceEndpoint):
             self._keep(seq, result)
             self.counts["served_locally"] += 1
             self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s)
+        self._reprofile(seq)
         for size in self.policy.probes_due(time.monotonic()) if self.next is not None else ():
             try:
                 self._probe(size)
@@ -320,10 +336,40 @@ class _Stage1Run(SourceEndpoint):
                 self._lose_next(str(exc), seq)
                 break
 
+    def _observe_stage2(self, seq: int, meta: dict[str, Any] | None) -> None:
+        """Stage 2's per-segment times of this batch (checked: they come from the peer)."""
+        try:
+            first, times = read_segment_times(meta or {}, self.chains.count)
+        except WireError as exc:
+            log.warning("stage 1: %s", exc)
+            return
+        if times:
+            self.policy.observe_compute(seq, 1, first, times)
+
+    def _reprofile(self, seq: int) -> None:
+        """Re-time on this stage the segments the policy asks for, each run of consecutive ones
+        chained from the activation this batch had at its start (between batches: outside every
+        batch's latency, inside the run's wall time)."""
+        due = list(self.policy.reprofiles_due())
+        chain = self.chain
+        if not due or chain is None:
+            return
+        started = time.monotonic()
+        for run in _consecutive(due):
+            at = run[0][0] - chain.first
+            if not 0 <= at < len(chain.inputs):
+                continue  # its input never passed through this stage this batch
+            times = self.chains.retime(run[0][0], chain.inputs[at], len(run), repetitions=1 if len(run) > 2 else 3)
+            for (segment, why), seconds in zip(run, times):
+                self.policy.reprofiled(seq, segment, seconds, why)
+        self.counts["reprofile_s"] = round(self.counts.get("reprofile_s", 0.0) + time.monotonic() - started, 6)
+
     def run(self) -> None:
         try:
             super().run()
         finally:
+            if self.cpu_traces is not None:
+                self.cpu_trace_summaries = self.cpu_traces.stop()
             if self.next is not None:
                 self.next.sender.close()
 
@@ -334,11 +380,12 @@ class _Stage1Run(SourceEndpoint):
     def manifest_part(self) -> dict[str, Any]:
         """The stage-1 manifest's account of a guarded run's decisions, under ``adaptive`` or
         ``fallback`` (nothing for a streaming run)."""
+        traced = {"cpu_traces": self.cpu_trace_summaries} if self.cpu_trace_summaries else {}
         if not self.guarded:
-            return {}
+            return traced
         body = {**self.counts, **self.policy.summary(), "deadline_s": self.cfg.deadline_s,
                 "events": self.events[-200:]}
-        return {"adaptive" if self.policy.adaptive else "fallback": body}
+        return {"adaptive" if self.policy.adaptive else "fallback": body, **traced}
 
     def exchange(self, part1: dict[str, Any]) -> list[dict[str, Any]]:
         """Stage 1's part to the next stage (which writes the record where the anchor did); the
@@ -369,16 +416,29 @@ class _Stage1Run(SourceEndpoint):
         return after
 
 
+def _consecutive(due: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """Segments to re-time, in runs of consecutive indices (each run is timed as one chain)."""
+    runs: list[list[tuple[int, str]]] = []
+    for item in sorted(due):
+        if runs and item[0] == runs[-1][-1][0] + 1:
+            runs[-1].append(item)
+        elif not (runs and item[0] == runs[-1][-1][0]):
+            runs.append([item])
+    return runs
+
+
 def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunConfig, *,
                       policy: SplitPolicy | None = None, listener: StageListener | None = None,
                       conditions: NetworkConditions | None = None, observed_link: dict | None = None,
                       threads: int | None = None, limits: dict[str, Any] | None = None,
-                      keep_outputs: bool = False, output_dir: str | Path | None = None) -> RunOutcome:
+                      keep_outputs: bool = False, output_dir: str | Path | None = None,
+                      cpu_traces: Sequence[cputrace.StageTrace] = ()) -> RunOutcome:
     """One run as stage 1 over an established connection, its split decided by ``policy`` (by
     default the run's own cuts). The record is written into ``output_dir`` (if given) even when the
     run fails: ``"status": "incomplete"`` with the batches that completed; the error is raised
     afterwards, and the connection is then closed. A guarded run may end on a stage 2 that came
-    back to ``listener``: the outcome's ``connection`` is the one still open, for the next run."""
+    back to ``listener``: the outcome's ``connection`` is the one still open, for the next run.
+    ``cpu_traces`` replay compute traces on stages' groups from the batches' first instant."""
     policy = policy or StaticPolicy(cfg.cuts)
     run_id = records.new_run_id(builder.name, cfg.split_index if policy.adaptive else cfg.cuts[0])
     emulated = conditions is not None and cfg.link_mode == "emulated"
@@ -391,7 +451,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     sealed_before = connection.channel.usage() if connection.channel else None
     meter = stage_meter(builder, cfg, 0)  # before RUN: a first run measures idle power while stage 2 is idle too
     run = _Stage1Run(connection, builder, cfg, policy, run_id=run_id, conditions=conditions if emulated else None,
-                     link_manifest=link_manifest, listener=listener, keep_outputs=keep_outputs, meter=meter)
+                     link_manifest=link_manifest, listener=listener, keep_outputs=keep_outputs, meter=meter,
+                     cpu_traces=cputrace.Replays(cpu_traces, cfg.seed) if cpu_traces else None)
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon, meter:
         try:
             # The self-profile, data generation and stage 1 run on this thread, under the stage's CPU share.

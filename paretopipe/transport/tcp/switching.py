@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
 
 from ... import cpushare
 from ...errors import UsageError, WireError
-from ...partition.stages import StageBuilder, time_segments
+from ...partition.stages import SegmentChains, StageBuilder, TimedChain, time_segments
 from .. import inputs, wire
 from ..runconfig import RunConfig
 
@@ -52,6 +51,12 @@ class SwitchingStage:
             raise UsageError(f"an adaptive run starts at a block split, not {cfg.cuts[0]!r}")
         self.switches = 0
         self.profile: dict[str, Any] | None = None
+        # Stage 2 runs its part segment by segment, each timed, and reports the times with each result.
+        self.chains = SegmentChains(builder, self.switchable)
+
+    def initial(self) -> TimedChain:
+        """The part the run starts with, as a timed chain."""
+        return self.chains.chain(self.cfg.cuts[0], 1)
 
     def run_ok_meta(self) -> dict[str, Any] | None:
         """RUN_OK's meta: this node's self-profile, or nothing when the run carries device profiles."""
@@ -60,7 +65,7 @@ class SwitchingStage:
         self.profile = self_profile_timings(self.builder, self.cfg)
         return {"profile": self.profile}
 
-    def switch(self, meta: dict[str, Any]) -> tuple[nn.Module, str]:
+    def switch(self, meta: dict[str, Any]) -> tuple[TimedChain, str]:
         """The stage part for the split a SWITCH names, and the cut it now receives at: a block cut
         or one of the run's named candidates, nothing else."""
         cuts = meta.get("cuts")
@@ -68,7 +73,7 @@ class SwitchingStage:
             raise WireError(f"SWITCH names {str(cuts)[:80]!r}; an adaptive run switches between block cuts and "
                             f"the cuts its candidates name only")
         self.switches += 1
-        return self.builder.stage(cuts, 1), cuts[0]
+        return self.chains.chain(cuts[0], 1), cuts[0]
 
     def manifest(self) -> dict[str, Any]:
         return {"switches_applied": self.switches, "self_profile": self.profile}

@@ -1,0 +1,204 @@
+"""Each stage's per-segment compute as a run goes: the estimate the adaptive chooser uses, kept
+current while the devices change under it (a Pi that throttles, a server that gets busy).
+
+This is SCIoT's variance detection (Bove and Bedogni, CCNC and SEC 2024) on ParetoPipe's
+runtime. Per stage and segment (the compute between two boundaries of the run's self-profile):
+
+- a sliding window of the last ``window`` observed times, and an EMA (weight ``alpha`` on the
+  newest), which starts from the profile's time;
+- when the window is full and its coefficient of variation exceeds ``cv_threshold``, the segment is
+  re-profiled, and so is the next one (its input is this one's output, so a change here shows up
+  there too: SCIoT's cascade). Stage 1 re-times both on itself between two batches, on the
+  activations it has; on stage 2, which runs every segment it holds on every batch, the
+  re-profile restarts the window and the EMA from the batch's own time, a fresh measurement. The
+  estimate jumps to the new time instead of drifting there at ``alpha`` a batch;
+- every re-profile is an event: when (batch), which stage and segment, why (the CV against the
+  threshold), the old estimate and the new.
+
+A stage only observes the segments it runs. What a segment it does not run costs is where the
+two policies differ (``speed_ratio``): ours scales the profile's time by the stage's current
+speed, observed on the segments it does run (throttling slows every layer alike); SCIoT keeps the
+segment's last estimate and refreshes it only when it forces a whole inference onto the device.
+The speed is an EMA (in log space, so a slowdown and a recovery are followed alike) of each
+batch's observed-over-profiled time, each sample weighted by the compute it spans up to
+``PROBE_SPAN_S``: a 2 ms classifier head says little about a device under a 10 ms CPU quota.
+
+Observations and profiles need not share units. With self-profiles (measured by the stages at
+the run's start) they do. With ``--device-profiles`` (say, a real Pi's profile while this machine
+emulates it), each segment's first full window of observations is its baseline, and the chooser
+gets the profile's time scaled by the change since (``relative``). No torch here: the driver
+measures, this module keeps the estimates.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Sequence
+
+#: A compute probe re-times stage 1's first segments up to this much profiled compute: a CPU
+#: quota (cpushare's 10 ms period) only shows over a period or more, and a real device's slowdown
+#: shows in any span.
+PROBE_SPAN_S = 0.02
+
+
+@dataclasses.dataclass
+class _Segment:
+    """One segment on one stage; ``ema_s`` and ``window`` in observed seconds, ``baseline_s`` the
+    observed time that means the profile's (None: not known yet)."""
+
+    profiled_s: float
+    baseline_s: float | None
+    ema_s: float
+    window: collections.deque
+    seen_seq: int | None = None  # the newest batch that observed (or re-profiled) it
+
+    def estimate(self) -> float:
+        """In profile units."""
+        if self.baseline_s is None or self.baseline_s <= 0:
+            return self.profiled_s
+        return self.profiled_s * self.ema_s / self.baseline_s
+
+
+@dataclasses.dataclass
+class Reprofile:
+    """A segment to re-time on stage 1 before the next batch, and why."""
+
+    stage: int
+    segment: int
+    why: str
+
+
+class ComputeTracker:
+    """Per-segment compute estimates of two stages (``profiled[stage][segment]``, seconds)."""
+
+    def __init__(self, profiled: Sequence[Sequence[float]], *, alpha: float = 0.2, cv_threshold: float = 0.15,
+                 window: int = 10, speed_ratio: bool = True, relative: bool = False) -> None:
+        self.alpha, self.cv_threshold, self.window_len = alpha, cv_threshold, window
+        self.speed_ratio, self.relative = speed_ratio, relative
+        self.stages = [[_Segment(float(t), None if relative else float(t), float(t), collections.deque(maxlen=window))
+                        for t in times] for times in profiled]
+        self.latest: list[int | None] = [None] * len(self.stages)  # the newest batch with news of the stage
+        self.observed_at: list[float | None] = [None] * len(self.stages)  # when (monotonic s)
+        self.speed = [0.0] * len(self.stages)  # log of each stage's time against its profile
+        self.events: list[dict[str, Any]] = []
+        self.pending: list[Reprofile] = []
+        self.reprofiles = 0
+
+    # -- what the stages report ----------------------------------------------------------------
+    def observe(self, seq: int, stage: int, first: int, times: Sequence[float]) -> None:
+        """Stage ``stage`` ran segments ``first``.. on batch ``seq`` in ``times`` seconds each."""
+        segs = self.stages[stage]
+        if not times or first < 0 or first + len(times) > len(segs):
+            return  # no segment ran there (or not this run's): nothing to learn from it
+        flagged: list[tuple[int, float]] = []
+        observed = baseline = 0.0
+        for j, t in enumerate(times, first):
+            s = segs[j]
+            s.window.append(float(t))
+            s.seen_seq = seq
+            if s.baseline_s is None:
+                if len(s.window) == self.window_len:  # the first full window is the baseline
+                    s.baseline_s = s.ema_s = statistics.fmean(s.window)
+                continue
+            s.ema_s = (1 - self.alpha) * s.ema_s + self.alpha * float(t)
+            observed, baseline = observed + float(t), baseline + s.baseline_s
+            cv = self._cv(s)
+            if cv is not None and cv > self.cv_threshold:
+                flagged.append((j, cv))
+        self._news(stage, seq)
+        self._speed_sample(stage, observed, baseline)
+        for j, cv in flagged:
+            why = f"cv {cv:.2f} > {self.cv_threshold:g}"
+            for k in (j, j + 1):  # the segment and its successor (SCIoT's cascade)
+                if k < len(segs) and all((p.stage, p.segment) != (stage, k) for p in self.pending):
+                    self.pending.append(Reprofile(stage, k, why if k == j else f"after segment {j}: {why}"))
+        # Stage 2 runs every segment it holds: its re-profile is its newest times, now.
+        for p in [p for p in self.pending if p.stage != 0]:
+            s = segs[p.segment] if p.stage == stage else None
+            if s is not None and s.window:
+                self.reprofiled(seq, p.stage, p.segment, s.window[-1], p.why, "stage 2's newest batch")
+            self.pending.remove(p)
+
+    def _speed_sample(self, stage: int, observed_s: float, baseline_s: float) -> None:
+        if observed_s <= 0 or baseline_s <= 0:
+            return
+        weight = self.alpha * min(1.0, baseline_s / PROBE_SPAN_S)
+        self.speed[stage] = (1 - weight) * self.speed[stage] + weight * math.log(observed_s / baseline_s)
+
+    def _news(self, stage: int, seq: int) -> None:
+        self.latest[stage] = seq if self.latest[stage] is None else max(self.latest[stage], seq)
+        self.observed_at[stage] = time.monotonic()
+
+    def due(self, probe_after_s: float | None = None) -> list[Reprofile]:
+        """Stage-1 segments to re-time before the next batch (handed out once). With
+        ``probe_after_s``, a stage 1 that ran no segment for that long re-times its first ones:
+        a compute probe, as a link probe refreshes a link the frames no longer show."""
+        stale = probe_after_s is not None and (
+            self.observed_at[0] is None or time.monotonic() - self.observed_at[0] >= probe_after_s)
+        if stale and not any(p.stage == 0 for p in self.pending):
+            span, why = 0.0, f"compute probe: stage 1 ran no segment for {probe_after_s:g} s"
+            for j, s in enumerate(self.stages[0]):
+                self.pending.append(Reprofile(0, j, why))
+                span += s.profiled_s
+                if span >= PROBE_SPAN_S:
+                    break
+        out = [p for p in self.pending if p.stage == 0]
+        self.pending = [p for p in self.pending if p.stage != 0]
+        return out
+
+    def reprofiled(self, seq: int, stage: int, segment: int, seconds: float, why: str,
+                   how: str = "re-timed on stage 1") -> None:
+        """A segment's fresh time (observed seconds): its window and EMA restart from it, and the
+        event is kept. A segment with no baseline yet takes this as its baseline."""
+        s = self.stages[stage][segment]
+        old = self.estimate(stage, segment)
+        s.window.clear()
+        s.window.append(float(seconds))
+        s.ema_s = float(seconds)
+        s.seen_seq = seq
+        if s.baseline_s is None:
+            s.baseline_s = float(seconds)
+        self._news(stage, seq)
+        self._speed_sample(stage, float(seconds), s.baseline_s)
+        self.reprofiles += 1
+        self.events.append({"seq": seq, "stage": f"stage{stage + 1}", "segment": segment, "why": why, "how": how,
+                            "old_s": round(old, 7), "new_s": round(self.estimate(stage, segment), 7)})
+
+    # -- what the chooser uses ------------------------------------------------------------------
+    def estimate(self, stage: int, segment: int) -> float:
+        """Segment ``segment``'s compute on ``stage`` as the chooser takes it (profile units)."""
+        s = self.stages[stage][segment]
+        if not self.speed_ratio or self._current(stage, segment):
+            return s.estimate()
+        return s.profiled_s * self.ratio(stage)
+
+    def estimates(self, stage: int) -> list[float]:
+        return [self.estimate(stage, j) for j in range(len(self.stages[stage]))]
+
+    def ratio(self, stage: int) -> float:
+        """The stage's time now against its profile (1 before any news of it)."""
+        return math.exp(self.speed[stage])
+
+    def _current(self, stage: int, segment: int) -> bool:
+        """The segment's estimate is from the stage's newest news (its batch, or a re-profile)."""
+        latest = self.latest[stage]
+        s = self.stages[stage][segment]
+        return latest is not None and s.seen_seq is not None and s.seen_seq >= latest and s.baseline_s is not None
+
+    def _cv(self, s: _Segment) -> float | None:
+        # Over a full window only: a re-profiled segment's window restarts, so it is not flagged
+        # again before ``window`` new batches have shown whether the change holds.
+        if len(s.window) < self.window_len:
+            return None
+        mean = statistics.fmean(s.window)
+        return statistics.pstdev(s.window) / mean if mean > 0 else None
+
+    def summary(self) -> dict[str, Any]:
+        return {"reprofiles": self.reprofiles, "speed_ratio": self.speed_ratio, "relative": self.relative,
+                "estimates_s": [[round(v, 7) for v in self.estimates(st)] for st in range(len(self.stages))],
+                "ratios": [round(self.ratio(st), 4) for st in range(len(self.stages))],
+                "reprofile_events": self.events[-300:]}

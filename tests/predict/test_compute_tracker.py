@@ -1,0 +1,146 @@
+"""The per-segment compute tracker and the two policies that use it: a change is flagged by its
+coefficient of variation, re-profiled with its successor, recorded, and moves the choice; ours
+follows a stage's speed on the segments it does not run, SCIoT's does not and forces local
+batches instead. Arithmetic only: the runtime end to end is in tests/runners/test_adaptive.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from paretopipe.predict import adaptive_policy
+from paretopipe.predict.adaptive_policy import AdaptivePolicy, LinkEstimate, SciotPolicy, VarianceSettings
+from paretopipe.predict.compute_tracker import PROBE_SPAN_S, ComputeTracker
+from paretopipe.predict.device_profile import synthetic_profile
+
+SEGMENTS = 6
+
+
+def _tracker(**kw) -> ComputeTracker:
+    return ComputeTracker([[0.01] * SEGMENTS, [0.01] * SEGMENTS], **kw)
+
+
+def test_a_steady_stage_is_never_reprofiled_and_keeps_its_profile():
+    t = _tracker()
+    for seq in range(40):
+        t.observe(seq, 0, 0, [0.01 * (1 + 0.02 * ((seq + j) % 3)) for j in range(3)])
+    assert t.due() == [] and t.events == [] and t.reprofiles == 0
+    assert t.estimate(0, 0) == pytest.approx(0.0102, rel=0.03)
+
+
+def test_a_slowdown_is_flagged_by_its_cv_and_reprofiled_with_its_successor():
+    t = _tracker()
+    for seq in range(10):
+        t.observe(seq, 0, 0, [0.01, 0.01, 0.01])
+    for seq in range(10, 14):  # stage 1 throttles: 2.5x
+        t.observe(seq, 0, 0, [0.025, 0.025, 0.025])
+    due = t.due()
+    # Segments 0..2 vary past 15%; each brings its successor, so segment 3 (not run here) too.
+    assert sorted(r.segment for r in due) == [0, 1, 2, 3] and all(r.stage == 0 for r in due)
+    assert due[0].why.startswith("cv ") and "> 0.15" in due[0].why
+    assert any(r.why.startswith("after segment 2") for r in due if r.segment == 3)
+    for r in due:  # stage 1 re-times them (the driver does it between batches)
+        t.reprofiled(14, 0, r.segment, 0.025, r.why)
+    assert t.estimate(0, 0) == t.estimate(0, 3) == pytest.approx(0.025)  # the estimate jumps
+    ev = t.events[-1]
+    assert ev["seq"] == 14 and ev["stage"] == "stage1" and ev["segment"] == 3
+    assert 0.01 < ev["old_s"] < 0.025 and ev["new_s"] == pytest.approx(0.025)  # was the stage's speed times 0.01
+    # Not flagged again before its window has refilled.
+    for seq in range(15, 20):
+        t.observe(seq, 0, 0, [0.025, 0.025, 0.025])
+    assert t.due() == []
+
+
+def test_stage_2_reprofiles_from_its_newest_batches():
+    t = _tracker()
+    for seq in range(10):
+        t.observe(seq, 1, 2, [0.01] * 4)
+    for seq in range(10, 13):
+        t.observe(seq, 1, 2, [0.03] * 4)
+    assert t.due() == []  # nothing for stage 1 to re-time: stage 2 already did it
+    assert {e["stage"] for e in t.events} == {"stage2"} and {e["how"] for e in t.events} == {"stage 2's newest batch"}
+    assert t.estimate(1, 2) == pytest.approx(0.03)
+
+
+def test_ours_scales_the_segments_a_stage_does_not_run_and_sciots_does_not():
+    ours, sciot = _tracker(), _tracker(speed_ratio=False)
+    for t in (ours, sciot):
+        for seq in range(30):
+            t.observe(seq, 0, 0, [0.03, 0.03, 0.03])  # 3x slower than profiled, three segments run
+    assert ours.ratio(0) == pytest.approx(3, rel=0.05)
+    assert ours.estimate(0, 5) == pytest.approx(0.03, rel=0.05)  # never run: the stage's speed
+    assert sciot.estimate(0, 5) == 0.01  # never run: the profile, until a local batch refreshes it
+
+
+def test_a_short_span_moves_the_speed_little():
+    t = _tracker()
+    t.observe(0, 1, 5, [0.02])  # one 10 ms segment twice as slow, under PROBE_SPAN_S
+    assert t.ratio(1) == pytest.approx(2 ** (0.2 * 0.01 / PROBE_SPAN_S))
+
+
+def test_a_stage_1_that_ran_nothing_is_probed_over_one_quota_period():
+    t = _tracker()
+    due = t.due(probe_after_s=0.0)
+    assert [r.segment for r in due] == [0, 1] and "compute probe" in due[0].why  # 2 x 10 ms = PROBE_SPAN_S
+    assert t.due(probe_after_s=None) == []
+
+
+def test_device_profiles_from_another_machine_are_followed_relative_to_the_runs_start():
+    t = ComputeTracker([[0.1] * SEGMENTS, [0.1] * SEGMENTS], relative=True)
+    for seq in range(10):  # this machine is 10x faster than the profile: that is the baseline
+        t.observe(seq, 0, 0, [0.01, 0.01])
+    assert t.estimate(0, 0) == pytest.approx(0.1) and t.ratio(0) == 1
+    for seq in range(10, 40):  # then it halves its speed
+        t.observe(seq, 0, 0, [0.02, 0.02])
+    assert t.estimate(0, 0) == pytest.approx(0.2, rel=0.05) and t.ratio(0) == pytest.approx(2, rel=0.1)
+
+
+# -- the two policies ------------------------------------------------------------------------------
+def _policy(cls, **kw) -> AdaptivePolicy:
+    bpi = [600_000] + [100_000] * (SEGMENTS - 1) + [4_000]
+    segments = [f"k{k}" for k in range(SEGMENTS + 1)]
+    profiles = [synthetic_profile([0.01] * SEGMENTS, bpi), synthetic_profile([0.014] * SEGMENTS, bpi)]
+    cut_of = {k: f"k{k}" for k in range(SEGMENTS + 1)}
+    policy = cls(cut_of, list(range(SEGMENTS + 1)), SEGMENTS, lambda meta: profiles, batch_size=1,
+                 segments=segments, variance=VarianceSettings(), seed=3, **kw)
+    policy.start({})
+    policy.estimator.estimate = LinkEstimate(rtt_s=0.001, s_per_byte=8 / 1e9, samples=10)  # a 1 Gbit/s LAN
+    return policy
+
+
+def _run(policy: AdaptivePolicy, batches: int, stage1_s: float, stage2_s: float, first_seq: int = 0) -> list:
+    """Feed ``batches`` decisions, each stage observing its segments at the given per-segment time."""
+    chosen = []
+    current = [policy.cut_of[SEGMENTS]]
+    for seq in range(first_seq, first_seq + batches):
+        cuts, fields = policy.cuts_for(seq, current)
+        k = int(cuts[0][1:])
+        chosen.append(k)
+        policy.observe_compute(seq, 0, 0, [stage1_s] * k)
+        policy.observe_compute(seq, 1, k, [stage2_s] * (SEGMENTS - k))
+        for segment, why in policy.reprofiles_due():
+            policy.reprofiled(seq, segment, stage1_s, why)
+        current = cuts
+    return chosen
+
+
+def test_ours_moves_work_off_a_throttled_stage_1_and_back_after_it_recovers(monkeypatch):
+    monkeypatch.setattr(adaptive_policy, "COMPUTE_PROBE_INTERVAL_S", 0.0)  # a probe per batch: no clock here
+    policy = _policy(AdaptivePolicy)
+    fast = _run(policy, 30, 0.01, 0.014)
+    assert fast[-1] == SEGMENTS  # stage 1 is the faster device: all of it there
+    throttled = _run(policy, 40, 0.025, 0.014, 30)
+    assert throttled[-1] == 0 and throttled.index(0) <= 15
+    recovered = _run(policy, 60, 0.01, 0.014, 70)
+    assert recovered[-1] == SEGMENTS
+    summary = policy.summary()
+    assert summary["policy"] == "adaptive" and summary["compute"]["reprofiles"] > 0
+    assert summary["compute"]["reprofile_events"][0]["why"]
+
+
+def test_sciots_rule_has_no_hysteresis_and_forces_local_batches_at_its_rate():
+    policy = _policy(SciotPolicy, local_probability=0.25)
+    chosen = _run(policy, 400, 0.025, 0.014)  # stage 1 slow throughout: SCIoT offloads, except when forced
+    forced = policy.summary()["forced_local"]
+    assert 70 <= forced <= 130  # 25% of 400, seeded
+    assert chosen.count(SEGMENTS) >= forced and chosen[-50:].count(0) >= 25
+    assert policy.summary()["policy"] == "sciot" and policy.summary()["local_probability"] == 0.25
