@@ -34,7 +34,7 @@ SIZES = {"--runs", "--num-batches", "--num-test-samples", "--warmup", "--batch-s
          "--codecs", "--ciphers", "--duration", "--batches", "--max-runs", "--only", "--quiet", "--prompt-len",
          "--gen-tokens", "--decode-steps"}
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
-PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session"}
+PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session", "--live"}
 #: Every documented command line a test here runs (as written, or reduced in size only), as
 #: ``tests/test_docs_examples.py`` finds it in the docs.
 RUN = frozenset({
@@ -57,6 +57,10 @@ RUN = frozenset({
     "python automated_split_tester.py --model mobilenetv2 --splits all,adaptive --trace "
     "paretopipe/network/traces/step.csv --stage-cpu 0.25,1 --batch-size 1 --num-batches 100",
     "python benchmarks/adaptive_vs_static.py --runs 3 --batches 40",
+    "python automated_split_tester.py --model mobilenetv2 --splits 0,18,adaptive,sciot --stage-cpu 1,0.7 "
+    "--stage-cpu-trace stage1=pi4-throttle --batch-size 1 --num-batches 450 --live",
+    "paretopipe watch results",
+    "python benchmarks/device_adaptation.py --runs 1",
     "python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
     "--objectives latency,throughput,energy,memory --power-idle-w 2.7,40 --power-core-w 0.9,15 "
     "--memory-limit stage1=1GiB",
@@ -333,6 +337,35 @@ def test_the_adaptive_split_as_the_readme_and_docs_run_it(clone):
     bench = sh(reduced("python benchmarks/adaptive_vs_static.py --runs 3 --batches 40", runs="1", batches="4",
                        only="step", splits="15,19", out=str(clone / "bench")), clone, timeout=900)
     assert "step" in bench.stdout and (clone / "bench" / "step" / "report" / "adaptive_verdicts.csv").is_file()
+
+
+def test_a_device_that_changes_and_the_live_page_as_the_docs_run_them(clone):
+    if not is_root():
+        pytest.skip("--stage-cpu-trace is a cgroup quota: root")
+    sweep = sh(reduced("python automated_split_tester.py --model mobilenetv2 --splits 0,18,adaptive,sciot "
+                       "--stage-cpu 1,0.7 --stage-cpu-trace stage1=pi4-throttle --batch-size 1 --num-batches 450 "
+                       "--live", num_batches="8", warmup="1", local="", live="0"), clone)
+    assert "live page: http://127.0.0.1:" in sweep.stderr
+    session = next((clone / "results").glob("*/summary.csv")).parent
+    assert {"adaptive", "sciot"} <= set(pd.read_csv(session / "summary.csv")["split_index"].astype(str))
+    record = json.loads(next((session / "runs").glob("*ksciot*.json")).read_text())
+    assert record["manifest"]["stages"][0]["cpu_traces"][0]["trace"]["source"].endswith("pi4-throttle.csv")
+    port = str(free_port())
+    watch = subprocess.Popen(_interpreter(reduced("paretopipe watch results", port=port)), cwd=clone,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert "watching" in watch.stderr.readline()
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/session", timeout=30) as r:
+            state = json.loads(r.read())
+    finally:
+        watch.terminate()
+        watch.wait(30)
+    assert state["session"] == session.name and len(state["configurations"]) == 4
+    bench = sh(reduced("python benchmarks/device_adaptation.py --runs 1", only="throttle", batches="6",
+                       out=str(clone / "bench")), clone, timeout=900)
+    assert "throttle" in bench.stdout and "ours/best" in bench.stdout
 
 
 # -- 8. a language model: its cuts, a run by hand, a sweep and its fronts (docs/llm.md) ---------------

@@ -1,5 +1,7 @@
-"""Static splits against the adaptive one under the same stretch of a trace: the table, the goal,
-and the latency-over-time figure with the adaptive choice drawn over the trace's capacity.
+"""Static splits against the runtime policies (ours, ``adaptive``, and SCIoT's rule, ``sciot``)
+under the same stretch of a trace, link or compute: the table, the goal, how many batches each
+policy took to react to each change, and the latency-over-time figure with the choices drawn over
+the trace.
 
 Every configuration of a sweep run r replays its trace from the same seeded offset (the run index
 is the seed), so static and adaptive runs meet the same segment. The best static split is chosen
@@ -18,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..network import traces
-from ..splits import ADAPTIVE
+from ..splits import ADAPTIVE, POLICIES
 from .session import Session, split_sort_key
 from .. import records
 from .plotting import save_figure
@@ -29,33 +31,97 @@ COLUMNS = ["model", "backend", "network", "batch_size", "split_index", "role", "
 KEY = ["model", "backend", "network", "batch_size"]
 
 
-def comparison(configs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(every split's row with its role, one verdict row per group that has an adaptive run)."""
+def comparison(configs: pd.DataFrame, reactions: dict[tuple, dict[str, float | None]] | None = None
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(every split's row with its role, one verdict row per group that has a policy's run). The
+    verdict carries, per policy present (``adaptive``, ``sciot``), its medians, its ratio to the
+    best static split, the goal, and (``reactions``: group key + policy -> median batches) how
+    fast it reacted."""
     rows, verdicts = [], []
     for key, grp in configs.groupby(KEY, sort=False):
         labels = grp["split_index"].astype(str)
-        if ADAPTIVE not in set(labels):
-            continue
-        static = grp[(labels != ADAPTIVE) & ~labels.str.contains(",")]   # two-stage: not a plan
-        adaptive = grp[labels == ADAPTIVE].iloc[0]
-        if static.empty or pd.isna(adaptive["latency_median_s"]):
+        present = [p for p in POLICIES if p in set(labels)]
+        static = grp[~labels.isin(POLICIES) & ~labels.str.contains(",")]   # two-stage: not a plan
+        if not present or static.empty:
             continue
         best = static.loc[static["latency_median_s"].idxmin()]
         for _, r in grp.iterrows():
-            role = ("adaptive" if str(r["split_index"]) == ADAPTIVE else
-                    "best static" if r["split_index"] == best["split_index"] else "static")
+            label = str(r["split_index"])
+            role = label if label in POLICIES else "best static" if r["split_index"] == best["split_index"] else "static"
             rows.append({**{c: r.get(c) for c in COLUMNS if c != "role"}, "role": role})
-        ratio = adaptive["latency_median_s"] / best["latency_median_s"]
-        verdicts.append({**dict(zip(KEY, key)), "best_static_split": best["split_index"],
-                         "best_static_latency_median_s": best["latency_median_s"],
-                         "adaptive_latency_median_s": adaptive["latency_median_s"],
-                         "adaptive_over_best_latency": ratio,
-                         "best_static_latency_p95_s": best.get("latency_p95_s"),
-                         "adaptive_latency_p95_s": adaptive.get("latency_p95_s"),
-                         "best_static_throughput_imgs_per_s": best["throughput_imgs_per_s"],
-                         "adaptive_throughput_imgs_per_s": adaptive["throughput_imgs_per_s"],
-                         "within_goal": bool(ratio <= 1 + GOAL_WITHIN), "beats_best_static": bool(ratio < 1)})
+        verdict: dict[str, Any] = {**dict(zip(KEY, key)), "best_static_split": best["split_index"],
+                                   "best_static_latency_median_s": best["latency_median_s"],
+                                   "best_static_latency_p95_s": best.get("latency_p95_s"),
+                                   "best_static_throughput_imgs_per_s": best["throughput_imgs_per_s"]}
+        for policy in POLICIES:
+            row = grp[labels == policy].iloc[0] if policy in present else None
+            ratio = row["latency_median_s"] / best["latency_median_s"] if row is not None else math.nan
+            verdict.update({f"{policy}_latency_median_s": row["latency_median_s"] if row is not None else math.nan,
+                            f"{policy}_over_best_latency": ratio,
+                            f"{policy}_latency_p95_s": row.get("latency_p95_s") if row is not None else math.nan,
+                            f"{policy}_throughput_imgs_per_s": row["throughput_imgs_per_s"] if row is not None
+                            else math.nan,
+                            f"{policy}_reaction_batches_median": (reactions or {}).get(key, {}).get(policy)})
+            if policy == ADAPTIVE:  # the adaptive goal keeps its columns' names
+                verdict.update(within_goal=bool(ratio <= 1 + GOAL_WITHIN), beats_best_static=bool(ratio < 1))
+            else:
+                verdict.update({f"{policy}_within_goal": bool(ratio <= 1 + GOAL_WITHIN),
+                                f"{policy}_beats_best_static": bool(ratio < 1)})
+        verdicts.append(verdict)
     return pd.DataFrame(rows, columns=COLUMNS), pd.DataFrame(verdicts)
+
+
+def change_times(record: dict) -> list[float]:
+    """When, on the run's batch clock, a trace changed what the stages had: each compute-trace
+    step the controller made, and each rate change of a CSV link trace (a Mahimahi trace changes
+    with every packet: none are taken from it)."""
+    out = [s["t_s"] for replay in record["manifest"]["stages"][0].get("cpu_traces", [])
+           for s in replay["steps"] if s["t_s"] > 0]
+    meta = record["manifest"].get("link", {}).get("trace_up")
+    if meta and str(meta.get("trace", "")).endswith(".csv"):
+        try:
+            rows = [ln.split(",") for ln in Path(meta["trace"]).read_text().splitlines()
+                    if ln.strip() and not ln.startswith("#") and ln[0].isdigit()]
+        except OSError:
+            rows = []
+        if len(rows) > 1:
+            times = [float(r[0]) for r in rows]
+            period = times[-1] + (times[-1] - times[-2])
+            until = max((b["start_s"] for b in record["batches"]), default=0.0)
+            offset = float(meta.get("offset_s") or 0.0)
+            for n in range(int((offset + until) // period) + 1):
+                out += [n * period + t - offset for t in times if 0 < n * period + t - offset <= until]
+    return sorted(out)
+
+
+def reaction_batches(record: dict) -> list[int]:
+    """For each change (:func:`change_times`) that the policy answered with a switch before the
+    next change: how many batches it ran after the change until that switch."""
+    batches = [b for b in record["batches"] if not b.get("warmup") and b.get("start_s") is not None]
+    changes = change_times(record)
+    out = []
+    for c, nxt in zip(changes, changes[1:] + [math.inf]):
+        after = [b for b in batches if c <= b["start_s"] < nxt]
+        first = next((i for i, b in enumerate(after) if b.get("switched")), None)
+        if first is not None:
+            out.append(first + 1)
+    return out
+
+
+def reactions_of(session: Session, runs: pd.DataFrame) -> dict[tuple, dict[str, float | None]]:
+    """Median reaction (batches) of each policy in each group, over its runs."""
+    out: dict[tuple, dict[str, float | None]] = {}
+    for _, r in runs[runs["split_index"].astype(str).isin(POLICIES) & (runs["status"] == "complete")].iterrows():
+        path = session.path / str(r["json"])
+        if not path.exists():
+            continue
+        rec = json.loads(path.read_text())
+        counts = reaction_batches(rec)
+        key = tuple(r.get(k) for k in KEY)
+        slot = out.setdefault(key, {})
+        slot.setdefault(f"_{r['split_index']}", []).extend(counts)
+    return {key: {p: (float(np.median(slot[f"_{p}"])) if slot.get(f"_{p}") else None) for p in POLICIES}
+            for key, slot in out.items()}
 
 
 def _record(session: Session, runs: pd.DataFrame, network: str, split: Any, run: int = 0) -> dict | None:
@@ -86,21 +152,22 @@ def plot_over_time(session: Session, runs: pd.DataFrame, verdict: dict[str, Any]
     """Top: latency per batch over time (adaptive, the best static split, all-local K). Bottom: the
     trace's capacity with the adaptive split drawn over it."""
     network = verdict["network"]
-    adaptive = _record(session, runs, network, ADAPTIVE)
-    if adaptive is None:
+    policies = [(p, rec) for p in POLICIES if (rec := _record(session, runs, network, p)) is not None]
+    if not policies:
         return
+    adaptive = policies[0][1]
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     blocks = [int(k) for k in runs["split_index"].astype(str) if k.lstrip("-").isdigit()]
     local = {str(max(blocks))} if blocks else set()   # all on stage 1, k = K
     statics = sorted({str(verdict["best_static_split"])} | local, key=split_sort_key)
-    for label, rec in [("adaptive", adaptive)] + [(f"static {'k=' if k.isdigit() else ''}{k}",
-                                                   _record(session, runs, network, k)) for k in statics]:
+    for label, rec in policies + [(f"static {'k=' if k.isdigit() else ''}{k}",
+                                   _record(session, runs, network, k)) for k in statics]:
         if rec is None:
             continue
         pts = [(b["start_s"], b["latency_s"] * 1e3) for b in rec["batches"] if b.get("latency_s") is not None]
         if pts:
             xs, ys = zip(*pts)
-            top.plot(xs, ys, ".-" if label == "adaptive" else ".", ms=3, lw=0.6, label=label, alpha=0.85)
+            top.plot(xs, ys, ".-" if label in POLICIES else ".", ms=3, lw=0.6, label=label, alpha=0.85)
     top.set_ylabel("latency per batch (ms)")
     top.set_yscale("log")
     top.legend(fontsize=7)
@@ -111,23 +178,53 @@ def plot_over_time(session: Session, runs: pd.DataFrame, verdict: dict[str, Any]
     if cap is not None:
         bottom.fill_between(cap[0], cap[1], step="post", alpha=0.3, color="tab:gray", label="trace capacity")
         bottom.set_ylabel("capacity (Mbit/s)")
+    share = share_over_time(adaptive)
+    if share is not None:
+        bottom.step(share[0], share[1], where="post", color="tab:green", lw=1.2, label="stage-1 CPU share")
+        if cap is None:
+            bottom.set_ylabel("CPU share (cores)")
     twin = bottom.twinx()
-    # A cut of several tensors has no block index: a gap in the line (its batches carry split_candidate).
-    k_of = [math.nan if b.get("split_k") is None else b["split_k"] for b in batches]
-    twin.step([b["start_s"] for b in batches], k_of, where="post", color="tab:red", lw=1, label="adaptive split k")
-    local = [(b["start_s"], k) for b, k in zip(batches, k_of) if b.get("served_locally")]
-    if local:
-        twin.plot([t for t, _ in local], [k for _, k in local], "kx", ms=4, label="served locally")
-    twin.set_ylabel("adaptive split k", color="tab:red")
+    for (label, rec), color in zip(policies, ("tab:red", "tab:purple")):
+        done = [b for b in rec["batches"] if b.get("latency_s") is not None]
+        # A cut of several tensors has no block index: a gap in the line (its batches carry split_candidate).
+        k_of = [math.nan if b.get("split_k") is None else b["split_k"] for b in done]
+        twin.step([b["start_s"] for b in done], k_of, where="post", color=color, lw=1, label=f"{label} split k")
+        local = [(b["start_s"], k) for b, k in zip(done, k_of) if b.get("served_locally")]
+        if local:
+            twin.plot([t for t, _ in local], [k for _, k in local], "kx", ms=4, label=f"{label}: served locally")
+        events = rec["manifest"]["stages"][0].get("adaptive", {}).get("compute", {}).get("reprofile_events", [])
+        starts = {b["seq"]: b["start_s"] for b in done}
+        marks = sorted({starts[e["seq"]] for e in events if e["seq"] in starts})
+        if marks:
+            twin.plot(marks, [0] * len(marks), "|", color=color, ms=6, alpha=0.5, label=f"{label}: re-profiles")
+    twin.set_ylabel("split k", color="tab:red")
     bottom.set_xlabel("time since the link started (s)")
     handles = bottom.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     bottom.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper right")
 
 
+def share_over_time(record: dict) -> tuple[list[float], list[float]] | None:
+    """Stage 1's CPU share as its compute trace's controller set it, on the batches' clock."""
+    replays = [r for r in record["manifest"]["stages"][0].get("cpu_traces", []) if r["stage"] == "stage1"]
+    if not replays or not replays[0]["steps"]:
+        return None
+    steps = replays[0]["steps"]
+    until = max((b["start_s"] for b in record["batches"] if b.get("start_s") is not None), default=0.0)
+    return [s["t_s"] for s in steps] + [until], [s["cpu_share"] for s in steps] + [steps[-1]["cpu_share"]]
+
+
 def format_verdicts(verdicts: pd.DataFrame) -> str:
-    """The closing lines: one per trace, with the goal."""
+    """The closing lines: one per trace and policy, with the goal."""
     lines = []
     for _, v in verdicts.iterrows():
+        if not pd.isna(v.get("sciot_latency_median_s", math.nan)):
+            lines.append(f"{v['model']} {v['network']}: sciot median {v['sciot_latency_median_s'] * 1e3:.1f} ms vs "
+                         f"best static k={v['best_static_split']} {v['best_static_latency_median_s'] * 1e3:.1f} ms "
+                         f"({v['sciot_over_best_latency']:.2f}x) - within {GOAL_WITHIN:.0%}: "
+                         f"{'yes' if v['sciot_within_goal'] else 'NO'}, beats it: "
+                         f"{'yes' if v['sciot_beats_best_static'] else 'no'}")
+        if pd.isna(v.get("adaptive_latency_median_s", math.nan)):
+            continue
         lines.append(f"{v['model']} {v['network']}: adaptive median {v['adaptive_latency_median_s'] * 1e3:.1f} ms "
                      f"vs best static k={v['best_static_split']} {v['best_static_latency_median_s'] * 1e3:.1f} ms "
                      f"({v['adaptive_over_best_latency']:.2f}x; p95 {v['adaptive_latency_p95_s'] * 1e3:.0f} vs "
@@ -142,16 +239,16 @@ def write(session: Session, out: Path, fmt: str, plt) -> pd.DataFrame | None:
     """adaptive.csv, adaptive_verdicts.csv and one latency-over-time figure per trace; None when the
     session has no adaptive runs."""
     configs = session.configs()
-    if configs is None or ADAPTIVE not in set(configs["split_index"].astype(str)):
+    if configs is None or not set(POLICIES) & set(configs["split_index"].astype(str)):
         return None
-    table, verdicts = comparison(configs)
+    runs = session.runs()
+    table, verdicts = comparison(configs, reactions_of(session, runs))
     records.atomic_write_csv(out / "adaptive.csv", table.to_dict("records"), list(table.columns))
     records.atomic_write_csv(out / "adaptive_verdicts.csv", verdicts.to_dict("records"), list(verdicts.columns))
-    runs = session.runs()
     for _, v in verdicts.iterrows():
         fig = plt.figure(figsize=(10, 6))
         plot_over_time(session, runs, v.to_dict(), fig,
-                       f"{v['model']} under {v['network']}: adaptive vs static splits (run 0)")
+                       f"{v['model']} under {v['network']}: the policies vs static splits (run 0)")
         fig.tight_layout()
         save_figure(fig, out / f"adaptive_{records.file_label(str(v['model']) + '_' + str(v['network']))}.{fmt}")
     return verdicts

@@ -280,6 +280,7 @@ class SessionMeta:
     timing: dict[str, Any] = dataclasses.field(default_factory=dict)
     failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     interrupted: bool | None = None  # set when the sweep ends, one way or the other
+    progress: dict[str, Any] | None = None  # runs planned so far (a live page's progress and ETA)
 
     def group(self, name: str, **fields: Any) -> GroupMeta:
         """The group's account, made on its first start; a later start (a retried group) keeps the

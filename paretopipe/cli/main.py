@@ -16,6 +16,7 @@ COMMANDS = {
     "profile": ("profile", "main", "measure a device profile of a model on this device"),
     "predict": ("predict", "main", "predict every split from device profiles; plan N devices; validate"),
     "report": ("report", "main", "Pareto fronts, tables and figures of a sweep session"),
+    "watch": ("watch", "main", "a live page of a session while it runs (and /api/session as JSON)"),
     "compare": ("compare", "main", "two sessions' fronts side by side: deltas and which splits moved"),
     "netem": ("netem", "main", "apply, clear, show and measure network conditions (network_delay.py)"),
     "stage1": ("stages", "main_stage1", "stage 1 of a TCP pipeline, the data source (partition1.py)"),

@@ -224,6 +224,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
     tb = opts.testbed
     where = ("locally" if not tb.remote else " -> ".join(f"{h.address} ({h.device})" for h in tb.hosts) + " over SSH")
     _check_splits(opts)
+    live = _live_page(sweeper.dir, args.live)  # a port in use is refused before anything is written
     log.info("sweep %s, link %s, results in %s", where, opts.link, sweeper.dir)
     created = not sweeper.dir.exists()
     sweeper.dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +239,24 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         if created:
             sweeper.discard_if_unmeasured()
         raise
+    finally:
+        if live is not None:
+            live.close()
     return _finish(result, opts)
+
+
+def _live_page(session: Path, port: int | None):
+    """``--live``: the session's page served from this process while the sweep runs (a thread that
+    only reads the session; it never stops the sweep)."""
+    if port is None:
+        return None
+    # lazy for start-up: pandas
+    from ..analysis.live_server import WatchServer
+
+    server = WatchServer(session, port=port)
+    server.start_thread()
+    print(f"live page: {server.url}", file=sys.stderr, flush=True)
+    return server
 
 
 def _finish(result: Any, opts: Any) -> int:

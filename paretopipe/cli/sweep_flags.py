@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..runners import flags
 from ..transport import aead
 from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, nonneg_int, percent,
-                     positive_float, positive_int)
+                     port_or_zero, positive_float, positive_int)
 from .report import add_objectives_flag
 
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ class Flag:
     choices: tuple[str, ...] | None = None
     store_true: bool = False
     metavar: str | None = None
+    nargs: str | None = None  # "?": the flag alone gives ``const``
+    const: Any = None
     field: str | None = None
     stored: bool | Callable[[SweepOptions], Any] | None = True
     invocation: bool = False
@@ -71,7 +73,8 @@ class Flag:
         if self.store_true:
             kw["action"] = "store_true"
         else:
-            kw.update(default=self.default, type=self.type, choices=self.choices, metavar=self.metavar)
+            kw.update(default=self.default, type=self.type, choices=self.choices, metavar=self.metavar,
+                      nargs=self.nargs, const=self.const)
         group.add_argument(*self.flags, **{k: v for k, v in kw.items() if v is not None or k == "default"})
 
 
@@ -196,6 +199,10 @@ FLAGS: tuple[Flag, ...] = (
          invocation=True),
     Flag(("--resume",), OUTPUT, "continue the newest (or --session) session, skipping completed runs",
          store_true=True, stored=NOT_STORED, invocation=True),
+    Flag(("--live",), OUTPUT, "serve a live page of this session while it runs, on 127.0.0.1:PORT (8765 when no port "
+         "is given; 0: any free one): progress, the fronts forming, the newest run, the policies' choices "
+         "(paretopipe watch SESSION does it for any session)", type=port_or_zero, nargs="?", const=8765,
+         metavar="PORT", field="", stored=NOT_STORED, invocation=True, harmless=True),
     Flag(("--cleanup",), OUTPUT, "delete per-run JSONs after consolidation (CSVs stay)", store_true=True,
          stored=NOT_STORED, invocation=True),
     Flag(("--no-report",), OUTPUT, "skip the Pareto report at the end", store_true=True, field="",

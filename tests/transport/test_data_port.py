@@ -273,3 +273,24 @@ def test_lying_result_durations_are_refused(tmp_path, listener):
     (path,) = tmp_path.glob("*.json")  # the incomplete record is still written
     assert path.read_text().count('"status": "incomplete"') == 1
     struct.calcsize("<q")
+
+
+def test_segment_times_from_stage_2_are_checked_before_the_policy_sees_them():
+    """An adaptive stage 2 reports its per-segment compute with each result; what does not fit the
+    run's segments, or is not a duration, is refused by name (stage 1 then ignores it and goes on)."""
+    from paretopipe.errors import WireError
+    from paretopipe.transport.tcp.messages import read_segment_times
+
+    assert read_segment_times({}, 19) == (0, [])
+    assert read_segment_times({"stage2_segment_first": 17, "stage2_segment_s": [0.001, 0.002]}, 19) == \
+        (17, [0.001, 0.002])
+    for meta in ({"stage2_segment_first": 18, "stage2_segment_s": [0.1, 0.1]},       # past the last segment
+                 {"stage2_segment_first": -1, "stage2_segment_s": [0.1]},
+                 {"stage2_segment_first": True, "stage2_segment_s": [0.1]},
+                 {"stage2_segment_first": 0, "stage2_segment_s": "0.1"},
+                 {"stage2_segment_first": 0},
+                 {"stage2_segment_first": 0, "stage2_segment_s": [None]},
+                 {"stage2_segment_first": 0, "stage2_segment_s": [-1.0]},
+                 {"stage2_segment_first": 0, "stage2_segment_s": [0.1] * 5000}):
+        with pytest.raises(WireError):
+            read_segment_times(meta, 19)

@@ -195,6 +195,7 @@ class Sweeper:
         tc_mode = o.link == "tc"
         bar = tqdm(total=len(group.configs) * o.runs, desc=group.name.replace("/", " "), unit="run",
                    dynamic_ncols=True, disable=None)
+        self._plan_progress(meta, len(group.configs) * o.runs)
         r = 0
         while True:
             active = [c for c in group.configs if group.progress[c].stopped is None]
@@ -211,6 +212,7 @@ class Sweeper:
                         drifted = drift_check(self, group.drift, group.reference, network or group.reference[0],
                                               observed, model, backend, group.meta)
                         requeue_drifted(self, drifted, group, model, backend)
+                        group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]  # live: the page's alerts
                         if time.monotonic() - self.consolidated >= CONSOLIDATE_EVERY_S:
                             self.consolidate(meta, final=False)
             r += 1
@@ -226,6 +228,19 @@ class Sweeper:
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, n, o.batch_size,
                                         k.label): p.describe() for (n, k), p in group.progress.items()})
         return len(group.configs)
+
+    def _plan_progress(self, meta: SessionMeta, group_runs: int) -> None:
+        """session.json's ``progress`` at a group's start, written at once for a live page: runs
+        planned in the groups started so far, and the groups to come estimated as this one (their
+        models may have other splits: ``estimated`` says so until the last group starts)."""
+        o = self.opts
+        groups = len(o.models) * len(worker_groups(o))
+        started = (meta.progress or {}).get("groups_started", 0) + 1
+        planned = (meta.progress or {}).get("planned_started", 0) + group_runs
+        meta.progress = {"groups": groups, "groups_started": started, "planned_started": planned,
+                         "planned_runs": planned + group_runs * max(0, groups - started),
+                         "estimated": started < groups}
+        self._write(lambda: self.session.write_meta(meta), self.session.meta_path)
 
     def _group_state(self, model: str, backend: str, meta: SessionMeta) -> GroupProgress:
         """A group's configurations, their progress, the drift reference and the session's record of it."""
