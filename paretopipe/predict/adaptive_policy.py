@@ -235,6 +235,7 @@ class AdaptivePolicy:
         self.estimator = LinkEstimator()
         self.chooser: SplitChooser | None = None
         self.tracker: ComputeTracker | None = None
+        self._probing: set[int] = set()  # the stage-1 segments handed out as a compute probe
         self.free_choice = True
         self.last_rate_sample = self.last_rtt_sample = time.monotonic()
         self.notes = {"policy": self.name, "candidates": self.candidates, "objective": objective,
@@ -278,11 +279,27 @@ class AdaptivePolicy:
         if self.tracker is None:
             return ()
         probe = COMPUTE_PROBE_INTERVAL_S if self.speed_ratio else None
-        return [(r.segment, r.why) for r in self.tracker.due(probe)]
+        due = self.tracker.due(probe)
+        self._probing = {r.segment for r in due if r.probe}
+        return [(r.segment, r.why) for r in due]
 
-    def reprofiled(self, seq: int, segment: int, seconds: float, why: str) -> None:
+    def reprofiled(self, seq: int, first: int, times: Sequence[float], whys: Sequence[str]) -> None:
         if self.tracker is not None:
-            self.tracker.reprofiled(seq, 0, segment, seconds, why)
+            probe = all(j in self._probing for j in range(first, first + len(times)))
+            self.tracker.reprofiled(seq, 0, first, times, whys, probe=probe)
+
+    def stage2_probed(self, seq: int, first: int, times: Sequence[float]) -> None:
+        if self.tracker is not None:
+            why = f"compute probe: stage 2 ran no segment for {COMPUTE_PROBE_INTERVAL_S:g} s"
+            self.tracker.reprofiled(seq, 1, first, times, [why] * len(times), "compute probe on stage 2", probe=True)
+
+    def stage2_probes_due(self) -> Sequence[tuple[int, int]]:
+        """Ours: a stage 2 that ran no segment for a second times its first ones (from the model's
+        input, on a synthetic batch), so its speed is known while all work stays on stage 1."""
+        if self.tracker is None or not self.speed_ratio:
+            return ()
+        due = self.tracker.probe_due(1, COMPUTE_PROBE_INTERVAL_S)
+        return [(0, due)] if due else ()
 
     def startup_probes(self) -> Sequence[int]:
         self.last_rate_sample = self.last_rtt_sample = time.monotonic()

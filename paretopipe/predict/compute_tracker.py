@@ -43,6 +43,9 @@ from typing import Any, Sequence
 #: quota (cpushare's 10 ms period) only shows over a period or more, and a real device's slowdown
 #: shows in any span.
 PROBE_SPAN_S = 0.02
+#: A compute probe is a deliberate, clean sample of a stage's speed: it weighs more in the speed's
+#: EMA than a batch does (as a link probe does in the link estimate).
+PROBE_WEIGHT = 0.7
 
 
 @dataclasses.dataclass
@@ -65,11 +68,12 @@ class _Segment:
 
 @dataclasses.dataclass
 class Reprofile:
-    """A segment to re-time on stage 1 before the next batch, and why."""
+    """A segment to re-time on stage 1 before the next batch, and why (``probe``: a compute probe)."""
 
     stage: int
     segment: int
     why: str
+    probe: bool = False
 
 
 class ComputeTracker:
@@ -120,7 +124,7 @@ class ComputeTracker:
         for p in [p for p in self.pending if p.stage != 0]:
             s = segs[p.segment] if p.stage == stage else None
             if s is not None and s.window:
-                self.reprofiled(seq, p.stage, p.segment, s.window[-1], p.why, "stage 2's newest batch")
+                self.reprofiled(seq, p.stage, p.segment, [s.window[-1]], [p.why], "stage 2's newest batch")
             self.pending.remove(p)
 
     def _speed_sample(self, stage: int, observed_s: float, baseline_s: float) -> None:
@@ -137,36 +141,56 @@ class ComputeTracker:
         """Stage-1 segments to re-time before the next batch (handed out once). With
         ``probe_after_s``, a stage 1 that ran no segment for that long re-times its first ones:
         a compute probe, as a link probe refreshes a link the frames no longer show."""
-        stale = probe_after_s is not None and (
-            self.observed_at[0] is None or time.monotonic() - self.observed_at[0] >= probe_after_s)
-        if stale and not any(p.stage == 0 for p in self.pending):
-            span, why = 0.0, f"compute probe: stage 1 ran no segment for {probe_after_s:g} s"
-            for j, s in enumerate(self.stages[0]):
-                self.pending.append(Reprofile(0, j, why))
-                span += s.profiled_s
-                if span >= PROBE_SPAN_S:
-                    break
+        if probe_after_s is not None and not any(p.stage == 0 for p in self.pending):
+            why = f"compute probe: stage 1 ran no segment for {probe_after_s:g} s"
+            self.pending += [Reprofile(0, j, why, probe=True) for j in range(self.probe_due(0, probe_after_s))]
         out = [p for p in self.pending if p.stage == 0]
         self.pending = [p for p in self.pending if p.stage != 0]
         return out
 
-    def reprofiled(self, seq: int, stage: int, segment: int, seconds: float, why: str,
-                   how: str = "re-timed on stage 1") -> None:
-        """A segment's fresh time (observed seconds): its window and EMA restart from it, and the
-        event is kept. A segment with no baseline yet takes this as its baseline."""
-        s = self.stages[stage][segment]
-        old = self.estimate(stage, segment)
-        s.window.clear()
-        s.window.append(float(seconds))
-        s.ema_s = float(seconds)
-        s.seen_seq = seq
-        if s.baseline_s is None:
-            s.baseline_s = float(seconds)
+    def probe_due(self, stage: int, after_s: float) -> int:
+        """How many of ``stage``'s first segments a compute probe should time now (0: none due):
+        those up to ``PROBE_SPAN_S`` of profiled compute, once the stage ran none for ``after_s``."""
+        seen = self.observed_at[stage]
+        if seen is not None and time.monotonic() - seen < after_s:
+            return 0
+        self.observed_at[stage] = time.monotonic()  # one probe per interval, answered or not
+        span = 0.0
+        for j, s in enumerate(self.stages[stage]):
+            span += s.profiled_s
+            if span >= PROBE_SPAN_S:
+                return j + 1
+        return len(self.stages[stage])
+
+    def reprofiled(self, seq: int, stage: int, first: int, times: Sequence[float], whys: Sequence[str],
+                   how: str = "re-timed on stage 1", probe: bool = False) -> None:
+        """Fresh times (observed seconds) of segments ``first``.. of ``stage``: each one's window
+        and EMA restart from its time (a segment with no baseline yet takes it as its baseline), the
+        stage's speed takes one sample over them (a probe's weighs ``PROBE_WEIGHT``), and an event
+        per segment is kept."""
+        segs = self.stages[stage]
+        if first < 0 or first + len(times) > len(segs) or not times:
+            return
+        observed = baseline = 0.0
+        for j, (seconds, why) in enumerate(zip(times, whys), first):
+            s = segs[j]
+            old = self.estimate(stage, j)
+            s.window.clear()
+            s.window.append(float(seconds))
+            s.ema_s = float(seconds)
+            s.seen_seq = seq
+            if s.baseline_s is None:
+                s.baseline_s = float(seconds)
+            observed, baseline = observed + float(seconds), baseline + s.baseline_s
+            self.reprofiles += 1
+            self.events.append({"seq": seq, "stage": f"stage{stage + 1}", "segment": j, "why": why, "how": how,
+                                "old_s": round(old, 7), "new_s": round(s.estimate(), 7)})
         self._news(stage, seq)
-        self._speed_sample(stage, float(seconds), s.baseline_s)
-        self.reprofiles += 1
-        self.events.append({"seq": seq, "stage": f"stage{stage + 1}", "segment": segment, "why": why, "how": how,
-                            "old_s": round(old, 7), "new_s": round(self.estimate(stage, segment), 7)})
+        if probe:
+            if observed > 0 and baseline > 0:
+                self.speed[stage] = (1 - PROBE_WEIGHT) * self.speed[stage] + PROBE_WEIGHT * math.log(observed / baseline)
+        else:
+            self._speed_sample(stage, observed, baseline)
 
     # -- what the chooser uses ------------------------------------------------------------------
     def estimate(self, stage: int, segment: int) -> float:

@@ -52,8 +52,14 @@ class SplitPolicy(Protocol):
     def reprofiles_due(self) -> Sequence[tuple[int, str]]:
         """Segments (and why) for stage 1 to re-time on itself before the next batch."""
 
-    def reprofiled(self, seq: int, segment: int, seconds: float, why: str) -> None:
-        """Stage 1 re-timed ``segment``: its fresh time."""
+    def reprofiled(self, seq: int, first: int, times: Sequence[float], whys: Sequence[str]) -> None:
+        """Stage 1 re-timed segments ``first``.. (consecutive, as asked, each with its reason)."""
+
+    def stage2_probes_due(self) -> Sequence[tuple[int, int]]:
+        """Compute probes for stage 2 before the next batch: (first segment, count) each."""
+
+    def stage2_probed(self, seq: int, first: int, times: Sequence[float]) -> None:
+        """Stage 2 answered a compute probe with the times of segments ``first``.."""
 
 
 class StaticPolicy:
@@ -89,5 +95,11 @@ class StaticPolicy:
     def reprofiles_due(self) -> Sequence[tuple[int, str]]:
         return ()
 
-    def reprofiled(self, seq: int, segment: int, seconds: float, why: str) -> None:
+    def reprofiled(self, seq: int, first: int, times: Sequence[float], whys: Sequence[str]) -> None:
+        pass
+
+    def stage2_probes_due(self) -> Sequence[tuple[int, int]]:
+        return ()
+
+    def stage2_probed(self, seq: int, first: int, times: Sequence[float]) -> None:
         pass

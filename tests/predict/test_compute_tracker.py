@@ -38,8 +38,8 @@ def test_a_slowdown_is_flagged_by_its_cv_and_reprofiled_with_its_successor():
     assert sorted(r.segment for r in due) == [0, 1, 2, 3] and all(r.stage == 0 for r in due)
     assert due[0].why.startswith("cv ") and "> 0.15" in due[0].why
     assert any(r.why.startswith("after segment 2") for r in due if r.segment == 3)
-    for r in due:  # stage 1 re-times them (the driver does it between batches)
-        t.reprofiled(14, 0, r.segment, 0.025, r.why)
+    # Stage 1 re-times them (the driver does it between batches, as one chain from segment 0).
+    t.reprofiled(14, 0, 0, [0.025] * 4, [r.why for r in sorted(due, key=lambda r: r.segment)])
     assert t.estimate(0, 0) == t.estimate(0, 3) == pytest.approx(0.025)  # the estimate jumps
     ev = t.events[-1]
     assert ev["seq"] == 14 and ev["stage"] == "stage1" and ev["segment"] == 3
@@ -117,8 +117,11 @@ def _run(policy: AdaptivePolicy, batches: int, stage1_s: float, stage2_s: float,
         chosen.append(k)
         policy.observe_compute(seq, 0, 0, [stage1_s] * k)
         policy.observe_compute(seq, 1, k, [stage2_s] * (SEGMENTS - k))
-        for segment, why in policy.reprofiles_due():
-            policy.reprofiled(seq, segment, stage1_s, why)
+        due = policy.reprofiles_due()
+        for segment, why in due:
+            policy.reprofiled(seq, segment, [stage1_s], [why])
+        for first, count in policy.stage2_probes_due():
+            policy.stage2_probed(seq, first, [stage2_s] * count)
         current = cuts
     return chosen
 
@@ -144,3 +147,16 @@ def test_sciots_rule_has_no_hysteresis_and_forces_local_batches_at_its_rate():
     assert 70 <= forced <= 130  # 25% of 400, seeded
     assert chosen.count(SEGMENTS) >= forced and chosen[-50:].count(0) >= 25
     assert policy.summary()["policy"] == "sciot" and policy.summary()["local_probability"] == 0.25
+
+
+def test_ours_follows_a_busy_stage_2_even_while_it_runs_nothing(monkeypatch):
+    """Stage 1 at half a server's speed offloads; a neighbour takes stage 2's core, so the work comes
+    home (k = K, stage 2 runs no segment); only stage 2's compute probes show that it is free again."""
+    monkeypatch.setattr(adaptive_policy, "COMPUTE_PROBE_INTERVAL_S", 0.0)
+    policy = _policy(AdaptivePolicy)
+    assert _run(policy, 30, 0.02, 0.01)[-1] == 0          # the server is faster: all of it there
+    assert _run(policy, 40, 0.02, 0.06, 30)[-1] == SEGMENTS  # its core taken: all of it here
+    back = _run(policy, 40, 0.02, 0.01, 70)
+    assert back[-1] == 0 and back.index(0) <= 10
+    hows = {e["how"] for e in policy.summary()["compute"]["reprofile_events"]}
+    assert "compute probe on stage 2" in hows

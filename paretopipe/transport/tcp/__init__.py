@@ -39,7 +39,9 @@ An adaptive run (``split_index`` "adaptive", its policy built by runners/adaptiv
 frames: stage 2 answers RUN_OK with its own brief self-profile; SWITCH {cuts} between two batches
 moves the split from the next batch on (stage 2 holds every segment); PROBE (a few bytes or a
 fixed-size filler) is answered at once by PROBE_ACK, so stage 1 can measure the link between
-batches. None of them is accepted in a static run. Stage 1 decides each batch's cuts through a
+batches; a PROBE whose meta is ``{"retime": [0, n]}`` is a compute probe instead, answered when
+stage 2's compute thread has timed its first n segments on a synthetic batch, the times in the
+PROBE_ACK's meta. None of them is accepted in a static run. Stage 1 decides each batch's cuts through a
 split policy (``transport.policy``); a static run given a deadline is settled batch by batch as an
 adaptive one is: a late result is dropped, the batch finished on stage 1, and a stage 2 that
 comes back to the listener is sent the RUN again.

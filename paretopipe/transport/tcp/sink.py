@@ -33,7 +33,7 @@ from .connection import Connection, FrameSender
 from .handshake import StageListener
 from .messages import RunStart, check_part, json_payload, message, read_result_meta, result_meta_fields, safe_run_id
 from .outcome import RunOutcome, assemble_record, cipher_usage, later_parts, merge_peer_seals, write_record
-from .switching import KINDS as SWITCHING_KINDS, SwitchingStage
+from .switching import KINDS as SWITCHING_KINDS, Retime, SwitchingStage
 
 log = logging.getLogger("paretopipe.tcp")
 
@@ -216,6 +216,9 @@ class _SinkRun:
             if isinstance(item, nn.Module):  # a SWITCH, in order between two batches
                 self.stage = item
                 continue
+            if isinstance(item, Retime):
+                self.sender.submit(wire.frame(wire.PROBE_ACK, item.seq, meta=self.adaptive.retime(item)))
+                continue
             self.current = item
             return item
 
@@ -341,8 +344,12 @@ class _SinkRun:
                 self.expected = self.builder.partitioner.live_specs(self.incoming)
                 continue
             if f.kind == wire.PROBE:
+                retime = self.adaptive.retime_request(f.seq, f.meta)
                 f.release()
-                self.sender.submit(wire.frame(wire.PROBE_ACK, f.seq))
+                if retime is not None:  # a compute probe: timed on the compute thread, between batches
+                    self.work.put(retime)
+                else:
+                    self.sender.submit(wire.frame(wire.PROBE_ACK, f.seq))
                 continue
             if f.seq in self.seen or not 0 <= f.seq < total:
                 raise WireError(f"batch {f.seq} sent twice or out of range 0..{total - 1}")

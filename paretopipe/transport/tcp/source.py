@@ -213,6 +213,26 @@ class _Stage1Run(SourceEndpoint):
         self.counts["probes"] += 1
         self.counts["probe_bytes"] += enc.total_nbytes
 
+    def _compute_probe(self, seq: int, first: int, count: int) -> None:
+        """Ask stage 2 to time segments ``first``.. on itself (between batches: its speed while it
+        runs none of them); its times go to the policy, not to the link estimate."""
+        enc = wire.encode(wire.PROBE, self._probe_seq, meta={"retime": [first, count]})
+        self.next.sender.submit(enc)
+        f, _, why = self.next.await_frame(wire.PROBE_ACK, self._probe_seq, time.monotonic() + self.cfg.timeout_s,
+                                          self._late)
+        self._probe_seq += 1
+        if f is None:
+            raise PeerError(f"compute probe unanswered ({why})")
+        meta = f.meta
+        f.release()
+        try:
+            got_first, times = read_segment_times(meta or {}, self.chains.count)
+        except WireError as exc:
+            log.warning("stage 1: %s", exc)
+            return
+        self.policy.stage2_probed(seq, got_first, times)
+        self.counts["compute_probes"] = self.counts.get("compute_probes", 0) + 1
+
     def _late(self) -> None:
         self.counts["late_results_dropped"] += 1  # an earlier batch's result, after its deadline
 
@@ -329,6 +349,12 @@ class _Stage1Run(SourceEndpoint):
             self.counts["served_locally"] += 1
             self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s)
         self._reprofile(seq)
+        for first, count in self.policy.stage2_probes_due() if self.next is not None else ():
+            try:
+                self._compute_probe(seq, first, count)
+            except (ParetoPipeError, OSError) as exc:
+                self._lose_next(str(exc), seq)
+                break
         for size in self.policy.probes_due(time.monotonic()) if self.next is not None else ():
             try:
                 self._probe(size)
@@ -360,8 +386,7 @@ class _Stage1Run(SourceEndpoint):
             if not 0 <= at < len(chain.inputs):
                 continue  # its input never passed through this stage this batch
             times = self.chains.retime(run[0][0], chain.inputs[at], len(run), repetitions=1 if len(run) > 2 else 3)
-            for (segment, why), seconds in zip(run, times):
-                self.policy.reprofiled(seq, segment, seconds, why)
+            self.policy.reprofiled(seq, run[0][0], times, [why for _, why in run])
         self.counts["reprofile_s"] = round(self.counts.get("reprofile_s", 0.0) + time.monotonic() - started, 6)
 
     def run(self) -> None:

@@ -5,6 +5,7 @@ one of those cuts. The driver on stage 1 (``tcp.source``) decides; this side onl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -39,6 +40,16 @@ def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any
     return cache[key]
 
 
+@dataclasses.dataclass(frozen=True)
+class Retime:
+    """A compute probe stage 1 asked for (PROBE with ``{"retime": [first, count]}``): segments
+    ``first``.. timed on this stage's compute thread, the answer a PROBE_ACK of batch ``seq``."""
+
+    seq: int
+    first: int
+    count: int
+
+
 class SwitchingStage:
     """The adaptive side of one run on a later stage. Made when the RUN is accepted (a run that
     starts anywhere but at a block cut is refused then); :meth:`run_ok_meta` measures the
@@ -53,6 +64,8 @@ class SwitchingStage:
         self.profile: dict[str, Any] | None = None
         # Stage 2 runs its part segment by segment, each timed, and reports the times with each result.
         self.chains = SegmentChains(builder, self.switchable)
+        self.probes = 0
+        self._probe_input = None
 
     def initial(self) -> TimedChain:
         """The part the run starts with, as a timed chain."""
@@ -75,5 +88,28 @@ class SwitchingStage:
         self.switches += 1
         return self.chains.chain(cuts[0], 1), cuts[0]
 
+    def retime_request(self, seq: int, meta: dict[str, Any] | None) -> Retime | None:
+        """A PROBE's compute request, checked (None: a plain link probe). Only chains from the
+        model's input can be timed here without a batch: ``first`` must be 0."""
+        if not meta or "retime" not in meta:
+            return None
+        req = meta["retime"]
+        if not (isinstance(req, list) and len(req) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                for v in req)
+                and req[0] == 0 and 1 <= req[1] <= self.chains.count):
+            raise WireError(f"PROBE asks to re-time {str(req)[:60]}; a compute probe names [0, count] with count "
+                            f"1..{self.chains.count}")
+        return Retime(seq, req[0], req[1])
+
+    def retime(self, req: Retime) -> dict[str, Any]:
+        """Run the probe (on the compute thread, under the stage's CPU share) on a synthetic batch of
+        the run's size: compute does not depend on the pixels. The PROBE_ACK's meta."""
+        if self._probe_input is None:
+            self._probe_input = next(inputs.batches("synthetic", self.cfg.batch_size, self.builder.input_size, 1,
+                                                    None, self.cfg.seed))
+        self.probes += 1
+        times = self.chains.retime(req.first, self._probe_input, req.count, repetitions=1)
+        return {"stage2_segment_first": req.first, "stage2_segment_s": times}
+
     def manifest(self) -> dict[str, Any]:
-        return {"switches_applied": self.switches, "self_profile": self.profile}
+        return {"switches_applied": self.switches, "compute_probes": self.probes, "self_profile": self.profile}
