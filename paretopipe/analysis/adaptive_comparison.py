@@ -75,7 +75,7 @@ def change_times(record: dict) -> list[float]:
     """When, on the run's batch clock, a trace changed what the stages had: each compute-trace
     step the controller made, and each rate change of a CSV link trace (a Mahimahi trace changes
     with every packet: none are taken from it)."""
-    out = [s["t_s"] for replay in record["manifest"]["stages"][0].get("cpu_traces", [])
+    out = [s["t_s"] for replay in _stage1(record).get("cpu_traces", [])
            for s in replay["steps"] if s["t_s"] > 0]
     meta = record["manifest"].get("link", {}).get("trace_up")
     if meta and str(meta.get("trace", "")).endswith(".csv"):
@@ -92,6 +92,11 @@ def change_times(record: dict) -> list[float]:
             for n in range(int((offset + until) // period) + 1):
                 out += [n * period + t - offset for t in times if 0 < n * period + t - offset <= until]
     return sorted(out)
+
+
+def _stage1(record: dict) -> dict:
+    """Stage 1's manifest (empty for a record without one)."""
+    return (record.get("manifest", {}).get("stages") or [{}])[0]
 
 
 def reaction_batches(record: dict) -> list[int]:
@@ -192,8 +197,8 @@ def plot_over_time(session: Session, runs: pd.DataFrame, verdict: dict[str, Any]
         local = [(b["start_s"], k) for b, k in zip(done, k_of) if b.get("served_locally")]
         if local:
             twin.plot([t for t, _ in local], [k for _, k in local], "kx", ms=4, label=f"{label}: served locally")
-        events = rec["manifest"]["stages"][0].get("adaptive", {}).get("compute", {}).get("reprofile_events", [])
-        starts = {b["seq"]: b["start_s"] for b in done}
+        events = _stage1(rec).get("adaptive", {}).get("compute", {}).get("reprofile_events", [])
+        starts = {b.get("seq"): b["start_s"] for b in done}
         marks = sorted({starts[e["seq"]] for e in events if e["seq"] in starts})
         if marks:
             twin.plot(marks, [0] * len(marks), "|", color=color, ms=6, alpha=0.5, label=f"{label}: re-profiles")
@@ -205,7 +210,7 @@ def plot_over_time(session: Session, runs: pd.DataFrame, verdict: dict[str, Any]
 
 def share_over_time(record: dict) -> tuple[list[float], list[float]] | None:
     """Stage 1's CPU share as its compute trace's controller set it, on the batches' clock."""
-    replays = [r for r in record["manifest"]["stages"][0].get("cpu_traces", []) if r["stage"] == "stage1"]
+    replays = [r for r in _stage1(record).get("cpu_traces", []) if r["stage"] == "stage1"]
     if not replays or not replays[0]["steps"]:
         return None
     steps = replays[0]["steps"]

@@ -23,8 +23,7 @@ def parser(prog: str = "paretopipe watch") -> ArgumentParser:
                                    "/api/session returns the same as JSON.",
                        epilog=example_epilog("paretopipe watch results/20261126-170000",
                                              "paretopipe watch results --port 9000",
-                                             "paretopipe watch results --host 0.0.0.0 --token $(python -c "
-                                             "'import secrets; print(secrets.token_urlsafe())')"))
+                                             f"paretopipe watch results --host 0.0.0.0 --token \"${TOKEN_ENV}\""))
     p.add_argument("session", help="a session folder, or a results folder (its newest session)")
     p.add_argument("--port", type=port_or_zero, default=8765, help="port to serve on (0: any free one)")
     p.add_argument("--host", default="127.0.0.1",

@@ -56,3 +56,21 @@ def test_the_figure_draws_an_adaptive_run_that_chose_a_cut_of_several_tensors(tm
     assert all(math.isnan(k) for k in ks[:5]) and ks[5:] == [19] * 5   # no block index while on the cut
     assert list(crosses.get_ydata()) == [19]                             # the batch served locally
     plt.close(fig)
+
+
+def test_sciots_rule_stands_beside_ours_and_each_reaction_is_counted_in_batches():
+    configs = pd.concat([_configs(), _configs().iloc[[4]].assign(split_index="sciot", latency_median_s=0.060)])
+    table, verdicts = adaptive.comparison(configs, {("mobilenet_v2", "tcp", "trace-step", 1): {"adaptive": 3.0,
+                                                                                                "sciot": 1.0}})
+    (v,) = verdicts.to_dict("records")
+    assert v["sciot_over_best_latency"] == 0.060 / 0.050 and not v["sciot_within_goal"]
+    assert v["adaptive_reaction_batches_median"] == 3.0 and v["sciot_reaction_batches_median"] == 1.0
+    assert set(table["role"]) == {"static", "best static", "adaptive", "sciot"}
+    # A compute trace stepping at 1 s and 2 s: the first change answered after 3 batches, the second
+    # not before the run ended.
+    record = {"manifest": {"link": {}, "stages": [{"cpu_traces": [{"stage": "stage1", "steps": [
+        {"t_s": 0.0, "cpu_share": 1.0}, {"t_s": 1.0, "cpu_share": 0.4}, {"t_s": 2.0, "cpu_share": 1.0}]}]}]},
+        "batches": [{"start_s": 0.25 * i, "switched": i == 6, "warmup": False} for i in range(12)]}
+    assert adaptive.change_times(record) == [1.0, 2.0]
+    assert adaptive.reaction_batches(record) == [3]
+    assert adaptive.share_over_time(record) == ([0.0, 1.0, 2.0, 2.75], [1.0, 0.4, 1.0, 1.0])

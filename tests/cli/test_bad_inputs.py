@@ -118,7 +118,7 @@ def cases() -> list[tuple[str, list[str], str]]:
     add("stage1-deadline-in-flight", ["stage1", "--model", "resnet18", "--split", "2", "--deadline-ms", "100",
                                       "--in-flight", "2"], "a deadline settles each batch before the next")
     add("stage1-candidates-static", ["stage1", "--model", "resnet18", "--split", "2", "--candidates", "1,2"],
-        "applies to --split adaptive only")
+        "applies to --split adaptive or sciot only")
     add("stage1-candidates-unknown-cut", adaptive + ["--candidates", "2,no+such"], "is not a cut of resnet18")
     add("sweep-adaptive-rpc", ["sweep", "--model", "resnet18", "--local", "--splits", "2,adaptive", "--backend", "rpc",
                                "--dry-run"], "TCP backend")
