@@ -215,17 +215,6 @@ class RpcRanks:
                                       observed_link=observed)))
         return received_record(master.expect("done", timeout=budget), "the rpc master")
 
-    def _trace_specs(self, cpu_traces: dict[str, str]) -> list[dict[str, Any]]:
-        """Each traced stage's group (from its worker's limits) with its trace, for stage 1 to replay
-        (every stage of a traced run is a local process: the sweep refused hosts)."""
-        specs = []
-        for stage, path in sorted(cpu_traces.items()):
-            group = (self.info.get("limits", {}).get(stage) or {}).get("cgroup")
-            if group is None:
-                raise UsageError(f"{stage} has no CPU group to replay {path} on (is it a stage of this run?)")
-            specs.append({"stage": stage, "cgroup": group, "trace": path, "offset_s": None})
-        return specs
-
     def alive(self) -> bool:
         return bool(self.procs) and all(proc.alive() for proc in self.procs)
 
