@@ -348,6 +348,8 @@ class _Stage1Run(SourceEndpoint):
             self._keep(seq, result)
             self.counts["served_locally"] += 1
             self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s)
+        if seq >= self.book.total - 1:
+            return  # the run's last batch: stage 2's compute loop has ended, and nothing is decided after it
         self._reprofile(seq)
         for first, count in self.policy.stage2_probes_due() if self.next is not None else ():
             try:
