@@ -68,7 +68,7 @@ def test_the_backend_and_the_adaptive_split_keep_their_options_apart_from_the_co
     named = RunConfig(model="resnet18", cuts=["output"], split_index="adaptive",
                       adaptive_split=AdaptiveOptions(candidates=[3, "a+b"]))
     assert RunConfig.from_dict(named.to_dict()).adaptive_split.candidates == [3, "a+b"]
-    with pytest.raises(UsageError, match="apply to adaptive only"):
+    with pytest.raises(UsageError, match="apply to adaptive and sciot only"):
         RunConfig(model="resnet18", cuts=["x"], split_index=2, adaptive_split=AdaptiveOptions())
     with pytest.raises(UsageError, match="--objective 'speed'"):
         AdaptiveOptions(objective="speed")

@@ -39,7 +39,7 @@ def test_a_switch_gets_the_stage_part_of_a_block_cut_or_a_named_candidate_and_no
         with pytest.raises(WireError, match="an adaptive run switches between block cuts and the cuts its "
                                             "candidates name only"):
             side.switch(bad)
-    assert side.switches == 1 and side.manifest() == {"switches_applied": 1, "self_profile": None}
+    assert side.switches == 1 and side.manifest() == {"switches_applied": 1, "compute_probes": 0, "self_profile": None}
 
 
 def test_run_ok_carries_the_self_profile_unless_the_run_brought_profiles_and_a_fine_start_is_refused(builder):
@@ -51,3 +51,15 @@ def test_run_ok_carries_the_self_profile_unless_the_run_brought_profiles_and_a_f
     fine = next(c for c in fine_cut_table(builder.partitioner) if c not in blocks)
     with pytest.raises(UsageError, match=f"an adaptive run starts at a block split, not '{fine}'"):
         SwitchingStage(builder, _cfg(builder, fine))
+
+
+def test_a_compute_probe_times_the_first_segments_and_a_malformed_one_is_a_protocol_error(builder):
+    side = SwitchingStage(builder, _cfg(builder, builder.partitioner.block_cuts()[-1]))
+    assert side.retime_request(3, None) is None and side.retime_request(3, {}) is None  # a plain link probe
+    req = side.retime_request(3, {"retime": [0, 4]})
+    meta = side.retime(req)
+    assert meta["stage2_segment_first"] == 0 and len(meta["stage2_segment_s"]) == 4
+    assert all(t > 0 for t in meta["stage2_segment_s"]) and side.manifest()["compute_probes"] == 1
+    for bad in ([1, 2], [0, 0], [0, side.chains.count + 1], [0, True], "0,4", [0]):
+        with pytest.raises(WireError, match="a compute probe names"):
+            side.retime_request(3, {"retime": bad})
