@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from . import cpushare, strict
+from . import cpushare, records, strict
 from .errors import UsageError
 
 MAX_TRACE_BYTES = 4 * 1024 * 1024
@@ -63,24 +63,12 @@ class CpuTrace:
 
 def load(path: str | Path) -> CpuTrace:
     """A compute trace file, checked (one line naming the first fault); cached per path and mtime."""
-    p = Path(path).expanduser()
-    try:
-        stat = p.stat()
-    except FileNotFoundError:
-        raise UsageError(f"compute trace not found: {p}")
-    if not p.is_file():
-        raise UsageError(f"compute trace {p} is not a file")
-    if stat.st_size > MAX_TRACE_BYTES:
-        raise UsageError(f"compute trace {p} is {stat.st_size} bytes; the limit is {MAX_TRACE_BYTES}")
-    return _load(str(p.resolve()), stat.st_mtime_ns)
+    return _load(*records.small_file_key(path, "compute trace", MAX_TRACE_BYTES))
 
 
 @functools.lru_cache(maxsize=16)
 def _load(path: str, _mtime_ns: int) -> CpuTrace:
-    try:
-        text = Path(path).read_text()
-    except UnicodeDecodeError:
-        raise UsageError(f"compute trace {path} is not text (CSV time_s,cpu_share)")
+    text = records.read_text_file(path, "compute trace", "CSV time_s,cpu_share")
     return parse(text.splitlines(), path)
 
 
@@ -90,7 +78,7 @@ def parse(lines: Sequence[str], source: str = "<csv>") -> CpuTrace:
     body = [(n, ln.strip()) for n, ln in enumerate(lines, 1) if ln.strip() and not ln.strip().startswith("#")]
     for i, (n, ln) in enumerate(body):
         cells = [c.strip() for c in ln.split(",")]
-        if i == 0 and not _is_number(cells[0]):
+        if i == 0 and not records.is_number(cells[0]):
             continue  # header
         if len(cells) != 2:
             raise UsageError(f"compute trace {source} line {n}: expected time_s,cpu_share, got {ln[:60]!r}")
@@ -118,14 +106,6 @@ def parse(lines: Sequence[str], source: str = "<csv>") -> CpuTrace:
         raise UsageError(f"compute trace {source}: the first row must be at time 0")
     last_step = times[-1] - times[-2] if len(times) > 1 else 1.0
     return CpuTrace(source=source, times_s=tuple(times), shares=tuple(shares), period_s=times[-1] + last_step)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def parse_stage_traces(text: str | None, flag: str = "--stage-cpu-trace",

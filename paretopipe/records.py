@@ -78,6 +78,39 @@ def new_run_id(model: str, split: str) -> str:
     return f"{file_label(model)}-{file_label(split)}-{stamp}-{uuid.uuid4().hex[:6]}"
 
 
+def small_file_key(path: str | os.PathLike, what: str, limit: int) -> tuple[str, int]:
+    """``path`` checked to name a file of at most ``limit`` bytes (one line naming the fault, with
+    ``what`` saying what the file is for); its resolved path and modification time, the key a
+    loader caches its parsed content under."""
+    p = Path(path).expanduser()
+    try:
+        stat = p.stat()
+    except FileNotFoundError:
+        raise UsageError(f"{what} not found: {p}")
+    if not p.is_file():
+        raise UsageError(f"{what} {p} is not a file")
+    if stat.st_size > limit:
+        raise UsageError(f"{what} {p} is {stat.st_size} bytes; the limit is {limit}")
+    return str(p.resolve()), stat.st_mtime_ns
+
+
+def read_text_file(path: str, what: str, expected: str) -> str:
+    """A file's text, or one line saying it is not text and what ``expected`` format it should be."""
+    try:
+        return Path(path).read_text()
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path} is not text ({expected})")
+
+
+def is_number(text: str) -> bool:
+    """Whether ``text`` reads as a float: how a CSV's first row tells a header from data."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write via a temp file in the same folder + fsync + rename: readers never see half a file."""
     path = Path(path)

@@ -101,3 +101,22 @@ def test_a_malformed_record_is_refused_by_name(change, match):
     change(raw)
     with pytest.raises(UsageError, match=match):
         records.RunRecord.of(raw, "stage 1's record")
+
+
+def test_a_small_file_is_keyed_by_its_resolved_path_and_mtime_and_a_bad_one_named(tmp_path):
+    good = tmp_path / "t.csv"
+    good.write_text("time_s,cpu_share\n0,1\n")
+    path, mtime = records.small_file_key(tmp_path / "." / "t.csv", "compute trace", 100)
+    assert path == str(good.resolve()) and mtime == good.stat().st_mtime_ns
+    assert records.read_text_file(path, "compute trace", "CSV") == "time_s,cpu_share\n0,1\n"
+    with pytest.raises(UsageError, match="compute trace not found: .*nope.csv"):
+        records.small_file_key(tmp_path / "nope.csv", "compute trace", 100)
+    with pytest.raises(UsageError, match="trace .* is not a file"):
+        records.small_file_key(tmp_path, "trace", 100)
+    with pytest.raises(UsageError, match=r"is 21 bytes; the limit is 10"):
+        records.small_file_key(good, "trace", 10)
+    binary = tmp_path / "b.csv"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UsageError, match=r"is not text \(CSV time_s,cpu_share\)"):
+        records.read_text_file(str(binary), "compute trace", "CSV time_s,cpu_share")
+    assert records.is_number("1e-3") and records.is_number(" 4 ") and not records.is_number("time_s")

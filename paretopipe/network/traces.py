@@ -30,6 +30,7 @@ import random
 from pathlib import Path
 from typing import Iterable
 
+from .. import records
 from ..errors import UsageError
 
 PACKET_BYTES = 1500
@@ -141,24 +142,12 @@ def seeded_offset_s(trace: Trace, seed: int, direction: str = "up") -> float:
 # -- reading -------------------------------------------------------------------------------------
 def load(path: str | Path) -> Trace:
     """A trace file, Mahimahi or CSV (by its content), checked; cached per path and modification."""
-    p = Path(path).expanduser()
-    try:
-        stat = p.stat()
-    except FileNotFoundError:
-        raise UsageError(f"trace file not found: {p}")
-    if not p.is_file():
-        raise UsageError(f"trace {p} is not a file")
-    if stat.st_size > MAX_TRACE_BYTES:
-        raise UsageError(f"trace {p} is {stat.st_size} bytes; the limit is {MAX_TRACE_BYTES}")
-    return _load(str(p.resolve()), stat.st_mtime_ns)
+    return _load(*records.small_file_key(path, "trace", MAX_TRACE_BYTES))
 
 
 @functools.lru_cache(maxsize=16)
 def _load(path: str, _mtime_ns: int) -> Trace:
-    try:
-        text = Path(path).read_text()
-    except UnicodeDecodeError:
-        raise UsageError(f"trace {path} is not text (Mahimahi: one millisecond per line; CSV: time_s,rate_mbit)")
+    text = records.read_text_file(path, "trace", "Mahimahi: one millisecond per line; CSV: time_s,rate_mbit")
     lines = [ln.strip() for ln in text.splitlines()]
     body = [ln for ln in lines if ln and not ln.startswith("#")]
     if not body:
@@ -192,7 +181,7 @@ def parse_csv(lines: list[str], source: str = "<csv>") -> Trace:
     rows: list[tuple[float, float, float | None]] = []
     for n, ln in enumerate(lines, 1):
         cells = [c.strip() for c in ln.split(",")]
-        if n == 1 and not _is_number(cells[0]):
+        if n == 1 and not records.is_number(cells[0]):
             continue  # header
         if len(cells) not in (2, 3):
             raise UsageError(f"trace {source} line {n}: expected time_s,rate_mbit[,delay_ms], got {ln[:60]!r}")
@@ -230,14 +219,6 @@ def parse_csv(lines: list[str], source: str = "<csv>") -> Trace:
     delays = tuple((r[0] * 1e3, r[2]) for r in rows if r[2] is not None)
     return Trace(source=source, format="csv", opportunities_ms=tuple(opps), period_ms=ends[-1] * 1e3,
                  delay_steps=delays)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 # -- the shipped traces --------------------------------------------------------------------------
