@@ -9,6 +9,7 @@ command -v tc >/dev/null 2>&1 || want+=(iproute2)
 command -v iperf3 >/dev/null 2>&1 || want+=(iperf3)
 command -v shellcheck >/dev/null 2>&1 || want+=(shellcheck)
 command -v chromium >/dev/null 2>&1 || want+=(chromium)  # the report page's headless browser test
+[ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || want+=(mosquitto)  # the MQTT transport's broker
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "note: missing ${want[*]} (need root + apt to install); the tests that use them will skip"

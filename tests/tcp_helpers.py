@@ -13,8 +13,19 @@ from pathlib import Path
 
 from conftest import PYTHON, ROOT
 from paretopipe.partition.stages import StageBuilder
-from paretopipe.transport import tcp
-from paretopipe.transport.runconfig import RunConfig
+from paretopipe.transport import messaging, tcp
+from paretopipe.transport.runconfig import DEFAULT_MAX_PAYLOAD, RunConfig
+
+TCP = messaging.TransportSpec("tcp")
+
+
+def _specs(transports, count: int) -> list:
+    """One transport spec per stage (the same one for all when one is given: tcp by default)."""
+    if transports is None:
+        return [TCP] * count
+    if isinstance(transports, messaging.TransportSpec):
+        return [transports] * count
+    return list(transports)
 
 
 _BUILD_LOCK = threading.Lock()
@@ -32,14 +43,18 @@ def builder(name: str) -> StageBuilder:
         return _builder(name)
 
 
-def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secret=None, encrypt="none", **cfg_kw):
-    """Both stages in this process over 127.0.0.1; returns (stage-1 outcome, stage-2 outcome)."""
+def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secret=None, encrypt="none",
+                   transports=None, **cfg_kw):
+    """Both stages in this process over 127.0.0.1; returns (stage-1 outcome, stage-2 outcome).
+    ``transports``: one TransportSpec for both stages, or one per stage (MQTT: each its own user)."""
+    spec1, spec2 = _specs(transports, 2)
     b = builder(name)
     cuts = b.cuts_for(split_index)
     cfg = RunConfig(model=b.name, cuts=cuts, split_index=split_index, timeout_s=60,
                     link_mode="emulated" if conditions else "none",
                     network=conditions.name if conditions else None, **cfg_kw)
-    listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret, encrypt=encrypt)
+    listener = tcp.StageListener(messaging.listen(spec1, "127.0.0.1", 0, DEFAULT_MAX_PAYLOAD), tcp.identity_of(b),
+                                 secret, encrypt=encrypt)
     out: dict = {}
 
     def stage1():
@@ -51,7 +66,7 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secr
 
     th = threading.Thread(target=stage1)
     th.start()
-    sock = tcp.connect_with_retry("127.0.0.1", listener.port, 10)
+    sock = messaging.connect(spec2, "127.0.0.1", listener.port, 10, DEFAULT_MAX_PAYLOAD)
     connection = tcp.open_connection(sock, b, cuts=cuts, secret=secret, encrypt=encrypt)
     (s2,) = tcp.serve_connection(connection, b, output_dir=tmp, timeout_s=60)
     th.join(60)
@@ -62,7 +77,7 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secr
 
 
 def run_chain_in_threads(name: str, plan: list[int | str], tmp: Path, conditions=None, secret=None, encrypt="none",
-                         next_stage: bool = True, **cfg_kw):
+                         next_stage: bool = True, transports=None, **cfg_kw):
     """A chain of len(plan) + 1 stages in this process over 127.0.0.1: stage 1 listens, each middle
     stage connects to the one before and listens for the next. Returns the outcomes in stage order
     (each later stage's list of runs); ``next_stage=False`` starts the middle stage without one."""
@@ -73,7 +88,9 @@ def run_chain_in_threads(name: str, plan: list[int | str], tmp: Path, conditions
     cfg = RunConfig(model=b.name, cuts=cuts, split_index=list(plan) if blocks else None, timeout_s=60,
                     link_mode="emulated" if conditions else "none",
                     network=conditions.name if conditions else None, **cfg_kw)
-    listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret, encrypt=encrypt)
+    specs = _specs(transports, len(plan) + 1)
+    listener = tcp.StageListener(messaging.listen(specs[0], "127.0.0.1", 0, DEFAULT_MAX_PAYLOAD),
+                                 tcp.identity_of(b), secret, encrypt=encrypt)
     out: dict = {}
     threads = []
 
@@ -95,12 +112,13 @@ def run_chain_in_threads(name: str, plan: list[int | str], tmp: Path, conditions
         middle = j < len(plan) + 1 and (next_stage or j > 2)
         downstream = None
         if middle:
-            nxt = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret, encrypt=encrypt)
+            nxt = tcp.StageListener(messaging.listen(specs[j - 1], "127.0.0.1", 0, DEFAULT_MAX_PAYLOAD),
+                                    tcp.identity_of(b), secret, encrypt=encrypt)
             listeners.append(nxt)
             downstream = tcp.Downstream(nxt, 30)
 
         def serve(port=port, downstream=downstream, j=j):
-            sock = tcp.connect_with_retry("127.0.0.1", port, 10)
+            sock = messaging.connect(specs[j - 1], "127.0.0.1", port, 10, DEFAULT_MAX_PAYLOAD)
             connection = tcp.open_connection(sock, b, cuts=cuts, secret=secret, encrypt=encrypt)
             return tcp.serve_connection(connection, b, output_dir=tmp / f"stage{j}", timeout_s=60,
                                         downstream=downstream)

@@ -14,6 +14,7 @@ from ..argtypes import (nonneg_float, nonneg_int, percent, port_number, port_or_
                         positive_float, positive_int)  # (re-exported for the command modules)
 from ..errors import ParetoPipeError, UsageError
 from ..transport import auth, inputs
+from ..transport.messaging import MqttSettings, TransportSpec
 from ..transport.runconfig import RunConfig
 from ..network.conditions import get_conditions
 
@@ -185,6 +186,13 @@ def example_epilog(*lines: str) -> str:
 def stage_secret(args: argparse.Namespace) -> bytes | None:
     """The data port's shared secret from ``--env-file`` (None when it names none)."""
     return auth.load_secret(read_env(args.env_file).get(auth.SECRET_ENV))
+
+
+def transport_spec(args: argparse.Namespace) -> TransportSpec:
+    """The data port's ``--transport`` (for MQTT, the broker and this stage's user from ``--env-file``)."""
+    if args.transport != "mqtt":
+        return TransportSpec(args.transport)
+    return TransportSpec("mqtt", MqttSettings.from_env(read_env(args.env_file), int(args.mqtt_qos)))
 
 
 def signals_as_interrupt() -> None:

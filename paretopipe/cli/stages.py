@@ -18,7 +18,7 @@ from . import lm_stages
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
                      add_prefetch_flags, dataset_from_args, example_epilog, fmt_ms, fmt_num, network_from_args,
                      nonneg_int, port_number, positive_float, positive_int, run_config_from_flags, save_outputs,
-                     setup_logging, signals_as_interrupt, stage_secret)
+                     setup_logging, signals_as_interrupt, stage_secret, transport_spec)
 from ..network import deadlines, tc
 
 if TYPE_CHECKING:  # torch is imported where a stage runs, not for --help or a refused flag
@@ -47,7 +47,10 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
                         + ("" if stage == 1 else "; stage 1's deadline") + ")")
     n.add_argument("--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for the peer to appear")
     n.add_argument("--max-payload", type=positive_int, default=DEFAULT_MAX_PAYLOAD, help="largest frame payload accepted, bytes")
-    flags.ENV_FILE.add_to(n, help=f"where {auth.SECRET_ENV} (the data port's shared secret) is read from")
+    flags.ENV_FILE.add_to(n, help=f"where {auth.SECRET_ENV} (the data port's shared secret) and the MQTT broker's "
+                                  f"settings are read from")
+    flags.TRANSPORT.add_to(n)
+    flags.MQTT_QOS.add_to(n)
     n.add_argument("--encrypt", default="none", choices=list(aead.CHOICES),
                    help=f"seal every frame after the handshake (AEAD, keys from {auth.SECRET_ENV}); auto: AES-GCM "
                         "when both CPUs have AES instructions, else ChaCha20-Poly1305. Both stages must agree")
@@ -224,10 +227,11 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
 
         policy = adaptive_policy(builder, cfg)
     # lazy for start-up: torch
-    from ..transport import tcp
+    from ..transport import messaging, tcp
 
-    listener = tcp.StageListener(tcp.listen(args.host, args.port), tcp.identity_of(builder), secret, args.max_payload,
-                                 encrypt=args.encrypt)
+    spec = transport_spec(args)
+    listener = tcp.StageListener(messaging.listen(spec, args.host, args.port, args.max_payload), tcp.identity_of(builder),
+                                 secret, args.max_payload, encrypt=args.encrypt)
     log.info("stage 1 listening on %s:%d (%s, cuts %s)", args.host, listener.port, builder.name, cuts)
     try:
         with cputrace.own_group("stage1", traced.get("stage1")) as specs:
@@ -291,15 +295,17 @@ def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") 
     builder, cuts = _builder(args, required=False)
     observed = _observed_link(args)
     # lazy for start-up: torch
-    from ..transport import tcp
+    from ..transport import messaging, tcp
 
+    spec = transport_spec(args)
     downstream = None
     if args.next_port is not None:  # listening first, so the next stage may start before this one connects
-        downstream = tcp.Downstream(tcp.StageListener(tcp.listen(args.next_host, args.next_port),
+        downstream = tcp.Downstream(tcp.StageListener(messaging.listen(spec, args.next_host, args.next_port,
+                                                                       args.max_payload),
                                                       tcp.identity_of(builder), secret, args.max_payload,
                                                       encrypt=args.encrypt), args.connect_timeout)
     try:
-        sock = tcp.connect_with_retry(args.host, args.port, args.connect_timeout)
+        sock = messaging.connect(spec, args.host, args.port, args.connect_timeout, args.max_payload)
         connection = tcp.open_connection(sock, builder, cuts=cuts, secret=secret, max_payload=args.max_payload,
                                          encrypt=args.encrypt)
         outcomes = tcp.serve_connection(connection, builder, output_dir=args.out, observed_link=observed,

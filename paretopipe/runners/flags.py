@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from ..argtypes import list_of, nonneg_float, one_of, positive_float, positive_int, watts_per_stage
 from ..llm.shapes import CUT_DTYPES
 from ..partition.names import DEFAULT_NUM_CLASSES
+from ..transport.messaging import TRANSPORTS
 from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
                                    WIRE_DTYPE_NAMES)
 
@@ -96,6 +97,11 @@ LINK = Option(("--link",), "how the network conditions are applied: emulated (an
 OBJECTIVE = Option(("--objective",), "what the adaptive split optimises with the cost model", default="latency",
                    choices=OBJECTIVES)
 ENV_FILE = Option(("--env-file",), "the .env file read for hosts and secrets", default=".env")
+TRANSPORT = Option(("--transport",), "the data port's protocol, carrying the same frames: tcp (raw socket), websocket "
+                   "(binary messages), mqtt (messages through a Mosquitto broker: MQTT_BROKER, MQTT_USERNAME, "
+                   "MQTT_PASSWORD in .env). Both stages must agree", default="tcp", choices=TRANSPORTS)
+MQTT_QOS = Option(("--mqtt-qos",), "MQTT quality of service of every frame: 0 (at most once) or 1 (at least once, "
+                  "acknowledged by the broker)", one_of(("0", "1")), "0", metavar="{0,1}")
 
 # Language models (paretopipe.llm): the stages, the chains and split --list.
 MODEL_DIR = Option(("--model-dir",), "a local folder of a decoder-only LM (config.json, *.safetensors, tokenizer.json "

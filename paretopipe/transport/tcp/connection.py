@@ -13,7 +13,7 @@ import torch
 
 from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...network.emulated import EmulatedLink, LinkSender
-from .. import aead, wire
+from .. import aead, messaging, wire
 from .messages import Hello, json_payload, json_tensor
 
 
@@ -70,10 +70,19 @@ class Connection:
         self.writer = wire.FrameWriter(sock, sealer=channel.send if channel else None)
         self.runs = 0
         self.closed = False
+        self._transport_mark: dict[str, int] = {}
 
     @property
     def cipher(self) -> str:
         return self.channel.cipher if self.channel is not None else "none"
+
+    def mark_transport(self) -> None:
+        """A run starts: its transport counts are from here on."""
+        self._transport_mark = messaging.counters(self.sock)
+
+    def transport_usage(self) -> dict[str, Any]:
+        """The manifest's account of this connection's transport since :meth:`mark_transport`."""
+        return messaging.usage(self.sock, self._transport_mark)
 
     def send(self, kind: int, seq: int = 0, tensor: torch.Tensor | None = None, meta: dict | None = None) -> None:
         self.writer.send(wire.encode(kind, seq, tensor, meta))

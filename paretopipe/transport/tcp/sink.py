@@ -79,6 +79,7 @@ def serve_connection(connection: Connection, builder: StageBuilder, *, output_di
         while True:
             connection.sock.settimeout(None)  # between runs stage 1 may take as long as it likes
             sealed_before = connection.channel.usage() if connection.channel else None  # a run's share from RUN on
+            connection.mark_transport()
             f = connection.reader.read()
             if f.kind == wire.BYE:
                 bye = True
@@ -371,6 +372,7 @@ class _SinkRun:
         """This stage's part of the record, and the smaller one it sends on (its manifest, system
         metrics and resources; sealed, its seal times per batch)."""
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
+                    "transport": self.connection.transport_usage(),
                     "energy_sensors": self.meter.manifest()}
         resources = self.meter.part(self.cfg.num_batches * self.cfg.batch_size)
         if self.adaptive is not None:

@@ -476,6 +476,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     later: list[dict[str, Any]] = []
     started = time.monotonic()
     sealed_before = connection.channel.usage() if connection.channel else None
+    connection.mark_transport()
     meter = stage_meter(builder, cfg, 0)  # before RUN: a first run measures idle power while stage 2 is idle too
     run = _Stage1Run(connection, builder, cfg, policy, run_id=run_id, conditions=conditions if emulated else None,
                      link_manifest=link_manifest, listener=listener, keep_outputs=keep_outputs, meter=meter,
@@ -492,7 +493,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
             failure = exc
     mon.stop()
     status, error = status_of(failure)
-    manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before), "energy_sensors": meter.manifest(),
+    manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before),
+                 "transport": connection.transport_usage(), "energy_sensors": meter.manifest(),
                  **run.manifest_part()}
     part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.book.records(),
              "resources": meter.part(cfg.num_batches * cfg.batch_size)}

@@ -1,0 +1,156 @@
+"""A Mosquitto broker the project starts for a run (Debian's ``mosquitto``, which ``make``
+installs): in a folder of its own, on one address and port, anonymous clients refused, a
+password file with one user per stage and an ACL that lets each of them use its run's namespace
+only (and read the broker's version). Stopped and its folder removed when done.
+
+    python -m paretopipe.transport.messaging.broker [--host 127.0.0.1] [--port 1883] [--stages 2]
+
+runs one in the foreground and prints the ``.env`` lines of each stage's user."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ...errors import ParetoPipeError, UsageError
+from .mqtt import MqttSettings, MqttClient, check_namespace, check_qos
+
+MOSQUITTO_PATHS = ("/usr/sbin/mosquitto", "/usr/bin/mosquitto")
+
+
+def mosquitto_binary() -> str | None:
+    found = shutil.which("mosquitto")
+    return found or next((p for p in MOSQUITTO_PATHS if Path(p).is_file()), None)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Broker:
+    """A running Mosquitto with ``users``, each allowed the run's ``namespace``/# only, and
+    ``others`` (user -> namespace): the users of other runs on the same broker, each confined to
+    its own namespace. Passwords are drawn here, one per user."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, users: Sequence[str] = ("stage1", "stage2"),
+                 namespace: str | None = None, startup_timeout: float = 10.0,
+                 others: Mapping[str, str] | None = None) -> None:
+        binary = mosquitto_binary()
+        if binary is None:
+            raise UsageError("--transport mqtt: no Mosquitto broker here (apt-get install mosquitto, or make, "
+                             "installs it; or set MQTT_BROKER to one you run)")
+        self.host, self.port = host, port or _free_port(host)
+        self.namespace = check_namespace(namespace or f"paretopipe/{secrets.token_hex(6)}")
+        self.folder = Path(tempfile.mkdtemp(prefix="paretopipe-mosquitto-"))
+        self.namespaces = {**{u: self.namespace for u in users},
+                           **{u: check_namespace(ns) for u, ns in (others or {}).items()}}
+        self.passwords = {u: secrets.token_urlsafe(18) for u in self.namespaces}
+        self._write_files()
+        self.log = open(self.folder / "mosquitto.log", "wb")
+        self.process = subprocess.Popen([binary, "-c", str(self.folder / "mosquitto.conf")], stdout=self.log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + startup_timeout
+        while not self._running():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise ParetoPipeError(f"Mosquitto did not start on {self.host}:{self.port}: {tail}")
+            time.sleep(0.05)
+
+    def _write_files(self) -> None:
+        passwd = self.folder / "passwd"
+        passwd.touch(mode=0o600)
+        for user, password in self.passwords.items():
+            # mosquitto_passwd hashes the password (PBKDF2); it is given on the command line of a
+            # local child only, never a remote shell.
+            subprocess.run(["mosquitto_passwd", "-b", str(passwd), user, password], check=True,
+                           capture_output=True, timeout=30)
+        acl = "".join(f"user {u}\ntopic readwrite {ns}/#\ntopic read $SYS/broker/version\n\n"
+                      for u, ns in self.namespaces.items())
+        (self.folder / "acl").write_text(acl)
+        (self.folder / "mosquitto.conf").write_text(
+            # As root, Mosquitto would switch to the user "mosquitto", who cannot read this private folder.
+            f"user {pwd.getpwuid(os.geteuid()).pw_name}\n"
+            f"listener {self.port} {self.host}\nallow_anonymous false\npassword_file {passwd}\n"
+            f"acl_file {self.folder / 'acl'}\npersistence false\nsys_interval 10\n"
+            f"max_queued_messages 0\nmax_inflight_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\n")
+
+    def _running(self) -> bool:
+        """A client of this broker's own users gets in (a port that merely answers could be another
+        program's; Mosquitto exits when the port is taken)."""
+        if self.process.poll() is not None:
+            return False
+        try:
+            MqttClient(self.settings(next(iter(self.passwords))), "paretopipe-probe", lambda *_: None, 0.3).close()
+        except ParetoPipeError:
+            return False
+        return True
+
+    def settings(self, user: str, qos: int = 0) -> MqttSettings:
+        """What stage ``user`` connects with."""
+        return MqttSettings(self.host, self.port, user, self.passwords[user], self.namespaces[user], check_qos(qos))
+
+    def env_lines(self, user: str) -> str:
+        return (f"MQTT_BROKER={self.host}:{self.port}\nMQTT_USERNAME={user}\nMQTT_PASSWORD={self.passwords[user]}\n"
+                f"MQTT_NAMESPACE={self.namespaces[user]}\n")
+
+    def log_tail(self, chars: int = 300) -> str:
+        try:
+            return (self.folder / "mosquitto.log").read_text(errors="replace").strip()[-chars:] or "no log"
+        except OSError:
+            return "no log"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> "Broker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m paretopipe.transport.messaging.broker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=1883)
+    p.add_argument("--stages", type=int, default=2)
+    args = p.parse_args(argv)
+    try:
+        broker = Broker(args.host, args.port, [f"stage{i}" for i in range(1, args.stages + 1)])
+    except ParetoPipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, UsageError) else 1
+    with broker:
+        for user in broker.passwords:
+            print(f"# .env of {user}\n{broker.env_lines(user)}")
+        print("broker running; Ctrl-C stops it", flush=True)
+        try:
+            broker.process.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
