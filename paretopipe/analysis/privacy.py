@@ -13,10 +13,10 @@ import re
 
 import pandas as pd
 
-from .session import PLAIN
+from .session import PLAIN, RAW_TCP
 
 #: A sealed configuration's plain twin shares all of these.
-TWIN = ["model", "backend", "network", "batch_size", "split_index"]
+TWIN = ["model", "backend", "transport", "network", "batch_size", "split_index"]
 _SEAL_OPEN = re.compile(r"^(stage\d+_(seal|open)|result_open)_mean_s$")
 COLUMNS = TWIN + ["cipher", "latency_plain_s", "latency_sealed_s", "latency_ratio", "throughput_plain_imgs_per_s",
                   "throughput_sealed_imgs_per_s", "throughput_ratio", "seal_open_mean_s"]
@@ -28,7 +28,8 @@ def privacy_cost(configs: pd.DataFrame) -> pd.DataFrame:
                    .eq("complete")] if len(configs) else configs
     if done.empty or "cipher" not in done.columns or not done["cipher"].ne(PLAIN).any():
         return pd.DataFrame(columns=COLUMNS)
-    keyed = done.assign(split_index=done["split_index"].astype(str))
+    keyed = done.assign(split_index=done["split_index"].astype(str),
+                        transport=done["transport"] if "transport" in done.columns else RAW_TCP)
     plain = keyed[keyed["cipher"] == PLAIN]
     sealed = keyed[keyed["cipher"] != PLAIN]
     both = sealed.merge(plain[TWIN + ["latency_s", "throughput_imgs_per_s"]], on=TWIN, suffixes=("", "_plain"))

@@ -23,11 +23,13 @@ from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, panel_names
 from .interactive import write_html
 from .sanity import sanity_checks
 from .privacy import privacy_cost
+from .transport_cost import transport_cost
 
 log = logging.getLogger("paretopipe.report")
 OBJECTIVES = pareto.DEFAULT_OBJECTIVES
 #: Sealed configurations beside their plain twins, when a session swept --encrypt with none.
 PRIVACY_FILE = "privacy_cost.csv"
+TRANSPORT_FILE = "transport_cost.csv"
 #: The interactive page of every front (analysis.interactive).
 HTML_FILE = "report.html"
 GROUP = [k for k in CONFIG_KEY if k != "split_index"]  # one front per model, backend, cipher, network, batch
@@ -136,6 +138,9 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     cost = privacy_cost(table)
     if not cost.empty:
         records.atomic_write_csv(out / PRIVACY_FILE, cost.to_dict("records"), list(cost.columns))
+    carried = transport_cost(table)
+    if not carried.empty:
+        records.atomic_write_csv(out / TRANSPORT_FILE, carried.to_dict("records"), list(carried.columns))
     for key, panel in table.groupby(PANEL_KEY):
         _panel_figures(plt, panel, key, chosen, out, fmt)
     adaptive_comparison.write(session, out, fmt, plt)
@@ -197,16 +202,18 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     """The front and the points tied with it (their CIs overlap a front point's on every objective):
     the splits the data cannot tell apart from the best; ``columns``: the objectives' columns
     beyond latency and throughput."""
-    cols = ["model", "backend", "cipher", "network", "split_index", "cut", "front_status", "latency_s",
+    cols = ["model", "backend", "cipher", "transport", "network", "split_index", "cut", "front_status", "latency_s",
             "throughput_imgs_per_s", *[c for c in columns if c not in ("latency_s", "throughput_imgs_per_s")],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
-    cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed)]
+    carried = "transport" in table.columns and table["transport"].fillna("tcp").ne("tcp").any()
+    cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed) and (c != "transport" or carried)]
     if "front_status" in table.columns:
         shown = table[table["front_status"].isin([pareto.FRONT, pareto.TIED])]
     else:  # a pareto.csv written before ties were reported
         shown = table[table["on_front"]]
-    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "network", "latency_s") if c in cols])
+    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "network", "latency_s")
+                                     if c in cols])
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 

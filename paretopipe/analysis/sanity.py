@@ -36,7 +36,7 @@ def monotone_violations(summary: pd.DataFrame, stage: int, rising: bool) -> list
     if col not in summary.columns:
         return []
     out = []
-    by = [c for c in ("model", "backend", "cipher", "network", "batch_size") if c in summary.columns]
+    by = [c for c in ("model", "backend", "cipher", "transport", "network", "batch_size") if c in summary.columns]
     for values, g in summary.groupby(by, sort=False):
         key = dict(zip(by, values))
         g = _int_splits(g).dropna(subset=[col])
@@ -56,11 +56,17 @@ def monotone_violations(summary: pd.DataFrame, stage: int, rising: bool) -> list
                 out.append({"check": f"stage{stage}_compute_{'falls' if rising else 'rises'}_as_k_grows",
                             "model": key["model"], "backend": key["backend"], "network": key["network"],
                             "batch_size": key["batch_size"],
-                            "configurations": f"k={ks[i]} vs k={ks[j]}" + _sealed(key.get("cipher")),
+                            "configurations": f"k={ks[i]} vs k={ks[j]}" + _sealed(key.get("cipher"))
+                            + _carried(key.get("transport")),
                             "detail": f"stage {stage} compute {point[i] * 1e3:.2f} ms [{lo[i] * 1e3:.2f}, "
                                       f"{hi[i] * 1e3:.2f}] at k={ks[i]} but {point[j] * 1e3:.2f} ms [{lo[j] * 1e3:.2f}, "
                                       f"{hi[j] * 1e3:.2f}] at k={ks[j]}"})
     return out
+
+
+def _carried(transport: Any) -> str:
+    """A configuration label's transport, for configurations over another than raw TCP."""
+    return f" over {transport}" if isinstance(transport, str) and transport != "tcp" else ""
 
 
 def _sealed(cipher: Any) -> str:
@@ -88,7 +94,8 @@ def transfer_violations(summary: pd.DataFrame, networks: dict[str, Any], link_mo
         if row["transfer_median_s"] < (1 - TRANSFER_SLACK) * least:
             out.append({"check": "transfer_faster_than_the_link", "model": row["model"], "backend": row["backend"],
                         "network": row["network"], "batch_size": row["batch_size"],
-                        "configurations": f"k={row['split_index']}" + _sealed(row.get("cipher")),
+                        "configurations": f"k={row['split_index']}" + _sealed(row.get("cipher"))
+                        + _carried(row.get("transport")),
                         "detail": f"median transfer {row['transfer_median_s'] * 1e3:.2f} ms < bytes/rate + delay "
                                   f"{least * 1e3:.2f} ms ({up.describe()})"})
     return out

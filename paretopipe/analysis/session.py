@@ -36,6 +36,8 @@ log = logging.getLogger("paretopipe.session")
 CONSOLIDATED = "consolidated"
 #: A configuration's cipher when its record (or a table from before encryption) names none.
 PLAIN = "none"
+#: A configuration's transport when its record (or a table from before transports) names none.
+RAW_TCP = "tcp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,7 @@ class ConfigKey:
     model: str
     backend: str
     cipher: str
+    transport: str
     network: str
     batch_size: int
     split_index: Any  # the split's label (:attr:`paretopipe.splits.Split.label`): 3, "3,9", a cut, "adaptive"
@@ -58,19 +61,26 @@ class ConfigKey:
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> "ConfigKey":
         """The key of a runs.csv or summary.csv row (or a run row before it is written)."""
-        return cls(*(row[k] for k in CONFIG_KEY))
+        return cls(*key_values(row))
 
     @property
     def text(self) -> str:
-        """``model_backend_network_k03[_cipher]``: without the batch size, which one sweep fixes."""
-        return config_key(self.model, self.backend, self.network, self.split_index, self.cipher)
+        """``model_backend_network_k03[_cipher][_transport]``: without the batch size, which one sweep fixes."""
+        return config_key(self.model, self.backend, self.network, self.split_index, self.cipher, self.transport)
 
 
 CONFIG_KEY = [f.name for f in dataclasses.fields(ConfigKey)]
-#: One panel of figures: every network and split of one model, backend, cipher and batch size.
-PANEL_KEY = ["model", "backend", "cipher", "batch_size"]
+#: What a row from before ciphers or transports means by their absence.
+KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP}
+
+
+def key_values(row: Mapping[str, Any]) -> tuple:
+    """A row's :data:`CONFIG_KEY` values in order (a row from before ciphers or transports: plain, raw TCP)."""
+    return tuple(row[k] if k in row else KEY_DEFAULTS[k] for k in CONFIG_KEY)
+#: One panel of figures: every network and split of one model, backend, cipher, transport and batch size.
+PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size"]
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
-              "batch_size", "in_flight", "cipher", "latency_median_s", "latency_mean_s", "latency_p95_s",
+              "batch_size", "in_flight", "cipher", "transport", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
               "stage2_compute_median_s", "stage2_queue_median_s", "payload_bytes_mean", "wire_bytes_mean",
               "goodput_mbit_per_s", "result_wire_bytes_mean", "measured_window_s", "measured_span_s",
@@ -112,19 +122,25 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return entry
 
 
-def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN) -> str:
-    """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher."""
+def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN,
+               transport: str = RAW_TCP) -> str:
+    """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher,
+    one over another transport than raw TCP in the transport's name."""
     k = Split.of(split).key
-    return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else ""))
+    return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else "")
+                              + (f"_{transport}" if transport != RAW_TCP else ""))
 
 
 def panel_names(key: Sequence[Any]) -> tuple[str, str]:
     """(title, file stem) of one panel of figures, a ``PANEL_KEY`` tuple; a plain panel keeps the
     names it had before ciphers."""
-    model, backend, cipher, batch = key
+    model, backend, cipher, transport, batch = key
     sealed = cipher not in (PLAIN, None) and cipher == cipher  # NaN: a table without the column
-    title = f"{model}, {backend} backend" + (f", sealed with {cipher}" if sealed else "") + f", batch {batch}"
-    return title, records.file_label(f"{model}_{backend}" + (f"_{cipher}" if sealed else "") + f"_b{batch}")
+    carried = transport not in (RAW_TCP, None) and transport == transport
+    title = (f"{model}, {backend} backend" + (f" over {transport}" if carried else "")
+             + (f", sealed with {cipher}" if sealed else "") + f", batch {batch}")
+    return title, records.file_label(f"{model}_{backend}" + (f"_{cipher}" if sealed else "")
+                                     + (f"_{transport}" if carried else "") + f"_b{batch}")
 
 
 def run_key(cfg_key: str, run: int) -> str:
@@ -152,7 +168,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "network": c.get("network") or link_label(rec["manifest"]["link"]),
             "split_index": split_label(c.get("split_index")), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
-            "cipher": cipher_of(rec["manifest"]),
+            "cipher": cipher_of(rec["manifest"]), "transport": transport_of(rec["manifest"]),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **{k: v for k, v in s.items() if BREAKDOWN.match(k) or RESOURCES.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
@@ -168,6 +184,16 @@ def cipher_of(manifest: dict[str, Any]) -> str:
         if isinstance(cipher, dict) and isinstance(cipher.get("cipher"), str):
             return cipher["cipher"]
     return PLAIN
+
+
+def transport_of(manifest: dict[str, Any]) -> str:
+    """The transport a run's data port used (``tcp``: raw sockets; records from before transports,
+    and RPC runs, say nothing)."""
+    for stage in manifest.get("stages") or []:
+        used = stage.get("transport") if isinstance(stage, dict) else None
+        if isinstance(used, dict) and isinstance(used.get("transport"), str):
+            return used["transport"]
+    return RAW_TCP
 
 
 def _throttled(sysmon: Any) -> bool | None:
@@ -190,7 +216,7 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     infeasible: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        key = tuple(row[k] for k in CONFIG_KEY)
+        key = key_values(row)
         if row["status"] == "complete":
             groups.setdefault(key, []).append(row)
         elif row["status"] == "infeasible":
@@ -477,6 +503,8 @@ def _read_csv(path: Path):
                          f"sweep --resume of that session")
     if "cipher" not in df.columns:  # a session from before encryption: every configuration was plain
         df["cipher"] = PLAIN
+    if "transport" not in df.columns:  # a session from before transports: raw TCP (or RPC) throughout
+        df["transport"] = RAW_TCP
     needed = {"latency_median_s", *CONFIG_KEY}
     missing = sorted(needed - set(df.columns))
     if missing:

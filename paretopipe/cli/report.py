@@ -82,13 +82,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
 
 
 def print_privacy_cost(report_dir: Path) -> None:
-    """The sealed-over-plain table, when the session swept ciphers (the sweep prints it too)."""
+    """The sealed-over-plain table, when the session swept ciphers, and the transports-over-TCP
+    table, when it swept transports (the sweep prints them too)."""
     import pandas as pd
 
     # lazy for start-up: pandas
     from ..analysis.privacy import format_privacy_cost
     # lazy for start-up: pandas
-    from ..analysis.report import PRIVACY_FILE
+    from ..analysis.report import PRIVACY_FILE, TRANSPORT_FILE
+    # lazy for start-up: pandas
+    from ..analysis.transport_cost import format_transport_cost
 
     if (report_dir / PRIVACY_FILE).is_file():
         print(format_privacy_cost(pd.read_csv(report_dir / PRIVACY_FILE)))
+    if (report_dir / TRANSPORT_FILE).is_file():
+        print(format_transport_cost(pd.read_csv(report_dir / TRANSPORT_FILE)))

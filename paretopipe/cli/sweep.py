@@ -17,7 +17,7 @@ from ..runners.sweep import SweepOptions, Sweeper, describe_plan
 from ..runners.sweep.plan import plan_runs, splits_for
 from ..splits import parse_plans
 from ..network import traces
-from ..transport import aead
+from ..transport import aead, messaging
 from ..transport.auth import load_secret
 from . import experiment, lm_stages, lm_sweep
 from .report import print_front_table, print_privacy_cost
@@ -110,6 +110,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         link=link, prefetch_batches=prefetch_from_args(args),
                         optimizations=not args.no_optimizations, report=not args.no_report, testbed=testbed,
                         ciphers=_ciphers(args.encrypt, backends, testbed),
+                        transports=_transports(args.transport, backends, link),
                         stage_cpu=cpushare.parse_shares(args.stage_cpu, 2),
                         stage_cpu_trace=cputrace.parse_stage_traces(args.stage_cpu_trace),
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
@@ -159,6 +160,23 @@ def _ciphers(text: str, backends: list[str], testbed: Testbed) -> list[str]:
     if sealed and "tcp" not in backends:
         raise UsageError(f"--encrypt {sealed[0]} seals the TCP data port; the rpc backend's TensorPipe channel "
                          f"cannot be sealed: use --backend tcp (or both, where the rpc runs stay plain)")
+    return choices
+
+
+def _transports(text: str, backends: list[str], link: str) -> list[str]:
+    """--transport's list, refused where it cannot apply: with the rpc backend alone (its
+    TensorPipe channel is its own transport), and MQTT with --link tc (the broker hop is not
+    shaped yet)."""
+    choices = [messaging.check_transport(t) for t in dict.fromkeys(t.strip() for t in text.split(",") if t.strip())]
+    if not choices:
+        raise UsageError(f"--transport {text!r} names no transport; valid: {', '.join(messaging.TRANSPORTS)}")
+    carried = [t for t in choices if t != "tcp"]
+    if carried and "tcp" not in backends:
+        raise UsageError(f"--transport {carried[0]} carries the TCP backend's frames; the rpc backend has its own "
+                         f"channel: use --backend tcp (or both, where the rpc runs stay as they are)")
+    if "mqtt" in choices and link == "tc":
+        raise UsageError("--transport mqtt with --link tc: shaping the hops through the broker is not built yet; "
+                         "use --link emulated (each stage's frames shaped as they are sent)")
     return choices
 
 

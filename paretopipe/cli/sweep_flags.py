@@ -14,7 +14,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..runners import flags
-from ..transport import aead
+from ..transport import aead, messaging
 from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, nonneg_int, percent,
                      port_or_zero, positive_float, positive_int)
 from .report import add_objectives_flag
@@ -142,6 +142,12 @@ FLAGS: tuple[Flag, ...] = (
          "e.g. none,aesgcm: each is a configuration of its own (AEAD, keys from PARETOPIPE_SECRET), with its cipher "
          "and seal and open times recorded, so the report shows what privacy costs at every split",
          default="none", field="", stored=lambda o: list(o.ciphers) if o.ciphers != ["none"] else None),
+    Flag.of(flags.MQTT_QOS, RUN, stored=lambda o: o.mqtt_qos if o.mqtt_qos != "0" else None),
+    Flag(("--transport",), RUN, f"comma list of the data port's protocols to sweep ({', '.join(messaging.TRANSPORTS)}), "
+         "e.g. tcp,websocket,mqtt: each is a configuration of its own carrying the same frames, with its messages, "
+         "frame and socket bytes recorded (MQTT: through a Mosquitto broker the sweep starts here, or MQTT_BROKER "
+         "in .env with hosts)", default="tcp", field="",
+         stored=lambda o: list(o.transports) if o.transports != ["tcp"] else None),
     # --dataset, --data-dir, --enable-prefetch and --prefetch-batches: common.add_dataset_flags and
     # add_prefetch_flags, added after --encrypt (see add_flags); their fields are below.
     Flag.of(flags.LINK, RUN, help="emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the "

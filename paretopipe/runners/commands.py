@@ -41,6 +41,8 @@ class ListenCommand:
     port: int = 0
     secret: str | None = None
     encrypt: str = "none"
+    transport: str = "tcp"
+    mqtt: dict[str, Any] | None = None  # MqttSettings fields, its password included (like the secret)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -63,6 +65,8 @@ class ConnectCommand:
     port: int
     secret: str | None = None
     encrypt: str = "none"
+    transport: str = "tcp"
+    mqtt: dict[str, Any] | None = None
     connect_timeout: float = 60.0
     timeout: float | None = None  # None: each run's deadline, which stage 1 derives from its link
     # A middle stage of a chain: where it listens for the next stage (port 0: any free one).

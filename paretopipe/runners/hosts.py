@@ -137,6 +137,8 @@ class Testbed:
     rpc_port: int = 29500
     iface: str | None = None
     secret: str | None = None
+    # .env's MQTT_* keys (a broker the testbed's stages reach): like the secret, never written to a file.
+    mqtt_env: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def remote(self) -> bool:
@@ -185,7 +187,8 @@ class Testbed:
         secret = env.get("PARETOPIPE_SECRET") or None
         load_secret(secret or "")
         return cls(hosts=hosts, data_port=_port(table.get("data_port"), "data_port", 5555),
-                   rpc_port=_port(table.get("rpc_port"), "rpc_port", 29500), iface=table.get("iface"), secret=secret)
+                   rpc_port=_port(table.get("rpc_port"), "rpc_port", 29500), iface=table.get("iface"), secret=secret,
+                   mqtt_env=_mqtt_env(env))
 
     @classmethod
     def from_env(cls, env: dict[str, str], devices: Sequence[str] | None = None) -> "Testbed":
@@ -225,7 +228,7 @@ class Testbed:
         load_secret(secret or "")  # a secret too short to be one is refused now, not at the first run
         return cls(hosts=hosts, data_port=_port(env.get("PORT"), "PORT", 5555),
                    rpc_port=_port(env.get("MASTER_PORT"), "MASTER_PORT", 29500), iface=env.get("IFACE") or None,
-                   secret=secret)
+                   secret=secret, mqtt_env=_mqtt_env(env))
 
 
 def stop_all(procs: Sequence["StageProcess"], polite_s: float = 5.0) -> None:
@@ -340,3 +343,7 @@ class StageProcess:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def _mqtt_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith("MQTT_") and v}

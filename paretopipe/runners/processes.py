@@ -38,6 +38,11 @@ class Placement:
     num_classes: int = DEFAULT_NUM_CLASSES
     weights: str | None = None
     encrypt: str = "none"               # the TCP data port's cipher choice (transport.aead)
+    transport: str = "tcp"              # the data port's protocol (transport.messaging)
+    mqtt: list[dict[str, Any]] | None = None  # per stage: its broker settings (MqttSettings fields)
+
+    def mqtt_for(self, stage: int) -> dict[str, Any] | None:
+        return self.mqtt[stage] if self.transport == "mqtt" and self.mqtt else None
 
     def local_cpus(self, stage: int, stages: int) -> str | None:
         cores = os.cpu_count() or 1
@@ -111,14 +116,16 @@ class TcpStages:
                             f"models/*.pth (paretopipe doctor)")
         remote = self.hosts[0] is not None
         self.procs[0].send(encode(ListenCommand(host="0.0.0.0" if remote else "127.0.0.1", port=self.port,
-                                                secret=p.testbed.secret, encrypt=p.encrypt)))
+                                                secret=p.testbed.secret, encrypt=p.encrypt, transport=p.transport,
+                                                mqtt=p.mqtt_for(0))))
         port = self.procs[0].expect("listening", timeout=p.wait_time)["port"]
         for j in range(1, self.stages):
             before = self.hosts[j - 1]
             middle = j < self.stages - 1  # a middle stage: the next one connects to its own listener
             self.procs[j].send(encode(ConnectCommand(
                 host=before.address if before is not None else "127.0.0.1", port=port, secret=p.testbed.secret,
-                encrypt=p.encrypt, connect_timeout=p.wait_time, next_port=self.port if middle else None,
+                encrypt=p.encrypt, transport=p.transport, mqtt=p.mqtt_for(j), connect_timeout=p.wait_time,
+                next_port=self.port if middle else None,
                 next_host="0.0.0.0" if remote else "127.0.0.1")))
             if j < self.stages - 1:
                 port = self.procs[j].expect("listening", timeout=p.wait_time)["port"]

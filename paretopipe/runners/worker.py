@@ -18,13 +18,14 @@ import sys
 import threading
 from typing import Any, Sequence
 
-from .. import cpushare, cputrace
+from .. import cpushare, cputrace, strict
 from ..errors import ParetoPipeError, UsageError
 from . import flags
 from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands
 from .flags import ModelProcess
 from ..network.conditions import NetworkConditions
-from ..transport.runconfig import RunConfig
+from ..transport import messaging
+from ..transport.runconfig import DEFAULT_MAX_PAYLOAD, RunConfig
 
 log = logging.getLogger("paretopipe.worker")
 
@@ -50,8 +51,9 @@ class StageWorker:
         threads = self.limits.get("torch_threads")
         if isinstance(cmd, ListenCommand):
             if self.listener is None:
-                self.listener = tcp.StageListener(tcp.listen(cmd.host, cmd.port), tcp.identity_of(self.builder),
-                                                  auth.load_secret(cmd.secret or ""), encrypt=cmd.encrypt)
+                self.listener = tcp.StageListener(
+                    messaging.listen(_transport(cmd), cmd.host, cmd.port, DEFAULT_MAX_PAYLOAD),
+                    tcp.identity_of(self.builder), auth.load_secret(cmd.secret or ""), encrypt=cmd.encrypt)
             emit({"event": "listening", "port": self.listener.port})
         elif isinstance(cmd, Stage1RunCommand):
             if self.listener is None:
@@ -78,11 +80,12 @@ class StageWorker:
             secret = auth.load_secret(cmd.secret or "")
             downstream = None
             if cmd.next_port is not None:  # listening first, so the next stage may connect at once
-                self.listener = tcp.StageListener(tcp.listen(cmd.next_host, cmd.next_port),
-                                                  tcp.identity_of(self.builder), secret, encrypt=cmd.encrypt)
+                self.listener = tcp.StageListener(
+                    messaging.listen(_transport(cmd), cmd.next_host, cmd.next_port, DEFAULT_MAX_PAYLOAD),
+                    tcp.identity_of(self.builder), secret, encrypt=cmd.encrypt)
                 downstream = tcp.Downstream(self.listener, cmd.connect_timeout)
                 emit({"event": "listening", "port": self.listener.port})
-            sock = tcp.connect_with_retry(cmd.host, cmd.port, cmd.connect_timeout)
+            sock = messaging.connect(_transport(cmd), cmd.host, cmd.port, cmd.connect_timeout, DEFAULT_MAX_PAYLOAD)
             connection = tcp.open_connection(sock, self.builder, secret=secret, encrypt=cmd.encrypt)
             emit({"event": "connected"})
 
@@ -105,6 +108,12 @@ class StageWorker:
             self.connection.close(bye=True)
         if self.listener is not None:
             self.listener.close()
+
+
+def _transport(cmd: ListenCommand | ConnectCommand) -> messaging.TransportSpec:
+    """The data port's transport a command names (MQTT: with the broker settings it carries)."""
+    mqtt = strict.from_dict(messaging.MqttSettings, cmd.mqtt, "mqtt") if cmd.mqtt else None
+    return messaging.TransportSpec(cmd.transport, mqtt)
 
 
 ROLE = flags.Option(("--role",), "stage1 listens and runs; stage2 connects and serves", choices=("stage1", "stage2"))

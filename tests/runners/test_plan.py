@@ -36,7 +36,7 @@ def test_splits_are_blocks_then_cuts_then_adaptive_and_plans_stand_alone():
 def test_runs_are_every_group_network_split_and_repetition_in_seeded_rounds():
     opts = SweepOptions(models=["m"], splits="1,2", networks=["lan", "lte"], backends=["tcp", "rpc"],
                         ciphers=["none", "chacha20-poly1305"], runs=2, seed=5)
-    assert worker_groups(opts) == [("tcp", "none"), ("tcp", "chacha20-poly1305"), ("rpc", "none")]
+    assert worker_groups(opts) == [("tcp", "none", "tcp"), ("tcp", "chacha20-poly1305", "tcp"), ("rpc", "none", "tcp")]
     runs = plan_runs(opts, {"m": 4})
     assert len(runs) == 3 * 2 * 2 * 2
     first = [r for r in runs if (r.backend, r.cipher) == ("tcp", "none")]
@@ -45,6 +45,11 @@ def test_runs_are_every_group_network_split_and_repetition_in_seeded_rounds():
     assert first[:4] == [PlannedRun("m", "tcp", n, k, 0) for n, k in rounds.round_order(configs, 5, "m/tcp", 0, False)]
     assert {r.run for r in first[4:]} == {1} and plan_runs(opts, {"m": 4}) == runs
     assert group_name("m", "tcp", "chacha20-poly1305") == "m/tcp/chacha20-poly1305" and group_name("m", "rpc", "none") == "m/rpc"
+    # Transports: a group each, for the TCP backend only; a raw-TCP group keeps its old name and order.
+    carried = SweepOptions(models=["m"], backends=["tcp", "rpc"], transports=["tcp", "mqtt"])
+    assert worker_groups(carried) == [("tcp", "none", "tcp"), ("tcp", "none", "mqtt"), ("rpc", "none", "tcp")]
+    assert group_name("m", "tcp", "none", "mqtt") == "m/tcp/mqtt" and group_name("m", "tcp", "none", "tcp") == "m/tcp"
+    assert {r.config_key.endswith("_mqtt") for r in plan_runs(carried, {"m": 4}) if r.transport == "mqtt"} == {True}
     seq = plan_runs(SweepOptions(models=["m"], splits="1,2", runs=2, order="sequential"), {"m": 4})
     assert [(r.split.label, r.run) for r in seq] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert runs[0].run_key.startswith(runs[0].config_key) and "_r" in runs[0].run_key
@@ -55,7 +60,7 @@ def test_runs_are_every_group_network_split_and_repetition_in_seeded_rounds():
 def test_a_round_plans_runs_set_aside_by_drift_first_and_takes_them():
     opts = SweepOptions(models=["m"], runs=2, seed=1)
     configs = [("lan", Split((1,))), ("lan", Split((2,)))]
-    group = GroupProgress("m/tcp", "none", configs, {c: rounds.ConfigProgress() for c in configs}, 4,
+    group = GroupProgress("m/tcp", "none", "tcp", configs, {c: rounds.ConfigProgress() for c in configs}, 4,
                           rounds.DriftMonitor(0.0), configs[0], {}, {configs[0]: [0], configs[1]: []})
     plan = round_plan(opts, "m", "tcp", group, configs, 1)
     assert sorted((p.split.label, p.run) for p in plan) == [(1, 0), (1, 1), (2, 1)]

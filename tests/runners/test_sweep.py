@@ -14,6 +14,7 @@ import pytest
 from conftest import PYTHON, ROOT, sshd_env_file
 import tcp_helpers as cli
 from paretopipe.runners import rounds, sweep
+from paretopipe.transport.messaging.broker import mosquitto_binary
 from paretopipe.errors import PeerError
 
 PROFILES = """
@@ -166,6 +167,38 @@ def test_a_sweep_over_ciphers_measures_each_as_its_own_configuration_and_reports
     assert "What encryption costs per split" in proc.stdout
     assert (session / "report" / "front_mobilenet_v2_tcp_aesgcm_b1.png").is_file()
     assert (session / "report" / "front_mobilenet_v2_tcp_b1.png").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(mosquitto_binary() is None, reason="no mosquitto here (make installs it)")
+def test_a_sweep_over_transports_measures_each_as_its_own_configuration_through_a_broker_it_starts(tmp_path):
+    proc = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "5,12",
+                    "--network", "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "3", "--warmup", "0",
+                    "--drift-every", "0", "--transport", "tcp,websocket,mqtt", "--mqtt-qos", "1", "--local",
+                    "--out", str(tmp_path / "out"), "--session", "s", "--quiet"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    session = tmp_path / "out" / "s"
+    summary = pd.read_csv(session / "summary.csv")
+    assert sorted(zip(summary["transport"], summary["split_index"])) == [
+        ("mqtt", 5), ("mqtt", 12), ("tcp", 5), ("tcp", 12), ("websocket", 5), ("websocket", 12)]
+    runs = pd.read_csv(session / "runs.csv")
+    assert "mobilenetv2_tcp_lan_k05_mqtt_r0" in set(runs["run_key"]) and "mobilenetv2_tcp_lan_k05_r0" in set(runs["run_key"])
+    for _, row in runs.iterrows():
+        rec = json.loads((session / row["json"]).read_text())
+        used = [st["transport"] for st in rec["manifest"]["stages"]]
+        assert {u["transport"] for u in used} == {row["transport"]}
+        if row["transport"] == "mqtt":
+            assert all(u["qos"] == 1 and u["broker"].startswith("127.0.0.1:") for u in used)
+            assert used[0]["username"] == "stage1" and used[1]["username"] == "stage2"
+        if row["transport"] != "tcp":  # every frame a message, and the socket carried more than the frames
+            assert used[0]["messages_sent"] >= 4 and used[0]["socket_bytes_sent"] > used[0]["bytes_sent"]
+    assert set(json.loads((session / "session.json").read_text())["groups"]) == {
+        "mobilenetv2/tcp", "mobilenetv2/tcp/websocket", "mobilenetv2/tcp/mqtt"}
+    cost = pd.read_csv(session / "report" / "transport_cost.csv")
+    assert sorted(zip(cost["transport"], cost["split_index"])) == [("mqtt", 5), ("mqtt", 12), ("websocket", 5),
+                                                                   ("websocket", 12)]
+    assert "What each transport costs per split" in proc.stdout
+    assert (session / "report" / "front_mobilenet_v2_tcp_mqtt_b1.png").is_file()
 
 
 @pytest.mark.slow

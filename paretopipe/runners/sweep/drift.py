@@ -26,6 +26,7 @@ class Measurer(Protocol):
     started: float
     session: Session
     cipher: str
+    transport: str
     reference_s: float
 
     def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> RunRecord | None: ...
@@ -75,7 +76,8 @@ def reference_runs(sweeper: Measurer, count: int, network: str, reference: tuple
     summaries: list[RunSummary] = []
     for _ in range(count):
         n = len(group_meta.reference_runs)
-        planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=sweeper.cipher)
+        planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=sweeper.cipher,
+                             transport=sweeper.transport)
         record = sweeper.attempt(planned, observed, model, backend)
         if record is None:
             return []
@@ -107,7 +109,7 @@ def requeue_drifted(sweeper: Measurer, drifted: list[tuple], group: GroupProgres
 
 def values_of(sweeper: Measurer, model: str, backend: str, cfg: tuple) -> tuple[list[float], list[float]]:
     """The latencies and throughputs of a configuration's complete runs on disk (those kept)."""
-    key = PlannedRun(model, backend, cfg[0], cfg[1], 0, cipher=sweeper.cipher).config_key
+    key = PlannedRun(model, backend, cfg[0], cfg[1], 0, cipher=sweeper.cipher, transport=sweeper.transport).config_key
     lat, thr = [], []
     for path in sorted(sweeper.session.runs_dir.glob(f"{key}_r*.json")):
         rec = sweeper.session.read_run(path)

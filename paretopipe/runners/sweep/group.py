@@ -74,8 +74,11 @@ class GroupOwner(Protocol):
 
     opts: SweepOptions
     cipher: str
+    transport: str
 
     def traced_stages(self) -> set[str]: ...
+
+    def mqtt_users(self, stages: int) -> list[dict[str, Any]] | None: ...
 
 
 #: Makes the stage group of one (model, backend) under the sweeper's current cipher; the default
@@ -91,6 +94,7 @@ class GroupProgress:
 
     name: str
     cipher: str | None
+    transport: str
     configs: list[tuple]
     progress: dict[tuple, rounds.ConfigProgress]
     max_runs: int
@@ -101,7 +105,8 @@ class GroupProgress:
     rerun_done: set[str] = dataclasses.field(default_factory=set)
 
 
-def placement(opts: SweepOptions, cipher: str, traced: set[str] = frozenset()) -> Placement:
+def placement(opts: SweepOptions, cipher: str, traced: set[str] = frozenset(), transport: str = "tcp",
+              mqtt: list[dict[str, Any]] | None = None) -> Placement:
     """Where and how each stage process runs: hosts, devices, threads, CPU shares, pinning. A
     stage some run replays a compute trace on gets a group at a full core until the trace moves it."""
     stages = max(2, stage_count(opts))
@@ -110,13 +115,15 @@ def placement(opts: SweepOptions, cipher: str, traced: set[str] = frozenset()) -
     return Placement(testbed=opts.testbed, devices=devices,
                      threads=[t or opts.threads for t in opts.stage_threads] + [opts.threads] * stages,
                      cpu_shares=shares, pin=opts.optimizations, wait_time=opts.wait_time,
-                     num_classes=opts.num_classes, weights=opts.weights, encrypt=cipher)
+                     num_classes=opts.num_classes, weights=opts.weights, encrypt=cipher, transport=transport,
+                     mqtt=mqtt)
 
 
 def process_group(sweeper: GroupOwner, model: str, backend: str) -> StageGroup:
     """The default :data:`GroupFactory`: real stage processes, here or on the testbed's hosts."""
     o = sweeper.opts
-    where = placement(o, sweeper.cipher, sweeper.traced_stages())
+    where = placement(o, sweeper.cipher, sweeper.traced_stages(), sweeper.transport,
+                      sweeper.mqtt_users(max(2, stage_count(o))) if backend == "tcp" else None)
     if backend == "tcp":
         return TcpStages(where, model, shaped_port=o.link == "tc", stages=stage_count(o))
     return RpcRanks(where, model, stage_count(o), o.rpc_source, o.rpc_transport, o.timeout or deadlines.BASE_S)

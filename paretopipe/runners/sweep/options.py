@@ -53,6 +53,10 @@ class SweepOptions:
     # The TCP data port's --encrypt choices (transport.aead): one worker group each, since a cipher is
     # agreed per connection; the cipher is part of a configuration's key.
     ciphers: list[str] = dataclasses.field(default_factory=lambda: ["none"])
+    # The data port's --transport choices (transport.messaging): one worker group each, since a
+    # transport is chosen per connection; the transport is part of a configuration's key.
+    transports: list[str] = dataclasses.field(default_factory=lambda: ["tcp"])
+    mqtt_qos: str = "0"
     stage_cpu: list[float | None] = dataclasses.field(default_factory=lambda: [None, None])
     # Compute traces per stage (cputrace: stage name -> CSV), replayed in every run; a network may bring its own.
     stage_cpu_trace: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -26,6 +26,7 @@ class PlannedRun:
     run: int
     reference: bool = False  # a drift check's re-measurement of the reference configuration
     cipher: str = "none"     # the TCP data port's --encrypt choice (transport.aead)
+    transport: str = "tcp"   # the data port's --transport (transport.messaging)
 
     @property
     def split_index(self) -> int | str:
@@ -37,22 +38,25 @@ class PlannedRun:
 
     @property
     def config_key(self) -> str:
-        return config_key(self.model, self.backend, self.network, self.split, self.cipher)
+        return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport)
 
     @property
     def run_key(self) -> str:
         return f"{self.config_key}_ref{self.run}" if self.reference else run_key(self.config_key, self.run)
 
 
-def group_name(model: str, backend: str, cipher: str) -> str:
-    """A worker group's name in session.json and its seed of the round order (a plain group keeps
-    the name it had before ciphers, so its order is what it was)."""
-    return f"{model}/{backend}" + (f"/{cipher}" if cipher != "none" else "")
+def group_name(model: str, backend: str, cipher: str, transport: str = "tcp") -> str:
+    """A worker group's name in session.json and its seed of the round order (a plain group over
+    raw TCP keeps the name it had before ciphers and transports, so its order is what it was)."""
+    return (f"{model}/{backend}" + (f"/{cipher}" if cipher != "none" else "")
+            + (f"/{transport}" if transport != "tcp" else ""))
 
 
-def worker_groups(opts: SweepOptions) -> list[tuple[str, str]]:
-    """(backend, cipher) of each worker group of a model: the TCP backend once per cipher."""
-    return [(backend, cipher) for backend in opts.backends
+def worker_groups(opts: SweepOptions) -> list[tuple[str, str, str]]:
+    """(backend, cipher, transport) of each worker group of a model: the TCP backend once per
+    transport and cipher (a transport and a cipher are agreed per connection)."""
+    return [(backend, cipher, transport) for backend in opts.backends
+            for transport in (opts.transports if backend == "tcp" else ["tcp"])
             for cipher in (opts.ciphers if backend == "tcp" else ["none"])]
 
 
@@ -92,17 +96,17 @@ def plan_runs(opts: SweepOptions, num_blocks: dict[str, int],
     checks may add more."""
     planned = []
     for model in opts.models:
-        for backend, cipher in worker_groups(opts):
+        for backend, cipher, transport in worker_groups(opts):
             configs = [(n, k) for n in opts.networks
                        for k in splits_for(opts, num_blocks[model], (fine_cuts or {}).get(model))]
             if opts.order == "sequential":
-                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher) for n, k in configs
+                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport) for n, k in configs
                             for r in range(opts.runs)]
                 continue
             for r in range(opts.runs):
-                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher) for n, k in
-                            rounds.round_order(configs, opts.seed, group_name(model, backend, cipher), r,
-                                               opts.link == "tc")]
+                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport) for n, k in
+                            rounds.round_order(configs, opts.seed, group_name(model, backend, cipher, transport),
+                                               r, opts.link == "tc")]
     return planned
 
 
@@ -111,11 +115,11 @@ def round_plan(opts: SweepOptions, model: str, backend: str, group: GroupProgres
     """Round ``r``'s runs: in random order, each active configuration's next run after the runs
     drift set aside; sequentially, every run of a configuration back to back. Takes the set-aside
     runs it plans out of ``group.rerun``."""
-    cipher = group.cipher
+    cipher, transport = group.cipher, group.transport
     if opts.order == "sequential":
-        return [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in active
+        return [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport) for n, k in active
                 for i in range(group.max_runs if opts.precision else opts.runs)]
-    plan = [PlannedRun(model, backend, n, k, i, cipher=cipher) for n, k in
+    plan = [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport) for n, k in
             rounds.round_order(active, opts.seed, group.name, r, opts.link == "tc")
             for i in group.rerun[(n, k)] + [r]]
     for c in active:
@@ -141,8 +145,9 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
     where = ("locally" if not opts.testbed.remote else
              "on " + ", ".join(f"{h.address} ({h.device})" for h in opts.testbed.hosts))
     ciphers = f" x ciphers {', '.join(opts.ciphers)} (tcp)" if opts.ciphers != ["none"] else ""
+    transports = f" x transports {', '.join(opts.transports)} (tcp)" if opts.transports != ["tcp"] else ""
     lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)}"
-             f"{ciphers} x "
+             f"{transports}{ciphers} x "
              f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
              f"{opts.runs} runs; {per} batches of {opts.batch_size} each ({opts.warmup} warm-up"
              + (")" if opts.warmup_every_run or not opts.warmup else ", on a cut's first run in each worker group)"),

@@ -18,6 +18,8 @@ from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
 from ...network.conditions import conditions_from_values, get_conditions
 from ...records import COMPLETE, INFEASIBLE, RunRecord
+from ...transport import messaging
+from ...transport.messaging.broker import Broker
 from ...transport.runconfig import RunConfig
 from .. import rounds, zygote
 from . import configure
@@ -74,6 +76,8 @@ class Sweeper:
         self.consolidated = float("-inf")
         self.compute_s = 0.0  # the slowest batch compute (all stages) measured in this worker group
         self.cipher = "none"  # the current worker group's --encrypt choice
+        self.transport = "tcp"  # ...and its --transport
+        self.broker: Broker | None = None  # MQTT's, started by the first MQTT group of a local sweep
         self.cipher_used: str | None = None  # ...and the cipher its runs record (auto resolved)
 
     # -- layout --------------------------------------------------------------------------------
@@ -85,13 +89,14 @@ class Sweeper:
         return True
 
     # -- processes -----------------------------------------------------------------------------
-    def start(self, model: str, backend: str, cipher: str = "none") -> GroupInfo:
-        """Start the stage group of (model, backend) under ``cipher``; its report is the current
-        :attr:`info` until the next start."""
+    def start(self, model: str, backend: str, cipher: str = "none", transport: str = "tcp") -> GroupInfo:
+        """Start the stage group of (model, backend) under ``cipher`` over ``transport``; its report
+        is the current :attr:`info` until the next start."""
         self.stop()
         self.warmed.clear()
         self.compute_s = 0.0
         self.cipher, self.cipher_used = cipher, None
+        self.transport = transport
         self.group = self.group_factory(self, model, backend)
         try:
             self.info = GroupInfo.of(self.group.start())
@@ -106,6 +111,21 @@ class Sweeper:
             self.group = None
             if any(x is not None for x in self.opts.stage_cpu) or self.traced_stages():
                 cpushare.remove_stale()  # groups of workers that could not clean up after themselves
+
+    def mqtt_users(self, stages: int) -> list[dict[str, Any]] | None:
+        """Each stage's MQTT settings for the current group: a broker this sweep starts here (one
+        user per stage, the session's own namespace), or with hosts the one .env names."""
+        if self.transport != "mqtt":
+            return None
+        qos = int(self.opts.mqtt_qos)
+        if self.opts.testbed.remote:
+            settings = messaging.MqttSettings.from_env(self.opts.testbed.mqtt_env, qos)
+            return [dataclasses.asdict(settings)] * stages
+        if self.broker is None:
+            self.broker = Broker(users=[f"stage{j + 1}" for j in range(max(stages, 3))],
+                                 namespace=f"paretopipe/{records.file_label(self.dir.name)}")
+            log.info("MQTT broker for this sweep on %s:%d", self.broker.host, self.broker.port)
+        return [dataclasses.asdict(self.broker.settings(f"stage{j + 1}", qos)) for j in range(stages)]
 
     def traced_stages(self) -> set[str]:
         """Stages some run of the sweep replays a compute trace on (their workers need a group)."""
@@ -164,8 +184,8 @@ class Sweeper:
         failed: list[PlannedRun] = []
         try:
             for model in o.models:
-                for backend, cipher in worker_groups(o):
-                    self.start(model, backend, cipher)
+                for backend, cipher, transport in worker_groups(o):
+                    self.start(model, backend, cipher, transport)
                     total += self._sweep_group(model, backend, meta, failed)
                     self.stop()
         except KeyboardInterrupt:
@@ -173,6 +193,9 @@ class Sweeper:
             log.warning("interrupted: stopping the stages; finished runs stay valid, --resume completes the rest")
         finally:
             self.stop()
+            if self.broker is not None:
+                self.broker.stop()
+                self.broker = None
             meta.interrupted = interrupted
             try:
                 self.consolidate(meta, final=True)
@@ -221,12 +244,13 @@ class Sweeper:
                     group.progress[c].stopped = group.progress[c].decide(o.runs, o.precision, group.max_runs)
             bar.total = max(bar.total, bar.n + sum(1 for c in group.configs if group.progress[c].stopped is None))
         bar.close()
-        group.meta.stopping = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher).config_key: p.describe()
+        group.meta.stopping = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher,
+                                          transport=self.transport).config_key: p.describe()
                                for (n, k), p in group.progress.items()}
         group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used.
-        self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, n, o.batch_size,
-                                        k.label): p.describe() for (n, k), p in group.progress.items()})
+        self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
+                                        o.batch_size, k.label): p.describe() for (n, k), p in group.progress.items()})
         return len(group.configs)
 
     def _plan_progress(self, meta: SessionMeta, group_runs: int) -> None:
@@ -250,10 +274,10 @@ class Sweeper:
         max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
         static = [k for k in splits if not k.adaptive] or splits
         reference = (o.networks[0], static[len(static) // 2])
-        name = group_name(model, backend, self.cipher)
+        name = group_name(model, backend, self.cipher, self.transport)
         group_meta = meta.group(name, order=o.order, seed=o.seed, precision=o.precision, min_runs=o.runs,
                                 max_runs=max_runs, reference={"network": reference[0], "split": reference[1].label})
-        return GroupProgress(name, self.cipher, configs, {c: rounds.ConfigProgress() for c in configs}, max_runs,
+        return GroupProgress(name, self.cipher, self.transport, configs, {c: rounds.ConfigProgress() for c in configs}, max_runs,
                            rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0), reference, group_meta,
                            {c: [] for c in configs})
 
@@ -294,7 +318,7 @@ class Sweeper:
         for attempt in (1, 2):
             try:
                 if self.group is None or not self.group.alive():
-                    self.start(model, backend, planned.cipher)
+                    self.start(model, backend, planned.cipher, planned.transport)
                 record = self.run_one(planned, observed)
                 if planned.reference:  # kept apart: a reference run is not a run of the sweep
                     self._write(lambda: self.session.write_reference(planned.run_key, record.to_dict()),
@@ -313,7 +337,7 @@ class Sweeper:
                 # A half-finished exchange leaves the processes in an unknown state: start them afresh.
                 self.stop()
                 try:
-                    self.start(model, backend, planned.cipher)
+                    self.start(model, backend, planned.cipher, planned.transport)
                 except ParetoPipeError as exc2:
                     self.failures.append({"run_key": planned.run_key, "attempt": attempt,
                                           "error": f"restart failed: {exc2}", "time_utc": records.utc_now()})
