@@ -99,7 +99,8 @@ OBJECTIVE = Option(("--objective",), "what the adaptive split optimises with the
 ENV_FILE = Option(("--env-file",), "the .env file read for hosts and secrets", default=".env")
 TRANSPORT = Option(("--transport",), "the data port's protocol, carrying the same frames: tcp (raw socket), websocket "
                    "(binary messages), mqtt (messages through a Mosquitto broker: MQTT_BROKER, MQTT_USERNAME, "
-                   "MQTT_PASSWORD in .env). Both stages must agree", default="tcp", choices=TRANSPORTS)
+                   "MQTT_PASSWORD in .env), http (HTTP/1.1 bodies on keep-alive connections; stage 1 serves). Both "
+                   "stages must agree", default="tcp", choices=TRANSPORTS)
 MQTT_QOS = Option(("--mqtt-qos",), "MQTT quality of service of every frame: 0 (at most once) or 1 (at least once, "
                   "acknowledged by the broker)", one_of(("0", "1")), "0", metavar="{0,1}")
 

@@ -174,13 +174,14 @@ def test_a_sweep_over_ciphers_measures_each_as_its_own_configuration_and_reports
 def test_a_sweep_over_transports_measures_each_as_its_own_configuration_through_a_broker_it_starts(tmp_path):
     proc = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "5,12",
                     "--network", "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "3", "--warmup", "0",
-                    "--drift-every", "0", "--transport", "tcp,websocket,mqtt", "--mqtt-qos", "1", "--local",
+                    "--drift-every", "0", "--transport", "tcp,websocket,mqtt,http", "--mqtt-qos", "1", "--local",
                     "--out", str(tmp_path / "out"), "--session", "s", "--quiet"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     session = tmp_path / "out" / "s"
     summary = pd.read_csv(session / "summary.csv")
     assert sorted(zip(summary["transport"], summary["split_index"])) == [
-        ("mqtt", 5), ("mqtt", 12), ("tcp", 5), ("tcp", 12), ("websocket", 5), ("websocket", 12)]
+        ("http", 5), ("http", 12), ("mqtt", 5), ("mqtt", 12), ("tcp", 5), ("tcp", 12), ("websocket", 5),
+        ("websocket", 12)]
     runs = pd.read_csv(session / "runs.csv")
     assert "mobilenetv2_tcp_lan_k05_mqtt_r0" in set(runs["run_key"]) and "mobilenetv2_tcp_lan_k05_r0" in set(runs["run_key"])
     for _, row in runs.iterrows():
@@ -193,10 +194,10 @@ def test_a_sweep_over_transports_measures_each_as_its_own_configuration_through_
         if row["transport"] != "tcp":  # every frame a message, and the socket carried more than the frames
             assert used[0]["messages_sent"] >= 4 and used[0]["socket_bytes_sent"] > used[0]["bytes_sent"]
     assert set(json.loads((session / "session.json").read_text())["groups"]) == {
-        "mobilenetv2/tcp", "mobilenetv2/tcp/websocket", "mobilenetv2/tcp/mqtt"}
+        "mobilenetv2/tcp", "mobilenetv2/tcp/websocket", "mobilenetv2/tcp/mqtt", "mobilenetv2/tcp/http"}
     cost = pd.read_csv(session / "report" / "transport_cost.csv")
-    assert sorted(zip(cost["transport"], cost["split_index"])) == [("mqtt", 5), ("mqtt", 12), ("websocket", 5),
-                                                                   ("websocket", 12)]
+    assert sorted(zip(cost["transport"], cost["split_index"])) == [("http", 5), ("http", 12), ("mqtt", 5), ("mqtt", 12),
+                                                                   ("websocket", 5), ("websocket", 12)]
     assert "What each transport costs per split" in proc.stdout
     assert (session / "report" / "front_mobilenet_v2_tcp_mqtt_b1.png").is_file()
 

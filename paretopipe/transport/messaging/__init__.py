@@ -1,4 +1,4 @@
-"""The data port over the IoT protocols: ``--transport tcp|websocket|mqtt``.
+"""The data port over the IoT protocols: ``--transport tcp|websocket|mqtt|http``.
 
 Every transport carries the TCP backend's frames unchanged (handshake, weights and cut checks,
 sealing, deadlines, records): a message transport is wrapped as a socket
@@ -7,7 +7,8 @@ commands and workers call instead of the TCP ones.
 
 - ``tcp``: the raw socket (:mod:`paretopipe.transport.tcp.connection`);
 - ``websocket``: binary WebSocket messages (:mod:`.websocket`);
-- ``mqtt``: MQTT messages through a Mosquitto broker (:mod:`.mqtt`, :mod:`.broker`).
+- ``mqtt``: MQTT messages through a Mosquitto broker (:mod:`.mqtt`, :mod:`.broker`);
+- ``http``: HTTP/1.1 request and response bodies on keep-alive connections (:mod:`.http`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import struct
 from typing import Any
 
 from ...errors import UsageError
+from .http import connect as http_connect, listen as http_listen
 from .mqtt import MqttSettings, connect as mqtt_connect, listen as mqtt_listen
 from .stream import MessageListener, MessageSocket
 
-TRANSPORTS = ("tcp", "websocket", "mqtt")
+TRANSPORTS = ("tcp", "websocket", "mqtt", "http")
 
 
 def check_transport(name: str) -> str:
@@ -55,6 +57,8 @@ def listen(spec: TransportSpec, host: str, port: int, max_payload: int) -> Any:
         from .websocket import listen as ws_listen
 
         return ws_listen(host, port, max_payload)
+    if spec.name == "http":
+        return http_listen(host, port, max_payload)
     return mqtt_listen(spec.mqtt, port)
 
 
@@ -70,6 +74,8 @@ def connect(spec: TransportSpec, host: str, port: int, connect_timeout: float, m
         from .websocket import connect as ws_connect
 
         return ws_connect(host, port, connect_timeout, max_payload)
+    if spec.name == "http":
+        return http_connect(host, port, connect_timeout)
     return mqtt_connect(spec.mqtt, port, connect_timeout)
 
 
@@ -91,7 +97,11 @@ def counters(sock: Any) -> dict[str, int]:
     and the bytes its TCP socket put on the wire (framing, the protocol's own traffic, and for
     MQTT this process's side of the broker hop)."""
     if isinstance(sock, MessageSocket):
-        return {**sock.counters(), **_tcp_bytes(sock.channel.raw_socket())}
+        totals: dict[str, int] = {}
+        for raw in sock.channel.raw_sockets():
+            for k, v in _tcp_bytes(raw).items():
+                totals[k] = totals.get(k, 0) + v
+        return {**sock.counters(), **totals}
     return _tcp_bytes(sock)
 
 

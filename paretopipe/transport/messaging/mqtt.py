@@ -200,8 +200,9 @@ class MqttChannel:
         if self.own_client:
             self.client.close()
 
-    def raw_socket(self) -> Any:
-        return self.client.client.socket()
+    def raw_sockets(self) -> list[Any]:
+        sock = self.client.client.socket()
+        return [sock] if sock is not None else []
 
 
 def _base(settings: MqttSettings, port: int) -> str:

@@ -33,8 +33,8 @@ class Channel(Protocol):
     def close(self) -> None:
         """End the conversation (the peer's next receive returns None)."""
 
-    def raw_socket(self) -> Any:
-        """The TCP socket under the conversation (its kernel counters), or None."""
+    def raw_sockets(self) -> list[Any]:
+        """The TCP sockets under the conversation (their kernel counters)."""
 
 
 class MessageSocket:
@@ -158,7 +158,7 @@ class MessageListener:
         self.address, self.transport = address, transport
         self._incoming: queue.Queue = queue.Queue()
         self._timeout: float | None = None
-        self._on_close = on_close
+        self.on_close = on_close  # the transport's server stops with the listener
         self.closed = False
 
     def offer(self, stream: MessageSocket, peer: str) -> None:
@@ -191,5 +191,5 @@ class MessageListener:
             except queue.Empty:
                 break
             stream.close()
-        if self._on_close is not None:
-            self._on_close()
+        if self.on_close is not None:
+            self.on_close()

@@ -55,8 +55,8 @@ class WebSocketChannel:
     def close(self) -> None:
         self.ws.close()
 
-    def raw_socket(self) -> Any:
-        return self.ws.socket
+    def raw_sockets(self) -> list[Any]:
+        return [self.ws.socket]
 
 
 def listen(host: str, port: int, max_payload: int) -> MessageListener:

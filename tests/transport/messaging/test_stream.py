@@ -34,8 +34,8 @@ class QueueChannel:
     def close(self) -> None:
         self.outbox.put(b"")
 
-    def raw_socket(self):
-        return None
+    def raw_sockets(self):
+        return []
 
 
 def pair():
