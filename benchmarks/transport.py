@@ -21,7 +21,14 @@ A cut's live set (``--only live``): three float32 tensors of one half, one quart
 of the size in one frame (wire.encode of a tuple: a descriptor per further tensor, one sendmsg),
 against raw sendall/recv_into of the three buffers one after another. Goal: ours >= 0.9 of raw,
 as for one tensor.
-``--only plain``, ``--only sealed`` or ``--only live`` runs one table.
+The IoT transports (``--only transports``): a frame of each size, and of MobileNetV2's smallest
+activation at batch 1, sent to an echo stage that answers with a 40-byte result frame, one at a
+time (a batch in flight, as a guarded run), over each ``--transport`` with the stages' own
+listener, dialler, FrameWriter and FrameReader in one process. MQTT goes through a Mosquitto
+broker started for the table. Each transport alternates with ``tcp`` within every round (the
+order flips each round) and the figure is the median over rounds of tcp's time per frame over the
+transport's: the share of a raw socket's rate the transport keeps.
+``--only plain``, ``--only sealed``, ``--only live`` or ``--only transports`` runs one table.
 """
 
 from __future__ import annotations
@@ -238,13 +245,114 @@ def sealed_table(a, b) -> float:
     return at_16
 
 
+def _echo_pair(spec, max_payload: int):
+    """(client, server) sockets of one conversation over ``spec``'s transport, on loopback."""
+    import threading
+
+    from paretopipe.transport import messaging
+
+    listener = messaging.listen(spec[0], "127.0.0.1", 0, max_payload)
+    got = {}
+
+    def accept():  # the listening side speaks first, as stage 1's CHALLENGE does (MQTT's dialler waits for it)
+        server = got["server"] = listener.accept()[0]
+        server.sendall(b"hi")
+    th = threading.Thread(target=accept)
+    th.start()
+    client = messaging.connect(spec[1], "127.0.0.1", listener.getsockname()[1], 10, max_payload)
+    wire.recv_exact_into(client, memoryview(bytearray(2)), "the listener's hello")
+    th.join(10)
+    return client, got["server"], listener
+
+
+def _frames_per_s(client, server, t: torch.Tensor, n: int) -> float:
+    """Seconds per frame of ``t`` answered by a 40-byte result, over ``n`` frames one at a time."""
+    import threading
+
+    writer, reader = wire.FrameWriter(client), wire.FrameReader(client)
+    s_writer, s_reader = wire.FrameWriter(server), wire.FrameReader(server)
+    answer = torch.zeros(10)
+
+    def echo():
+        for i in range(n):
+            f = s_reader.read(None)
+            f.release()
+            s_writer.send(wire.encode(wire.RESULT, i, answer))
+    th = threading.Thread(target=echo)
+    th.start()
+    t0 = time.perf_counter()
+    for i in range(n):
+        writer.send(wire.encode(wire.TENSOR, i, t))
+        reader.read(None).release()
+    elapsed = time.perf_counter() - t0
+    th.join()
+    return elapsed / n
+
+
+def transports_table() -> dict[str, float]:
+    """Per transport and size: tcp's seconds per frame over the transport's (median over rounds)."""
+    from paretopipe.partition.stages import StageBuilder
+    from paretopipe.transport import messaging
+    from paretopipe.transport.messaging.broker import Broker, mosquitto_binary
+
+    part = StageBuilder("mobilenetv2").partitioner
+    smallest = min(part.payload_nbytes(c, 1) for c in part.block_cuts() if c not in ("input", "output"))
+    sizes = [(f"{smallest / 1e3:.1f}K (MobileNetV2's smallest)", smallest)] + \
+        [(f"{mb}M", int(mb * 1e6)) for mb in SIZES_MB]
+    broker = Broker() if mosquitto_binary() else None
+    tcp = messaging.TransportSpec("tcp")
+    specs = {"tcp": (tcp, tcp), "websocket": (messaging.TransportSpec("websocket"),) * 2,
+             "http": (messaging.TransportSpec("http"),) * 2}
+    if broker is not None:
+        specs["mqtt"] = tuple(messaging.TransportSpec("mqtt", broker.settings(u)) for u in ("stage1", "stage2"))
+    pairs = {name: _echo_pair(spec, 64 << 20) for name, spec in specs.items()}
+    rounds = 7
+    print(f"{rounds} interleaved rounds per size; each transport's time per frame against tcp's (our frames "
+          f"on a raw socket), one frame in flight, a 40-byte answer" + ("" if broker else "; no mosquitto: no mqtt"))
+    names = [n for n in pairs if n != "tcp"]
+    print(f"{'frame':>36} {'tcp ms':>8} " + " ".join(f"{n + ' ms':>12} {n + '/tcp':>14}" for n in names))
+    worst: dict[str, float] = {}
+    try:
+        for label, nbytes in sizes:
+            t = torch.randn(max(1, nbytes // 4))
+            n = max(5, min(400, (32 << 20) // max(nbytes, 1)))
+            for name in pairs:  # warm each path once
+                _frames_per_s(*pairs[name][:2], t, 2)
+            times = {name: [] for name in pairs}
+            ratios = {name: [] for name in names}
+            for r in range(rounds):
+                for name in names:
+                    order = (name, "tcp") if r % 2 else ("tcp", name)
+                    got = {m: _frames_per_s(*pairs[m][:2], t, n) for m in order}
+                    times[name].append(got[name])
+                    times["tcp"].append(got["tcp"])
+                    ratios[name].append(got["tcp"] / got[name])
+            med = {name: statistics.median(v) for name, v in ratios.items()}
+            for name, v in med.items():
+                worst[name] = min(worst.get(name, 9.0), v)
+            print(f"{label:>36} {1e3 * statistics.median(times['tcp']):>8.3f} "
+                  + " ".join(f"{1e3 * statistics.median(times[m]):>12.3f} {med[m]:>14.2f}" for m in names))
+    finally:
+        for client, server, listener in pairs.values():
+            client.close()
+            server.close()
+            listener.close()
+        if broker is not None:
+            broker.stop()
+    print("transports: " + ", ".join(f"{n} keeps {v:.2f} of tcp at worst" for n, v in worst.items()))
+    return worst
+
+
 def main() -> int:
     torch.set_num_threads(1)
     a, b = _pair()
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
-    if only not in (None, "plain", "sealed", "live"):
-        print(f"error: --only {only!r}: valid plain, sealed, live", file=sys.stderr)
+    if only not in (None, "plain", "sealed", "live", "transports"):
+        print(f"error: --only {only!r}: valid plain, sealed, live, transports", file=sys.stderr)
         return 2
+    if only == "transports":
+        transports_table()
+        return 0
     if only == "sealed":
         sealed_table(a, b)
         return 0
@@ -272,6 +380,7 @@ def main() -> int:
     if only is None:
         live_table(a, b)
         sealed_table(a, b)
+        transports_table()
     return 0
 
 

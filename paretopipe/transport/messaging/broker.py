@@ -85,7 +85,7 @@ class Broker:
             f"user {pwd.getpwuid(os.geteuid()).pw_name}\n"
             f"listener {self.port} {self.host}\nallow_anonymous false\npassword_file {passwd}\n"
             f"acl_file {self.folder / 'acl'}\npersistence false\nsys_interval 10\n"
-            f"max_queued_messages 0\nmax_inflight_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\n")
+            f"max_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true\nlog_dest stderr\nlog_type error\nlog_type warning\n")
 
     def _running(self) -> bool:
         """A client of this broker's own users gets in (a port that merely answers could be another

@@ -20,6 +20,7 @@ import http.server
 import logging
 import queue
 import secrets
+import socket
 import threading
 import time
 from typing import Any
@@ -68,6 +69,7 @@ class _ServerChannel:
 def _handler(listener: MessageListener, conversations: dict[str, _ServerChannel], limit: int) -> type:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive
+        disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold the body 40 ms
         server_version = "paretopipe"
         sys_version = ""
 
@@ -164,13 +166,21 @@ def listen(host: str, port: int, max_payload: int) -> MessageListener:
     return listener
 
 
+class _Connection(http.client.HTTPConnection):
+    """A keep-alive client connection with Nagle's algorithm off, as the data port's sockets have it."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class HttpChannel:
     """The client's side: one keep-alive connection sends, another keeps a long poll open."""
 
     def __init__(self, host: str, port: int, cid: str, timeout: float) -> None:
         self.address, self.port, self.cid = host, port, cid
-        self.sender = http.client.HTTPConnection(host, port, timeout=timeout)
-        self.poller = http.client.HTTPConnection(host, port, timeout=POLL_S + timeout)
+        self.sender = _Connection(host, port, timeout=timeout)
+        self.poller = _Connection(host, port, timeout=POLL_S + timeout)
         self.inbox: queue.Queue = queue.Queue()
         self.closed = False
         self._thread = threading.Thread(target=self._poll, name="http-poll", daemon=True)

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import queue
 import random
+import socket
 import threading
 import time
 from typing import Any
@@ -112,6 +113,9 @@ class MqttClient:
                 if time.monotonic() >= deadline:
                     raise PeerError(f"MQTT broker {where} unreachable ({exc.strerror or exc})")
                 time.sleep(0.2)
+        sock = self.client.socket()
+        if sock is not None:  # paho leaves Nagle on: a small frame would wait for the last one's ack
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.client.loop_start()
         if not self._connected.wait(max(1.0, deadline - time.monotonic())):
             self.close()

@@ -10,6 +10,7 @@ and per-message compression is off: the codecs are the suite's (``--compression`
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from typing import Any
 
@@ -64,6 +65,7 @@ def listen(host: str, port: int, max_payload: int) -> MessageListener:
     from websockets.sync.server import serve
 
     sock = tcp_listen(host, port)  # the same port checks and one-line refusal as TCP
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted connections inherit it
     address = sock.getsockname()
     listener: MessageListener
 
