@@ -31,6 +31,7 @@ from .stream import MessageListener, MessageSocket
 log = logging.getLogger("paretopipe.http")
 
 POLL_S = 1.0
+MAX_CONVERSATIONS = 64  # open at once; the handshake's own bound (32 pending) is below it
 HEADROOM = 1 << 20  # what a frame adds to its payload: header, descriptors, meta, a seal's tag
 _CLOSED = object()
 
@@ -106,6 +107,11 @@ def _handler(listener: MessageListener, conversations: dict[str, _ServerChannel]
                 return
             parts = self.path.strip("/").split("/")
             if parts == ["open"] and not listener.closed:
+                for done in [c for c, ch in conversations.items() if ch.closed]:
+                    conversations.pop(done, None)
+                if len(conversations) >= MAX_CONVERSATIONS:  # a client opening many would hold memory
+                    self._answer(503)
+                    return
                 cid = secrets.token_hex(8)
                 channel = conversations[cid] = _ServerChannel(self.server.server_address[0])
                 channel.sockets.append(self.connection)

@@ -31,6 +31,7 @@ log = logging.getLogger("paretopipe.mqtt")
 QOS_LEVELS = (0, 1)
 ENV_KEYS = ("MQTT_BROKER", "MQTT_USERNAME", "MQTT_PASSWORD", "MQTT_NAMESPACE")
 OPEN_RETRY_S = 0.5
+MAX_CONVERSATIONS = 64
 _CLOSED = object()
 
 
@@ -232,6 +233,12 @@ def listen(settings: MqttSettings, port: int, timeout: float = 10.0) -> MessageL
         with lock:
             channel = channels.get(cid)
             if kind == "open" and channel is None and not listener.closed:
+                for done in [c for c, ch in channels.items() if ch.closed]:
+                    channels.pop(done, None)
+                if len(channels) >= MAX_CONVERSATIONS:  # an authenticated client opening many would hold memory
+                    log.warning("MQTT listener at %s: more than %d conversations open; refused %s", base,
+                                MAX_CONVERSATIONS, cid[:16])
+                    return
                 channel = channels[cid] = MqttChannel(client, f"{base}/{cid}/l", settings.host, own_client=False)
                 listener.offer(MessageSocket(channel, "mqtt"), f"mqtt:{cid}")
         if kind == "d" and channel is not None:

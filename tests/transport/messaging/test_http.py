@@ -104,3 +104,21 @@ def test_dialling_a_tcp_stage_with_http_says_what_to_check():
             messaging.connect(HTTP, "127.0.0.1", port, 1, 1 << 20)
     finally:
         sock.close()
+
+
+def test_a_client_opening_conversations_without_end_is_refused_beyond_the_bound():
+    from paretopipe.transport.messaging.http import MAX_CONVERSATIONS
+
+    listener = messaging.listen(HTTP, "127.0.0.1", 0, 1 << 20)  # no handshake to close what it is offered
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", listener.getsockname()[1], timeout=10)
+        codes = []
+        for _ in range(MAX_CONVERSATIONS + 2):
+            conn.request("POST", "/open", body=b"")
+            answer = conn.getresponse()
+            answer.read()
+            codes.append(answer.status)
+        assert codes == [200] * MAX_CONVERSATIONS + [503, 503]
+        conn.close()
+    finally:
+        listener.close()
