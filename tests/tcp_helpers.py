@@ -76,6 +76,34 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secr
     return out["s1"], s2
 
 
+def reference_outputs(name: str, batch: int, count: int) -> list:
+    """The unsplit model's outputs on the synthetic batches a run of ``count`` batches sends."""
+    import torch
+
+    from paretopipe.partition import models
+    from paretopipe.transport import inputs
+
+    b = builder(name)
+    with torch.no_grad():
+        return [b.model(x) for x in inputs.batches("synthetic", batch, models.input_size(name), count, seed=0)]
+
+
+def serve_one_run(listener, spec, tmp: Path, name: str = "mobilenetv2", split_index: int = 6):
+    """A real stage 2 over ``spec`` connects to ``listener`` (a stage 1's, which may have refused
+    strangers first) and one short run completes: (stage-1 outcome, stage-2 outcome)."""
+    b = builder(name)
+    cfg = RunConfig(model=b.name, cuts=b.cuts_for(split_index), split_index=split_index, batch_size=1, num_batches=2,
+                    warmup=0, timeout_s=30)
+    out: dict = {}
+    th = threading.Thread(target=lambda: out.setdefault("s1", tcp.run_stage1(
+        listener, b, cfg, connect_timeout=20, keep_outputs=True, output_dir=tmp)))
+    th.start()
+    sock = messaging.connect(spec, "127.0.0.1", listener.port, 10, 1 << 20)
+    (s2,) = tcp.serve_connection(tcp.open_connection(sock, b, cuts=cfg.cuts), b, output_dir=tmp, timeout_s=30)
+    th.join(60)
+    return out["s1"], s2
+
+
 def run_chain_in_threads(name: str, plan: list[int | str], tmp: Path, conditions=None, secret=None, encrypt="none",
                          next_stage: bool = True, transports=None, **cfg_kw):
     """A chain of len(plan) + 1 stages in this process over 127.0.0.1: stage 1 listens, each middle

@@ -9,22 +9,14 @@ import pytest
 import torch
 
 from paretopipe.errors import PeerError
-from paretopipe.partition import models
-from paretopipe.transport import inputs as data, messaging, tcp, wire
-from paretopipe.transport.runconfig import RunConfig
-from tcp_helpers import builder, run_chain_in_threads, run_in_threads
+from paretopipe.transport import messaging, tcp, wire
+from tcp_helpers import builder, reference_outputs, run_chain_in_threads, run_in_threads, serve_one_run
 
 HTTP = messaging.TransportSpec("http")
 
 
-def _reference(batch: int, count: int):
-    b = builder("mobilenetv2")
-    with torch.no_grad():
-        return [b.model(x) for x in data.batches("synthetic", batch, models.input_size("mobilenetv2"), count, seed=0)]
-
-
 def test_outputs_equal_the_unsplit_model_over_http_pipelined(tmp_path):
-    ref = _reference(2, 4)
+    ref = reference_outputs("mobilenetv2", 2, 4)
     s1, s2 = run_in_threads("mobilenetv2", 6, tmp_path, transports=HTTP, batch_size=2, num_batches=3, warmup=1,
                             in_flight=2)
     for got, want in zip(s1.outputs, ref):
@@ -36,7 +28,7 @@ def test_outputs_equal_the_unsplit_model_over_http_pipelined(tmp_path):
 
 
 def test_a_three_stage_chain_over_http_computes_the_model_both_ways(tmp_path):
-    ref = _reference(1, 3)
+    ref = reference_outputs("mobilenetv2", 1, 3)
     out = run_chain_in_threads("mobilenetv2", [3, 9], tmp_path, transports=HTTP, batch_size=1, num_batches=2,
                                warmup=1)
     assert not {k for k in out if k.endswith("_error")}, out
@@ -68,17 +60,8 @@ def test_an_oversized_body_and_garbage_are_refused_and_the_real_peer_is_served(t
         gid = garbage.getresponse().read().decode()
         garbage.request("POST", f"/c/{gid}/send", body=b"GET / HTTP/1.1\r\n" * 16)
         assert garbage.getresponse().status == 204  # accepted as bytes, refused by the frame checks
-        cfg = RunConfig(model=b.name, cuts=b.cuts_for(6), split_index=6, batch_size=1, num_batches=2, warmup=0,
-                        timeout_s=30)
-        out = {}
-        th = threading.Thread(target=lambda: out.setdefault("s1", tcp.run_stage1(
-            listener, b, cfg, connect_timeout=20, keep_outputs=True, output_dir=tmp_path)))
-        th.start()
-        connection = tcp.open_connection(messaging.connect(HTTP, "127.0.0.1", listener.port, 10, 1 << 20), b,
-                                         cuts=cfg.cuts)
-        (s2,) = tcp.serve_connection(connection, b, output_dir=tmp_path, timeout_s=30)
-        th.join(60)
-        assert out["s1"].record["status"] == "complete" and s2.record["status"] == "complete"
+        s1, s2 = serve_one_run(listener, HTTP, tmp_path)
+        assert s1.record["status"] == "complete" and s2.record["status"] == "complete"
         assert any("magic" in r for r in listener.refusals), listener.refusals
     finally:
         listener.close()

@@ -3,7 +3,6 @@ starts (and removes), with its password file and ACL."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import paho.mqtt.client as paho
@@ -11,12 +10,10 @@ import pytest
 import torch
 
 from paretopipe.errors import PeerError
-from paretopipe.partition import models
-from paretopipe.transport import inputs as data, messaging, tcp
+from paretopipe.transport import messaging, tcp
 from paretopipe.transport.messaging.broker import Broker, mosquitto_binary
 from paretopipe.transport.messaging.mqtt import MqttSettings
-from paretopipe.transport.runconfig import RunConfig
-from tcp_helpers import builder, run_chain_in_threads, run_in_threads
+from tcp_helpers import builder, reference_outputs, run_chain_in_threads, run_in_threads, serve_one_run
 
 pytestmark = pytest.mark.skipif(mosquitto_binary() is None, reason="no mosquitto here (make installs it)")
 
@@ -31,15 +28,9 @@ def _spec(broker: Broker, user: str, qos: int = 0) -> messaging.TransportSpec:
     return messaging.TransportSpec("mqtt", broker.settings(user, qos))
 
 
-def _reference(batch: int, count: int):
-    b = builder("mobilenetv2")
-    with torch.no_grad():
-        return [b.model(x) for x in data.batches("synthetic", batch, models.input_size("mobilenetv2"), count, seed=0)]
-
-
 @pytest.mark.parametrize("qos", [0, 1])
 def test_outputs_equal_the_unsplit_model_through_the_broker(broker, tmp_path, qos):
-    ref = _reference(2, 4)
+    ref = reference_outputs("mobilenetv2", 2, 4)
     s1, s2 = run_in_threads("mobilenetv2", 6, tmp_path, transports=[_spec(broker, "stage1", qos),
                                                                     _spec(broker, "stage2", qos)],
                             batch_size=2, num_batches=3, warmup=1, in_flight=2)
@@ -54,7 +45,7 @@ def test_outputs_equal_the_unsplit_model_through_the_broker(broker, tmp_path, qo
 
 
 def test_a_three_stage_chain_through_the_broker_computes_the_model_both_ways(broker, tmp_path):
-    ref = _reference(1, 3)
+    ref = reference_outputs("mobilenetv2", 1, 3)
     out = run_chain_in_threads("mobilenetv2", [3, 9], tmp_path, batch_size=1, num_batches=2, warmup=1,
                                transports=[_spec(broker, f"stage{j}") for j in (1, 2, 3)])
     assert not {k for k in out if k.endswith("_error")}, out
@@ -117,16 +108,8 @@ def test_garbage_from_an_authenticated_client_is_refused_and_the_real_peer_is_se
         while not listener.refusals and time.monotonic() < deadline:
             time.sleep(0.05)
         assert listener.refusals and "magic" in listener.refusals[0]
-        cfg = RunConfig(model=b.name, cuts=b.cuts_for(6), split_index=6, batch_size=1, num_batches=2, warmup=0,
-                        timeout_s=30)
-        out = {}
-        th = threading.Thread(target=lambda: out.setdefault("s1", tcp.run_stage1(
-            listener, b, cfg, connect_timeout=20, keep_outputs=True, output_dir=tmp_path)))
-        th.start()
-        sock = messaging.connect(_spec(broker, "stage2"), "127.0.0.1", listener.port, 10, 1 << 20)
-        (s2,) = tcp.serve_connection(tcp.open_connection(sock, b, cuts=cfg.cuts), b, output_dir=tmp_path, timeout_s=30)
-        th.join(60)
-        assert out["s1"].record["status"] == "complete" and s2.record["status"] == "complete"
+        s1, s2 = serve_one_run(listener, _spec(broker, "stage2"), tmp_path)
+        assert s1.record["status"] == "complete" and s2.record["status"] == "complete"
     finally:
         hostile.loop_stop()
         hostile.disconnect()

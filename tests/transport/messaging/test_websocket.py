@@ -9,23 +9,15 @@ import torch
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from paretopipe.partition import models
-from paretopipe.transport import inputs as data, messaging, tcp, wire
-from paretopipe.transport.runconfig import RunConfig
-from tcp_helpers import builder, run_chain_in_threads, run_in_threads
+from paretopipe.transport import messaging, tcp, wire
+from tcp_helpers import builder, reference_outputs, run_chain_in_threads, run_in_threads, serve_one_run
 
 WS = messaging.TransportSpec("websocket")
 SECRET = b"websocket-test-secret-0123456789"
 
 
-def _reference(batch: int, count: int):
-    b = builder("mobilenetv2")
-    with torch.no_grad():
-        return [b.model(x) for x in data.batches("synthetic", batch, models.input_size("mobilenetv2"), count, seed=0)]
-
-
 def test_outputs_equal_the_unsplit_model_over_websocket_sealed_and_pipelined(tmp_path):
-    ref = _reference(2, 4)
+    ref = reference_outputs("mobilenetv2", 2, 4)
     s1, s2 = run_in_threads("mobilenetv2", 6, tmp_path, transports=WS, secret=SECRET, encrypt="chacha20",
                             batch_size=2, num_batches=3, warmup=1, in_flight=2)
     for got, want in zip(s1.outputs, ref):
@@ -39,7 +31,7 @@ def test_outputs_equal_the_unsplit_model_over_websocket_sealed_and_pipelined(tmp
 
 
 def test_a_three_stage_chain_over_websocket_computes_the_model_both_ways(tmp_path):
-    ref = _reference(1, 3)
+    ref = reference_outputs("mobilenetv2", 1, 3)
     out = run_chain_in_threads("mobilenetv2", [3, 9], tmp_path, transports=WS, batch_size=1, num_batches=2,
                                warmup=1)
     assert not {k for k in out if k.endswith("_error")}, out
@@ -72,17 +64,8 @@ def test_a_text_an_oversized_and_a_garbage_message_are_refused_and_the_real_peer
                 while True:
                     garbage_peer.recv(timeout=5)
         # The real stage 2 still gets in and a run completes.
-        cfg = RunConfig(model=b.name, cuts=b.cuts_for(6), split_index=6, batch_size=1, num_batches=2, warmup=0,
-                        timeout_s=30)
-        out = {}
-        th = threading.Thread(target=lambda: out.setdefault("s1", tcp.run_stage1(
-            listener, b, cfg, connect_timeout=20, keep_outputs=True, output_dir=tmp_path)))
-        th.start()
-        connection = tcp.open_connection(messaging.connect(WS, "127.0.0.1", listener.port, 10, 1 << 20), b,
-                                         cuts=cfg.cuts)
-        (s2,) = tcp.serve_connection(connection, b, output_dir=tmp_path, timeout_s=30)
-        th.join(60)
-        assert out["s1"].record["status"] == "complete" and s2.record["status"] == "complete"
+        s1, s2 = serve_one_run(listener, WS, tmp_path)
+        assert s1.record["status"] == "complete" and s2.record["status"] == "complete"
         assert len(listener.refusals) >= 2
         assert any("magic" in r or "frame" in r for r in listener.refusals), listener.refusals
     finally:
