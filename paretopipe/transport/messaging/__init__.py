@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import struct
+import time
 from typing import Any
 
 from ...errors import UsageError
@@ -63,7 +64,17 @@ def listen(spec: TransportSpec, host: str, port: int, max_payload: int) -> Any:
 
 
 def connect(spec: TransportSpec, host: str, port: int, connect_timeout: float, max_payload: int) -> Any:
-    """A connected socket (tcp) or :class:`MessageSocket` to the stage listening at host:port."""
+    """A connected socket (tcp) or :class:`MessageSocket` to the stage listening at host:port; a
+    message socket keeps what opening it took (``connect_s``: the WebSocket upgrade, MQTT's
+    connection, subscription and open, HTTP's ``POST /open``)."""
+    started = time.monotonic()
+    sock = _connect(spec, host, port, connect_timeout, max_payload)
+    if isinstance(sock, MessageSocket):
+        sock.connect_s = time.monotonic() - started
+    return sock
+
+
+def _connect(spec: TransportSpec, host: str, port: int, connect_timeout: float, max_payload: int) -> Any:
     if spec.name == "tcp":
         # lazy for start-up: torch (the TCP backend's modules)
         from ..tcp.connection import connect_with_retry
@@ -116,10 +127,13 @@ def usage(sock: Any, before: dict[str, int] | None = None) -> dict[str, Any]:
     frames = counts.get("bytes_sent")
     if frames and counts.get("socket_bytes_sent") is not None:
         out["socket_bytes_per_frame_byte"] = round(counts["socket_bytes_sent"] / frames, 6)
+    if isinstance(sock, MessageSocket) and sock.connect_s is not None:
+        out["connect_s"] = round(sock.connect_s, 6)
     client = getattr(sock.channel, "client", None) if name == "mqtt" else None
     if client is not None:
         out.update(client.settings.describe())
         out["broker_version"] = client.broker_version()
+        out["broker_round_trip_s"] = client.round_trip_s()
     return out
 
 

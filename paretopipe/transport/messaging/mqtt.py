@@ -88,8 +88,8 @@ class MqttClient:
         import paho.mqtt.client as mqtt
 
         self.settings = settings
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{name}-{random.getrandbits(40):x}",
-                                  protocol=mqtt.MQTTv311)
+        self.client_id = f"{name}-{random.getrandbits(40):x}"
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv311)
         if settings.username:
             self.client.username_pw_set(settings.username, settings.password)
         self.client.max_queued_messages_set(0)
@@ -102,8 +102,13 @@ class MqttClient:
         self._version_seen = threading.Event()
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = self._on_subscribe
-        self.client.on_message = lambda _c, _u, msg: (self._on_version(msg) if msg.topic == "$SYS/broker/version"
-                                                      else on_message(msg.topic, msg.payload))
+        self.echo_topic = f"{settings.namespace}/echo/{self.client_id}"
+        self._echo: queue.Queue = queue.Queue()
+        self._echo_subscribed = False
+        self.client.on_message = lambda _c, _u, msg: (
+            self._on_version(msg) if msg.topic == "$SYS/broker/version"
+            else self._echo.put(time.monotonic()) if msg.topic == self.echo_topic
+            else on_message(msg.topic, msg.payload))
         where = f"{settings.host}:{settings.port}"
         deadline = time.monotonic() + timeout
         while True:
@@ -156,6 +161,25 @@ class MqttClient:
             self.client.subscribe("$SYS/broker/version", 0)
             self._version_seen.wait(timeout)
         return self.version
+
+    def round_trip_s(self, samples: int = 5, timeout: float = 1.0) -> float | None:
+        """The time through the broker and back: the median of ``samples`` small messages this
+        client publishes on a topic of its own and receives (None when none came back)."""
+        if not self._echo_subscribed:
+            try:
+                self.subscribe(self.echo_topic)
+            except PeerError:
+                return None
+            self._echo_subscribed = True
+        times = []
+        for _ in range(samples):
+            started = time.monotonic()
+            try:
+                self.publish(self.echo_topic, b"x")
+                times.append(self._echo.get(timeout=timeout) - started)
+            except (ConnectionError, queue.Empty):
+                break
+        return round(sorted(times)[len(times) // 2], 6) if times else None
 
     def publish(self, topic: str, data: bytes) -> None:
         info = self.client.publish(topic, data, self.settings.qos)

@@ -49,6 +49,7 @@ class MessageSocket:
         self._eof = False
         self._closed = threading.Event()
         self.messages_sent = self.bytes_sent = self.messages_received = self.bytes_received = 0
+        self.connect_s: float | None = None  # set by the dialler: what opening the conversation took
 
     # -- sending ---------------------------------------------------------------------------------
     def sendmsg(self, buffers: Any, *_: Any) -> int:

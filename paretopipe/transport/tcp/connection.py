@@ -71,6 +71,7 @@ class Connection:
         self.runs = 0
         self.closed = False
         self._transport_mark: dict[str, int] = {}
+        self.handshake_s: float | None = None  # CHALLENGE to HELLO_OK, on this side's clock
 
     @property
     def cipher(self) -> str:
@@ -82,7 +83,7 @@ class Connection:
 
     def transport_usage(self) -> dict[str, Any]:
         """The manifest's account of this connection's transport since :meth:`mark_transport`."""
-        return messaging.usage(self.sock, self._transport_mark)
+        return {**messaging.usage(self.sock, self._transport_mark), "handshake_s": self.handshake_s}
 
     def send(self, kind: int, seq: int = 0, tensor: torch.Tensor | None = None, meta: dict | None = None) -> None:
         self.writer.send(wire.encode(kind, seq, tensor, meta))

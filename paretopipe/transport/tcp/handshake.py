@@ -136,7 +136,9 @@ class StageListener:
             with self._pending_lock:
                 self._pending.pop(conn, None)
         conn.settimeout(None)
-        self._connections.put(Connection(conn, hello, address, self.max_payload, channel))
+        connection = Connection(conn, hello, address, self.max_payload, channel)
+        connection.handshake_s = time.monotonic() - (deadline - self.handshake_timeout)
+        self._connections.put(connection)
 
     def _check(self, hello: Hello, mine: str) -> str | None:
         diffs = [f"{k}: stage 1 has {self.identity[k]!r}, stage 2 has {str(getattr(hello, k))[:100]!r}"
@@ -227,4 +229,6 @@ def open_connection(sock: socket.socket, builder: StageBuilder, *, cuts: list[st
                         + (f" or did not settle on {cipher}" if cipher != "none" else ""))
     sock.settimeout(None)
     channel = aead.Channel.for_stage(2, cipher, secret, challenge.nonce, mine) if cipher != "none" and secret else None
-    return Connection(sock, None, "stage 1", max_payload, channel)
+    connection = Connection(sock, None, "stage 1", max_payload, channel)
+    connection.handshake_s = time.monotonic() - (deadline - timeout)
+    return connection

@@ -41,6 +41,10 @@ def test_outputs_equal_the_unsplit_model_through_the_broker(broker, tmp_path, qo
     assert t1["qos"] == t2["qos"] == qos and t1["broker"] == f"127.0.0.1:{broker.port}"
     assert t1["broker_version"].startswith("mosquitto version")
     assert (t1["username"], t2["username"]) == ("stage1", "stage2")
+    # The time through the broker and back, and what opening the conversation and the handshake took.
+    assert 0 < t1["broker_round_trip_s"] < 1 and 0 < t2["broker_round_trip_s"] < 1
+    assert 0 < t2["connect_s"] < 10 and "connect_s" not in t1  # the dialler opens; the listener is offered
+    assert 0 < t1["handshake_s"] < 5 and 0 < t2["handshake_s"] < 5
     assert "password" not in str(s1.record)
 
 

@@ -27,6 +27,7 @@ def test_outputs_equal_the_unsplit_model_over_websocket_sealed_and_pipelined(tmp
     # Every tensor frame and the records crossed as messages; the socket carried them and framing.
     assert t1["messages_sent"] >= 4 and t1["bytes_sent"] >= sum(b["wire_bytes"] for b in s1.record["batches"])
     assert t1["socket_bytes_sent"] > t1["bytes_sent"]
+    assert 0 < t2["connect_s"] < 10 and 0 < t1["handshake_s"] < 5 and 0 < t2["handshake_s"] < 5
     assert s1.record["manifest"]["stages"][0]["cipher"]["cipher"] == "chacha20"
 
 
