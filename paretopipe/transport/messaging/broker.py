@@ -10,10 +10,12 @@ runs one in the foreground and prints the ``.env`` lines of each stage's user.""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +28,12 @@ from ...errors import ParetoPipeError, UsageError
 from .mqtt import MqttSettings, MqttClient, check_namespace, check_qos
 
 MOSQUITTO_PATHS = ("/usr/sbin/mosquitto", "/usr/bin/mosquitto")
+
+
+def _die_with_parent() -> None:
+    # A broker must never outlive the process that started it (a killed sweep, a killed test): the
+    # kernel stops it when that process exits. Its folder is in the system's temporary space.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def mosquitto_binary() -> str | None:
@@ -60,7 +68,8 @@ class Broker:
         self._write_files()
         self.log = open(self.folder / "mosquitto.log", "wb")
         self.process = subprocess.Popen([binary, "-c", str(self.folder / "mosquitto.conf")], stdout=self.log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        preexec_fn=_die_with_parent)
         deadline = time.monotonic() + startup_timeout
         while not self._running():
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +41,24 @@ def test_a_port_in_use_is_one_line_with_the_brokers_own_words():
         port = taken.getsockname()[1]
         with pytest.raises(ParetoPipeError, match=f"Mosquitto did not start on 127.0.0.1:{port}: .*"):
             Broker(port=port, startup_timeout=5)
+
+
+def test_a_broker_stops_when_the_process_that_started_it_is_killed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time\nfrom paretopipe.transport.messaging.broker import Broker\n"
+              "b = Broker()\nprint(b.process.pid, b.folder, flush=True)\ntime.sleep(60)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid, folder = owner.stdout.readline().split()
+    owner.send_signal(signal.SIGKILL)  # no chance to stop it itself
+    owner.wait(10)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # what its killed owner could not remove
