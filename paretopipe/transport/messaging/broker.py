@@ -10,12 +10,10 @@ runs one in the foreground and prints the ``.env`` lines of each stage's user.""
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import pwd
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,10 +28,12 @@ from .mqtt import MqttSettings, MqttClient, check_namespace, check_qos
 MOSQUITTO_PATHS = ("/usr/sbin/mosquitto", "/usr/bin/mosquitto")
 
 
-def _die_with_parent() -> None:
-    # A broker must never outlive the process that started it (a killed sweep, a killed test): the
-    # kernel stops it when that process exits. Its folder is in the system's temporary space.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _with_parent() -> list[str]:
+    """The prefix that makes the kernel stop the broker when the process that started it exits (a
+    killed sweep or test), set by util-linux's setpriv before it executes the broker: a
+    ``preexec_fn`` would run Python in a child forked from a process with threads."""
+    found = shutil.which("setpriv")
+    return [found, "--pdeathsig", "TERM"] if found else []
 
 
 def mosquitto_binary() -> str | None:
@@ -67,9 +67,8 @@ class Broker:
         self.passwords = {u: secrets.token_urlsafe(18) for u in self.namespaces}
         self._write_files()
         self.log = open(self.folder / "mosquitto.log", "wb")
-        self.process = subprocess.Popen([binary, "-c", str(self.folder / "mosquitto.conf")], stdout=self.log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen([*_with_parent(), binary, "-c", str(self.folder / "mosquitto.conf")],
+                                        stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + startup_timeout
         while not self._running():
             if self.process.poll() is not None or time.monotonic() > deadline:
