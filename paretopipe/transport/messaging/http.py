@@ -107,7 +107,7 @@ def _handler(listener: MessageListener, conversations: dict[str, _ServerChannel]
                 return
             parts = self.path.strip("/").split("/")
             if parts == ["open"] and not listener.closed:
-                for done in [c for c, ch in conversations.items() if ch.closed]:
+                for done in [c for c, ch in list(conversations.items()) if ch.closed]:  # a snapshot: other handlers add
                     conversations.pop(done, None)
                 if len(conversations) >= MAX_CONVERSATIONS:  # a client opening many would hold memory
                     self._answer(503)
