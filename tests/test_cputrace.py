@@ -145,9 +145,13 @@ def test_the_controller_steps_a_real_groups_quota_and_the_process_gets_that_shar
 def test_a_sweep_replays_a_compute_trace_from_a_seeded_offset_and_records_it(tmp_path):
     """Every run of a configuration's round r replays the trace from the same seeded offset; the
     record's stage-1 manifest holds each step, and the batches slow down while the share is low."""
-    trace = _trace(tmp_path, "time_s,cpu_share\n0,1\n1,0.3\n2,1\n")
+    # 0.1, not a milder share: with the other tests' processes on both cores, a share of 1 may
+    # already get less than half a core, so a mild cut would not slow the batches measurably.
+    # A period of 1.5 s, shorter than the run wherever the seeded offset starts it, so every run
+    # meets both shares.
+    trace = _trace(tmp_path, "time_s,cpu_share\n0,1\n0.5,0.1\n1,1\n")
     proc = subprocess.run([sys.executable, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "4,19",
-                           "--runs", "1", "--batch-size", "1", "--num-batches", "60", "--threads", "1",
+                           "--runs", "1", "--batch-size", "1", "--num-batches", "100", "--threads", "1",
                            "--stage-cpu-trace", f"stage1={trace}", "--out", str(tmp_path / "out"),
                            "--session", "s", "--no-report"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -159,14 +163,14 @@ def test_a_sweep_replays_a_compute_trace_from_a_seeded_offset_and_records_it(tmp
         offsets.add(replay["offset_s"])
         assert replay["stage"] == "stage1" and replay["error"] is None
         steps = replay["steps"]
-        assert steps[0]["t_s"] == 0 and {s["cpu_share"] for s in steps} == {1.0, 0.3}
+        assert steps[0]["t_s"] == 0 and {s["cpu_share"] for s in steps} == {1.0, 0.1}
         # The share the log says held at each batch's start matches how long stage 1 took: the
-        # k = 19 run (all of the model on stage 1) is slower under 0.3 than under 1.
+        # k = 19 run (all of the model on stage 1) is slower under 0.1 than under 1.
         if rec["config"]["split_index"] == 19:
             def share(b):
                 return [s["cpu_share"] for s in steps if s["t_s"] <= b["start_s"]][-1]
             batches = [b for b in rec["batches"] if not b["warmup"]]
-            low = [b["stage1_compute_s"] for b in batches if share(b) == 0.3]
+            low = [b["stage1_compute_s"] for b in batches if share(b) == 0.1]
             high = [b["stage1_compute_s"] for b in batches if share(b) == 1.0]
             assert low and high and sorted(low)[len(low) // 2] > 1.5 * sorted(high)[len(high) // 2]
     assert len(offsets) == 1  # the same stretch of the trace for both configurations
