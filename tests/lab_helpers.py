@@ -72,13 +72,15 @@ def _lab_namespaces(made) -> set[str]:
 
 
 @contextlib.contextmanager
-def lab(name: str, hosts: int = 2, subnet: int = 50, arches: list[str] | None = None) -> Iterator:
-    """A lab for one test (or one module); afterwards nothing of it may remain."""
+def lab(name: str, hosts: int = 2, subnet: int = 50, arches: list[str] | None = None,
+        broker: int | None = None) -> Iterator:
+    """A lab for one test (or one module); afterwards nothing of it may remain. ``broker``: the
+    host that runs the lab's Mosquitto."""
     if LAB_SKIP:
         pytest.skip(LAB_SKIP)
     from paretopipe.runners import lab as labs
 
-    made = labs.up(name, hosts, subnet, arches=arches)
+    made = labs.up(name, hosts, subnet, arches=arches, broker=broker)
     namespaces = _lab_namespaces(made)
     try:
         yield made

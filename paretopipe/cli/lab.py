@@ -28,6 +28,9 @@ def parser(prog: str = "paretopipe lab") -> ArgumentParser:
     up.add_argument("--arch", default="", help="each host's architecture, comma-separated: native or aarch64 (a "
                                               "Pi's core under qemu-user in the sysroot `make lab-arm` builds); "
                                               "hosts not named are native")
+    up.add_argument("--broker", type=positive_int, default=None, metavar="I",
+                    help="run a Mosquitto broker on host I's address (port 1883) for --transport mqtt; its "
+                         "MQTT_* lines go into the lab's .env")
     for p in (up, sub.add_parser("down", help="remove the lab"), sub.add_parser("status", help="what is up")):
         p.add_argument("--name", default="pplab", help="lab name (1-8 lowercase letters and digits)")
         add_common_flags(p)
@@ -39,10 +42,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe lab") -> int
     setup_logging(args.debug, args.quiet)
     if args.cmd == "up":
         arches = [a.strip() for a in args.arch.split(",") if a.strip()]
-        made = lab.up(args.name, args.hosts, args.subnet, args.env, args.remote_dir, arches=arches)
+        made = lab.up(args.name, args.hosts, args.subnet, args.env, args.remote_dir, arches=arches, broker=args.broker)
         hosts = [f"{a} ({arch})" if arch != "native" else a for a, arch in zip(made.addresses(), made.arches)]
         print(f"lab {made.name} up: {made.hosts} hosts {', '.join(hosts)} on bridge {made.bridge} "
-              f"({made.gateway}); sshd on each; .env: {made.env_file}")
+              f"({made.gateway}); sshd on each" + (f"; MQTT broker on {made.address(made.broker_host)}:1883"
+                                                       if made.broker_host else "") + f"; .env: {made.env_file}")
         return 0
     if args.cmd == "down":
         lab.require_root()

@@ -110,7 +110,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         link=link, prefetch_batches=prefetch_from_args(args),
                         optimizations=not args.no_optimizations, report=not args.no_report, testbed=testbed,
                         ciphers=_ciphers(args.encrypt, backends, testbed),
-                        transports=_transports(args.transport, backends, link),
+                        transports=_transports(args.transport, backends),
                         stage_cpu=cpushare.parse_shares(args.stage_cpu, 2),
                         stage_cpu_trace=cputrace.parse_stage_traces(args.stage_cpu_trace),
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
@@ -163,10 +163,9 @@ def _ciphers(text: str, backends: list[str], testbed: Testbed) -> list[str]:
     return choices
 
 
-def _transports(text: str, backends: list[str], link: str) -> list[str]:
+def _transports(text: str, backends: list[str]) -> list[str]:
     """--transport's list, refused where it cannot apply: with the rpc backend alone (its
-    TensorPipe channel is its own transport), and MQTT with --link tc (the broker hop is not
-    shaped yet)."""
+    TensorPipe channel is its own transport)."""
     choices = [messaging.check_transport(t) for t in dict.fromkeys(t.strip() for t in text.split(",") if t.strip())]
     if not choices:
         raise UsageError(f"--transport {text!r} names no transport; valid: {', '.join(messaging.TRANSPORTS)}")
@@ -174,9 +173,6 @@ def _transports(text: str, backends: list[str], link: str) -> list[str]:
     if carried and "tcp" not in backends:
         raise UsageError(f"--transport {carried[0]} carries the TCP backend's frames; the rpc backend has its own "
                          f"channel: use --backend tcp (or both, where the rpc runs stay as they are)")
-    if "mqtt" in choices and link == "tc":
-        raise UsageError("--transport mqtt with --link tc: shaping the hops through the broker is not built yet; "
-                         "use --link emulated (each stage's frames shaped as they are sent)")
     return choices
 
 

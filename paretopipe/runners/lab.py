@@ -66,6 +66,8 @@ class Lab:
     dir: Path
     sshd_pids: list[int] = dataclasses.field(default_factory=list)
     arches: list[str] = dataclasses.field(default_factory=list)
+    broker_host: int | None = None  # the host whose namespace runs the lab's Mosquitto (--broker)
+    broker_pid: int | None = None
 
     @property
     def bridge(self) -> str:
@@ -109,7 +111,8 @@ class Lab:
             data = json.loads(path.read_text())
             return cls(name=data["name"], hosts=int(data["hosts"]), subnet=int(data["subnet"]), dir=Path(data["dir"]),
                        sshd_pids=[int(p) for p in data.get("sshd_pids", [])],
-                       arches=[str(a) for a in data.get("arches", [])])
+                       arches=[str(a) for a in data.get("arches", [])],
+                       broker_host=data.get("broker_host"), broker_pid=data.get("broker_pid"))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -139,14 +142,19 @@ def _check_name(name: str) -> str:
 
 
 def up(name: str = "pplab", hosts: int = 2, subnet: int = 0, env_out: str | Path | None = None,
-       remote_dir: str | None = None, remote_python: str | None = None, arches: list[str] | None = None) -> Lab:
-    """Create the lab (after removing any earlier one of that name); returns it."""
+       remote_dir: str | None = None, remote_python: str | None = None, arches: list[str] | None = None,
+       broker: int | None = None) -> Lab:
+    """Create the lab (after removing any earlier one of that name); returns it. ``broker``: the
+    host (1..N) on whose address a Mosquitto broker runs for ``--transport mqtt`` (its MQTT_*
+    lines go into the lab's .env)."""
     _check_name(name)
     if not 2 <= hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts {hosts}: valid 2..{MAX_HOSTS} hosts in a lab")
     if not 0 <= subnet <= 255:
         raise UsageError(f"--subnet {subnet}: valid 0..255 (the third octet of 10.77.S.0/24)")
     per_host = check_arches(list(arches or []), hosts)
+    if broker is not None and not 1 <= broker <= hosts:
+        raise UsageError(f"--broker {broker}: name one of the lab's hosts, 1..{hosts}")
     require_root()
     down(name)
     lab = Lab(name, hosts, subnet, state_dir(name), arches=per_host)
@@ -155,12 +163,27 @@ def up(name: str = "pplab", hosts: int = 2, subnet: int = 0, env_out: str | Path
     try:
         _network(lab)
         _sshd(lab)
+        mqtt_env = _broker(lab, broker) if broker is not None else ""
     except BaseException:
         down(name)
         raise
     lab.save()
-    _write_env(lab, env_out, remote_dir, remote_python)
+    _write_env(lab, env_out, remote_dir, remote_python, mqtt_env)
     return lab
+
+
+def _broker(lab: Lab, i: int) -> str:
+    """Mosquitto in host ``i``'s namespace on its address (port 1883), one user for the lab's
+    stages confined to the lab's topics; its .env lines. It outlives ``up`` and ``down`` stops it."""
+    # lazy for start-up: paho-mqtt (only a lab with a broker needs it)
+    from ..transport.messaging.broker import Broker
+
+    made = Broker(lab.address(i), 1883, users=("lab",), namespace=f"paretopipe/lab-{lab.name}",
+                  folder=lab.dir / "mqtt", launcher=("ip", "netns", "exec", lab.namespace(i)), tied=False)
+    lab.broker_host, lab.broker_pid = i, made.process.pid
+    lab.save()
+    made.log.close()
+    return made.env_lines("lab")
 
 
 def _network(lab: Lab) -> None:
@@ -239,7 +262,8 @@ def _wait_ssh(lab: Lab, i: int) -> None:
         time.sleep(0.2)
 
 
-def _write_env(lab: Lab, env_out: str | Path | None, remote_dir: str | None, remote_python: str | None) -> None:
+def _write_env(lab: Lab, env_out: str | Path | None, remote_dir: str | None, remote_python: str | None,
+               mqtt_env: str = "") -> None:
     root = Path(__file__).resolve().parents[2] if remote_dir is None else Path(remote_dir)
     native = remote_python or sys.executable
     pythons = [str(arm_python()) if arch == "aarch64" else native for arch in lab.arches]
@@ -258,7 +282,7 @@ REMOTE_PYTHON={native}
 MASTER_PORT=29500
 IFACE=eth0
 PARETOPIPE_SECRET={secrets.token_hex(16)}
-"""
+{mqtt_env}"""
     lab.env_file.write_text(text)
     if env_out is not None:
         out = Path(env_out)
@@ -274,6 +298,23 @@ def _cmdline(proc: Path) -> bytes:
         return b""
 
 
+def _stop_marked(program: bytes, marker: bytes, known: list[int]) -> list[str]:
+    """SIGTERM to the ``known`` PIDs, and to any ``program`` started with one of this lab's files
+    (``marker``: a half-made lab's last one), never to someone else's process."""
+    pids = set(known) | {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                         and program in _cmdline(p).split(b" ")[0] and marker in _cmdline(p)}
+    stopped = []
+    for pid in sorted(pids):
+        line = _cmdline(Path(f"/proc/{pid}"))
+        if program in line.split(b" ")[0] and marker in line:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                stopped.append(f"{program.decode()} {pid}")
+            except ProcessLookupError:
+                pass
+    return stopped
+
+
 def down(name: str = "pplab") -> list[str]:
     """Remove what ``up`` made: sshd (by PID), namespaces (with their qdiscs), veths, bridge, files."""
     _check_name(name)
@@ -281,17 +322,10 @@ def down(name: str = "pplab") -> list[str]:
     lab = Lab.load(name)
     # The recorded PIDs, and any sshd still started with one of this lab's configs (a half-made lab's
     # last one): never someone else's process.
-    marker = f"{state_dir(name)}/sshd".encode()
-    pids = set(lab.sshd_pids if lab else [])
-    pids |= {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(b"sshd")
-             and marker in _cmdline(p)}
-    for pid in sorted(pids):
-        if b"sshd" in _cmdline(Path(f"/proc/{pid}")) and marker in _cmdline(Path(f"/proc/{pid}")):
-            try:
-                os.kill(pid, signal.SIGTERM)
-                removed.append(f"sshd {pid}")
-            except ProcessLookupError:
-                pass
+    for program, marker, known in ((b"sshd", f"{state_dir(name)}/sshd".encode(), lab.sshd_pids if lab else []),
+                                   (b"mosquitto", f"{state_dir(name)}/mqtt/".encode(),
+                                    [lab.broker_pid] if lab and lab.broker_pid else [])):
+        removed += _stop_marked(program, marker, known)
     namespaces = _run("ip", "netns", "list", check=False).stdout.split("\n")
     for line in namespaces:
         ns = line.split(" ")[0]
@@ -317,5 +351,7 @@ def status(name: str = "pplab") -> dict[str, Any]:
     namespaces = [line.split(" ")[0] for line in _run("ip", "netns", "list", check=False).stdout.split("\n")
                   if line.startswith(f"{name}-h")]
     return {"name": name, "up": lab is not None and bool(namespaces), "namespaces": namespaces,
-            "hosts": lab.addresses() if lab else [], "arches": lab.arches if lab else [], "env_file": str(lab.env_file) if lab else None,
+            "hosts": lab.addresses() if lab else [], "arches": lab.arches if lab else [],
+            "broker": f"{lab.address(lab.broker_host)}:1883" if lab and lab.broker_host else None,
+            "env_file": str(lab.env_file) if lab else None,
             "sshd_pids": [p for p in (lab.sshd_pids if lab else []) if Path(f"/proc/{p}").exists()]}

@@ -260,6 +260,7 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (["lab", "up", "--name", "Bad-Name"], "lab name 'Bad-Name'"), (["lab", "up", "--subnet", "300"], "--subnet"),
                        (["lab", "up", "--arch", "sparc"], "--arch 'sparc': valid are native, aarch64"),
                        (["lab", "up", "--hosts", "2", "--arch", "aarch64,native,native"], "at most one per host"),
+                       (["lab", "up", "--hosts", "2", "--broker", "3"], "--broker 3: name one of the lab's hosts, 1..2"),
                        (["lab", "explode"], "invalid choice"), (["doctor", "--env-file", f"{T}/none.env"], "no hosts to check"),
                        (["doctor", "--env-file", f"{T}/onehost.env"], "one host"),
                        (["doctor", "--env-file", f"{T}/user.env"], "is not a user name"),

@@ -71,6 +71,35 @@ def test_two_host_sweep_with_tc_shapes_the_data_port_for_real(tmp_path):
             assert "htb" not in _qdisc(made, i)
 
 
+@pytest.mark.alone
+@pytest.mark.root
+@pytest.mark.lab
+def test_a_two_host_sweep_over_mqtt_shapes_the_hops_through_the_broker(tmp_path):
+    """The lab's broker runs on host 2 (stage 2's): tc shapes the broker's port, so k = 0's input
+    crosses stage 1 -> broker at 20 Mbit/s, and the manifest names the hops shaped and not."""
+    from paretopipe.transport.messaging.broker import mosquitto_binary
+
+    if mosquitto_binary() is None:
+        pytest.skip("no mosquitto here (make installs it)")
+    with lab("pplq", 2, subnet=59, broker=2) as made:
+        broker = f"{made.address(2)}:1883"
+        assert f"MQTT_BROKER={broker}" in made.env_file.read_text()
+        proc = _sweep(made, tmp_path, "--splits", "0,9", "--network", "slow", "--link", "tc", "--transport", "mqtt")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv").set_index("split_index")
+        assert set(runs["status"]) == {"complete"} and set(runs["transport"]) == {"mqtt"}
+        k0 = runs.loc[0]
+        assert k0["transfer_median_s"] == pytest.approx(k0["payload_bytes_mean"] * 8 / 20e6, rel=0.15)
+        rec = json.loads((tmp_path / "out" / "s" / k0["json"]).read_text())
+        hops = rec["manifest"]["link"]["shaped_hops"]
+        assert [(h["port"], h["hops"]) for h in hops] == [
+            (1883, [f"stage1 → broker {broker}"]), (1883, [f"broker {broker} → the stages on other hosts"])]
+        assert rec["manifest"]["link"]["unshaped_hops"] == ["stage2 ↔ broker (the same host: loopback)"]
+        assert {m["transport"]["broker"] for m in rec["manifest"]["stages"]} == {broker}
+        for i in (1, 2):
+            assert "htb" not in _qdisc(made, i)
+
+
 @pytest.mark.root
 @pytest.mark.lab
 def test_three_host_rpc_sweep_of_a_three_stage_plan(tmp_path):

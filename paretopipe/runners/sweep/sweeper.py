@@ -127,6 +127,15 @@ class Sweeper:
             log.info("MQTT broker for this sweep on %s:%d", self.broker.host, self.broker.port)
         return [dataclasses.asdict(self.broker.settings(f"stage{j + 1}", qos)) for j in range(stages)]
 
+    def broker_address(self) -> tuple[str, int] | None:
+        """The current group's MQTT broker (host, port): what --link tc shapes; None off MQTT."""
+        if self.transport != "mqtt":
+            return None
+        if self.opts.testbed.remote:
+            settings = messaging.MqttSettings.from_env(self.opts.testbed.mqtt_env)
+            return settings.host, settings.port
+        return (self.broker.host, self.broker.port) if self.broker is not None else None
+
     def traced_stages(self) -> set[str]:
         """Stages some run of the sweep replays a compute trace on (their workers need a group)."""
         return set(self.opts.stage_cpu_trace) | {s for c in self.networks.values() for s, _ in c.cpu_traces}
@@ -225,8 +234,8 @@ class Sweeper:
             if not active:
                 break
             for network, members in segments(round_plan(o, model, backend, group, active, r), tc_mode):
-                with tc_applied(o, self.session, backend, self.networks[network]) if network else contextlib.nullcontext() \
-                        as observed:
+                with tc_applied(o, self.session, backend, self.networks[network], self.broker_address()) \
+                        if network else contextlib.nullcontext() as observed:
                     for one in members:
                         if group.progress[(one.network, one.split)].stopped is not None:
                             continue  # sequential mode: precise before its budget

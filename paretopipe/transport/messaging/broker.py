@@ -54,21 +54,32 @@ class Broker:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, users: Sequence[str] = ("stage1", "stage2"),
                  namespace: str | None = None, startup_timeout: float = 10.0,
-                 others: Mapping[str, str] | None = None) -> None:
+                 others: Mapping[str, str] | None = None, folder: Path | None = None,
+                 launcher: Sequence[str] = (), tied: bool = True) -> None:
+        """``folder``: where its files go (a fresh temporary one if None); ``launcher``: a prefix
+        of its command (``ip netns exec NS`` puts it on a lab host); ``tied``: it stops when this
+        process dies (False: it outlives it, as a lab's broker does, and whoever owns the folder
+        stops it by its PID)."""
         binary = mosquitto_binary()
         if binary is None:
             raise UsageError("--transport mqtt: no Mosquitto broker here (apt-get install mosquitto, or make, "
                              "installs it; or set MQTT_BROKER to one you run)")
         self.host, self.port = host, port or _free_port(host)
         self.namespace = check_namespace(namespace or f"paretopipe/{secrets.token_hex(6)}")
-        self.folder = Path(tempfile.mkdtemp(prefix="paretopipe-mosquitto-"))
+        if folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="paretopipe-mosquitto-"))
+        else:
+            self.folder = Path(folder)
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.namespaces = {**{u: self.namespace for u in users},
                            **{u: check_namespace(ns) for u, ns in (others or {}).items()}}
         self.passwords = {u: secrets.token_urlsafe(18) for u in self.namespaces}
         self._write_files()
         self.log = open(self.folder / "mosquitto.log", "wb")
-        self.process = subprocess.Popen([*_with_parent(), binary, "-c", str(self.folder / "mosquitto.conf")],
-                                        stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen([*launcher, *(_with_parent() if tied else []), binary, "-c",
+                                         str(self.folder / "mosquitto.conf")],
+                                        stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=not tied)
         deadline = time.monotonic() + startup_timeout
         while not self._running():
             if self.process.poll() is not None or time.monotonic() > deadline:
