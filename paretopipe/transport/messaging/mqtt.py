@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import random
+import secrets
 import socket
 import threading
 import time
@@ -88,7 +88,9 @@ class MqttClient:
         import paho.mqtt.client as mqtt
 
         self.settings = settings
-        self.client_id = f"{name}-{random.getrandbits(40):x}"
+        # From the OS, not the random module: a program that seeds it (hypothesis, a seeded run)
+        # would give two clients one id, and the broker drops the first when the second connects.
+        self.client_id = f"{name}-{secrets.token_hex(5)}"
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv311)
         if settings.username:
             self.client.username_pw_set(settings.username, settings.password)
@@ -243,7 +245,7 @@ def listen(settings: MqttSettings, port: int, timeout: float = 10.0) -> MessageL
     a dialler opens is offered to the returned listener."""
     if not 0 <= port <= 65535:
         raise UsageError(f"--port {port}: a port is 0..65535")
-    port = port or random.randint(20000, 60999)
+    port = port or 20000 + secrets.randbelow(41000)
     base = _base(settings, port)
     channels: dict[str, MqttChannel] = {}
     lock = threading.Lock()
@@ -283,7 +285,7 @@ def connect(settings: MqttSettings, port: int, connect_timeout: float) -> Messag
     """Open a conversation with the listener at ``port``, retrying until ``connect_timeout``."""
     if not 0 < port <= 65535:
         raise UsageError(f"--port {port}: a port is 1..65535")
-    base, cid = _base(settings, port), f"{random.getrandbits(64):016x}"
+    base, cid = _base(settings, port), secrets.token_hex(8)
     deadline = time.monotonic() + connect_timeout
     channel: MqttChannel | None = None
 

@@ -99,6 +99,10 @@ class MessageSocket:
         self._pending = self._pending[n:]
         return n
 
+    def recv(self, bufsize: int, *_: Any) -> bytes:
+        buf = bytearray(bufsize)
+        return bytes(buf[:self.recv_into(buf)])
+
     def recvmsg_into(self, buffers: Any, *_: Any) -> tuple[int, list, int, Any]:
         """Fills the buffers in order from the bytes at hand (one message at most), as a stream
         socket's scatter read does from what has arrived."""
@@ -142,6 +146,12 @@ class MessageSocket:
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
+
+    def __enter__(self) -> "MessageSocket":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def wait_closed(self, timeout: float) -> bool:
         return self._closed.wait(timeout)

@@ -3,6 +3,8 @@ starts (and removes), with its password file and ACL."""
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 
 import paho.mqtt.client as paho
@@ -125,3 +127,34 @@ def test_no_listener_at_the_port_is_one_line_naming_what_to_check(broker):
     with pytest.raises(PeerError, match="no stage listens at .* after 1s .*--transport mqtt"):
         messaging.connect(_spec(broker, "stage2"), "127.0.0.1", 6553, 1, 1 << 20)
     assert time.monotonic() - t0 < 10
+
+
+def test_two_diallers_of_a_program_that_seeds_random_alike_keep_their_own_conversations(broker):
+    """Client ids and conversation ids come from the OS: with the random module's, a program that
+    seeds it (hypothesis does, per example) gave two clients one id, and the broker dropped the first."""
+    listener = messaging.listen(_spec(broker, "stage1"), "127.0.0.1", 0, 1 << 20)
+    port = listener.getsockname()[1]
+    listener.settimeout(10)
+    opened = []
+    try:
+        accepted = []
+        for _ in range(2):
+            random.seed(7)
+            # The dialler's connect returns once the listening side speaks (a stage's challenge).
+            dialling = threading.Thread(target=lambda: opened.append(
+                messaging.connect(_spec(broker, "stage2"), "127.0.0.1", port, 5, 1 << 20)))
+            dialling.start()
+            accepted.append(listener.accept()[0])
+            accepted[-1].sendall(b"challenge")
+            dialling.join(10)
+        assert len(opened) == 2
+        for i, (dialler, served) in enumerate(zip(opened, accepted)):
+            dialler.settimeout(5)
+            assert dialler.recv(100) == b"challenge"
+            dialler.sendall(f"hello {i}".encode())
+            served.settimeout(5)
+            assert served.recv(100) == f"hello {i}".encode()
+    finally:
+        for s in opened:
+            s.close()
+        listener.close()
