@@ -15,6 +15,7 @@ COMMANDS = {
     "split": ("split", "main", "list the split points of a model"),
     "profile": ("profile", "main", "measure a device profile of a model on this device"),
     "predict": ("predict", "main", "predict every split from device profiles; plan N devices; validate"),
+    "search": ("search", "main", "measure a budget of a space too large to sweep, the sampler choosing"),
     "report": ("report", "main", "Pareto fronts, tables and figures of a sweep session"),
     "watch": ("watch", "main", "a live page of a session while it runs (and /api/session as JSON)"),
     "compare": ("compare", "main", "two sessions' fronts side by side: deltas and which splits moved"),

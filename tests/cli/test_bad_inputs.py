@@ -255,6 +255,15 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (rpc + ["--env-file", f"{T}/master.env"], "MASTER_PORT='abc'"),
                        (rpc + ["--timeout", "0"], "--timeout"), (rpc + ["--num-test-samples", "0"], "--num-test-samples")):
         add(f"rpc-{len(c)}", argv, what)
+    # search
+    search = ["search", "--model", "mobilenetv2", "--local"]
+    for argv, what in ((search + ["--budget", "3", "--stages", "1"], "--stages 1: a split needs at least 2 stages"),
+                       (search, "--budget"), (search + ["--budget", "0"], "--budget"),
+                       (search + ["--budget", "3", "--sampler", "annealing"], "invalid choice: 'annealing'"),
+                       (search + ["--budget", "3", "--splits", "adaptive"], "the search space is empty"),
+                       (search + ["--budget", "3", "--device-profiles", f"{T}/none.json"],
+                        "give one profile per stage (2), got 1")):
+        add(f"search-{len(c)}", argv, what)
     # lab, doctor and the umbrella itself
     for argv, what in ((["lab", "up", "--hosts", "1"], "valid 2..8 hosts"), (["lab", "up", "--hosts", "99"], "2..8"),
                        (["lab", "up", "--name", "Bad-Name"], "lab name 'Bad-Name'"), (["lab", "up", "--subnet", "300"], "--subnet"),

@@ -1,0 +1,68 @@
+"""``paretopipe search``: the sweep's options over a space, within a budget of configurations."""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from ..partition.structure import structure
+from ..runners.search import SearchOptions, SearchRun, describe, predicted_front, search_space
+from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
+from .common import ArgumentParser, HelpFormatter, example_epilog, positive_int, setup_logging
+from .sweep import options_from_args
+from .sweep_flags import add_flags
+
+log = logging.getLogger("paretopipe.search")
+
+
+def parser(prog: str = "paretopipe search") -> ArgumentParser:
+    p = ArgumentParser(
+        prog=prog, formatter_class=HelpFormatter,
+        description="Search a space too large to sweep: the sweep's options, where --splits (or with --stages N a "
+                    "plan's N - 1 cuts), --network, --backend, --encrypt and --transport span the space; each of "
+                    "--budget configurations is measured by the sweep into one session (report, compare and watch "
+                    "read it as a sweep's), the predicted front first with --device-profiles, then the sampler's. "
+                    "search.json in the session lists every trial.",
+        epilog=example_epilog(
+            "paretopipe search --model resnet50 --stages 3 --budget 40 --network lan,lte",
+            "paretopipe search --model mobilenetv2 --budget 8 --device-profiles edge.json,server.json --network lte"))
+    search = p.add_argument_group("search")
+    search.add_argument("--budget", type=positive_int, required=True,
+                        help="how many configurations to measure (the predicted front's count among them)")
+    search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
+                        help="tpe (multi-objective TPE), gp (Gaussian-process EHVI), nsga2, qmc (Sobol) or random; "
+                             "benchmarks/search.py chose the default")
+    search.add_argument("--stages", type=positive_int, default=2, help="stages of each plan (3: two cuts)")
+    search.add_argument("--device-profiles", default=None,
+                        help="one device profile per stage (paretopipe profile), comma-separated: the cost model's "
+                             "front per network is measured first")
+    add_flags(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> int:
+    args = parser(prog).parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    opts = options_from_args(args)
+    num_blocks = structure(opts.models[0], opts.num_classes)["num_blocks"]
+    space = search_space(opts, num_blocks, args.stages)
+    predicted = predicted_front([s.strip() for s in args.device_profiles.split(",")], opts, space, args.stages) \
+        if args.device_profiles else ()
+    if opts.dry_run:
+        print(f"search space: {space.size()} configurations ("
+              + ", ".join(f"{d.name}: {len(d.choices)}" for d in space.dims)
+              + f"); budget {args.budget}; {len(predicted)} predicted first")
+        return 0
+    run = SearchRun(opts, SearchOptions(args.budget, args.sampler, args.stages, predicted=predicted), num_blocks)
+    result = run.run()
+    if opts.report and (run.dir / "summary.csv").is_file():
+        # lazy for start-up: pandas and matplotlib, for the report
+        from ..analysis import report
+
+        report.write_report(run.dir, run.dir / "report", objectives=opts.objectives)
+    for line in describe(result, run):
+        print(line)
+    if not any(t.values is not None for t in result.trials):
+        print(f"error: no configuration was measured; see {run.dir / 'failures.csv'}")
+        return 1
+    return 0

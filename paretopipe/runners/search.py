@@ -1,0 +1,240 @@
+"""``paretopipe search``: a multi-objective search whose every trial is a configuration measured by
+the sweep's own machinery into one ordinary session folder, so ``report``, ``compare``, the
+notebook and the live page read it as any sweep's.
+
+The space is the sweep's lists: the split (or, with ``--stages N``, the N - 1 cuts of a plan over
+the block positions ``--splits`` allows), and each of ``--network``, ``--backend``, ``--encrypt``
+and ``--transport`` that names more than one choice. A trial runs the sweeper on that one
+configuration (its rounds, ``--precision``, drift checks and infeasibility rules), resuming the
+search's session, and reads the configuration's objectives (``--objectives``) from summary.csv: a
+configuration that is infeasible or fails is kept as such and is never on the front.
+``search.json`` in the session says, after every trial, what was measured, in which order, from
+where (``prediction``, ``sampler`` or ``fill``) and with what result."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from .. import records
+from ..analysis import objectives as objective_names
+from ..analysis.session import Session, sweep_session_dir
+from ..errors import ParetoPipeError, UsageError
+from ..network.conditions import conditions_from_values, get_conditions
+from ..partition.names import canonical_name
+from ..predict.costmodel import LinkModel
+from ..predict.device_profile import DeviceProfile, codec_key
+from ..predict.planner import pareto_plans
+from ..search import loop
+from ..search.space import Config, Dimension, Space
+from .sweep import SweepOptions, Sweeper
+from .sweep.plan import splits_for
+
+log = logging.getLogger("paretopipe.search")
+FILE_NAME = "search.json"
+#: The sweep lists that become dimensions of the space when they name more than one choice.
+LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """What a search adds to the sweep's options."""
+
+    budget: int
+    sampler: str = loop.DEFAULT_SAMPLER
+    stages: int = 2
+    startup: int = 10
+    predicted: tuple[dict[str, Any], ...] = ()  # the predicted front's configurations, measured first
+
+
+def cut_names(stages: int) -> tuple[str, ...]:
+    return ("split",) if stages == 2 else tuple(f"cut{j}" for j in range(1, stages))
+
+
+def search_space(opts: SweepOptions, num_blocks: int, stages: int) -> Space:
+    """The space a search explores: the cut positions ``--splits`` allows (every block
+    boundary with ``all``), a plan's cuts for ``stages`` > 2, and the sweep lists with several
+    choices."""
+    if stages < 2:
+        raise UsageError(f"--stages {stages}: a split needs at least 2 stages")
+    splits = splits_for(dataclasses.replace(opts, plans=None), num_blocks)
+    positions = tuple(dict.fromkeys(s.blocks[0] for s in splits if len(s.blocks) == 1 and not s.cut))
+    if not positions:
+        raise UsageError(f"--splits {opts.splits!r}: the search space is empty; give block splits to search, e.g. "
+                         f"--splits all or 1-8")
+    cuts = cut_names(stages)
+    dims = [Dimension(name, positions, ordered=True) for name in cuts]
+    for name, field in LIST_DIMS:
+        choices = tuple(getattr(opts, field))
+        if len(choices) > 1:
+            dims.append(Dimension(name, choices))
+    return Space(tuple(dims), cuts if stages > 2 else ())
+
+
+def trial_options(opts: SweepOptions, space: Space, config: Config, session: str) -> SweepOptions:
+    """The sweep of one configuration, resuming the search's session."""
+    values = space.as_dict(config)
+    fields: dict[str, Any] = {"session": session, "resume": True, "report": False, "dry_run": False}
+    if "split" in values:
+        fields.update(splits=str(values["split"]), plans=None)
+    else:
+        fields.update(plans=[tuple(values[c] for c in space.plan)])
+    for name, field in LIST_DIMS:
+        if name in values:
+            fields[field] = [values[name]]
+    return dataclasses.replace(opts, **fields)
+
+
+def split_label(space: Space, config: Config) -> str:
+    """The configuration's split as summary.csv labels it: ``9``, or a plan's ``3,9``."""
+    values = space.as_dict(config)
+    return str(values["split"]) if "split" in values else ",".join(str(values[c]) for c in space.plan)
+
+
+def objective_values(summary: pd.DataFrame, opts: SweepOptions, space: Space, config: Config, model: str
+                     ) -> tuple[tuple[float, ...] | None, str]:
+    """The configuration's objectives from summary.csv, and its status (``complete``,
+    ``infeasible``, or ``failed`` when no row holds it)."""
+    values = space.as_dict(config)
+    rows = summary[(summary["model"] == canonical_name(model)) & (summary["split_index"].astype(str)
+                                                                   == split_label(space, config))]
+    for name, field in LIST_DIMS:
+        wanted = values.get(name, getattr(opts, field)[0])
+        if name in summary.columns and not (name == "cipher" and wanted == "auto"):
+            rows = rows[rows[name].astype(str) == str(wanted)]
+    if rows.empty:
+        return None, "failed"
+    row = rows.iloc[0]
+    if row.get("status") != "complete":
+        return None, str(row.get("status"))
+    chosen = objective_names.parse(opts.objectives, summary)
+    try:
+        return tuple(float(row[o.column]) for o in chosen), "complete"
+    except (TypeError, ValueError):
+        return None, "failed"
+
+
+class SearchRun:
+    """One search of one model: its session, its space, and the trials measured so far."""
+
+    def __init__(self, opts: SweepOptions, search: SearchOptions, num_blocks: int) -> None:
+        if len(opts.models) != 1:
+            raise UsageError(f"--models {','.join(opts.models)}: a search explores one model's space; run one "
+                             f"search per model")
+        self.opts, self.search = opts, search
+        self.model = opts.models[0]
+        self.space = search_space(opts, num_blocks, search.stages)
+        self.dir = sweep_session_dir(opts.out, opts.session, opts.resume)
+        self.session = self.dir.name
+        self.trials: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+        chosen = objective_names.check_names(opts.objectives) or ",".join(objective_names.DEFAULT)
+        self.objective_names = [n.strip() for n in chosen.split(",")]
+        self.seeds = self.predicted_configs()
+        if len(set(self.seeds)) > search.budget:  # before the session folder exists
+            raise UsageError(f"--budget {search.budget} is below the predicted front's {len(set(self.seeds))} "
+                             f"configurations, which are measured first: give at least {len(set(self.seeds))}")
+
+    def predicted_configs(self) -> list[Config]:
+        out = []
+        for values in self.search.predicted:
+            full = {**{n: getattr(self.opts, f)[0] for n, f in LIST_DIMS}, **values}
+            missing = [d.name for d in self.space.dims if d.name not in full]
+            if missing:
+                raise UsageError(f"a predicted configuration names no {missing[0]}: {values}")
+            bad = [d.name for d in self.space.dims if full[d.name] not in d.choices]
+            if bad:
+                raise UsageError(f"a predicted configuration's {bad[0]} {full[bad[0]]!r} is outside the search space")
+            out.append(self.space.normalise(full))
+        return out
+
+    def measure(self, config: Config) -> tuple[float, ...] | None:
+        started = time.monotonic()
+        try:
+            Sweeper(trial_options(self.opts, self.space, config, self.session)).run()
+            summary = Session(self.dir).configs()
+            values, status = objective_values(summary, self.opts, self.space, config, self.model)
+        except UsageError:
+            raise
+        except (ParetoPipeError, OSError) as exc:
+            log.error("configuration %s: %s", self.space.as_dict(config), exc)
+            values, status = None, "failed"
+        self.trials.append({"config": self.space.as_dict(config), "status": status, "values": values,
+                            "seconds": round(time.monotonic() - started, 3)})
+        return values
+
+    def _record(self, trial: loop.Trial) -> None:
+        self.trials[-1]["origin"] = trial.origin
+        self.write()
+
+    def write(self, done: bool = False) -> Path:
+        return records.atomic_write_json(self.dir / FILE_NAME, {
+            "model": canonical_name(self.model), "sampler": self.search.sampler, "seed": self.opts.seed,
+            "budget": self.search.budget, "stages": self.search.stages, "objectives": self.objective_names,
+            "space": {d.name: list(d.choices) for d in self.space.dims}, "space_size": self.space.size(),
+            "predicted": len(self.search.predicted), "complete": done,
+            "wall_s": round(time.monotonic() - self.started, 3), "trials": self.trials})
+
+    def run(self) -> loop.SearchResult:
+        senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        result = loop.search(self.space, self.measure, senses, self.search.budget, self.search.sampler,
+                             seed=self.opts.seed or 0, seeds=self.seeds,
+                             startup=self.search.startup, on_trial=self._record)
+        self.write(done=True)
+        return result
+
+
+def predicted_front(profile_specs: Sequence[str], opts: SweepOptions, space: Space, stages: int
+                    ) -> tuple[dict[str, Any], ...]:
+    """The cost model's front per network of the space, from one device profile per stage (every
+    hop under the network's conditions, as a local sweep emulates it), as configurations of the
+    space: measured first. A network that follows a rate trace has no constant-rate prediction
+    and adds none."""
+    if len(profile_specs) != stages:
+        raise UsageError(f"--device-profiles: give one profile per stage ({stages}), got {len(profile_specs)}")
+    profiles = [DeviceProfile.load_spec(spec) for spec in profile_specs]
+    blocks = {int(k): int(v) for k, v in profiles[0].doc["blocks"].items()}
+    to_block = {v: k for k, v in blocks.items()}
+    cuts = cut_names(stages)
+    positions = [blocks[k] for k in space.dim(cuts[0]).choices if k in blocks]
+    networks = space.dim("network").choices if "network" in space.names else tuple(opts.networks[:1])
+    out: list[dict[str, Any]] = []
+    for name in networks:
+        inline = opts.inline_networks.get(name)
+        conditions = conditions_from_values(name, inline) if inline else get_conditions(name, opts.network_file)
+        try:
+            up, down = LinkModel.pair(conditions)
+        except UsageError as exc:
+            log.warning("no predicted front for %s: %s", name, exc)
+            continue
+        plans = pareto_plans(profiles, [up] * (stages - 1), opts.batch_size, positions,
+                             codec_key(opts.wire_dtype, opts.compression), [down] * (stages - 1))
+        allowed = set(positions)
+        # The planner may also end a stage at the model's first or last boundary: only the plans
+        # of the space's positions are configurations of it.
+        for plan in sorted((p for p in plans if set(p.cuts) <= allowed), key=lambda p: p.latency_s):
+            config = dict(zip(cuts, (to_block[c] for c in plan.cuts)))
+            out.append({**config, "network": name} if "network" in space.names else config)
+    return tuple(out)
+
+
+def describe(result: loop.SearchResult, run: SearchRun) -> Sequence[str]:
+    """The lines a search ends with: what it measured, and its front."""
+    feasible = [t for t in result.trials if t.values is not None]
+    lines = [f"search: {len(result.trials)} of {run.space.size()} configurations measured "
+             f"({sum(t.origin == 'prediction' for t in result.trials)} predicted, {len(feasible)} feasible), "
+             f"sampler {result.sampler}, session {run.dir}"]
+    if feasible:
+        points = result.points()
+        mask = loop.pareto.front_mask(points, list(result.objectives.values()))
+        for t, on in zip(feasible, mask):
+            if on:
+                lines.append(f"  on the front: {run.space.as_dict(t.config)} -> "
+                             + ", ".join(f"{n} {v:.4g}" for n, v in zip(result.objectives, t.values)))
+    return lines

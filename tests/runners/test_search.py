@@ -1,0 +1,75 @@
+"""``paretopipe search`` for real: each trial is a configuration the sweep measures into one
+session (stage processes, the emulated link, summary.csv), the predicted front first, nothing
+measured twice, and ``search.json`` agreeing with the session's own summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import PYTHON, ROOT
+from paretopipe.predict.device_profile import synthetic_profile
+from paretopipe.runners.search import predicted_front, search_space
+from paretopipe.runners.sweep import SweepOptions
+import tcp_helpers as cli
+
+
+def _profiles(tmp: Path) -> list[str]:
+    """An edge device and a server shaped like MobileNetV2's 19 blocks (activations shrinking),
+    the server ten times faster."""
+    sizes = [int(6e5 * 0.75 ** i) for i in range(19)] + [4000]
+    paths = []
+    for name, speed in (("edge", 1.0), ("server", 0.1)):
+        doc = synthetic_profile([speed * 2e-3] * 19, sizes, host=name).doc
+        path = tmp / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        paths.append(str(path))
+    return paths
+
+
+def test_the_predicted_front_is_a_set_of_configurations_of_the_space(tmp_path):
+    opts = SweepOptions(models=["mobilenetv2"], splits="0,6,12,19", networks=["lan", "lte"], batch_size=1)
+    space = search_space(opts, 19, 2)
+    front = predicted_front(_profiles(tmp_path), opts, space, 2)
+    assert front and {c["network"] for c in front} == {"lan", "lte"}
+    assert all(c["split"] in (0, 6, 12, 19) for c in front)
+    # Only the plans of the space's positions: without 0 and 19, lan's predicted front (which
+    # ends a stage at one of them) adds nothing.
+    narrow = dataclasses.replace(opts, splits="2,6,12,18")
+    assert {c["network"] for c in predicted_front(_profiles(tmp_path), narrow, search_space(narrow, 19, 2), 2)} \
+        <= {"lte"}
+
+
+@pytest.mark.slow
+def test_a_search_measures_its_budget_into_one_session_the_prediction_first(tmp_path):
+    profiles = _profiles(tmp_path)
+    opts = SweepOptions(models=["mobilenetv2"], splits="0,6,12,19", networks=["lan"], batch_size=1)
+    predicted = predicted_front(profiles, opts, search_space(opts, 19, 2), 2)
+    budget = len(predicted) + 1
+    assert 1 <= len(predicted) <= 3
+    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", str(budget),
+                    "--splits", "0,6,12,19", "--device-profiles", ",".join(profiles), "--network", "lan",
+                    "--runs", "1", "--batch-size", "1", "--num-batches", "4", "--warmup", "1", "--threads", "1",
+                    "--drift-every", "0", "--local", "--out", str(tmp_path / "out"), "--session", "s", "--no-report",
+                    "--quiet"], cwd=ROOT, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    session = tmp_path / "out" / "s"
+    doc = json.loads((session / "search.json").read_text())
+    trials = doc["trials"]
+    assert doc["complete"] and doc["space_size"] == 4 and doc["predicted"] == len(predicted)
+    assert [t["config"]["split"] for t in trials[:len(predicted)]] == [c["split"] for c in predicted]
+    assert [t["origin"] for t in trials[:len(predicted)]] == ["prediction"] * len(predicted)
+    splits = [t["config"]["split"] for t in trials]
+    assert len(trials) == budget and len(set(splits)) == budget  # each configuration measured once
+    summary = pd.read_csv(session / "summary.csv").set_index("split_index")
+    assert sorted(summary.index) == sorted(splits)
+    for t in trials:  # what the search was told is what the session says
+        row = summary.loc[t["config"]["split"]]
+        assert t["status"] == "complete"
+        assert t["values"] == pytest.approx([row["latency_median_s"], row["throughput_imgs_per_s"]])
+    assert f"search: {budget} of 4 configurations measured ({len(predicted)} predicted" in proc.stdout
+    assert "on the front" in proc.stdout
