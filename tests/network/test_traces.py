@@ -86,6 +86,9 @@ def test_shared_recorded_traces_read_at_their_stated_capacity(name):
         assert t.mean_rate_bps / 1e6 == pytest.approx(stated, abs=0.01), (name, which)
 
 
+# It times a real socket against the trace: with the parallel pass's four workers on two cores,
+# the receiver once lagged the trace by more than the 0.3 s allowed (seen in CI), so it runs alone.
+@pytest.mark.alone
 def test_emulated_link_replays_a_trace_at_its_integral_over_a_real_socket():
     """A backlog sent through the emulated link over a socket pair: by every time, the bytes
     received never exceed the trace's capacity up to then (the link never delivers early) and are
