@@ -230,10 +230,15 @@ def describe(result: loop.SearchResult, run: SearchRun) -> Sequence[str]:
     lines = [f"search: {len(result.trials)} of {run.space.size()} configurations measured "
              f"({sum(t.origin == 'prediction' for t in result.trials)} predicted, {len(feasible)} feasible), "
              f"sampler {result.sampler}, session {run.dir}"]
-    if feasible:
-        points = result.points()
+    # A front per network, as the report draws them: configurations under different conditions
+    # do not dominate each other.
+    by_network: dict[Any, list[loop.Trial]] = {}
+    for t in feasible:
+        by_network.setdefault(run.space.as_dict(t.config).get("network"), []).append(t)
+    for trials in by_network.values():
+        points = [t.values for t in trials]
         mask = loop.pareto.front_mask(points, list(result.objectives.values()))
-        for t, on in zip(feasible, mask):
+        for t, on in zip(trials, mask):
             if on:
                 lines.append(f"  on the front: {run.space.as_dict(t.config)} -> "
                              + ", ".join(f"{n} {v:.4g}" for n, v in zip(result.objectives, t.values)))

@@ -73,3 +73,21 @@ def test_a_search_measures_its_budget_into_one_session_the_prediction_first(tmp_
         assert t["values"] == pytest.approx([row["latency_median_s"], row["throughput_imgs_per_s"]])
     assert f"search: {budget} of 4 configurations measured ({len(predicted)} predicted" in proc.stdout
     assert "on the front" in proc.stdout
+
+
+def test_the_closing_lines_give_a_front_per_network():
+    """lte's best is slower than lan's worst: one front over both would hide lte's."""
+    import types
+
+    from paretopipe.runners.search import describe
+    from paretopipe.search.loop import SearchResult, Trial
+
+    opts = SweepOptions(models=["mobilenetv2"], splits="0,6,12,19", networks=["lan", "lte"], batch_size=1)
+    space = search_space(opts, 19, 2)
+    trials = [Trial((6, "lan"), (0.03, 30.0), "sampler"), Trial((12, "lan"), (0.04, 25.0), "sampler"),
+              Trial((6, "lte"), (0.13, 7.0), "sampler")]
+    result = SearchResult(space, {"latency": "min", "throughput": "max"}, "tpe", trials, 3)
+    lines = describe(result, types.SimpleNamespace(space=space, dir=Path("s")))
+    assert [line for line in lines if "on the front" in line] == [
+        "  on the front: {'split': 6, 'network': 'lan'} -> latency 0.03, throughput 30",
+        "  on the front: {'split': 6, 'network': 'lte'} -> latency 0.13, throughput 7"]
