@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Sequence
 
 from ..partition.structure import structure
@@ -11,8 +10,6 @@ from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from .common import ArgumentParser, HelpFormatter, example_epilog, positive_int, setup_logging
 from .sweep import options_from_args
 from .sweep_flags import add_flags
-
-log = logging.getLogger("paretopipe.search")
 
 
 def parser(prog: str = "paretopipe search") -> ArgumentParser:

@@ -136,9 +136,6 @@ class SearchRun:
         chosen = objective_names.check_names(opts.objectives) or ",".join(objective_names.DEFAULT)
         self.objective_names = [n.strip() for n in chosen.split(",")]
         self.seeds = self.predicted_configs()
-        if len(set(self.seeds)) > search.budget:  # before the session folder exists
-            raise UsageError(f"--budget {search.budget} is below the predicted front's {len(set(self.seeds))} "
-                             f"configurations, which are measured first: give at least {len(set(self.seeds))}")
 
     def predicted_configs(self) -> list[Config]:
         out = []
@@ -173,6 +170,9 @@ class SearchRun:
         self.write()
 
     def write(self, done: bool = False) -> Path:
+        # The folder appears with the first trial (the sweep makes it), so a search that
+        # loop.search refuses (a budget below the predicted front) leaves none behind.
+        self.dir.mkdir(parents=True, exist_ok=True)
         return records.atomic_write_json(self.dir / FILE_NAME, {
             "model": canonical_name(self.model), "sampler": self.search.sampler, "seed": self.opts.seed,
             "budget": self.search.budget, "stages": self.search.stages, "objectives": self.objective_names,
@@ -182,7 +182,6 @@ class SearchRun:
 
     def run(self) -> loop.SearchResult:
         senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
-        self.dir.mkdir(parents=True, exist_ok=True)
         result = loop.search(self.space, self.measure, senses, self.search.budget, self.search.sampler,
                              seed=self.opts.seed or 0, seeds=self.seeds,
                              startup=self.search.startup, on_trial=self._record)
