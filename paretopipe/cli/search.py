@@ -24,8 +24,9 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
             "paretopipe search --model resnet50 --stages 3 --budget 40 --network lan,lte",
             "paretopipe search --model mobilenetv2 --budget 8 --device-profiles edge.json,server.json --network lte"))
     search = p.add_argument_group("search")
-    search.add_argument("--budget", type=positive_int, required=True,
-                        help="how many configurations to measure (the predicted front's count among them)")
+    search.add_argument("--budget", "--search", type=positive_int, required=True, dest="budget",
+                        help="how many configurations to measure (the predicted front's count among them); "
+                             "--search is automated_split_tester.py's name for it")
     search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
                         help="tpe (multi-objective TPE), gp (Gaussian-process EHVI), nsga2, qmc (Sobol) or random; "
                              "benchmarks/search.py chose the default")

@@ -45,7 +45,11 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
             "python automated_split_tester.py --model mobilenetv2 --dry-run",
             "python automated_split_tester.py --model mobilenetv2 --resume --out results",
             "paretopipe sweep --config examples/demo.toml",
-            "paretopipe sweep --rerun results/20261122-091500   # the same experiment again, a new session"))
+            "paretopipe sweep --rerun results/20261122-091500   # the same experiment again, a new session",
+            "python automated_split_tester.py --model resnet50 --stages 3 --search 40 --network lan,lte"))
+    p.add_argument("--search", type=int, metavar="BUDGET", default=None,
+                   help="search the space instead of sweeping it: measure BUDGET configurations, as paretopipe "
+                        "search --budget BUDGET does (its --sampler, --stages and --device-profiles apply)")
     add_flags(p)
     return p
 
@@ -204,8 +208,14 @@ def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Ex
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.py") -> int:
-    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
+    given = list(argv if argv is not None else sys.argv[1:])
+    if lm_stages.wants_lm(given):
         return lm_sweep.main(argv, prog)
+    if any(arg == "--search" or arg.startswith("--search=") for arg in given):
+        # lazy for start-up: the search's modules (optuna) only when searching
+        from . import search
+
+        return search.main(argv, prog)
     p = parser(prog)
     args = p.parse_args(argv)
     setup_logging(args.debug, args.quiet)

@@ -262,7 +262,10 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (search + ["--budget", "3", "--sampler", "annealing"], "invalid choice: 'annealing'"),
                        (search + ["--budget", "3", "--splits", "adaptive"], "the search space is empty"),
                        (search + ["--budget", "3", "--device-profiles", f"{T}/none.json"],
-                        "give one profile per stage (2), got 1")):
+                        "give one profile per stage (2), got 1"),
+                       (["sweep", "--model", "mobilenetv2", "--local", "--search", "0"], "--budget/--search"),
+                       (["sweep", "--model", "mobilenetv2", "--local", "--search", "2", "--sampler", "x"],
+                        "invalid choice: 'x'")):
         add(f"search-{len(c)}", argv, what)
     # lab, doctor and the umbrella itself
     for argv, what in ((["lab", "up", "--hosts", "1"], "valid 2..8 hosts"), (["lab", "up", "--hosts", "99"], "2..8"),

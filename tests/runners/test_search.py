@@ -44,6 +44,19 @@ def test_the_predicted_front_is_a_set_of_configurations_of_the_space(tmp_path):
         <= {"lte"}
 
 
+def test_the_sweeps_search_flag_is_paretopipe_search_with_its_budget(tmp_path):
+    """``automated_split_tester.py --search N`` is ``paretopipe search --budget N``: the same space,
+    the same prediction, the same options."""
+    profiles = ",".join(_profiles(tmp_path))
+    common = ["--model", "mobilenetv2", "--splits", "0,6,12,19", "--network", "lan,lte", "--local", "--batch-size", "1",
+              "--device-profiles", profiles, "--dry-run"]
+    sweep = cli.run([PYTHON, "automated_split_tester.py", "--search", "5", *common], timeout=120)
+    search = cli.run([PYTHON, "-m", "paretopipe", "search", "--budget", "5", *common], timeout=120)
+    assert sweep.returncode == search.returncode == 0, sweep.stderr + search.stderr
+    assert sweep.stdout == search.stdout
+    assert sweep.stdout.startswith("search space: 8 configurations (split: 4, network: 2); budget 5;")
+
+
 @pytest.mark.slow
 def test_a_search_measures_its_budget_into_one_session_the_prediction_first(tmp_path):
     profiles = _profiles(tmp_path)
