@@ -7,6 +7,17 @@ Every configuration of a sweep run r replays its trace from the same seeded offs
 is the seed), so static and adaptive runs meet the same segment. The best static split is chosen
 in hindsight: the lowest median latency among the two-stage static splits measured, block splits
 and cuts of several tensors alike (the adaptive split may choose either).
+
+Which median: a run is a fixed number of batches, and a closed loop runs more of them where it is
+fast, so a median over batches counts each phase of a trace by how many batches a split fits into
+it, not by how long the phase lasts. A static split that is fast in the long phase and three
+times slower in the short one then shows the fast phase's latency only, while a policy that is
+quicker in the slow phase puts more of its batches there and shows a higher median for being
+better. So where the records are at hand the comparison is by the *time-weighted median over the
+common span*: the latency of the batch in flight at an instant drawn uniformly from the span of
+trace time every configuration of the run covered (each batch weighted by the part of its
+duration inside the span), the median over runs. ``compared_by`` names the statistic; the medians
+over batches stay in their own columns.
 """
 
 from __future__ import annotations
@@ -31,44 +42,106 @@ COLUMNS = ["model", "backend", "network", "batch_size", "split_index", "role", "
 KEY = ["model", "backend", "network", "batch_size"]
 
 
-def comparison(configs: pd.DataFrame, reactions: dict[tuple, dict[str, float | None]] | None = None
-               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+SPAN = "time-weighted median over the common span"
+BATCHES = "median over batches"
+
+
+def comparison(configs: pd.DataFrame, reactions: dict[tuple, dict[str, float | None]] | None = None,
+               spans: dict[tuple, dict[str, float]] | None = None,
+               starts: dict[tuple, dict[str, str]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(every split's row with its role, one verdict row per group that has a policy's run). The
     verdict carries, per policy present (``adaptive``, ``sciot``), its medians, its ratio to the
     best static split, the goal, and (``reactions``: group key + policy -> median batches) how
-    fast it reacted."""
+    fast it reacted. With ``spans`` (group key -> split label -> time-weighted median over the
+    common span, :func:`span_medians`) covering every split of a group, the best static split and
+    the ratios are by that statistic; otherwise by the median over batches. With ``starts`` (group
+    key -> policy -> the split of its first measured batch, :func:`start_splits`), each policy is
+    also set against the static split it started with, where that split was measured."""
     rows, verdicts = [], []
     for key, grp in configs.groupby(KEY, sort=False):
+        grp = grp.copy()
         labels = grp["split_index"].astype(str)
         present = [p for p in POLICIES if p in set(labels)]
         static = grp[~labels.isin(POLICIES) & ~labels.str.contains(",")]   # two-stage: not a plan
         if not present or static.empty:
             continue
-        best = static.loc[static["latency_median_s"].idxmin()]
+        span = (spans or {}).get(key, {})
+        by_span = all(label in span for label in labels)
+        grp["latency_span_median_s"] = [span.get(label, math.nan) for label in labels]
+        stat = "latency_span_median_s" if by_span else "latency_median_s"
+        static = grp.loc[static.index]
+        best = static.loc[static[stat].idxmin()]
         for _, r in grp.iterrows():
             label = str(r["split_index"])
             role = label if label in POLICIES else "best static" if r["split_index"] == best["split_index"] else "static"
-            rows.append({**{c: r.get(c) for c in COLUMNS if c != "role"}, "role": role})
-        verdict: dict[str, Any] = {**dict(zip(KEY, key)), "best_static_split": best["split_index"],
+            rows.append({**{c: r.get(c) for c in COLUMNS if c != "role"}, "role": role,
+                         "latency_span_median_s": r["latency_span_median_s"]})
+        verdict: dict[str, Any] = {**dict(zip(KEY, key)), "compared_by": SPAN if by_span else BATCHES,
+                                   "best_static_split": best["split_index"],
                                    "best_static_latency_median_s": best["latency_median_s"],
+                                   "best_static_latency_span_median_s": best["latency_span_median_s"],
                                    "best_static_latency_p95_s": best.get("latency_p95_s"),
                                    "best_static_throughput_imgs_per_s": best["throughput_imgs_per_s"]}
         for policy in POLICIES:
             row = grp[labels == policy].iloc[0] if policy in present else None
-            ratio = row["latency_median_s"] / best["latency_median_s"] if row is not None else math.nan
+            ratio = row[stat] / best[stat] if row is not None else math.nan
             verdict.update({f"{policy}_latency_median_s": row["latency_median_s"] if row is not None else math.nan,
+                            f"{policy}_latency_span_median_s": row["latency_span_median_s"] if row is not None
+                            else math.nan,
                             f"{policy}_over_best_latency": ratio,
                             f"{policy}_latency_p95_s": row.get("latency_p95_s") if row is not None else math.nan,
                             f"{policy}_throughput_imgs_per_s": row["throughput_imgs_per_s"] if row is not None
                             else math.nan,
                             f"{policy}_reaction_batches_median": (reactions or {}).get(key, {}).get(policy)})
+            start = (starts or {}).get(key, {}).get(policy)
+            first = static[static["split_index"].astype(str) == start] if start is not None else static.iloc[:0]
+            verdict.update({f"{policy}_started_at": start,
+                            f"{policy}_over_start_latency": row[stat] / first.iloc[0][stat]
+                            if row is not None and not first.empty else math.nan})
             if policy == ADAPTIVE:  # the adaptive goal keeps its columns' names
                 verdict.update(within_goal=bool(ratio <= 1 + GOAL_WITHIN), beats_best_static=bool(ratio < 1))
             else:
                 verdict.update({f"{policy}_within_goal": bool(ratio <= 1 + GOAL_WITHIN),
                                 f"{policy}_beats_best_static": bool(ratio < 1)})
         verdicts.append(verdict)
-    return pd.DataFrame(rows, columns=COLUMNS), pd.DataFrame(verdicts)
+    return pd.DataFrame(rows, columns=COLUMNS + ["latency_span_median_s"]), pd.DataFrame(verdicts)
+
+
+def time_weighted_median(batches: list[dict], until_s: float) -> float | None:
+    """The latency of the batch in flight at an instant drawn uniformly from [0, ``until_s``] of
+    the batch clock: each measured batch weighted by the part of its duration inside the span
+    (warm-up batches hold their time but are not measured)."""
+    pairs = [(b["latency_s"], min(b["end_s"], until_s) - b["start_s"]) for b in batches
+             if not b.get("warmup") and b.get("latency_s") is not None and b.get("start_s") is not None
+             and b.get("end_s") is not None and b["start_s"] < until_s]
+    pairs = sorted((lat, w) for lat, w in pairs if w > 0)
+    if not pairs:
+        return None
+    lat, w = np.array(pairs).T
+    return float(lat[np.searchsorted(np.cumsum(w), 0.5 * w.sum())])
+
+
+def span_medians(session: Session, runs: pd.DataFrame) -> dict[tuple, dict[str, float]]:
+    """Per group and split label, the median over runs of :func:`time_weighted_median` over the
+    span every configuration of that run covered (the earliest last batch end among them)."""
+    done = runs[runs["status"] == "complete"]
+    out: dict[tuple, dict[str, list[float]]] = {}
+    for key, grp in done.groupby(KEY + ["run"], sort=False):
+        recs = {}
+        for _, r in grp.iterrows():
+            path = session.path / str(r["json"])
+            if path.exists():
+                recs[str(r["split_index"])] = [b for b in json.loads(path.read_text())["batches"]
+                                               if b.get("end_s") is not None]
+        ends = [max(b["end_s"] for b in bs) for bs in recs.values() if bs]
+        if len(ends) < len(recs) or not ends:
+            continue
+        slot = out.setdefault(tuple(key[:-1]), {})
+        for label, bs in recs.items():
+            value = time_weighted_median(bs, min(ends))
+            if value is not None:
+                slot.setdefault(label, []).append(value)
+    return {key: {label: float(np.median(v)) for label, v in slot.items()} for key, slot in out.items()}
 
 
 def change_times(record: dict) -> list[float]:
@@ -127,6 +200,29 @@ def reactions_of(session: Session, runs: pd.DataFrame) -> dict[tuple, dict[str, 
         slot.setdefault(f"_{r['split_index']}", []).extend(counts)
     return {key: {p: (float(np.median(slot[f"_{p}"])) if slot.get(f"_{p}") else None) for p in POLICIES}
             for key, slot in out.items()}
+
+
+def start_split(record: dict) -> str | None:
+    """The split label of a policy run's first measured batch (a cut of several tensors by name)."""
+    first = next((b for b in record["batches"] if not b.get("warmup") and b.get("latency_s") is not None), None)
+    if first is None:
+        return None
+    if first.get("split_k") is not None:
+        return str(first["split_k"])
+    candidates = record.get("config", {}).get("adaptive_split", {}).get("candidates") or []
+    i = first.get("split_candidate")
+    return str(candidates[i]) if isinstance(i, int) and 0 <= i < len(candidates) else None
+
+
+def start_splits(session: Session, runs: pd.DataFrame) -> dict[tuple, dict[str, str]]:
+    """Per group, each policy's :func:`start_split` in its lowest-numbered complete run."""
+    out: dict[tuple, dict[str, str]] = {}
+    done = runs[runs["split_index"].astype(str).isin(POLICIES) & (runs["status"] == "complete")]
+    for _, r in done.sort_values("run", ascending=False).iterrows():
+        path = session.path / str(r["json"])
+        if path.exists() and (start := start_split(json.loads(path.read_text()))) is not None:
+            out.setdefault(tuple(r.get(k) for k in KEY), {})[str(r["split_index"])] = start
+    return out
 
 
 def _record(session: Session, runs: pd.DataFrame, network: str, split: Any, run: int = 0) -> dict | None:
@@ -219,24 +315,30 @@ def share_over_time(record: dict) -> tuple[list[float], list[float]] | None:
 
 
 def format_verdicts(verdicts: pd.DataFrame) -> str:
-    """The closing lines: one per trace and policy, with the goal."""
+    """The closing lines: one per trace and policy, with the goal, by the statistic compared."""
     lines = []
     for _, v in verdicts.iterrows():
-        if not pd.isna(v.get("sciot_latency_median_s", math.nan)):
-            lines.append(f"{v['model']} {v['network']}: sciot median {v['sciot_latency_median_s'] * 1e3:.1f} ms vs "
-                         f"best static k={v['best_static_split']} {v['best_static_latency_median_s'] * 1e3:.1f} ms "
-                         f"({v['sciot_over_best_latency']:.2f}x) - within {GOAL_WITHIN:.0%}: "
-                         f"{'yes' if v['sciot_within_goal'] else 'NO'}, beats it: "
-                         f"{'yes' if v['sciot_beats_best_static'] else 'no'}")
-        if pd.isna(v.get("adaptive_latency_median_s", math.nan)):
-            continue
-        lines.append(f"{v['model']} {v['network']}: adaptive median {v['adaptive_latency_median_s'] * 1e3:.1f} ms "
-                     f"vs best static k={v['best_static_split']} {v['best_static_latency_median_s'] * 1e3:.1f} ms "
-                     f"({v['adaptive_over_best_latency']:.2f}x; p95 {v['adaptive_latency_p95_s'] * 1e3:.0f} vs "
-                     f"{v['best_static_latency_p95_s'] * 1e3:.0f} ms; throughput "
-                     f"{v['adaptive_throughput_imgs_per_s']:.2f} vs {v['best_static_throughput_imgs_per_s']:.2f} img/s)"
-                     f" - within {GOAL_WITHIN:.0%}: {'yes' if v['within_goal'] else 'NO'}, beats it: "
-                     f"{'yes' if v['beats_best_static'] else 'no'}")
+        span = v.get("compared_by") == SPAN
+        stat, name = ("latency_span_median_s", "time-weighted median") if span else ("latency_median_s", "median")
+        for policy in POLICIES[::-1]:
+            if pd.isna(v.get(f"{policy}_{stat}", math.nan)):
+                continue
+            within, beats = ("within_goal", "beats_best_static") if policy == ADAPTIVE else \
+                (f"{policy}_within_goal", f"{policy}_beats_best_static")
+            extra = ""
+            if policy == ADAPTIVE:
+                extra = (f"; p95 {v['adaptive_latency_p95_s'] * 1e3:.0f} vs {v['best_static_latency_p95_s'] * 1e3:.0f} "
+                         f"ms; throughput {v['adaptive_throughput_imgs_per_s']:.2f} vs "
+                         f"{v['best_static_throughput_imgs_per_s']:.2f} img/s")
+            if not pd.isna(v.get(f"{policy}_over_start_latency", math.nan)):
+                extra += f"; {v[f'{policy}_over_start_latency']:.2f}x its start k={v[f'{policy}_started_at']}"
+            if span:
+                extra += (f"; median over batches {v[f'{policy}_latency_median_s'] * 1e3:.1f} vs "
+                          f"{v['best_static_latency_median_s'] * 1e3:.1f} ms")
+            lines.append(f"{v['model']} {v['network']}: {policy} {name} {v[f'{policy}_{stat}'] * 1e3:.1f} ms vs best "
+                         f"static k={v['best_static_split']} {v[f'best_static_{stat}'] * 1e3:.1f} ms "
+                         f"({v[f'{policy}_over_best_latency']:.2f}x{extra}) - within {GOAL_WITHIN:.0%}: "
+                         f"{'yes' if v[within] else 'NO'}, beats it: {'yes' if v[beats] else 'no'}")
     return "\n".join(lines)
 
 
@@ -247,7 +349,8 @@ def write(session: Session, out: Path, fmt: str, plt) -> pd.DataFrame | None:
     if configs is None or not set(POLICIES) & set(configs["split_index"].astype(str)):
         return None
     runs = session.runs()
-    table, verdicts = comparison(configs, reactions_of(session, runs))
+    table, verdicts = comparison(configs, reactions_of(session, runs), span_medians(session, runs),
+                                 start_splits(session, runs))
     records.atomic_write_csv(out / "adaptive.csv", table.to_dict("records"), list(table.columns))
     records.atomic_write_csv(out / "adaptive_verdicts.csv", verdicts.to_dict("records"), list(verdicts.columns))
     for _, v in verdicts.iterrows():

@@ -74,3 +74,56 @@ def test_sciots_rule_stands_beside_ours_and_each_reaction_is_counted_in_batches(
     assert adaptive.change_times(record) == [1.0, 2.0]
     assert adaptive.reaction_batches(record) == [3]
     assert adaptive.share_over_time(record) == ([0.0, 1.0, 2.0, 2.75], [1.0, 0.4, 1.0, 1.0])
+
+
+def _closed_loop(phases: list[tuple[float, float]], count: int) -> list[dict]:
+    """``count`` back-to-back batches of a closed loop through phases of (seconds, latency)."""
+    out, t, edges = [], 0.0, []
+    for length, lat in phases:
+        edges.append((t + length, lat))
+        t += length
+    t = 0.0
+    for i in range(count):
+        lat = next((lat for end, lat in edges if t < end), edges[-1][1])
+        out.append({"seq": i, "warmup": False, "start_s": t, "end_s": t + lat, "latency_s": lat})
+        t += lat
+    return out
+
+
+def test_the_comparison_weighs_each_phase_of_a_trace_by_its_time_not_by_its_batches(tmp_path):
+    # 6 s fast then 8 s throttled. Static k=19: 10 ms, then 40 ms; the policy: 12 ms, then 20 ms.
+    # k=19 runs 600 fast batches and 200 throttled ones (median 10 ms), the policy 500 and 400
+    # (median 12 ms): over batches the static split wins. Over the 14 s both covered, k=19 spends
+    # 8 s at 40 ms and the policy 8 s at 20 ms: by time the policy wins, and so does k=0 (30 ms).
+    files = {"19": _closed_loop([(6.0, 0.010), (8.0, 0.040)], 800),
+             "0": _closed_loop([(14.0, 0.030)], 470),
+             "adaptive": _closed_loop([(6.0, 0.012), (8.0, 0.020)], 900)}
+    assert adaptive.time_weighted_median(files["19"], 14.0) == 0.040   # 8 of 14 s at 40 ms
+    assert adaptive.time_weighted_median(files["19"], 10.0) == 0.010   # 6 of 10 s at 10 ms
+    for b in files["adaptive"]:
+        b["split_k"] = 19 if b["start_s"] < 6 else 0
+    rows = []
+    for i, (split, batches) in enumerate(files.items()):
+        (tmp_path / f"r{i}.json").write_text(json.dumps({"batches": batches}))
+        lats = [b["latency_s"] for b in batches]
+        rows.append({"model": "m", "backend": "tcp", "network": "throttle", "batch_size": 1, "split_index": split,
+                     "run": 0, "status": "complete", "json": f"r{i}.json", "latency_median_s": float(pd.Series(lats).median()),
+                     "latency_p95_s": max(lats), "throughput_imgs_per_s": 1 / max(lats), "runs": 1})
+    frame = pd.DataFrame(rows)
+    spans = adaptive.span_medians(Session(tmp_path), frame)
+    key = ("m", "tcp", "throttle", 1)
+    # The span is the shortest run's: the policy's and k=19's end at 14 s, k=0's at 14.1 s.
+    assert spans[key] == {"19": 0.040, "0": 0.030, "adaptive": 0.020}
+    _, by_batches = adaptive.comparison(frame)
+    (b,) = by_batches.to_dict("records")
+    assert b["compared_by"] == adaptive.BATCHES and b["best_static_split"] == "19" and not b["beats_best_static"]
+    starts = adaptive.start_splits(Session(tmp_path), frame)
+    assert starts == {key: {"adaptive": "19"}}
+    table, by_time = adaptive.comparison(frame, spans=spans, starts=starts)
+    (v,) = by_time.to_dict("records")
+    assert v["compared_by"] == adaptive.SPAN and v["best_static_split"] == "0"
+    assert v["adaptive_over_best_latency"] == 0.020 / 0.030 and v["beats_best_static"]
+    assert v["adaptive_started_at"] == "19" and v["adaptive_over_start_latency"] == 0.020 / 0.040
+    assert v["adaptive_latency_median_s"] == 0.012          # the median over batches stays beside it
+    assert dict(zip(table["split_index"], table["latency_span_median_s"])) == spans[key]
+    assert "adaptive time-weighted median 20.0 ms vs best static k=0 30.0 ms (0.67x" in adaptive.format_verdicts(by_time)
