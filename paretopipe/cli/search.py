@@ -34,6 +34,13 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
     search.add_argument("--device-profiles", default=None,
                         help="one device profile per stage (paretopipe profile), comma-separated: the cost model's "
                              "front per network is measured first")
+    search.add_argument("--study", default=None, metavar="URL",
+                        help="share the study with other workers, each on its own testbed (its own --env-file): "
+                             "journal:PATH for workers on one machine, postgresql://USER@HOST[:PORT]/DB for several; "
+                             "the budget holds for the whole study and nothing is measured twice")
+    search.add_argument("--study-name", default=None, help="the shared study's name (default: paretopipe-MODEL)")
+    search.add_argument("--testbed", default=None,
+                        help="this worker's testbed as the study records it (default: its hosts' addresses, or local)")
     add_flags(p)
     return p
 
@@ -51,7 +58,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
               + ", ".join(f"{d.name}: {len(d.choices)}" for d in space.dims)
               + f"); budget {args.budget}; {len(predicted)} predicted first")
         return 0
-    run = SearchRun(opts, SearchOptions(args.budget, args.sampler, args.stages, predicted=predicted), num_blocks)
+    run = SearchRun(opts, SearchOptions(args.budget, args.sampler, args.stages, predicted=predicted,
+                                        study_url=args.study, study_name=args.study_name, testbed=args.testbed),
+                    num_blocks)
     result = run.run()
     if opts.report and (run.dir / "summary.csv").is_file():
         # lazy for start-up: pandas and matplotlib, for the report

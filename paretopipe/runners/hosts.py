@@ -150,6 +150,10 @@ class Testbed:
                              f"({', '.join(h.address for h in self.hosts) or 'none'}): add them to HOSTS")
         return self.hosts[:stages]
 
+    def label(self) -> str:
+        """The testbed's name in a shared study: ``local``, or its hosts' addresses joined by ``+``."""
+        return "+".join(h.address for h in self.hosts) if self.remote else "local"
+
     def describe(self) -> dict[str, Any]:
         """For session.json: everything but the key path and the secret."""
         return {"hosts": [{k: v for k, v in dataclasses.asdict(h).items() if k != "key"} for h in self.hosts],

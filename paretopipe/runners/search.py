@@ -32,6 +32,7 @@ from ..predict.device_profile import DeviceProfile, codec_key
 from ..predict.planner import pareto_plans
 from ..search import loop
 from ..search.space import Config, Dimension, Space
+from ..search.study import StudySpec, check_url, identity as study_identity, redacted
 from .sweep import SweepOptions, Sweeper
 from .sweep.plan import splits_for
 
@@ -50,6 +51,9 @@ class SearchOptions:
     stages: int = 2
     startup: int = 10
     predicted: tuple[dict[str, Any], ...] = ()  # the predicted front's configurations, measured first
+    study_url: str | None = None   # --study: share the study through this storage
+    study_name: str | None = None  # default: paretopipe-<model>
+    testbed: str | None = None     # default: the testbed's own label (Testbed.label)
 
 
 def cut_names(stages: int) -> tuple[str, ...]:
@@ -136,6 +140,15 @@ class SearchRun:
         chosen = objective_names.check_names(opts.objectives) or ",".join(objective_names.DEFAULT)
         self.objective_names = [n.strip() for n in chosen.split(",")]
         self.seeds = self.predicted_configs()
+        self.testbed = search.testbed or opts.testbed.label()
+        self.study: StudySpec | None = None
+        if search.study_url:
+            senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
+            ident = study_identity(canonical_name(self.model), senses, {d.name: d.choices for d in self.space.dims})
+            ident["settings"] = {"stages": search.stages, "batch_size": opts.batch_size, "in_flight": opts.in_flight,
+                                 "wire_dtype": opts.wire_dtype, "compression": opts.compression}
+            self.study = StudySpec(check_url(search.study_url),
+                                   search.study_name or f"paretopipe-{canonical_name(self.model)}", self.testbed, ident)
 
     def predicted_configs(self) -> list[Config]:
         out = []
@@ -162,7 +175,7 @@ class SearchRun:
             log.error("configuration %s: %s", self.space.as_dict(config), exc)
             values, status = None, "failed"
         self.trials.append({"config": self.space.as_dict(config), "status": status, "values": values,
-                            "seconds": round(time.monotonic() - started, 3)})
+                            "testbed": self.testbed, "seconds": round(time.monotonic() - started, 3)})
         return values
 
     def _record(self, trial: loop.Trial) -> None:
@@ -177,14 +190,16 @@ class SearchRun:
             "model": canonical_name(self.model), "sampler": self.search.sampler, "seed": self.opts.seed,
             "budget": self.search.budget, "stages": self.search.stages, "objectives": self.objective_names,
             "space": {d.name: list(d.choices) for d in self.space.dims}, "space_size": self.space.size(),
-            "predicted": len(self.search.predicted), "complete": done,
+            "predicted": len(self.search.predicted), "testbed": self.testbed,
+            "study": {"url": redacted(self.study.url), "name": self.study.name} if self.study else None,
+            "complete": done,
             "wall_s": round(time.monotonic() - self.started, 3), "trials": self.trials})
 
     def run(self) -> loop.SearchResult:
         senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
         result = loop.search(self.space, self.measure, senses, self.search.budget, self.search.sampler,
                              seed=self.opts.seed or 0, seeds=self.seeds,
-                             startup=self.search.startup, on_trial=self._record)
+                             startup=self.search.startup, on_trial=self._record, shared=self.study)
         self.write(done=True)
         return result
 
@@ -229,6 +244,10 @@ def describe(result: loop.SearchResult, run: SearchRun) -> Sequence[str]:
     lines = [f"search: {len(result.trials)} of {run.space.size()} configurations measured "
              f"({sum(t.origin == 'prediction' for t in result.trials)} predicted, {len(feasible)} feasible), "
              f"sampler {result.sampler}, session {run.dir}"]
+    if run.study is not None:
+        lines[0] = lines[0].replace("search: ", f"search on testbed {run.testbed}: ", 1)
+        lines.append(f"  study {run.study.name} ({redacted(run.study.url)}): {result.study_measured} configurations "
+                     f"measured by all its workers; this worker's front:")
     # A front per network, as the report draws them: configurations under different conditions
     # do not dominate each other.
     by_network: dict[Any, list[loop.Trial]] = {}

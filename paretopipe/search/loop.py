@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
+import socket
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -20,10 +23,15 @@ from ..analysis import pareto
 from ..errors import UsageError
 from .samplers import DEFAULT_SAMPLER, make_sampler
 from .space import Config, Space
+from .study import StudySpec, open_study, quiet
 
 log = logging.getLogger("paretopipe.search")
 #: Proposals per unit of budget before a search that keeps proposing measured configurations ends.
 MAX_PROPOSALS_PER_BUDGET = 20
+#: A worker whose study's remaining configurations are all being measured elsewhere looks again after this.
+WAIT_POLL_S = 1.0
+#: Trial attributes (user attributes, so that every worker reads them).
+ORIGIN, MEASURED, REPEAT, TESTBED, WORKER, RETRY_OF = "origin", "measured", "repeat", "testbed", "worker", "retry_of"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +40,8 @@ class Trial:
 
     config: Config
     values: tuple[float, ...] | None
-    origin: str  # "prediction", "sampler", or "fill" (drawn at random after the sampler repeated itself)
+    origin: str  # "prediction", "sampler", "fill" (drawn at random after the sampler repeated itself), or
+    #              "retry" (a configuration a dead worker was measuring)
 
 
 @dataclasses.dataclass
@@ -42,6 +51,7 @@ class SearchResult:
     sampler: str
     trials: list[Trial]
     proposals: int  # suggestions made, repeats of measured configurations included
+    study_measured: int | None = None  # a shared study: configurations measured by all its workers
 
     def points(self, first: int | None = None) -> np.ndarray:
         """The objectives of the feasible configurations among the first ``first`` measured."""
@@ -72,9 +82,12 @@ def normalised_hypervolume(points: np.ndarray, senses: Sequence[str], lower: np.
 
 def search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None], objectives: dict[str, str],
            budget: int, sampler: str = DEFAULT_SAMPLER, seed: int = 0, seeds: Sequence[Config] = (),
-           startup: int = 10, on_trial: Callable[[Trial], None] | None = None) -> SearchResult:
+           startup: int = 10, on_trial: Callable[[Trial], None] | None = None,
+           shared: StudySpec | None = None) -> SearchResult:
     """Measure at most ``budget`` distinct configurations of ``space``: ``seeds`` (the predicted
-    front) first, then the ``sampler``'s. ``evaluate`` measures one (None: infeasible)."""
+    front) first, then the ``sampler``'s. ``evaluate`` measures one (None: infeasible). With
+    ``shared``, the study lives in shared storage: the budget and the rule that nothing is measured
+    twice hold for the whole study, whatever its workers, and the result lists this worker's trials."""
     # lazy for start-up: optuna (only a search needs it)
     import optuna
 
@@ -88,44 +101,167 @@ def search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None],
         raise UsageError(f"--budget {budget} is below the predicted front's {len(seeds)} configurations, which are "
                          f"measured first: give at least {len(seeds)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(directions=["minimize" if s == "min" else "maximize" for s in objectives.values()],
-                                sampler=make_sampler(sampler, seed, startup + len(seeds)))
+    directions = ["minimize" if s == "min" else "maximize" for s in objectives.values()]
+    made = make_sampler(sampler, seed, startup + len(seeds))
+    if shared is None:
+        return _search(space, evaluate, objectives, budget, sampler, seed, seeds, on_trial, None,
+                       optuna.create_study(directions=directions, sampler=made), True)
+    with quiet():
+        study, fresh = open_study(shared, directions, made)
+        return _search(space, evaluate, objectives, budget, sampler, seed, seeds, on_trial, shared, study, fresh)
+
+
+def _search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None], objectives: dict[str, str],
+            budget: int, sampler: str, seed: int, seeds: Sequence[Config], on_trial: Callable[[Trial], None] | None,
+            shared: StudySpec | None, study: Any, fresh: bool) -> SearchResult:
+    """The loop of :func:`search` on an opened study (``fresh``: this search made it)."""
+    # lazy for start-up: optuna
+    import optuna
+
     dists = {d.name: optuna.distributions.IntDistribution(0, len(d.choices) - 1) if d.ordered
              else optuna.distributions.CategoricalDistribution(list(range(len(d.choices)))) for d in space.dims}
-    for config in seeds:
-        study.enqueue_trial({d.name: d.choices.index(v) for d, v in zip(space.dims, config)})
-    measured: dict[Config, tuple[float, ...] | None] = {}
+    if fresh:  # a study joined is already seeded, by the worker that made it
+        for config in seeds:
+            study.enqueue_trial(_params(space, config), user_attrs={ORIGIN: "prediction"})
     trials: list[Trial] = []
     proposals = 0
-    goal = min(budget, total)
-    fills: list[Config] = []  # configurations enqueued in place of a repeat
+    goal = min(budget, space.size())
     rng = random.Random(seed)
-    while len(measured) < goal and proposals < MAX_PROPOSALS_PER_BUDGET * budget:
+    while proposals < MAX_PROPOSALS_PER_BUDGET * budget:
+        if shared is not None:
+            reap_dead_workers(study, shared)
+        state = StudyState.of(study, space)
+        if len(state.measured) >= goal:
+            break
+        if len(state.measured) + len(state.claimed) >= goal and not state.waiting:
+            # The rest of the budget is being measured by other workers: wait for them, or for
+            # one to be found dead, when its configuration is queued again.
+            time.sleep(WAIT_POLL_S)
+            continue
         trial = study.ask(dists)
         config = space.normalise({d.name: d.choices[trial.params[d.name]] for d in space.dims})
-        origin = "prediction" if proposals < len(seeds) else "fill" if fills and config == fills[0] else "sampler"
-        if origin == "fill":
-            fills.pop(0)
+        # A trial asked afresh has no worker yet: one that has is a dead worker's, queued again
+        # (by Optuna's retry callback, which copies the user attributes, or by reap_dead_workers).
+        origin = "retry" if WORKER in trial.user_attrs or RETRY_OF in trial.user_attrs \
+            else trial.user_attrs.get(ORIGIN, "sampler")
         proposals += 1
-        if config in measured:
+        if config in state.measured or config in state.claimed:
             # A repeat would be measured for nothing, and told again it would weigh twice in the
-            # sampler's model (TPE then circles its best region): it fails, and a configuration not
-            # measured yet, drawn at random, is asked next.
+            # sampler's model (TPE then circles its best region): it fails, marked as a repeat, and
+            # a configuration not measured yet, drawn at random, is asked next.
+            trial.set_user_attr(REPEAT, True)
             _tell(study, trial, None)
-            fill = _unmeasured(space, measured, rng)
-            if fill is not None and not fills:
-                fills.append(fill)
-                study.enqueue_trial({d.name: d.choices.index(v) for d, v in zip(space.dims, fill)})
+            fill = _unmeasured(space, {**state.measured, **dict.fromkeys(state.claimed)}, rng)
+            if fill is not None and not state.waiting:
+                study.enqueue_trial(_params(space, fill), user_attrs={ORIGIN: "fill"})
             continue
-        measured[config] = evaluate(config)
-        trials.append(Trial(config, measured[config], origin))
+        if shared is not None:
+            trial.set_user_attr(TESTBED, shared.testbed)
+            trial.set_user_attr(WORKER, {"host": socket.gethostname(), "pid": os.getpid()})
+        with _heartbeat(study, trial):
+            values = evaluate(config)
+        trial.set_user_attr(MEASURED, True)
+        trials.append(Trial(config, values, origin))
         if on_trial is not None:
             on_trial(trials[-1])
-        _tell(study, trial, measured[config])
-    if len(measured) < goal:
+        _tell(study, trial, values)
+    measured = len(StudyState.of(study, space).measured)
+    if measured < goal:
         log.warning("the %s sampler kept proposing measured configurations: %d of %d measured after %d proposals",
-                    sampler, len(measured), goal, proposals)
-    return SearchResult(space, dict(objectives), sampler, trials, proposals)
+                    sampler, measured, goal, proposals)
+    return SearchResult(space, dict(objectives), sampler, trials, proposals,
+                        study_measured=measured if shared is not None else None)
+
+
+def _params(space: Space, config: Config) -> dict[str, int]:
+    return {d.name: d.choices.index(v) for d, v in zip(space.dims, config)}
+
+
+@dataclasses.dataclass
+class StudyState:
+    """What a study holds: the configurations measured (values, or None: infeasible or failed),
+    those being measured now, and how many trials wait to be asked."""
+
+    measured: dict[Config, tuple[float, ...] | None]
+    claimed: set[Config]
+    waiting: int
+
+    @classmethod
+    def of(cls, study: Any, space: Space) -> "StudyState":
+        # lazy for start-up: optuna
+        from optuna.trial import TrialState
+
+        measured: dict[Config, tuple[float, ...] | None] = {}
+        claimed: set[Config] = set()
+        waiting = 0
+        for t in study.get_trials(deepcopy=False):
+            if t.state == TrialState.WAITING:
+                waiting += 1
+                continue
+            if not t.params or t.user_attrs.get(REPEAT):
+                continue
+            config = space.normalise({d.name: d.choices[t.params[d.name]] for d in space.dims})
+            if t.state == TrialState.COMPLETE:
+                measured[config] = tuple(t.values)
+            elif t.state == TrialState.FAIL and t.user_attrs.get(MEASURED):
+                measured.setdefault(config, None)
+            elif t.state == TrialState.RUNNING:
+                claimed.add(config)
+        return cls(measured, claimed - set(measured), waiting)
+
+
+def reap_dead_workers(study: Any, shared: StudySpec) -> list[int]:
+    """Fail the running trials of workers found dead and queue their configurations again: by
+    heartbeat in a relational study (Optuna's own, whose callback queues the copy), by process
+    in a journal study (its workers share this machine: a worker whose process is gone is dead).
+    The numbers of the trials failed."""
+    # lazy for start-up: optuna
+    import optuna
+    from optuna.trial import TrialState
+
+    if shared.kind == "rdb":
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        optuna.storages.fail_stale_trials(study)
+        after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        return sorted(before - after - {t.number for t in study.get_trials(deepcopy=False,
+                                                                          states=(TrialState.COMPLETE,))})
+    reaped = []
+    here = socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get(WORKER) or {}
+        if worker.get("host") != here or _alive(int(worker.get("pid", 0))):
+            continue
+        try:
+            study.tell(t.number, state=TrialState.FAIL)
+        except (ValueError, RuntimeError):  # another worker reaped it first
+            continue
+        log.warning("worker %s died measuring trial %d: its configuration is queued again", worker.get("pid"), t.number)
+        study.enqueue_trial(dict(t.params), user_attrs={ORIGIN: t.user_attrs.get(ORIGIN, "sampler"), RETRY_OF: t.number},
+                            skip_if_exists=False)
+        reaped.append(t.number)
+    return reaped
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of another user: alive
+        return True
+    return True
+
+
+def _heartbeat(study: Any, trial: Any) -> Any:
+    """Optuna's heartbeat for ``trial`` while it is measured (a relational study; nothing for
+    the others). Optuna starts it only inside ``study.optimize``; an ask-and-tell loop starts its
+    own, through the same (private) helper."""
+    # lazy for start-up: optuna
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    return get_heartbeat_thread(trial._trial_id, study._storage)
 
 
 def _unmeasured(space: Space, measured: dict, rng: random.Random, tries: int = 200) -> Config | None:
