@@ -45,8 +45,11 @@ def parser(prog: str = "python -m paretopipe.report") -> ArgumentParser:
                        epilog=example_epilog("python -m paretopipe.report results",
                                              "python -m paretopipe.report results/20261121-070107 --format svg",
                                              "paretopipe report results --objectives latency,throughput,energy,memory"))
-    p.add_argument("results", help="a session folder, or a results folder (newest session)")
-    p.add_argument("--out", default=None, help="output folder (default SESSION/report)")
+    p.add_argument("results", nargs="+",
+                   help="a session folder, or a results folder (newest session); several: the sessions of one "
+                        "shared search study, one per testbed, merged (testbeds.csv, testbed_disagreements.csv)")
+    p.add_argument("--out", default=None, help="output folder (default SESSION/report; several sessions: the "
+                                               "first's report-testbeds)")
     p.add_argument("--format", default="png", choices=["png", "svg", "pdf"])
     add_objectives_flag(p)
     add_common_flags(p)
@@ -61,6 +64,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
+    if len(args.results) > 1:
+        return _testbeds(args)
+    args.results = args.results[0]
     lm_session = lm_fronts.find_lm_session(Path(args.results))
     if lm_session is not None:
         print(lm_fronts.report(lm_session))
@@ -77,6 +83,21 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
         from ..analysis.adaptive_comparison import format_verdicts
 
         print(format_verdicts(pd.read_csv(out / "adaptive_verdicts.csv")))
+    print(f"report written to {out}")
+    return 0
+
+
+def _testbeds(args: argparse.Namespace) -> int:
+    # lazy for start-up: pandas
+    from ..analysis import testbeds
+    # lazy for start-up: pandas
+    from ..analysis.session import find_session
+
+    out = Path(args.out) if args.out else find_session(Path(args.results[0])).path / "report-testbeds"
+    table, flags = testbeds.write([Path(r) for r in args.results], out, args.objectives)
+    names = [n.strip() for n in (args.objectives or "latency,throughput").split(",")]
+    for line in testbeds.describe(table, flags, names):
+        print(line)
     print(f"report written to {out}")
     return 0
 

@@ -38,6 +38,10 @@ from .sweep.plan import splits_for
 
 log = logging.getLogger("paretopipe.search")
 FILE_NAME = "search.json"
+#: Study attributes: the configuration every testbed measures, and ``REFERENCE_OF + testbed`` its result there.
+REFERENCE, REFERENCE_OF = "reference", "reference/"
+#: How long a worker that joined a study waits for its maker to name the reference configuration.
+REFERENCE_WAIT_S = 30.0
 #: The sweep lists that become dimensions of the space when they name more than one choice.
 LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"))
 
@@ -141,6 +145,8 @@ class SearchRun:
         self.objective_names = [n.strip() for n in chosen.split(",")]
         self.seeds = self.predicted_configs()
         self.testbed = search.testbed or opts.testbed.label()
+        self.reference: dict[str, Any] | None = None
+        self._study: Any = None
         self.study: StudySpec | None = None
         if search.study_url:
             senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
@@ -162,6 +168,31 @@ class SearchRun:
                 raise UsageError(f"a predicted configuration's {bad[0]} {full[bad[0]]!r} is outside the search space")
             out.append(self.space.normalise(full))
         return out
+
+    def reference_config(self) -> Config:
+        """The configuration every testbed of a shared study measures: the predicted front's first,
+        else the middle of each ordered dimension with the first choice of the others."""
+        if self.seeds:
+            return self.seeds[0]
+        return self.space.normalise({d.name: d.choices[len(d.choices) // 2] if d.ordered else d.choices[0]
+                                     for d in self.space.dims})
+
+    def join(self, study: Any, created: bool) -> None:
+        """Measure the study's reference configuration on this testbed (outside the budget: it
+        compares testbeds) and record it in the study."""
+        if created:
+            study.set_user_attr(REFERENCE, self.space.as_dict(self.reference_config()))
+        deadline = time.monotonic() + REFERENCE_WAIT_S
+        while (named := study.user_attrs.get(REFERENCE)) is None and time.monotonic() < deadline:
+            time.sleep(0.5)   # the study's maker names it right after making it
+        config = self.space.normalise(named) if named is not None else self.reference_config()
+        values = self.measure(config)
+        self.trials[-1]["origin"] = "reference"
+        study.set_user_attr(REFERENCE_OF + self.testbed, {"values": list(values) if values is not None else None,
+                                                          "at": time.time()})
+        self._study = study
+        self.reference = reference_offsets(study.user_attrs, self.objective_names)
+        self.write()
 
     def measure(self, config: Config) -> tuple[float, ...] | None:
         started = time.monotonic()
@@ -192,6 +223,7 @@ class SearchRun:
             "space": {d.name: list(d.choices) for d in self.space.dims}, "space_size": self.space.size(),
             "predicted": len(self.search.predicted), "testbed": self.testbed,
             "study": {"url": redacted(self.study.url), "name": self.study.name} if self.study else None,
+            "reference": self.reference,
             "complete": done,
             "wall_s": round(time.monotonic() - self.started, 3), "trials": self.trials})
 
@@ -199,9 +231,29 @@ class SearchRun:
         senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
         result = loop.search(self.space, self.measure, senses, self.search.budget, self.search.sampler,
                              seed=self.opts.seed or 0, seeds=self.seeds,
-                             startup=self.search.startup, on_trial=self._record, shared=self.study)
+                             startup=self.search.startup, on_trial=self._record, shared=self.study,
+                             on_join=self.join)
+        if self.reference is not None:   # the testbeds that joined since
+            self.reference = reference_offsets(self._study.user_attrs, self.objective_names)
         self.write(done=True)
         return result
+
+
+def reference_offsets(attrs: dict[str, Any], objectives: Sequence[str]) -> dict[str, Any] | None:
+    """The study's reference configuration as each testbed measured it, and each testbed's
+    offset from the first to measure it: per objective, its value over the first's."""
+    measured = {k[len(REFERENCE_OF):]: v for k, v in attrs.items() if k.startswith(REFERENCE_OF)}
+    if not measured:
+        return None
+    order = sorted(measured, key=lambda tb: measured[tb].get("at", 0.0))
+    base = measured[order[0]].get("values")
+    offsets = {}
+    for tb in order:
+        values = measured[tb].get("values")
+        offsets[tb] = ({n: round(v / b, 4) for n, v, b in zip(objectives, values, base) if b}
+                       if values is not None and base is not None else None)
+    return {"config": attrs.get(REFERENCE), "baseline": order[0],
+            "testbeds": {tb: measured[tb].get("values") for tb in order}, "offsets": offsets}
 
 
 def predicted_front(profile_specs: Sequence[str], opts: SweepOptions, space: Space, stages: int
@@ -246,6 +298,13 @@ def describe(result: loop.SearchResult, run: SearchRun) -> Sequence[str]:
              f"sampler {result.sampler}, session {run.dir}"]
     if run.study is not None:
         lines[0] = lines[0].replace("search: ", f"search on testbed {run.testbed}: ", 1)
+        ref = run.reference or {}
+        for tb, offsets in (ref.get("offsets") or {}).items():
+            values = ref["testbeds"].get(tb)
+            lines.append(f"  reference {ref.get('config')} on {tb}: "
+                         + (", ".join(f"{n} {v:.4g}" for n, v in zip(result.objectives, values)) if values else "failed")
+                         + (f" (x{', x'.join(f'{r:.3f} {n}' for n, r in offsets.items())} of {ref['baseline']}'s)"
+                            if offsets and tb != ref["baseline"] else ""))
         lines.append(f"  study {run.study.name} ({redacted(run.study.url)}): {result.study_measured} configurations "
                      f"measured by all its workers; this worker's front:")
     # A front per network, as the report draws them: configurations under different conditions

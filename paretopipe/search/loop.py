@@ -83,11 +83,13 @@ def normalised_hypervolume(points: np.ndarray, senses: Sequence[str], lower: np.
 def search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None], objectives: dict[str, str],
            budget: int, sampler: str = DEFAULT_SAMPLER, seed: int = 0, seeds: Sequence[Config] = (),
            startup: int = 10, on_trial: Callable[[Trial], None] | None = None,
-           shared: StudySpec | None = None) -> SearchResult:
+           shared: StudySpec | None = None, on_join: Callable[[Any, bool], None] | None = None) -> SearchResult:
     """Measure at most ``budget`` distinct configurations of ``space``: ``seeds`` (the predicted
     front) first, then the ``sampler``'s. ``evaluate`` measures one (None: infeasible). With
     ``shared``, the study lives in shared storage: the budget and the rule that nothing is measured
-    twice hold for the whole study, whatever its workers, and the result lists this worker's trials."""
+    twice hold for the whole study, whatever its workers, and the result lists this worker's trials;
+    ``on_join(study, created)`` runs once the study is open, before any trial (a testbed's
+    reference measurement)."""
     # lazy for start-up: optuna (only a search needs it)
     import optuna
 
@@ -108,6 +110,8 @@ def search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None],
                        optuna.create_study(directions=directions, sampler=made), True)
     with quiet():
         study, fresh = open_study(shared, directions, made)
+        if on_join is not None:
+            on_join(study, fresh)
         return _search(space, evaluate, objectives, budget, sampler, seed, seeds, on_trial, shared, study, fresh)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -104,3 +105,38 @@ def test_the_closing_lines_give_a_front_per_network():
     assert [line for line in lines if "on the front" in line] == [
         "  on the front: {'split': 6, 'network': 'lan'} -> latency 0.03, throughput 30",
         "  on the front: {'split': 6, 'network': 'lte'} -> latency 0.13, throughput 7"]
+
+
+@pytest.mark.slow
+def test_two_workers_on_two_testbeds_share_one_study_and_report_merges_them(tmp_path):
+    """Two ``paretopipe search --study journal:...`` processes, each its own testbed and session:
+    the study's budget measured once in all, the reference configuration measured on both with
+    the second's offset recorded, and ``report A B`` merging the testbeds."""
+    common = [PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--splits", "0,6,12,19", "--network",
+              "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "4", "--warmup", "1", "--drift-every", "0",
+              "--local", "--budget", "4", "--study", f"journal:{tmp_path / 'study.journal'}", "--out", str(tmp_path)]
+    first = cli.popen(common + ["--testbed", "bench-a", "--session", "a"])
+    time.sleep(3)   # bench-a makes the study; bench-b joins it
+    second = cli.run(common + ["--testbed", "bench-b", "--session", "b"], timeout=600)
+    out_a, err_a = first.communicate(timeout=600)
+    assert first.returncode == 0 and second.returncode == 0, err_a + second.stderr
+    docs = {name: json.loads((tmp_path / name / "search.json").read_text()) for name in ("a", "b")}
+    measured = [tuple(sorted(t["config"].items())) for d in docs.values() for t in d["trials"]
+                if t["origin"] != "reference"]
+    assert len(measured) == 4 and len(set(measured)) == 4          # the budget, in all, each once
+    for name, d in docs.items():
+        assert d["study"]["name"] == "paretopipe-mobilenet_v2" and d["testbed"] == f"bench-{name}"
+        (ref,) = [t for t in d["trials"] if t["origin"] == "reference"]
+        assert ref["config"] == {"split": 12} and ref["status"] == "complete"
+    final = docs["a"]["reference"]   # bench-a finished last or first: it re-reads the study at its end
+    assert final["baseline"] == "bench-a" and set(final["testbeds"]) == {"bench-a", "bench-b"}
+    lat_a, lat_b = final["testbeds"]["bench-a"][0], final["testbeds"]["bench-b"][0]
+    assert final["offsets"]["bench-b"]["latency"] == pytest.approx(lat_b / lat_a, rel=1e-3)
+    assert "4 configurations measured by all its workers" in out_a + second.stdout
+    merged = cli.run([PYTHON, "-m", "paretopipe", "report", str(tmp_path / "a"), str(tmp_path / "b")], timeout=300)
+    assert merged.returncode == 0, merged.stderr
+    assert "split 12 (lan) measured on bench-a,bench-b: not judged: one run on bench-a, bench-b" in merged.stdout
+    table = pd.read_csv(tmp_path / "a" / "report-testbeds" / "testbeds.csv")
+    # Each session holds its trials and the reference (split 12, which one of them may also have had as a trial).
+    per_session = sum(len({t["config"]["split"] for t in d["trials"]}) for d in docs.values())
+    assert len(table) == per_session and table["on_front"].any()
