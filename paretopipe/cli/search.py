@@ -7,7 +7,7 @@ from typing import Sequence
 from ..partition.structure import structure
 from ..runners.search import SearchOptions, SearchRun, describe, predicted_front, search_space
 from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
-from .common import ArgumentParser, HelpFormatter, example_epilog, positive_int, setup_logging
+from .common import ArgumentParser, HelpFormatter, example_epilog, positive_float, positive_int, setup_logging
 from .sweep import options_from_args
 from .sweep_flags import add_flags
 
@@ -39,6 +39,9 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
                              "journal:PATH for workers on one machine, postgresql://USER@HOST[:PORT]/DB for several; "
                              "the budget holds for the whole study and nothing is measured twice")
     search.add_argument("--study-name", default=None, help="the shared study's name (default: paretopipe-MODEL)")
+    search.add_argument("--study-grace-s", type=positive_float, default=None, metavar="S",
+                        help="PostgreSQL study: a worker silent this long is taken for dead and its configuration "
+                             "queued again (it beats every S/3; default 30)")
     search.add_argument("--testbed", default=None,
                         help="this worker's testbed as the study records it (default: its hosts' addresses, or local)")
     add_flags(p)
@@ -59,7 +62,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
               + f"); budget {args.budget}; {len(predicted)} predicted first")
         return 0
     run = SearchRun(opts, SearchOptions(args.budget, args.sampler, args.stages, predicted=predicted,
-                                        study_url=args.study, study_name=args.study_name, testbed=args.testbed),
+                                        study_url=args.study, study_name=args.study_name, testbed=args.testbed,
+                                        study_grace_s=args.study_grace_s),
                     num_blocks)
     result = run.run()
     if opts.report and (run.dir / "summary.csv").is_file():

@@ -32,7 +32,7 @@ from ..predict.device_profile import DeviceProfile, codec_key
 from ..predict.planner import pareto_plans
 from ..search import loop
 from ..search.space import Config, Dimension, Space
-from ..search.study import StudySpec, check_url, identity as study_identity, redacted
+from ..search.study import GRACE_S, StudySpec, check_url, identity as study_identity, redacted
 from .sweep import SweepOptions, Sweeper
 from .sweep.plan import splits_for
 
@@ -58,6 +58,7 @@ class SearchOptions:
     study_url: str | None = None   # --study: share the study through this storage
     study_name: str | None = None  # default: paretopipe-<model>
     testbed: str | None = None     # default: the testbed's own label (Testbed.label)
+    study_grace_s: float | None = None  # default: study.GRACE_S
 
 
 def cut_names(stages: int) -> tuple[str, ...]:
@@ -153,8 +154,10 @@ class SearchRun:
             ident = study_identity(canonical_name(self.model), senses, {d.name: d.choices for d in self.space.dims})
             ident["settings"] = {"stages": search.stages, "batch_size": opts.batch_size, "in_flight": opts.in_flight,
                                  "wire_dtype": opts.wire_dtype, "compression": opts.compression}
+            grace = search.study_grace_s or GRACE_S
             self.study = StudySpec(check_url(search.study_url),
-                                   search.study_name or f"paretopipe-{canonical_name(self.model)}", self.testbed, ident)
+                                   search.study_name or f"paretopipe-{canonical_name(self.model)}", self.testbed, ident,
+                                   heartbeat_s=max(1.0, grace / 3), grace_s=grace)
 
     def predicted_configs(self) -> list[Config]:
         out = []

@@ -263,6 +263,10 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (search + ["--budget", "3", "--splits", "adaptive"], "the search space is empty"),
                        (search + ["--budget", "3", "--device-profiles", f"{T}/none.json"],
                         "give one profile per stage (2), got 1"),
+                       (search + ["--budget", "3", "--study", "redis://127.0.0.1/0"],
+                        "unknown storage 'redis'; give journal:PATH"),
+                       (search + ["--budget", "3", "--study", f"journal:{T}/no-folder/s.journal"], "does not exist"),
+                       (search + ["--budget", "3", "--study-grace-s", "0"], "--study-grace-s"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "0"], "--budget/--search"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "2", "--sampler", "x"],
                         "invalid choice: 'x'")):

@@ -101,7 +101,7 @@ def test_the_closing_lines_give_a_front_per_network():
     trials = [Trial((6, "lan"), (0.03, 30.0), "sampler"), Trial((12, "lan"), (0.04, 25.0), "sampler"),
               Trial((6, "lte"), (0.13, 7.0), "sampler")]
     result = SearchResult(space, {"latency": "min", "throughput": "max"}, "tpe", trials, 3)
-    lines = describe(result, types.SimpleNamespace(space=space, dir=Path("s")))
+    lines = describe(result, types.SimpleNamespace(space=space, dir=Path("s"), study=None))
     assert [line for line in lines if "on the front" in line] == [
         "  on the front: {'split': 6, 'network': 'lan'} -> latency 0.03, throughput 30",
         "  on the front: {'split': 6, 'network': 'lte'} -> latency 0.13, throughput 7"]
