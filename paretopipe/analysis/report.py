@@ -98,8 +98,9 @@ def hypervolume_ci(runs: pd.DataFrame, table: pd.DataFrame, resamples: int = 200
     grouped = {key: g[columns].to_numpy(dtype=float) for key, g in usable.groupby(CONFIG_KEY)}
     by_group: dict[tuple, list[tuple[tuple, int]]] = {}
     keys = list(grouped)
+    at = [CONFIG_KEY.index(c) for c in GROUP]   # the key's front columns, wherever they stand in it
     for i, key in enumerate(keys):
-        by_group.setdefault(tuple(key[:len(GROUP)]), []).append((key, i))
+        by_group.setdefault(tuple(key[j] for j in at), []).append((key, i))
     samples: dict[tuple, list[float]] = {g: [] for g in by_group}
     for _ in range(resamples):
         medians = np.array([np.median(v[rng.integers(0, len(v), len(v))], axis=0) for v in grouped.values()])

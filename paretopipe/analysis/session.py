@@ -54,6 +54,7 @@ class ConfigKey:
     network: str
     batch_size: int
     split_index: Any  # the split's label (:attr:`paretopipe.splits.Split.label`): 3, "3,9", a cut, "adaptive"
+    codec: str = "float32/none"  # how activations travel: --wire-dtype/--compression (a search may vary it)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_index", split_label(self.split_index))
@@ -66,21 +67,24 @@ class ConfigKey:
     @property
     def text(self) -> str:
         """``model_backend_network_k03[_cipher][_transport]``: without the batch size, which one sweep fixes."""
-        return config_key(self.model, self.backend, self.network, self.split_index, self.cipher, self.transport)
+        return config_key(self.model, self.backend, self.network, self.split_index, self.cipher, self.transport,
+                          self.codec)
 
 
 CONFIG_KEY = [f.name for f in dataclasses.fields(ConfigKey)]
-#: What a row from before ciphers or transports means by their absence.
-KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP}
+DEFAULT_CODEC = "float32/none"
+#: What a row from before ciphers, transports or codecs in the key means by their absence.
+KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP, "codec": DEFAULT_CODEC}
 
 
 def key_values(row: Mapping[str, Any]) -> tuple:
-    """A row's :data:`CONFIG_KEY` values in order (a row from before ciphers or transports: plain, raw TCP)."""
-    return tuple(row[k] if k in row else KEY_DEFAULTS[k] for k in CONFIG_KEY)
+    """A row's :data:`CONFIG_KEY` values in order (a row from before ciphers, transports or codecs:
+    plain, raw TCP, float32 uncompressed)."""
+    return tuple(row[k] if k in row and row[k] == row[k] else KEY_DEFAULTS[k] for k in CONFIG_KEY)
 #: One panel of figures: every network and split of one model, backend, cipher, transport and batch size.
 PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size"]
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
-              "batch_size", "in_flight", "cipher", "transport", "latency_median_s", "latency_mean_s", "latency_p95_s",
+              "batch_size", "in_flight", "cipher", "transport", "codec", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
               "stage2_compute_median_s", "stage2_queue_median_s", "payload_bytes_mean", "wire_bytes_mean",
               "goodput_mbit_per_s", "result_wire_bytes_mean", "measured_window_s", "measured_span_s",
@@ -123,12 +127,15 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN,
-               transport: str = RAW_TCP) -> str:
+               transport: str = RAW_TCP, codec: str = DEFAULT_CODEC) -> str:
     """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher,
-    one over another transport than raw TCP in the transport's name."""
+    one over another transport than raw TCP in the transport's name, then another codec than
+    float32 uncompressed (``_float16-zstd``): a session of the defaults keeps the names it had
+    before codecs were in the key."""
     k = Split.of(split).key
     return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else "")
-                              + (f"_{transport}" if transport != RAW_TCP else ""))
+                              + (f"_{transport}" if transport != RAW_TCP else "")
+                              + (f"_{codec.replace('/', '-')}" if codec != DEFAULT_CODEC else ""))
 
 
 def panel_names(key: Sequence[Any]) -> tuple[str, str]:
@@ -169,6 +176,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "split_index": split_label(c.get("split_index")), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
             "cipher": cipher_of(rec["manifest"]), "transport": transport_of(rec["manifest"]),
+            "codec": f"{c.get('wire_dtype') or 'float32'}/{c.get('compression') or 'none'}",
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **{k: v for k, v in s.items() if BREAKDOWN.match(k) or RESOURCES.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
@@ -501,10 +509,11 @@ def _read_csv(path: Path):
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not a readable CSV ({str(exc).splitlines()[0]}); rebuild it with a "
                          f"sweep --resume of that session")
-    if "cipher" not in df.columns:  # a session from before encryption: every configuration was plain
-        df["cipher"] = PLAIN
-    if "transport" not in df.columns:  # a session from before transports: raw TCP (or RPC) throughout
-        df["transport"] = RAW_TCP
+    # A session from before ciphers, transports or codecs were in the key: plain, raw TCP (or
+    # RPC) and float32 uncompressed throughout.
+    for column, default in KEY_DEFAULTS.items():
+        if column not in df.columns:
+            df[column] = default
     needed = {"latency_median_s", *CONFIG_KEY}
     missing = sorted(needed - set(df.columns))
     if missing:

@@ -13,7 +13,7 @@ from ...records import COMPLETE, INFEASIBLE, RunRecord, RunSummary
 from .. import rounds
 from .group import GroupProgress
 from .options import SweepOptions
-from .plan import PlannedRun
+from .plan import PlannedRun, settings_of
 
 log = logging.getLogger("paretopipe.sweep")
 
@@ -77,7 +77,7 @@ def reference_runs(sweeper: Measurer, count: int, network: str, reference: tuple
     for _ in range(count):
         n = len(group_meta.reference_runs)
         planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=sweeper.cipher,
-                             transport=sweeper.transport)
+                             transport=sweeper.transport, **settings_of(sweeper.opts))
         record = sweeper.attempt(planned, observed, model, backend)
         if record is None:
             return []
@@ -109,7 +109,8 @@ def requeue_drifted(sweeper: Measurer, drifted: list[tuple], group: GroupProgres
 
 def values_of(sweeper: Measurer, model: str, backend: str, cfg: tuple) -> tuple[list[float], list[float]]:
     """The latencies and throughputs of a configuration's complete runs on disk (those kept)."""
-    key = PlannedRun(model, backend, cfg[0], cfg[1], 0, cipher=sweeper.cipher, transport=sweeper.transport).config_key
+    key = PlannedRun(model, backend, cfg[0], cfg[1], 0, cipher=sweeper.cipher, transport=sweeper.transport,
+                     **settings_of(sweeper.opts)).config_key
     lat, thr = [], []
     for path in sorted(sweeper.session.runs_dir.glob(f"{key}_r*.json")):
         rec = sweeper.session.read_run(path)

@@ -5,9 +5,9 @@ stretches of runs that share one application of tc, and the plan as the dry run 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
-from ...analysis.session import config_key, run_key
+from ...analysis.session import DEFAULT_CODEC, config_key, run_key
 from ...errors import UsageError
 from ...splits import Split, parse_splits, split_adaptive, split_cuts
 from .. import rounds
@@ -27,6 +27,7 @@ class PlannedRun:
     reference: bool = False  # a drift check's re-measurement of the reference configuration
     cipher: str = "none"     # the TCP data port's --encrypt choice (transport.aead)
     transport: str = "tcp"   # the data port's --transport (transport.messaging)
+    codec: str = DEFAULT_CODEC  # --wire-dtype/--compression (settings_of)
 
     @property
     def split_index(self) -> int | str:
@@ -38,11 +39,17 @@ class PlannedRun:
 
     @property
     def config_key(self) -> str:
-        return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport)
+        return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport,
+                          self.codec)
 
     @property
     def run_key(self) -> str:
         return f"{self.config_key}_ref{self.run}" if self.reference else run_key(self.config_key, self.run)
+
+
+def settings_of(opts: SweepOptions) -> dict[str, Any]:
+    """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``)."""
+    return {"codec": f"{opts.wire_dtype}/{opts.compression}"}
 
 
 def group_name(model: str, backend: str, cipher: str, transport: str = "tcp") -> str:
@@ -100,11 +107,11 @@ def plan_runs(opts: SweepOptions, num_blocks: dict[str, int],
             configs = [(n, k) for n in opts.networks
                        for k in splits_for(opts, num_blocks[model], (fine_cuts or {}).get(model))]
             if opts.order == "sequential":
-                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport) for n, k in configs
+                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport, **settings_of(opts)) for n, k in configs
                             for r in range(opts.runs)]
                 continue
             for r in range(opts.runs):
-                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport) for n, k in
+                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport, **settings_of(opts)) for n, k in
                             rounds.round_order(configs, opts.seed, group_name(model, backend, cipher, transport),
                                                r, opts.link == "tc")]
     return planned
@@ -117,9 +124,9 @@ def round_plan(opts: SweepOptions, model: str, backend: str, group: GroupProgres
     runs it plans out of ``group.rerun``."""
     cipher, transport = group.cipher, group.transport
     if opts.order == "sequential":
-        return [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport) for n, k in active
+        return [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport, **settings_of(opts)) for n, k in active
                 for i in range(group.max_runs if opts.precision else opts.runs)]
-    plan = [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport) for n, k in
+    plan = [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport, **settings_of(opts)) for n, k in
             rounds.round_order(active, opts.seed, group.name, r, opts.link == "tc")
             for i in group.rerun[(n, k)] + [r]]
     for c in active:

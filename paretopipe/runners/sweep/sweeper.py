@@ -26,7 +26,7 @@ from . import configure
 from .drift import drift_check, requeue_drifted
 from .group import GroupFactory, GroupInfo, GroupProgress, StageGroup, process_group
 from .options import SweepOptions, check_cpu_emulation, check_options
-from .plan import PlannedRun, group_name, round_plan, segments, splits_for, worker_groups
+from .plan import PlannedRun, group_name, round_plan, segments, settings_of, splits_for, worker_groups
 from .shaping import tc_applied
 
 log = logging.getLogger("paretopipe.sweep")
@@ -253,13 +253,14 @@ class Sweeper:
                     group.progress[c].stopped = group.progress[c].decide(o.runs, o.precision, group.max_runs)
             bar.total = max(bar.total, bar.n + sum(1 for c in group.configs if group.progress[c].stopped is None))
         bar.close()
-        group.meta.stopping = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher,
-                                          transport=self.transport).config_key: p.describe()
+        group.meta.stopping = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher, transport=self.transport,
+                                          **settings_of(o)).config_key: p.describe()
                                for (n, k), p in group.progress.items()}
         group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used.
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
-                                        o.batch_size, k.label): p.describe() for (n, k), p in group.progress.items()})
+                                        o.batch_size, k.label, **settings_of(o)): p.describe()
+                              for (n, k), p in group.progress.items()})
         return len(group.configs)
 
     def _plan_progress(self, meta: SessionMeta, group_runs: int) -> None:
