@@ -203,17 +203,19 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     """The front and the points tied with it (their CIs overlap a front point's on every objective):
     the splits the data cannot tell apart from the best; ``columns``: the objectives' columns
     beyond latency and throughput."""
-    cols = ["model", "backend", "cipher", "transport", "network", "split_index", "cut", "front_status", "latency_s",
+    cols = ["model", "backend", "cipher", "transport", "codec", "network", "split_index", "cut", "front_status", "latency_s",
             "throughput_imgs_per_s", *[c for c in columns if c not in ("latency_s", "throughput_imgs_per_s")],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
     carried = "transport" in table.columns and table["transport"].fillna("tcp").ne("tcp").any()
-    cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed) and (c != "transport" or carried)]
+    coded = "codec" in table.columns and table["codec"].fillna("float32/none").ne("float32/none").any()
+    cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed) and (c != "transport" or carried)
+            and (c != "codec" or coded)]
     if "front_status" in table.columns:
         shown = table[table["front_status"].isin([pareto.FRONT, pareto.TIED])]
     else:  # a pareto.csv written before ties were reported
         shown = table[table["on_front"]]
-    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "network", "latency_s")
+    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "codec", "network", "latency_s")
                                      if c in cols])
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 

@@ -82,7 +82,7 @@ def key_values(row: Mapping[str, Any]) -> tuple:
     plain, raw TCP, float32 uncompressed)."""
     return tuple(row[k] if k in row and row[k] == row[k] else KEY_DEFAULTS[k] for k in CONFIG_KEY)
 #: One panel of figures: every network and split of one model, backend, cipher, transport and batch size.
-PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size"]
+PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size", "codec"]
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
               "batch_size", "in_flight", "cipher", "transport", "codec", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
@@ -141,13 +141,16 @@ def config_key(model: str, backend: str, network: str, split: Any, cipher: str =
 def panel_names(key: Sequence[Any]) -> tuple[str, str]:
     """(title, file stem) of one panel of figures, a ``PANEL_KEY`` tuple; a plain panel keeps the
     names it had before ciphers."""
-    model, backend, cipher, transport, batch = key
+    model, backend, cipher, transport, batch, *rest = key
+    codec = rest[0] if rest else DEFAULT_CODEC
     sealed = cipher not in (PLAIN, None) and cipher == cipher  # NaN: a table without the column
     carried = transport not in (RAW_TCP, None) and transport == transport
+    coded = codec not in (DEFAULT_CODEC, None) and codec == codec
     title = (f"{model}, {backend} backend" + (f" over {transport}" if carried else "")
-             + (f", sealed with {cipher}" if sealed else "") + f", batch {batch}")
+             + (f", sealed with {cipher}" if sealed else "") + f", batch {batch}" + (f", {codec}" if coded else ""))
     return title, records.file_label(f"{model}_{backend}" + (f"_{cipher}" if sealed else "")
-                                     + (f"_{transport}" if carried else "") + f"_b{batch}")
+                                     + (f"_{transport}" if carried else "") + f"_b{batch}"
+                                     + (f"_{str(codec).replace('/', '-')}" if coded else ""))
 
 
 def run_key(cfg_key: str, run: int) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..partition.structure import structure
-from ..runners.search import SearchOptions, SearchRun, describe, predicted_front, search_space
+from ..runners.search import (SearchOptions, SearchRun, describe, parse_vary, predicted_front, search_space,
+                              with_first_choices)
 from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from .common import ArgumentParser, HelpFormatter, example_epilog, positive_float, positive_int, setup_logging
 from .sweep import options_from_args
@@ -34,6 +35,9 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
     search.add_argument("--device-profiles", default=None,
                         help="one device profile per stage (paretopipe profile), comma-separated: the cost model's "
                              "front per network is measured first")
+    search.add_argument("--vary", action="append", default=[], metavar="NAME=A,B",
+                        help="a setting the space varies, beside the split and the sweep lists: codec=WIRE/COMPRESSION,..."
+                             " (e.g. codec=float32/none,float16/zstd,bfloat16/lz4)")
     search.add_argument("--study", default=None, metavar="URL",
                         help="share the study with other workers, each on its own testbed (its own --env-file): "
                              "journal:PATH for workers on one machine, postgresql://USER@HOST[:PORT]/DB for several; "
@@ -51,9 +55,10 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> int:
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    opts = options_from_args(args)
+    vary = parse_vary(args.vary)
+    opts = with_first_choices(options_from_args(args), vary)
     num_blocks = structure(opts.models[0], opts.num_classes)["num_blocks"]
-    space = search_space(opts, num_blocks, args.stages)
+    space = search_space(opts, num_blocks, args.stages, vary)
     predicted = predicted_front([s.strip() for s in args.device_profiles.split(",")], opts, space, args.stages) \
         if args.device_profiles else ()
     if opts.dry_run:
@@ -61,7 +66,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
               + ", ".join(f"{d.name}: {len(d.choices)}" for d in space.dims)
               + f"); budget {args.budget}; {len(predicted)} predicted first")
         return 0
-    run = SearchRun(opts, SearchOptions(args.budget, args.sampler, args.stages, predicted=predicted,
+    run = SearchRun(opts, SearchOptions(args.budget, args.sampler, args.stages, predicted=predicted, vary=vary,
                                         study_url=args.study, study_name=args.study_name, testbed=args.testbed,
                                         study_grace_s=args.study_grace_s),
                     num_blocks)

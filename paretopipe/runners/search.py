@@ -33,6 +33,7 @@ from ..predict.planner import pareto_plans
 from ..search import loop
 from ..search.space import Config, Dimension, Space
 from ..search.study import GRACE_S, StudySpec, check_url, identity as study_identity, redacted
+from ..transport.runconfig import COMPRESSIONS, WIRE_DTYPE_NAMES
 from .sweep import SweepOptions, Sweeper
 from .sweep.plan import splits_for
 
@@ -44,6 +45,46 @@ REFERENCE, REFERENCE_OF = "reference", "reference/"
 REFERENCE_WAIT_S = 30.0
 #: The sweep lists that become dimensions of the space when they name more than one choice.
 LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"))
+#: The sweep's single settings a search may vary (``--vary NAME=A,B``): each is a column of the
+#: configuration key and of its run files' names, so configurations that differ only in it stay
+#: apart. (The batch size is a key column, but one session's run files do not carry it.)
+VARIABLE = ("codec",)
+
+
+def parse_vary(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+    """``--vary codec=float32/none,float16/zstd`` as {name: choices}."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or name not in VARIABLE:
+            raise UsageError(f"--vary {item!r}: give NAME=A,B with NAME one of {', '.join(VARIABLE)} (the batch "
+                             f"size, in-flight depth and threads are not yet in a run's key: search each in a "
+                             f"session of its own)")
+        if name in out:
+            raise UsageError(f"--vary {name} given twice: list its choices once, comma-separated")
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        if not values:
+            raise UsageError(f"--vary {name}=: give at least one choice")
+        out[name] = tuple(dict.fromkeys(_vary_value(name, v) for v in values))
+    return out
+
+
+def with_first_choices(opts: SweepOptions, vary: dict[str, tuple[Any, ...]]) -> SweepOptions:
+    """``opts`` with each varied setting at its first choice: what the predicted front, and a
+    configuration the space does not vary, is measured with."""
+    fields: dict[str, Any] = {}
+    if vary.get("codec"):
+        fields["wire_dtype"], fields["compression"] = vary["codec"][0].split("/")
+    return dataclasses.replace(opts, **fields)
+
+
+def _vary_value(name: str, text: str) -> Any:
+    wire, _, compression = text.partition("/")
+    if wire not in WIRE_DTYPE_NAMES or (compression or "none") not in COMPRESSIONS:
+        raise UsageError(f"--vary codec: {text!r} is not WIRE/COMPRESSION; valid wire dtypes: "
+                         f"{', '.join(WIRE_DTYPE_NAMES)}; compressions: {', '.join(COMPRESSIONS)}")
+    return f"{wire}/{compression or 'none'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +96,7 @@ class SearchOptions:
     stages: int = 2
     startup: int = 10
     predicted: tuple[dict[str, Any], ...] = ()  # the predicted front's configurations, measured first
+    vary: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)  # parse_vary
     study_url: str | None = None   # --study: share the study through this storage
     study_name: str | None = None  # default: paretopipe-<model>
     testbed: str | None = None     # default: the testbed's own label (Testbed.label)
@@ -65,10 +107,11 @@ def cut_names(stages: int) -> tuple[str, ...]:
     return ("split",) if stages == 2 else tuple(f"cut{j}" for j in range(1, stages))
 
 
-def search_space(opts: SweepOptions, num_blocks: int, stages: int) -> Space:
+def search_space(opts: SweepOptions, num_blocks: int, stages: int,
+                 vary: dict[str, tuple[Any, ...]] | None = None) -> Space:
     """The space a search explores: the cut positions ``--splits`` allows (every block
-    boundary with ``all``), a plan's cuts for ``stages`` > 2, and the sweep lists with several
-    choices."""
+    boundary with ``all``), a plan's cuts for ``stages`` > 2, the sweep lists with several
+    choices, and the settings ``vary`` names with several."""
     if stages < 2:
         raise UsageError(f"--stages {stages}: a split needs at least 2 stages")
     splits = splits_for(dataclasses.replace(opts, plans=None), num_blocks)
@@ -82,7 +125,15 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int) -> Space:
         choices = tuple(getattr(opts, field))
         if len(choices) > 1:
             dims.append(Dimension(name, choices))
+    for name, choices in (vary or {}).items():
+        if len(choices) > 1:
+            dims.append(Dimension(name, tuple(choices)))
     return Space(tuple(dims), cuts if stages > 2 else ())
+
+
+def _base(opts: SweepOptions, name: str) -> Any:
+    """A variable setting's value in ``opts`` (what a configuration has when the space does not vary it)."""
+    return f"{opts.wire_dtype}/{opts.compression}"
 
 
 def trial_options(opts: SweepOptions, space: Space, config: Config, session: str) -> SweepOptions:
@@ -96,6 +147,8 @@ def trial_options(opts: SweepOptions, space: Space, config: Config, session: str
     for name, field in LIST_DIMS:
         if name in values:
             fields[field] = [values[name]]
+    if "codec" in values:
+        fields["wire_dtype"], fields["compression"] = values["codec"].split("/")
     return dataclasses.replace(opts, **fields)
 
 
@@ -116,6 +169,9 @@ def objective_values(summary: pd.DataFrame, opts: SweepOptions, space: Space, co
         wanted = values.get(name, getattr(opts, field)[0])
         if name in summary.columns and not (name == "cipher" and wanted == "auto"):
             rows = rows[rows[name].astype(str) == str(wanted)]
+    for name in VARIABLE:
+        if name in summary.columns:
+            rows = rows[rows[name].astype(str) == str(values.get(name, _base(opts, name)))]
     if rows.empty:
         return None, "failed"
     row = rows.iloc[0]
@@ -137,7 +193,7 @@ class SearchRun:
                              f"search per model")
         self.opts, self.search = opts, search
         self.model = opts.models[0]
-        self.space = search_space(opts, num_blocks, search.stages)
+        self.space = search_space(opts, num_blocks, search.stages, search.vary)
         self.dir = sweep_session_dir(opts.out, opts.session, opts.resume)
         self.session = self.dir.name
         self.trials: list[dict[str, Any]] = []
@@ -152,8 +208,8 @@ class SearchRun:
         if search.study_url:
             senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
             ident = study_identity(canonical_name(self.model), senses, {d.name: d.choices for d in self.space.dims})
-            ident["settings"] = {"stages": search.stages, "batch_size": opts.batch_size, "in_flight": opts.in_flight,
-                                 "wire_dtype": opts.wire_dtype, "compression": opts.compression}
+            ident["settings"] = {"stages": search.stages, "in_flight": opts.in_flight, "batch_size": opts.batch_size,
+                                 **{n: _base(opts, n) for n in VARIABLE if n not in self.space.names}}
             grace = search.study_grace_s or GRACE_S
             self.study = StudySpec(check_url(search.study_url),
                                    search.study_name or f"paretopipe-{canonical_name(self.model)}", self.testbed, ident,
@@ -162,7 +218,8 @@ class SearchRun:
     def predicted_configs(self) -> list[Config]:
         out = []
         for values in self.search.predicted:
-            full = {**{n: getattr(self.opts, f)[0] for n, f in LIST_DIMS}, **values}
+            full = {**{n: getattr(self.opts, f)[0] for n, f in LIST_DIMS},
+                    **{n: (self.search.vary.get(n) or (_base(self.opts, n),))[0] for n in VARIABLE}, **values}
             missing = [d.name for d in self.space.dims if d.name not in full]
             if missing:
                 raise UsageError(f"a predicted configuration names no {missing[0]}: {values}")

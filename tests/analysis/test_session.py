@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from paretopipe import records
-from paretopipe.analysis.session import CONFIG_KEY, ConfigKey, Session, config_key, find_session, run_key
+from paretopipe.analysis.session import (CONFIG_KEY, ConfigKey, Session, config_key, find_session, panel_names,
+                                         run_key)
 from paretopipe.errors import UsageError
 
 
@@ -148,6 +149,9 @@ def test_one_config_key_type_keys_the_tables_the_file_names_and_the_stopping_rul
     # Over another transport than raw TCP, a configuration's key ends in it (a TCP one keeps its old key).
     assert ConfigKey("resnet18", "tcp", "none", "mqtt", "lte", 8, 3).text == "resnet18_tcp_lte_k03_mqtt"
     assert config_key("m", "tcp", "lan", 3, "aesgcm", "websocket") == "m_tcp_lan_k03_aesgcm_websocket"
+    assert panel_names(("m", "tcp", "none", "tcp", 1, "float16/zstd")) == ("m, tcp backend, batch 1, float16/zstd",
+                                                                        "m_tcp_b1_float16-zstd")
+    assert panel_names(("m", "tcp", "none", "tcp", 1, "float32/none"))[1] == "m_tcp_b1"
     # Another codec than float32 uncompressed ends the key too (a search may vary it).
     assert ConfigKey("m", "tcp", "none", "tcp", "lan", 1, 3, "float16/zstd").text == "m_tcp_lan_k03_float16-zstd"
     assert ConfigKey.of({"model": "m", "backend": "tcp", "network": "lan", "batch_size": 1, "split_index": 3}) \

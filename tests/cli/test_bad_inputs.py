@@ -267,6 +267,10 @@ def cases() -> list[tuple[str, list[str], str]]:
                         "unknown storage 'redis'; give journal:PATH"),
                        (search + ["--budget", "3", "--study", f"journal:{T}/no-folder/s.journal"], "does not exist"),
                        (search + ["--budget", "3", "--study-grace-s", "0"], "--study-grace-s"),
+                       (search + ["--budget", "3", "--vary", "codec=float8/none"], "valid wire dtypes: float32"),
+                       (search + ["--budget", "3", "--vary", "threads=1,2"], "NAME one of codec"),
+                       (search + ["--budget", "3", "--vary", "codec=float16/none", "--vary", "codec=float32/none"],
+                        "--vary codec given twice"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "0"], "--budget/--search"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "2", "--sampler", "x"],
                         "invalid choice: 'x'")):

@@ -108,6 +108,31 @@ def test_the_closing_lines_give_a_front_per_network():
 
 
 @pytest.mark.slow
+def test_a_search_may_vary_the_codec_and_each_codec_is_a_configuration_of_its_own(tmp_path):
+    """--vary codec=...: the codec is a dimension; configurations differing only in it get their own
+    run files and summary rows (the codec is in the configuration key), and each trial's objectives
+    are its own codec's."""
+    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", "4", "--splits", "0,19",
+                    "--vary", "codec=float32/none,float16/zstd", "--batch-size", "1", "--runs", "1", "--num-batches", "4",
+                    "--warmup", "1", "--drift-every", "0", "--local", "--out", str(tmp_path), "--session", "s",
+                    "--no-report"], timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert doc["space"] == {"split": [0, 19], "codec": ["float32/none", "float16/zstd"]}
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert sorted(zip(summary["split_index"], summary["codec"])) == [
+        (0, "float16/zstd"), (0, "float32/none"), (19, "float16/zstd"), (19, "float32/none")]
+    for t in doc["trials"]:
+        row = summary[(summary["split_index"] == t["config"]["split"]) & (summary["codec"] == t["config"]["codec"])]
+        assert t["values"][0] == pytest.approx(row["latency_median_s"].iloc[0])
+    names = sorted(p.name for p in (tmp_path / "s" / "runs").glob("*.json"))
+    assert "mobilenetv2_tcp_lan_k00_float16-zstd_r0.json" in names and "mobilenetv2_tcp_lan_k00_r0.json" in names
+    # k=0 ships the input: float16 halves what crosses the wire.
+    runs = pd.read_csv(tmp_path / "s" / "runs.csv").set_index(["split_index", "codec"])
+    assert runs.loc[(0, "float16/zstd"), "payload_bytes_mean"] == runs.loc[(0, "float32/none"), "payload_bytes_mean"] / 2
+
+
+@pytest.mark.slow
 def test_two_workers_on_two_testbeds_share_one_study_and_report_merges_them(tmp_path):
     """Two ``paretopipe search --study journal:...`` processes, each its own testbed and session:
     the study's budget measured once in all, the reference configuration measured on both with
