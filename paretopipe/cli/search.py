@@ -25,9 +25,9 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
             "paretopipe search --model resnet50 --stages 3 --budget 40 --network lan,lte",
             "paretopipe search --model mobilenetv2 --budget 8 --device-profiles edge.json,server.json --network lte"))
     search = p.add_argument_group("search")
-    search.add_argument("--budget", "--search", type=positive_int, required=True, dest="budget",
-                        help="how many configurations to measure (the predicted front's count among them); "
-                             "--search is automated_split_tester.py's name for it")
+    search.add_argument("--budget", "--search", type=_budget, required=True, dest="budget",
+                        help="how many configurations to measure (the predicted front's count among them), or all: "
+                             "the whole space; --search is automated_split_tester.py's name for it")
     search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
                         help="tpe (multi-objective TPE), gp (Gaussian-process EHVI), nsga2, qmc (Sobol) or random; "
                              "benchmarks/search.py chose the default")
@@ -52,6 +52,11 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
     return p
 
 
+def _budget(text: str) -> int | None:
+    """A budget: a whole number of at least 1, or ``all`` (None: the whole space)."""
+    return None if text == "all" else positive_int(text)
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> int:
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
@@ -59,6 +64,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
     opts = with_first_choices(options_from_args(args), vary)
     num_blocks = structure(opts.models[0], opts.num_classes)["num_blocks"]
     space = search_space(opts, num_blocks, args.stages, vary)
+    if args.budget is None:
+        args.budget = space.size()
     predicted = predicted_front([s.strip() for s in args.device_profiles.split(",")], opts, space, args.stages) \
         if args.device_profiles else ()
     if opts.dry_run:
@@ -78,7 +85,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
         report.write_report(run.dir, run.dir / "report", objectives=opts.objectives)
     for line in describe(result, run):
         print(line)
-    if not any(t.values is not None for t in result.trials):
+    # In a shared study, a worker may find every configuration measured by the others: that is done, not failed.
+    if not any(t.values is not None for t in result.trials) and not result.study_measured:
         print(f"error: no configuration was measured; see {run.dir / 'failures.csv'}")
         return 1
     return 0

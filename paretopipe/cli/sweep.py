@@ -49,7 +49,12 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
             "python automated_split_tester.py --model resnet50 --stages 3 --search 40 --network lan,lte"))
     p.add_argument("--search", type=int, metavar="BUDGET", default=None,
                    help="search the space instead of sweeping it: measure BUDGET configurations, as paretopipe "
-                        "search --budget BUDGET does (its --sampler, --stages and --device-profiles apply)")
+                        "search --budget BUDGET does (its --sampler, --stages, --device-profiles, --vary and --study "
+                        "apply)")
+    p.add_argument("--study", default=None, metavar="URL",
+                   help="share the sweep's configurations with other workers, each on its own testbed, through a "
+                        "search study (journal:PATH or postgresql://USER@HOST/DB): paretopipe search --budget all "
+                        "--sampler random; each configuration is measured once, by one worker, with its runs")
     add_flags(p)
     return p
 
@@ -211,11 +216,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
     given = list(argv if argv is not None else sys.argv[1:])
     if lm_stages.wants_lm(given):
         return lm_sweep.main(argv, prog)
-    if any(arg == "--search" or arg.startswith("--search=") for arg in given):
+    searching = any(arg == "--search" or arg.startswith("--search=") for arg in given)
+    if searching or any(arg == "--study" or arg.startswith("--study=") for arg in given):
         # lazy for start-up: the search's modules (optuna) only when searching
         from . import search
 
-        return search.main(argv, prog)
+        # A sweep shared through a study is a search of its whole space: each worker takes the
+        # next configuration no worker has measured (in random order, as a sweep's rounds).
+        return search.main(given if searching else given + ["--budget", "all", "--sampler", "random"], prog)
     p = parser(prog)
     args = p.parse_args(argv)
     setup_logging(args.debug, args.quiet)

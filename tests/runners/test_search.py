@@ -165,3 +165,22 @@ def test_two_workers_on_two_testbeds_share_one_study_and_report_merges_them(tmp_
     # Each session holds its trials and the reference (split 12, which one of them may also have had as a trial).
     per_session = sum(len({t["config"]["split"] for t in d["trials"]}) for d in docs.values())
     assert len(table) == per_session and table["on_front"].any()
+
+
+@pytest.mark.slow
+def test_a_sweep_shared_through_a_study_measures_its_whole_space_once_across_workers(tmp_path):
+    """``automated_split_tester.py --study URL`` on two workers: every configuration of the sweep
+    measured, each by one worker."""
+    common = [PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "0,6,12,19", "--network",
+              "lan", "--runs", "1", "--batch-size", "1", "--num-batches", "4", "--warmup", "1", "--drift-every", "0",
+              "--local", "--study", f"journal:{tmp_path / 'sweep.journal'}", "--study-name", "shared-sweep",
+              "--out", str(tmp_path), "--no-report"]
+    first = cli.popen(common + ["--testbed", "one", "--session", "one"])
+    time.sleep(3)
+    second = cli.run(common + ["--testbed", "two", "--session", "two"], timeout=600)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0 and second.returncode == 0, err + second.stderr
+    trials = [t for name in ("one", "two") for t in json.loads((tmp_path / name / "search.json").read_text())["trials"]
+              if t["origin"] != "reference"]
+    assert sorted(t["config"]["split"] for t in trials) == [0, 6, 12, 19]   # the whole sweep, each once
+    assert {t["testbed"] for t in trials} <= {"one", "two"}
