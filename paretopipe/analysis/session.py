@@ -127,15 +127,16 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN,
-               transport: str = RAW_TCP, codec: str = DEFAULT_CODEC) -> str:
+               transport: str = RAW_TCP, codec: str = DEFAULT_CODEC, batch_tag: int | None = None) -> str:
     """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher,
     one over another transport than raw TCP in the transport's name, then another codec than
-    float32 uncompressed (``_float16-zstd``): a session of the defaults keeps the names it had
-    before codecs were in the key."""
+    float32 uncompressed (``_float16-zstd``), and a batch size where a search session holds several
+    (``_b4``): a session of the defaults keeps the names it had before codecs were in the key."""
     k = Split.of(split).key
     return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else "")
                               + (f"_{transport}" if transport != RAW_TCP else "")
-                              + (f"_{codec.replace('/', '-')}" if codec != DEFAULT_CODEC else ""))
+                              + (f"_{codec.replace('/', '-')}" if codec != DEFAULT_CODEC else "")
+                              + (f"_b{int(batch_tag)}" if batch_tag is not None else ""))
 
 
 def panel_names(key: Sequence[Any]) -> tuple[str, str]:

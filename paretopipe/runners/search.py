@@ -46,21 +46,21 @@ REFERENCE_WAIT_S = 30.0
 #: The sweep lists that become dimensions of the space when they name more than one choice.
 LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"))
 #: The sweep's single settings a search may vary (``--vary NAME=A,B``): each is a column of the
-#: configuration key and of its run files' names, so configurations that differ only in it stay
-#: apart. (The batch size is a key column, but one session's run files do not carry it.)
-VARIABLE = ("codec",)
+#: configuration key and named in its run files (a batch size other than the first, ``_b4``), so
+#: configurations that differ only in it stay apart.
+VARIABLE = ("codec", "batch_size")
 
 
 def parse_vary(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
-    """``--vary codec=float32/none,float16/zstd`` as {name: choices}."""
+    """``--vary codec=float32/none,float16/zstd --vary batch_size=1,4`` as {name: choices}."""
     out: dict[str, tuple[Any, ...]] = {}
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip()
         if not sep or name not in VARIABLE:
-            raise UsageError(f"--vary {item!r}: give NAME=A,B with NAME one of {', '.join(VARIABLE)} (the batch "
-                             f"size, in-flight depth and threads are not yet in a run's key: search each in a "
-                             f"session of its own)")
+            raise UsageError(f"--vary {item!r}: give NAME=A,B with NAME one of {', '.join(VARIABLE)} (the "
+                             f"in-flight depth and threads are not yet in a run's key: search each in a session "
+                             f"of its own)")
         if name in out:
             raise UsageError(f"--vary {name} given twice: list its choices once, comma-separated")
         values = [v.strip() for v in text.split(",") if v.strip()]
@@ -76,10 +76,16 @@ def with_first_choices(opts: SweepOptions, vary: dict[str, tuple[Any, ...]]) -> 
     fields: dict[str, Any] = {}
     if vary.get("codec"):
         fields["wire_dtype"], fields["compression"] = vary["codec"][0].split("/")
+    if vary.get("batch_size"):
+        fields["batch_size"] = vary["batch_size"][0]
     return dataclasses.replace(opts, **fields)
 
 
 def _vary_value(name: str, text: str) -> Any:
+    if name == "batch_size":
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"--vary batch_size: {text!r} is not a batch size; give whole numbers of at least 1")
+        return int(text)
     wire, _, compression = text.partition("/")
     if wire not in WIRE_DTYPE_NAMES or (compression or "none") not in COMPRESSIONS:
         raise UsageError(f"--vary codec: {text!r} is not WIRE/COMPRESSION; valid wire dtypes: "
@@ -127,13 +133,13 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int,
             dims.append(Dimension(name, choices))
     for name, choices in (vary or {}).items():
         if len(choices) > 1:
-            dims.append(Dimension(name, tuple(choices)))
+            dims.append(Dimension(name, tuple(choices), ordered=name == "batch_size"))
     return Space(tuple(dims), cuts if stages > 2 else ())
 
 
 def _base(opts: SweepOptions, name: str) -> Any:
     """A variable setting's value in ``opts`` (what a configuration has when the space does not vary it)."""
-    return f"{opts.wire_dtype}/{opts.compression}"
+    return f"{opts.wire_dtype}/{opts.compression}" if name == "codec" else getattr(opts, name)
 
 
 def trial_options(opts: SweepOptions, space: Space, config: Config, session: str) -> SweepOptions:
@@ -149,6 +155,9 @@ def trial_options(opts: SweepOptions, space: Space, config: Config, session: str
             fields[field] = [values[name]]
     if "codec" in values:
         fields["wire_dtype"], fields["compression"] = values["codec"].split("/")
+    if "batch_size" in values:
+        # The session's run files name every batch size but the first (plan.settings_of).
+        fields.update(batch_size=int(values["batch_size"]), key_batch_size=space.dim("batch_size").choices[0])
     return dataclasses.replace(opts, **fields)
 
 
@@ -208,7 +217,7 @@ class SearchRun:
         if search.study_url:
             senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
             ident = study_identity(canonical_name(self.model), senses, {d.name: d.choices for d in self.space.dims})
-            ident["settings"] = {"stages": search.stages, "in_flight": opts.in_flight, "batch_size": opts.batch_size,
+            ident["settings"] = {"stages": search.stages, "in_flight": opts.in_flight,
                                  **{n: _base(opts, n) for n in VARIABLE if n not in self.space.names}}
             grace = search.study_grace_s or GRACE_S
             self.study = StudySpec(check_url(search.study_url),

@@ -108,28 +108,32 @@ def test_the_closing_lines_give_a_front_per_network():
 
 
 @pytest.mark.slow
-def test_a_search_may_vary_the_codec_and_each_codec_is_a_configuration_of_its_own(tmp_path):
-    """--vary codec=...: the codec is a dimension; configurations differing only in it get their own
-    run files and summary rows (the codec is in the configuration key), and each trial's objectives
-    are its own codec's."""
-    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", "4", "--splits", "0,19",
-                    "--vary", "codec=float32/none,float16/zstd", "--batch-size", "1", "--runs", "1", "--num-batches", "4",
-                    "--warmup", "1", "--drift-every", "0", "--local", "--out", str(tmp_path), "--session", "s",
-                    "--no-report"], timeout=600)
+def test_a_search_may_vary_the_codec_and_the_batch_size_each_a_configuration_of_its_own(tmp_path):
+    """--vary codec=... --vary batch_size=...: both are dimensions; configurations differing only in
+    them get their own run files and summary rows, and each trial's objectives are its own."""
+    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", "all", "--splits",
+                    "0,19", "--vary", "codec=float32/none,float16/zstd", "--vary", "batch_size=1,2", "--runs", "1",
+                    "--num-batches", "3", "--warmup", "1", "--drift-every", "0", "--local", "--out", str(tmp_path),
+                    "--session", "s", "--no-report"], timeout=600)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "s" / "search.json").read_text())
-    assert doc["space"] == {"split": [0, 19], "codec": ["float32/none", "float16/zstd"]}
+    assert doc["space"] == {"split": [0, 19], "codec": ["float32/none", "float16/zstd"], "batch_size": [1, 2]}
     summary = pd.read_csv(tmp_path / "s" / "summary.csv")
-    assert sorted(zip(summary["split_index"], summary["codec"])) == [
-        (0, "float16/zstd"), (0, "float32/none"), (19, "float16/zstd"), (19, "float32/none")]
+    assert len(summary) == 8 and len(summary.drop_duplicates(["split_index", "codec", "batch_size"])) == 8
     for t in doc["trials"]:
-        row = summary[(summary["split_index"] == t["config"]["split"]) & (summary["codec"] == t["config"]["codec"])]
+        c = t["config"]
+        row = summary[(summary["split_index"] == c["split"]) & (summary["codec"] == c["codec"])
+                      & (summary["batch_size"] == c["batch_size"])]
         assert t["values"][0] == pytest.approx(row["latency_median_s"].iloc[0])
     names = sorted(p.name for p in (tmp_path / "s" / "runs").glob("*.json"))
-    assert "mobilenetv2_tcp_lan_k00_float16-zstd_r0.json" in names and "mobilenetv2_tcp_lan_k00_r0.json" in names
-    # k=0 ships the input: float16 halves what crosses the wire.
-    runs = pd.read_csv(tmp_path / "s" / "runs.csv").set_index(["split_index", "codec"])
-    assert runs.loc[(0, "float16/zstd"), "payload_bytes_mean"] == runs.loc[(0, "float32/none"), "payload_bytes_mean"] / 2
+    # The first batch size and the default codec leave the names as a sweep's; the others name themselves.
+    assert {"mobilenetv2_tcp_lan_k00_r0.json", "mobilenetv2_tcp_lan_k00_float16-zstd_r0.json",
+            "mobilenetv2_tcp_lan_k00_b2_r0.json", "mobilenetv2_tcp_lan_k00_float16-zstd_b2_r0.json"} <= set(names)
+    # k=0 ships the input: float16 halves what crosses the wire, and batch 2 doubles it.
+    runs = pd.read_csv(tmp_path / "s" / "runs.csv").set_index(["split_index", "codec", "batch_size"])
+    plain = runs.loc[(0, "float32/none", 1), "payload_bytes_mean"]
+    assert runs.loc[(0, "float16/zstd", 1), "payload_bytes_mean"] == plain / 2
+    assert runs.loc[(0, "float32/none", 2), "payload_bytes_mean"] == plain * 2
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ class SweepOptions:
     networks: list[str] = dataclasses.field(default_factory=lambda: ["lan"])
     backends: list[str] = dataclasses.field(default_factory=lambda: ["tcp"])
     batch_size: int = 8
+    key_batch_size: int | None = None   # a search session's base batch size: run files of another name theirs
     num_batches: int = 20
     warmup: int = 3
     warmup_every_run: bool = False

@@ -28,6 +28,7 @@ class PlannedRun:
     cipher: str = "none"     # the TCP data port's --encrypt choice (transport.aead)
     transport: str = "tcp"   # the data port's --transport (transport.messaging)
     codec: str = DEFAULT_CODEC  # --wire-dtype/--compression (settings_of)
+    batch_tag: int | None = None  # the batch size, where the run file names it (settings_of)
 
     @property
     def split_index(self) -> int | str:
@@ -40,7 +41,7 @@ class PlannedRun:
     @property
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport,
-                          self.codec)
+                          self.codec, self.batch_tag)
 
     @property
     def run_key(self) -> str:
@@ -48,8 +49,10 @@ class PlannedRun:
 
 
 def settings_of(opts: SweepOptions) -> dict[str, Any]:
-    """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``)."""
-    return {"codec": f"{opts.wire_dtype}/{opts.compression}"}
+    """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``), and its batch
+    size where a search session holds several (``key_batch_size``: the one its file names leave out)."""
+    tag = opts.batch_size if opts.key_batch_size is not None and opts.batch_size != opts.key_batch_size else None
+    return {"codec": f"{opts.wire_dtype}/{opts.compression}", "batch_tag": tag}
 
 
 def group_name(model: str, backend: str, cipher: str, transport: str = "tcp") -> str:
