@@ -146,7 +146,7 @@ def _figures(ta: pd.DataFrame, tb: pd.DataFrame, out: Path, fmt: str, name_a: st
                         ax.annotate(p["label"], (p["x"] * 1e3, p["y"]), fontsize=7, color=colour,
                                     xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
-        title, stem = panel_names(key)
+        title, stem = panel_names(key, ta["in_flight"].nunique() > 1)
         ax.set(xlabel="latency per batch, median (ms, log)", ylabel="throughput (images/s)",
                title=f"{title}: {name_a} (solid) vs {name_b} (dashed)")
         ax.grid(True, which="both", alpha=0.3)

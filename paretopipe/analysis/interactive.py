@@ -139,8 +139,9 @@ def write_html(table: pd.DataFrame, objectives: Sequence[Objective], path: Path)
 
 
     sections = []
+    depths = table["in_flight"].nunique() > 1
     for key, panel in table.groupby(PANEL_KEY):
-        title, stem = panel_names(key)
+        title, stem = panel_names(key, depths)
         figures = [_panel_figure(panel, objectives, f"Pareto fronts: {title}")]
         if len(objectives) >= 3:
             figures.append(_matrix_figure(panel, objectives, title))

@@ -142,16 +142,18 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     carried = transport_cost(table)
     if not carried.empty:
         records.atomic_write_csv(out / TRANSPORT_FILE, carried.to_dict("records"), list(carried.columns))
+    depths = table["in_flight"].nunique() > 1
     for key, panel in table.groupby(PANEL_KEY):
-        _panel_figures(plt, panel, key, chosen, out, fmt)
+        _panel_figures(plt, panel, key, chosen, out, fmt, depths)
     adaptive_comparison.write(session, out, fmt, plt)
     return out
 
 
 def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[objectives_mod.Objective],
-                   out: Path, fmt: str) -> None:
-    """The figures of one panel; one with nothing to draw is left out, with one line that says why."""
-    title, stem = panel_names(key)
+                   out: Path, fmt: str, depths: bool = False) -> None:
+    """The figures of one panel; one with nothing to draw is left out, with one line that says why
+    (``depths``: the session holds several in-flight depths, named in the files)."""
+    title, stem = panel_names(key, depths)
     default = [o.name for o in chosen] == list(objectives_mod.DEFAULT)
 
     def figure(name: str, path: Path, make: Callable[[], Any]) -> None:
@@ -203,14 +205,15 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     """The front and the points tied with it (their CIs overlap a front point's on every objective):
     the splits the data cannot tell apart from the best; ``columns``: the objectives' columns
     beyond latency and throughput."""
-    cols = ["model", "backend", "cipher", "transport", "codec", "network", "split_index", "cut", "front_status", "latency_s",
+    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "network", "split_index", "cut", "front_status", "latency_s",
             "throughput_imgs_per_s", *[c for c in columns if c not in ("latency_s", "throughput_imgs_per_s")],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
     carried = "transport" in table.columns and table["transport"].fillna("tcp").ne("tcp").any()
     coded = "codec" in table.columns and table["codec"].fillna("float32/none").ne("float32/none").any()
+    deep = "in_flight" in table.columns and table["in_flight"].nunique() > 1
     cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed) and (c != "transport" or carried)
-            and (c != "codec" or coded)]
+            and (c != "codec" or coded) and (c != "in_flight" or deep)]
     if "front_status" in table.columns:
         shown = table[table["front_status"].isin([pareto.FRONT, pareto.TIED])]
     else:  # a pareto.csv written before ties were reported

@@ -55,6 +55,7 @@ class ConfigKey:
     batch_size: int
     split_index: Any  # the split's label (:attr:`paretopipe.splits.Split.label`): 3, "3,9", a cut, "adaptive"
     codec: str = "float32/none"  # how activations travel: --wire-dtype/--compression (a search may vary it)
+    in_flight: int = 1           # --in-flight (a search may vary it)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_index", split_label(self.split_index))
@@ -74,15 +75,15 @@ class ConfigKey:
 CONFIG_KEY = [f.name for f in dataclasses.fields(ConfigKey)]
 DEFAULT_CODEC = "float32/none"
 #: What a row from before ciphers, transports or codecs in the key means by their absence.
-KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP, "codec": DEFAULT_CODEC}
+KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP, "codec": DEFAULT_CODEC, "in_flight": 1}
 
 
 def key_values(row: Mapping[str, Any]) -> tuple:
-    """A row's :data:`CONFIG_KEY` values in order (a row from before ciphers, transports or codecs:
-    plain, raw TCP, float32 uncompressed)."""
+    """A row's :data:`CONFIG_KEY` values in order (a row from before ciphers, transports, codecs or
+    in-flight depths in the key: plain, raw TCP, float32 uncompressed, one in flight)."""
     return tuple(row[k] if k in row and row[k] == row[k] else KEY_DEFAULTS[k] for k in CONFIG_KEY)
 #: One panel of figures: every network and split of one model, backend, cipher, transport and batch size.
-PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size", "codec"]
+PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size", "codec", "in_flight"]
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
               "batch_size", "in_flight", "cipher", "transport", "codec", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
@@ -127,31 +128,39 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN,
-               transport: str = RAW_TCP, codec: str = DEFAULT_CODEC, batch_tag: int | None = None) -> str:
+               transport: str = RAW_TCP, codec: str = DEFAULT_CODEC, batch_tag: int | None = None,
+               in_flight_tag: int | None = None) -> str:
     """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher,
     one over another transport than raw TCP in the transport's name, then another codec than
-    float32 uncompressed (``_float16-zstd``), and a batch size where a search session holds several
-    (``_b4``): a session of the defaults keeps the names it had before codecs were in the key."""
+    float32 uncompressed (``_float16-zstd``), and a batch size and an in-flight depth where a search
+    session holds several (``_b4``, ``_w2``): a sweep's names are what they were before codecs were
+    in the key."""
     k = Split.of(split).key
     return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else "")
                               + (f"_{transport}" if transport != RAW_TCP else "")
                               + (f"_{codec.replace('/', '-')}" if codec != DEFAULT_CODEC else "")
-                              + (f"_b{int(batch_tag)}" if batch_tag is not None else ""))
+                              + (f"_b{int(batch_tag)}" if batch_tag is not None else "")
+                              + (f"_w{int(in_flight_tag)}" if in_flight_tag is not None else ""))
 
 
-def panel_names(key: Sequence[Any]) -> tuple[str, str]:
+def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
     """(title, file stem) of one panel of figures, a ``PANEL_KEY`` tuple; a plain panel keeps the
     names it had before ciphers."""
     model, backend, cipher, transport, batch, *rest = key
     codec = rest[0] if rest else DEFAULT_CODEC
+    # The in-flight depth is named only where the table holds several (``depths``, a search that
+    # varied it): a sweep's figures keep the names they had before it was in the key.
+    depth = int(rest[1]) if depths and len(rest) > 1 and rest[1] == rest[1] else 1
     sealed = cipher not in (PLAIN, None) and cipher == cipher  # NaN: a table without the column
     carried = transport not in (RAW_TCP, None) and transport == transport
     coded = codec not in (DEFAULT_CODEC, None) and codec == codec
     title = (f"{model}, {backend} backend" + (f" over {transport}" if carried else "")
-             + (f", sealed with {cipher}" if sealed else "") + f", batch {batch}" + (f", {codec}" if coded else ""))
+             + (f", sealed with {cipher}" if sealed else "") + f", batch {batch}" + (f", {codec}" if coded else "")
+             + (f", {depth} in flight" if depth != 1 else ""))
     return title, records.file_label(f"{model}_{backend}" + (f"_{cipher}" if sealed else "")
                                      + (f"_{transport}" if carried else "") + f"_b{batch}"
-                                     + (f"_{str(codec).replace('/', '-')}" if coded else ""))
+                                     + (f"_{str(codec).replace('/', '-')}" if coded else "")
+                                     + (f"_w{depth}" if depth != 1 else ""))
 
 
 def run_key(cfg_key: str, run: int) -> str:
@@ -495,12 +504,18 @@ class Session:
 
     def configs(self):
         """summary.csv as a DataFrame, with ``latency_s`` = the configuration's median latency."""
-        summary = _read_csv(self.path / "summary.csv")
+        summary = _read_csv(self.path / "summary.csv", fill=("in_flight",))
+        if "in_flight" not in summary.columns:
+            # A summary from before the in-flight depth was in the key: its runs.csv has each run's.
+            runs = _read_csv(self.path / "runs.csv")
+            others = [k for k in CONFIG_KEY if k != "in_flight"]
+            depth = runs.drop_duplicates(others).set_index(others)["in_flight"]
+            summary["in_flight"] = [int(depth.get(tuple(r), 1)) for r in summary[others].itertuples(index=False)]
         summary["latency_s"] = summary["latency_median_s"]
         return summary
 
 
-def _read_csv(path: Path):
+def _read_csv(path: Path, fill: Sequence[str] = ()):
     import pandas as pd
 
     try:
@@ -516,9 +531,9 @@ def _read_csv(path: Path):
     # A session from before ciphers, transports or codecs were in the key: plain, raw TCP (or
     # RPC) and float32 uncompressed throughout.
     for column, default in KEY_DEFAULTS.items():
-        if column not in df.columns:
+        if column not in df.columns and column not in fill:
             df[column] = default
-    needed = {"latency_median_s", *CONFIG_KEY}
+    needed = {"latency_median_s", *CONFIG_KEY} - set(fill)
     missing = sorted(needed - set(df.columns))
     if missing:
         raise UsageError(f"{path} lacks the column {missing[0]!r}: not a ParetoPipe session (or an older one)")

@@ -37,7 +37,8 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
                              "front per network is measured first")
     search.add_argument("--vary", action="append", default=[], metavar="NAME=A,B",
                         help="a setting the space varies, beside the split and the sweep lists: codec=WIRE/COMPRESSION,..."
-                             " (e.g. codec=float32/none,float16/zstd,bfloat16/lz4) or batch_size=1,4,8; repeat for both")
+                             " (e.g. codec=float32/none,float16/zstd,bfloat16/lz4), batch_size=1,4,8 or in_flight=1,2,4;"
+                             " repeat for several")
     search.add_argument("--study", default=None, metavar="URL",
                         help="share the study with other workers, each on its own testbed (its own --env-file): "
                              "journal:PATH for workers on one machine, postgresql://USER@HOST[:PORT]/DB for several; "

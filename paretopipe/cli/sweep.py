@@ -46,7 +46,7 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
             "python automated_split_tester.py --model mobilenetv2 --resume --out results",
             "paretopipe sweep --config examples/demo.toml",
             "paretopipe sweep --rerun results/20261122-091500   # the same experiment again, a new session",
-            "python automated_split_tester.py --model resnet50 --stages 3 --search 40 --network lan,lte"))
+            "python automated_split_tester.py --model resnet50 --search 40 --network lan,lte"))
     p.add_argument("--search", type=int, metavar="BUDGET", default=None,
                    help="search the space instead of sweeping it: measure BUDGET configurations, as paretopipe "
                         "search --budget BUDGET does (its --sampler, --stages, --device-profiles, --vary and --study "

@@ -48,19 +48,18 @@ LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphe
 #: The sweep's single settings a search may vary (``--vary NAME=A,B``): each is a column of the
 #: configuration key and named in its run files (a batch size other than the first, ``_b4``), so
 #: configurations that differ only in it stay apart.
-VARIABLE = ("codec", "batch_size")
+VARIABLE = ("codec", "batch_size", "in_flight")
 
 
 def parse_vary(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
-    """``--vary codec=float32/none,float16/zstd --vary batch_size=1,4`` as {name: choices}."""
+    """``--vary codec=float32/none,float16/zstd --vary batch_size=1,4 --vary in_flight=1,2`` as {name: choices}."""
     out: dict[str, tuple[Any, ...]] = {}
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip()
         if not sep or name not in VARIABLE:
-            raise UsageError(f"--vary {item!r}: give NAME=A,B with NAME one of {', '.join(VARIABLE)} (the "
-                             f"in-flight depth and threads are not yet in a run's key: search each in a session "
-                             f"of its own)")
+            raise UsageError(f"--vary {item!r}: give NAME=A,B with NAME one of {', '.join(VARIABLE)} (threads "
+                             f"are not yet in a run's key: search each count in a session of its own)")
         if name in out:
             raise UsageError(f"--vary {name} given twice: list its choices once, comma-separated")
         values = [v.strip() for v in text.split(",") if v.strip()]
@@ -76,15 +75,17 @@ def with_first_choices(opts: SweepOptions, vary: dict[str, tuple[Any, ...]]) -> 
     fields: dict[str, Any] = {}
     if vary.get("codec"):
         fields["wire_dtype"], fields["compression"] = vary["codec"][0].split("/")
-    if vary.get("batch_size"):
-        fields["batch_size"] = vary["batch_size"][0]
+    for name in ("batch_size", "in_flight"):
+        if vary.get(name):
+            fields[name] = vary[name][0]
     return dataclasses.replace(opts, **fields)
 
 
 def _vary_value(name: str, text: str) -> Any:
-    if name == "batch_size":
+    if name in ("batch_size", "in_flight"):
         if not text.isdigit() or int(text) < 1:
-            raise UsageError(f"--vary batch_size: {text!r} is not a batch size; give whole numbers of at least 1")
+            what = "a batch size" if name == "batch_size" else "an in-flight depth"
+            raise UsageError(f"--vary {name}: {text!r} is not {what}; give whole numbers of at least 1")
         return int(text)
     wire, _, compression = text.partition("/")
     if wire not in WIRE_DTYPE_NAMES or (compression or "none") not in COMPRESSIONS:
@@ -133,7 +134,7 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int,
             dims.append(Dimension(name, choices))
     for name, choices in (vary or {}).items():
         if len(choices) > 1:
-            dims.append(Dimension(name, tuple(choices), ordered=name == "batch_size"))
+            dims.append(Dimension(name, tuple(choices), ordered=name != "codec"))
     return Space(tuple(dims), cuts if stages > 2 else ())
 
 
@@ -155,9 +156,11 @@ def trial_options(opts: SweepOptions, space: Space, config: Config, session: str
             fields[field] = [values[name]]
     if "codec" in values:
         fields["wire_dtype"], fields["compression"] = values["codec"].split("/")
+    # The session's run files name every batch size and in-flight depth but the first (plan.settings_of).
     if "batch_size" in values:
-        # The session's run files name every batch size but the first (plan.settings_of).
         fields.update(batch_size=int(values["batch_size"]), key_batch_size=space.dim("batch_size").choices[0])
+    if "in_flight" in values:
+        fields.update(in_flight=int(values["in_flight"]), key_in_flight=space.dim("in_flight").choices[0])
     return dataclasses.replace(opts, **fields)
 
 
@@ -217,7 +220,7 @@ class SearchRun:
         if search.study_url:
             senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
             ident = study_identity(canonical_name(self.model), senses, {d.name: d.choices for d in self.space.dims})
-            ident["settings"] = {"stages": search.stages, "in_flight": opts.in_flight,
+            ident["settings"] = {"stages": search.stages,
                                  **{n: _base(opts, n) for n in VARIABLE if n not in self.space.names}}
             grace = search.study_grace_s or GRACE_S
             self.study = StudySpec(check_url(search.study_url),

@@ -20,7 +20,8 @@ def _session(folder: Path, testbed: str, rows: list[tuple[str, float, float, flo
     """A session whose summary holds (split, latency, its CI half-width, throughput, runs) rows."""
     folder.mkdir(parents=True)
     summary = [{"model": "mobilenet_v2", "backend": "tcp", "cipher": "none", "transport": "tcp", "network": "lan",
-                "batch_size": 1, "split_index": split, "status": "complete", "runs": runs,
+                "batch_size": 1, "split_index": split, "codec": "float32/none", "in_flight": 1, "status": "complete",
+                "runs": runs,
                 "latency_median_s": lat, "latency_median_ci95_low_s": lat - half,
                 "latency_median_ci95_high_s": lat + half, "throughput_imgs_per_s": thr,
                 "throughput_ci95_low_imgs_per_s": thr * 0.98, "throughput_ci95_high_imgs_per_s": thr * 1.02}

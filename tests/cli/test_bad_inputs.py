@@ -268,7 +268,7 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (search + ["--budget", "3", "--study", f"journal:{T}/no-folder/s.journal"], "does not exist"),
                        (search + ["--budget", "3", "--study-grace-s", "0"], "--study-grace-s"),
                        (search + ["--budget", "3", "--vary", "codec=float8/none"], "valid wire dtypes: float32"),
-                       (search + ["--budget", "3", "--vary", "threads=1,2"], "NAME one of codec, batch_size"),
+                       (search + ["--budget", "3", "--vary", "threads=1,2"], "NAME one of codec, batch_size, in_flight"),
                        (search + ["--budget", "3", "--vary", "batch_size=1,0"], "'0' is not a batch size"),
                        (search + ["--budget", "3", "--vary", "codec=float16/none", "--vary", "codec=float32/none"],
                         "--vary codec given twice"),

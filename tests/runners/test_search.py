@@ -137,6 +137,26 @@ def test_a_search_may_vary_the_codec_and_the_batch_size_each_a_configuration_of_
 
 
 @pytest.mark.slow
+def test_a_search_may_vary_the_in_flight_depth(tmp_path):
+    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", "all", "--splits",
+                    "0,19", "--vary", "in_flight=1,2", "--batch-size", "1", "--runs", "1", "--num-batches", "6",
+                    "--warmup", "1", "--drift-every", "0", "--local", "--out", str(tmp_path), "--session", "s"],
+                   timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert sorted(zip(summary["split_index"], summary["in_flight"])) == [(0, 1), (0, 2), (19, 1), (19, 2)]
+    names = {p.name for p in (tmp_path / "s" / "runs").glob("*.json")}
+    assert names == {"mobilenetv2_tcp_lan_k00_r0.json", "mobilenetv2_tcp_lan_k00_w2_r0.json",
+                     "mobilenetv2_tcp_lan_k19_r0.json", "mobilenetv2_tcp_lan_k19_w2_r0.json"}
+    for t in json.loads((tmp_path / "s" / "search.json").read_text())["trials"]:
+        row = summary[(summary["split_index"] == t["config"]["split"]) & (summary["in_flight"] == t["config"]["in_flight"])]
+        assert t["values"][1] == pytest.approx(row["throughput_imgs_per_s"].iloc[0])
+    # The report keeps the depths apart, one panel each, named by depth.
+    figures = {p.name for p in (tmp_path / "s" / "report").glob("front_*.png")}
+    assert figures == {"front_mobilenet_v2_tcp_b1.png", "front_mobilenet_v2_tcp_b1_w2.png"}
+
+
+@pytest.mark.slow
 def test_two_workers_on_two_testbeds_share_one_study_and_report_merges_them(tmp_path):
     """Two ``paretopipe search --study journal:...`` processes, each its own testbed and session:
     the study's budget measured once in all, the reference configuration measured on both with

@@ -30,6 +30,7 @@ class SweepOptions:
     backends: list[str] = dataclasses.field(default_factory=lambda: ["tcp"])
     batch_size: int = 8
     key_batch_size: int | None = None   # a search session's base batch size: run files of another name theirs
+    key_in_flight: int | None = None    # ...and its base in-flight depth
     num_batches: int = 20
     warmup: int = 3
     warmup_every_run: bool = False

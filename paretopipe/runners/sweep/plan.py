@@ -29,6 +29,7 @@ class PlannedRun:
     transport: str = "tcp"   # the data port's --transport (transport.messaging)
     codec: str = DEFAULT_CODEC  # --wire-dtype/--compression (settings_of)
     batch_tag: int | None = None  # the batch size, where the run file names it (settings_of)
+    in_flight_tag: int | None = None  # the in-flight depth, where the run file names it
 
     @property
     def split_index(self) -> int | str:
@@ -41,7 +42,7 @@ class PlannedRun:
     @property
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport,
-                          self.codec, self.batch_tag)
+                          self.codec, self.batch_tag, self.in_flight_tag)
 
     @property
     def run_key(self) -> str:
@@ -50,9 +51,13 @@ class PlannedRun:
 
 def settings_of(opts: SweepOptions) -> dict[str, Any]:
     """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``), and its batch
-    size where a search session holds several (``key_batch_size``: the one its file names leave out)."""
-    tag = opts.batch_size if opts.key_batch_size is not None and opts.batch_size != opts.key_batch_size else None
-    return {"codec": f"{opts.wire_dtype}/{opts.compression}", "batch_tag": tag}
+    size and in-flight depth where a search session holds several (``key_batch_size`` and
+    ``key_in_flight``: the ones its file names leave out)."""
+    def tag(value: int, base: int | None) -> int | None:
+        return value if base is not None and value != base else None
+
+    return {"codec": f"{opts.wire_dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
+            "in_flight_tag": tag(opts.in_flight, opts.key_in_flight)}
 
 
 def group_name(model: str, backend: str, cipher: str, transport: str = "tcp") -> str:

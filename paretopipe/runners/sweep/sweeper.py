@@ -259,7 +259,7 @@ class Sweeper:
         group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used.
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
-                                        o.batch_size, k.label, settings_of(o)["codec"]): p.describe()
+                                        o.batch_size, k.label, settings_of(o)["codec"], o.in_flight): p.describe()
                               for (n, k), p in group.progress.items()})
         return len(group.configs)
 
