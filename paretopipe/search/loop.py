@@ -149,15 +149,22 @@ def _search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None]
         origin = "retry" if WORKER in trial.user_attrs or RETRY_OF in trial.user_attrs \
             else trial.user_attrs.get(ORIGIN, "sampler")
         proposals += 1
-        if config in state.measured or config in state.claimed:
+        # Another worker may have asked for the same configuration, or for the budget's last one,
+        # between this worker's look at the study and its ask: the earlier trial keeps it.
+        before = earlier_claims(study, trial, space) if shared is not None else set()
+        if config in state.measured or config in state.claimed or config in before:
             # A repeat would be measured for nothing, and told again it would weigh twice in the
             # sampler's model (TPE then circles its best region): it fails, marked as a repeat, and
             # a configuration not measured yet, drawn at random, is asked next.
             trial.set_user_attr(REPEAT, True)
             _tell(study, trial, None)
-            fill = _unmeasured(space, {**state.measured, **dict.fromkeys(state.claimed)}, rng)
+            fill = _unmeasured(space, {**state.measured, **dict.fromkeys(state.claimed | before)}, rng)
             if fill is not None and not state.waiting:
                 study.enqueue_trial(_params(space, fill), user_attrs={ORIGIN: "fill"})
+            continue
+        if len(before) >= goal:   # the budget went to trials asked before this one
+            trial.set_user_attr(REPEAT, True)
+            _tell(study, trial, None)
             continue
         if shared is not None:
             trial.set_user_attr(TESTBED, shared.testbed)
@@ -212,6 +219,25 @@ class StudyState:
             elif t.state == TrialState.RUNNING:
                 claimed.add(config)
         return cls(measured, claimed - set(measured), waiting)
+
+
+def earlier_claims(study: Any, trial: Any, space: Space, wait_s: float = 5.0) -> set[Config]:
+    """The configurations measured, or being measured, by the study's trials numbered before
+    ``trial`` (repeats aside). A trial's number is given when it is made and its parameters a
+    moment later: an earlier running trial without them yet is waited for (up to ``wait_s``)."""
+    # lazy for start-up: optuna
+    from optuna.trial import TrialState
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        earlier = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number
+                   and t.state in (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)
+                   and not t.user_attrs.get(REPEAT)]
+        if all(t.params for t in earlier if t.state == TrialState.RUNNING) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    return {space.normalise({d.name: d.choices[t.params[d.name]] for d in space.dims}) for t in earlier
+            if t.params and (t.state != TrialState.FAIL or t.user_attrs.get(MEASURED))}
 
 
 def reap_dead_workers(study: Any, shared: StudySpec) -> list[int]:

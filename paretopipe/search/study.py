@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -29,6 +30,8 @@ IDENTITY_ATTR = "paretopipe"
 #: A worker beats every HEARTBEAT_S while it measures; one silent for GRACE_S is taken for dead.
 HEARTBEAT_S = 5
 GRACE_S = 30
+#: How long a worker that found the study waits for its maker to write what it searches.
+IDENTITY_WAIT_S = 10.0
 #: How often a failed configuration is queued again before it stays failed.
 MAX_RETRY = 2
 RDB_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
@@ -166,6 +169,10 @@ def open_study(spec: StudySpec, directions: Sequence[str], sampler: Any) -> tupl
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
     stored = study.user_attrs.get(IDENTITY_ATTR)
+    deadline = time.monotonic() + IDENTITY_WAIT_S
+    while stored is None and not created and time.monotonic() < deadline:
+        time.sleep(0.1)   # its maker writes the identity right after making it
+        stored = study.user_attrs.get(IDENTITY_ATTR)
     if stored is None and not created:
         raise UsageError(f"--study {redacted(spec.url)}: study {spec.name!r} was not made by paretopipe search "
                          f"(it has no {IDENTITY_ATTR!r} attribute); name another with --study-name")
