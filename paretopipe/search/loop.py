@@ -143,7 +143,7 @@ def _search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None]
             time.sleep(WAIT_POLL_S)
             continue
         trial = study.ask(dists)
-        config = space.normalise({d.name: d.choices[trial.params[d.name]] for d in space.dims})
+        config = _config(space, trial.params)
         # A trial asked afresh has no worker yet: one that has is a dead worker's, queued again
         # (by Optuna's retry callback, which copies the user attributes, or by reap_dead_workers).
         origin = "retry" if WORKER in trial.user_attrs or RETRY_OF in trial.user_attrs \
@@ -188,6 +188,11 @@ def _params(space: Space, config: Config) -> dict[str, int]:
     return {d.name: d.choices.index(v) for d, v in zip(space.dims, config)}
 
 
+def _config(space: Space, params: dict[str, int]) -> Config:
+    """The configuration of a trial's parameters (each dimension's choice index): :func:`_params` reversed."""
+    return space.normalise({d.name: d.choices[params[d.name]] for d in space.dims})
+
+
 @dataclasses.dataclass
 class StudyState:
     """What a study holds: the configurations measured (values, or None: infeasible or failed),
@@ -211,7 +216,7 @@ class StudyState:
                 continue
             if not t.params or t.user_attrs.get(REPEAT):
                 continue
-            config = space.normalise({d.name: d.choices[t.params[d.name]] for d in space.dims})
+            config = _config(space, t.params)
             if t.state == TrialState.COMPLETE:
                 measured[config] = tuple(t.values)
             elif t.state == TrialState.FAIL and t.user_attrs.get(MEASURED):
@@ -236,7 +241,7 @@ def earlier_claims(study: Any, trial: Any, space: Space, wait_s: float = 5.0) ->
         if all(t.params for t in earlier if t.state == TrialState.RUNNING) or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
-    return {space.normalise({d.name: d.choices[t.params[d.name]] for d in space.dims}) for t in earlier
+    return {_config(space, t.params) for t in earlier
             if t.params and (t.state != TrialState.FAIL or t.user_attrs.get(MEASURED))}
 
 
