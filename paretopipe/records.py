@@ -258,15 +258,19 @@ def summarize(batches: Sequence[dict[str, Any]], batch_size: int) -> dict[str, A
     """Summary over the measured (non-warm-up) batches that completed."""
     measured = [b for b in batches if not b.get("warmup") and b.get("latency_s") is not None]
     warm = [b for b in batches if b.get("warmup") and b.get("end_s") is not None]
+    # A LoadGen run's batches are its queries, of several sizes (Offline's last is short).
+    sizes = [b.get("images", batch_size) for b in measured]
     out: dict[str, Any] = {"batches_measured": len(measured), "batches_warmup": len(warm),
-                           "images_measured": len(measured) * batch_size}
+                           "images_measured": sum(sizes)}
     out.update(describe([b["latency_s"] for b in measured], "latency"))
     starts, ends = [b["start_s"] for b in measured], [b["end_s"] for b in measured]
     items, window = throughput_window(starts, ends)
     out["measured_window_s"] = window
     # The time measured batches were in the pipeline, fill included: what a sweep spends measuring.
     out["measured_span_s"] = max(ends) - min(starts) if ends else None
-    out["throughput_imgs_per_s"] = items * batch_size / window if window else None
+    # The images completed after the first completion (every image of a run of one batch).
+    counted = sum(sizes) - (sizes[ends.index(min(ends))] if items < len(ends) else 0)
+    out["throughput_imgs_per_s"] = counted / window if window else None
     keys = dict.fromkeys(WORK_FIELDS + ("stage1_send_s",))
     for b in measured:
         keys.update(dict.fromkeys(work_fields(b)))
@@ -300,9 +304,10 @@ def build_run_record(*, backend: str, run_id: str, status: str, error: str | Non
                      config: dict[str, Any], manifest: dict[str, Any],
                      batches: Sequence[dict[str, Any]], sysmon: dict[str, Any],
                      timing: dict[str, Any] | None = None,
-                     resources: dict[str, Any] | None = None) -> dict[str, Any]:
+                     resources: dict[str, Any] | None = None, loadgen: Any = None) -> dict[str, Any]:
     """The one JSON document per run (schema in run.schema.json, fields in docs/records.md);
-    ``resources``: each stage's energy and memory (``stage1``, ...), summarised beside the timings."""
+    ``resources``: each stage's energy and memory (``stage1``, ...), summarised beside the timings;
+    ``loadgen``: a LoadGen run's harness (``paretopipe.loadgen``), whose figures join the summary."""
     record = {"schema_version": SCHEMA_VERSION, "backend": backend, "run_id": run_id,
               "status": status, "error": error, "created_utc": utc_now(), "config": config,
               "manifest": manifest, "timing": timing or {}, "batches": list(batches),
@@ -312,7 +317,27 @@ def build_run_record(*, backend: str, run_id: str, status: str, error: str | Non
         record["summary"].update(energy_summary.summarize(resources, manifest.get("stages") or [], config))
     record["summary"].update(energy_summary.link_energy(manifest.get("link") or {}, record["summary"],
                                                         int(config["batch_size"])))
+    if loadgen is not None:
+        record["loadgen"] = loadgen.part()
+        record["summary"].update(loadgen.summary_figures())
     return record
+
+
+def write_run_json(path: Path, record: dict[str, Any]) -> Path:
+    """Write a run record atomically; a LoadGen run's logs go beside it first, as files in
+    ``<record name>.mlperf/`` (the record then names them instead of holding their text)."""
+    lg = record.get("loadgen")
+    if isinstance(lg, dict) and isinstance(lg.get("logs"), dict) and lg["logs"] and \
+            all(isinstance(v, str) for v in lg["logs"].values()):
+        folder = path.with_name(path.stem + ".mlperf")
+        for name, text in lg["logs"].items():
+            target = (folder / name).resolve()
+            if folder.resolve() not in target.parents:
+                raise UsageError(f"a LoadGen log named {name[:60]!r} is not inside the run's folder")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(target, text)
+        record = {**record, "loadgen": {**lg, "logs": {"folder": folder.name, "files": sorted(lg["logs"])}}}
+    return atomic_write_json(path, record)
 
 
 
@@ -411,6 +436,7 @@ class RunRecord:
     sysmon: dict[str, Any] = dataclasses.field(default_factory=dict)
     summary: RunSummary
     resources: dict[str, Any] | None = None
+    loadgen: dict[str, Any] | None = None  # a LoadGen run's settings, steps and logs (paretopipe.loadgen)
 
     @classmethod
     def of(cls, data: Any, what: str = "run record") -> "RunRecord":
@@ -423,10 +449,12 @@ class RunRecord:
         return record
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("summary", "resources")}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("summary", "resources", "loadgen")}
         out["summary"] = self.summary.to_dict()
-        if self.resources is not None:
-            out["resources"] = self.resources
+        for optional in ("resources", "loadgen"):
+            if getattr(self, optional) is not None:
+                out[optional] = getattr(self, optional)
         return out
 
 

@@ -46,6 +46,12 @@ setup() {
     chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive QEMU_CPU="$QEMU_CPU" PATH=/usr/sbin:/usr/bin:/sbin:/bin \
       sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2' >&2
   fi
+  # PyPI has no aarch64 wheel of MLCommons LoadGen: a Pi user builds it from its source, with g++
+  # and Python's headers (install_venv does, offline, from the sdist fetched here)
+  if [ ! -x "$ROOTFS/usr/bin/g++" ] || ! ls "$ROOTFS"/usr/include/python3*/Python.h >/dev/null 2>&1; then
+    chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive QEMU_CPU="$QEMU_CPU" PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+      sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends g++ python3-dev' >&2
+  fi
   if [ -d "$CACHE/site/torch" ] && [ ! -d "$SITE/torch" ]; then  # a cache made before the site moved
     mkdir -p "$(dirname "$SITE")" && mv "$CACHE/site" "$SITE"
   fi
@@ -83,8 +89,19 @@ from packaging.requirements import Requirement
 with zipfile.ZipFile(sys.argv[1]) as z:
     meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
     reqs = [Requirement(r) for r in Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []]
-print("\n".join(str(r) for r in reqs if r.name not in ("torch", "torchvision")
+print("\n".join(str(r) for r in reqs if r.name not in ("torch", "torchvision", "mlcommons-loadgen")
                 and not (r.marker and "extra" in str(r.marker))))
+PY
+)
+  local loadgen
+  loadgen=$("$HERE/.venv/bin/python" - "$WHEELS/project/$wheel" <<'PY'
+import sys, zipfile
+from email.parser import Parser
+from packaging.requirements import Requirement
+with zipfile.ZipFile(sys.argv[1]) as z:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    reqs = [Requirement(r) for r in Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []]
+print(next(str(r) for r in reqs if r.name == "mlcommons-loadgen"))
 PY
 )
   if [ "$(cat "$WHEELS/deps/.complete" 2>/dev/null)" != "$deps" ]; then
@@ -98,8 +115,18 @@ PY
     chroot "$ROOTFS" "${qenv[@]}" python3 -m venv "$VENV"
     echo /opt/site > "$(echo "$ROOTFS$VENV"/lib/python3*/site-packages)/sysroot-torch.pth"
   fi
+  # LoadGen from its source distribution, built under qemu by the sysroot's g++ (minutes, once: the
+  # marker holds the requirement it was built for); its build dependencies are fetched here
+  if [ "$(cat "$WHEELS/loadgen/.complete" 2>/dev/null)" != "$loadgen" ]; then
+    rm -rf "$WHEELS/loadgen" && mkdir -p "$WHEELS/loadgen"
+    "$PIP" download -q --no-deps --no-binary :all: -d "$WHEELS/loadgen" "$loadgen" >&2
+    "$PIP" download -q -d "$WHEELS/loadgen" "setuptools>=42" wheel "pybind11==2.11.1" >&2
+    chroot "$ROOTFS" "${qenv[@]}" "$VENV/bin/pip" install -q --disable-pip-version-check --no-index \
+      --find-links /opt/wheels/loadgen "$loadgen" >&2
+    printf '%s' "$loadgen" > "$WHEELS/loadgen/.complete"
+  fi
   chroot "$ROOTFS" "${qenv[@]}" "$VENV/bin/pip" install -q --disable-pip-version-check --no-index \
-    --find-links /opt/wheels/deps "/opt/wheels/project/$wheel" >&2
+    --find-links /opt/wheels/deps --find-links /opt/wheels/loadgen "/opt/wheels/project/$wheel" >&2
   chroot "$ROOTFS" "${qenv[@]}" "$VENV/bin/pip" install -q --disable-pip-version-check --no-index --no-deps \
     --force-reinstall "/opt/wheels/project/$wheel" >&2
   mkdir -p "$(dirname "$WRAPPER")"

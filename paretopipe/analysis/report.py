@@ -15,7 +15,7 @@ import pandas as pd
 
 from .. import records
 from ..errors import UsageError
-from . import adaptive_comparison, objectives as objectives_mod
+from . import adaptive_comparison, loadgen_front, objectives as objectives_mod
 from . import pareto
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
@@ -142,6 +142,7 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     carried = transport_cost(table)
     if not carried.empty:
         records.atomic_write_csv(out / TRANSPORT_FILE, carried.to_dict("records"), list(carried.columns))
+    loadgen_front.write(session.configs(), out)
     depths = table["in_flight"].nunique() > 1
     for key, panel in table.groupby(PANEL_KEY):
         _panel_figures(plt, panel, key, chosen, out, fmt, depths)
@@ -205,20 +206,23 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     """The front and the points tied with it (their CIs overlap a front point's on every objective):
     the splits the data cannot tell apart from the best; ``columns``: the objectives' columns
     beyond latency and throughput."""
-    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "network", "split_index", "cut", "front_status", "latency_s",
+    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "network", "split_index", "cut",
+            "front_status", "latency_s",
             "throughput_imgs_per_s", *[c for c in columns if c not in ("latency_s", "throughput_imgs_per_s")],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
     carried = "transport" in table.columns and table["transport"].fillna("tcp").ne("tcp").any()
     coded = "codec" in table.columns and table["codec"].fillna("float32/none").ne("float32/none").any()
     deep = "in_flight" in table.columns and table["in_flight"].nunique() > 1
+    loaded = "scenario" in table.columns and table["scenario"].fillna("closed").ne("closed").any()
     cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed) and (c != "transport" or carried)
-            and (c != "codec" or coded) and (c != "in_flight" or deep)]
+            and (c != "codec" or coded) and (c != "in_flight" or deep) and (c != "scenario" or loaded)]
     if "front_status" in table.columns:
         shown = table[table["front_status"].isin([pareto.FRONT, pareto.TIED])]
     else:  # a pareto.csv written before ties were reported
         shown = table[table["on_front"]]
-    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "codec", "network", "latency_s")
+    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "codec", "scenario", "network",
+                                                 "latency_s")
                                      if c in cols])
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 

@@ -56,6 +56,7 @@ class ConfigKey:
     split_index: Any  # the split's label (:attr:`paretopipe.splits.Split.label`): 3, "3,9", a cut, "adaptive"
     codec: str = "float32/none"  # how activations travel: --wire-dtype/--compression (a search may vary it)
     in_flight: int = 1           # --in-flight (a search may vary it)
+    scenario: str = "closed"     # the LoadGen scenario (paretopipe.loadgen), or the closed loop
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_index", split_label(self.split_index))
@@ -69,13 +70,15 @@ class ConfigKey:
     def text(self) -> str:
         """``model_backend_network_k03[_cipher][_transport]``: without the batch size, which one sweep fixes."""
         return config_key(self.model, self.backend, self.network, self.split_index, self.cipher, self.transport,
-                          self.codec)
+                          self.codec, scenario=self.scenario)
 
 
 CONFIG_KEY = [f.name for f in dataclasses.fields(ConfigKey)]
 DEFAULT_CODEC = "float32/none"
-#: What a row from before ciphers, transports or codecs in the key means by their absence.
-KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP, "codec": DEFAULT_CODEC, "in_flight": 1}
+#: A configuration measured by the suite's own closed loop, not under a LoadGen scenario.
+CLOSED_LOOP = "closed"
+#: What a row from before ciphers, transports, codecs or scenarios in the key means by their absence.
+KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP, "codec": DEFAULT_CODEC, "in_flight": 1, "scenario": CLOSED_LOOP}
 
 
 def key_values(row: Mapping[str, Any]) -> tuple:
@@ -83,9 +86,9 @@ def key_values(row: Mapping[str, Any]) -> tuple:
     in-flight depths in the key: plain, raw TCP, float32 uncompressed, one in flight)."""
     return tuple(row[k] if k in row and row[k] == row[k] else KEY_DEFAULTS[k] for k in CONFIG_KEY)
 #: One panel of figures: every network and split of one model, backend, cipher, transport and batch size.
-PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size", "codec", "in_flight"]
+PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size", "codec", "in_flight", "scenario"]
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
-              "batch_size", "in_flight", "cipher", "transport", "codec", "latency_median_s", "latency_mean_s", "latency_p95_s",
+              "batch_size", "in_flight", "cipher", "transport", "codec", "scenario", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
               "stage2_compute_median_s", "stage2_queue_median_s", "payload_bytes_mean", "wire_bytes_mean",
               "goodput_mbit_per_s", "result_wire_bytes_mean", "measured_window_s", "measured_span_s",
@@ -104,6 +107,25 @@ RESOURCES = re.compile(r"^(stage\d+_|link_)?(energy_\w+|idle_power_w|cpu_s|peak_
 RESOURCE_OBJECTIVE = re.compile(r"^((stage\d+_)?energy(_modelled)?_per_image_j|(stage\d+_)?(peak_rss|model)_bytes|"
                                 r"memory_(peak|model)_bytes)$")
 _UNIT = re.compile(r"_(j|bytes)$")
+
+
+def _loadgen_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """summary.csv's LoadGen columns of one configuration: each figure's median over its runs, and
+    LoadGen's verdict (VALID only when every run was, else the last INVALID run's reason)."""
+    entry: dict[str, Any] = {}
+    for metric in sorted({k for m in members for k in m if k.startswith("loadgen_")}):
+        values = [m.get(metric) for m in members if m.get(metric) is not None and m.get(metric) == m.get(metric)]
+        numbers = [float(v) for v in values if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)]
+        if numbers and len(numbers) == len(values):
+            entry[metric] = float(np.median(numbers))
+        else:
+            entry[metric] = values[-1] if values else None
+    results = [m.get("loadgen_result") for m in members if m.get("loadgen_result")]
+    if results:
+        invalid = [m for m in members if m.get("loadgen_result") == "INVALID"]
+        entry["loadgen_result"] = "INVALID" if invalid else "VALID"
+        entry["loadgen_invalid_reason"] = invalid[-1].get("loadgen_invalid_reason") if invalid else None
+    return entry
 
 
 def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -129,18 +151,19 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN,
                transport: str = RAW_TCP, codec: str = DEFAULT_CODEC, batch_tag: int | None = None,
-               in_flight_tag: int | None = None) -> str:
+               in_flight_tag: int | None = None, scenario: str = CLOSED_LOOP) -> str:
     """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher,
     one over another transport than raw TCP in the transport's name, then another codec than
     float32 uncompressed (``_float16-zstd``), and a batch size and an in-flight depth where a search
-    session holds several (``_b4``, ``_w2``): a sweep's names are what they were before codecs were
-    in the key."""
+    session holds several (``_b4``, ``_w2``), and a LoadGen scenario (``_server``): a sweep's names
+    are what they were before codecs were in the key."""
     k = Split.of(split).key
     return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else "")
                               + (f"_{transport}" if transport != RAW_TCP else "")
                               + (f"_{codec.replace('/', '-')}" if codec != DEFAULT_CODEC else "")
                               + (f"_b{int(batch_tag)}" if batch_tag is not None else "")
-                              + (f"_w{int(in_flight_tag)}" if in_flight_tag is not None else ""))
+                              + (f"_w{int(in_flight_tag)}" if in_flight_tag is not None else "")
+                              + (f"_{scenario}" if scenario != CLOSED_LOOP else ""))
 
 
 def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
@@ -151,16 +174,19 @@ def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
     # The in-flight depth is named only where the table holds several (``depths``, a search that
     # varied it): a sweep's figures keep the names they had before it was in the key.
     depth = int(rest[1]) if depths and len(rest) > 1 and rest[1] == rest[1] else 1
+    scenario = rest[2] if len(rest) > 2 and isinstance(rest[2], str) else CLOSED_LOOP
     sealed = cipher not in (PLAIN, None) and cipher == cipher  # NaN: a table without the column
     carried = transport not in (RAW_TCP, None) and transport == transport
     coded = codec not in (DEFAULT_CODEC, None) and codec == codec
     title = (f"{model}, {backend} backend" + (f" over {transport}" if carried else "")
              + (f", sealed with {cipher}" if sealed else "") + f", batch {batch}" + (f", {codec}" if coded else "")
-             + (f", {depth} in flight" if depth != 1 else ""))
+             + (f", {depth} in flight" if depth != 1 else "")
+             + (f", under LoadGen {scenario}" if scenario != CLOSED_LOOP else ""))
     return title, records.file_label(f"{model}_{backend}" + (f"_{cipher}" if sealed else "")
                                      + (f"_{transport}" if carried else "") + f"_b{batch}"
                                      + (f"_{str(codec).replace('/', '-')}" if coded else "")
-                                     + (f"_w{depth}" if depth != 1 else ""))
+                                     + (f"_w{depth}" if depth != 1 else "")
+                                     + (f"_{scenario}" if scenario != CLOSED_LOOP else ""))
 
 
 def run_key(cfg_key: str, run: int) -> str:
@@ -190,7 +216,9 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
             "cipher": cipher_of(rec["manifest"]), "transport": transport_of(rec["manifest"]),
             "codec": f"{c.get('wire_dtype') or 'float32'}/{c.get('compression') or 'none'}",
+            "scenario": (c.get("loadgen") or {}).get("scenario") or CLOSED_LOOP,
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
+            **{k: v for k, v in s.items() if k.startswith("loadgen_")},
             **{k: v for k, v in s.items() if BREAKDOWN.match(k) or RESOURCES.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
             "error": rec.get("error"),
@@ -277,6 +305,7 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         pay = [m["payload_bytes_mean"] for m in members if m.get("payload_bytes_mean") is not None]
         entry["payload_bytes_mean"] = float(np.mean(pay)) if pay else None
         entry.update(_resource_entry(members))
+        entry.update(_loadgen_entry(members))
         out.append(entry)
     return sorted(out, key=lambda e: _sort_key(tuple(e[k] for k in CONFIG_KEY)))
 
@@ -403,10 +432,10 @@ class Session:
 
     # -- run records ---------------------------------------------------------------------------
     def write_run(self, key: str, record: dict[str, Any]) -> Path:
-        return records.atomic_write_json(self.run_path(key), record)
+        return records.write_run_json(self.run_path(key), record)
 
     def write_reference(self, key: str, record: dict[str, Any]) -> Path:
-        return records.atomic_write_json(self.reference_path(key), record)
+        return records.write_run_json(self.reference_path(key), record)
 
     def set_aside(self, key: str) -> None:
         """Move a run measured during drift out of ``runs/`` into ``drifted/``."""

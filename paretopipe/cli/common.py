@@ -15,6 +15,8 @@ from ..argtypes import (nonneg_float, nonneg_int, percent, port_number, port_or_
 from ..errors import ParetoPipeError, UsageError
 from ..transport import auth, inputs
 from ..transport.messaging import MqttSettings, TransportSpec
+from ..loadgen.settings import LoadgenOptions
+from ..runners import flags
 from ..transport.runconfig import RunConfig
 from ..network.conditions import get_conditions
 
@@ -95,6 +97,57 @@ def dataset_from_args(args: argparse.Namespace, compression: str = "none", local
     if local:
         inputs.check_local(spec, args.data_dir)
     return spec
+
+
+def add_loadgen_flags(parser: argparse.ArgumentParser) -> None:
+    """The MLPerf LoadGen flags of a data source (partition1.py, distributed_runner.py's master)."""
+    g = parser.add_argument_group("MLPerf LoadGen (--scenario): LoadGen drives the whole pipeline from the data source")
+    flags.SCENARIO.add_to(g)
+    g.add_argument(*flags.MLPERF_COMPLIANT.flags, action="store_true", help=flags.MLPERF_COMPLIANT.help)
+    for row, _ in flags.LOADGEN_VALUES:
+        row.add_to(g)
+
+
+def loadgen_sweep_settings(args: argparse.Namespace, scenarios: Sequence[str]) -> dict[str, Any]:
+    """A sweep's LoadGen settings, each of its scenarios checked with them now (before anything
+    starts); without a LoadGen scenario every LoadGen flag is refused."""
+    settings = flags.loadgen_settings(args)
+    wanted = [s for s in scenarios if s != "closed"]
+    if not wanted:
+        _refuse_loadgen_flags(args, settings)
+        return {}
+    for scenario in wanted:
+        LoadgenOptions.of_flags(scenario, **settings)
+    # lazy for start-up: mlperf_loadgen (checked only when a scenario is asked for)
+    from ..loadgen.harness import require_loadgen
+
+    require_loadgen()
+    return settings
+
+
+def _refuse_loadgen_flags(args: argparse.Namespace, settings: dict[str, Any]) -> None:
+    given = [row.flags[0] for row, _ in flags.LOADGEN_VALUES if getattr(args, row.name) != row.default]
+    given += ["--mlperf-compliant"] if settings["compliant"] else []
+    if given:
+        raise UsageError(f"{given[0]} applies to a LoadGen run: give --scenario "
+                         f"(singlestream, multistream, offline or server)")
+
+
+def loadgen_from_args(args: argparse.Namespace) -> Any:
+    """The run's LoadgenOptions (None without --scenario, where every LoadGen flag is refused)."""
+    settings = flags.loadgen_settings(args)
+    if args.scenario is None:
+        _refuse_loadgen_flags(args, settings)
+        return None
+    if getattr(args, "save_outputs", None):
+        raise UsageError("--save-outputs with --scenario: LoadGen's queries vary in size; --loadgen-mode accuracy "
+                         "checks the outputs against labels instead")
+    options = LoadgenOptions.of_flags(args.scenario, **settings)
+    # lazy for start-up: mlperf_loadgen (checked only when a scenario is asked for)
+    from ..loadgen.harness import require_loadgen
+
+    require_loadgen()
+    return options
 
 
 def run_config_from_flags(args: argparse.Namespace, model: str, cuts: list[str], split_index: Any,

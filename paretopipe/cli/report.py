@@ -103,8 +103,9 @@ def _testbeds(args: argparse.Namespace) -> int:
 
 
 def print_privacy_cost(report_dir: Path) -> None:
-    """The sealed-over-plain table, when the session swept ciphers, and the transports-over-TCP
-    table, when it swept transports (the sweep prints them too)."""
+    """The sealed-over-plain table, when the session swept ciphers, the transports-over-TCP table,
+    when it swept transports, and the LoadGen fronts, when it swept scenarios (the sweep prints
+    them too)."""
     import pandas as pd
 
     # lazy for start-up: pandas
@@ -114,7 +115,15 @@ def print_privacy_cost(report_dir: Path) -> None:
     # lazy for start-up: pandas
     from ..analysis.transport_cost import format_transport_cost
 
+    # lazy for start-up: pandas
+    from ..analysis import loadgen_front
+
     if (report_dir / PRIVACY_FILE).is_file():
         print(format_privacy_cost(pd.read_csv(report_dir / PRIVACY_FILE)))
+    if (report_dir / loadgen_front.FILE).is_file():
+        marked = pd.read_csv(report_dir / loadgen_front.FILE)
+        marked.attrs["objectives"] = loadgen_front.front_objectives(marked)
+        for line in loadgen_front.describe(marked):
+            print(line)
     if (report_dir / TRANSPORT_FILE).is_file():
         print(format_transport_cost(pd.read_csv(report_dir / TRANSPORT_FILE)))

@@ -11,9 +11,10 @@ from typing import Any, Sequence
 
 from ..runners import flags, rpc_ranks
 from . import lm_rpc, lm_stages
+from .stages import loadgen_line
 from ..errors import PeerError, UsageError
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
-                     add_prefetch_flags, dataset_from_args, example_epilog, network_from_args, nonneg_int, port_number,
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_loadgen_flags,
+                     add_network_flags, add_prefetch_flags, dataset_from_args, loadgen_from_args, example_epilog, network_from_args, nonneg_int, port_number,
                      positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
 from ..partition.structure import structure
 from ..splits import check_splits
@@ -61,6 +62,7 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
                         "results coming back, 4 threads can all be waiting)")
     _add_split_choice_flags(p)
     _add_placement_flags(p)
+    add_loadgen_flags(p)
     return p
 
 
@@ -201,6 +203,7 @@ class _MasterRun:
         return run_config_from_flags(args, builder.name, cuts, split_index, self.conditions,
                                      timeout_s, num_batches=max(1, -(-args.num_test_samples // args.batch_size)),
                                      in_flight=in_flight, dataset=dataset_from_args(args),
+                                     loadgen=loadgen_from_args(args),
                                      rpc=RpcOptions(transport=args.rpc_transport, source=args.rpc_source,
                                                     use_pipelining=args.use_pipelining, world_size=args.world_size))
 
@@ -227,7 +230,7 @@ class _MasterRun:
             rpc_ranks.hard_exit(procs, 1)
         if choice is not None:
             record["manifest"]["split_choice"] = choice
-        path = records.atomic_write_json(Path(args.out) / f"{record['run_id']}.json", record)
+        path = records.write_run_json(Path(args.out) / f"{record['run_id']}.json", record)
         if record["status"] != "complete":
             print(f"error: {record['error']} (incomplete record written to {path})", file=sys.stderr, flush=True)
             rpc_ranks.hard_exit(procs, 1)
@@ -246,8 +249,9 @@ class _MasterRun:
             mine = next(p for p in choice["predicted"] if p["split"] == ks[0])
             print(f"intelligent splitting chose k={ks[0]}: predicted latency {mine['predicted_latency_s'] * 1e3:.2f} ms, "
                   f"measured {s['latency_median_s'] * 1e3:.2f} ms")
+        lg = f", {loadgen_line(record)}" if record.get("loadgen") else ""
         print(f"{record['config']['model']} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} ms, "
-              f"throughput {s['throughput_imgs_per_s']:.1f} img/s, written {path}")
+              f"throughput {s['throughput_imgs_per_s']:.1f} img/s{lg}, written {path}")
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py") -> int:

@@ -15,8 +15,9 @@ from ..runners import flags
 from ..splits import POLICIES
 from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD
 from . import lm_stages
-from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_network_flags,
-                     add_prefetch_flags, dataset_from_args, example_epilog, fmt_ms, fmt_num, network_from_args,
+from ..loadgen import logs as loadgen_logs
+from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_loadgen_flags,
+                     add_network_flags, add_prefetch_flags, dataset_from_args, loadgen_from_args, example_epilog, fmt_ms, fmt_num, network_from_args,
                      nonneg_int, port_number, positive_float, positive_int, run_config_from_flags, save_outputs,
                      setup_logging, signals_as_interrupt, stage_secret, transport_spec)
 from ..network import deadlines, tc
@@ -168,6 +169,7 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
                         "stages profile themselves briefly at start")
     for row in flags.POLICY_FLAGS:
         row.add_to(a)
+    add_loadgen_flags(p)
     p.add_argument("--save-outputs", default=None, help="write the returned logits to this .npz (for checks)")
     return p
 
@@ -209,6 +211,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     secret = stage_secret(args)
     aead.check_choice(args.encrypt, secret)
     traced = cputrace.parse_stage_traces(args.stage_cpu_trace, stages=("stage1",))
+    loadgen = loadgen_from_args(args)  # refused before the model is built
     builder, cuts = _builder(args)
     conditions = network_from_args(args)
     link_mode = args.link or ("emulated" if conditions else "none")
@@ -218,7 +221,8 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
                                 dataset=dataset_from_args(args, args.compression), wire_dtype=args.wire_dtype,
                                 compression=args.compression, compression_level=args.compression_level,
                                 seed=args.seed, link_mode=link_mode, network_delay_ms_label=args.network_delay_ms,
-                                max_batch_s=args.max_batch_s, **adaptive_fields(args, builder.partitioner.num_blocks))
+                                max_batch_s=args.max_batch_s, loadgen=loadgen,
+                                **adaptive_fields(args, builder.partitioner.num_blocks))
     observed = _observed_link(args)
     policy = None
     if cfg.adaptive:  # its candidates are checked before anything listens
@@ -253,10 +257,20 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
         extra = (f", adaptive: splits used {', '.join(used)}, {a['switches']} switches, "
                  f"{a['served_locally']} batches served locally")
         cuts = "adaptive"
+    if cfg.loadgen is not None:
+        extra += ", " + loadgen_line(outcome.record)
     print(f"{builder.name} cuts={cuts} latency median {fmt_ms(s['latency_median_s'])} p95 {fmt_ms(s['latency_p95_s'])}, "
           f"throughput {fmt_num(s['throughput_imgs_per_s'])} img/s, payload {fmt_num(s['payload_bytes_mean'])} B"
           + extra + _cipher_note(outcome.record) + (f", written {outcome.path}" if outcome.path else ""))
     return 0
+
+
+def loadgen_line(record: dict) -> str:
+    """A LoadGen run's figures in words: the scenario's metric, LoadGen's verdict, the settings' standing."""
+    s, lg = record["summary"], record["loadgen"]
+    accuracy = (f", top-1 {s['loadgen_accuracy_top1']:.4f} over {s['loadgen_accuracy_samples']} samples"
+                if s.get("loadgen_accuracy_top1") is not None else "")
+    return f"LoadGen {lg['options']['scenario']}: {loadgen_logs.headline(lg['options']['scenario'], s)}{accuracy} [{lg['compliance']}]"
 
 
 def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:

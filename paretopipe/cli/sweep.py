@@ -21,8 +21,8 @@ from ..transport import aead, messaging
 from ..transport.auth import load_secret
 from . import experiment, lm_stages, lm_sweep
 from .report import print_front_table, print_privacy_cost
-from .common import (ArgumentParser, HelpFormatter, dataset_from_args, example_epilog, prefetch_from_args, read_env,
-                     setup_logging)
+from .common import (ArgumentParser, HelpFormatter, dataset_from_args, example_epilog, loadgen_sweep_settings,
+                     prefetch_from_args, read_env, setup_logging)
 from .sweep_flags import add_flags, resolved_table, simple_fields
 from ..partition.names import canonical_name, is_model_file
 from ..energy.memory import parse_limits
@@ -129,7 +129,8 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),
                         power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),
                         memory_limits=_memory_limits(args.memory_limit, stages),
-                        deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else None)
+                        deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else None,
+                        loadgen_settings=loadgen_sweep_settings(args, args.scenario))
 
 
 def _per_stage_floats(text: str | None, flag: str, stages: int) -> list[float | None]:

@@ -83,9 +83,17 @@ def _joined(values: list) -> str | None:
     return ",".join("" if v is None else str(v) for v in values) if any(v is not None for v in values) else None
 
 
-WHAT, ORDER, RUN, MEASURE, WHERE, FILES, OUTPUT = (
-    "what to sweep", "order and repetitions", "each run", "energy, memory and the fronts' objectives", "where",
-    "experiment files", "output")
+WHAT, ORDER, RUN, LOADGEN, MEASURE, WHERE, FILES, OUTPUT = (
+    "what to sweep", "order and repetitions", "each run", "MLPerf LoadGen scenarios (--scenario)",
+    "energy, memory and the fronts' objectives", "where", "experiment files", "output")
+
+
+def _loadgen_value(field: str) -> Callable[[SweepOptions], Any]:
+    """How the resolved table stores one LoadGen setting (its flag's unit: the bound in ms)."""
+    def stored(o: SweepOptions) -> Any:
+        value = o.loadgen_settings.get(field)
+        return value * 1e3 if value is not None and field == "latency_bound_s" else value
+    return stored
 
 FLAGS: tuple[Flag, ...] = (
     # -- what to sweep -----------------------------------------------------------------------------
@@ -158,6 +166,12 @@ FLAGS: tuple[Flag, ...] = (
          type=positive_float, field="", stored=lambda o: None if o.deadline_s is None else o.deadline_s * 1e3),
     Flag.of(flags.RPC_SOURCE, RUN),
     Flag.of(flags.RPC_TRANSPORT, RUN),
+    # -- MLPerf LoadGen scenarios -----------------------------------------------------------------
+    Flag.of(flags.SCENARIOS_LIST, LOADGEN, field="scenarios",
+            stored=lambda o: list(o.scenarios) if o.scenarios != ["closed"] else None),
+    Flag(flags.MLPERF_COMPLIANT.flags, LOADGEN, flags.MLPERF_COMPLIANT.help, store_true=True, field="",
+         stored=lambda o: bool(o.loadgen_settings.get("compliant")) or None),
+    *(Flag.of(row, LOADGEN, field="", stored=_loadgen_value(field)) for row, field in flags.LOADGEN_VALUES),
     # -- energy, memory and the fronts' objectives (--objectives: report.add_objectives_flag) ------
     Flag(("--energy-rate-hz",), MEASURE, "how often each stage reads its host's power sensors (RAPL, NVML, a Pi 5's "
          "PMIC, INA2xx)", type=positive_float, default=10.0,

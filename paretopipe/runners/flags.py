@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from ..argtypes import list_of, nonneg_float, one_of, positive_float, positive_int, watts_per_stage
 from ..llm.shapes import CUT_DTYPES
+from ..loadgen.settings import (COMPLIANT_MIN_DURATION_S, MODES, SCENARIOS, SHORT_MIN_DURATION_S, SHORT_MIN_QUERIES)
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport.messaging import TRANSPORTS
 from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
@@ -125,6 +126,49 @@ PROMPT_LENS = Option(("--prompt-len",), "seeded prompt lengths, a comma list (12
                      list_of(positive_int, "positive_int_list"), [16])
 CUT_DTYPES_LIST = Option(("--cut-dtype",), f"a comma list of {', '.join(CUT_DTYPES)}: each a configuration of its own",
                          list_of(one_of(tuple(CUT_DTYPES)), "cut_dtype_list"), ["float32"])
+
+# MLPerf LoadGen scenarios (paretopipe.loadgen): the data source runs LoadGen over the pipeline.
+SCENARIO = Option(("--scenario",), "MLPerf LoadGen scenario driving the pipeline from stage 1: singlestream (one "
+                  "sample at a time: p90), multistream (queries of --samples-per-query: p99), offline (every sample at "
+                  "once: samples/s), server (Poisson arrivals: the highest rate whose p99 stays within "
+                  "--latency-bound-ms)", choices=SCENARIOS)
+SCENARIOS_LIST = Option(("--scenario",), f"comma list of MLPerf LoadGen scenarios ({', '.join(SCENARIOS)}), each a "
+                        "configuration of its own; closed is the suite's own closed loop (the default)",
+                        list_of(one_of(("closed",) + SCENARIOS), "scenario_list"), ["closed"])
+MLPERF_COMPLIANT = Option(("--mlperf-compliant",), "apply the MLPerf edge rules (600 s a run, each scenario's "
+                          "minimum queries) and refuse settings below them; without it a run is short and recorded as "
+                          "not MLPerf-compliant")
+MIN_DURATION_S = Option(("--min-duration-s",), f"LoadGen's minimum test duration, seconds (unset: {SHORT_MIN_DURATION_S:g}, or "
+                        f"{COMPLIANT_MIN_DURATION_S:g} with --mlperf-compliant)", positive_float)
+MIN_QUERY_COUNT = Option(("--min-query-count",), f"LoadGen's minimum queries (Offline: samples; unset: "
+                         f"{SHORT_MIN_QUERIES}, or the edge rules' with --mlperf-compliant)", positive_int)
+LATENCY_BOUND_MS = Option(("--latency-bound-ms",), "server: the bound on the 99th-percentile latency the rate "
+                          "search keeps within, ms", positive_float, 100.0)
+SERVER_QPS = Option(("--server-qps",), "server: run at this Poisson rate (queries/s) instead of searching for the "
+                    "highest within the bound", positive_float)
+SERVER_STEPS = Option(("--server-steps",), "server: LoadGen runs the rate search may take", positive_int, 7)
+LOADGEN_MODE = Option(("--loadgen-mode",), "performance, or accuracy: every sample of a labelled dataset "
+                      "(--dataset imagefolder:PATH or cifar10:PATH) once, top-1 against its labels", default="performance",
+                      choices=MODES)
+SAMPLE_COUNT = Option(("--sample-count",), "LoadGen's performance sample count: distinct inputs held in memory",
+                      positive_int, 64)
+SAMPLES_PER_QUERY = Option(("--samples-per-query",), "multistream: samples in one query", positive_int, 8)
+EXPECTED_QPS = Option(("--expected-qps",), "offline: the rate LoadGen sizes its one query by (unset: the warm-up's "
+                      "rate x 1.5)", positive_float)
+#: Every LoadGen setting but the scenario and --mlperf-compliant (a switch): the LoadgenOptions field each sets.
+LOADGEN_VALUES = ((MIN_DURATION_S, "min_duration_s"), (MIN_QUERY_COUNT, "min_query_count"),
+                  (LATENCY_BOUND_MS, "latency_bound_s"), (SERVER_QPS, "server_qps"), (SERVER_STEPS, "server_steps"),
+                  (LOADGEN_MODE, "mode"), (SAMPLE_COUNT, "sample_count"), (SAMPLES_PER_QUERY, "samples_per_query"),
+                  (EXPECTED_QPS, "expected_qps"))
+
+
+def loadgen_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The LoadGen settings of parsed flags (``LoadgenOptions.of_flags``'s keywords but the scenario)."""
+    out: dict[str, Any] = {"compliant": bool(getattr(args, "mlperf_compliant", False))}
+    for row, field in LOADGEN_VALUES:
+        value = getattr(args, row.name, None)
+        out[field] = value / 1e3 if value is not None and field == "latency_bound_s" else value
+    return out
 
 
 def option(row: Option, *, required: bool = False) -> Any:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import InfeasibleRun, PeerError, WireError
 from .runconfig import RunConfig
 
 log = logging.getLogger("paretopipe.bookkeeping")
+#: An open-ended run's total until it ends (never reached).
+OPEN_TOTAL = 1 << 62
 #: A run says when its first measured batch is back (the pipeline works end to end), then how far
 #: it is at most this often, so a user (or a test) can see it measuring rather than guess.
 PROGRESS_EVERY_S = 10.0
@@ -26,7 +28,9 @@ class BatchBook:
     """Bookkeeping of one run's batches at the data source."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        self.total = cfg.warmup + cfg.num_batches
+        # A LoadGen run's batches are as many as LoadGen issues: its total is set at its end.
+        self.open_ended = cfg.loadgen is not None
+        self.total = OPEN_TOTAL if self.open_ended else cfg.warmup + cfg.num_batches
         self.warmup = cfg.warmup
         self.timeout_s = cfg.timeout_s
         self.max_batch_s = cfg.max_batch_s
@@ -41,6 +45,8 @@ class BatchBook:
         #: Called as a measured batch starts and completes (a stage's energy window: transport.resources).
         self.on_measured_start: Callable[[], None] | None = None
         self.on_measured_complete: Callable[[], None] | None = None
+        #: Called with each completed batch's number and output (a LoadGen run answers its samples).
+        self.on_complete: Callable[[int, Any], None] | None = None
 
     def start_clock(self) -> None:
         """Count the batches' times from now (a run whose link starts after its setup)."""
@@ -67,8 +73,16 @@ class BatchBook:
             self.on_measured_start()
         return rec
 
-    def complete(self, seq: int, now: float, **fields: Any) -> dict[str, Any]:
-        """Stamp batch ``seq`` as done at ``now`` (its decoded result is usable) and free its slot."""
+    def close_at(self, total: int) -> None:
+        """An open-ended run has ended after ``total`` batches: it is finished once they are done."""
+        with self._lock:
+            self.total = total
+            if self.completed >= total:
+                self.finished.set()
+
+    def complete(self, seq: int, now: float, output: Any = None, **fields: Any) -> dict[str, Any]:
+        """Stamp batch ``seq`` as done at ``now`` (its decoded result ``output`` is usable) and free
+        its slot."""
         with self._lock:
             rec = self.batches.get(seq)
             if rec is None or "end_s" in rec:
@@ -85,9 +99,13 @@ class BatchBook:
             if report:
                 self._progress_at = now + PROGRESS_EVERY_S
         self.window.release()
+        if self.on_complete is not None:
+            self.on_complete(seq, output)
         if seq >= self.warmup and self.on_measured_complete is not None:
             self.on_measured_complete()
-        if report:
+        if report and self.open_ended:
+            log.info("%d batches measured after %.0f s", measured, now - self.t0)
+        elif report:
             log.info("%d of %d batches measured after %.0f s", measured, self.total - self.warmup, now - self.t0)
         return rec
 
@@ -124,6 +142,13 @@ class BatchBook:
     def records(self) -> list[dict[str, Any]]:
         with self._lock:
             return [dict(self.batches[s]) for s in sorted(self.batches)]
+
+
+def measured_images(batches: Sequence[dict[str, Any]], cfg: RunConfig) -> int:
+    """The images of a run's measured batches (a LoadGen run's batches vary in size)."""
+    if cfg.loadgen is None:
+        return cfg.num_batches * cfg.batch_size
+    return sum(b.get("images", cfg.batch_size) for b in batches if not b.get("warmup"))
 
 
 def status_of(exc: BaseException | None) -> tuple[str, str | None]:

@@ -3,13 +3,16 @@ stamps each batch on its own clock; a backend adds how its first part is compute
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
 from . import inputs, pipeline
 from .runconfig import RunConfig
 from .bookkeeping import BatchBook
+
+if TYPE_CHECKING:
+    from ..loadgen.harness import Harness
 
 
 class SourceEndpoint:
@@ -22,6 +25,14 @@ class SourceEndpoint:
         self._batches: Iterator[torch.Tensor] | None = None
         self.x: torch.Tensor | None = None  # the batch between load and send
         self.rec: dict[str, Any] = {}  # its record, filled as it goes
+        # A LoadGen scenario: the batches are LoadGen's queries, as many as it issues.
+        self.harness: Harness | None = None
+        if cfg.loadgen is not None:
+            # lazy for start-up: mlperf_loadgen (only a scenario's run loads LoadGen)
+            from ..loadgen.harness import Harness
+
+            self.harness = Harness(cfg, input_size, book)
+            book.on_complete = self.harness.feed.complete
 
     def check(self) -> None:
         """Raise the run's failure, if any (a dead peer, a failed sender)."""
@@ -30,18 +41,29 @@ class SourceEndpoint:
         """Fields the batch's record starts with."""
         return {}
 
-    def actions(self) -> list[pipeline.Action]:
+    def actions(self) -> Iterable[pipeline.Action]:
         """The schedule this endpoint runs (a backend may settle each batch before the next)."""
+        if self.harness is not None:
+            return pipeline.open_source_actions(self.harness.feed.more)
         return pipeline.source_actions(self.book.total)
 
     def load(self, seq: int) -> None:
+        if self.harness is not None:
+            self.x = self.harness.feed.load(seq)
+            return
         self.x = next(self._batches)
+
+    def loadgen_fields(self) -> dict[str, Any]:
+        """A LoadGen batch's size, which varies (a record's batches are otherwise all one size)."""
+        return {"images": int(self.x.shape[0])} if self.harness is not None else {}
 
     def admit(self, seq: int) -> None:
         self.book.acquire(self.check)
-        self.rec = self.book.start(seq, **self.start_fields(self.x))
+        self.rec = self.book.start(seq, **self.start_fields(self.x), **self.loadgen_fields())
 
     def drain(self, _: None) -> None:
+        if self.harness is not None:
+            self.book.close_at(len(self.book.batches))
         self.book.wait_finished(self.check, self.drain_limit_s)
 
     def run(self) -> None:
@@ -49,6 +71,9 @@ class SourceEndpoint:
         inputs open here, on the thread that runs the schedule (a prefetch thread it starts shares
         that thread's CPU share)."""
         cfg = self.cfg
+        if self.harness is not None:
+            self._run_loadgen()
+            return
         self._batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.input_size, self.book.total,
                                               cfg.data_dir, cfg.seed, cfg.prefetch_batches)
         try:
@@ -56,3 +81,15 @@ class SourceEndpoint:
         finally:
             if isinstance(self._batches, inputs.Prefetcher):
                 self._batches.close()
+
+    def _run_loadgen(self) -> None:
+        """The schedule LoadGen's queries make, LoadGen's thread beside it; a pipeline that fails
+        answers LoadGen's outstanding samples, so that its thread ends too."""
+        failed = True
+        self.harness.start()
+        try:
+            pipeline.drive(self.actions(), self)
+            failed = False
+        finally:
+            self.harness.stop(failed)
+        self.harness.check()

@@ -182,6 +182,50 @@ def source_batches(dataset: str, batch_size: int, size: int, count: int, data_di
     return Prefetcher(it, prefetch) if prefetch > 0 else it
 
 
+class SampleSet:
+    """A dataset one image at a time, with its label where it has one: what a LoadGen query
+    sample library loads by index. Synthetic and photo inputs have ``count`` samples and no
+    labels; CIFAR-10 and an ImageFolder have their own size and labels. An ImageFolder whose class
+    folders are all numbers is labelled by those numbers (class indices of the model's head);
+    otherwise by the folders' sorted order, as torchvision's ImageFolder (and ImageNet's) does."""
+
+    def __init__(self, dataset: str, size: int, count: int, data_dir: str | None = None, seed: int = 0) -> None:
+        self.kind, path = parse_dataset(dataset, data_dir)
+        self.size, self.seed = size, seed
+        self._images = _photos(size) if self.kind == "photos" else None
+        self._ds = None
+        self._labels: list[int] | None = None
+        if self.kind == "cifar10":
+            self._ds = _cifar10(path, size)
+            self._labels = [int(t) for t in self._ds.targets]
+        elif self.kind == "imagefolder":
+            self._ds = _image_folder(path, size)
+            names = self._ds.classes
+            numbered = all(n.isdigit() for n in names)
+            self._labels = [int(names[t]) if numbered else int(t) for t in self._ds.targets]
+        self.count = len(self._ds) if self._ds is not None else count
+        if self.count < 1:
+            raise UsageError(f"dataset {dataset!r} holds no images")
+
+    @property
+    def labelled(self) -> bool:
+        return self._labels is not None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def image(self, index: int) -> torch.Tensor:
+        """Sample ``index`` as one image, channels first (no batch dimension)."""
+        if self.kind == "synthetic":
+            return synthetic_batch(index, 1, self.size, self.seed)[0]
+        if self._images is not None:
+            return self._images[(self.seed * 7 + index) % len(self._images)]
+        return self._ds[index][0]
+
+    def label(self, index: int) -> int | None:
+        return None if self._labels is None else self._labels[index]
+
+
 def describe(dataset: str, data_dir: str | None = None) -> dict[str, Any]:
     """What the manifest records about the inputs: the kind, where they came from, how many."""
     kind, path = parse_dataset(dataset, data_dir)

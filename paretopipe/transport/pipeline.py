@@ -21,7 +21,8 @@ gets to it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+import itertools
+from typing import Callable, Iterable, Iterator
 
 OPS = ("load", "admit", "compute", "send", "settle", "drain", "recv")
 #: What an endpoint's ``recv`` returns when its upstream has finished the run (no more batches).
@@ -49,12 +50,25 @@ def source_actions(total: int, settle: bool = False) -> list[Action]:
     return [Action(op, i) for i in range(total) for op in ops] + [Action("drain")]
 
 
-def stage_actions(total: int) -> list[Action]:
-    """A later stage's schedule: at most ``total`` batches, each received, computed and sent."""
-    return [Action(op, i) for i in range(total) for op in ("recv", "compute", "send")]
+def open_source_actions(more: Callable[[], bool]) -> Iterator[Action]:
+    """The data source's schedule when the load decides how many batches there are (a LoadGen
+    scenario): before each batch, ``more()`` waits for the next one or says the run has ended;
+    after the last, ``drain``."""
+    for seq in itertools.count():
+        if not more():
+            break
+        yield from (Action(op, seq) for op in ("load", "admit", "compute", "send"))
+    yield Action("drain")
 
 
-def drive(actions: list[Action], endpoint: object) -> int:
+def stage_actions(total: int | None) -> Iterable[Action]:
+    """A later stage's schedule: at most ``total`` batches (None: until the source's end), each
+    received, computed and sent."""
+    seqs = itertools.count() if total is None else range(total)
+    return (Action(op, i) for i in seqs for op in ("recv", "compute", "send"))
+
+
+def drive(actions: Iterable[Action], endpoint: object) -> int:
     """Run ``actions`` in order over ``endpoint``, a stage's side of a run with one method per
     action it takes part in (``endpoint.compute(batch)``, ...); returns how many batches were
     computed. Stops early when a ``recv`` returns :data:`STOP` (the source sent fewer batches: an

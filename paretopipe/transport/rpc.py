@@ -37,7 +37,7 @@ from . import inputs
 from .endpoint import SourceEndpoint
 from .resources import ResourceMeter, stage_meter
 from .runconfig import RPC_SOURCES, RPC_TRANSPORTS, RunConfig
-from .bookkeeping import BatchBook, status_of
+from .bookkeeping import BatchBook, measured_images, status_of
 
 log = logging.getLogger("paretopipe.rpc")
 
@@ -266,9 +266,8 @@ def _link_manifest(conditions: NetworkConditions | None, up: EmulatedLink | None
             **({"trace_up": up.manifest()["trace"]} if up and up.trace else {})}
 
 
-def _resource_parts(local_meter: Any, ranks: list[int], cfg: RunConfig) -> dict[str, Any]:
-    """Every stage's energy and memory: the master's own when it is stage 1, then the ranks'."""
-    images = cfg.num_batches * cfg.batch_size
+def _resource_parts(local_meter: Any, ranks: list[int], cfg: RunConfig, images: int) -> dict[str, Any]:
+    """Every stage's energy and memory over ``images``: the master's own when it is stage 1, then the ranks'."""
     parts: dict[str, Any] = {}
     if local_meter is not None:
         local_meter.stop()
@@ -308,7 +307,7 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
         # The tensor crossing the first cut (stage 1 -> stage 2) is the split's payload.
         fields["payload_bytes"] = fields["wire_bytes"] = fields["hop_bytes"][1] if n > 1 else None
         fields["result_wire_bytes"] = fields["hop_bytes"][-1]
-        book.complete(seq, now, **fields)
+        book.complete(seq, now, output=result, **fields)
         if keep_outputs:
             outputs[seq] = result
 
@@ -317,15 +316,16 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     sender = LinkSender(up, "rpc-send-master")
     first = worker_name(ranks[1] if local_stage is not None else ranks[0])
     failure: BaseException | None = None
+    source_endpoint = _MasterSource(cfg, builder, book, local_stage, sender, first, check_alive)
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon:
         try:
-            _MasterSource(cfg, builder, book, local_stage, sender, first, check_alive).run()
+            source_endpoint.run()
         except (PeerError, InfeasibleRun, RuntimeError, KeyboardInterrupt) as exc:
             failure = exc
         finally:
             sender.close()
     status, error = status_of(failure)
-    parts = _resource_parts(local_meter, ranks, cfg)
+    parts = _resource_parts(local_meter, ranks, cfg, measured_images(book.records(), cfg))
     master = node_manifest(builder.device, role="master" if local_stage is None else "master+stage1",
                            weights_fingerprint=builder.fingerprint, limits=limits)
     manifest = {"stages": [master] + [i["manifest"] for i in infos],
@@ -335,5 +335,6 @@ def run_master(cfg: RunConfig, builder: StageBuilder, *, source: str = "master",
     record = records.build_run_record(backend="rpc", run_id=records.new_run_id(cfg.model, "-".join(cfg.cuts)),
                                       status=status, error=error, config=cfg.to_dict(), manifest=manifest,
                                       batches=book.records(), sysmon={"master": mon.summary()},
-                                      timing={"written_by": "master"}, resources=parts)
+                                      timing={"written_by": "master"}, resources=parts,
+                                      loadgen=source_endpoint.harness)
     return record, ([outputs[s] for s in sorted(outputs)] if keep_outputs else None)

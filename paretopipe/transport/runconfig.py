@@ -14,6 +14,7 @@ from .. import strict
 from ..errors import UsageError
 from ..splits import POLICIES
 from ..partition.names import DEFAULT_NUM_CLASSES
+from ..loadgen.settings import LoadgenOptions
 from .inputs import check_dataset
 
 LINK_MODES = ("none", "emulated", "tc")
@@ -133,6 +134,9 @@ class RunConfig:
     power_idle_w: list[float | None] | None = None
     power_core_w: list[float | None] | None = None
     memory_limits: list[int | None] | None = None
+    # An MLPerf LoadGen scenario drives the run (paretopipe.loadgen): the batches are its queries,
+    # as many as it issues; num_batches is then unused.
+    loadgen: LoadgenOptions | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "in_flight"):
@@ -182,6 +186,10 @@ class RunConfig:
             elif self.rpc.num_partitions != len(self.cuts) + 1:
                 raise UsageError(f"num_partitions {self.rpc.num_partitions}: {len(self.cuts)} cut(s) make "
                                  f"{len(self.cuts) + 1} stages")
+        if self.loadgen is not None and (self.adaptive or self.deadline_s is not None):
+            raise UsageError(f"--scenario {self.loadgen.scenario} with "
+                             f"{'--split ' + str(self.split_index) if self.adaptive else '--deadline-ms'}: a LoadGen "
+                             f"run keeps a static split and waits for every result; give a block split")
         check_dataset(self.dataset)
 
     @property

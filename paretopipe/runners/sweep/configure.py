@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ...analysis.session import CLOSED_LOOP
+from ...loadgen.settings import LoadgenOptions
 from ...network import deadlines
 from ...network.conditions import NetworkConditions
 from ...transport.runconfig import AdaptiveOptions, RpcOptions, RunConfig
@@ -29,7 +31,10 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
         if adaptive else {}
     if not rpc:
         extra["deadline_s"] = o.deadline_s
-    skip_warmup = not adaptive and not o.warmup_every_run and warmed
+    if planned.scenario != CLOSED_LOOP:
+        extra["loadgen"] = LoadgenOptions.of_flags(planned.scenario, **o.loadgen_settings)
+    # A LoadGen run always warms up: its warm-up sizes LoadGen's expectations.
+    skip_warmup = not adaptive and not o.warmup_every_run and warmed and planned.scenario == CLOSED_LOOP
     return RunConfig(model=info.model, cuts=cuts, split_index=planned.split.config, batch_size=o.batch_size,
                      num_batches=o.num_batches, warmup=0 if skip_warmup else o.warmup, in_flight=o.in_flight,
                      network=planned.network, link_mode=o.link, timeout_s=timeout_s, seed=planned.run,

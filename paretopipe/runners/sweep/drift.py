@@ -77,7 +77,7 @@ def reference_runs(sweeper: Measurer, count: int, network: str, reference: tuple
     for _ in range(count):
         n = len(group_meta.reference_runs)
         planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=sweeper.cipher,
-                             transport=sweeper.transport, **settings_of(sweeper.opts))
+                             transport=sweeper.transport, **settings_of(sweeper.opts, sweeper.scenario))
         record = sweeper.attempt(planned, observed, model, backend)
         if record is None:
             return []
@@ -110,7 +110,7 @@ def requeue_drifted(sweeper: Measurer, drifted: list[tuple], group: GroupProgres
 def values_of(sweeper: Measurer, model: str, backend: str, cfg: tuple) -> tuple[list[float], list[float]]:
     """The latencies and throughputs of a configuration's complete runs on disk (those kept)."""
     key = PlannedRun(model, backend, cfg[0], cfg[1], 0, cipher=sweeper.cipher, transport=sweeper.transport,
-                     **settings_of(sweeper.opts)).config_key
+                     **settings_of(sweeper.opts, sweeper.scenario)).config_key
     lat, thr = [], []
     for path in sorted(sweeper.session.runs_dir.glob(f"{key}_r*.json")):
         rec = sweeper.session.read_run(path)

@@ -103,6 +103,7 @@ class GroupProgress:
     meta: GroupMeta  # its account in session.json
     rerun: dict[tuple, list[int]]
     rerun_done: set[str] = dataclasses.field(default_factory=set)
+    scenario: str = "closed"  # the LoadGen scenario its runs are measured under (the closed loop: none)
 
 
 def placement(opts: SweepOptions, cipher: str, traced: set[str] = frozenset(), transport: str = "tcp",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from ...analysis.session import DEFAULT_CODEC, config_key, run_key
+from ...analysis.session import CLOSED_LOOP, DEFAULT_CODEC, config_key, run_key
 from ...errors import UsageError
 from ...splits import Split, parse_splits, split_adaptive, split_cuts
 from .. import rounds
@@ -30,6 +30,7 @@ class PlannedRun:
     codec: str = DEFAULT_CODEC  # --wire-dtype/--compression (settings_of)
     batch_tag: int | None = None  # the batch size, where the run file names it (settings_of)
     in_flight_tag: int | None = None  # the in-flight depth, where the run file names it
+    scenario: str = CLOSED_LOOP  # a LoadGen scenario (paretopipe.loadgen), or the closed loop
 
     @property
     def split_index(self) -> int | str:
@@ -42,37 +43,40 @@ class PlannedRun:
     @property
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport,
-                          self.codec, self.batch_tag, self.in_flight_tag)
+                          self.codec, self.batch_tag, self.in_flight_tag, self.scenario)
 
     @property
     def run_key(self) -> str:
         return f"{self.config_key}_ref{self.run}" if self.reference else run_key(self.config_key, self.run)
 
 
-def settings_of(opts: SweepOptions) -> dict[str, Any]:
-    """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``), and its batch
+def settings_of(opts: SweepOptions, scenario: str = CLOSED_LOOP) -> dict[str, Any]:
+    """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``), its batch
     size and in-flight depth where a search session holds several (``key_batch_size`` and
-    ``key_in_flight``: the ones its file names leave out)."""
+    ``key_in_flight``: the ones its file names leave out), and the pass's LoadGen ``scenario``."""
     def tag(value: int, base: int | None) -> int | None:
         return value if base is not None and value != base else None
 
     return {"codec": f"{opts.wire_dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
-            "in_flight_tag": tag(opts.in_flight, opts.key_in_flight)}
+            "in_flight_tag": tag(opts.in_flight, opts.key_in_flight), "scenario": scenario}
 
 
-def group_name(model: str, backend: str, cipher: str, transport: str = "tcp") -> str:
+def group_name(model: str, backend: str, cipher: str, transport: str = "tcp", scenario: str = CLOSED_LOOP) -> str:
     """A worker group's name in session.json and its seed of the round order (a plain group over
-    raw TCP keeps the name it had before ciphers and transports, so its order is what it was)."""
+    raw TCP keeps the name it had before ciphers and transports, so its order is what it was; a
+    LoadGen scenario's group ends in the scenario)."""
     return (f"{model}/{backend}" + (f"/{cipher}" if cipher != "none" else "")
-            + (f"/{transport}" if transport != "tcp" else ""))
+            + (f"/{transport}" if transport != "tcp" else "") + (f"/{scenario}" if scenario != CLOSED_LOOP else ""))
 
 
-def worker_groups(opts: SweepOptions) -> list[tuple[str, str, str]]:
-    """(backend, cipher, transport) of each worker group of a model: the TCP backend once per
-    transport and cipher (a transport and a cipher are agreed per connection)."""
-    return [(backend, cipher, transport) for backend in opts.backends
+def worker_groups(opts: SweepOptions) -> list[tuple[str, str, str, str]]:
+    """(backend, cipher, transport, scenario) of each worker group of a model: the TCP backend once
+    per transport and cipher (a transport and a cipher are agreed per connection), and each once
+    per LoadGen scenario (the closed loop when none is asked for)."""
+    return [(backend, cipher, transport, scenario) for backend in opts.backends
             for transport in (opts.transports if backend == "tcp" else ["tcp"])
-            for cipher in (opts.ciphers if backend == "tcp" else ["none"])]
+            for cipher in (opts.ciphers if backend == "tcp" else ["none"])
+            for scenario in opts.scenarios]
 
 
 def splits_for(opts: SweepOptions, num_blocks: int, fine_cuts: dict[str, list[int]] | None = None) -> list[Split]:
@@ -111,16 +115,17 @@ def plan_runs(opts: SweepOptions, num_blocks: dict[str, int],
     checks may add more."""
     planned = []
     for model in opts.models:
-        for backend, cipher, transport in worker_groups(opts):
+        for backend, cipher, transport, scenario in worker_groups(opts):
             configs = [(n, k) for n in opts.networks
                        for k in splits_for(opts, num_blocks[model], (fine_cuts or {}).get(model))]
+            settings = settings_of(opts, scenario)
             if opts.order == "sequential":
-                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport, **settings_of(opts)) for n, k in configs
-                            for r in range(opts.runs)]
+                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport, **settings)
+                            for n, k in configs for r in range(opts.runs)]
                 continue
             for r in range(opts.runs):
-                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport, **settings_of(opts)) for n, k in
-                            rounds.round_order(configs, opts.seed, group_name(model, backend, cipher, transport),
+                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport, **settings) for n, k in
+                            rounds.round_order(configs, opts.seed, group_name(model, backend, cipher, transport, scenario),
                                                r, opts.link == "tc")]
     return planned
 
@@ -130,11 +135,11 @@ def round_plan(opts: SweepOptions, model: str, backend: str, group: GroupProgres
     """Round ``r``'s runs: in random order, each active configuration's next run after the runs
     drift set aside; sequentially, every run of a configuration back to back. Takes the set-aside
     runs it plans out of ``group.rerun``."""
-    cipher, transport = group.cipher, group.transport
+    cipher, transport, settings = group.cipher, group.transport, settings_of(opts, group.scenario)
     if opts.order == "sequential":
-        return [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport, **settings_of(opts)) for n, k in active
+        return [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport, **settings) for n, k in active
                 for i in range(group.max_runs if opts.precision else opts.runs)]
-    plan = [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport, **settings_of(opts)) for n, k in
+    plan = [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport, **settings) for n, k in
             rounds.round_order(active, opts.seed, group.name, r, opts.link == "tc")
             for i in group.rerun[(n, k)] + [r]]
     for c in active:
@@ -161,8 +166,9 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
              "on " + ", ".join(f"{h.address} ({h.device})" for h in opts.testbed.hosts))
     ciphers = f" x ciphers {', '.join(opts.ciphers)} (tcp)" if opts.ciphers != ["none"] else ""
     transports = f" x transports {', '.join(opts.transports)} (tcp)" if opts.transports != ["tcp"] else ""
+    scenarios = f" x LoadGen scenarios {', '.join(opts.scenarios)}" if opts.scenarios != [CLOSED_LOOP] else ""
     lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)}"
-             f"{transports}{ciphers} x "
+             f"{transports}{ciphers}{scenarios} x "
              f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
              f"{opts.runs} runs; {per} batches of {opts.batch_size} each ({opts.warmup} warm-up"
              + (")" if opts.warmup_every_run or not opts.warmup else ", on a cut's first run in each worker group)"),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ... import cpushare, records
-from ...analysis.session import ConfigKey, Session, SessionMeta, cipher_of, sweep_session_dir
+from ...analysis.session import CLOSED_LOOP, ConfigKey, Session, SessionMeta, cipher_of, sweep_session_dir
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
 from ...network.conditions import conditions_from_values, get_conditions
@@ -77,6 +77,7 @@ class Sweeper:
         self.compute_s = 0.0  # the slowest batch compute (all stages) measured in this worker group
         self.cipher = "none"  # the current worker group's --encrypt choice
         self.transport = "tcp"  # ...and its --transport
+        self.scenario = CLOSED_LOOP  # ...and the LoadGen scenario its runs are measured under
         self.broker: Broker | None = None  # MQTT's, started by the first MQTT group of a local sweep
         self.cipher_used: str | None = None  # ...and the cipher its runs record (auto resolved)
 
@@ -159,7 +160,8 @@ class Sweeper:
         o = self.opts
         cfg = self.run_config(planned)
         conditions = self.networks[planned.network] if o.link == "emulated" else None
-        budget = o.wait_time + cfg.timeout_s * (o.num_batches + o.warmup + 2)
+        budget = o.wait_time + cfg.timeout_s * (o.num_batches + o.warmup + 2) + \
+            (cfg.loadgen.longest_s if cfg.loadgen is not None else 0.0)
         traced = self.cpu_traces(planned)
         record = self.group.run(cfg, conditions, observed, budget, **({"cpu_traces": traced} if traced else {}))
         if not isinstance(record, RunRecord):
@@ -193,7 +195,8 @@ class Sweeper:
         failed: list[PlannedRun] = []
         try:
             for model in o.models:
-                for backend, cipher, transport in worker_groups(o):
+                for backend, cipher, transport, scenario in worker_groups(o):
+                    self.scenario = scenario
                     self.start(model, backend, cipher, transport)
                     total += self._sweep_group(model, backend, meta, failed)
                     self.stop()
@@ -254,12 +257,12 @@ class Sweeper:
             bar.total = max(bar.total, bar.n + sum(1 for c in group.configs if group.progress[c].stopped is None))
         bar.close()
         group.meta.stopping = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher, transport=self.transport,
-                                          **settings_of(o)).config_key: p.describe()
+                                          **settings_of(o, self.scenario)).config_key: p.describe()
                                for (n, k), p in group.progress.items()}
         group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used.
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
-                                        o.batch_size, k.label, settings_of(o)["codec"], o.in_flight): p.describe()
+                                        o.batch_size, k.label, settings_of(o)["codec"], o.in_flight, self.scenario): p.describe()
                               for (n, k), p in group.progress.items()})
         return len(group.configs)
 
@@ -284,12 +287,14 @@ class Sweeper:
         max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
         static = [k for k in splits if not k.adaptive] or splits
         reference = (o.networks[0], static[len(static) // 2])
-        name = group_name(model, backend, self.cipher, self.transport)
+        name = group_name(model, backend, self.cipher, self.transport, self.scenario)
         group_meta = meta.group(name, order=o.order, seed=o.seed, precision=o.precision, min_runs=o.runs,
                                 max_runs=max_runs, reference={"network": reference[0], "split": reference[1].label})
+        # A LoadGen run is minutes long and its own figures carry their validity: no drift checks.
+        drift_every = o.drift_every_s if o.order == "random" and self.scenario == CLOSED_LOOP else 0.0
         return GroupProgress(name, self.cipher, self.transport, configs, {c: rounds.ConfigProgress() for c in configs}, max_runs,
-                           rounds.DriftMonitor(o.drift_every_s if o.order == "random" else 0.0), reference, group_meta,
-                           {c: [] for c in configs})
+                             rounds.DriftMonitor(drift_every), reference, group_meta, {c: [] for c in configs},
+                             scenario=self.scenario)
 
     def _measure(self, one: PlannedRun, group: GroupProgress, observed: Any, failed: list[PlannedRun]) -> None:
         """One planned run (or its record from the run being resumed), counted in its configuration."""

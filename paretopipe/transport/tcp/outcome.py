@@ -77,14 +77,16 @@ def later_parts(back: dict[str, Any], who: int, stages: int) -> list[dict[str, A
 def write_record(record: dict[str, Any], output_dir: str | Path | None) -> Path | None:
     if output_dir is None:
         return None
-    return records.atomic_write_json(Path(output_dir) / f"{safe_run_id(record['run_id'])}.json", record)
+    return records.write_run_json(Path(output_dir) / f"{safe_run_id(record['run_id'])}.json", record)
+
 
 
 def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
                     parts: Sequence[dict[str, Any] | None], link: dict[str, Any],
-                    timing: dict[str, Any]) -> dict[str, Any]:
+                    timing: dict[str, Any], loadgen: Any = None) -> dict[str, Any]:
     """Merge the stages' parts, in stage order (a missing one is None). Stage 1's batch records
-    already carry the later stages' durations; without stage 1's part, the last stage's batches."""
+    already carry the later stages' durations; without stage 1's part, the last stage's batches.
+    ``loadgen``: the harness of a LoadGen run at stage 1, whose part and figures join the record."""
     batches = next((p.get("batches") for p in parts if p and p.get("batches")), None) or []
     stages = [p["manifest"] for p in parts if p]
     numbered = list(enumerate(parts, start=1))
@@ -94,4 +96,5 @@ def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
                                     config=cfg.to_dict(),
                                     manifest={"stages": stages, "link": link,
                                               "inputs": inputs.describe(cfg.dataset, cfg.data_dir)},
-                                    batches=batches, sysmon=sysmon, timing=timing, resources=resources)
+                                    batches=batches, sysmon=sysmon, timing=timing, resources=resources,
+                                    loadgen=loadgen)

@@ -28,7 +28,7 @@ from ...sysmon import SystemMonitor
 from .. import pipeline, wire
 from ..resources import stage_meter
 from ..runconfig import RunConfig
-from ..bookkeeping import status_of
+from ..bookkeeping import measured_images, status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
 from .messages import RunStart, check_part, json_payload, message, read_result_meta, result_meta_fields, safe_run_id
@@ -205,9 +205,13 @@ class _SinkRun:
     def _compute_loop(self) -> None:
         cpushare.join_compute_thread()
         try:
-            pipeline.drive(pipeline.stage_actions(self.cfg.warmup + self.cfg.num_batches), self)
+            pipeline.drive(pipeline.stage_actions(self._total()), self)
         except BaseException as exc:
             self.compute_error.append(exc)
+
+    def _total(self) -> int | None:
+        """The run's batches (None: a LoadGen run's, as many as LoadGen issues)."""
+        return None if self.cfg.loadgen is not None else self.cfg.warmup + self.cfg.num_batches
 
     def recv(self, _slot: int) -> object:
         while True:
@@ -328,7 +332,7 @@ class _SinkRun:
         return PeerError(f"the next stage failed: {item}") if isinstance(item, BaseException) else None
 
     def _receive(self) -> dict[str, Any]:
-        cfg, total = self.cfg, self.cfg.warmup + self.cfg.num_batches
+        cfg, total = self.cfg, self._total()
         kinds = (wire.TENSOR, wire.RECORDS) + (SWITCHING_KINDS if self.adaptive is not None else ())
         while True:
             f = wire.expect(self.connection.reader.read(), *kinds)
@@ -352,8 +356,8 @@ class _SinkRun:
                 else:
                     self.sender.submit(wire.frame(wire.PROBE_ACK, f.seq))
                 continue
-            if f.seq in self.seen or not 0 <= f.seq < total:
-                raise WireError(f"batch {f.seq} sent twice or out of range 0..{total - 1}")
+            if f.seq in self.seen or f.seq < 0 or (total is not None and f.seq >= total):
+                raise WireError(f"batch {f.seq} sent twice or out of range 0..{'' if total is None else total - 1}")
             if f.tensor is None:
                 raise WireError(f"batch {f.seq} carries no tensor")
             got = [(tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")) for t in live_tensors(f.tensor)]
@@ -362,6 +366,9 @@ class _SinkRun:
                                 f"{_described(self.expected)}")
             self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": f.decode_s,
                                 "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
+            live = live_tensors(f.tensor)
+            if cfg.loadgen is not None and live:  # a LoadGen batch is a query of its own size
+                self.seen[f.seq]["images"] = int(live[0].shape[0])
             if f.seq >= cfg.warmup:
                 self.meter.begin()  # the energy window opens with the first measured batch in
             if self.sealed:
@@ -374,7 +381,7 @@ class _SinkRun:
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
                     "transport": self.connection.transport_usage(),
                     "energy_sensors": self.meter.manifest()}
-        resources = self.meter.part(self.cfg.num_batches * self.cfg.batch_size)
+        resources = self.meter.part(measured_images(list(self.seen.values()), self.cfg))
         if self.adaptive is not None:
             manifest = {**manifest, "adaptive": self.adaptive.manifest()}
         batches = [self.seen[s] for s in sorted(self.seen)]

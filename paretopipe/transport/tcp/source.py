@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -34,7 +34,7 @@ from ..endpoint import SourceEndpoint
 from ..policy import SplitPolicy, StaticPolicy
 from ..resources import ResourceMeter, stage_meter
 from ..runconfig import RunConfig
-from ..bookkeeping import BatchBook, status_of
+from ..bookkeeping import BatchBook, measured_images, status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
 from .messages import RunStart, check_part, json_payload, read_result_meta, read_segment_times
@@ -254,7 +254,7 @@ class _Stage1Run(SourceEndpoint):
     def _landed(self, f: wire.Frame, now: float) -> None:
         """A result off the link (the reader has decoded it: now is when it is usable)."""
         self._keep(f.seq, f.tensor)
-        self.book.complete(f.seq, now, **self._result_fields(f))
+        self.book.complete(f.seq, now, output=f.tensor if self.harness is not None else None, **self._result_fields(f))
         f.release()
 
     def _failed(self, exc: BaseException) -> None:
@@ -282,7 +282,7 @@ class _Stage1Run(SourceEndpoint):
         self.cuts, fields = self.policy.cuts_for(seq, self.next.cuts if self.next else None)
         if self.guarded:
             fields.update(served_locally=False, switched=False)
-        self.rec = self.book.start(seq, **fields)
+        self.rec = self.book.start(seq, **fields, **self.loadgen_fields())
 
     def compute(self, seq: int) -> None:
         if self.chains is not None:
@@ -400,7 +400,9 @@ class _Stage1Run(SourceEndpoint):
             if self.next is not None:
                 self.next.sender.close()
 
-    def actions(self) -> list[pipeline.Action]:
+    def actions(self) -> Iterable[pipeline.Action]:
+        if self.harness is not None:
+            return super().actions()
         return pipeline.source_actions(self.book.total, settle=self.guarded)
 
     # -- after the run ---------------------------------------------------------------------------
@@ -496,8 +498,9 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before),
                  "transport": connection.transport_usage(), "energy_sensors": meter.manifest(),
                  **run.manifest_part()}
-    part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": run.book.records(),
-             "resources": meter.part(cfg.num_batches * cfg.batch_size)}
+    batches = run.book.records()
+    part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": batches,
+             "resources": meter.part(measured_images(batches, cfg))}
     if failure is None and run.next is not None:
         try:
             later = run.exchange(part1)
@@ -506,7 +509,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
             failure = exc
     after = run.finish(failure is None)
     record = assemble_record(run_id, status, error, cfg, [part1, *later], link_manifest,
-                             {"run_wall_s": time.monotonic() - started, "written_by": "stage1"})
+                             {"run_wall_s": time.monotonic() - started, "written_by": "stage1"},
+                             loadgen=run.harness)
     path = write_record(record, output_dir)
     if failure is not None and status == "incomplete":  # "infeasible" is a measured outcome
         raise failure

@@ -1,0 +1,123 @@
+"""The fronts under MLPerf LoadGen's scenarios, and how they differ from the closed loop's.
+
+A session that swept LoadGen scenarios (``--scenario singlestream,offline,server``, and
+``closed`` for the suite's own closed loop) holds one summary row per split and scenario. Here
+they become one row per split: SingleStream's p90 and MultiStream's p99 latency, Offline's samples
+per second and the Server's highest rate within its bound, each with LoadGen's verdict. The
+LoadGen front is taken over the objectives the session measured (p90 down, Offline samples/s up,
+the Server rate up as a third), and compared, network by network, with the closed loop's front
+(median latency down, throughput up): the splits that join or leave the front.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .. import records
+from . import pareto
+from .session import CLOSED_LOOP, CONFIG_KEY
+
+FILE = "loadgen_front.csv"
+#: Per scenario: (its column in the per-split table, the summary column it comes from, the sense).
+OBJECTIVES = {"singlestream": ("singlestream_p90_s", "loadgen_latency_p90_s", "min"),
+              "multistream": ("multistream_p99_s", "loadgen_latency_p99_s", "min"),
+              "offline": ("offline_samples_per_s", "loadgen_samples_per_s", "max"),
+              "server": ("server_qps", "loadgen_server_qps", "max")}
+#: The front's objectives, in order of preference: p90 against Offline samples/s, and the Server rate.
+FRONT_SCENARIOS = ("singlestream", "offline", "server")
+#: One front per model, backend, cipher, transport, codec, depth, network and batch size.
+SPLIT_GROUP = [k for k in CONFIG_KEY if k not in ("split_index", "scenario")]
+
+
+def per_split(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per split configuration: each LoadGen scenario's figure and verdict, and the closed
+    loop's latency and throughput where the session measured it (empty without any scenario)."""
+    if "scenario" not in table.columns or not table["scenario"].ne(CLOSED_LOOP).any():
+        return pd.DataFrame()
+    keys = SPLIT_GROUP + ["split_index"]
+    rows: dict[tuple, dict[str, Any]] = {}
+    for _, r in table.iterrows():
+        key = tuple(r[k] for k in keys)
+        row = rows.setdefault(key, {**dict(zip(keys, key)), "cut": r.get("cut")})
+        scenario = r["scenario"]
+        if scenario == CLOSED_LOOP:
+            row["closed_latency_s"] = r.get("latency_median_s")
+            row["closed_throughput_imgs_per_s"] = r.get("throughput_imgs_per_s")
+        elif scenario in OBJECTIVES:
+            column, source, _ = OBJECTIVES[scenario]
+            row[column] = r.get(source)
+            row[f"{scenario}_result"] = r.get("loadgen_result")
+            row["compliance"] = r.get("loadgen_compliance")
+            if scenario == "server":
+                row["latency_bound_s"] = r.get("loadgen_latency_bound_s")
+    return pd.DataFrame(list(rows.values()))
+
+
+def front_objectives(split_table: pd.DataFrame) -> dict[str, str]:
+    """The LoadGen objectives the session measured, by column: p90, Offline samples/s and the Server
+    rate where present (MultiStream's p99 stands in for p90 when SingleStream was not swept)."""
+    chosen = [s for s in FRONT_SCENARIOS if OBJECTIVES[s][0] in split_table.columns]
+    if "singlestream" not in chosen and OBJECTIVES["multistream"][0] in split_table.columns:
+        chosen.insert(0, "multistream")
+    return {OBJECTIVES[s][0]: OBJECTIVES[s][2] for s in chosen}
+
+
+def fronts(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-split table with ``on_loadgen_front`` (and ``on_closed_front`` where the closed loop
+    was measured too)."""
+    split_table = per_split(table)
+    if split_table.empty:
+        return split_table
+    objectives = front_objectives(split_table)
+    groups = [c for c in SPLIT_GROUP if c in split_table.columns]
+    split_table["on_loadgen_front"] = pareto.mark_front(split_table, objectives, groups)["on_front"] if objectives \
+        else False
+    if "closed_latency_s" in split_table.columns:
+        closed = {"closed_latency_s": "min", "closed_throughput_imgs_per_s": "max"}
+        split_table["on_closed_front"] = pareto.mark_front(split_table, closed, groups)["on_front"]
+    split_table.attrs["objectives"] = objectives
+    return split_table
+
+
+def write(table: pd.DataFrame, out: Path) -> pd.DataFrame:
+    """``loadgen_front.csv`` in the report folder (nothing when the session swept no scenario)."""
+    marked = fronts(table)
+    if not marked.empty:
+        records.atomic_write_csv(out / FILE, marked.to_dict("records"), list(marked.columns))
+    return marked
+
+
+def _splits(frame: pd.DataFrame) -> str:
+    return ", ".join(str(s) for s in frame["split_index"]) or "none"
+
+
+def describe(marked: pd.DataFrame) -> list[str]:
+    """Lines per network: the LoadGen front, each Server rate, and which splits change place
+    against the closed loop's front."""
+    if marked.empty:
+        return []
+    lines = []
+    objectives = [c for c in marked.attrs.get("objectives", {})] or \
+        [c for c, *_ in OBJECTIVES.values() if c in marked.columns]
+    compliance = marked["compliance"].dropna().iloc[0] if "compliance" in marked and marked["compliance"].notna().any() \
+        else "not MLPerf-compliant"
+    lines.append(f"LoadGen fronts over {', '.join(objectives)} ({compliance}):")
+    for network, g in marked.groupby("network", sort=False):
+        on = g[g["on_loadgen_front"].astype(bool)]
+        lines.append(f"  {network}: front {_splits(on)}")
+        if "server_qps" in g.columns:
+            bound = g["latency_bound_s"].dropna()
+            rates = ", ".join(f"k={r.split_index} {r.server_qps:.1f}" if pd.notna(r.server_qps) else f"k={r.split_index} none"
+                              for r in g.itertuples())
+            lines.append(f"    server rate (q/s within p99 {bound.iloc[0] * 1e3:g} ms): {rates}" if len(bound)
+                         else f"    server rate (q/s): {rates}")
+        if "on_closed_front" in g.columns:
+            closed = g[g["on_closed_front"].astype(bool)]
+            joined = g[g["on_loadgen_front"].astype(bool) & ~g["on_closed_front"].astype(bool)]
+            left = g[~g["on_loadgen_front"].astype(bool) & g["on_closed_front"].astype(bool)]
+            lines.append(f"    closed-loop front {_splits(closed)}; under LoadGen joined: {_splits(joined)}; "
+                         f"left: {_splits(left)}")
+    return lines

@@ -1,0 +1,15 @@
+"""MLPerf-style load on a split pipeline: MLCommons LoadGen (``mlperf_loadgen``) drives the whole
+pipeline as its system under test from the data source, in its SingleStream, MultiStream, Offline
+and Server scenarios.
+
+- :mod:`.settings`: the scenario's options as one typed object, with the edge rules' durations
+  (``--mlperf-compliant``) and LoadGen's ``TestSettings`` made from them;
+- :mod:`.feed`: LoadGen's issued queries as the pipeline's batches, and their completion;
+- :mod:`.harness`: one LoadGen test (or a Server search) over a running pipeline, its logs kept;
+- :mod:`.logs`: LoadGen's ``mlperf_log_summary.txt`` read into the record's figures;
+- :mod:`.server_search`: the highest Poisson rate whose 99th percentile stays within a bound;
+- :mod:`.queueing`: that rate predicted from the cost model's service times.
+
+Nothing here is imported where no scenario is asked for: ``mlperf_loadgen`` is loaded only by a
+run that uses it.
+"""

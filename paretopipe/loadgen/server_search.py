@@ -1,0 +1,66 @@
+"""The Server scenario's search: the highest Poisson rate whose 99th-percentile latency stays within
+the bound, by LoadGen runs at chosen rates.
+
+From a first guess, the rate doubles while runs pass and halves while they fail, until one of
+each is known; then the interval between the highest passing and the lowest failing rate is
+halved, until it is within ``precision`` of the passing rate or the runs are spent. Every run is
+a step of the record. A step passes when LoadGen's own check of the bound holds (its 99th
+percentile within the target latency: "performance constraints satisfied"); LoadGen's
+VALID/INVALID, which also asks for early stopping and the minimum duration, is kept beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+
+@dataclasses.dataclass
+class Step:
+    """One LoadGen run of the search: the rate asked for, whether the bound held, its figures."""
+
+    target_qps: float
+    passed: bool
+    figures: dict[str, Any]
+
+
+def passes(figures: dict[str, Any], bound_s: float) -> bool:
+    """The bound held: LoadGen's performance constraint, or, where it did not log one, the 99th
+    percentile itself within the bound."""
+    met = figures.get("loadgen_perf_constraints_met")
+    if isinstance(met, bool):
+        return met
+    p99 = figures.get("loadgen_latency_p99_s")
+    return isinstance(p99, (int, float)) and p99 <= bound_s
+
+
+def search(measure: Callable[[float], Step], first_qps: float, steps: int, precision: float = 0.04,
+           stop: Callable[[], bool] = lambda: False) -> list[Step]:
+    """Run up to ``steps`` measurements from ``first_qps``; returns them in order."""
+    done: list[Step] = []
+    lo, hi = 0.0, None
+    rate = first_qps
+    for _ in range(steps):
+        if stop():
+            break
+        step = measure(rate)
+        done.append(step)
+        if step.passed:
+            lo = max(lo, rate)
+        else:
+            hi = rate if hi is None else min(hi, rate)
+        if hi is None:
+            rate = rate * 2
+        elif lo == 0.0:
+            rate = rate / 2
+        else:
+            if hi - lo <= precision * lo:
+                break
+            rate = (lo + hi) / 2
+    return done
+
+
+def best(done: list[Step]) -> Step | None:
+    """The highest passing step (None when no rate held the bound)."""
+    passing = [s for s in done if s.passed]
+    return max(passing, key=lambda s: s.target_qps) if passing else None
