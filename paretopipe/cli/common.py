@@ -15,7 +15,7 @@ from ..argtypes import (nonneg_float, nonneg_int, percent, port_number, port_or_
 from ..errors import ParetoPipeError, UsageError
 from ..transport import auth, inputs
 from ..transport.messaging import MqttSettings, TransportSpec
-from ..loadgen.settings import LoadgenOptions
+from ..loadgen.settings import LoadgenOptions, require_loadgen
 from ..runners import flags
 from ..transport.runconfig import RunConfig
 from ..network.conditions import get_conditions
@@ -118,9 +118,6 @@ def loadgen_sweep_settings(args: argparse.Namespace, scenarios: Sequence[str]) -
         return {}
     for scenario in wanted:
         LoadgenOptions.of_flags(scenario, **settings)
-    # lazy for start-up: mlperf_loadgen (checked only when a scenario is asked for)
-    from ..loadgen.harness import require_loadgen
-
     require_loadgen()
     return settings
 
@@ -143,9 +140,6 @@ def loadgen_from_args(args: argparse.Namespace) -> Any:
         raise UsageError("--save-outputs with --scenario: LoadGen's queries vary in size; --loadgen-mode accuracy "
                          "checks the outputs against labels instead")
     options = LoadgenOptions.of_flags(args.scenario, **settings)
-    # lazy for start-up: mlperf_loadgen (checked only when a scenario is asked for)
-    from ..loadgen.harness import require_loadgen
-
     require_loadgen()
     return options
 

@@ -4,12 +4,10 @@ and Server scenarios.
 
 - :mod:`.settings`: the scenario's options as one typed object, with the edge rules' durations
   (``--mlperf-compliant``) and LoadGen's ``TestSettings`` made from them;
-- :mod:`.feed`: LoadGen's issued queries as the pipeline's batches, and their completion;
-- :mod:`.harness`: one LoadGen test (or a Server search) over a running pipeline, its logs kept;
 - :mod:`.logs`: LoadGen's ``mlperf_log_summary.txt`` read into the record's figures;
 - :mod:`.server_search`: the highest Poisson rate whose 99th percentile stays within a bound;
 - :mod:`.queueing`: that rate predicted from the cost model's service times.
 
-Nothing here is imported where no scenario is asked for: ``mlperf_loadgen`` is loaded only by a
-run that uses it.
+These are torch-free and below the transport; the harness that runs LoadGen over a pipeline is
+``paretopipe.transport.loadgen``. ``mlperf_loadgen`` is loaded only by a run that uses it.
 """

@@ -64,6 +64,10 @@ def figures(detail: dict[str, Any]) -> dict[str, Any]:
         "loadgen_min_duration_met": detail.get("result_min_duration_met"),
     }
     per_query = scenario == "MultiStream"
+    # The scenario's early-stopping estimate, None where too few queries ran for one.
+    early = {"SingleStream": "loadgen_early_stopping_p90_s", "MultiStream": "loadgen_early_stopping_p99_s"}
+    if scenario in early:
+        out[early[scenario]] = None
     for key, value in detail.items():
         m = _PERCENTILE.fullmatch(key)
         if m and isinstance(value, (int, float)) and bool(m.group(2)) == per_query:

@@ -159,3 +159,22 @@ def make_test_settings(opts: LoadgenOptions, *, expected_latency_s: float, expec
     s.server_target_latency_ns = int(opts.latency_bound_s * 1e9)
     s.server_target_latency_percentile = PERCENTILES["server"] / 100
     return s
+
+
+def loadgen_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("mlcommons-loadgen")
+    except Exception:  # the version is a label; a missing one says so
+        return "unknown"
+
+
+def require_loadgen() -> None:
+    """Refuse, in one line, a scenario on a host without LoadGen."""
+    try:
+        # lazy for start-up: mlperf_loadgen
+        import mlperf_loadgen  # noqa: F401
+    except ImportError:
+        raise UsageError("--scenario needs MLCommons LoadGen on the data source's host: pip install mlcommons-loadgen "
+                         "(on a Pi, with g++ and python3-dev installed, it builds from source)")

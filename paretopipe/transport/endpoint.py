@@ -12,7 +12,7 @@ from .runconfig import RunConfig
 from .bookkeeping import BatchBook
 
 if TYPE_CHECKING:
-    from ..loadgen.harness import Harness
+    from .loadgen.harness import Harness
 
 
 class SourceEndpoint:
@@ -29,7 +29,7 @@ class SourceEndpoint:
         self.harness: Harness | None = None
         if cfg.loadgen is not None:
             # lazy for start-up: mlperf_loadgen (only a scenario's run loads LoadGen)
-            from ..loadgen.harness import Harness
+            from .loadgen.harness import Harness
 
             self.harness = Harness(cfg, input_size, book)
             book.on_complete = self.harness.feed.complete

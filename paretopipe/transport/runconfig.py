@@ -25,6 +25,8 @@ WIRE_DTYPE_NAMES = ("float32", "float16", "bfloat16")
 #: The largest frame payload a stage accepts by default (``--max-payload``).
 DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 OBJECTIVES = ("latency", "throughput")
+#: The datasets whose images carry labels (LoadGen's accuracy mode scores against them).
+LABELLED_DATASETS = ("imagefolder", "cifar10")
 #: The energy sampler's fastest rate: sensors update at 10-100 Hz (a Pi 5's PMIC read takes ms).
 MAX_ENERGY_RATE_HZ = 1000.0
 
@@ -190,6 +192,10 @@ class RunConfig:
             raise UsageError(f"--scenario {self.loadgen.scenario} with "
                              f"{'--split ' + str(self.split_index) if self.adaptive else '--deadline-ms'}: a LoadGen "
                              f"run keeps a static split and waits for every result; give a block split")
+        if self.loadgen is not None and self.loadgen.mode == "accuracy" and \
+                self.dataset.split(":")[0] not in LABELLED_DATASETS:
+            raise UsageError(f"--loadgen-mode accuracy needs labelled inputs: give --dataset imagefolder:PATH or "
+                             f"cifar10:PATH, not {self.dataset}")
         check_dataset(self.dataset)
 
     @property

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ParetoPipeError, UsageError
-from ..transport.bookkeeping import BatchBook
-from ..transport.inputs import SampleSet
-from ..transport.runconfig import RunConfig
-from . import logs, server_search
+from ...errors import ParetoPipeError
+from ...loadgen import logs, server_search
+from ...loadgen.settings import LOADGEN_NAMES, LoadgenOptions, loadgen_version, make_test_settings, require_loadgen
+from ..bookkeeping import BatchBook
+from ..inputs import SampleSet
+from ..runconfig import RunConfig
 from .feed import QueryFeed
-from .settings import LOADGEN_NAMES, LoadgenOptions, make_test_settings
 
 log = logging.getLogger("paretopipe.loadgen")
 #: LoadGen's seeds for a compliant run, from its mlperf.conf (a short run draws its own from --seed).
@@ -35,25 +35,6 @@ OFFICIAL_SEEDS = {"qsl_rng_seed": 2085463073848966840, "sample_index_rng_seed": 
 OFFLINE_SLACK = 1.5
 
 
-def loadgen_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("mlcommons-loadgen")
-    except Exception:  # the version is a label; a missing one says so
-        return "unknown"
-
-
-def require_loadgen() -> None:
-    """Refuse, in one line, a scenario on a host without LoadGen."""
-    try:
-        # lazy for start-up: mlperf_loadgen
-        import mlperf_loadgen  # noqa: F401
-    except ImportError:
-        raise UsageError("--scenario needs MLCommons LoadGen on the data source's host: pip install mlcommons-loadgen "
-                         "(on a Pi, with g++ and python3-dev installed, it builds from source)")
-
-
 class Harness:
     """LoadGen driving one run's pipeline from its data source."""
 
@@ -62,9 +43,6 @@ class Harness:
         self.cfg, self.book = cfg, book
         self.opts: LoadgenOptions = cfg.loadgen
         self.samples = SampleSet(cfg.dataset, input_size, self.opts.sample_count, cfg.data_dir, cfg.seed)
-        if self.opts.mode == "accuracy" and not self.samples.labelled:
-            raise UsageError(f"--loadgen-mode accuracy needs labelled inputs: give --dataset imagefolder:PATH or "
-                             f"cifar10:PATH, not {cfg.dataset}")
         offline = self.opts.scenario == "offline"
         self.feed = QueryFeed(self.samples, cfg.batch_size, None if offline else self.opts.query_size,
                               keep_predictions=self.opts.mode == "accuracy")

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..transport.inputs import SampleSet
+from ..inputs import SampleSet
 
 log = logging.getLogger("paretopipe.loadgen")
 
