@@ -137,8 +137,8 @@ def loadgen_from_args(args: argparse.Namespace) -> Any:
         _refuse_loadgen_flags(args, settings)
         return None
     if getattr(args, "save_outputs", None):
-        raise UsageError("--save-outputs with --scenario: LoadGen's queries vary in size; --loadgen-mode accuracy "
-                         "checks the outputs against labels instead")
+        raise UsageError("--save-outputs with --scenario: LoadGen's queries vary in size; drop one, or use "
+                         "--loadgen-mode accuracy, which checks the outputs against labels")
     options = LoadgenOptions.of_flags(args.scenario, **settings)
     require_loadgen()
     return options

@@ -60,6 +60,9 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
                         "(modelled: needs --power-core-w); default latency,throughput")
     flags.POWER_CORE_W.add_to(p, help="per device, e.g. 0.9,15: the watts one busy core adds; x each stage's "
                                       "predicted compute = its modelled energy per image")
+    flags.LATENCY_BOUND_MS.add_to(p, default=None, help="also predict each split's MLPerf Server rate: the highest "
+                                  "Poisson rate whose 99th-percentile latency stays within this bound, ms (queueing at "
+                                  "the bottleneck stage or link)")
     p.add_argument("--sweep-rate", default=None, help="draw the optimal split versus link rate over a range, e.g. 1mbit..1gbit")
     p.add_argument("--sweep-points", type=int, default=80)
     p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
@@ -87,14 +90,16 @@ def _links_for(args: argparse.Namespace, base: dict[str, Any], hops: int) -> lis
 def _format_table(df) -> str:
     memory = "predicted_memory_bytes" in df.columns
     energy = "predicted_energy_modelled_per_image_j" in df.columns
+    server = "predicted_server_qps" in df.columns
     lines = [f"{'split':>8} {'cut':<22} {'frame':>10} {'latency ms':>11} {'img/s':>8}"
              + (f" {'memory MiB':>10}" if memory else "") + (f" {'J/img (modelled)':>16}" if energy else "")
-             + "  bottleneck  front"]
+             + (f" {'server q/s':>10} {'capacity':>8}" if server else "") + "  bottleneck  front"]
     for _, r in df.iterrows():
         lines.append(f"{r['split']:>8} {r['cut'][:22]:<22} {r['frame_bytes']:>10} {r['predicted_latency_s'] * 1e3:>11.2f} "
                      f"{r['predicted_throughput_imgs_per_s']:>8.2f}"
                      + (f" {r['predicted_memory_bytes'] / 2**20:>10.1f}" if memory else "")
                      + (f" {r['predicted_energy_modelled_per_image_j']:>16.4g}" if energy else "")
+                     + (f" {r['predicted_server_qps']:>10.2f} {r['predicted_server_capacity_qps']:>8.2f}" if server else "")
                      + f"  {r['predicted_bottleneck']:<10}  {'*' if r['on_front'] else ''}")
     return "\n".join(lines)
 
@@ -136,10 +141,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
         return _print_rate_map(profiles, conditions, args, codec, out)
     power = _per_device_watts(args.power_core_w, len(profiles))
     tables = [predict_splits(profiles, links[0][0], args.batch_size, codec, args.fine, links[0][1],
-                             objectives=args.objectives, power_core_w=power) for links in conditions]
+                             objectives=args.objectives, power_core_w=power,
+                             latency_bound_s=args.latency_bound_ms / 1e3 if args.latency_bound_ms else None)
+              for links in conditions]
     for links, table in zip(conditions, tables):
+        bound = (f"; server q/s: the Poisson rate within p99 {args.latency_bound_ms:g} ms, queries of one sample"
+                 if args.latency_bound_ms else "")
         print(f"\n{profiles[0].model} on {profiles[0].name} -> {profiles[1].name}, network {links[0][0].name}, "
-              f"batch {args.batch_size} (predicted; * = on the predicted front)")
+              f"batch {args.batch_size} (predicted; * = on the predicted front{bound})")
         print(_format_table(table))
     if out:
         path = records.atomic_write_csv(out / "predictions.csv", pd.concat(tables).to_dict("records"))

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..analysis import pareto
 from ..errors import UsageError
+from ..loadgen import queueing
 from ..units import parse_rate
 from .costmodel import LinkModel, chain_terms
 from .device_profile import DeviceProfile
@@ -74,10 +75,13 @@ def predicted_objectives(names: str | None, table: pd.DataFrame) -> dict[str, st
 
 def predict_splits(profiles: Sequence[DeviceProfile], link: LinkModel, batch_size: int, codec: str,
                    fine: bool = False, back: LinkModel | None = None, objectives: str | None = None,
-                   power_core_w: Sequence[float | None] | None = None) -> pd.DataFrame:
+                   power_core_w: Sequence[float | None] | None = None,
+                   latency_bound_s: float | None = None) -> pd.DataFrame:
     """One row per split of a 2-device chain: every term, the latency, the throughput, memory and
     (with ``power_core_w``) modelled energy, and the front over ``objectives``. ``link`` is the way
-    there (up), ``back`` the way back (down; default the same)."""
+    there (up), ``back`` the way back (down; default the same). With ``latency_bound_s``: the
+    MLPerf Server rate each split should sustain with its 99th percentile within the bound, from
+    the queueing at its bottleneck (paretopipe.loadgen.queueing; queries of one sample)."""
     rows = []
     for label, boundary in split_positions(profiles[0], fine):
         terms = chain_terms(profiles, [link], [boundary], batch_size, codec, [back or link])
@@ -85,6 +89,9 @@ def predict_splits(profiles: Sequence[DeviceProfile], link: LinkModel, batch_siz
                "boundary": boundary, "batch_size": batch_size, **terms.as_row()}
         if power_core_w:
             row["predicted_energy_modelled_per_image_j"] = terms.energy_modelled_per_image_j(power_core_w)
+        if latency_bound_s is not None:
+            one = chain_terms(profiles, [link], [boundary], 1, codec, [back or link])
+            row.update(queueing.predicted_columns(one, latency_bound_s))
         rows.append(row)
     table = pd.DataFrame(rows)
     return pareto.mark_front(table, predicted_objectives(objectives, table), by=["network"])

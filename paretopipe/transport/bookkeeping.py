@@ -125,6 +125,15 @@ class BatchBook:
             raise InfeasibleRun(f"batch {oldest[0]} was still in the pipeline after --max-batch-s "
                                 f"{self.max_batch_s:g} s")
 
+    def check_stalled(self, now: float | None = None) -> None:
+        """Raise :class:`PeerError` when the oldest batch in the pipeline has waited for its result
+        longer than the run's timeout."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            oldest = min(self._starts.items(), key=lambda kv: kv[1], default=None)
+        if oldest is not None and now - oldest[1] > self.timeout_s:
+            raise PeerError(f"no result for batch {oldest[0]} from the pipeline for {self.timeout_s:g}s (timeout)")
+
     def unblock(self) -> None:
         """Wake a source waiting for a slot (its ``check`` then reports why)."""
         self.window.release()

@@ -44,7 +44,7 @@ class SourceEndpoint:
     def actions(self) -> Iterable[pipeline.Action]:
         """The schedule this endpoint runs (a backend may settle each batch before the next)."""
         if self.harness is not None:
-            return pipeline.open_source_actions(self.harness.feed.more)
+            return pipeline.open_source_actions(lambda: self.harness.feed.more(self._check_waiting))
         return pipeline.source_actions(self.book.total)
 
     def load(self, seq: int) -> None:
@@ -52,6 +52,14 @@ class SourceEndpoint:
             self.x = self.harness.feed.load(seq)
             return
         self.x = next(self._batches)
+
+    def _check_waiting(self) -> None:
+        """While LoadGen's next query is awaited: a failed peer, a batch past --max-batch-s, or a
+        result that has not come for the run's timeout ends the run (LoadGen issues a
+        SingleStream query only once the last is answered, so nothing else would)."""
+        self.check()
+        self.book.check_deadline()
+        self.book.check_stalled()
 
     def loadgen_fields(self) -> dict[str, Any]:
         """A LoadGen batch's size, which varies (a record's batches are otherwise all one size)."""

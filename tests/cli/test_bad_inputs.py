@@ -276,6 +276,29 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "2", "--sampler", "x"],
                         "invalid choice: 'x'")):
         add(f"search-{len(c)}", argv, what)
+    # MLPerf LoadGen scenarios (stage 1, the RPC master, the sweep)
+    for argv, what in ((["stage1", "--scenario", "offline", "--mlperf-compliant", "--min-duration-s", "5"],
+                        "--min-duration-s 5 is below the edge rules' 600 s"),
+                       (["stage1", "--scenario", "server", "--mlperf-compliant", "--min-query-count", "10"],
+                        "below the edge rules' 270336 queries"),
+                       (["stage1", "--scenario", "burst"], "invalid choice: 'burst'"),
+                       (["stage1", "--min-duration-s", "3"], "--min-duration-s applies to a LoadGen run"),
+                       (["stage1", "--mlperf-compliant"], "--mlperf-compliant applies to a LoadGen run"),
+                       (["stage1", "--scenario", "server", "--latency-bound-ms", "0"], "--latency-bound-ms"),
+                       (["stage1", "--scenario", "offline", "--loadgen-mode", "accuracy", "--split", "3"],
+                        "accuracy needs labelled inputs"),
+                       (["stage1", "--scenario", "singlestream", "--save-outputs", f"{T}/o.npz"],
+                        "--save-outputs with --scenario"),
+                       (["stage1", "--scenario", "singlestream", "--split", "adaptive"], "keeps a static split"),
+                       (["rpc", "--local", "--scenario", "offline", "--mlperf-compliant", "--min-duration-s", "5"],
+                        "below the edge rules' 600 s"),
+                       (["sweep", "--local", "--scenario", "closed,bursty"], "'bursty' is not one of closed, singlestream"),
+                       (["sweep", "--local", "--scenario", "server", "--mlperf-compliant", "--min-duration-s", "60"],
+                        "below the edge rules' 600 s"),
+                       (["sweep", "--local", "--server-qps", "3"], "--server-qps applies to a LoadGen run"),
+                       (["sweep", "--local", "--scenario", "offline", "--splits", "0,adaptive"],
+                        "drop adaptive from --splits")):
+        add(f"loadgen-{len(c)}", argv, what)
     # lab, doctor and the umbrella itself
     for argv, what in ((["lab", "up", "--hosts", "1"], "valid 2..8 hosts"), (["lab", "up", "--hosts", "99"], "2..8"),
                        (["lab", "up", "--name", "Bad-Name"], "lab name 'Bad-Name'"), (["lab", "up", "--subnet", "300"], "--subnet"),

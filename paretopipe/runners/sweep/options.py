@@ -116,8 +116,8 @@ def check_options(opts: SweepOptions) -> None:
                              f"use --in-flight 1 (and compare it with static splits measured so)")
     if any(s != "closed" for s in opts.scenarios):
         if split_adaptive(opts.splits)[1] or opts.deadline_s is not None:
-            raise UsageError("--scenario runs LoadGen over static splits, waiting for every result: drop adaptive "
-                             "from --splits and --deadline-ms")
+            raise UsageError("--scenario runs LoadGen over static splits, waiting for every result: use static "
+                             "splits only (drop adaptive from --splits, and --deadline-ms)")
     if opts.deadline_s is not None and ("rpc" in opts.backends or opts.in_flight != 1):
         raise UsageError("--deadline-ms settles each TCP batch before the next: use --backend tcp and --in-flight 1")
     if opts.plans and "tcp" in opts.backends and opts.link == "tc" and not tb.remote:

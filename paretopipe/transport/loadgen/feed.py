@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -91,9 +91,15 @@ class QueryFeed:
         self._queue.put(None)
 
     # -- the data source's side -----------------------------------------------------------------
-    def more(self) -> bool:
-        """Wait for the next batch (True), or the end (False)."""
-        item = self._queue.get()
+    def more(self, check: Callable[[], None] = lambda: None) -> bool:
+        """Wait for the next batch (True), or the end (False), calling ``check`` while waiting (it
+        raises when the pipeline has failed: LoadGen waits for a result before it issues more)."""
+        while True:
+            try:
+                item = self._queue.get(timeout=0.05)
+                break
+            except queue.Empty:
+                check()
         if item is None:
             return False
         self._current = item
