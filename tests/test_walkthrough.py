@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 #: Flags whose value is a size: a reduced line may change or add them.
 SIZES = {"--runs", "--num-batches", "--num-test-samples", "--warmup", "--batch-size", "--splits", "--repetitions",
          "--codecs", "--ciphers", "--duration", "--batches", "--max-runs", "--only", "--quiet", "--prompt-len",
-         "--gen-tokens", "--decode-steps"}
+         "--gen-tokens", "--decode-steps", "--min-duration-s", "--min-query-count", "--server-steps"}
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
 PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session", "--live"}
 #: Every documented command line a test here runs (as written, or reduced in size only), as
@@ -85,7 +85,12 @@ RUN = frozenset({
     "--validate results-llm",
     *(f"python -m paretopipe.predict --model mobilenetv2 --device-profiles "
       f"profiles/edge-mobilenet_v2.json,profiles/server-mobilenet_v2.json {tail}"
-      for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms")),
+      for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms",
+                   "--network lan,lte --latency-bound-ms 500")),
+    "python partition1.py --model mobilenetv2 --split 8 --scenario singlestream --batch-size 1 --out results/manual",
+    "python partition2.py --model mobilenetv2 --host 127.0.0.1 --output-dir results/manual",
+    "python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
+    "--scenario closed,singlestream,multistream,offline,server --latency-bound-ms 500",
 })
 SHARED = ROOT.parent / "shared"
 SCRIPTS = ("automated_split_tester.py", "partition1.py", "partition2.py", "distributed_runner.py",
@@ -291,9 +296,27 @@ def test_profile_then_predict_as_the_readme_and_docs_show(clone):
         (clone / "profiles" / "edge-mobilenet_v2.json").write_bytes(
             (clone / "profiles" / "server-mobilenet_v2.json").read_bytes())
     pair = "profiles/edge-mobilenet_v2.json,profiles/server-mobilenet_v2.json"
-    for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms"):
+    for tail in ("--network lte,wifi", "--rate 10mbit --delay 20ms", "--sweep-rate 1mbit..1gbit --delay 20ms",
+                 "--network lan,lte --latency-bound-ms 500"):
         out = sh(reduced(f"python -m paretopipe.predict --model mobilenetv2 --device-profiles {pair} {tail}"), clone)
         assert out.stdout.strip(), tail
+    assert "server q/s: the Poisson rate within p99 500 ms" in out.stdout
+
+
+def test_loadgen_scenarios_by_hand_and_in_a_sweep_as_the_docs_run_them(clone):
+    port = str(free_port())
+    hand_run(clone, reduced("python partition1.py --model mobilenetv2 --split 8 --scenario singlestream --batch-size 1 "
+                            "--out results/manual", min_duration_s="1", min_query_count="8", port=port),
+             reduced("python partition2.py --model mobilenetv2 --host 127.0.0.1 --output-dir results/manual", port=port))
+    assert len(list((clone / "results" / "manual").glob("*.mlperf/mlperf_log_summary.txt"))) == 1
+    out = sh(reduced("python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
+                     "--scenario closed,singlestream,multistream,offline,server --latency-bound-ms 500",
+                     splits="8,19", runs="1", batch_size="1", num_batches="3", warmup="1", min_duration_s="1",
+                     min_query_count="8", server_steps="2", local=""), clone)
+    session = next((clone / "results").glob("*/runs.csv")).parent
+    front = pd.read_csv(session / "report" / "loadgen_front.csv")
+    assert len(front) == 4 and front["server_result"].notna().all() and front["multistream_p99_s"].gt(0).all()
+    assert "LoadGen fronts over singlestream_p90_s, offline_samples_per_s, server_qps" in out.stdout
 
 
 # -- 6. the rest of the README's examples ------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 import tcp_helpers
 from conftest import ROOT
 from paretopipe.errors import UsageError
-from paretopipe.loadgen import logs
+from paretopipe.loadgen import logs, server_search
 from paretopipe.loadgen.settings import LoadgenOptions
 from paretopipe.network.conditions import Direction, NetworkConditions
 from paretopipe.transport.inputs import SampleSet
@@ -118,23 +118,21 @@ def test_accuracy_mode_refuses_unlabelled_inputs_in_one_line(tmp_path):
 
 
 def test_the_server_search_finds_a_rate_within_ten_percent_of_the_links_capacity(tmp_path):
-    """A link of 2 Mbit/s carries one 12 kB activation in about 50 ms: the pipeline's capacity is
-    the link's, about 20 samples/s, while each stage holds a sample 4.5 ms (a scripted sleep, not
-    this machine's compute). With a bound of 2 s, queueing only breaks it close to capacity, and
-    above capacity the pipeline falls behind the arrivals (it completes under 90% of their rate)."""
-    rate_bps = 2e6
+    """A link of 5 Mbit/s carries one 12 kB activation in about 20 ms: the pipeline's capacity is
+    the link's, about 50 samples/s, while each stage holds a sample 4.5 ms (a scripted sleep, not
+    this machine's compute). With a bound of 1 s on 12 s runs, the wait at the link breaks it only
+    close to capacity, and above it the queue grows past the bound within the run."""
+    rate_bps = 5e6
     link = NetworkConditions("slow", up=Direction(rate_bps=rate_bps), down=Direction())
     opts = LoadgenOptions(scenario="server", min_duration_s=12.0, min_query_count=16, sample_count=8,
-                          latency_bound_s=2.0, server_steps=6)
+                          latency_bound_s=1.0, server_steps=6)
     srv, _ = _run(tmp_path, opts, split=2, model=HELD, conditions=link, in_flight=8, warmup=4, batch_size=1)
     s, steps = srv.record["summary"], srv.record["loadgen"]["steps"]
     frame = s["wire_bytes_mean"]  # the activation and its frame's header, as the link serialises it
     capacity = rate_bps / 8 / frame
-    assert 15 < capacity < 25
+    assert 40 < capacity < 60
     assert abs(s["loadgen_server_qps"] - capacity) <= 0.1 * capacity, (capacity, steps)
     assert len(steps) >= 2 and any(not st["passed"] for st in steps)  # the bound was found, not assumed
-    assert all(st["passed"] == (st["loadgen_latency_p99_s"] <= 2.0 and
-                                st["loadgen_samples_per_s"] >= 0.9 * st["loadgen_scheduled_samples_per_s"])
-               for st in steps)
+    assert all(st["passed"] == (st["loadgen_latency_p99_s"] <= 1.0 and server_search.kept_up(st, 1.0)) for st in steps)
     folder = srv.path.with_name(srv.path.stem + ".mlperf")
     assert len(list((folder / "steps").iterdir())) == len(steps)

@@ -46,7 +46,10 @@ def test_passing_is_loadgens_performance_constraint_and_keeping_up_with_the_arri
     assert server_search.passes({"loadgen_latency_p99_s": 0.09}, 0.1) is True
     assert server_search.passes({"loadgen_latency_p99_s": 0.11}, 0.1) is False
     assert server_search.passes({}, 0.1) is False
-    # Within the bound only because the run ended: a queue that grew all along (89% of the rate done).
-    kept = {"loadgen_perf_constraints_met": True, "loadgen_scheduled_samples_per_s": 22.8}
-    assert server_search.passes({**kept, "loadgen_samples_per_s": 20.3}, 2.0) is False
-    assert server_search.passes({**kept, "loadgen_samples_per_s": 21.9}, 2.0) is True
+    # 12 s of arrivals at 22.8 q/s: a stable pipeline completes them within 12 s plus the 0.5 s bound
+    # (at least 21.9 q/s); one that completed 18 q/s fell behind, however short the run kept its tail.
+    kept = {"loadgen_perf_constraints_met": True, "loadgen_scheduled_samples_per_s": 22.8, "loadgen_queries": 274}
+    assert server_search.passes({**kept, "loadgen_samples_per_s": 18.0}, 0.5) is False
+    assert server_search.passes({**kept, "loadgen_samples_per_s": 21.0}, 0.5) is True
+    # A short run with a loose bound: the same completed rate is within what a stable pipeline does.
+    assert server_search.kept_up({**kept, "loadgen_queries": 23, "loadgen_samples_per_s": 18.0}, 0.5) is True

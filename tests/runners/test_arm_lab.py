@@ -167,3 +167,36 @@ def test_a_language_model_split_across_architectures_generates_the_unsplit_model
     src = build.source("tiny-lm")
     want = generate.generate_unsplit(generate.reference_model(src), tokens.seeded_prompt(12, 260, 0, 0), 6)[0]
     assert got == [want]
+
+
+def test_a_loadgen_scenario_runs_on_the_aarch64_data_source(arm_lab, tmp_path):
+    """LoadGen on the "Pi": the sysroot built it from its source distribution (PyPI has no aarch64
+    wheel; ``make lab-arm`` installs g++ and python3-dev and pip-builds it as a Pi user would), and
+    stage 1 there drives a SingleStream test through stage 2 on x86, keeping LoadGen's logs."""
+    from paretopipe.envfile import read_env
+    from paretopipe.runners.hosts import Testbed
+
+    env_file = read_env(str(arm_lab.env_file))
+    pi, server = Testbed.from_env(env_file).hosts
+    env = {"PARETOPIPE_SECRET": env_file["PARETOPIPE_SECRET"]}
+    port = str(Testbed.from_env(env_file).data_port)
+    out = f"/tmp/arm-loadgen-{os.getpid()}"  # inside the sysroot
+    common = ["--model", MODEL, "--split", "0", "--port", port, "--threads", "1", "--connect-timeout", "600"]
+    stage1 = subprocess.Popen(pi.argv("paretopipe", ["stage1", *common, "--host", pi.address, "--batch-size", "1",
+                                                     "--warmup", "1", "--scenario", "singlestream", "--min-duration-s",
+                                                     "3", "--min-query-count", "8", "--out", out], env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stage2 = subprocess.run(server.argv("paretopipe", ["stage2", *common, "--host", pi.address,
+                                                       "--output-dir", str(tmp_path)], env),
+                            capture_output=True, text=True, timeout=1200)
+    printed, err = stage1.communicate(timeout=900)
+    assert stage2.returncode == 0 and stage1.returncode == 0, stage2.stderr[-2000:] + err[-2000:]
+    folder = _rootfs_path(out)
+    (record_path,) = folder.glob("*.json")
+    record = json.loads(record_path.read_text())
+    s = record["summary"]
+    assert "aarch64" in record["manifest"]["stages"][0]["platform"]
+    assert s["loadgen_scenario"] == "singlestream" and s["loadgen_queries"] >= 8 and s["loadgen_latency_p90_s"] > 0
+    assert (record_path.with_name(record_path.stem + ".mlperf") / "mlperf_log_summary.txt").is_file()
+    assert "LoadGen singlestream: p90" in printed
+    subprocess.run(["rm", "-rf", str(folder)], check=False)

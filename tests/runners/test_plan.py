@@ -36,7 +36,8 @@ def test_splits_are_blocks_then_cuts_then_adaptive_and_plans_stand_alone():
 def test_runs_are_every_group_network_split_and_repetition_in_seeded_rounds():
     opts = SweepOptions(models=["m"], splits="1,2", networks=["lan", "lte"], backends=["tcp", "rpc"],
                         ciphers=["none", "chacha20-poly1305"], runs=2, seed=5)
-    assert worker_groups(opts) == [("tcp", "none", "tcp"), ("tcp", "chacha20-poly1305", "tcp"), ("rpc", "none", "tcp")]
+    assert worker_groups(opts) == [("tcp", "none", "tcp", "closed"), ("tcp", "chacha20-poly1305", "tcp", "closed"),
+                                   ("rpc", "none", "tcp", "closed")]
     runs = plan_runs(opts, {"m": 4})
     assert len(runs) == 3 * 2 * 2 * 2
     first = [r for r in runs if (r.backend, r.cipher) == ("tcp", "none")]
@@ -47,7 +48,11 @@ def test_runs_are_every_group_network_split_and_repetition_in_seeded_rounds():
     assert group_name("m", "tcp", "chacha20-poly1305") == "m/tcp/chacha20-poly1305" and group_name("m", "rpc", "none") == "m/rpc"
     # Transports: a group each, for the TCP backend only; a raw-TCP group keeps its old name and order.
     carried = SweepOptions(models=["m"], backends=["tcp", "rpc"], transports=["tcp", "mqtt"])
-    assert worker_groups(carried) == [("tcp", "none", "tcp"), ("tcp", "none", "mqtt"), ("rpc", "none", "tcp")]
+    assert worker_groups(carried) == [("tcp", "none", "tcp", "closed"), ("tcp", "none", "mqtt", "closed"),
+                                      ("rpc", "none", "tcp", "closed")]
+    loaded = SweepOptions(models=["m"], backends=["tcp"], scenarios=["closed", "server"])
+    assert worker_groups(loaded) == [("tcp", "none", "tcp", "closed"), ("tcp", "none", "tcp", "server")]
+    assert group_name("m", "tcp", "none", "tcp", "server") == "m/tcp/server"
     assert group_name("m", "tcp", "none", "mqtt") == "m/tcp/mqtt" and group_name("m", "tcp", "none", "tcp") == "m/tcp"
     assert {r.config_key.endswith("_mqtt") for r in plan_runs(carried, {"m": 4}) if r.transport == "mqtt"} == {True}
     seq = plan_runs(SweepOptions(models=["m"], splits="1,2", runs=2, order="sequential"), {"m": 4})

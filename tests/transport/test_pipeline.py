@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from paretopipe.transport import pipeline
+from paretopipe.transport import pipeline
 from paretopipe.transport.pipeline import Action, clock_cycles, drive, source_actions, stage_actions
 
 
@@ -60,10 +61,30 @@ def test_the_source_loads_admits_computes_and_sends_each_batch_then_drains():
     assert acts == [Action("load", 0), Action("admit", 0), Action("compute", 0), Action("send", 0),
                     Action("load", 1), Action("admit", 1), Action("compute", 1), Action("send", 1),
                     Action("drain")]
-    assert stage_actions(2) == [Action("recv", 0), Action("compute", 0), Action("send", 0),
-                                Action("recv", 1), Action("compute", 1), Action("send", 1)]
+    assert list(stage_actions(2)) == [Action("recv", 0), Action("compute", 0), Action("send", 0),
+                                      Action("recv", 1), Action("compute", 1), Action("send", 1)]
     with pytest.raises(ValueError, match="unknown pipeline action 'fly'"):
         Action("fly", 0)
+
+
+def test_an_open_ended_source_asks_before_each_batch_and_a_later_stage_runs_until_stopped():
+    """A LoadGen run's schedule: as many batches as ``more`` says there are, asked one at a time
+    (the next is decided only after the last was taken), then the drain."""
+    answers, asked = iter([True, True, False]), []
+
+    def more() -> bool:
+        asked.append(len(asked))
+        return next(answers)
+
+    acts = pipeline.open_source_actions(more)
+    assert next(acts) == Action("load", 0) and asked == [0]
+    assert list(acts) == [Action("admit", 0), Action("compute", 0), Action("send", 0), Action("load", 1),
+                          Action("admit", 1), Action("compute", 1), Action("send", 1), Action("drain")]
+    assert asked == [0, 1, 2]
+    endless = stage_actions(None)
+    assert [next(endless) for _ in range(9)][-3:] == [Action("recv", 2), Action("compute", 2), Action("send", 2)]
+    ep = _Recorder(batches_upstream=3)
+    assert drive(stage_actions(None), ep) == 3  # until the source's end (recv's STOP)
 
 
 class _Recorder:
