@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from .. import records
+from ..errors import UsageError
 from . import pareto
 from .session import CLOSED_LOOP, CONFIG_KEY
 
@@ -82,16 +83,83 @@ def fronts(table: pd.DataFrame) -> pd.DataFrame:
     return split_table
 
 
-def write(table: pd.DataFrame, out: Path) -> pd.DataFrame:
-    """``loadgen_front.csv`` in the report folder (nothing when the session swept no scenario)."""
+def read_predictions(path: Path) -> pd.DataFrame:
+    """The Server columns of ``paretopipe predict --latency-bound-ms B --out DIR``'s predictions.csv."""
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--predictions {path}: not a readable CSV ({str(exc).splitlines()[0][:120]})")
+    if "predicted_server_qps" not in table.columns:
+        raise UsageError(f"--predictions {path}: no predicted_server_qps column; make it with "
+                         f"paretopipe predict --latency-bound-ms B --out DIR")
+    return table
+
+
+def with_predictions(marked: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """Each split's predicted Server rate and capacity beside the measured one (by network and
+    block split)."""
+    cols = ["predicted_server_qps", "predicted_server_capacity_qps", "predicted_server_bottleneck"]
+    pred = predicted.assign(split_index=predicted["split"].astype(str))[["network", "split_index", *cols]]
+    out = marked.assign(_k=marked["split_index"].astype(str)).merge(
+        pred.rename(columns={"split_index": "_k"}), on=["network", "_k"], how="left").drop(columns="_k")
+    out.attrs = marked.attrs
+    return out
+
+
+def write(table: pd.DataFrame, out: Path, predicted: pd.DataFrame | None = None, plt: Any = None,
+          fmt: str = "png") -> pd.DataFrame:
+    """``loadgen_front.csv`` in the report folder, with ``predicted``'s Server rates where given,
+    and its figure (nothing when the session swept no scenario)."""
     marked = fronts(table)
-    if not marked.empty:
-        records.atomic_write_csv(out / FILE, marked.to_dict("records"), list(marked.columns))
+    if marked.empty:
+        return marked
+    if predicted is not None:
+        marked = with_predictions(marked, predicted)
+    records.atomic_write_csv(out / FILE, marked.to_dict("records"), list(marked.columns))
+    if plt is not None:
+        figure(marked, plt, out / f"loadgen_front.{fmt}")
     return marked
+
+
+def figure(marked: pd.DataFrame, plt: Any, path: Path) -> Path | None:
+    """SingleStream p90 against Offline samples/s per network, each split coloured by its Server
+    rate (the third objective), the front's splits labelled and joined."""
+    if not {"singlestream_p90_s", "offline_samples_per_s"} <= set(marked.columns):
+        return None
+    networks = list(dict.fromkeys(marked["network"]))
+    fig, axes = plt.subplots(1, len(networks), figsize=(5.5 * len(networks), 4.5), squeeze=False)
+    server = "server_qps" in marked.columns and marked["server_qps"].notna().any()
+    for ax, network in zip(axes[0], networks):
+        g = marked[marked["network"] == network]
+        colour = g["server_qps"].fillna(0) if server else "#0072B2"
+        points = ax.scatter(g["singlestream_p90_s"] * 1e3, g["offline_samples_per_s"], c=colour, cmap="viridis",
+                            s=40, edgecolors="black", linewidths=0.4)
+        front = g[g["on_loadgen_front"].astype(bool)].sort_values("singlestream_p90_s")
+        ax.plot(front["singlestream_p90_s"] * 1e3, front["offline_samples_per_s"], color="black", linewidth=1)
+        for r in front.itertuples():
+            ax.annotate(f"k={r.split_index}", (r.singlestream_p90_s * 1e3, r.offline_samples_per_s), fontsize=8,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set(title=f"{network}: LoadGen front", xlabel="SingleStream p90 latency (ms)",
+               ylabel="Offline samples/s")
+        if server:
+            fig.colorbar(points, ax=ax, label="Server rate within the bound (q/s; 0: none)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _splits(frame: pd.DataFrame) -> str:
     return ", ".join(str(s) for s in frame["split_index"]) or "none"
+
+
+def _rate(r: Any) -> str:
+    """One split's measured Server rate, and its prediction where the table has one."""
+    measured = f"{r.server_qps:.1f}" if pd.notna(r.server_qps) else "none"
+    predicted = getattr(r, "predicted_server_qps", None)
+    return f"k={r.split_index} {measured}" + (f" (predicted {predicted:.1f})" if predicted is not None and
+                                              pd.notna(predicted) else "")
 
 
 def describe(marked: pd.DataFrame) -> list[str]:
@@ -110,8 +178,7 @@ def describe(marked: pd.DataFrame) -> list[str]:
         lines.append(f"  {network}: front {_splits(on)}")
         if "server_qps" in g.columns:
             bound = g["latency_bound_s"].dropna()
-            rates = ", ".join(f"k={r.split_index} {r.server_qps:.1f}" if pd.notna(r.server_qps) else f"k={r.split_index} none"
-                              for r in g.itertuples())
+            rates = ", ".join(_rate(r) for r in g.itertuples())
             lines.append(f"    server rate (q/s within p99 {bound.iloc[0] * 1e3:g} ms): {rates}" if len(bound)
                          else f"    server rate (q/s): {rates}")
         if "on_closed_front" in g.columns:

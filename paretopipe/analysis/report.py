@@ -119,9 +119,10 @@ def hypervolume_ci(runs: pd.DataFrame, table: pd.DataFrame, resamples: int = 200
 
 
 def write_report(results: str | Path, out: str | Path | None = None, fmt: str = "png",
-                 objectives: str | Sequence[str] | None = None) -> Path:
+                 objectives: str | Sequence[str] | None = None, predictions: pd.DataFrame | None = None) -> Path:
     """Write pareto.csv, the figures and report.html over ``objectives`` (latency and throughput by
-    default); returns the output folder."""
+    default); returns the output folder. ``predictions``: a predict table whose Server rates join
+    the LoadGen front's (``loadgen_front.read_predictions``)."""
     plt = pyplot()
     if fmt not in ("png", "svg", "pdf"):
         raise UsageError(f"--format {fmt!r}: valid png, svg, pdf")
@@ -142,7 +143,7 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     carried = transport_cost(table)
     if not carried.empty:
         records.atomic_write_csv(out / TRANSPORT_FILE, carried.to_dict("records"), list(carried.columns))
-    loadgen_front.write(session.configs(), out)
+    loadgen_front.write(session.configs(), out, predictions, plt, fmt)
     depths = table["in_flight"].nunique() > 1
     for key, panel in table.groupby(PANEL_KEY):
         _panel_figures(plt, panel, key, chosen, out, fmt, depths)

@@ -51,6 +51,9 @@ def parser(prog: str = "python -m paretopipe.report") -> ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default SESSION/report; several sessions: the "
                                                "first's report-testbeds)")
     p.add_argument("--format", default="png", choices=["png", "svg", "pdf"])
+    p.add_argument("--predictions", default=None, metavar="CSV",
+                   help="predictions.csv of `paretopipe predict --latency-bound-ms B --out DIR`: each split's "
+                        "predicted Server rate, printed beside the one LoadGen measured (loadgen_front.csv too)")
     add_objectives_flag(p)
     add_common_flags(p)
     return p
@@ -74,7 +77,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
     # lazy for start-up: pandas
     from ..analysis.sanity import format_sanity
 
-    out = write_report(args.results, args.out, args.format, objectives=args.objectives)
+    # lazy for start-up: pandas
+    from ..analysis.loadgen_front import read_predictions
+
+    predicted = read_predictions(Path(args.predictions)) if args.predictions else None  # refused before any work
+    out = write_report(args.results, args.out, args.format, objectives=args.objectives, predictions=predicted)
     print_front_table(out, args.objectives)
     print(format_sanity(pd.read_csv(out / "sanity.csv")))
     print_privacy_cost(out)

@@ -48,3 +48,18 @@ def test_a_session_without_scenarios_has_no_loadgen_front(tmp_path):
     closed = closed[closed["scenario"] == "closed"]
     assert loadgen_front.fronts(closed).empty and loadgen_front.describe(loadgen_front.fronts(closed)) == []
     assert loadgen_front.write(closed, tmp_path).empty and not (tmp_path / loadgen_front.FILE).exists()
+
+
+def test_predicted_server_rates_join_by_network_and_split_and_the_figure_is_drawn(tmp_path):
+    from paretopipe.analysis.plotting import pyplot
+
+    predicted = pd.DataFrame({"network": ["lan"] * 3, "split": [0, 4, 8], "predicted_server_qps": [8.0, 14.5, 7.0],
+                              "predicted_server_capacity_qps": [11.0, 16.0, 9.5],
+                              "predicted_server_bottleneck": ["link1", "stage2", "stage1"]})
+    (tmp_path / "p.csv").write_text(predicted.to_csv(index=False))
+    marked = loadgen_front.write(_summary(), tmp_path, loadgen_front.read_predictions(tmp_path / "p.csv"), pyplot())
+    assert marked.set_index("split_index")["predicted_server_qps"].to_dict() == {0: 8.0, 4: 14.5, 8: 7.0}
+    assert "k=4 12.0 (predicted 14.5)" in loadgen_front.describe(marked)[2]
+    written = pd.read_csv(tmp_path / loadgen_front.FILE)
+    assert written["predicted_server_bottleneck"].tolist() == ["link1", "stage2", "stage1"]
+    assert (tmp_path / "loadgen_front.png").stat().st_size > 10_000

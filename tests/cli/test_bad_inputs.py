@@ -296,6 +296,7 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (["sweep", "--local", "--scenario", "server", "--mlperf-compliant", "--min-duration-s", "60"],
                         "below the edge rules' 600 s"),
                        (["sweep", "--local", "--server-qps", "3"], "--server-qps applies to a LoadGen run"),
+                       (["report", f"{T}/empty-session", "--predictions", f"{T}/afile"], "--predictions"),
                        (["sweep", "--local", "--scenario", "offline", "--splits", "0,adaptive"],
                         "drop adaptive from --splits")):
         add(f"loadgen-{len(c)}", argv, what)
