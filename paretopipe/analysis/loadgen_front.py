@@ -90,7 +90,7 @@ def read_predictions(path: Path) -> pd.DataFrame:
     except (OSError, ValueError) as exc:
         raise UsageError(f"--predictions {path}: not a readable CSV ({str(exc).splitlines()[0][:120]})")
     if "predicted_server_qps" not in table.columns:
-        raise UsageError(f"--predictions {path}: no predicted_server_qps column; make it with "
+        raise UsageError(f"--predictions {path}: no predicted_server_qps column; give the predictions.csv of "
                          f"paretopipe predict --latency-bound-ms B --out DIR")
     return table
 
