@@ -188,6 +188,12 @@ def _params(space: Space, config: Config) -> dict[str, int]:
     return {d.name: d.choices.index(v) for d, v in zip(space.dims, config)}
 
 
+def _has_all(space: Space, params: dict[str, int]) -> bool:
+    """A trial's parameters are all there: a worker suggests them one at a time, so another worker
+    may read a running trial between two of them."""
+    return bool(params) and all(d.name in params for d in space.dims)
+
+
 def _config(space: Space, params: dict[str, int]) -> Config:
     """The configuration of a trial's parameters (each dimension's choice index): :func:`_params` reversed."""
     return space.normalise({d.name: d.choices[params[d.name]] for d in space.dims})
@@ -214,7 +220,7 @@ class StudyState:
             if t.state == TrialState.WAITING:
                 waiting += 1
                 continue
-            if not t.params or t.user_attrs.get(REPEAT):
+            if not _has_all(space, t.params) or t.user_attrs.get(REPEAT):
                 continue
             config = _config(space, t.params)
             if t.state == TrialState.COMPLETE:
@@ -238,11 +244,12 @@ def earlier_claims(study: Any, trial: Any, space: Space, wait_s: float = 5.0) ->
         earlier = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number
                    and t.state in (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)
                    and not t.user_attrs.get(REPEAT)]
-        if all(t.params for t in earlier if t.state == TrialState.RUNNING) or time.monotonic() >= deadline:
+        if all(_has_all(space, t.params) for t in earlier if t.state == TrialState.RUNNING) or \
+                time.monotonic() >= deadline:
             break
         time.sleep(0.05)
     return {_config(space, t.params) for t in earlier
-            if t.params and (t.state != TrialState.FAIL or t.user_attrs.get(MEASURED))}
+            if _has_all(space, t.params) and (t.state != TrialState.FAIL or t.user_attrs.get(MEASURED))}
 
 
 def reap_dead_workers(study: Any, shared: StudySpec) -> list[int]:
