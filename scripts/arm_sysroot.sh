@@ -76,7 +76,13 @@ run_python() {
 # the venv holds this checkout's code.
 install_venv() {
   rm -rf "$WHEELS/project" && mkdir -p "$WHEELS/project" "$WHEELS/deps"
-  "$HERE/.venv/bin/python" -m pip wheel -q "$HERE" --no-deps --no-build-isolation --no-index -w "$WHEELS/project" >&2
+  # Built from a copy of what the wheel holds: an in-tree build writes build/ in the checkout, where
+  # the tests' own wheel build (tests/install) may be running at the same time (.ci/run overlaps them).
+  local src
+  src=$(mktemp -d)
+  tar -C "$HERE" --exclude=__pycache__ -cf - pyproject.toml README.md paretopipe | tar -C "$src" -xf -
+  "$HERE/.venv/bin/python" -m pip wheel -q "$src" --no-deps --no-build-isolation --no-index -w "$WHEELS/project" >&2
+  rm -rf "$src"
   local wheel
   wheel=$(cd "$WHEELS/project" && ls paretopipe-*.whl)
   # every dependency but torch and torchvision, which the sysroot already has in /opt/site; fetched
