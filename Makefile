@@ -27,9 +27,15 @@ sysdeps:
 # workers on two cores: many tests wait on an emulated link or a peer's timeout, and the others
 # use the cores meanwhile; nothing in the parallel pass depends on how busy the machine is.
 PYTEST_PARALLEL := -n 4 --dist worksteal
+# ARM_BUILD_PID: a process building the aarch64 sysroot beside the tests (.ci/run starts one at the
+# lowest priority): the parallel pass shares the machine with it, the "alone" pass waits for it to end.
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm" --durations=25
+	@if [ -n "$(ARM_BUILD_PID)" ] && kill -0 $(ARM_BUILD_PID) 2>/dev/null; then \
+	  echo "waiting for the aarch64 sysroot build (pid $(ARM_BUILD_PID)) before the alone pass"; \
+	  while kill -0 $(ARM_BUILD_PID) 2>/dev/null; do sleep 5; done; \
+	fi
 	$(PY) -m pytest -q -m "alone and not arm" --durations=10
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
