@@ -106,9 +106,10 @@ class Harness:
         done = [b for b in self.book.records() if b.get("latency_s") is not None]
         # Queries are generated for the minimum duration at the expected latency: a low guess
         # only generates more than are issued (a test ends once its minimums are met).
-        latency = min(b["latency_s"] for b in done) / 2 if done else 0.01
+        fastest = min(b["latency_s"] for b in done) if done else 0.02
+        latency = fastest / 2
         size = self.cfg.batch_size if self.opts.scenario == "offline" else self.opts.query_size
-        rate = self.cfg.in_flight * size / latency if latency > 0 else 100.0
+        rate = self.cfg.in_flight * size / fastest if fastest > 0 else 100.0
         if len(done) >= 2:
             span = max(b["end_s"] for b in done) - min(b["start_s"] for b in done)
             rate = sum(b.get("images", size) for b in done) / span if span > 0 else rate
