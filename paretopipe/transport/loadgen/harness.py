@@ -152,6 +152,7 @@ class Harness:
 
     def _search(self) -> None:
         bound = self.opts.latency_bound_s
+        logs_of: dict[int, dict[str, str]] = {}  # each step's full logs, kept for the one chosen
 
         def measure(rate: float) -> server_search.Step:
             fig, texts = self._test(rate)
@@ -161,19 +162,16 @@ class Harness:
             self.steps.append({"target_qps": rate, "passed": step.passed, **fig})
             log.info("loadgen: server at %.2f q/s: p99 %.1f ms, %s", rate, (fig.get("loadgen_latency_p99_s") or 0) * 1e3,
                      "within the bound" if step.passed else "over the bound")
-            step.figures = {**fig, "_texts": texts}
+            logs_of[id(step)] = texts
             return step
 
         done = server_search.search(measure, self.expected["qps"], self.opts.server_steps,
                                     stop=lambda: self.feed.dead)
-        chosen = server_search.best(done) or (done[-1] if done else None)
-        if chosen is not None:
-            texts = chosen.figures.pop("_texts")
-            self.figures = chosen.figures
-            self.texts.update(texts)
-        for s in done:
-            s.figures.pop("_texts", None)
         passing = server_search.best(done)
+        chosen = passing or (done[-1] if done else None)
+        if chosen is not None:
+            self.figures = chosen.figures
+            self.texts.update(logs_of[id(chosen)])
         self._server_figures(passing.figures if passing is not None else None,
                              passing.target_qps if passing is not None else None)
 
