@@ -62,6 +62,12 @@ def stage_figures(summary: dict[str, Any], figure: str) -> list[Any]:
     return out
 
 
+def throughput_of(summary: Mapping[str, Any]) -> float | None:
+    """A run's completed items per second: images, or a generation's tokens (whose image figure is null)."""
+    value = summary.get("throughput_imgs_per_s")
+    return value if value is not None else summary.get("tokens_per_s")
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -437,6 +443,7 @@ class RunRecord:
     summary: RunSummary
     resources: dict[str, Any] | None = None
     loadgen: dict[str, Any] | None = None  # a LoadGen run's settings, steps and logs (paretopipe.loadgen)
+    generation: dict[str, Any] | None = None  # a language model's prompts, tokens and stages (transport.generation)
 
     @classmethod
     def of(cls, data: Any, what: str = "run record") -> "RunRecord":
@@ -450,9 +457,9 @@ class RunRecord:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("summary", "resources", "loadgen")}
+               if f.name not in ("summary", "resources", "loadgen", "generation")}
         out["summary"] = self.summary.to_dict()
-        for optional in ("resources", "loadgen"):
+        for optional in ("resources", "loadgen", "generation"):
             if getattr(self, optional) is not None:
                 out[optional] = getattr(self, optional)
         return out

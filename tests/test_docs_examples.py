@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, ROOT
-from paretopipe.cli import lm_stages
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)\n(.*?)^```\s*$", re.S | re.M)
@@ -27,10 +26,6 @@ SCRIPTS = {"automated_split_tester.py": ("sweep", "parser"), "partition1.py": ("
            "paretopipe.report": ("report", "parser"), "paretopipe.profile": ("profile", "parser"),
            "paretopipe.predict": ("predict", "parser")}
 SUBCOMMANDS = {"stage1": ("stages", "stage1_parser"), "stage2": ("stages", "stage2_parser")}
-#: A line that names a language model goes to its own parser, as the command's main sends it.
-LM_PARSERS = {("sweep", "parser"): ("lm_sweep", "parser"), ("stages", "stage1_parser"): ("lm_stages", "stage1_parser"),
-              ("stages", "stage2_parser"): ("lm_stages", "stage2_parser"), ("rpc", "parser"): ("lm_rpc", "parser"),
-              ("profile", "parser"): ("lm_predict", "profile_parser"), ("predict", "parser"): ("lm_predict", "predict_parser")}
 
 
 def _blocks() -> list[tuple[str, str, str]]:
@@ -65,12 +60,10 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser | None, list[s
             module, argv = argv[1], argv[2:]
             if module != "paretopipe":
                 mod, fn = SCRIPTS[module]
-                mod, fn = LM_PARSERS.get((mod, fn), (mod, fn)) if lm_stages.wants_lm(argv) else (mod, fn)
                 return getattr(importlib.import_module(f"paretopipe.cli.{mod}"), fn)(), argv
             argv = ["paretopipe", *argv]
         else:
             mod, fn = SCRIPTS[Path(argv[0]).name]
-            mod, fn = LM_PARSERS.get((mod, fn), (mod, fn)) if lm_stages.wants_lm(argv[1:]) else (mod, fn)
             return getattr(importlib.import_module(f"paretopipe.cli.{mod}"), fn)(), argv[1:]
     assert argv[0] == "paretopipe"
     if len(argv) == 1 or argv[1] in ("--help", "-h", "--version"):

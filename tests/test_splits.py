@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paretopipe.analysis.session import config_key, split_label, split_sort_key
+from paretopipe.analysis.keys import config_key, split_label, split_sort_key
 from paretopipe.errors import UsageError
 from paretopipe.splits import ADAPTIVE, Split, parse_plans, parse_splits, sort_key
 

@@ -32,7 +32,8 @@ import pandas as pd
 
 from ..network import traces
 from ..splits import ADAPTIVE, POLICIES
-from .session import Session, split_sort_key
+from .session import Session
+from .keys import split_sort_key
 from .. import records
 from .plotting import save_figure
 

@@ -21,8 +21,8 @@ from .. import records
 from ..errors import UsageError
 from .plotting import front_line, front_plot_data, pyplot, save_figure
 from .report import GROUP, pareto_table
-from .session import (CONFIG_KEY, PANEL_KEY, Session, find_session, ordered_splits, panel_names, sessions_under,
-                      split_sort_key)
+from .keys import CONFIG_KEY, PANEL_KEY, ordered_splits, panel_names, split_sort_key
+from .session import Session, find_session, sessions_under
 from .sanity import monotone_violations
 
 METRICS = ("latency_s", "throughput_imgs_per_s")

@@ -20,7 +20,7 @@ import pandas as pd
 
 from .objectives import Objective
 from .plotting import PALETTE, breakdown_parts
-from .session import PANEL_KEY, panel_names
+from .keys import PANEL_KEY, panel_names
 from .. import records
 
 #: Energy and memory columns shown on hover when a session has them.

@@ -24,7 +24,8 @@ import pandas as pd
 
 from ..splits import POLICIES
 from . import pareto
-from .session import Session, summarize_runs
+from .session import Session
+from .summarize import summarize_runs
 
 GROUP = ["model", "backend", "cipher", "network", "batch_size"]
 #: Newest batches of a run the page gets (a long run's first ones are in its record).

@@ -19,7 +19,7 @@ import pandas as pd
 from .. import records
 from ..errors import UsageError
 from . import pareto
-from .session import CLOSED_LOOP, CONFIG_KEY
+from .keys import CLOSED_LOOP, CONFIG_KEY, KEY_DEFAULTS
 
 FILE = "loadgen_front.csv"
 #: Per scenario: (its column in the per-split table, the summary column it comes from, the sense).
@@ -41,7 +41,7 @@ def per_split(table: pd.DataFrame) -> pd.DataFrame:
     keys = SPLIT_GROUP + ["split_index"]
     rows: dict[tuple, dict[str, Any]] = {}
     for _, r in table.iterrows():
-        key = tuple(r[k] for k in keys)
+        key = tuple(r.get(k, KEY_DEFAULTS.get(k)) for k in keys)
         row = rows.setdefault(key, {**dict(zip(keys, key)), "cut": r.get("cut")})
         scenario = r["scenario"]
         if scenario == CLOSED_LOOP:

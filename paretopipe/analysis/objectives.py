@@ -1,6 +1,9 @@
 """The objectives a front is drawn over: ``--objectives latency,throughput,energy,memory`` (any
 subset of two or more), each with its column in summary.csv, its direction and its 95% CI columns.
 
+A language model's session draws its fronts over ``ttft,tpot`` unless told otherwise; there
+``throughput`` is tokens/s, ``latency`` a step's (a prefill or one token), ``energy`` per token.
+
 ``energy`` is the pipeline's joules per image and ``energy_stageN`` one device's: measured where
 the stages had sensors, else modelled (from declared powers), and the objective's label says
 which; a measured and a modelled figure are never mixed in one objective. ``memory`` is the
@@ -21,7 +24,9 @@ import pandas as pd
 from ..errors import UsageError
 
 DEFAULT = ("latency", "throughput")
-NAMES = ("latency", "throughput", "energy", "memory", "memory_rss", "energy_stageN", "memory_stageN",
+#: A language model's session: time to first token against time per output token.
+GENERATION_DEFAULT = ("ttft", "tpot")
+NAMES = ("latency", "throughput", "ttft", "tpot", "energy", "memory", "memory_rss", "energy_stageN", "memory_stageN",
          "memory_rss_stageN")
 _PER_STAGE = re.compile(r"^(energy|memory|memory_rss)_stage([1-9][0-9]?)$")
 
@@ -44,17 +49,38 @@ LATENCY = Objective("latency", "latency_s", "min", "latency per batch, median (s
                     "latency_median_ci95_low_s", "latency_median_ci95_high_s")
 THROUGHPUT = Objective("throughput", "throughput_imgs_per_s", "max", "throughput (images/s)",
                        "throughput_ci95_low_imgs_per_s", "throughput_ci95_high_imgs_per_s")
+# A generation's (analysis.columns.GENERATION_OBJECTIVES names their CI columns).
+TTFT = Objective("ttft", "ttft_median_s", "min", "time to first token, median (s)", "ttft_ci95_low_s",
+                 "ttft_ci95_high_s")
+TPOT = Objective("tpot", "tpot_median_s", "min", "time per output token, median (s)", "tpot_ci95_low_s",
+                 "tpot_ci95_high_s")
+TOKENS = Objective("throughput", "tokens_per_s", "max", "throughput (tokens/s)", "tokens_ci95_low_per_s",
+                   "tokens_ci95_high_per_s")
+#: A generation's latency is per step (a prefill or one token), not per batch of images.
+STEP_LATENCY = dataclasses.replace(LATENCY, label="latency per step, median (s)")
 
 
 def _has(table: pd.DataFrame, column: str) -> bool:
     return column in table.columns and pd.to_numeric(table[column], errors="coerce").notna().any()
 
 
+def is_generation(table: pd.DataFrame) -> bool:
+    """Whether ``table`` is a language model's session (its configurations have a time per token)."""
+    return _has(table, "tpot_median_s")
+
+
+def defaults(table: pd.DataFrame) -> tuple[str, ...]:
+    """The objectives a table's fronts are drawn over unless named: latency and throughput, or a
+    generation's time to first token and time per token."""
+    return GENERATION_DEFAULT if is_generation(table) else DEFAULT
+
+
 def _energy(name: str, prefix: str, table: pd.DataFrame, who: str) -> Objective:
+    item = "token" if is_generation(table) else "image"
     for modelled in (False, True):
-        stem = f"{prefix}energy{'_modelled' if modelled else ''}_per_image"
+        stem = f"{prefix}energy{'_modelled' if modelled else ''}_per_{item}"
         if _has(table, f"{stem}_j"):
-            return Objective(name, f"{stem}_j", "min", f"energy per image, {who} ({'modelled' if modelled else 'measured'}, J)",
+            return Objective(name, f"{stem}_j", "min", f"energy per {item}, {who} ({'modelled' if modelled else 'measured'}, J)",
                              f"{stem}_ci95_low_j", f"{stem}_ci95_high_j")
     raise UsageError(f"--objectives {name}: this session has no energy figure for {who}: no sensor was found and no "
                      f"powers were declared (sweep --power-idle-w/--power-core-w, or POWER_IDLE_W and POWER_CORE_W "
@@ -72,10 +98,16 @@ def _memory(name: str, column: str, table: pd.DataFrame, who: str) -> Objective:
 
 def resolve(name: str, table: pd.DataFrame) -> Objective:
     """One objective by name, against the table it will be computed on."""
+    generation = is_generation(table)
     if name == "latency":
-        return LATENCY
+        return STEP_LATENCY if generation else LATENCY
     if name == "throughput":
-        return THROUGHPUT
+        return TOKENS if generation else THROUGHPUT
+    if name in ("ttft", "tpot"):
+        if not generation:
+            raise UsageError(f"--objectives {name}: a language model's objective; this session measured image "
+                             f"batches (valid here: {', '.join(available(table))})")
+        return TTFT if name == "ttft" else TPOT
     if name == "energy":
         return _energy(name, "", table, "the pipeline")
     if name == "memory":
@@ -95,7 +127,7 @@ def resolve(name: str, table: pd.DataFrame) -> Objective:
 
 def parse(text: str | Sequence[str] | None, table: pd.DataFrame) -> list[Objective]:
     """``latency,memory`` as objectives (two or more, no repeats), checked against ``table``."""
-    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else (text or DEFAULT)) if n.strip()]
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else (text or defaults(table))) if n.strip()]
     if len(names) < 2 or len(set(names)) != len(names):
         raise UsageError(f"--objectives {','.join(names)!r}: give two or more different objectives, e.g. "
                          f"latency,throughput,energy,memory")
@@ -108,7 +140,8 @@ def check_names(text: str | None) -> str | None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
-        if name not in ("latency", "throughput", "energy", "memory", "memory_rss") and not _PER_STAGE.match(name):
+        if name not in ("latency", "throughput", "ttft", "tpot", "energy", "memory", "memory_rss") \
+                and not _PER_STAGE.match(name):
             raise UsageError(f"--objectives: unknown objective {name!r}; valid: {', '.join(NAMES)} (N: a stage number)")
     if len(names) < 2 or len(set(names)) != len(names):
         raise UsageError(f"--objectives {text!r}: give two or more different objectives, e.g. latency,throughput,energy")
@@ -117,8 +150,8 @@ def check_names(text: str | None) -> str | None:
 
 def available(table: pd.DataFrame) -> list[str]:
     """The objectives ``table`` can be computed on."""
-    out = ["latency", "throughput"]
-    if _has(table, "energy_per_image_j") or _has(table, "energy_modelled_per_image_j"):
+    out = (["ttft", "tpot"] if is_generation(table) else []) + ["latency", "throughput"]
+    if any(_has(table, f"energy{m}_per_{item}_j") for m in ("", "_modelled") for item in ("image", "token")):
         out.append("energy")
     if _has(table, "memory_model_bytes"):
         out.append("memory")

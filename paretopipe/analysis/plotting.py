@@ -3,22 +3,25 @@ versus split, payload per split. Every figure is written atomically on the file-
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from .session import split_sort_key
+from .keys import split_sort_key
+from .objectives import LATENCY, THROUGHPUT
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 
 
-def front_plot_data(table: pd.DataFrame) -> list[dict[str, Any]]:
-    """What a front figure draws, point by point: tests check every label names its point."""
+def front_plot_data(table: pd.DataFrame, x: str = "latency_s", y: str = "throughput_imgs_per_s") -> list[dict[str, Any]]:
+    """What a front figure draws, point by point (``x`` and ``y``: the columns of its axes): tests
+    check every label names its point."""
     out = []
     for _, row in table.iterrows():
-        out.append({"network": row["network"], "x": float(row["latency_s"]), "y": float(row["throughput_imgs_per_s"]),
+        out.append({"network": row["network"], "x": float(row[x]), "y": float(row[y]),
                     "label": f"k={row['split_index']}", "split_index": row["split_index"],
                     "on_front": bool(row["on_front"]), "knee": bool(row.get("knee", False)),
                     "status": row.get("front_status") or ("front" if row["on_front"] else "dominated")})
@@ -26,9 +29,16 @@ def front_plot_data(table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def front_line(points: list[dict[str, Any]], network: str) -> list[tuple[float, float]]:
-    """The front of one network as a polyline in latency order."""
+    """The front of one network as a polyline in the order of its x axis."""
     pts = sorted((p["x"], p["y"]) for p in points if p["network"] == network and p["on_front"])
     return pts
+
+
+def _axis(column: str, label: str) -> tuple[float, str]:
+    """How an objective is drawn: seconds in ms (its label says so), anything else as it is."""
+    if column.endswith("_s") and "(s)" in label:
+        return 1e3, label.replace("(s)", "(ms)")
+    return 1.0, label
 
 
 def _by_split(frame: pd.DataFrame) -> pd.DataFrame:
@@ -50,43 +60,50 @@ def _error_bars(frame: pd.DataFrame, value: str, low: str, high: str, scale: flo
     return np.nan_to_num(np.vstack([np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)]))
 
 
-def plot_fronts(table: pd.DataFrame, ax, title: str, line: bool = True) -> list[dict[str, Any]]:
-    """Every configuration with its 95% CIs on both objectives, each network's front as a line
-    (markers only with ``line`` False: a front over other objectives, drawn on these two axes),
-    and the front points' labels placed by adjustText so that none collides with another or with a
-    point."""
+def plot_fronts(table: pd.DataFrame, ax, title: str, line: bool = True, x: Any = None, y: Any = None
+                ) -> list[dict[str, Any]]:
+    """Every configuration with its 95% CIs on both objectives (``x`` and ``y``, latency and
+    throughput by default), each network's front as a line (markers only with ``line`` False: a
+    front over other objectives, drawn on these two axes), and the front points' labels placed by
+    adjustText so that none collides with another or with a point."""
     from adjustText import adjust_text
 
-    points = front_plot_data(table)
+    x, y = x or LATENCY, y or THROUGHPUT
+    (xs, xlabel), (ys, ylabel) = _axis(x.column, x.label), _axis(y.column, y.label)
+    points = front_plot_data(table, x.column, y.column)
     colours = _colours(list(dict.fromkeys(table["network"])))
     texts = []
     for network, colour in colours.items():
         rows = table[table["network"] == network]
-        xerr = _error_bars(rows, "latency_s", "latency_median_ci95_low_s", "latency_median_ci95_high_s", 1e3)
-        yerr = _error_bars(rows, "throughput_imgs_per_s", "throughput_ci95_low_imgs_per_s",
-                           "throughput_ci95_high_imgs_per_s")
+        xerr = _error_bars(rows, x.column, x.low or "", x.high or "", xs)
+        yerr = _error_bars(rows, y.column, y.low or "", y.high or "", ys)
         if xerr is not None and yerr is not None:
-            ax.errorbar(rows["latency_s"].to_numpy(dtype=float) * 1e3, rows["throughput_imgs_per_s"].to_numpy(dtype=float),
+            ax.errorbar(rows[x.column].to_numpy(dtype=float) * xs, rows[y.column].to_numpy(dtype=float) * ys,
                         xerr=xerr, yerr=yerr, fmt="none", ecolor=colour, alpha=0.35, lw=0.8, capsize=1.5)
         mine = [p for p in points if p["network"] == network]
         dominated = [p for p in mine if p["status"] == "dominated"]
         tied = [p for p in mine if p["status"] == "tied"]
-        ax.scatter([p["x"] * 1e3 for p in dominated], [p["y"] for p in dominated], color=colour, alpha=0.35, s=22)
+        ax.scatter([p["x"] * xs for p in dominated], [p["y"] * ys for p in dominated], color=colour, alpha=0.35, s=22)
         # Tied: dominated, but within the CIs of a front point on both objectives.
-        ax.scatter([p["x"] * 1e3 for p in tied], [p["y"] for p in tied], facecolors="none", edgecolors=colour,
+        ax.scatter([p["x"] * xs for p in tied], [p["y"] * ys for p in tied], facecolors="none", edgecolors=colour,
                    s=46, lw=1.4, label=f"{network} tied with the front" if tied else None)
         front = front_line(points, network)
-        ax.plot([x * 1e3 for x, _ in front], [y for _, y in front], "-o" if line else "o", color=colour, ms=6,
+        ax.plot([a * xs for a, _ in front], [b * ys for _, b in front], "-o" if line else "o", color=colour, ms=6,
                 lw=1.8, label=f"{network} front")
         # Only front points are labelled: a sweep's dominated and tied points crowd together, and no
         # placement keeps 60 labels apart there (report.html names every point on hover).
         for p in mine:
             if p["status"] == "front":
-                texts.append(ax.text(p["x"] * 1e3, p["y"], p["label"] + (" (knee)" if p["knee"] else ""),
+                texts.append(ax.text(p["x"] * xs, p["y"] * ys, p["label"] + (" (knee)" if p["knee"] else ""),
                                      fontsize=7, color=colour, fontweight="bold"))
     ax.set_xscale("log")
-    ax.set_xlabel("end-to-end latency per batch, median with 95% CI (ms, log scale)")
-    ax.set_ylabel("throughput (images/s), with 95% CI")
+    if x is LATENCY and y is THROUGHPUT:  # the suite's own front, as it has always been labelled
+        xlabel = "end-to-end latency per batch, median with 95% CI (ms, log scale)"
+        ylabel = "throughput (images/s), with 95% CI"
+    else:
+        xlabel, ylabel = f"{xlabel}, 95% CI, log scale", f"{ylabel}, 95% CI"
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -142,36 +159,44 @@ def plot_breakdown(table: pd.DataFrame, fig, title: str) -> None:
     fig.suptitle(title)
 
 
-def plot_vs_split(table: pd.DataFrame, fig, title: str) -> None:
-    ax1, ax2 = fig.subplots(1, 2)
+def plot_vs_split(table: pd.DataFrame, fig, title: str, objectives: Sequence[Any] = ()) -> None:
+    """Two objectives against the split, a 95% CI band each (latency and throughput by default)."""
+    first, second = objectives or (dataclasses.replace(LATENCY, column="latency_median_s"), THROUGHPUT)
+    axes = fig.subplots(1, 2)
     order = [str(k) for k in _by_split(table.drop_duplicates("split_index"))["split_index"]]
     for i, (network, grp) in enumerate(table.groupby("network", sort=False)):
         grp = _by_split(grp)
         c = PALETTE[i % len(PALETTE)]
         k = [order.index(str(v)) for v in grp["split_index"]]
-        ax1.plot(k, grp["latency_median_s"] * 1e3, "-o", color=c, ms=3, label=network)
-        ax1.fill_between(k, grp["latency_median_ci95_low_s"] * 1e3, grp["latency_median_ci95_high_s"] * 1e3,
-                         color=c, alpha=0.2)
-        ax2.plot(k, grp["throughput_imgs_per_s"], "-o", color=c, ms=3, label=network)
-        ax2.fill_between(k, grp["throughput_ci95_low_imgs_per_s"], grp["throughput_ci95_high_imgs_per_s"],
-                         color=c, alpha=0.2)
-    ax1.set_yscale("log")
-    ax1.set(xlabel="split index k", ylabel="latency per batch, median (ms, log)", title="latency (95% CI band)")
-    ax2.set(xlabel="split index k", ylabel="throughput (images/s)", title="throughput (95% CI band)")
-    for ax in (ax1, ax2):
+        for ax, o in zip(axes, (first, second)):
+            scale, _ = _axis(o.column, o.label)
+            ax.plot(k, grp[o.column] * scale, "-o", color=c, ms=3, label=network)
+            if o.low in grp.columns and o.high in grp.columns:
+                ax.fill_between(k, grp[o.low] * scale, grp[o.high] * scale, color=c, alpha=0.2)
+    if first.column == "latency_median_s" and second is THROUGHPUT:  # as it has always been labelled
+        axes[0].set_yscale("log")
+        axes[0].set(xlabel="split index k", ylabel="latency per batch, median (ms, log)", title="latency (95% CI band)")
+        axes[1].set(xlabel="split index k", ylabel="throughput (images/s)", title="throughput (95% CI band)")
+    else:
+        for ax, o in zip(axes, (first, second)):
+            ax.set(xlabel="split index k", ylabel=_axis(o.column, o.label)[1], title=f"{o.name} (95% CI band)")
+    for ax in axes:
         ax.set_xticks(range(len(order)), order, fontsize=7)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
 
 
-def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
+def plot_payload(table: pd.DataFrame, ax, title: str, per_token: bool = False) -> None:
+    """What crosses the first cut per image (a language model: per token, a decode step's)."""
     grp = _by_split(table.drop_duplicates("split_index"))
     x = np.arange(len(grp))
-    ax.bar(x, grp["payload_bytes_mean"] / grp["batch_size"], color=PALETTE[0])
+    values = grp["bytes_per_token"] if per_token else grp["payload_bytes_mean"] / grp["batch_size"]
+    ax.bar(x, values, color=PALETTE[0])
     ax.set_xticks(x, [str(k) for k in grp["split_index"]], fontsize=7)
     ax.set_yscale("log")
-    ax.set(xlabel="split index k", ylabel="bytes sent stage 1 -> 2 per image (log)", title=title)
+    ax.set(xlabel="split index k", ylabel=f"bytes sent stage 1 -> 2 per {'token' if per_token else 'image'} (log)",
+           title=title)
     ax.grid(True, axis="y", alpha=0.3)
 
 
@@ -180,11 +205,16 @@ def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
 FIGURE_NEEDS = {"front": ("latency_s", "throughput_imgs_per_s"), "objectives": ("latency_s", "throughput_imgs_per_s"),
                 "breakdown": ("latency_s",), "vs_split": ("latency_median_s", "throughput_imgs_per_s"),
                 "payload": ("payload_bytes_mean",)}
+#: A language model's panel: its fronts and curves are over its token figures.
+GENERATION_NEEDS = {"front": ("ttft_median_s", "tpot_median_s"), "objectives": ("ttft_median_s", "tpot_median_s"),
+                    "tokens_memory": ("tokens_per_s", "memory_model_bytes"), "breakdown": ("latency_s",),
+                    "vs_split": ("ttft_median_s", "tpot_median_s"), "payload": ("bytes_per_token",)}
 
 
-def nothing_to_draw(table: pd.DataFrame, figure: str) -> str | None:
-    """Why ``figure`` (a key of :data:`FIGURE_NEEDS`) has nothing to draw from ``table``, or None."""
-    needs = FIGURE_NEEDS[figure]
+def nothing_to_draw(table: pd.DataFrame, figure: str, generation: bool = False) -> str | None:
+    """Why ``figure`` (a key of :data:`FIGURE_NEEDS`, or of :data:`GENERATION_NEEDS` for a
+    language model's panel) has nothing to draw from ``table``, or None."""
+    needs = (GENERATION_NEEDS if generation else FIGURE_NEEDS)[figure]
     missing = [c for c in needs if c not in table.columns]
     if missing:
         return f"the table has no {missing[0]} column"

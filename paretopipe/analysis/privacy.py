@@ -13,7 +13,7 @@ import re
 
 import pandas as pd
 
-from .session import PLAIN, RAW_TCP
+from .keys import PLAIN, RAW_TCP
 
 #: A sealed configuration's plain twin shares all of these.
 TWIN = ["model", "backend", "transport", "network", "batch_size", "split_index"]

@@ -19,7 +19,8 @@ from . import adaptive_comparison, loadgen_front, objectives as objectives_mod
 from . import pareto
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
-from .session import CONFIG_KEY, PANEL_KEY, Session, find_session, panel_names
+from .session import Session, find_session
+from .keys import CONFIG_KEY, PANEL_KEY, panel_names
 from .interactive import write_html
 from .sanity import sanity_checks
 from .privacy import privacy_cost
@@ -154,12 +155,16 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
 def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[objectives_mod.Objective],
                    out: Path, fmt: str, depths: bool = False) -> None:
     """The figures of one panel; one with nothing to draw is left out, with one line that says why
-    (``depths``: the session holds several in-flight depths, named in the files)."""
+    (``depths``: the session holds several in-flight depths, named in the files). A language
+    model's panel draws its token figures: time to first token against time per token, tokens/s
+    against the largest stage's memory, both against the split, and the bytes per token."""
     title, stem = panel_names(key, depths)
-    default = [o.name for o in chosen] == list(objectives_mod.DEFAULT)
+    generation = objectives_mod.is_generation(panel)
+    default = [o.name for o in chosen] == list(objectives_mod.defaults(panel))
+    axes = (objectives_mod.TTFT, objectives_mod.TPOT) if generation else (None, None)
 
     def figure(name: str, path: Path, make: Callable[[], Any]) -> None:
-        why = nothing_to_draw(panel, name)
+        why = nothing_to_draw(panel, name, generation)
         if why is not None:
             log.warning("report: %s not drawn: %s", path.name, why)
             return
@@ -169,9 +174,20 @@ def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[o
 
     def front() -> Any:
         fig, ax = plt.subplots(figsize=(8, 5.5))
+        drawn = "time to first token and per token" if generation else "latency and throughput"
         plot_fronts(panel, ax, f"Pareto fronts: {title}" + ("" if default else
-                    f" (front over {', '.join(o.name for o in chosen)}; drawn on latency and throughput)"),
-                    line=default)
+                    f" (front over {', '.join(o.name for o in chosen)}; drawn on {drawn})"), line=default,
+                    x=axes[0], y=axes[1])
+        return fig
+
+    def tokens_memory() -> Any:
+        pair = {objectives_mod.TOKENS.column: "max", "memory_model_bytes": "min"}
+        marked = panel.drop(columns=["front_status", "knee"], errors="ignore")
+        marked["on_front"] = pareto.mark_front(marked, pair, ["network"])["on_front"]
+        fig, ax = plt.subplots(figsize=(8, 5.5))
+        memory = objectives_mod.Objective("memory", "memory_model_bytes", "min",
+                                          "largest stage's parameters and KV cache (bytes)")
+        plot_fronts(marked, ax, f"Tokens/s against stage memory: {title}", x=memory, y=objectives_mod.TOKENS)
         return fig
 
     def matrix() -> Any:
@@ -182,20 +198,23 @@ def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[o
 
     def breakdown() -> Any:
         fig = plt.figure(figsize=(4 * panel["network"].nunique() + 1, 4.5))
-        plot_breakdown(panel, fig, f"Where the time goes per split: {title}")
+        plot_breakdown(panel, fig, f"Where the time goes per {'step' if generation else 'split'}: {title}")
         return fig
 
     def vs_split() -> Any:
         fig = plt.figure(figsize=(11, 4.5))
-        plot_vs_split(panel, fig, f"Latency and throughput vs split: {title}")
+        what = "Time to first token and per token" if generation else "Latency and throughput"
+        plot_vs_split(panel, fig, f"{what} vs split: {title}", axes if generation else ())
         return fig
 
     def payload() -> Any:
         fig, ax = plt.subplots(figsize=(7, 4))
-        plot_payload(panel, ax, f"Payload per image vs split: {key[0]}")
+        plot_payload(panel, ax, f"Payload per {'token' if generation else 'image'} vs split: {key[0]}", generation)
         return fig
 
     figure("front", out / f"front_{stem}.{fmt}", front)
+    if generation:
+        figure("tokens_memory", out / f"tokens_memory_{stem}.{fmt}", tokens_memory)
     if not default:
         figure("objectives", out / f"objectives_{stem}.{fmt}", matrix)
     figure("breakdown", out / f"breakdown_{stem}.{fmt}", breakdown)
@@ -207,9 +226,10 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     """The front and the points tied with it (their CIs overlap a front point's on every objective):
     the splits the data cannot tell apart from the best; ``columns``: the objectives' columns
     beyond latency and throughput."""
-    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "network", "split_index", "cut",
-            "front_status", "latency_s",
-            "throughput_imgs_per_s", *[c for c in columns if c not in ("latency_s", "throughput_imgs_per_s")],
+    main = (["ttft_median_s", "tpot_median_s", "tokens_per_s"] if objectives_mod.is_generation(table)
+            else ["latency_s", "throughput_imgs_per_s"])
+    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "prompt_len", "network",
+            "split_index", "cut", "front_status", *main, *[c for c in columns if c not in main],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
     carried = "transport" in table.columns and table["transport"].fillna("tcp").ne("tcp").any()
@@ -222,9 +242,8 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
         shown = table[table["front_status"].isin([pareto.FRONT, pareto.TIED])]
     else:  # a pareto.csv written before ties were reported
         shown = table[table["on_front"]]
-    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "codec", "scenario", "network",
-                                                 "latency_s")
-                                     if c in cols])
+    shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "codec", "scenario",
+                                                 "prompt_len", "network", main[0]) if c in cols])
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 

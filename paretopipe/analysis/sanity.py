@@ -36,8 +36,8 @@ def monotone_violations(summary: pd.DataFrame, stage: int, rising: bool) -> list
     if col not in summary.columns:
         return []
     out = []
-    by = [c for c in ("model", "backend", "cipher", "transport", "network", "batch_size", "codec", "in_flight", "scenario")
-          if c in summary.columns]
+    by = [c for c in ("model", "backend", "cipher", "transport", "network", "batch_size", "codec", "in_flight", "scenario",
+                      "prompt_len") if c in summary.columns]
     for values, g in summary.groupby(by, sort=False):
         key = dict(zip(by, values))
         g = _int_splits(g).dropna(subset=[col])

@@ -19,7 +19,8 @@ from .. import records
 from ..errors import UsageError
 from . import objectives as objectives_mod
 from . import pareto
-from .session import CONFIG_KEY, find_session
+from .session import find_session
+from .keys import CONFIG_KEY
 
 GROUP = [k for k in CONFIG_KEY if k != "split_index"]
 FILE_NAME = "testbeds.csv"

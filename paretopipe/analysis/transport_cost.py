@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .session import PLAIN, RAW_TCP
+from .keys import PLAIN, RAW_TCP
 
 #: A configuration's raw-TCP twin shares all of these.
 TWIN = ["model", "backend", "cipher", "network", "batch_size", "split_index"]

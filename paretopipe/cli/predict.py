@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..runners import flags
-from . import lm_predict, lm_stages
 from ..errors import UsageError
+from ..llm.shapes import is_language_model, shape_of
+from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      network_from_args, setup_logging)
 from ..network.conditions import get_conditions
+from ..predict import lm_costmodel
 from ..predict.costmodel import LinkModel
 from .. import records
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key, resolve_cipher
@@ -37,8 +38,11 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
             "python -m paretopipe.predict --model mobilenetv2 --device-profiles edge.json,server.json --rate 10mbit --delay 20ms",
             "python -m paretopipe.predict --model mobilenetv2 --device-profiles edge.json,server.json --sweep-rate 1mbit..1gbit --delay 20ms",
             "python -m paretopipe.predict --model resnet18 --device-profiles pi1.json,pi2.json,gpu.json --links wifi,lan",
-            "python -m paretopipe.predict --model mobilenetv2 --device-profiles s1.json,s2.json --validate results/"))
-    flags.MODEL.add_to(p, required=True, help="the model the device profiles were taken of")
+            "python -m paretopipe.predict --model mobilenetv2 --device-profiles s1.json,s2.json --validate results/",
+            "python -m paretopipe.predict --model tiny-lm --device-profiles cpu-tiny-lm.json,cpu-tiny-lm.json "
+            "--network lan,3g --prompt-len 16"))
+    flags.MODEL.add_to(p, default=None, help="the model the device profiles were taken of")
+    flags.MODEL_DIR.add_to(p)
     p.add_argument("--device-profiles", "--stage-profiles", dest="device_profiles", required=True,
                    help="comma list of device profile JSONs, one per device in chain order (device 1 holds the "
                         "data); a+b averages two profiles of one device, e.g. taken before and after a sweep")
@@ -67,6 +71,7 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     p.add_argument("--sweep-points", type=int, default=80)
     p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
                    help="compare with a measured sweep; writes prediction_validation.* into its report/")
+    flags.PROMPT_LENS.add_to(p.add_argument_group(f"{LANGUAGE_MODELS}: time to first token and per token"))
     p.add_argument("--out", default=None, help="folder for predictions.csv and figures (default: print only; "
                                                "--sweep-rate defaults to predictions/)")
     add_common_flags(p)
@@ -111,16 +116,56 @@ def _per_device_watts(values: list[float | None] | None, devices: int) -> list[f
     return values
 
 
+#: Options that only one kind of model's prediction takes (their dests).
+IMAGE_ONLY = ("links", "base_rate", "batch_size", "compression", "encrypt", "fine", "objectives", "power_core_w",
+              "latency_bound_ms", "sweep_rate")
+GENERATION_ONLY = ("prompt_len",)
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.predict") -> int:
-    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
-        return lm_predict.predict_main(argv, prog)
+    p = parser(prog)
+    args = p.parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    if args.model is None and args.model_dir is None:
+        raise UsageError("give --model NAME (or --model-dir DIR for a language model's folder)")
+    language_model = is_language_model(args.model, args.model_dir)
+    check_workload_flags(p, args, language_model, IMAGE_ONLY, GENERATION_ONLY)
+    return (_predict_language_model if language_model else _predict_image_model)(args)
+
+
+def _predict_language_model(args: argparse.Namespace) -> int:
+    """Every split's time to first token and per token under each network and prompt length, from
+    two device profiles (each block's compute per phase); ``--validate`` pairs a sweep's measurements."""
+    shape = shape_of(args.model, args.model_dir)
+    profiles = [lm_costmodel.load_profile(p.strip()) for p in args.device_profiles.split(",") if p.strip()]
+    networks = [n.strip() for n in (args.network or "lan").split(",") if n.strip()]
+    rows = []
+    for name in networks:
+        conditions = None if name == "unshaped" else get_conditions(name, args.network_file)
+        for plen in args.prompt_len:
+            rows += lm_costmodel.predict(shape, profiles, conditions, plen, args.wire_dtype)
+    print(lm_costmodel.table(rows))
+    result: dict[str, Any] = {"predictions": rows}
+    if args.validate:
+        # lazy for start-up: pandas
+        from ..analysis.session import find_session
+
+        session = find_session(args.validate)
+        check = lm_costmodel.validate(rows, session.configs())
+        result["validation"] = check
+        print(f"validation against {session.path}: {check['configurations']} configurations, median |error| time "
+              f"to first token {check['ttft_median_abs_error']:.1%}, time per token {check['tpot_median_abs_error']:.1%}")
+    if args.out:
+        print(f"written: {records.atomic_write_json(Path(args.out) / 'predictions.json', result)}")
+    return 0
+
+
+def _predict_image_model(args: argparse.Namespace) -> int:
     import pandas as pd
 
     # lazy for start-up: pandas
     from ..predict.predictions import base_transport, predict_splits
 
-    args = parser(prog).parse_args(argv)
-    setup_logging(args.debug, args.quiet)
     paths = [x.strip() for x in args.device_profiles.split(",") if x.strip()]
     if len(paths) < 2:
         raise UsageError(f"--device-profiles needs at least 2 device profiles (one per device), got {len(paths)}")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
-import sys
+from pathlib import Path
 from typing import Sequence
 
 from ..runners import flags
-from . import lm_predict, lm_stages
 from ..errors import UsageError
+from ..llm.shapes import is_language_model
+from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
                      example_epilog, nonneg_int, positive_int, setup_logging)
 from ..predict.device_profile import DEFAULT_CODECS
@@ -27,15 +29,19 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
             "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --out profiles/server-mobilenet_v2.json",
             "python -m paretopipe.profile --model mobilenetv2 --threads 1 --cpus 0 --cpu-share 0.25 "
             "--out profiles/edge-mobilenet_v2.json   # an emulated weaker device",
-            "python -m paretopipe.profile --model resnet50 --device cuda --batch-sizes 1,8 --out profiles/gpu-resnet50.json"))
-    flags.MODEL.add_to(p, required=True)
+            "python -m paretopipe.profile --model resnet50 --device cuda --batch-sizes 1,8 --out profiles/gpu-resnet50.json",
+            "python -m paretopipe.profile --model tiny-lm --prompt-len 16,128 --threads 1 --out profiles/cpu-tiny-lm.json"))
+    flags.MODEL.add_to(p, default=None)
+    flags.MODEL_DIR.add_to(p)
     p.add_argument("--batch-sizes", default="1", help="comma list of batch sizes to time")
     for row in (flags.DEVICE, flags.THREADS, flags.CPUS):
         row.add_to(p)
     flags.CPU_SHARE.add_to(p, help="hold this process to a CPU share via cgroups (emulates a weaker device; as "
                                    "--stage-cpu)")
     p.add_argument("--warmup", type=nonneg_int, default=3, help="untimed passes first")
-    p.add_argument("--repetitions", type=positive_int, default=15, help="timed passes; the median (mean under a share) is kept")
+    p.add_argument("--repetitions", type=positive_int, default=None,
+                   help="timed passes; the median (mean under a share) is kept (default 15; a language model's "
+                        "prefills: 5)")
     p.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
                    help="wire-dtype/compression pairs to time on every cut (float32/none is always timed)")
     p.add_argument("--ciphers", default="chacha20,aesgcm",
@@ -46,28 +52,43 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
                         "detector's pyramid), so that predict --fine weighs them too; 1 is the one-tensor cuts")
     flags.NUM_CLASSES.add_to(p)
     flags.WEIGHTS.add_to(p)
+    g = p.add_argument_group(f"{LANGUAGE_MODELS}: every block's compute in each phase")
+    flags.PROMPT_LENS.add_to(g, help="prompt lengths whose prefill is timed, a comma list (128,1024)")
+    g.add_argument("--decode-steps", type=positive_int, default=16, help="decode steps timed after each prefill")
     p.add_argument("--out", required=True, help="device profile JSON to write, e.g. profiles/<device>-<model>.json")
     add_common_flags(p)
     return p
 
 
+#: A profile's options that only one kind of model takes (their dests).
+IMAGE_ONLY = ("batch_sizes", "codecs", "ciphers", "dataset", "data_dir", "max_live", "num_classes", "weights", "device")
+GENERATION_ONLY = ("prompt_len", "decode_steps")
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.profile") -> int:
-    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
-        return lm_predict.profile_main(argv, prog)
+    p = parser(prog)
+    args = p.parse_args(argv)
+    setup_logging(args.debug, args.quiet)
+    if args.model is None and args.model_dir is None:
+        raise UsageError("give --model NAME (or --model-dir DIR for a language model's folder)")
+    language_model = is_language_model(args.model, args.model_dir)
+    check_workload_flags(p, args, language_model, IMAGE_ONLY, GENERATION_ONLY)
+    if args.cpu_share is not None:
+        cpushare.check_share(args.cpu_share)
+    return (_profile_language_model if language_model else _profile_image_model)(args)
+
+
+def _profile_image_model(args: argparse.Namespace) -> int:
     # lazy for start-up: torch
     from ..predict.measure import ProfileOptions, measure
 
-    args = parser(prog).parse_args(argv)
-    setup_logging(args.debug, args.quiet)
     try:
         sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"--batch-sizes {args.batch_sizes!r}: give a comma list of integers like 1,8")
-    if args.cpu_share is not None:
-        cpushare.check_share(args.cpu_share)
     opts = ProfileOptions(model=args.model, batch_sizes=sizes, device=args.device, threads=args.threads,
                           cpus=args.cpus, cpu_share=args.cpu_share, warmup=args.warmup,
-                          repetitions=args.repetitions, max_live=args.max_live,
+                          repetitions=args.repetitions or 15, max_live=args.max_live,
                           codecs=[c.strip() for c in args.codecs.split(",") if c.strip()],
                           ciphers=[c.strip() for c in args.ciphers.split(",") if c.strip() and c.strip() != "none"],
                           num_classes=args.num_classes, weights=args.weights,
@@ -78,5 +99,31 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
         total = sum(per["segment_compute_s"])
         print(f"batch {b}: {len(per['segment_compute_s'])} segments sum to {total * 1e3:.2f} ms; the whole model "
               f"takes {per['whole_model_s'] * 1e3:.2f} ms (ratio {total / per['whole_model_s']:.3f})")
+    print(f"device profile written: {path}")
+    return 0
+
+
+def _profile_language_model(args: argparse.Namespace) -> int:
+    """Every block's compute in the prefill of each prompt length and in the decode steps after it."""
+    # lazy for start-up: torch, transformers
+    from ..llm.build import source
+    # lazy for start-up: torch
+    from ..llm.profile import profile
+    # lazy for start-up: torch
+    from ..partition.stages import apply_cpu_limits
+
+    limits = apply_cpu_limits(args.cpus, args.threads)
+    src = source(None if args.model_dir else args.model, args.model_dir)
+    for plen in args.prompt_len:
+        if plen + args.decode_steps > src.shape.max_position_embeddings:
+            raise UsageError(f"--prompt-len {plen} and {args.decode_steps} decode steps exceed the model's "
+                             f"{src.shape.max_position_embeddings} positions")
+    with cpushare.limited(args.cpu_share, "profile") as applied:
+        data = profile(src, args.prompt_len, args.decode_steps, args.repetitions or 5, args.threads)
+    data["limits"] = {**limits, **applied}
+    path = records.atomic_write_json(Path(args.out), data)
+    for plen, ph in data["prompt_lens"].items():
+        print(f"{src.name} prompt {plen}: prefill {sum(ph['prefill_s']) * 1e3:.2f} ms, decode step "
+              f"{sum(ph['decode_s']) * 1e3:.2f} ms over {len(data['blocks'])} blocks")
     print(f"device profile written: {path}")
     return 0

@@ -6,17 +6,17 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from ..analysis import lm_fronts
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
 
 OBJECTIVES_HELP = ("objectives of the fronts, two or more of latency, throughput, energy, memory, energy_stageN, "
-                   "memory_stageN (energy: measured joules per image where the stages had sensors, else modelled "
-                   "from declared powers; memory: the largest stage's peak resident memory)")
+                   "memory_stageN, and a language model's ttft, tpot (energy: measured joules per image or token where "
+                   "the stages had sensors, else modelled from declared powers; memory: the largest stage's "
+                   "parameters and activation, a language model's KV cache)")
 
 
 def add_objectives_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objectives", default=None, type=_objective_names, help=OBJECTIVES_HELP + "; default "
-                   "latency,throughput")
+                   "latency,throughput (a language model: ttft,tpot)")
 
 
 def _objective_names(text: str) -> str:
@@ -70,10 +70,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
     if len(args.results) > 1:
         return _testbeds(args)
     args.results = args.results[0]
-    lm_session = lm_fronts.find_lm_session(Path(args.results))
-    if lm_session is not None:
-        print(lm_fronts.report(lm_session))
-        return 0
     # lazy for start-up: pandas
     from ..analysis.sanity import format_sanity
 

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..runners import flags, rpc_ranks
-from . import lm_rpc, lm_stages
+from ..llm.shapes import is_language_model, model_structure
 from .stages import loadgen_line
+from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,
+                             save_tokens)
 from ..errors import PeerError, UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_loadgen_flags,
                      add_network_flags, add_prefetch_flags, dataset_from_args, loadgen_from_args, example_epilog, network_from_args, nonneg_int, port_number,
                      positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
-from ..partition.structure import structure
 from ..splits import check_splits
 from ..network import deadlines
 from ..transport.runconfig import RpcOptions
@@ -45,7 +46,11 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     add_dataset_flags(p)
     add_prefetch_flags(p)
     p.add_argument("--num-test-samples", type=positive_int, default=64, help="images in the measured batches")
-    p.add_argument("--warmup", type=nonneg_int, default=2, help="extra batches first, excluded from statistics")
+    p.add_argument("--warmup", type=nonneg_int, default=2, help="extra batches first, excluded from statistics (a "
+                                                                 "language model: short generations of 2 tokens)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the synthetic inputs and seeded prompts")
+    flags.WIRE_DTYPE.add_to(p, help="a language model's hidden state across each cut (an image model's activations "
+                                    "cross as computed over RPC)")
     p.add_argument("--num-partitions", type=positive_int, default=2,
                    help="stages; at most world-size - 1 (world-size with --rpc-source stage1)")
     p.add_argument("--split", "--split-block", dest="split_block", type=nonneg_int, default=None,
@@ -62,6 +67,7 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
                         "results coming back, 4 threads can all be waiting)")
     _add_split_choice_flags(p)
     _add_placement_flags(p)
+    add_generation_flags(p)
     add_loadgen_flags(p)
     return p
 
@@ -83,8 +89,11 @@ def _add_placement_flags(p: ArgumentParser) -> None:
     """Where the ranks run and what they write: the RPC transport, the master, the network."""
     flags.THREADS.add_to(p, help="torch intra-op threads per process")
     p.add_argument("--out", "--metrics-dir", dest="out", default="./enhanced_metrics", help="folder for the run JSON")
-    for row in (flags.MODELS_DIR, flags.WEIGHTS, flags.DEVICE, flags.RPC_TRANSPORT, flags.RPC_SOURCE):
+    for row in (flags.MODELS_DIR, flags.MODEL_DIR, flags.WEIGHTS, flags.DEVICE, flags.RPC_TRANSPORT, flags.RPC_SOURCE):
         row.add_to(p)
+    p.add_argument("--stage-devices", default=None,
+                   help="master: the device of each stage, e.g. cpu,cuda (the master builds every rank's stage "
+                        "there; default: --device for every stage)")
     p.add_argument("--master-addr", default=None, help="overrides MASTER_ADDR from .env/environment")
     p.add_argument("--master-port", type=port_number, default=None, help="overrides MASTER_PORT")
     p.add_argument("--timeout", type=positive_float, default=None,
@@ -154,8 +163,11 @@ def _check_layout(args: argparse.Namespace) -> None:
     if _intelligent(args) and (args.num_partitions != 2 or args.split_blocks or args.split_block is not None):
         raise UsageError("--use-intelligent-splitting chooses the one split of 2 partitions: drop --split-block/"
                          "--split-blocks and use --num-partitions 2 (for N devices: paretopipe predict --devices)")
+    if args.rank != 0 and (args.stage_devices or args.device != "cpu"):
+        raise UsageError(f"--device/--stage-devices on rank {args.rank}: the master builds every rank's stage; give "
+                         f"--stage-devices (one device per stage) to rank 0")
     if args.rank == 0 and args.cut is None:  # the split and the model are checked before any rank starts
-        shape = structure(args.model, args.num_classes)
+        shape = model_structure(args.model, args.num_classes, args.model_dir)
         num_blocks = shape["num_blocks"]
         check_splits(_split_blocks(args, num_blocks), num_blocks, shape["model"])
 
@@ -177,11 +189,28 @@ def _rank_options(args: argparse.Namespace) -> Any:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
     return rpc_ranks.RankOptions(rank=args.rank, world_size=args.world_size, master_addr=addr, master_port=port,
-                                 model=args.model, num_classes=args.num_classes, weights=args.weights,
-                                 models_dir=args.models_dir, device=args.device, threads=args.threads,
-                                 transport=args.rpc_transport, rpc_threads=args.num_threads,
+                                 model=args.model, model_dir=args.model_dir, num_classes=args.num_classes,
+                                 weights=args.weights, models_dir=args.models_dir, device=args.device,
+                                 threads=args.threads, transport=args.rpc_transport, rpc_threads=args.num_threads,
                                  join_timeout=args.join_timeout or max(args.timeout or 0.0, deadlines.BASE_S),
-                                 source=args.rpc_source)
+                                 source=args.rpc_source, rank_devices=_rank_devices(args))
+
+
+def _rank_devices(args: argparse.Namespace) -> str | None:
+    """``--stage-devices`` as each rank's device (the stages' ranks by the layout; the master's own
+    --device where it holds no stage)."""
+    if not args.stage_devices:
+        return None
+    devices = [d.strip() for d in args.stage_devices.split(",")]
+    if len(devices) != args.num_partitions:
+        raise UsageError(f"--stage-devices {args.stage_devices}: give one device per stage ({args.num_partitions})")
+    # lazy for start-up: torch
+    from ..transport.rpc import layout
+
+    per_rank = [args.device] * args.world_size
+    for stage, rank in enumerate(layout(args.num_partitions, args.rpc_source)):
+        per_rank[rank] = devices[stage]
+    return ",".join(per_rank)
 
 
 class _MasterRun:
@@ -192,22 +221,32 @@ class _MasterRun:
         self.args, self.conditions, self.procs = args, conditions, procs
 
     def config(self, builder: Any, ks: list[int] | None) -> Any:
-        """The run's configuration for block splits ``ks``, or (None) for the fine cuts of ``--cut``."""
+        """The run's configuration for block splits ``ks``, or (None) for the fine cuts of ``--cut``:
+        image batches, or a language model's generation."""
         args, part = self.args, builder.partitioner
         cuts = [part.block_cut(k) for k in ks] if ks is not None else builder.cuts_for(cut=args.cut)
         split_index = None if ks is None else ks[0] if len(ks) == 1 else ks
         in_flight = args.in_flight if args.use_pipelining else 1
+        rpc = RpcOptions(transport=args.rpc_transport, source=args.rpc_source, use_pipelining=args.use_pipelining,
+                         world_size=args.world_size)
+        if is_language_model(args.model, args.model_dir):
+            generation = generation_from_args(args)
+            up = max(part.payload_nbytes(c, max(map(len, builder.prompts(generation, args.seed)))) for c in cuts)
+            timeout_s = args.timeout or deadlines.run_timeout_s(self.conditions, up, 64, generation.streams)
+            return run_config_from_flags(args, builder.name, cuts, split_index, self.conditions, timeout_s,
+                                         generation=generation, rpc=rpc, wire_dtype=args.wire_dtype, seed=args.seed)
         up = max(part.payload_nbytes(c, args.batch_size) for c in cuts)
         timeout_s = args.timeout or deadlines.run_timeout_s(self.conditions, up, args.num_classes * 4 * args.batch_size,
                                                             in_flight)
+        if args.wire_dtype != "float32":
+            raise UsageError(f"--wire-dtype {args.wire_dtype}: over RPC an image model's activations cross as "
+                             f"computed (float32); a cast on the wire is the TCP backend's (partition1.py)")
         return run_config_from_flags(args, builder.name, cuts, split_index, self.conditions,
                                      timeout_s, num_batches=max(1, -(-args.num_test_samples // args.batch_size)),
-                                     in_flight=in_flight, dataset=dataset_from_args(args),
-                                     loadgen=loadgen_from_args(args),
-                                     rpc=RpcOptions(transport=args.rpc_transport, source=args.rpc_source,
-                                                    use_pipelining=args.use_pipelining, world_size=args.world_size))
+                                     in_flight=in_flight, dataset=dataset_from_args(args), seed=args.seed,
+                                     loadgen=loadgen_from_args(args), rpc=rpc)
 
-    def __call__(self, builder: Any, transport: dict[str, Any]) -> int:
+    def __call__(self, builder: Any, group: Any, transport: dict[str, Any]) -> int:
         # lazy for start-up: torch
         from ..transport import rpc as backend
 
@@ -222,7 +261,7 @@ class _MasterRun:
         ks = _split_blocks(args, builder.partitioner.num_blocks) if args.cut is None else None
         cfg = self.config(builder, ks)
         try:
-            record, outputs = backend.run_master(cfg, builder, source=args.rpc_source, conditions=self.conditions,
+            record, outputs = backend.run_master(cfg, builder, group, source=args.rpc_source, conditions=self.conditions,
                                                  keep_outputs=bool(args.save_outputs), transport=transport,
                                                  check_alive=rpc_ranks.check_alive_of(procs) if procs else None)
         except PeerError as exc:  # a rank built something else: nothing ran
@@ -235,31 +274,37 @@ class _MasterRun:
             print(f"error: {record['error']} (incomplete record written to {path})", file=sys.stderr, flush=True)
             rpc_ranks.hard_exit(procs, 1)
         if args.save_outputs:
-            save_outputs(args.save_outputs, outputs)
+            save_tokens(args.save_outputs, record["generation"]["tokens"]) if cfg.generation is not None \
+                else save_outputs(args.save_outputs, outputs)
         backend.rpc.shutdown()
         for proc in procs:
             proc.wait(cfg.timeout_s)
-        self.report(record, ks, cfg.cuts, choice, path)
+        print(self.report(record, builder, ks, cfg.cuts, choice, path))
         return 0
 
     @staticmethod
-    def report(record: dict[str, Any], ks: list[int] | None, cuts: list[str], choice: dict | None, path: Path) -> None:
+    def report(record: dict[str, Any], builder: Any, ks: list[int] | None, cuts: list[str], choice: dict | None,
+               path: Path) -> str:
         s = record["summary"]
+        if record.get("generation"):
+            text = builder.tokenizer.decode(record["generation"]["tokens"][0])
+            return f"{record['config']['model']} cuts={cuts} rpc {generation_line(record, text)}, written {path}"
+        line = ""
         if choice is not None:
             mine = next(p for p in choice["predicted"] if p["split"] == ks[0])
-            print(f"intelligent splitting chose k={ks[0]}: predicted latency {mine['predicted_latency_s'] * 1e3:.2f} ms, "
-                  f"measured {s['latency_median_s'] * 1e3:.2f} ms")
+            line = (f"intelligent splitting chose k={ks[0]}: predicted latency {mine['predicted_latency_s'] * 1e3:.2f} "
+                    f"ms, measured {s['latency_median_s'] * 1e3:.2f} ms\n")
         lg = f", {loadgen_line(record)}" if record.get("loadgen") else ""
-        print(f"{record['config']['model']} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} ms, "
-              f"throughput {s['throughput_imgs_per_s']:.1f} img/s{lg}, written {path}")
+        return (line + f"{record['config']['model']} cuts={cuts} rpc latency median {s['latency_median_s'] * 1e3:.2f} "
+                f"ms, throughput {s['throughput_imgs_per_s']:.1f} img/s{lg}, written {path}")
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if lm_stages.wants_lm(argv):
-        return lm_rpc.main(argv, prog)
-    args = parser(prog).parse_args(argv)
+    p = parser(prog)
+    args = p.parse_args(argv)
     setup_logging(args.debug, args.quiet)
+    check_workload_flags(p, args, is_language_model(args.model, args.model_dir))
     for flag, note in DEPRECATED.items():
         if getattr(args, flag.lstrip("-").replace("-", "_")):
             log.warning("%s is deprecated and ignored: %s", flag, note)

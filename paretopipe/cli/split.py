@@ -21,7 +21,7 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
     flags.MODEL.add_to(p, help=flags.MODEL.help + " (several, comma-separated, with --plot), or a language model "
                                f"({', '.join(shapes.NAMED)})")
     flags.MODEL_DIR.add_to(p)
-    flags.CUT_DTYPE.add_to(p, help="a language model's cut dtype, for the bytes per token")
+    flags.WIRE_DTYPE.add_to(p, help="a language model's hidden state on the wire, for the bytes per token")
     p.add_argument("--list", action="store_true", help="print the split table (the default action)")
     p.add_argument("--fine", action="store_true",
                    help="every fx cut instead of block cuts, with the tensors that cross it (a + joins several)")
@@ -38,11 +38,11 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.split") -> int:
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    if args.model_dir is not None or shapes.is_named(args.model):
+    if shapes.is_language_model(args.model, args.model_dir):
         # lazy for start-up: transformers (reading a folder's config checks its architecture)
         from ..llm.build import source
 
-        print(shapes.cut_table(source(None if args.model_dir else args.model, args.model_dir).shape, args.cut_dtype))
+        print(shapes.cut_table(source(None if args.model_dir else args.model, args.model_dir).shape, args.wire_dtype))
         return 0
     if args.model is None:
         raise UsageError("give --model NAME (or --model-dir DIR for a language model)")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import cputrace
 from ..errors import UsageError
@@ -13,9 +12,10 @@ from ..splits import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth
 from ..runners import flags
 from ..splits import POLICIES
-from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD
-from . import lm_stages
+from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD, Generation, RunConfig
+from ..llm.shapes import is_language_model
 from ..loadgen import logs as loadgen_logs
+from .workload_flags import add_generation_flags, check_workload_flags, generation_from_args, generation_line, save_tokens
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_loadgen_flags,
                      add_network_flags, add_prefetch_flags, dataset_from_args, loadgen_from_args, example_epilog, fmt_ms, fmt_num, network_from_args,
                      nonneg_int, port_number, positive_float, positive_int, run_config_from_flags, save_outputs,
@@ -38,7 +38,7 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
                         "adaptive: choose per batch from the measured link (both stages hold every block)"
                         + ("" if stage == 1 else "; omitted: whatever stage 1 runs"))
     g.add_argument("--cut", default=None, help="a fine fx cut name instead of --split (paretopipe split --list --fine)")
-    for row in (flags.NUM_CLASSES, flags.WEIGHTS, flags.MODELS_DIR):
+    for row in (flags.NUM_CLASSES, flags.WEIGHTS, flags.MODELS_DIR, flags.MODEL_DIR):
         row.add_to(g)
     n = parser.add_argument_group("connection")
     n.add_argument("--port", type=port_number, default=DEFAULT_PORT)
@@ -64,10 +64,16 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
     add_common_flags(parser)
 
 
-def _link_timeout_s(args: argparse.Namespace, builder: StageBuilder, cuts: list[str] | None, conditions) -> float:
-    """The run's deadline from the bytes its batches send under ``conditions`` (none: the base)."""
+def _link_timeout_s(args: argparse.Namespace, builder: StageBuilder, cuts: list[str] | None, conditions,
+                    generation: Generation | None) -> float:
+    """The run's deadline from the bytes its batches send under ``conditions`` (none: the base): a
+    batch of images, or every stream's prefill at once."""
     part = builder.partitioner
     names = part.block_cuts() if args.split_index in POLICIES or not cuts else cuts
+    if generation is not None:
+        items = max(len(p) for p in builder.prompts(generation, args.seed))
+        up = max(part.payload_nbytes(c, items) for c in names)
+        return deadlines.run_timeout_s(conditions, up, 64, generation.streams)
     itemsize = 2 if args.wire_dtype in ("float16", "bfloat16") else 4
     up = max(part.payload_nbytes(c, args.batch_size) for c in names) * itemsize // 4
     return deadlines.run_timeout_s(conditions, up, args.num_classes * 4 * args.batch_size, args.in_flight)
@@ -89,12 +95,13 @@ def split_or_adaptive(text: str) -> int | list[int] | str:
 def _builder(args: argparse.Namespace, required: bool = True) -> tuple[StageBuilder, list[str] | None]:
     import torch
 
-    # lazy for start-up: torch
-    from ..partition.stages import StageBuilder
+    # lazy for start-up: torch, transformers
+    from ..transport.stagemodel import stage_builder
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
+    builder = stage_builder(args.model, num_classes=args.num_classes, weights=args.weights, models_dir=args.models_dir,
+                            device=args.device, model_dir=args.model_dir)
     if args.split_index in POLICIES:
         if args.cut is not None:
             raise UsageError(f"--cut and --split {args.split_index} exclude each other: give one of them (the adaptive runtime "
@@ -137,7 +144,8 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     d = p.add_argument_group("workload")
     flags.BATCH_SIZE.add_to(d)
     d.add_argument("--num-batches", type=nonneg_int, default=20, help="measured batches")
-    d.add_argument("--warmup", type=nonneg_int, default=3, help="extra batches first, excluded from statistics")
+    d.add_argument("--warmup", type=nonneg_int, default=3, help="extra batches first, excluded from statistics (a "
+                                                                 "language model: short generations of 2 tokens)")
     d.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window (1 = no overlap)")
     d.add_argument("--max-batch-s", type=positive_float, default=None,
                    help="a batch slower than this (seconds) ends the run as infeasible: recorded, exit status 0")
@@ -169,8 +177,13 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
                         "stages profile themselves briefly at start")
     for row in flags.POLICY_FLAGS:
         row.add_to(a)
+    e = p.add_argument_group("modelled energy (a host without power sensors)")
+    flags.POWER_IDLE_W.add_to(e)
+    flags.POWER_CORE_W.add_to(e)
+    add_generation_flags(p)
     add_loadgen_flags(p)
-    p.add_argument("--save-outputs", default=None, help="write the returned logits to this .npz (for checks)")
+    p.add_argument("--save-outputs", default=None, help="write the returned logits (a language model: the generated "
+                                                         "token ids, key tokens) to this .npz (for checks)")
     return p
 
 
@@ -203,26 +216,18 @@ def _candidates(text: str, num_blocks: int) -> list[int | str]:
 
 
 def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") -> int:
-    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
-        return lm_stages.main_lm_stage1(argv, prog)
-    args = stage1_parser(prog).parse_args(argv)
+    parser = stage1_parser(prog)
+    args = parser.parse_args(argv)
     setup_logging(args.debug, args.quiet)
     signals_as_interrupt()
     secret = stage_secret(args)
     aead.check_choice(args.encrypt, secret)
+    check_workload_flags(parser, args, is_language_model(args.model, args.model_dir))
     traced = cputrace.parse_stage_traces(args.stage_cpu_trace, stages=("stage1",))
     loadgen = loadgen_from_args(args)  # refused before the model is built
     builder, cuts = _builder(args)
     conditions = network_from_args(args)
-    link_mode = args.link or ("emulated" if conditions else "none")
-    cfg = run_config_from_flags(args, builder.name, cuts, args.split_index, conditions,
-                                args.timeout or _link_timeout_s(args, builder, cuts, conditions),
-                                num_batches=args.num_batches, in_flight=args.in_flight,
-                                dataset=dataset_from_args(args, args.compression), wire_dtype=args.wire_dtype,
-                                compression=args.compression, compression_level=args.compression_level,
-                                seed=args.seed, link_mode=link_mode, network_delay_ms_label=args.network_delay_ms,
-                                max_batch_s=args.max_batch_s, loadgen=loadgen,
-                                **adaptive_fields(args, builder.partitioner.num_blocks))
+    cfg = _stage1_config(args, builder, cuts, conditions, loadgen)
     observed = _observed_link(args)
     policy = None
     if cfg.adaptive:  # its candidates are checked before anything listens
@@ -245,24 +250,66 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
                                      cpu_traces=specs)
     finally:
         listener.close()
+    print(_stage1_line(args, builder, cfg, cuts, outcome))
+    return 0
+
+
+def _stage1_config(args: argparse.Namespace, builder: StageBuilder, cuts: list[str], conditions: Any,
+                   loadgen: Any) -> RunConfig:
+    """Stage 1's run configuration from its flags: image batches, or a language model's generation."""
+    generation = generation_from_args(args) if is_language_model(args.model, args.model_dir) else None
+    return run_config_from_flags(args, builder.name, cuts, args.split_index, conditions,
+                                 args.timeout or _link_timeout_s(args, builder, cuts, conditions, generation),
+                                 num_batches=args.num_batches, in_flight=args.in_flight,
+                                 dataset="synthetic" if generation else dataset_from_args(args, args.compression),
+                                 wire_dtype=args.wire_dtype, compression=args.compression,
+                                 compression_level=args.compression_level, seed=args.seed,
+                                 link_mode=args.link or ("emulated" if conditions else "none"),
+                                 network_delay_ms_label=args.network_delay_ms, max_batch_s=args.max_batch_s,
+                                 loadgen=loadgen, generation=generation,
+                                 **_declared_powers(args, len(cuts) + 1),
+                                 **adaptive_fields(args, builder.partitioner.num_blocks))
+
+
+def _declared_powers(args: argparse.Namespace, stages: int) -> dict[str, Any]:
+    """Each stage's declared idle and busy-core watts (one value per stage), for the modelled energy."""
+    out = {}
+    for flag, name in (("--power-idle-w", "power_idle_w"), ("--power-core-w", "power_core_w")):
+        values = getattr(args, name)
+        if values is not None and len(values) != stages:
+            raise UsageError(f"{flag}: give one value per stage ({stages}), got {len(values)}")
+        out[name] = values
+    return out
+
+
+def _stage1_line(args: argparse.Namespace, builder: StageBuilder, cfg: RunConfig, cuts: list[str],
+                 outcome: Any) -> str:
+    """The run in one line (after ``--save-outputs`` is written): a generation's token figures and
+    text, or the batches' latency and throughput, an adaptive run's choices and LoadGen's verdict."""
+    record, s = outcome.record, outcome.record["summary"]
+    written = f", written {outcome.path}" if outcome.path else ""
+    if cfg.generation is not None:
+        tokens = record["generation"]["tokens"]
+        if args.save_outputs:
+            save_tokens(args.save_outputs, tokens)
+        return (f"{builder.name} split={Split.of(cfg.split_index).label} "
+                + generation_line(record, builder.tokenizer.decode(tokens[0])) + _cipher_note(record) + written)
     if args.save_outputs:
         save_outputs(args.save_outputs, outcome.outputs)
-    s = outcome.record["summary"]
     extra = ""
     if cfg.adaptive:
-        a = outcome.record["manifest"]["stages"][0]["adaptive"]
+        a = record["manifest"]["stages"][0]["adaptive"]
         # A batch names its split by block index, or a cut of several tensors by its candidate's place.
         used = dict.fromkeys(str(b["split_k"] if b["split_candidate"] is None else a["candidates"][b["split_candidate"]])
-                             for b in outcome.record["batches"] if not b["warmup"])
+                             for b in record["batches"] if not b["warmup"])
         extra = (f", adaptive: splits used {', '.join(used)}, {a['switches']} switches, "
                  f"{a['served_locally']} batches served locally")
         cuts = "adaptive"
     if cfg.loadgen is not None:
-        extra += ", " + loadgen_line(outcome.record)
-    print(f"{builder.name} cuts={cuts} latency median {fmt_ms(s['latency_median_s'])} p95 {fmt_ms(s['latency_p95_s'])}, "
-          f"throughput {fmt_num(s['throughput_imgs_per_s'])} img/s, payload {fmt_num(s['payload_bytes_mean'])} B"
-          + extra + _cipher_note(outcome.record) + (f", written {outcome.path}" if outcome.path else ""))
-    return 0
+        extra += ", " + loadgen_line(record)
+    return (f"{builder.name} cuts={cuts} latency median {fmt_ms(s['latency_median_s'])} p95 {fmt_ms(s['latency_p95_s'])}, "
+            f"throughput {fmt_num(s['throughput_imgs_per_s'])} img/s, payload {fmt_num(s['payload_bytes_mean'])} B"
+            + extra + _cipher_note(record) + written)
 
 
 def loadgen_line(record: dict) -> str:
@@ -299,8 +346,6 @@ def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:
 
 
 def main_stage2(argv: Sequence[str] | None = None, prog: str = "partition2.py") -> int:
-    if lm_stages.wants_lm(argv if argv is not None else sys.argv[1:]):
-        return lm_stages.main_lm_stage2(argv, prog)
     args = stage2_parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     signals_as_interrupt()

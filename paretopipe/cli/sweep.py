@@ -19,14 +19,15 @@ from ..splits import parse_plans
 from ..network import traces
 from ..transport import aead, messaging
 from ..transport.auth import load_secret
-from . import experiment, lm_stages, lm_sweep
+from . import experiment
+from .workload_flags import check_workload_flags
 from .report import print_front_table, print_privacy_cost
 from .common import (ArgumentParser, HelpFormatter, dataset_from_args, example_epilog, loadgen_sweep_settings,
                      prefetch_from_args, read_env, setup_logging)
 from .sweep_flags import add_flags, resolved_table, simple_fields
 from ..partition.names import canonical_name, is_model_file
 from ..energy.memory import parse_limits
-from ..partition.structure import structure
+from ..llm.shapes import is_language_model, model_structure, shape_of
 from ..runners.doctor import check_testbed, format_checks
 
 log = logging.getLogger("paretopipe.sweep")
@@ -71,12 +72,23 @@ def _per_stage_ints(text: str | None, flag: str) -> list[int | None]:
     return values
 
 
-def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
+def _models(args: argparse.Namespace) -> list[str]:
+    """The sweep's models, each name checked here, before any host is asked to build it (a
+    ``--model-dir`` folder's model is named by its config.json's folder)."""
+    if args.model_dir is not None:
+        return [shape_of(None, args.model_dir).name]
     models = [m.strip() for m in (args.models or args.model or "mobilenetv2").split(",") if m.strip()]
     if not models:
         raise UsageError("--models names no model")
-    for model in models:  # here, before any host is asked to build it
-        canonical_name(model)
+    for model in models:
+        if not is_language_model(model):
+            canonical_name(model)
+    return models
+
+
+def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
+    models = _models(args)
+    language_model = is_language_model(models[0], args.model_dir)
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else []
     env = read_env(args.env_file)
     if args.local:
@@ -124,7 +136,8 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         stage_cpu_trace=cputrace.parse_stage_traces(args.stage_cpu_trace),
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
-                        dataset=dataset_from_args(args, args.compression, local=not testbed.remote),
+                        dataset="synthetic" if language_model else dataset_from_args(args, args.compression,
+                                                                                     local=not testbed.remote),
                         data_dir=args.data_dir, inline_networks=inline, objectives=args.objectives,
                         power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),
                         power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),
@@ -215,8 +228,6 @@ def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Ex
 
 def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.py") -> int:
     given = list(argv if argv is not None else sys.argv[1:])
-    if lm_stages.wants_lm(given):
-        return lm_sweep.main(argv, prog)
     searching = any(arg == "--search" or arg.startswith("--search=") for arg in given)
     if searching or any(arg == "--study" or arg.startswith("--study=") for arg in given):
         # lazy for start-up: the search's modules (optuna) only when searching
@@ -233,6 +244,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         p.set_defaults(**exp.defaults)
         args = p.parse_args(argv)
     opts = options_from_args(args, exp)
+    check_workload_flags(p, args, opts.language_model)
     sweeper = Sweeper(opts)
     table = resolved_table(opts)
     if opts.resume and exp is not None and exp.resolved is not None:
@@ -243,7 +255,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         if changed:
             log.warning("resuming with changed options (--force-resume): %s", "; ".join(changed))
     if opts.dry_run:
-        shapes = {m: structure(m, opts.num_classes) for m in opts.models}
+        shapes = {m: model_structure(m, opts.num_classes, opts.model_dir) for m in opts.models}
         print(describe_plan(plan_runs(opts, {m: s["num_blocks"] for m, s in shapes.items()},
                                       {m: s["fine_cuts"] for m, s in shapes.items()}), opts))
         return 0
@@ -304,7 +316,7 @@ def _finish(result: Any, opts: Any) -> int:
         for path in (out / "runs").glob("*.json"):
             path.unlink()
     if opts.report and (out / "report" / "pareto.csv").is_file():
-        _print_report(out / "report", opts.objectives)
+        _print_report(out / "report", opts)
     print(f"sweep done: {out} (runs.csv, summary.csv, failures.csv, session.json"
           + (", report/" if opts.report else "") + ")")
     if result.failed:
@@ -316,7 +328,7 @@ def _finish(result: Any, opts: Any) -> int:
     return 0
 
 
-def _print_report(report: Path, objectives: str | None) -> None:
+def _print_report(report: Path, opts: SweepOptions) -> None:
     """The closing tables: the front and its ties, the sanity checks, what sealing costs, and the
     adaptive split's verdicts, each where the report wrote it."""
     import pandas as pd
@@ -324,9 +336,10 @@ def _print_report(report: Path, objectives: str | None) -> None:
     # lazy for start-up: pandas
     from ..analysis.sanity import format_sanity
 
-    print("Pareto-optimal splits and those tied with them within 95% CIs (latency_s: median per batch; "
-          "throughput in images/s):")
-    print_front_table(report, objectives)
+    print("Pareto-optimal splits and those tied with them within 95% CIs (" + (
+        "time to first token and per token: medians, s; throughput in tokens/s):" if opts.language_model else
+        "latency_s: median per batch; throughput in images/s):"))
+    print_front_table(report, opts.objectives)
     if (report / "sanity.csv").is_file():
         print(format_sanity(pd.read_csv(report / "sanity.csv")))
     print_privacy_cost(report)
@@ -344,5 +357,5 @@ def _check_splits(opts: SweepOptions) -> None:
     model anyway; the folder of a sweep they refuse is discarded."""
     for model in opts.models:
         if not is_model_file(model):
-            shape = structure(model, opts.num_classes)
+            shape = model_structure(model, opts.num_classes, opts.model_dir)
             splits_for(opts, shape["num_blocks"], shape["fine_cuts"])

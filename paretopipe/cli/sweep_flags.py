@@ -83,9 +83,15 @@ def _joined(values: list) -> str | None:
     return ",".join("" if v is None else str(v) for v in values) if any(v is not None for v in values) else None
 
 
-WHAT, ORDER, RUN, LOADGEN, MEASURE, WHERE, FILES, OUTPUT = (
-    "what to sweep", "order and repetitions", "each run", "MLPerf LoadGen scenarios (--scenario)",
+WHAT, GENERATE, ORDER, RUN, LOADGEN, MEASURE, WHERE, FILES, OUTPUT = (
+    "what to sweep", "a language model's generation (--model tiny-lm, smollm2-135m, ... or --model-dir DIR)",
+    "order and repetitions", "each run", "MLPerf LoadGen scenarios (--scenario)",
     "energy, memory and the fronts' objectives", "where", "experiment files", "output")
+
+
+def _generation(field: str) -> Callable[[SweepOptions], Any]:
+    """How the resolved table stores a generation's setting: a language model's sweep only."""
+    return lambda o: getattr(o, field) if o.language_model else None
 
 
 def _loadgen_value(field: str) -> Callable[[SweepOptions], Any]:
@@ -122,6 +128,13 @@ FLAGS: tuple[Flag, ...] = (
          stored=lambda o: "both" if len(o.backends) == 2 else o.backends[0]),
     Flag.of(flags.NUM_CLASSES, WHAT),
     Flag.of(flags.WEIGHTS, WHAT),
+    # -- a language model's generation -------------------------------------------------------------
+    Flag.of(flags.MODEL_DIR, GENERATE, stored=_generation("model_dir")),
+    Flag.of(flags.PROMPT_LENS, GENERATE, field="prompt_lens", stored=_generation("prompt_lens")),
+    Flag.of(flags.GEN_TOKENS, GENERATE, stored=_generation("gen_tokens")),
+    Flag.of(flags.STREAMS, GENERATE, stored=_generation("streams")),
+    Flag.of(flags.TEMPERATURE, GENERATE, stored=_generation("temperature")),
+    Flag.of(flags.TOP_K, GENERATE, stored=_generation("top_k")),
     # -- order and repetitions ---------------------------------------------------------------------
     Flag(("--order",), ORDER, "random: seeded rounds, each configuration once per round in a new order, so drift "
          "spreads over every split; sequential: every run of a configuration back to back, splits in order (the "

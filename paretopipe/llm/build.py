@@ -143,6 +143,13 @@ class StageParts:
     def fingerprint(self) -> str:
         return module_fingerprint(self.modules())
 
+    def to(self, device: str) -> "StageParts":
+        """Move every block (and the rotary embedding's buffers) to ``device``, in place."""
+        for module in (self.embed, self.decoder, self.norm, self.lm_head, self.rotary):
+            if module is not None:
+                module.to(device)
+        return self
+
     def param_bytes(self) -> int:
         seen: set[int] = set()
         total = 0

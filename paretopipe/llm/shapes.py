@@ -9,9 +9,12 @@ hidden state. The last stage always holds the LM head, because it chooses the ne
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..partition.structure import structure
 
 CUT_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 INT8_SCALE_BYTES = 4  # an int8 cut carries one float32 scale per token beside its values
@@ -222,3 +225,35 @@ def cut_table(shape: LMShape, cut_dtype: str = "float32") -> str:
     rows.append(f"(the last stage holds the LM head: {params[-1] * 4 / 1e6:.1f} MB; a prefill of T tokens sends T x "
                 f"B/token, each decode step B/token)")
     return "\n".join(rows)
+
+
+def is_language_model(model: str | None, model_dir: str | None = None) -> bool:
+    """Whether a stage's model is a language model: a folder (``--model-dir``) or a named shape.
+    The one test of a model's kind: it decides the workload (a generation, or image batches)."""
+    return model_dir is not None or is_named(model)
+
+
+def shape_of(model: str | None, model_dir: str | None = None) -> LMShape:
+    """A language model's shape without building it: a named one, or a folder's config.json."""
+    if model_dir is None:
+        return named(model or "")
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--model-dir {model_dir}: no config.json there (a folder saved by save_pretrained holds "
+                         f"config.json and model.safetensors)")
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--model-dir {model_dir}: config.json is not readable JSON ({exc})")
+    if not isinstance(config, dict):
+        raise UsageError(f"--model-dir {model_dir}: config.json is not a JSON object")
+    return shape_from_config(config, Path(model_dir).resolve().name)
+
+
+def model_structure(model: str, num_classes: int, model_dir: str | None = None) -> dict[str, Any]:
+    """What a controller needs of a model's splits, without torch: its name, its largest split
+    (``num_blocks``) and its fine cuts (a language model has none: it is cut between blocks)."""
+    if is_language_model(model, model_dir):
+        shape = shape_of(model, model_dir)
+        return {"model": shape.name, "num_blocks": shape.last_split, "fine_cuts": {}}
+    return structure(model, num_classes)

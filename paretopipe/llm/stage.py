@@ -38,9 +38,15 @@ class StageCache:
 
 class LMStage:
     """Runs a stage's blocks on (part of) one stream's sequence. The first stage takes token ids;
-    a later one the hidden state of the stage before; the last returns the last position's logits."""
+    a later one the hidden state of the stage before; the last returns the last position's logits.
+    On a CUDA ``device`` the blocks and the KV cache live there; what comes in and goes out is on
+    the host, and a step's time includes both copies."""
 
-    def __init__(self, parts: StageParts) -> None:
+    def __init__(self, parts: StageParts, device: str = "cpu") -> None:
+        self.device = device
+        self.cuda = device.startswith("cuda")
+        if self.cuda:
+            parts.to(device)
         self.parts = parts
         self.caches: dict[int, StageCache] = {}
         self.log: list[tuple[int, str, float]] = []  # (stream, phase, seconds) of every forward
@@ -74,9 +80,11 @@ class LMStage:
         cache = self.caches.setdefault(stream, StageCache())
         if cache.length() != start and p.decoder:
             raise ValueError(f"stream {stream}: this stage holds {cache.length()} positions, the input starts at {start}")
+        if self.cuda:
+            x = x.to(self.device, non_blocking=True)
         h = p.embed(x) if p.embed is not None else x  # ids pass through a stage of no blocks
         if len(p.decoder):
-            positions = torch.arange(start, start + h.shape[1]).unsqueeze(0)
+            positions = torch.arange(start, start + h.shape[1], device=h.device).unsqueeze(0)
             rotary = p.rotary(h, position_ids=positions)
             for layer in p.decoder:
                 # No mask: a prefill starts the cache (SDPA's causal kernel), a decode step sees all of it.
@@ -86,6 +94,8 @@ class LMStage:
             h = p.norm(h)
         if p.lm_head is not None:
             h = p.lm_head(h[:, -1:, :])[:, 0, :]
+        if self.cuda:
+            h = h.cpu()  # waits for the device: the step's time is its whole work
         self.log.append((stream, "prefill" if start == 0 else "decode", time.perf_counter() - t0))
         return h
 

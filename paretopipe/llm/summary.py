@@ -1,5 +1,11 @@
-"""A language-model run's figures from its per-token timings (no torch): time to first token,
-time per output token, tokens/s, and each stage's compute per phase."""
+"""A generation's figures from its run record (no torch): time to first token, time per output
+token, tokens/s, each stage's compute per phase and KV cache, each hop's bytes, and what a lossy
+wire cost against the unsplit model.
+
+A generation's batches are its steps, one token of one stream each, stamped on stage 1's clock
+(``start_s`` when stage 1 began the step, ``end_s`` when its token was back). A stream's first
+step is its prefill: its latency is the time to first token. Each later token's time per output
+token is the gap since the stream's previous token."""
 
 from __future__ import annotations
 
@@ -8,63 +14,116 @@ from typing import Any, Sequence
 
 import numpy as np
 
+#: The figures a generation's summary adds (besides the per-stage and per-hop ones).
+FIGURES = ("streams", "tokens_generated", "ttft_median_s", "ttft_p90_s", "ttft_max_s", "tpot_median_s",
+           "tpot_p90_s", "tpot_p99_s", "tokens_per_s", "decode_tokens_per_s", "bytes_per_token", "prefill_bytes",
+           "token_agreement", "max_logit_diff", "tpot_bound_s", "tpot_over_bound")
+
 
 def _pct(xs: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(xs, dtype=float), q)) if xs else None
 
 
-def summarize(steps: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]], hops: Sequence[dict[str, Any]],
-              streams: int, power_idle_w: Sequence[float | None] | None = None,
-              power_core_w: Sequence[float | None] | None = None) -> dict[str, Any]:
-    """``steps``: one per generated token ({stream, step, sent_s, done_s}, seconds on stage 1's
-    clock). A stream's first token ends its prefill (time to first token, from the moment stage
-    1 began it); each later token's time per output token is the gap since the one before."""
+def _median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def token_times(steps: Sequence[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """(times to first token, times per output token) of the measured steps, per stream."""
     by_stream: dict[int, list[dict[str, Any]]] = {}
     for s in steps:
         by_stream.setdefault(s["stream"], []).append(s)
     ttft, tpot = [], []
     for items in by_stream.values():
         items.sort(key=lambda s: s["step"])
-        ttft.append(items[0]["done_s"] - items[0]["sent_s"])
-        tpot.extend(b["done_s"] - a["done_s"] for a, b in zip(items, items[1:]))
-    span = (max(s["done_s"] for s in steps) - min(s["sent_s"] for s in steps)) if steps else 0.0
-    out: dict[str, Any] = {
-        "streams": streams, "tokens_generated": len(steps),
-        "ttft_median_s": statistics.median(ttft) if ttft else None, "ttft_max_s": max(ttft) if ttft else None,
-        "tpot_median_s": statistics.median(tpot) if tpot else None,
-        "tpot_p90_s": _pct(tpot, 90), "tpot_p99_s": _pct(tpot, 99),
-        "tokens_per_s": len(steps) / span if span > 0 else None,
-        "decode_tokens_per_s": (len(tpot) / sum(tpot) * max(1, len(by_stream))) if tpot and sum(tpot) > 0 else None,
-    }
-    for st in stages:
-        j = st["stage"]
-        for phase in ("prefill", "decode"):
-            xs = st.get(f"compute_{phase}_s") or []
-            out[f"stage{j}_{phase}_compute_median_s"] = statistics.median(xs) if xs else None
-        out[f"stage{j}_kv_bytes"] = st.get("kv_bytes")
-        out[f"stage{j}_peak_rss_bytes"] = st.get("peak_rss_bytes")
-    exact = next((st["exactness"] for st in stages if st.get("exactness")), None)
-    out["token_agreement"] = exact["token_agreement"] if exact else None
-    out["max_logit_diff"] = exact["max_logit_diff"] if exact else None
-    out["energy_per_token_modelled_j"] = modelled_energy_per_token(stages, span, len(steps), power_idle_w,
-                                                                   power_core_w)
-    for hop in hops:
-        out[f"hop{hop['hop']}_prefill_bytes"] = hop["prefill_bytes"]
-        out[f"hop{hop['hop']}_bytes_per_token"] = hop["bytes_per_token"]
+        if items[0]["step"] == 0:
+            ttft.append(items[0]["latency_s"])
+        tpot.extend(b["end_s"] - a["end_s"] for a, b in zip(items, items[1:]))
+    return ttft, tpot
+
+
+def cut_bytes(step: dict[str, Any], cut: int) -> float:
+    """The bytes a step put across cut ``cut`` (1: stage 1's ``wire_bytes``; a later one: what
+    the stage before it sent on, ``stage<cut>_wire_bytes``)."""
+    return float((step.get("wire_bytes") if cut == 1 else step.get(f"stage{cut}_wire_bytes")) or 0)
+
+
+def hop_bytes(steps: Sequence[dict[str, Any]], cuts: int) -> list[tuple[int, float | None]]:
+    """Each cut's (prefill bytes over every stream, mean bytes per decode step) of the measured steps."""
+    out = []
+    for cut in range(1, cuts + 1):
+        decode = [cut_bytes(s, cut) for s in steps if s["step"] > 0]
+        out.append((int(sum(cut_bytes(s, cut) for s in steps if s["step"] == 0)),
+                    statistics.fmean(decode) if decode else None))
     return out
 
 
-def modelled_energy_per_token(stages: Sequence[dict[str, Any]], span_s: float, tokens: int,
-                              idle_w: Sequence[float | None] | None,
-                              core_w: Sequence[float | None] | None) -> float | None:
-    """Joules per generated token, modelled as the image runs model it (energy.summary): each
-    stage's compute seconds x the power one busy core adds, plus its idle power x the run's span;
-    None without declared powers for every stage (this machine has no energy sensor)."""
-    if not tokens or not idle_w or not core_w or len(idle_w) != len(stages) or len(core_w) != len(stages) \
-            or None in idle_w or None in core_w:
+def decode_bound_s(stage_decode_s: Sequence[float], bytes_per_token: float, rtt_s: float,
+                   rate_bytes_per_s: float | None) -> float:
+    """The least a decode step can take at a cut: every stage's compute, one round trip, and the
+    bytes that cross (the hidden state up; the token coming back is a few bytes) at the link's rate."""
+    wire_s = bytes_per_token / rate_bytes_per_s if rate_bytes_per_s else 0.0
+    return float(sum(stage_decode_s)) + rtt_s + wire_s
+
+
+def link_figures(link: dict[str, Any]) -> tuple[float, float | None] | None:
+    """A record's link as (round trip: both directions' delays, up rate in bytes/s; None
+    unlimited), or None where the run applied no conditions it knows."""
+    conditions = link.get("conditions") or link.get("conditions_requested") or {}
+    if not conditions:
         return None
-    joules = 0.0
-    for st, idle, core in zip(stages, idle_w, core_w):
-        busy = sum(st.get("compute_prefill_s") or []) + sum(st.get("compute_decode_s") or [])
-        joules += core * busy + idle * span_s
-    return joules / tokens
+    up, down = conditions.get("up") or {}, conditions.get("down") or {}
+    rate = up.get("rate_mbit_per_s")
+    return (float(up.get("delay_ms") or 0) + float(down.get("delay_ms") or 0)) / 1e3, \
+        (float(rate) * 1e6 / 8 if rate else None)
+
+
+def bound_figures(out: dict[str, Any], stages: int, link: dict[str, Any]) -> dict[str, Any]:
+    """Time per token against its physical bound (:func:`decode_bound_s`), where the link is known."""
+    figures = link_figures(link)
+    decode = [out.get(f"stage{j}_decode_compute_median_s") for j in range(1, stages + 1)]
+    if figures is None or out.get("tpot_median_s") is None or None in decode or out.get("bytes_per_token") is None:
+        return {"tpot_bound_s": None, "tpot_over_bound": None}
+    bound = decode_bound_s(decode, out["bytes_per_token"], *figures)
+    return {"tpot_bound_s": bound, "tpot_over_bound": out["tpot_median_s"] / bound if bound > 0 else None}
+
+
+def summarize(batches: Sequence[dict[str, Any]], generation: dict[str, Any],
+              link: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The generation's summary figures from its batch records, its ``generation`` part and its
+    link (the record's manifest's)."""
+    steps = [b for b in batches if not b.get("warmup") and b.get("end_s") is not None and "stream" in b]
+    ttft, tpot = token_times(steps)
+    span = (max(s["end_s"] for s in steps) - min(s["start_s"] for s in steps)) if steps else 0.0
+    streams = len(generation.get("prompt_tokens") or []) or len({s["stream"] for s in steps})
+    out: dict[str, Any] = {
+        "streams": streams, "tokens_generated": len(steps),
+        "ttft_median_s": _median(ttft), "ttft_p90_s": _pct(ttft, 90), "ttft_max_s": max(ttft) if ttft else None,
+        "tpot_median_s": _median(tpot), "tpot_p90_s": _pct(tpot, 90), "tpot_p99_s": _pct(tpot, 99),
+        "tokens_per_s": len(steps) / span if span > 0 else None,
+        "decode_tokens_per_s": len(tpot) / sum(tpot) * max(1, streams) if tpot and sum(tpot) > 0 else None,
+        # A generation's throughput is in tokens: an image's figure does not apply.
+        "throughput_imgs_per_s": None}
+    stages = generation.get("stages") or []
+    for j, part in enumerate(stages, start=1):
+        for phase, prefill in (("prefill", True), ("decode", False)):
+            xs = [s[f"stage{j}_compute_s"] for s in steps if (s["step"] == 0) == prefill
+                  and s.get(f"stage{j}_compute_s") is not None]
+            out[f"stage{j}_{phase}_compute_median_s"] = _median(xs)
+        out[f"stage{j}_kv_bytes"] = (part or {}).get("kv_bytes")
+    for j, (prefill, per_token) in enumerate(hop_bytes(steps, max(1, len(stages) - 1)), start=1):
+        out[f"hop{j}_prefill_bytes"], out[f"hop{j}_bytes_per_token"] = prefill, per_token
+    out["bytes_per_token"], out["prefill_bytes"] = out.get("hop1_bytes_per_token"), out.get("hop1_prefill_bytes")
+    exact = generation.get("exactness") or {}
+    out["token_agreement"] = exact.get("token_agreement")
+    out["max_logit_diff"] = exact.get("max_logit_diff")
+    out.update(bound_figures(out, len(stages), link or {}))
+    return out
+
+
+def per_token_energy(summary: dict[str, Any]) -> None:
+    """A generation's energy per token, in place: each measured step yields one token, so the run's
+    energy per measured item (``energy_*per_image_j``, measured or modelled) is its energy per
+    token, named so (an image's figure does not apply)."""
+    for key in [k for k in summary if "energy" in k and k.endswith("per_image_j")]:
+        summary[key.replace("per_image", "per_token")] = summary.pop(key)

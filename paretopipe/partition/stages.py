@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,6 +59,10 @@ class StageBuilder:
         buffers = sum(b.numel() * b.element_size() for b in stage.buffers())
         return {"param_bytes": params + buffers, "activation_peak_bytes":
                 self.partitioner.activation_peak_nbytes(cuts, index, batch)}
+
+    def stage_memory(self, cfg: Any, index: int) -> dict[str, int]:
+        """What stage ``index`` of a run holds (:meth:`stage_bytes` at the run's batch size)."""
+        return self.stage_bytes(list(cfg.cuts), index, cfg.batch_size)
 
     def stage(self, cuts: list[str], index: int) -> nn.Module:
         key = tuple(cuts)

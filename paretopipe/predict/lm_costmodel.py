@@ -13,7 +13,6 @@ compares them with a sweep's summary. No torch here."""
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 from pathlib import Path
@@ -85,23 +84,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def validate(rows: list[dict[str, Any]], summary_csv: Path) -> dict[str, Any]:
-    """Predicted against measured, per configuration of a sweep's summary.csv: each one's relative
-    errors, and their medians."""
-    with open(summary_csv, newline="") as fh:
-        measured = [r for r in csv.DictReader(fh) if r["status"] == "complete"]
-    by_key = {(r["network"], r["prompt_len"], r["split"]): r for r in rows}
+def validate(rows: list[dict[str, Any]], measured: Any) -> dict[str, Any]:
+    """Predicted against measured, per configuration of a sweep's summary (``Session.configs()``):
+    each one's relative errors, and their medians."""
+    by_key = {(r["network"], int(r["prompt_len"]), str(r["split"])): r for r in rows}
     pairs = []
-    for m in measured:
-        p = by_key.get((m["network"], int(m["prompt_len"]), int(m["split"])))
+    for m in measured.to_dict("records"):
+        if m.get("status") != "complete" or m.get("tpot_median_s") != m.get("tpot_median_s"):
+            continue
+        p = by_key.get((m["network"], int(m.get("prompt_len") or 0), str(m["split_index"])))
         if p is None:
             continue
-        pairs.append({"network": m["network"], "prompt_len": int(m["prompt_len"]), "split": int(m["split"]),
+        pairs.append({"network": m["network"], "prompt_len": int(m["prompt_len"]), "split": p["split"],
                       "ttft_error": p["predicted_ttft_s"] / float(m["ttft_median_s"]) - 1,
                       "tpot_error": p["predicted_tpot_s"] / float(m["tpot_median_s"]) - 1})
     if not pairs:
-        raise UsageError(f"{summary_csv}: no configuration of the session matches the predictions (same model, "
-                         f"networks and prompt lengths?)")
+        raise UsageError("--validate: no configuration of the session matches the predictions (the same model, "
+                         "networks and prompt lengths, two stages?)")
     return {"configurations": len(pairs), "pairs": pairs,
             "ttft_median_abs_error": statistics.median(abs(p["ttft_error"]) for p in pairs),
             "tpot_median_abs_error": statistics.median(abs(p["tpot_error"]) for p in pairs)}

@@ -16,8 +16,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence, TypeVar
 
-from ..argtypes import list_of, nonneg_float, one_of, positive_float, positive_int, watts_per_stage
-from ..llm.shapes import CUT_DTYPES
+from ..argtypes import list_of, nonneg_float, nonneg_int, one_of, positive_float, positive_int, watts_per_stage
 from ..loadgen.settings import (COMPLIANT_MIN_DURATION_S, MODES, SCENARIOS, SHORT_MIN_DURATION_S, SHORT_MIN_QUERIES)
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport.messaging import TRANSPORTS
@@ -84,8 +83,9 @@ LOCAL_PROBABILITY = Option(("--local-probability",), "sciot only: the chance a b
                            "refresh its times (SCIoT's example: 0.1)", nonneg_float)
 POLICY_FLAGS = (EMA_ALPHA, CV_THRESHOLD, VARIANCE_WINDOW, LOCAL_PROBABILITY)
 BATCH_SIZE = Option(("--batch-size",), "images per batch", positive_int, 8)
-WIRE_DTYPE = Option(("--wire-dtype",), "dtype of the activations on the wire", default="float32",
-                    choices=WIRE_DTYPE_NAMES)
+WIRE_DTYPE = Option(("--wire-dtype", "--cut-dtype"), "dtype of what crosses a cut: an image model's activations "
+                    "as float32, float16 or bfloat16; a language model's hidden state also as int8 (one float32 scale "
+                    "per token)", default="float32", choices=WIRE_DTYPE_NAMES)
 COMPRESSION = Option(("--compression",), "codec of the activations on the wire", default="none",
                      choices=COMPRESSIONS)
 RPC_TRANSPORT = Option(("--rpc-transport",), "uv: TCP even on one host; auto: TensorPipe may use shared memory",
@@ -113,8 +113,13 @@ PROMPT_LEN = Option(("--prompt-len",), "a seeded prompt of N tokens per stream (
                     positive_int)
 GEN_TOKENS = Option(("--gen-tokens",), "tokens generated per stream (the prefill gives the first)", positive_int, 16)
 STREAMS = Option(("--streams",), "concurrent sequences in flight (S > 1 fills the pipeline's bubble)", positive_int, 1)
-CUT_DTYPE = Option(("--cut-dtype",), "dtype of the hidden state crossing a cut (int8: one float32 scale per token)",
-                   default="float32", choices=tuple(CUT_DTYPES))
+TEMPERATURE = Option(("--temperature",), "0: greedy; else sampled at this temperature, seeded by (seed, stream, "
+                     "step)", nonneg_float, 0.0)
+TOP_K = Option(("--top-k",), "with --temperature: sample among the k largest (0: all)", nonneg_int, 0)
+CHECK_EXACT = Option(("--check-exact",), "the last stage compares its logits with the unsplit float32 model's after "
+                     "the run (always for a lossy --wire-dtype); it then builds the whole model once")
+#: A generation's settings (a language model's workload): refused for an image model.
+GENERATION_FLAGS = (MODEL_DIR, PROMPT, PROMPT_LEN, GEN_TOKENS, STREAMS, TEMPERATURE, TOP_K)
 # Modelled energy: declared powers, one value per stage (predict, the language-model runs; the sweep's table
 # reads the same texts).
 POWER_IDLE_W = Option(("--power-idle-w",), "watts per stage, e.g. 2.7,45: each device's idle power, for the modelled "
@@ -124,8 +129,9 @@ POWER_CORE_W = Option(("--power-core-w",), "watts per stage, e.g. 0.9,15: what o
 # The language-model sweep's dimensions: the same flags as a comma list, each value a configuration.
 PROMPT_LENS = Option(("--prompt-len",), "seeded prompt lengths, a comma list (128,1024)",
                      list_of(positive_int, "positive_int_list"), [16])
-CUT_DTYPES_LIST = Option(("--cut-dtype",), f"a comma list of {', '.join(CUT_DTYPES)}: each a configuration of its own",
-                         list_of(one_of(tuple(CUT_DTYPES)), "cut_dtype_list"), ["float32"])
+WIRE_DTYPES_LIST = Option(WIRE_DTYPE.flags, f"a comma list of {', '.join(WIRE_DTYPE_NAMES)}, each a configuration of "
+                          f"its own (int8: a language model's hidden state only)",
+                          list_of(one_of(WIRE_DTYPE_NAMES), "wire_dtype_list"), ["float32"])
 
 # MLPerf LoadGen scenarios (paretopipe.loadgen): the data source runs LoadGen over the pipeline.
 SCENARIO = Option(("--scenario",), "MLPerf LoadGen scenario driving the pipeline from stage 1: singlestream (one "
@@ -231,6 +237,7 @@ class ModelProcess(CommandLine):
     builds, its weights, and where and on how many threads it computes."""
 
     model: str = option(MODEL, required=True)
+    model_dir: str | None = option(MODEL_DIR)
     num_classes: int = option(NUM_CLASSES)
     weights: str | None = option(WEIGHTS)
     models_dir: str | None = option(MODELS_DIR)

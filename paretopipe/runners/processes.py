@@ -37,6 +37,7 @@ class Placement:
     wait_time: float = 120.0
     num_classes: int = DEFAULT_NUM_CLASSES
     weights: str | None = None
+    model_dir: str | None = None        # a language model's folder (on every host)
     encrypt: str = "none"               # the TCP data port's cipher choice (transport.aead)
     transport: str = "tcp"              # the data port's protocol (transport.messaging)
     mqtt: list[dict[str, Any]] | None = None  # per stage: its broker settings (MqttSettings fields)
@@ -99,7 +100,8 @@ class TcpStages:
     def _spawn_stage(self, j: int, host: Host | None) -> StageProcess:
         p = self.p
         local = host is None
-        args = WorkerOptions(role="stage1" if j == 0 else "stage2", model=self.model, num_classes=p.num_classes,
+        args = WorkerOptions(role="stage1" if j == 0 else "stage2", model=self.model, model_dir=p.model_dir,
+                             num_classes=p.num_classes,
                              weights=p.weights, device=p.device_for(j, host), threads=p.threads_for(j, self.stages),
                              cpus=p.local_cpus(j, self.stages) if local else None,
                              cpu_share=p.cpu_shares[j] if local and j < len(p.cpu_shares) else None).to_argv()
@@ -193,22 +195,21 @@ class RpcRanks:
         remote = self.stage_hosts[0] is not None
         addr = self.stage_hosts[0].address if remote else "127.0.0.1"
         port = tb.rpc_port if remote else _free_port()
+        devices = ",".join(p.device_for(stage, host) for host, stage in map(self._rank_host, range(self.world)))
         for rank in range(self.world):
             host, stage = self._rank_host(rank)
             args = RankOptions(rank=rank, world_size=self.world, master_addr=addr, master_port=port, model=self.model,
-                               num_classes=p.num_classes, weights=p.weights, device=p.device_for(stage, host),
-                               threads=p.threads_for(stage, self.stages), transport=self.transport,
-                               join_timeout=max(self.timeout, p.wait_time), source=self.source).to_argv()
+                               model_dir=p.model_dir, num_classes=p.num_classes, weights=p.weights,
+                               device=p.device_for(stage, host), threads=p.threads_for(stage, self.stages),
+                               transport=self.transport, join_timeout=max(self.timeout, p.wait_time),
+                               source=self.source, rank_devices=devices).to_argv()
             env = None
             if host is not None and (host.iface or tb.iface):
                 iface = host.iface or tb.iface
                 env = {"TP_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
             self.procs.append(_spawn("rpc master" if rank == 0 else f"rpc rank {rank}", RANKS, args, host, env))
         infos = [proc.ready(p.wait_time) for proc in self.procs]
-        prints = {i["fingerprint"] for i in infos}
-        if len(prints) != 1:
-            raise PeerError(f"the ranks build different weights for {self.model} ({', '.join(sorted(prints))}): "
-                            f"check torch versions and models/*.pth (paretopipe doctor)")
+        # The master builds every other rank's stage there and checks its weights before it joins.
         self.procs[0].expect("joined", timeout=p.wait_time)
         self.info = {**infos[0], "world_size": self.world, "stage_ranks": self.layout,
                      "limits": {f"stage{j + 1}": infos[r].get("limits") for j, r in enumerate(self.layout)},

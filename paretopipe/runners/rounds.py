@@ -66,7 +66,7 @@ class ConfigProgress:
 
     def add(self, summary: dict[str, Any]) -> None:
         self.latencies.append(summary.get("latency_median_s"))
-        self.throughputs.append(summary.get("throughput_imgs_per_s"))
+        self.throughputs.append(records.throughput_of(summary))
 
     def decide(self, min_runs: int, precision: float | None, max_runs: int) -> str | None:
         """After a round: ``precise`` once both CIs are within ±precision (with at least
@@ -139,7 +139,7 @@ class DriftMonitor:
         return self.enabled and network not in self.baselines
 
     def set_baseline(self, network: str, summaries: Sequence[dict[str, Any]], now: float) -> None:
-        thr = sorted(s["throughput_imgs_per_s"] for s in summaries)
+        thr = sorted(records.throughput_of(s) for s in summaries)
         mid = statistics.median(thr)
         self.baselines[network] = (mid, (thr[-1] - thr[0]) / mid)
         self.last_check = now
@@ -153,12 +153,12 @@ class DriftMonitor:
 
     def suspect(self, network: str, summary: dict[str, Any]) -> bool:
         """Whether one reference run is off its baseline by more than the threshold (to be confirmed)."""
-        return self._change(network, summary["throughput_imgs_per_s"]) > self.threshold(network)
+        return self._change(network, records.throughput_of(summary)) > self.threshold(network)
 
     def check(self, network: str, summaries: Sequence[dict[str, Any]], now: float) -> DriftCheck:
         """Judge the reference's runs at this check (their median) against the baseline."""
         thr0, noise = self.baselines[network]
-        thr = statistics.median(s["throughput_imgs_per_s"] for s in summaries)
+        thr = statistics.median(records.throughput_of(s) for s in summaries)
         latency = statistics.median(s["latency_median_s"] for s in summaries)
         change = self._change(network, thr)
         threshold = self.threshold(network)

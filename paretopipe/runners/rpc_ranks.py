@@ -22,7 +22,9 @@ from typing import Any, Callable, Sequence
 from ..errors import ParetoPipeError, PeerError
 from . import flags
 from .commands import RunCommand, emit, serve_commands
+from .worker import model_report
 from .flags import ModelProcess
+from ..network import deadlines
 from ..network.conditions import NetworkConditions
 from ..transport.runconfig import RunConfig
 
@@ -43,6 +45,19 @@ class RankOptions(ModelProcess):
     #: Seconds for every rank to start, build its model and join: start-up, not the link, so not --timeout.
     join_timeout: float = 60.0
     source: str = flags.option(flags.RPC_SOURCE)
+    #: The master builds every other rank's stage there: the device of each rank's, comma-separated
+    #: (``cpu,cpu,cuda``; unset: the master's own device for every rank).
+    rank_devices: str | None = None
+
+    def spec_of(self, rank: int) -> Any:
+        """What rank ``rank`` builds when the master asks it to: this model, on that rank's device."""
+        # lazy for start-up: torch
+        from ..transport.rpc import StageSpec
+
+        devices = self.rank_devices.split(",") if self.rank_devices else []
+        return StageSpec(model=self.model, model_dir=self.model_dir, num_classes=self.num_classes,
+                         weights=self.weights, models_dir=self.models_dir,
+                         device=devices[rank] if rank < len(devices) else self.device)
 
 
 def watchdog(seconds: float, what: str, procs: Sequence[subprocess.Popen] = ()) -> threading.Timer:
@@ -87,45 +102,39 @@ def spawn_local(opts: RankOptions) -> list[subprocess.Popen]:
     return procs
 
 
-def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = None,
+def serve_rank(opts: RankOptions, one_run: Callable[[Any, Any, dict], int] | None = None,
                procs: Sequence[subprocess.Popen] = ()) -> int:
-    """Be rank ``opts.rank``. Rank 0 then takes ``run`` commands on stdin until ``quit``, or calls
-    ``one_run(builder, transport)`` once (the command-line face) and returns its status."""
+    """Be rank ``opts.rank``. Every rank but the master joins and serves what the master builds on
+    it until the master shuts the group down. The master builds its own model, builds every other
+    rank's stage there and checks them, then takes ``run`` commands on stdin until ``quit``, or
+    calls ``one_run(builder, group, transport)`` once (the command-line face) and returns its status."""
     import warnings
 
     # lazy for start-up: torch
-    from ..partition.tables import fine_cut_table
-    # lazy for start-up: torch
-    from ..partition.stages import StageBuilder, apply_cpu_limits
+    from ..partition.stages import apply_cpu_limits
     # lazy for start-up: torch
     from ..transport import rpc as backend
 
     # torch's own deprecation notice from inside rpc.shutdown, on every rank: not ours to act on.
     warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
     limits = apply_cpu_limits(opts.cpus, opts.threads)
-    builder = StageBuilder(opts.model, opts.num_classes, opts.weights, opts.models_dir, opts.device)
-    backend.set_builder(builder, opts.rank)
-    part = builder.partitioner
+    builder = _master_model(opts) if opts.rank == 0 else None
     if one_run is None:
-        emit({"event": "ready", "pid": os.getpid(), "rank": opts.rank, "model": builder.name,
-              "fingerprint": builder.fingerprint, "num_blocks": part.num_blocks,
-              "block_cuts": part.block_cuts(), "fine_cuts": fine_cut_table(part), "limits": limits})
-    what = (f"rank {opts.rank} could not join the master at {opts.master_addr}:{opts.master_port}" if opts.rank else
-            f"not all {opts.world_size} ranks joined at {opts.master_addr}:{opts.master_port} (start every rank "
-            f"with the same MASTER_ADDR/MASTER_PORT)")
-    dog = watchdog(opts.join_timeout, what, procs)
-    transport = backend.init(opts.rank, opts.world_size, opts.master_addr, opts.master_port, opts.transport,
-                             opts.rpc_threads, opts.join_timeout)
-    dog.cancel()
+        emit({"event": "ready", "pid": os.getpid(), "rank": opts.rank, "limits": limits,
+              **(model_report(builder) if builder is not None else {})})
+    transport = _join(opts, procs)
     if opts.rank != 0:
         backend.rpc.shutdown()  # serves the master's calls until it shuts the group down
         return 0
+    group = backend.RankGroup({r: opts.spec_of(r) for r in range(1, opts.world_size)},
+                              max(opts.join_timeout, deadlines.BASE_S))
+    group.check(builder)
     if one_run is not None:
-        return one_run(builder, transport)
+        return one_run(builder, group, transport)
     emit({"event": "joined"})
 
     def run(cmd: RunCommand) -> None:
-        record = run_config(builder, transport, cmd, limits)
+        record = run_config(builder, group, transport, cmd, limits)
         emit({"event": "done", "status": record["status"], "record": record})
         if record["status"] != "complete":
             hard_exit([], 1)  # a rank is gone or stuck: the group cannot be reused
@@ -136,13 +145,37 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, dict], int] | None = N
     return 0
 
 
-def run_config(builder, transport: dict, cmd: RunCommand, limits: dict[str, Any]) -> dict[str, Any]:
+def _master_model(opts: RankOptions) -> Any:
+    """The master's own model (its cuts and, with the data at stage 1, its stage)."""
+    # lazy for start-up: torch, transformers
+    from ..transport.stagemodel import stage_builder
+
+    return stage_builder(opts.model, num_classes=opts.num_classes, weights=opts.weights, models_dir=opts.models_dir,
+                         device=opts.device, model_dir=opts.model_dir)
+
+
+def _join(opts: RankOptions, procs: Sequence[subprocess.Popen]) -> dict[str, Any]:
+    """Join the group within the join timeout (a rank that cannot join blocks inside the agent)."""
+    # lazy for start-up: torch
+    from ..transport import rpc as backend
+
+    what = (f"rank {opts.rank} could not join the master at {opts.master_addr}:{opts.master_port}" if opts.rank else
+            f"not all {opts.world_size} ranks joined at {opts.master_addr}:{opts.master_port} (start every rank "
+            f"with the same MASTER_ADDR/MASTER_PORT)")
+    dog = watchdog(opts.join_timeout, what, procs)
+    transport = backend.init(opts.rank, opts.world_size, opts.master_addr, opts.master_port, opts.transport,
+                             opts.rpc_threads, opts.join_timeout)
+    dog.cancel()
+    return transport
+
+
+def run_config(builder: Any, group: Any, transport: dict, cmd: RunCommand, limits: dict[str, Any]) -> dict[str, Any]:
     # lazy for start-up: torch
     from ..transport import rpc as backend
     cfg = RunConfig.from_dict(cmd.config)
     conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
     source = cfg.rpc.source if cfg.rpc else "master"
-    record, _ = backend.run_master(cfg, builder, source=source, conditions=conditions, transport=transport,
+    record, _ = backend.run_master(cfg, builder, group, source=source, conditions=conditions, transport=transport,
                                    limits=limits, observed_link=cmd.observed_link)
     return record
 

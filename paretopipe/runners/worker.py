@@ -128,6 +128,20 @@ class WorkerOptions(ModelProcess):
     cpu_share: float | None = flags.option(flags.CPU_SHARE)
 
 
+def model_report(builder: Any) -> dict[str, Any]:
+    """What a stage process reports of the model it built (a group's :class:`GroupInfo`): its name
+    and weights, its cuts and the bytes per image (a language model: per token) that cross each, its
+    fine cuts (an image model's)."""
+    # lazy for start-up: torch
+    from ..partition.tables import fine_cut_table
+
+    part = builder.partitioner
+    cuts = part.block_cuts()
+    return {"model": builder.name, "fingerprint": builder.fingerprint, "num_blocks": part.num_blocks,
+            "block_cuts": cuts, "payload_bytes_per_image": [part.payload_nbytes(c, 1) for c in cuts],
+            "fine_cuts": fine_cut_table(part)}
+
+
 def serve_forever(worker: StageWorker) -> None:
     if serve_commands(COMMANDS[worker.role], worker.handle, worker.role):
         worker.close()
@@ -141,24 +155,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     share = None
     try:
         # lazy for start-up: torch
-        from ..partition.tables import fine_cut_table
-        # lazy for start-up: torch
-        from ..partition.stages import StageBuilder, apply_cpu_limits
+        from ..partition.stages import apply_cpu_limits
+        # lazy for start-up: torch, transformers
+        from ..transport.stagemodel import stage_builder
 
         limits = apply_cpu_limits(args.cpus, args.threads)
-        builder = StageBuilder(args.model, args.num_classes, args.weights, args.models_dir, args.device)
+        builder = stage_builder(args.model, num_classes=args.num_classes, weights=args.weights,
+                                models_dir=args.models_dir, device=args.device, model_dir=args.model_dir)
         if args.cpu_share is not None:
             share = cpushare.limit_compute(os.getpid(), args.cpu_share, args.role)
             limits.update(share)
     except ParetoPipeError as exc:
         emit({"event": "error", "error": str(exc)})
         return exc.exit_code
-    part = builder.partitioner
-    cuts = part.block_cuts()
-    emit({"event": "ready", "pid": os.getpid(), "model": builder.name, "fingerprint": builder.fingerprint,
-           "num_blocks": part.num_blocks, "block_cuts": cuts,
-           "payload_bytes_per_image": [part.payload_nbytes(c, 1) for c in cuts], "fine_cuts": fine_cut_table(part),
-           "limits": limits})
+    emit({"event": "ready", "pid": os.getpid(), **model_report(builder), "limits": limits})
     worker = StageWorker(args.role, builder, limits)
     try:
         serve_forever(worker)

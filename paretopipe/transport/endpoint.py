@@ -1,5 +1,8 @@
 """The data source's endpoint, shared by both backends: it loads the inputs, keeps the window and
-stamps each batch on its own clock; a backend adds how its first part is computed and sent."""
+stamps each batch on its own clock; a backend adds how its first part is computed and sent.
+
+The inputs are a workload's: image batches (a dataset, or LoadGen's queries), or a language
+model's prompts and the tokens fed back (:class:`~paretopipe.transport.generation.PromptFeed`)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from .runconfig import RunConfig
 from .bookkeeping import BatchBook
 
 if TYPE_CHECKING:
+    from .generation import PromptFeed
     from .loadgen.harness import Harness
 
 
@@ -19,19 +23,27 @@ class SourceEndpoint:
     """The ``load``, ``admit`` and ``drain`` of :func:`pipeline.source_actions`; subclasses define
     ``compute`` and ``send``, and ``check`` (raises when a peer or a sender failed)."""
 
-    def __init__(self, cfg: RunConfig, input_size: int, book: BatchBook, drain_limit_s: float) -> None:
+    def __init__(self, cfg: RunConfig, builder: Any, book: BatchBook, drain_limit_s: float) -> None:
         self.cfg, self.book, self.drain_limit_s = cfg, book, drain_limit_s
-        self.input_size = input_size
+        self.input_size = builder.input_size
         self._batches: Iterator[torch.Tensor] | None = None
         self.x: torch.Tensor | None = None  # the batch between load and send
         self.rec: dict[str, Any] = {}  # its record, filled as it goes
+        # A generation: the prompts, the tokens fed back, and the step between load and send.
+        self.feed: PromptFeed | None = None
+        self.step: tuple[int, int] = (0, 0)  # (stream, start)
+        if cfg.generation is not None:
+            # lazy for start-up: transformers (a language model's run only)
+            from .generation import PromptFeed
+
+            self.feed = PromptFeed(builder, cfg)
         # A LoadGen scenario: the batches are LoadGen's queries, as many as it issues.
         self.harness: Harness | None = None
         if cfg.loadgen is not None:
             # lazy for start-up: mlperf_loadgen (only a scenario's run loads LoadGen)
             from .loadgen.harness import Harness
 
-            self.harness = Harness(cfg, input_size, book)
+            self.harness = Harness(cfg, self.input_size, book)
             book.on_complete = self.harness.feed.complete
 
     def check(self) -> None:
@@ -43,11 +55,21 @@ class SourceEndpoint:
 
     def actions(self) -> Iterable[pipeline.Action]:
         """The schedule this endpoint runs (a backend may settle each batch before the next)."""
+        if self.feed is not None:
+            return self.feed.actions()
         if self.harness is not None:
             return pipeline.open_source_actions(lambda: self.harness.feed.more(self._check_waiting))
         return pipeline.source_actions(self.book.total)
 
+    def feedback(self, seq: int) -> None:
+        """A generation's step waits for the token it feeds on (a dead peer or a stalled run ends it)."""
+        self.feed.wait_for(seq, self._check_waiting, self.cfg.timeout_s)
+
     def load(self, seq: int) -> None:
+        if self.feed is not None:
+            stream, start, self.x = self.feed.load(seq)
+            self.step = (stream, start)
+            return
         if self.harness is not None:
             self.x = self.harness.feed.load(seq)
             return
@@ -65,9 +87,16 @@ class SourceEndpoint:
         """A LoadGen batch's size, which varies (a record's batches are otherwise all one size)."""
         return {"images": int(self.x.shape[0])} if self.harness is not None else {}
 
+    def workload_fields(self, seq: int) -> dict[str, Any]:
+        """What a batch's record says of it beyond the window: a LoadGen query's size, a
+        generation step's stream, step and position."""
+        if self.feed is not None:
+            return self.feed.fields(seq, self.step[1])
+        return self.loadgen_fields()
+
     def admit(self, seq: int) -> None:
         self.book.acquire(self.check)
-        self.rec = self.book.start(seq, **self.start_fields(self.x), **self.loadgen_fields())
+        self.rec = self.book.start(seq, **self.start_fields(self.x), **self.workload_fields(seq))
 
     def drain(self, _: None) -> None:
         if self.harness is not None:
@@ -81,6 +110,9 @@ class SourceEndpoint:
         cfg = self.cfg
         if self.harness is not None:
             self._run_loadgen()
+            return
+        if self.feed is not None:
+            pipeline.drive(self.actions(), self)
             return
         self._batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.input_size, self.book.total,
                                               cfg.data_dir, cfg.seed, cfg.prefetch_batches)

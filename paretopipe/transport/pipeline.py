@@ -7,6 +7,12 @@ action to the endpoint that owns the buffers and the link. Every backend's data 
 stage 1, the RPC master) and every later TCP stage (a middle stage forwards, the last returns
 the result) runs through :func:`drive`.
 
+A language model's generation is the same pipeline with a feedback edge: each step of a stream
+(one batch) takes the token its previous step produced. Its schedule is
+:func:`generation_actions`: before a step's ``load``, ``feedback`` waits for the result of the
+step it feeds on (the last stage's token, back at the source). Every stream's step t goes before
+any stream's step t + 1, so with S streams S steps are in flight, one per stream.
+
 The data source's actions per batch are ``load`` (the next input), ``admit`` (wait for a slot in
 the window of ``in_flight`` batches, then stamp the batch's start on the source's clock),
 ``compute`` (its own part) and ``send``; a guarded run (a deadline, or an adaptive split) then
@@ -22,9 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
-OPS = ("load", "admit", "compute", "send", "settle", "drain", "recv")
+OPS = ("load", "admit", "compute", "send", "settle", "drain", "recv", "feedback")
 #: What an endpoint's ``recv`` returns when its upstream has finished the run (no more batches).
 STOP = object()
 
@@ -59,6 +65,47 @@ def open_source_actions(more: Callable[[], bool]) -> Iterator[Action]:
             break
         yield from (Action(op, seq) for op in ("load", "admit", "compute", "send"))
     yield Action("drain")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationStep:
+    """One batch of a generation: step ``step`` of stream ``stream``, whose input is the token of
+    batch ``feeds_on`` (None: the stream's prompt, its prefill)."""
+
+    stream: int
+    step: int
+    feeds_on: int | None
+
+
+def generation_steps(streams: int, gen_tokens: int, warmup_streams: int = 0,
+                     warmup_tokens: int = 2) -> list[GenerationStep]:
+    """A generation's batches in schedule order: the warm-up streams first, one after another
+    (numbered after the measured ones), then the measured streams step by step."""
+    out: list[GenerationStep] = []
+    last: dict[int, int] = {}
+
+    def add(stream: int, step: int) -> None:
+        out.append(GenerationStep(stream, step, last.get(stream)))
+        last[stream] = len(out) - 1
+
+    for w in range(warmup_streams):
+        for t in range(warmup_tokens):
+            add(streams + w, t)
+    for t in range(gen_tokens):
+        for s in range(streams):
+            add(s, t)
+    return out
+
+
+def generation_actions(steps: Sequence[GenerationStep]) -> list[Action]:
+    """The data source's schedule of a generation: a step that feeds on an earlier one's token
+    waits for it (``feedback``) before its ``load``; then as any batch; ``drain`` at the end."""
+    out: list[Action] = []
+    for seq, step in enumerate(steps):
+        if step.feeds_on is not None:
+            out.append(Action("feedback", seq))
+        out += [Action(op, seq) for op in ("load", "admit", "compute", "send")]
+    return out + [Action("drain")]
 
 
 def stage_actions(total: int | None) -> Iterable[Action]:

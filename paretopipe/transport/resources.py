@@ -124,5 +124,5 @@ class ResourceMeter:
 def stage_meter(builder: Any, cfg: Any, index: int) -> ResourceMeter:
     """The meter of stage ``index`` (0-based) of a run: its bytes and its memory limit from ``cfg``."""
     limits = cfg.memory_limits or []
-    return ResourceMeter(builder.device, cfg.energy_rate_hz, builder.stage_bytes(cfg.cuts, index, cfg.batch_size),
+    return ResourceMeter(builder.device, cfg.energy_rate_hz, builder.stage_memory(cfg, index),
                          limits[index] if index < len(limits) else None)

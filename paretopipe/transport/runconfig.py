@@ -21,7 +21,9 @@ LINK_MODES = ("none", "emulated", "tc")
 #: How activations may travel (``wire`` holds their codes and torch dtypes): named here, torch-free,
 #: so a command can list them in its --help without importing torch.
 COMPRESSIONS = ("none", "zstd", "lz4")
-WIRE_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+WIRE_DTYPE_NAMES = ("float32", "float16", "bfloat16", "int8")
+#: What an image's activations may be sent as (int8 with its scales is a hidden state's, for now).
+IMAGE_WIRE_DTYPES = ("float32", "float16", "bfloat16")
 #: The largest frame payload a stage accepts by default (``--max-payload``).
 DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 OBJECTIVES = ("latency", "throughput")
@@ -29,6 +31,56 @@ OBJECTIVES = ("latency", "throughput")
 LABELLED_DATASETS = ("imagefolder", "cifar10")
 #: The energy sampler's fastest rate: sensors update at 10-100 Hz (a Pi 5's PMIC read takes ms).
 MAX_ENERGY_RATE_HZ = 1000.0
+
+
+#: A generation's warm-up: each warm-up stream generates this many tokens from its prompt's first
+#: WARMUP_PROMPT_TOKENS, so every stage's first calls (prefill and decode) are paid before the measured streams.
+WARMUP_TOKENS = 2
+WARMUP_PROMPT_TOKENS = 8
+DEFAULT_PROMPT_LEN = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """A language model's workload: every stream's prompt (a seeded one of ``prompt_len`` tokens,
+    or the same ``prompt`` text for every stream), then ``gen_tokens`` tokens one at a time, the
+    last stage's token fed back to stage 1 (greedy, or sampled at ``temperature`` among the
+    ``top_k`` largest, seeded). ``streams`` sequences are in flight at once. ``warmup_streams``
+    short generations run first, unmeasured. With ``check_exact`` (always for a lossy wire dtype)
+    the last stage compares its logits with the unsplit float32 model's after the run."""
+
+    gen_tokens: int = 16
+    streams: int = 1
+    prompt_len: int | None = None
+    prompt: str | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    check_exact: bool = False
+    warmup_streams: int = 1
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None and self.prompt_len is not None:
+            raise UsageError("give --prompt TEXT or --prompt-len N, not both")
+        if self.prompt is None and self.prompt_len is None:
+            object.__setattr__(self, "prompt_len", DEFAULT_PROMPT_LEN)
+        for name in ("gen_tokens", "streams"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
+        if self.prompt_len is not None and self.prompt_len < 1:
+            raise UsageError(f"--prompt-len {self.prompt_len}: must be at least 1")
+        if not self.temperature >= 0:
+            raise UsageError(f"--temperature {self.temperature:g}: 0 (greedy) or more")
+        if self.top_k < 0 or self.warmup_streams < 0:
+            raise UsageError("--top-k and the warm-up streams must be 0 or more")
+
+    @property
+    def steps(self) -> int:
+        """The measured steps (one token each): every stream's prefill and decode steps."""
+        return self.streams * self.gen_tokens
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.warmup_streams * WARMUP_TOKENS
 
 
 RPC_TRANSPORTS = ("uv", "auto")
@@ -139,8 +191,15 @@ class RunConfig:
     # An MLPerf LoadGen scenario drives the run (paretopipe.loadgen): the batches are its queries,
     # as many as it issues; num_batches is then unused.
     loadgen: LoadgenOptions | None = None
+    # A language model's generation (the workload's other kind): its steps are the run's batches.
+    generation: Generation | None = None
 
     def __post_init__(self) -> None:
+        if self.generation is not None:
+            self._derive_generation()
+        elif self.wire_dtype not in IMAGE_WIRE_DTYPES:
+            raise UsageError(f"--wire-dtype {self.wire_dtype}: an image model's activations travel as "
+                             f"{', '.join(IMAGE_WIRE_DTYPES)} (int8 is a language model's hidden state)")
         for name in ("batch_size", "in_flight"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
@@ -197,6 +256,21 @@ class RunConfig:
             raise UsageError(f"--loadgen-mode accuracy needs labelled inputs: give --dataset imagefolder:PATH or "
                              f"cifar10:PATH, not {self.dataset}")
         check_dataset(self.dataset)
+
+    def _derive_generation(self) -> None:
+        """A generation's batches are its steps, one token of one stream each: the batch size, the
+        window, the measured and warm-up batches follow from it (set once here, never patched)."""
+        g = self.generation
+        if self.adaptive or self.loadgen is not None or self.deadline_s is not None or self.dataset != "synthetic":
+            what = ("--split " + str(self.split_index) if self.adaptive else "--scenario" if self.loadgen
+                    else "--deadline-ms" if self.deadline_s is not None else f"--dataset {self.dataset}")
+            raise UsageError(f"{what} applies to an image model's batches; a language model runs a static split "
+                             f"over its prompts")
+        for name, value in (("batch_size", 1), ("in_flight", g.streams), ("num_batches", g.steps),
+                            ("warmup", g.warmup_steps)):
+            object.__setattr__(self, name, value)
+        if self.wire_dtype != "float32" and not g.check_exact:
+            object.__setattr__(self, "generation", dataclasses.replace(g, check_exact=True))
 
     @property
     def adaptive(self) -> bool:

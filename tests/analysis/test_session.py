@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from paretopipe import records
-from paretopipe.analysis.session import (CONFIG_KEY, ConfigKey, Session, config_key, find_session, panel_names,
-                                         run_key)
+from paretopipe.analysis.keys import CONFIG_KEY, ConfigKey, config_key, panel_names, run_key
+from paretopipe.analysis.session import Session, find_session
 from paretopipe.errors import UsageError
 
 
@@ -33,8 +33,8 @@ def test_consolidation_from_records_and_truncated_ones_are_skipped(tmp_path):
     assert rows[0]["config_key"] == "mobilenet_v2_tcp_lan_k00" and rows[0]["json"].startswith("runs/")
     configs = s.configs()
     assert list(configs[CONFIG_KEY].itertuples(index=False, name=None)) == [
-        ("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, 0, "float32/none", 1, "closed"),
-        ("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, 3, "float32/none", 1, "closed")]
+        ("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, 0, "float32/none", 1, "closed", 0),
+        ("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, 3, "float32/none", 1, "closed", 0)]
     assert configs["runs"].tolist() == [2, 2]
     assert configs.loc[0, "latency_median_s"] == pytest.approx(0.205)
     assert s.completed("mobilenet_v2_tcp_lan_k03_r1") and not s.completed("nope")
@@ -67,7 +67,8 @@ def test_meta_round_trip_and_bad_folders(tmp_path):
 def test_sessions_under_is_the_one_newest_session_rule(tmp_path):
     import os
 
-    from paretopipe.analysis.session import CONSOLIDATED, sessions_under, split_label
+    from paretopipe.analysis.keys import split_label
+    from paretopipe.analysis.session import CONSOLIDATED, sessions_under
 
     for i, name in enumerate(["b-older", "a-newer", CONSOLIDATED]):
         (tmp_path / name).mkdir()
@@ -115,7 +116,7 @@ def test_summarize_runs_gives_the_hand_computed_median_p95_and_log_t_interval():
     their standard deviation ln 2, and the 95% interval of the median is 0.2 * exp(-+ t ln 2 / sqrt 3)."""
     import math
 
-    from paretopipe.analysis.session import summarize_runs
+    from paretopipe.analysis.summarize import summarize_runs
 
     rows = [_row(3, r, lat, tp) for r, (lat, tp) in enumerate([(0.1, 40.0), (0.2, 20.0), (0.4, 10.0)])]
     rows.append(_row(5, 0, 9.0, 0.1, status="infeasible"))
@@ -143,7 +144,7 @@ def test_median_ci_by_hand_for_one_run_and_for_values_without_logs():
 def test_one_config_key_type_keys_the_tables_the_file_names_and_the_stopping_rules(tmp_path):
     key = ConfigKey("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, "3")
     assert CONFIG_KEY == ["model", "backend", "cipher", "transport", "network", "batch_size", "split_index", "codec",
-                          "in_flight", "scenario"]
+                          "in_flight", "scenario", "prompt_len"]
     assert key.split_index == 3 and key == ConfigKey.of({**dict(zip(CONFIG_KEY, key.__dict__.values())), "x": 1})
     assert key.text == config_key("mobilenet_v2", "tcp", "lan", 3) == "mobilenet_v2_tcp_lan_k03"
     assert ConfigKey("resnet18", "tcp", "aesgcm", "tcp", "lte", 8, (3, 9)).text == "resnet18_tcp_lte_k3-9_aesgcm"

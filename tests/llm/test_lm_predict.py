@@ -4,7 +4,6 @@ with a sweep's measurements."""
 
 from __future__ import annotations
 
-import csv
 import json
 
 import pytest
@@ -46,16 +45,14 @@ def test_a_profile_of_another_model_is_refused():
         lm_costmodel.predict(SHAPE, [_profile(1, 1, "smollm2-135m"), _profile(1, 1)], None, 16)
 
 
-def test_validate_pairs_each_measured_configuration(tmp_path):
+def test_validate_pairs_each_measured_configuration():
+    import pandas as pd
+
     rows = lm_costmodel.predict(SHAPE, [_profile(0.001, 0.001), _profile(0.001, 0.001)], None, 16)
-    path = tmp_path / "summary.csv"
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, ["network", "prompt_len", "split", "status", "ttft_median_s", "tpot_median_s"])
-        w.writeheader()
-        for r in rows[:3]:
-            w.writerow({"network": "unshaped", "prompt_len": 16, "split": r["split"], "status": "complete",
-                        "ttft_median_s": r["predicted_ttft_s"] * 2, "tpot_median_s": r["predicted_tpot_s"]})
-    check = lm_costmodel.validate(rows, path)
+    measured = pd.DataFrame([{"network": "unshaped", "prompt_len": 16, "split_index": str(r["split"]),
+                              "status": "complete", "ttft_median_s": r["predicted_ttft_s"] * 2,
+                              "tpot_median_s": r["predicted_tpot_s"]} for r in rows[:3]])
+    check = lm_costmodel.validate(rows, measured)
     assert check["configurations"] == 3 and check["ttft_median_abs_error"] == pytest.approx(0.5)
     assert check["tpot_median_abs_error"] == pytest.approx(0.0)
 

@@ -8,8 +8,8 @@ import pytest
 from paretopipe.errors import UsageError
 from paretopipe.runners import rounds
 from paretopipe.runners.sweep import SweepOptions
-from paretopipe.runners.sweep.group import GroupProgress
-from paretopipe.runners.sweep.plan import (PlannedRun, describe_plan, group_name, plan_runs, round_plan, segments,
+from paretopipe.runners.sweep.group import GroupPass, GroupProgress
+from paretopipe.runners.sweep.plan import (PlannedRun, describe_plan, plan_runs, round_plan, segments,
                                            splits_for, worker_groups)
 from paretopipe.splits import Split
 
@@ -36,8 +36,7 @@ def test_splits_are_blocks_then_cuts_then_adaptive_and_plans_stand_alone():
 def test_runs_are_every_group_network_split_and_repetition_in_seeded_rounds():
     opts = SweepOptions(models=["m"], splits="1,2", networks=["lan", "lte"], backends=["tcp", "rpc"],
                         ciphers=["none", "chacha20-poly1305"], runs=2, seed=5)
-    assert worker_groups(opts) == [("tcp", "none", "tcp", "closed"), ("tcp", "chacha20-poly1305", "tcp", "closed"),
-                                   ("rpc", "none", "tcp", "closed")]
+    assert worker_groups(opts) == [GroupPass("tcp"), GroupPass("tcp", "chacha20-poly1305"), GroupPass("rpc")]
     runs = plan_runs(opts, {"m": 4})
     assert len(runs) == 3 * 2 * 2 * 2
     first = [r for r in runs if (r.backend, r.cipher) == ("tcp", "none")]
@@ -45,15 +44,19 @@ def test_runs_are_every_group_network_split_and_repetition_in_seeded_rounds():
     # round r is round_order's permutation of every configuration, all at repetition r
     assert first[:4] == [PlannedRun("m", "tcp", n, k, 0) for n, k in rounds.round_order(configs, 5, "m/tcp", 0, False)]
     assert {r.run for r in first[4:]} == {1} and plan_runs(opts, {"m": 4}) == runs
-    assert group_name("m", "tcp", "chacha20-poly1305") == "m/tcp/chacha20-poly1305" and group_name("m", "rpc", "none") == "m/rpc"
+    assert GroupPass("tcp", "chacha20-poly1305").name("m") == "m/tcp/chacha20-poly1305" and GroupPass("rpc").name("m") == "m/rpc"
     # Transports: a group each, for the TCP backend only; a raw-TCP group keeps its old name and order.
     carried = SweepOptions(models=["m"], backends=["tcp", "rpc"], transports=["tcp", "mqtt"])
-    assert worker_groups(carried) == [("tcp", "none", "tcp", "closed"), ("tcp", "none", "mqtt", "closed"),
-                                      ("rpc", "none", "tcp", "closed")]
+    assert worker_groups(carried) == [GroupPass("tcp", "none", "tcp"), GroupPass("tcp", "none", "mqtt"), GroupPass("rpc")]
     loaded = SweepOptions(models=["m"], backends=["tcp"], scenarios=["closed", "server"])
-    assert worker_groups(loaded) == [("tcp", "none", "tcp", "closed"), ("tcp", "none", "tcp", "server")]
-    assert group_name("m", "tcp", "none", "tcp", "server") == "m/tcp/server"
-    assert group_name("m", "tcp", "none", "mqtt") == "m/tcp/mqtt" and group_name("m", "tcp", "none", "tcp") == "m/tcp"
+    assert worker_groups(loaded) == [GroupPass("tcp"), GroupPass("tcp", scenario="server")]
+    assert GroupPass("tcp", scenario="server").name("m") == "m/tcp/server"
+    assert GroupPass("tcp", transport="mqtt").name("m") == "m/tcp/mqtt" and GroupPass("tcp").name("m") == "m/tcp"
+    # A language model's prompt lengths: a pass each, its name and file keys ending in the length.
+    prompts = SweepOptions(models=["tiny-lm"], backends=["tcp"], prompt_lens=[8, 32])
+    assert worker_groups(prompts) == [GroupPass("tcp", prompt_len=8), GroupPass("tcp", prompt_len=32)]
+    assert GroupPass("tcp", prompt_len=8).name("tiny-lm") == "tiny-lm/tcp/p8"
+    assert plan_runs(prompts, {"tiny-lm": 6})[0].run_key.endswith("_p8_r0")
     assert {r.config_key.endswith("_mqtt") for r in plan_runs(carried, {"m": 4}) if r.transport == "mqtt"} == {True}
     seq = plan_runs(SweepOptions(models=["m"], splits="1,2", runs=2, order="sequential"), {"m": 4})
     assert [(r.split.label, r.run) for r in seq] == [(1, 0), (1, 1), (2, 0), (2, 1)]

@@ -135,3 +135,49 @@ def test_a_guarded_source_settles_each_batch_before_it_loads_the_next():
                     Action("load", 1), Action("admit", 1), Action("compute", 1), Action("send", 1), Action("settle", 1),
                     Action("drain")]
     assert source_actions(3) == [a for a in source_actions(3, settle=True) if a.op != "settle"]
+
+
+def test_a_generation_feeds_each_streams_token_into_its_next_step():
+    """The feedback edge: a step after the first waits for its stream's previous step, the warm-up
+    streams run one after another first, and every stream's step t goes before any stream's t + 1."""
+    steps = pipeline.generation_steps(streams=2, gen_tokens=3, warmup_streams=1, warmup_tokens=2)
+    assert [(s.stream, s.step, s.feeds_on) for s in steps] == [
+        (2, 0, None), (2, 1, 0),                              # the warm-up stream, numbered after the measured
+        (0, 0, None), (1, 0, None), (0, 1, 2), (1, 1, 3), (0, 2, 4), (1, 2, 5)]
+    actions = pipeline.generation_actions(steps)
+    assert actions[:5] == [Action(op, 0) for op in ("load", "admit", "compute", "send")] + [Action("feedback", 1)]
+    assert actions.count(Action("feedback", 4)) == 1 and actions[-1] == Action("drain")
+    assert sum(a.op == "feedback" for a in actions) == 5  # every step but the prefills
+
+
+def test_the_driver_runs_a_generation_over_an_endpoint_that_answers_each_step():
+    """A scripted source: each step's result (its token, the step number plus one) comes back at
+    once; the token fed into each step is its stream's previous one."""
+    steps = pipeline.generation_steps(streams=2, gen_tokens=3)
+
+    class Source:
+        def __init__(self):
+            self.tokens, self.fed = {}, []
+
+        def feedback(self, seq):
+            assert steps[seq].feeds_on in self.tokens  # the token it feeds on is already back
+
+        def load(self, seq):
+            step = steps[seq]
+            self.fed.append((step.stream, step.step, None if step.feeds_on is None else self.tokens[step.feeds_on]))
+
+        def admit(self, seq):
+            pass
+
+        def compute(self, seq):
+            pass
+
+        def send(self, seq):
+            self.tokens[seq] = 100 * steps[seq].stream + steps[seq].step
+
+        def drain(self, _):
+            pass
+
+    source = Source()
+    assert drive(pipeline.generation_actions(steps), source) == 6
+    assert source.fed == [(0, 0, None), (1, 0, None), (0, 1, 0), (1, 1, 100), (0, 2, 1), (1, 2, 101)]

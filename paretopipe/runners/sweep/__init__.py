@@ -19,10 +19,10 @@ One module per concern, in the order a sweep uses them:
 - :mod:`.sweeper`: the loop (rounds, retries, resuming, writing, consolidating).
 """
 
-from .group import GroupFactory, GroupInfo, StageGroup
+from .group import GroupFactory, GroupInfo, GroupPass, StageGroup
 from .options import BACKENDS, LINKS, SweepOptions, check_options
-from .plan import PlannedRun, describe_plan, group_name
+from .plan import PlannedRun, describe_plan
 from .sweeper import INFEASIBLE, DiskFullError, Sweeper, SweepResult
 
 __all__ = ["BACKENDS", "INFEASIBLE", "LINKS", "DiskFullError", "GroupFactory", "GroupInfo", "PlannedRun",
-           "StageGroup", "SweepOptions", "SweepResult", "Sweeper", "check_options", "describe_plan", "group_name"]
+           "StageGroup", "SweepOptions", "SweepResult", "Sweeper", "check_options", "describe_plan", "GroupPass"]

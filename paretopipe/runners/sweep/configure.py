@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...analysis.session import CLOSED_LOOP
+from ...analysis.keys import CLOSED_LOOP
 from ...loadgen.settings import LoadgenOptions
 from ...network import deadlines
 from ...network.conditions import NetworkConditions
-from ...transport.runconfig import AdaptiveOptions, RpcOptions, RunConfig
+from ...transport.runconfig import AdaptiveOptions, Generation, RpcOptions, RunConfig
 from .group import GroupInfo
 from .options import SweepOptions
 from .plan import PlannedRun, splits_for
@@ -35,6 +35,10 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
         extra["loadgen"] = LoadgenOptions.of_flags(planned.scenario, **o.loadgen_settings)
     # A LoadGen run always warms up: its warm-up sizes LoadGen's expectations.
     skip_warmup = not adaptive and not o.warmup_every_run and warmed and planned.scenario == CLOSED_LOOP
+    if planned.prompt_len is not None:  # a language model's generation: its steps are the run's batches
+        extra["generation"] = Generation(gen_tokens=o.gen_tokens, streams=o.streams, prompt_len=planned.prompt_len,
+                                         temperature=o.temperature, top_k=o.top_k,
+                                         warmup_streams=0 if skip_warmup else o.warmup)
     return RunConfig(model=info.model, cuts=cuts, split_index=planned.split.config, batch_size=o.batch_size,
                      num_batches=o.num_batches, warmup=0 if skip_warmup else o.warmup, in_flight=o.in_flight,
                      network=planned.network, link_mode=o.link, timeout_s=timeout_s, seed=planned.run,
@@ -82,8 +86,11 @@ def timeout_s(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, blocks: 
     o = opts
     if o.timeout is not None:
         return o.timeout
-    itemsize = 2 if o.wire_dtype in ("float16", "bfloat16") else 4
     per_image = info.payload_bytes_per_image
+    if planned.prompt_len is not None:  # every stream's prefill in flight at once; a token comes back
+        largest = max((per_image[k] for k in blocks if k < len(per_image)), default=0)
+        return deadlines.run_timeout_s(conditions, largest * planned.prompt_len, 64, o.streams, compute_s)
+    itemsize = 2 if o.wire_dtype in ("float16", "bfloat16") else 4
     if planned.split.adaptive:  # any candidate may be chosen: the largest bounds them all
         blocks = range(len(per_image))
     largest = (info.fine_cuts.get(planned.split.cut, [0, 0])[1] if planned.split.cut else

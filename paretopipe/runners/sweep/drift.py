@@ -9,9 +9,10 @@ import time
 from typing import Protocol
 
 from ...analysis.session import GroupMeta, Session
+from ... import records
 from ...records import COMPLETE, INFEASIBLE, RunRecord, RunSummary
 from .. import rounds
-from .group import GroupProgress
+from .group import GroupPass, GroupProgress
 from .options import SweepOptions
 from .plan import PlannedRun, settings_of
 
@@ -28,6 +29,7 @@ class Measurer(Protocol):
     cipher: str
     transport: str
     reference_s: float
+    group_pass: GroupPass
 
     def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> RunRecord | None: ...
 
@@ -77,7 +79,7 @@ def reference_runs(sweeper: Measurer, count: int, network: str, reference: tuple
     for _ in range(count):
         n = len(group_meta.reference_runs)
         planned = PlannedRun(model, backend, network, reference[1], n, reference=True, cipher=sweeper.cipher,
-                             transport=sweeper.transport, **settings_of(sweeper.opts, sweeper.scenario))
+                             transport=sweeper.transport, **settings_of(sweeper.opts, sweeper.group_pass))
         record = sweeper.attempt(planned, observed, model, backend)
         if record is None:
             return []
@@ -110,11 +112,11 @@ def requeue_drifted(sweeper: Measurer, drifted: list[tuple], group: GroupProgres
 def values_of(sweeper: Measurer, model: str, backend: str, cfg: tuple) -> tuple[list[float], list[float]]:
     """The latencies and throughputs of a configuration's complete runs on disk (those kept)."""
     key = PlannedRun(model, backend, cfg[0], cfg[1], 0, cipher=sweeper.cipher, transport=sweeper.transport,
-                     **settings_of(sweeper.opts, sweeper.scenario)).config_key
+                     **settings_of(sweeper.opts, sweeper.group_pass)).config_key
     lat, thr = [], []
     for path in sorted(sweeper.session.runs_dir.glob(f"{key}_r*.json")):
         rec = sweeper.session.read_run(path)
         if rec and rec["status"] == COMPLETE and rec["config"].get("config_key") == key:
             lat.append(rec["summary"].get("latency_median_s"))
-            thr.append(rec["summary"].get("throughput_imgs_per_s"))
+            thr.append(records.throughput_of(rec["summary"]))
     return lat, thr

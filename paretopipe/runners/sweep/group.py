@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Callable, Protocol
 
 from ... import strict
+from ...analysis.keys import CLOSED_LOOP
 from ...analysis.session import GroupMeta
 from ...errors import PeerError
 from ...network import deadlines
@@ -86,6 +87,34 @@ class GroupOwner(Protocol):
 GroupFactory = Callable[[GroupOwner, str, str], StageGroup]
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupPass:
+    """One pass of a worker group over its configurations: its backend, the data port's cipher and
+    transport, the load it is measured under (the closed loop or a LoadGen scenario) and, for a
+    language model, the prompt length. Passes that differ only in load or prompt share the group's
+    processes."""
+
+    backend: str
+    cipher: str = "none"
+    transport: str = "tcp"
+    scenario: str = CLOSED_LOOP
+    prompt_len: int | None = None
+
+    def name(self, model: str) -> str:
+        """The pass's name in session.json and its seed of the round order (a plain group over raw
+        TCP keeps the name it had before ciphers and transports, so its order is what it was; a
+        LoadGen scenario's group ends in the scenario, a prompt length's in ``p<tokens>``)."""
+        return (f"{model}/{self.backend}" + (f"/{self.cipher}" if self.cipher != "none" else "")
+                + (f"/{self.transport}" if self.transport != "tcp" else "")
+                + (f"/{self.scenario}" if self.scenario != CLOSED_LOOP else "")
+                + (f"/p{self.prompt_len}" if self.prompt_len else ""))
+
+    @property
+    def processes(self) -> tuple[str, str, str]:
+        """What its processes are started with: a pass that changes none of these keeps them."""
+        return self.backend, self.cipher, self.transport
+
+
 @dataclasses.dataclass
 class GroupProgress:
     """One model and backend's configurations while they are measured: each one's progress, the
@@ -103,7 +132,11 @@ class GroupProgress:
     meta: GroupMeta  # its account in session.json
     rerun: dict[tuple, list[int]]
     rerun_done: set[str] = dataclasses.field(default_factory=set)
-    scenario: str = "closed"  # the LoadGen scenario its runs are measured under (the closed loop: none)
+    group_pass: GroupPass | None = None  # the load and prompt its runs are measured under
+
+    @property
+    def scenario(self) -> str:
+        return self.group_pass.scenario if self.group_pass else CLOSED_LOOP
 
 
 def placement(opts: SweepOptions, cipher: str, traced: set[str] = frozenset(), transport: str = "tcp",
@@ -116,7 +149,8 @@ def placement(opts: SweepOptions, cipher: str, traced: set[str] = frozenset(), t
     return Placement(testbed=opts.testbed, devices=devices,
                      threads=[t or opts.threads for t in opts.stage_threads] + [opts.threads] * stages,
                      cpu_shares=shares, pin=opts.optimizations, wait_time=opts.wait_time,
-                     num_classes=opts.num_classes, weights=opts.weights, encrypt=cipher, transport=transport,
+                     num_classes=opts.num_classes, weights=opts.weights, model_dir=opts.model_dir, encrypt=cipher,
+                     transport=transport,
                      mqtt=mqtt)
 
 

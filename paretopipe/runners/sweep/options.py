@@ -10,7 +10,9 @@ from typing import Any
 from ... import cpushare
 from ...errors import UsageError
 from ...splits import split_adaptive
-from ...transport.runconfig import LINK_MODES
+from ...analysis.keys import CLOSED_LOOP
+from ...llm.shapes import is_language_model
+from ...transport.runconfig import DEFAULT_PROMPT_LEN, LINK_MODES
 from ...partition.names import DEFAULT_NUM_CLASSES
 from .. import rounds
 from ..hosts import Testbed
@@ -87,8 +89,21 @@ class SweepOptions:
     deadline_s: float | None = None     # a TCP run's deadline before a batch is finished locally (static or adaptive)
     # LoadGen scenarios, each a configuration of its own ("closed": the suite's closed loop), and
     # their settings (paretopipe.loadgen.settings.LoadgenOptions.of_flags, all but the scenario).
-    scenarios: list[str] = dataclasses.field(default_factory=lambda: ["closed"])
+    scenarios: list[str] = dataclasses.field(default_factory=lambda: [CLOSED_LOOP])
     loadgen_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # A language model's generation (its models are named shapes, or one --model-dir folder): each
+    # prompt length is a pass of its own over the configurations.
+    model_dir: str | None = None
+    prompt_lens: list[int] = dataclasses.field(default_factory=lambda: [DEFAULT_PROMPT_LEN])
+    gen_tokens: int = 16
+    streams: int = 1
+    temperature: float = 0.0
+    top_k: int = 0
+
+    @property
+    def language_model(self) -> bool:
+        """The sweep's models are language models (a sweep's models are all of one kind)."""
+        return is_language_model(self.models[0] if self.models else None, self.model_dir)
 
 
 
@@ -98,6 +113,7 @@ def check_options(opts: SweepOptions) -> None:
     unknown = [b for b in opts.backends if b not in BACKENDS]
     if unknown:
         raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
+    check_workload(opts)
     if opts.order not in rounds.ORDERS:
         raise UsageError(f"--order {opts.order!r}: valid {', '.join(rounds.ORDERS)}")
     if opts.precision is not None and not 0 < opts.precision < 1:
@@ -136,6 +152,24 @@ def check_options(opts: SweepOptions) -> None:
             except ValueError:
                 raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
                                  f"addresses, not {h.address!r}")
+
+
+def check_workload(opts: SweepOptions) -> None:
+    """A sweep's models are of one kind, and a language model's sweep asks nothing of image batches."""
+    kinds = {is_language_model(m, opts.model_dir) for m in opts.models}
+    if len(kinds) > 1:
+        raise UsageError(f"--models {','.join(opts.models)}: a sweep measures language models or image models; "
+                         f"sweep each kind in a session of its own")
+    if not opts.language_model:
+        return
+    if opts.model_dir is not None and len(opts.models) > 1:
+        raise UsageError("--model-dir names one model: give no --models beside it")
+    if split_adaptive(opts.splits)[1] or opts.deadline_s is not None:
+        raise UsageError("a language model runs static splits over its prompts: drop adaptive from --splits and "
+                         "--deadline-ms")
+    if any(s != CLOSED_LOOP for s in opts.scenarios):
+        raise UsageError("--scenario feeds LoadGen's queries as image batches; a language model's runs are its "
+                         "own closed loop of --streams prompts")
 
 
 def check_cpu_emulation(opts: SweepOptions, what: str) -> None:

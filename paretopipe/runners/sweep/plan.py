@@ -5,13 +5,14 @@ stretches of runs that share one application of tc, and the plan as the dry run 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
-from ...analysis.session import CLOSED_LOOP, DEFAULT_CODEC, config_key, run_key
+from ...analysis.keys import CLOSED_LOOP, DEFAULT_CODEC, config_key, run_key
 from ...errors import UsageError
 from ...splits import Split, parse_splits, split_adaptive, split_cuts
 from .. import rounds
-from .group import GroupProgress
+from .group import GroupPass, GroupProgress
 from .options import SweepOptions
 
 
@@ -31,6 +32,7 @@ class PlannedRun:
     batch_tag: int | None = None  # the batch size, where the run file names it (settings_of)
     in_flight_tag: int | None = None  # the in-flight depth, where the run file names it
     scenario: str = CLOSED_LOOP  # a LoadGen scenario (paretopipe.loadgen), or the closed loop
+    prompt_len: int | None = None  # a language model's prompt tokens per stream (None: image batches)
 
     @property
     def split_index(self) -> int | str:
@@ -43,40 +45,35 @@ class PlannedRun:
     @property
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport,
-                          self.codec, self.batch_tag, self.in_flight_tag, self.scenario)
+                          self.codec, self.batch_tag, self.in_flight_tag, self.scenario, self.prompt_len)
 
     @property
     def run_key(self) -> str:
         return f"{self.config_key}_ref{self.run}" if self.reference else run_key(self.config_key, self.run)
 
 
-def settings_of(opts: SweepOptions, scenario: str = CLOSED_LOOP) -> dict[str, Any]:
+def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str, Any]:
     """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``), its batch
     size and in-flight depth where a search session holds several (``key_batch_size`` and
-    ``key_in_flight``: the ones its file names leave out), and the pass's LoadGen ``scenario``."""
+    ``key_in_flight``: the ones its file names leave out), and the pass's LoadGen ``scenario`` and
+    prompt length."""
     def tag(value: int, base: int | None) -> int | None:
         return value if base is not None and value != base else None
 
     return {"codec": f"{opts.wire_dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
-            "in_flight_tag": tag(opts.in_flight, opts.key_in_flight), "scenario": scenario}
+            "in_flight_tag": tag(opts.in_flight, opts.key_in_flight),
+            "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None}
 
 
-def group_name(model: str, backend: str, cipher: str, transport: str = "tcp", scenario: str = CLOSED_LOOP) -> str:
-    """A worker group's name in session.json and its seed of the round order (a plain group over
-    raw TCP keeps the name it had before ciphers and transports, so its order is what it was; a
-    LoadGen scenario's group ends in the scenario)."""
-    return (f"{model}/{backend}" + (f"/{cipher}" if cipher != "none" else "")
-            + (f"/{transport}" if transport != "tcp" else "") + (f"/{scenario}" if scenario != CLOSED_LOOP else ""))
-
-
-def worker_groups(opts: SweepOptions) -> list[tuple[str, str, str, str]]:
-    """(backend, cipher, transport, scenario) of each worker group of a model: the TCP backend once
-    per transport and cipher (a transport and a cipher are agreed per connection), and each once
-    per LoadGen scenario (the closed loop when none is asked for)."""
-    return [(backend, cipher, transport, scenario) for backend in opts.backends
+def worker_groups(opts: SweepOptions) -> list[GroupPass]:
+    """The passes of each model's worker groups: the TCP backend once per transport and cipher (a
+    transport and a cipher are agreed per connection), each once per LoadGen scenario (the closed
+    loop when none is asked for) and, for a language model, once per prompt length."""
+    prompts = opts.prompt_lens if opts.language_model else [None]
+    return [GroupPass(backend, cipher, transport, scenario, prompt) for backend in opts.backends
             for transport in (opts.transports if backend == "tcp" else ["tcp"])
             for cipher in (opts.ciphers if backend == "tcp" else ["none"])
-            for scenario in opts.scenarios]
+            for scenario in opts.scenarios for prompt in prompts]
 
 
 def splits_for(opts: SweepOptions, num_blocks: int, fine_cuts: dict[str, list[int]] | None = None) -> list[Split]:
@@ -115,18 +112,17 @@ def plan_runs(opts: SweepOptions, num_blocks: dict[str, int],
     checks may add more."""
     planned = []
     for model in opts.models:
-        for backend, cipher, transport, scenario in worker_groups(opts):
+        for group in worker_groups(opts):
             configs = [(n, k) for n in opts.networks
                        for k in splits_for(opts, num_blocks[model], (fine_cuts or {}).get(model))]
-            settings = settings_of(opts, scenario)
+            run = functools.partial(PlannedRun, model, group.backend, cipher=group.cipher, transport=group.transport,
+                                    **settings_of(opts, group))
             if opts.order == "sequential":
-                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport, **settings)
-                            for n, k in configs for r in range(opts.runs)]
+                planned += [run(n, k, r) for n, k in configs for r in range(opts.runs)]
                 continue
             for r in range(opts.runs):
-                planned += [PlannedRun(model, backend, n, k, r, cipher=cipher, transport=transport, **settings) for n, k in
-                            rounds.round_order(configs, opts.seed, group_name(model, backend, cipher, transport, scenario),
-                                               r, opts.link == "tc")]
+                planned += [run(n, k, r) for n, k in
+                            rounds.round_order(configs, opts.seed, group.name(model), r, opts.link == "tc")]
     return planned
 
 
@@ -135,7 +131,7 @@ def round_plan(opts: SweepOptions, model: str, backend: str, group: GroupProgres
     """Round ``r``'s runs: in random order, each active configuration's next run after the runs
     drift set aside; sequentially, every run of a configuration back to back. Takes the set-aside
     runs it plans out of ``group.rerun``."""
-    cipher, transport, settings = group.cipher, group.transport, settings_of(opts, group.scenario)
+    cipher, transport, settings = group.cipher, group.transport, settings_of(opts, group.group_pass)
     if opts.order == "sequential":
         return [PlannedRun(model, backend, n, k, i, cipher=cipher, transport=transport, **settings) for n, k in active
                 for i in range(group.max_runs if opts.precision else opts.runs)]

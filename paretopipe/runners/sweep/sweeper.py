@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ... import cpushare, records
-from ...analysis.session import CLOSED_LOOP, ConfigKey, Session, SessionMeta, cipher_of, sweep_session_dir
+from ...analysis.session import Session, SessionMeta, sweep_session_dir
+from ...analysis.keys import CLOSED_LOOP, NO_PROMPT, ConfigKey
+from ...analysis.columns import cipher_of
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
 from ...network.conditions import conditions_from_values, get_conditions
@@ -24,9 +26,9 @@ from ...transport.runconfig import RunConfig
 from .. import rounds, zygote
 from . import configure
 from .drift import drift_check, requeue_drifted
-from .group import GroupFactory, GroupInfo, GroupProgress, StageGroup, process_group
+from .group import GroupFactory, GroupInfo, GroupPass, GroupProgress, StageGroup, process_group
 from .options import SweepOptions, check_cpu_emulation, check_options
-from .plan import PlannedRun, group_name, round_plan, segments, settings_of, splits_for, worker_groups
+from .plan import PlannedRun, round_plan, segments, settings_of, splits_for, worker_groups
 from .shaping import tc_applied
 
 log = logging.getLogger("paretopipe.sweep")
@@ -77,9 +79,15 @@ class Sweeper:
         self.compute_s = 0.0  # the slowest batch compute (all stages) measured in this worker group
         self.cipher = "none"  # the current worker group's --encrypt choice
         self.transport = "tcp"  # ...and its --transport
-        self.scenario = CLOSED_LOOP  # ...and the LoadGen scenario its runs are measured under
+        self.group_pass = GroupPass("tcp")  # ...and the load and prompt its runs are measured under
         self.broker: Broker | None = None  # MQTT's, started by the first MQTT group of a local sweep
         self.cipher_used: str | None = None  # ...and the cipher its runs record (auto resolved)
+        self._model: str | None = None  # the model the current group's processes hold
+
+    @property
+    def scenario(self) -> str:
+        """The LoadGen scenario the current pass is measured under (the closed loop: none)."""
+        return self.group_pass.scenario
 
     # -- layout --------------------------------------------------------------------------------
     def discard_if_unmeasured(self) -> bool:
@@ -195,11 +203,10 @@ class Sweeper:
         failed: list[PlannedRun] = []
         try:
             for model in o.models:
-                for backend, cipher, transport, scenario in worker_groups(o):
-                    self.scenario = scenario
-                    self.start(model, backend, cipher, transport)
-                    total += self._sweep_group(model, backend, meta, failed)
-                    self.stop()
+                for group in worker_groups(o):
+                    self._begin_pass(model, group)
+                    total += self._sweep_group(model, group.backend, meta, failed)
+                self.stop()
         except KeyboardInterrupt:
             interrupted = True
             log.warning("interrupted: stopping the stages; finished runs stay valid, --resume completes the rest")
@@ -219,6 +226,18 @@ class Sweeper:
         if o.report and measured:
             self._report()
         return SweepResult(self.dir, total, failed, measured)
+
+    def _begin_pass(self, model: str, group: GroupPass) -> None:
+        """Start the pass's processes, or keep the group's where it differs from the last pass only in
+        a language model's prompt length (its warm-up is paid again: the first run of each cut warms up)."""
+        last, self.group_pass = self.group_pass, group
+        same = dataclasses.replace(last, prompt_len=group.prompt_len) == group
+        if same and self.group is not None and self.info is not None and self.info.model and self.group.alive() \
+                and self._model == model:
+            self.warmed.clear()
+            return
+        self.start(model, group.backend, group.cipher, group.transport)
+        self._model = model
 
     def _sweep_group(self, model: str, backend: str, meta: SessionMeta,
                      failed: list[PlannedRun]) -> int:
@@ -257,12 +276,15 @@ class Sweeper:
             bar.total = max(bar.total, bar.n + sum(1 for c in group.configs if group.progress[c].stopped is None))
         bar.close()
         group.meta.stopping = {PlannedRun(model, backend, n, k, 0, cipher=self.cipher, transport=self.transport,
-                                          **settings_of(o, self.scenario)).config_key: p.describe()
+                                          **settings_of(o, self.group_pass)).config_key: p.describe()
                                for (n, k), p in group.progress.items()}
         group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]
-        # Keyed as summary.csv keys a configuration: by the cipher its runs used.
+        # Keyed as summary.csv keys a configuration: by the cipher its runs used, and what its runs
+        # recorded of their batches and window (a generation's: one token of each of its streams).
+        batch, window = (1, o.streams) if o.language_model else (o.batch_size, o.in_flight)
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
-                                        o.batch_size, k.label, settings_of(o)["codec"], o.in_flight, self.scenario): p.describe()
+                                        batch, k.label, settings_of(o)["codec"], window, self.scenario,
+                                        self.group_pass.prompt_len or NO_PROMPT): p.describe()
                               for (n, k), p in group.progress.items()})
         return len(group.configs)
 
@@ -287,14 +309,14 @@ class Sweeper:
         max_runs = o.max_runs or (3 * o.runs if o.precision else o.runs)
         static = [k for k in splits if not k.adaptive] or splits
         reference = (o.networks[0], static[len(static) // 2])
-        name = group_name(model, backend, self.cipher, self.transport, self.scenario)
+        name = self.group_pass.name(model)
         group_meta = meta.group(name, order=o.order, seed=o.seed, precision=o.precision, min_runs=o.runs,
                                 max_runs=max_runs, reference={"network": reference[0], "split": reference[1].label})
         # A LoadGen run is minutes long and its own figures carry their validity: no drift checks.
         drift_every = o.drift_every_s if o.order == "random" and self.scenario == CLOSED_LOOP else 0.0
         return GroupProgress(name, self.cipher, self.transport, configs, {c: rounds.ConfigProgress() for c in configs}, max_runs,
                              rounds.DriftMonitor(drift_every), reference, group_meta, {c: [] for c in configs},
-                             scenario=self.scenario)
+                             group_pass=self.group_pass)
 
     def _measure(self, one: PlannedRun, group: GroupProgress, observed: Any, failed: list[PlannedRun]) -> None:
         """One planned run (or its record from the run being resumed), counted in its configuration."""

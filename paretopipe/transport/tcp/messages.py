@@ -101,6 +101,8 @@ def safe_run_id(run_id: Any) -> str:
     return run_id
 
 
+_COUNT = {"type": "integer", "minimum": 0}
+_INTS = {"type": "array", "maxItems": 1_000_000, "items": _COUNT}
 _PART_SCHEMA = {
     "type": "object", "required": ["manifest", "sysmon"],
     "properties": {
@@ -110,6 +112,17 @@ _PART_SCHEMA = {
         # A stage's energy and memory (transport.resources): nested objects of numbers, strings and
         # booleans; records.summarize reads only numbers from it.
         "resources": {"type": "object", "maxProperties": 16},
+        # A generation's part (transport.generation): its blocks, KV cache and parameters; stage 1's
+        # prompts and tokens; the last stage's exactness check.
+        "generation": {"type": "object", "maxProperties": 16, "properties": {
+            "blocks": _INTS, "layers": _INTS, "kv_bytes": _COUNT, "kv_tokens": _COUNT, "param_bytes": _COUNT,
+            "weights_fingerprint": {"type": "string", "maxLength": 64},
+            "prompt_tokens": _INTS, "tokens": {"type": "array", "maxItems": 4096, "items": _INTS},
+            "sequences": {"type": "array", "maxItems": 4096, "items": _INTS},
+            "exactness": {"type": "object", "maxProperties": 8, "properties": {
+                "token_agreement": {"type": "number", "minimum": 0, "maximum": 1},
+                "max_logit_diff": {"type": "number", "minimum": 0}, "steps": _COUNT,
+                "reference": {"type": "string", "maxLength": 200}}}}},
         "batches": {"type": "array", "maxItems": 1_000_000, "items": {
             "type": "object", "required": ["seq", "warmup"], "maxProperties": 64,
             "properties": {"seq": {"type": "integer", "minimum": 0}, "warmup": {"type": "boolean"}},

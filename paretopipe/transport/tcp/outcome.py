@@ -14,7 +14,7 @@ from ... import records
 from ...errors import WireError
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink
-from .. import inputs
+from .. import generation, inputs
 from ..runconfig import RunConfig
 from .messages import check_part, safe_run_id
 
@@ -92,9 +92,10 @@ def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
     numbered = list(enumerate(parts, start=1))
     sysmon = {f"stage{i}": p["sysmon"] for i, p in numbered if p}
     resources = {f"stage{i}": p["resources"] for i, p in numbered if p and p.get("resources")}
-    return records.build_run_record(backend="tcp", run_id=run_id, status=status, error=error,
-                                    config=cfg.to_dict(),
-                                    manifest={"stages": stages, "link": link,
-                                              "inputs": inputs.describe(cfg.dataset, cfg.data_dir)},
-                                    batches=batches, sysmon=sysmon, timing=timing, resources=resources,
-                                    loadgen=loadgen)
+    record = records.build_run_record(backend="tcp", run_id=run_id, status=status, error=error,
+                                      config=cfg.to_dict(),
+                                      manifest={"stages": stages, "link": link,
+                                                "inputs": inputs.describe(cfg.dataset, cfg.data_dir)},
+                                      batches=batches, sysmon=sysmon, timing=timing, resources=resources,
+                                      loadgen=loadgen)
+    return generation.finish_record(record, parts) if cfg.generation is not None else record

@@ -34,6 +34,7 @@ from .handshake import StageListener
 from .messages import RunStart, check_part, json_payload, message, read_result_meta, result_meta_fields, safe_run_id
 from .outcome import RunOutcome, assemble_record, cipher_usage, later_parts, merge_peer_seals, write_record
 from .switching import KINDS as SWITCHING_KINDS, Retime, SwitchingStage
+from ..generation import STEP_META, GenerationStage
 
 log = logging.getLogger("paretopipe.tcp")
 
@@ -141,7 +142,8 @@ class _SinkRun:
         if self.next is not None:
             self.forward = FrameSender(self.next.writer, EmulatedLink(forward, seed=cfg.seed) if forward else None,
                                        f"{self.name}-forward")
-            self.codec = wire.Codec(cfg.compression, cfg.compression_level, cfg.wire_dtype)
+            self.codec = wire.Codec(cfg.compression, cfg.compression_level,
+                                    "float32" if cfg.generation is not None else cfg.wire_dtype)
         self.work: queue.Queue = queue.Queue()
         self.seen: dict[int, dict[str, Any]] = {}
         self.compute_error: list[BaseException] = []
@@ -151,6 +153,7 @@ class _SinkRun:
         self.out: Any = None
         self.relayed: queue.Queue = queue.Queue()  # the next stage's RECORDS, or why they never came
         self.segment_times: dict[str, Any] = {}  # the batch's per-segment compute, for an adaptive stage 1
+        self.steps: dict[int, Any] = {}  # a generation's decoded inputs, by batch, until computed
 
     def _accept(self, meta: dict[str, Any], timeout_s: float | None,
                 downstream: Downstream | None) -> tuple[Direction | None, Direction | None]:
@@ -173,9 +176,14 @@ class _SinkRun:
             self.fields = result_meta_fields(self.index + 1) + ((f"{self.name}_open_s",) if self.sealed else ())
             back = Direction.from_dict(self.start.return_link) if self.start.return_link else None
             forward = Direction.from_dict(self.start.forward_link) if self.start.forward_link else None
-            self.stage = self.builder.stage(self.cfg.cuts, self.index)
             self.incoming = self.cfg.cuts[self.index - 1]
-            self.expected = self.builder.partitioner.live_specs(self.incoming)
+            self.gen = None
+            if self.cfg.generation is not None:  # a language model's steps: checked and computed by it
+                self.gen = GenerationStage(self.builder, self.cfg, self.index)
+                self.stage, self.expected = self.gen.stage, None
+            else:
+                self.stage = self.builder.stage(self.cfg.cuts, self.index)
+                self.expected = self.builder.partitioner.live_specs(self.incoming)
             self.adaptive = SwitchingStage(self.builder, self.cfg) if self.cfg.adaptive else None
             if self.adaptive is not None:
                 self.stage = self.adaptive.initial()
@@ -208,6 +216,8 @@ class _SinkRun:
             pipeline.drive(pipeline.stage_actions(self._total()), self)
         except BaseException as exc:
             self.compute_error.append(exc)
+            # Stage 1 hears why now, not at its timeout (a step out of its stream's place, say).
+            self._end_upstream(f"{self.name} refused the run: {exc}")
 
     def _total(self) -> int | None:
         """The run's batches (None: a LoadGen run's, as many as LoadGen issues)."""
@@ -230,7 +240,11 @@ class _SinkRun:
     def compute(self, _slot: int) -> None:
         f, arrived = self.current
         began = time.monotonic()
-        self.out, compute_s = self.timer.run(self.stage, f.tensor, self.builder.device)
+        if self.gen is not None:
+            stream, start, _ = self.gen.step_of(f.seq, f.meta)
+            self.out, compute_s = self.gen.forward(f.seq, stream, self.steps.pop(f.seq), start)
+        else:
+            self.out, compute_s = self.timer.run(self.stage, f.tensor, self.builder.device)
         self.seen[f.seq].update({f"{self.name}_queue_s": began - arrived, f"{self.name}_compute_s": compute_s})
         if isinstance(self.stage, TimedChain):  # an adaptive run's policy watches each segment
             self.segment_times = {"stage2_segment_first": self.stage.first, "stage2_segment_s": list(self.stage.times)}
@@ -239,16 +253,29 @@ class _SinkRun:
         f, _ = self.current
         rec = self.seen[f.seq]
         if self.forward is not None:
-            enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(self.out, self.codec))
+            if self.gen is not None:  # the step's place goes on with its hidden state
+                enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(self.gen.encode(self.out), self.codec),
+                                 {k: f.meta[k] for k in STEP_META})
+            else:
+                enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(self.out, self.codec))
             rec.update({f"{self.name}_encode_s": enc.encode_s, f"{self.name}_wire_bytes": enc.wire_nbytes})
             self.forward.submit(enc, on_sent=lambda _s: f.release())
             return
-        payload = wire.encode_payload(self.out)
+        payload, extra = self._result()
         rec[f"{self.name}_encode_s"] = wire.encode_seconds(payload)
         # The activation's buffer goes back to the pool once the result is on the wire: an empty
         # last stage (k = K) returns its input itself, sent straight from that buffer.
-        enc = wire.frame(wire.RESULT, f.seq, payload, {**{k: rec[k] for k in self.fields}, **self.segment_times})
+        enc = wire.frame(wire.RESULT, f.seq, payload, {**{k: rec[k] for k in self.fields}, **self.segment_times,
+                                                       **extra})
         self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
+
+    def _result(self) -> tuple[wire.Payload, dict[str, Any]]:
+        """The last stage's result: the output itself, or a generation's token (in the meta)."""
+        if self.gen is None:
+            return wire.encode_payload(self.out), {}
+        f, _ = self.current
+        stream, _, step = self.gen.step_of(f.seq, f.meta)
+        return wire.encode_payload(None), {"stream": stream, "token": self.gen.choose(self.out, stream, step)}
 
     def _on_sent(self, f: wire.Frame, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
         measured = rec["seq"] >= self.cfg.warmup
@@ -277,6 +304,8 @@ class _SinkRun:
                 meta = read_result_meta(f.meta, later, self.next.channel is not None, first=self.index + 2)
                 meta.update({k: rec.get(k) for k in self.fields})
                 meta[f"{self.name}_wire_bytes"] = rec[f"{self.name}_wire_bytes"]
+                if self.gen is not None:  # the token goes back as it came (stage 1 checks it)
+                    meta.update({k: f.meta.get(k) for k in ("stream", "token")})
                 enc = wire.frame(wire.RESULT, f.seq, wire.encode_payload(f.tensor), meta)
                 self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
         except BaseException as exc:
@@ -311,7 +340,7 @@ class _SinkRun:
             try:
                 part1 = self._receive()
             except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
-                failure = self._relay_failure() or exc
+                failure = self._relay_failure() or (self.compute_error[0] if self.compute_error else exc)
                 if isinstance(exc, (WireError, UsageError)):  # a frame this stage refuses: say which, and why
                     self._end_upstream(f"{self.name} refused the run: {exc}")
             finally:
@@ -360,10 +389,13 @@ class _SinkRun:
                 raise WireError(f"batch {f.seq} sent twice or out of range 0..{'' if total is None else total - 1}")
             if f.tensor is None:
                 raise WireError(f"batch {f.seq} carries no tensor")
-            got = [(tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")) for t in live_tensors(f.tensor)]
-            if got != self.expected:
-                raise WireError(f"batch {f.seq} carries {_described(got)}; what crosses {self.incoming} is "
-                                f"{_described(self.expected)}")
+            if self.gen is not None:  # checked and decoded here, before the compute thread sees it
+                self.steps[f.seq] = self.gen.stage_input(f.seq, f.tensor, self.gen.step_of(f.seq, f.meta)[1])
+            else:
+                got = [(tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")) for t in live_tensors(f.tensor)]
+                if got != self.expected:
+                    raise WireError(f"batch {f.seq} carries {_described(got)}; what crosses {self.incoming} is "
+                                    f"{_described(self.expected)}")
             self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": f.decode_s,
                                 "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
             live = live_tensors(f.tensor)
@@ -375,9 +407,10 @@ class _SinkRun:
                 self.seen[f.seq][f"{self.name}_open_s"] = f.open_s
             self.work.put((f, time.monotonic()))
 
-    def own_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+    def own_parts(self, sequences: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """This stage's part of the record, and the smaller one it sends on (its manifest, system
-        metrics and resources; sealed, its seal times per batch)."""
+        metrics and resources; sealed, its seal times per batch; a generation's part, the last
+        stage's exactness check on ``sequences``, stage 1's token ids)."""
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
                     "transport": self.connection.transport_usage(),
                     "energy_sensors": self.meter.manifest()}
@@ -389,14 +422,22 @@ class _SinkRun:
         if self.sealed:
             seal = f"{self.name}_seal_s"
             sent["batches"] = [{"seq": b["seq"], "warmup": b["warmup"], seal: b.get(seal)} for b in batches]
-        return {"manifest": manifest, "sysmon": self.sysmon, "batches": batches, "resources": resources}, sent
+        own = {"manifest": manifest, "sysmon": self.sysmon, "batches": batches, "resources": resources}
+        if self.gen is not None:
+            own["generation"] = sent["generation"] = self.gen.part(sequences)
+        return own, sent
 
     def exchange_parts(self, part1: dict[str, Any] | None) -> list[dict[str, Any] | None]:
         """Every stage's part in stage order, for the record. Stage 1's part came with its RECORDS
         (with ``before``: the middle stages' it passed); a middle stage sends them on with its own
         and waits for the next stage's (with ``later``: the stages after it); then this stage's part
         and the later ones go back. A failed run exchanges nothing."""
-        own, sent = self.own_parts()
+        sequences = ((part1 or {}).get("generation") or {}).get("sequences")
+        try:
+            own, sent = self.own_parts(sequences)
+        except WireError as exc:  # stage 1's RECORDS carry no usable sequences: the run stands, its check does not
+            log.warning("%s: %s", self.name, exc)
+            own, sent = self.own_parts(None)
         if part1 is None:
             return [None] * self.index + [own]
         before = [check_part(p, f"stage {i + 2}", False) for i, p in enumerate(part1.pop("before", None) or [])]

@@ -113,7 +113,7 @@ class _Stage1Run(SourceEndpoint):
                  listener: StageListener | None, keep_outputs: bool, meter: ResourceMeter,
                  cpu_traces: cputrace.Replays | None = None) -> None:
         book = BatchBook(cfg)
-        super().__init__(cfg, builder.input_size, book, cfg.timeout_s * (1 + book.total))
+        super().__init__(cfg, builder, book, cfg.timeout_s * (1 + book.total))
         self.builder, self.policy, self.run_id = builder, policy, run_id
         self.conditions, self.link_manifest, self.listener = conditions, link_manifest, listener
         self.keep_outputs, self.meter = keep_outputs, meter
@@ -122,7 +122,9 @@ class _Stage1Run(SourceEndpoint):
         self.link: EmulatedLink | None = None
         self.next: _Next | None = None
         self.timer = StageTimer(builder.device)
-        self.codec = wire.Codec(cfg.compression, cfg.compression_level, cfg.wire_dtype)
+        # A generation's hidden state is cast (or quantised) to its wire dtype before the codec.
+        self.codec = wire.Codec(cfg.compression, cfg.compression_level,
+                                "float32" if cfg.generation is not None else cfg.wire_dtype)
         # The energy window: the first measured batch's start to the last one's result.
         book.on_measured_start, book.on_measured_complete = meter.begin, meter.end
         self.outputs: dict[int, Any] = {}
@@ -252,17 +254,23 @@ class _Stage1Run(SourceEndpoint):
         return fields
 
     def _landed(self, f: wire.Frame, now: float) -> None:
-        """A result off the link (the reader has decoded it: now is when it is usable)."""
+        """A result off the link (the reader has decoded it: now is when it is usable); a
+        generation's carries the step's token, which feeds the stream's next step."""
+        fields = self._result_fields(f)
+        if self.feed is not None:
+            fields["token"] = self.feed.token_of(f.seq, f.meta)
         self._keep(f.seq, f.tensor)
-        self.book.complete(f.seq, now, output=f.tensor if self.harness is not None else None, **self._result_fields(f))
+        self.book.complete(f.seq, now, output=f.tensor if self.harness is not None else None, **fields)
         f.release()
+        if self.feed is not None:
+            self.feed.landed(f.seq, fields["token"])
 
     def _failed(self, exc: BaseException) -> None:
         self.error = exc
         self.book.unblock()
 
     def _keep(self, seq: int, result: Any) -> None:
-        if self.keep_outputs:
+        if self.keep_outputs and result is not None:  # a generation's result is its token, in its record
             self.outputs[seq] = tuple(t.detach().clone() for t in result) if isinstance(result, tuple) \
                 else result.detach().clone()
 
@@ -282,9 +290,13 @@ class _Stage1Run(SourceEndpoint):
         self.cuts, fields = self.policy.cuts_for(seq, self.next.cuts if self.next else None)
         if self.guarded:
             fields.update(served_locally=False, switched=False)
-        self.rec = self.book.start(seq, **fields, **self.loadgen_fields())
+        self.rec = self.book.start(seq, **fields, **self.workload_fields(seq))
 
     def compute(self, seq: int) -> None:
+        if self.feed is not None:
+            stream, start = self.step
+            self.out, self.rec["stage1_compute_s"] = self.feed.stage.forward(seq, stream, self.x, start)
+            return
         if self.chains is not None:
             self.chain = self.chains.chain(self.cuts[0], 0, keep_inputs=True)
             self.out, compute_s = self.timer.run(self.chain, self.x, self.builder.device)
@@ -308,7 +320,7 @@ class _Stage1Run(SourceEndpoint):
                 self.next.cuts = list(self.cuts)
                 self.rec["switched"] = True
                 self.counts["switches"] += 1
-            enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(self.out, self.codec))
+            enc = self._tensor_frame(seq)
             self.rec.update(stage1_encode_s=enc.encode_s, payload_bytes=enc.raw_nbytes, wire_bytes=enc.wire_nbytes)
             self.sent_at = time.monotonic()
             self.next.sender.submit(enc, on_sent=self._on_sent(self.rec, enc))
@@ -316,6 +328,13 @@ class _Stage1Run(SourceEndpoint):
             if not self.guarded:
                 raise
             self._lose_next(str(exc), seq)
+
+    def _tensor_frame(self, seq: int) -> wire.Encoded:
+        """The batch's TENSOR: the activation; a generation's hidden state (or ids) with its step's place."""
+        if self.feed is None:
+            return wire.frame(wire.TENSOR, seq, wire.encode_payload(self.out, self.codec))
+        return wire.frame(wire.TENSOR, seq, wire.encode_payload(self.feed.stage.encode(self.out), self.codec),
+                          self.feed.meta(seq, self.step[1]))
 
     def settle(self, seq: int) -> None:
         """A guarded run's batch ends here: its result within the deadline, else the rest of the
@@ -401,7 +420,7 @@ class _Stage1Run(SourceEndpoint):
                 self.next.sender.close()
 
     def actions(self) -> Iterable[pipeline.Action]:
-        if self.harness is not None:
+        if self.harness is not None or self.feed is not None:
             return super().actions()
         return pipeline.source_actions(self.book.total, settle=self.guarded)
 
@@ -501,6 +520,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     batches = run.book.records()
     part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": batches,
              "resources": meter.part(measured_images(batches, cfg))}
+    if run.feed is not None:
+        part1["generation"] = {**run.feed.part(), **run.feed.stage.part()}
     if failure is None and run.next is not None:
         try:
             later = run.exchange(part1)

@@ -1,0 +1,69 @@
+"""The workload's flags, shared by the data sources (``partition1.py``, ``distributed_runner.py``'s
+master): a language model's generation (prompts, tokens, streams, sampling), and the one rule
+that refuses, in one line, a flag of the other kind of workload."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import UsageError
+from ..runners import flags
+from ..transport.runconfig import Generation
+
+#: What an image model's batches take and a language model's steps do not (their dests).
+IMAGE_ONLY = ("batch_size", "num_batches", "in_flight", "dataset", "data_dir", "enable_prefetch", "prefetch_batches",
+              "cut", "num_classes", "weights", "models_dir", "num_test_samples", "use_pipelining")
+#: What a generation takes (its dests), refused for an image model.
+GENERATION_ONLY = ("prompt", "prompt_len", "gen_tokens", "streams", "temperature", "top_k", "check_exact")
+LANGUAGE_MODELS = "a language model (--model tiny-lm, smollm2-135m, ... or --model-dir DIR)"
+
+
+def add_generation_flags(parser: argparse.ArgumentParser) -> None:
+    """A data source's generation group: what a language model's run generates."""
+    g = parser.add_argument_group(f"generation: {LANGUAGE_MODELS}")
+    for row in (flags.PROMPT, flags.PROMPT_LEN, flags.GEN_TOKENS, flags.STREAMS, flags.TEMPERATURE, flags.TOP_K):
+        row.add_to(g)
+    g.add_argument(*flags.CHECK_EXACT.flags, action="store_true", help=flags.CHECK_EXACT.help)
+
+
+def check_workload_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, language_model: bool,
+                         image_only: Sequence[str] = IMAGE_ONLY, generation_only: Sequence[str] = GENERATION_ONLY) -> None:
+    """Refuse a flag given a value of its own that the model's workload does not take."""
+    for dest in image_only if language_model else generation_only:
+        if hasattr(args, dest) and getattr(args, dest) != parser.get_default(dest):
+            flag = next(a.option_strings[0] for a in parser._actions if a.dest == dest)
+            if language_model:
+                raise UsageError(f"{flag} applies to an image model; {args.model_dir or args.model} is a language "
+                                 f"model (its own options are --help's language-model group)")
+            raise UsageError(f"{flag} applies to {LANGUAGE_MODELS}; {args.model} is an image model")
+
+
+def generation_from_args(args: argparse.Namespace) -> Generation:
+    """A data source's generation from its flags (warm-up: ``--warmup`` short generations)."""
+    return Generation(gen_tokens=args.gen_tokens, streams=args.streams, prompt_len=args.prompt_len,
+                      prompt=args.prompt, temperature=args.temperature, top_k=args.top_k,
+                      check_exact=args.check_exact, warmup_streams=args.warmup)
+
+
+def save_tokens(path: str, tokens: Sequence[Sequence[int]]) -> None:
+    """``--save-outputs`` of a generation: every stream's token ids under ``tokens``."""
+    np.savez(path, tokens=np.asarray(tokens, dtype=np.int64))
+
+
+def generation_line(record: dict[str, Any], text: str) -> str:
+    """A generation's figures in words: time to first token and per token, tokens/s, the text."""
+    s = record["summary"]
+    ms = lambda x: "n/a" if x is None else f"{x * 1e3:.2f} ms"  # noqa: E731
+    line = (f"ttft {ms(s['ttft_median_s'])}, time per token {ms(s['tpot_median_s'])} (p90 {ms(s['tpot_p90_s'])}), "
+            f"{'n/a' if s['tokens_per_s'] is None else format(s['tokens_per_s'], '.1f')} tokens/s, text {text[:60]!r}")
+    if s.get("token_agreement") is not None:
+        line += (f", against unsplit float32: tokens agree {s['token_agreement']:.0%}, largest logit difference "
+                 f"{s['max_logit_diff']:.2g}")
+    measured, modelled = s.get("energy_per_token_j"), s.get("energy_modelled_per_token_j")
+    if measured is not None or modelled is not None:
+        line += f", {(measured if measured is not None else modelled) * 1e3:.1f} mJ a token" + (
+            " (modelled)" if measured is None else "")
+    return line
