@@ -19,7 +19,8 @@ import pandas as pd
 
 from .. import records
 from ..errors import UsageError
-from .plotting import front_line, front_plot_data, pyplot, save_figure
+from .objectives import is_generation
+from .plotting import front_axes, front_line, front_plot_data, pyplot, save_figure
 from .report import GROUP, pareto_table
 from .keys import CONFIG_KEY, PANEL_KEY, ordered_splits, panel_names, split_sort_key
 from .session import Session, find_session, sessions_under
@@ -27,6 +28,14 @@ from .sanity import monotone_violations
 
 METRICS = ("latency_s", "throughput_imgs_per_s")
 STAGE_COMPUTE = ("stage1_compute_median_s", "stage2_compute_median_s")
+#: A language model's session: its fronts' axes, and each stage's compute per decode step.
+GENERATION_METRICS = ("ttft_median_s", "tpot_median_s")
+GENERATION_STAGE_COMPUTE = ("stage1_decode_compute_median_s", "stage2_decode_compute_median_s")
+
+
+def metrics_of(table: pd.DataFrame) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the fronts' two columns, each stage's compute column) of a session's table."""
+    return (GENERATION_METRICS, GENERATION_STAGE_COMPUTE) if is_generation(table) else (METRICS, STAGE_COMPUTE)
 #: Stages computing less than this in A (an empty stage 1 at k = 0) say nothing about its speed.
 MIN_STAGE_S = 1e-3
 
@@ -48,13 +57,15 @@ def jaccard(a: set, b: set) -> float:
 
 def compare_tables(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(points, fronts): one row per configuration in both sessions, and one per front."""
-    keep = CONFIG_KEY + list(METRICS) + list(STAGE_COMPUTE) + ["on_front", "front_status"]
+    metrics, compute = metrics_of(a)
+    keep = CONFIG_KEY + list(metrics) + list(compute) + ["on_front", "front_status"]
     left = a[[c for c in keep if c in a.columns]].copy()
     right = b[[c for c in keep if c in b.columns]].copy()
     for frame in (left, right):
         frame["split_index"] = frame["split_index"].astype(str)
     points = left.merge(right, on=CONFIG_KEY, how="inner", suffixes=("_a", "_b"))
-    for m in METRICS:
+    points.attrs["metrics"], points.attrs["compute"] = metrics, compute
+    for m in metrics:
         points[f"{m}_change"] = (points[f"{m}_b"] - points[f"{m}_a"]) / points[f"{m}_a"]
 
     def moved(row: pd.Series) -> str:
@@ -84,7 +95,7 @@ def stage_speed(points: pd.DataFrame) -> dict[str, float | None]:
     """Per stage, the median over shared configurations of B's compute time / A's (paired by
     configuration, so the splits' different work cancels): 0.8 means B's device ran 20% faster."""
     out: dict[str, float | None] = {}
-    for j, col in enumerate(STAGE_COMPUTE, start=1):
+    for j, col in enumerate(points.attrs.get("compute", STAGE_COMPUTE), start=1):
         if f"{col}_a" not in points or f"{col}_b" not in points:
             out[f"stage{j}"] = None
             continue
@@ -133,21 +144,23 @@ def _figures(ta: pd.DataFrame, tb: pd.DataFrame, out: Path, fmt: str, name_a: st
         if panel_b.empty:
             continue
         fig, ax = plt.subplots(figsize=(8, 5.5))
+        x, y = front_axes(panel_a)
+        ys = 1e3 if y.column.endswith("median_s") else 1.0  # a time is drawn in ms
         for i, network in enumerate(dict.fromkeys(panel_a["network"])):
             colour = plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10]
             for panel, style, name in ((panel_a, "-o", name_a), (panel_b, "--s", name_b)):
-                pts = front_plot_data(panel[panel["network"] == network])
+                pts = front_plot_data(panel[panel["network"] == network], x.column, y.column)
                 line = front_line(pts, network)
                 if line:
-                    ax.plot([x * 1e3 for x, _ in line], [y for _, y in line], style, color=colour, ms=5,
+                    ax.plot([a * 1e3 for a, _ in line], [b * ys for _, b in line], style, color=colour, ms=5,
                             label=f"{network}: {name}")
                 for p in pts:
                     if p["on_front"]:
-                        ax.annotate(p["label"], (p["x"] * 1e3, p["y"]), fontsize=7, color=colour,
+                        ax.annotate(p["label"], (p["x"] * 1e3, p["y"] * ys), fontsize=7, color=colour,
                                     xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
         title, stem = panel_names(key, ta["in_flight"].nunique() > 1)
-        ax.set(xlabel="latency per batch, median (ms, log)", ylabel="throughput (images/s)",
+        ax.set(xlabel=x.label.replace("(s)", "(ms, log)"), ylabel=y.label.replace("(s)", "(ms)"),
                title=f"{title}: {name_a} (solid) vs {name_b} (dashed)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -163,10 +176,10 @@ def format_comparison(result: dict[str, Any]) -> str:
                                   "front_or_tied_b": "front+tied B", "jaccard_front_or_tied": "jaccard f+t"})
     lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     lines += ["", format_stage_speed(result["stage_speed"]), "", "points (B relative to A):"]
-    table = points[GROUP + ["split_index", "latency_s_a", "latency_s_b", "latency_s_change",
-                            "throughput_imgs_per_s_a", "throughput_imgs_per_s_b", "throughput_imgs_per_s_change",
+    metrics = points.attrs.get("metrics", METRICS)
+    table = points[GROUP + ["split_index", *(f"{m}_{s}" for m in metrics for s in ("a", "b", "change")),
                             "front"]].copy()
-    for col in ("latency_s_change", "throughput_imgs_per_s_change"):
+    for col in (f"{m}_change" for m in metrics):
         table[col] = [f"{v:+.1%}" if np.isfinite(v) else "" for v in table[col]]
     lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return "\n".join(lines)

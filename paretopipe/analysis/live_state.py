@@ -23,11 +23,11 @@ from typing import Any
 import pandas as pd
 
 from ..splits import POLICIES
-from . import pareto
+from . import objectives, pareto
 from .session import Session
 from .summarize import summarize_runs
 
-GROUP = ["model", "backend", "cipher", "network", "batch_size"]
+GROUP = ["model", "backend", "cipher", "network", "batch_size", "prompt_len"]
 #: Newest batches of a run the page gets (a long run's first ones are in its record).
 MAX_BATCHES = 2000
 
@@ -43,9 +43,9 @@ class LiveSession:
         s = self.session
         meta = s.read_meta() or {}
         rows, _ = s.run_rows()
-        configurations, source = self._configurations(rows)
+        configurations, source, axes = self._configurations(rows)
         newest = self._newest_runs()
-        return {"session": s.path.name, "path": str(s.path), "served_utc": _utc_now(),
+        return {"session": s.path.name, "path": str(s.path), "served_utc": _utc_now(), "axes": axes,
                 "updated_utc": meta.get("updated_utc"), "complete": bool(meta.get("complete")),
                 "interrupted": meta.get("interrupted"),
                 "progress": progress(meta, len(rows)),
@@ -54,17 +54,18 @@ class LiveSession:
                 "policy_run": next((_policy_view(r) for r in newest if _is_policy(r)), None),
                 "drift": _drift_alerts(meta), "failures": len(meta.get("failures") or [])}
 
-    def _configurations(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    def _configurations(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
+        """The configurations so far, where they come from, and the front's two axes."""
         summary = self.session.path / "summary.csv"
         runs_dir = self.session.runs_dir
         newest = max((p.stat().st_mtime for p in runs_dir.glob("*.json")), default=0.0) if runs_dir.is_dir() else 0.0
         if summary.is_file() and summary.stat().st_mtime >= newest:
-            table, source = pd.read_csv(summary), "summary.csv"
+            table, source = pd.read_csv(summary).copy(), "summary.csv"  # consolidated: one block per dtype
         elif rows:
             table, source = pd.DataFrame(summarize_runs(rows)), "run records"
         else:
-            return [], "run records"
-        return _records_of(_with_front(table)), source
+            return [], "run records", axes_of(pd.DataFrame())
+        return _records_of(_with_front(table)), source, axes_of(table)
 
     def _newest_runs(self, limit: int = 20) -> list[dict[str, Any]]:
         """The newest run records, newest first (policy runs are looked for among them)."""
@@ -110,12 +111,28 @@ def progress(meta: dict[str, Any], runs_done: int) -> dict[str, Any]:
             "planned_estimated": bool((meta.get("progress") or {}).get("estimated"))}
 
 
+def axes_of(table: pd.DataFrame) -> dict[str, Any]:
+    """The live front's axes, as the page draws them: latency (ms) against throughput (images/s),
+    or a language model's time to first token against time per token (both ms)."""
+    def axis(column: str, low: str, high: str, label: str, scale: float, sense: str) -> dict[str, Any]:
+        return {"column": column, "low": low, "high": high, "label": label, "scale": scale, "sense": sense}
+
+    if objectives.is_generation(table):
+        return {"x": axis("ttft_median_s", "ttft_ci95_low_s", "ttft_ci95_high_s", "time to first token (ms)", 1e3,
+                          "min"),
+                "y": axis("tpot_median_s", "tpot_ci95_low_s", "tpot_ci95_high_s", "time per token (ms)", 1e3, "min")}
+    return {"x": axis("latency_median_s", "latency_median_ci95_low_s", "latency_median_ci95_high_s",
+                      "latency median (ms)", 1e3, "min"),
+            "y": axis("throughput_imgs_per_s", "throughput_ci95_low_imgs_per_s", "throughput_ci95_high_imgs_per_s",
+                      "img/s", 1.0, "max")}
+
+
 def _with_front(table: pd.DataFrame) -> pd.DataFrame:
-    if "latency_median_s" not in table or table.empty:
+    axes = axes_of(table)
+    if axes["x"]["column"] not in table or table.empty:
         return table.assign(on_front=False)
-    t = table.assign(latency_s=table["latency_median_s"])
-    by = [c for c in GROUP if c in t.columns]
-    marked = pareto.mark_front(t, {"latency_s": "min", "throughput_imgs_per_s": "max"}, by)
+    by = [c for c in GROUP if c in table.columns]
+    marked = pareto.mark_front(table, {a["column"]: a["sense"] for a in axes.values()}, by)
     return table.assign(on_front=marked["on_front"].to_numpy())
 
 

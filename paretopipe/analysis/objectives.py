@@ -69,6 +69,11 @@ def is_generation(table: pd.DataFrame) -> bool:
     return _has(table, "tpot_median_s")
 
 
+def throughput_column(table: pd.DataFrame) -> str:
+    """A table's throughput: images/s, or a language model's tokens/s."""
+    return TOKENS.column if is_generation(table) else THROUGHPUT.column
+
+
 def defaults(table: pd.DataFrame) -> tuple[str, ...]:
     """The objectives a table's fronts are drawn over unless named: latency and throughput, or a
     generation's time to first token and time per token."""

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 from .keys import split_sort_key
-from .objectives import LATENCY, THROUGHPUT
+from .objectives import LATENCY, THROUGHPUT, TPOT, TTFT, is_generation
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
@@ -60,15 +60,21 @@ def _error_bars(frame: pd.DataFrame, value: str, low: str, high: str, scale: flo
     return np.nan_to_num(np.vstack([np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)]))
 
 
+def front_axes(table: pd.DataFrame) -> tuple[Any, Any]:
+    """The two objectives a table's fronts are drawn on: latency and throughput, or a language
+    model's time to first token and time per token."""
+    return (TTFT, TPOT) if is_generation(table) else (LATENCY, THROUGHPUT)
+
+
 def plot_fronts(table: pd.DataFrame, ax, title: str, line: bool = True, x: Any = None, y: Any = None
                 ) -> list[dict[str, Any]]:
-    """Every configuration with its 95% CIs on both objectives (``x`` and ``y``, latency and
-    throughput by default), each network's front as a line (markers only with ``line`` False: a
-    front over other objectives, drawn on these two axes), and the front points' labels placed by
-    adjustText so that none collides with another or with a point."""
+    """Every configuration with its 95% CIs on both objectives (``x`` and ``y``; by default the
+    table's :func:`front_axes`), each network's front as a line (markers only with ``line`` False:
+    a front over other objectives, drawn on these two axes), and the front points' labels placed
+    by adjustText so that none collides with another or with a point."""
     from adjustText import adjust_text
 
-    x, y = x or LATENCY, y or THROUGHPUT
+    x, y = x or front_axes(table)[0], y or front_axes(table)[1]
     (xs, xlabel), (ys, ylabel) = _axis(x.column, x.label), _axis(y.column, y.label)
     points = front_plot_data(table, x.column, y.column)
     colours = _colours(list(dict.fromkeys(table["network"])))
@@ -160,8 +166,10 @@ def plot_breakdown(table: pd.DataFrame, fig, title: str) -> None:
 
 
 def plot_vs_split(table: pd.DataFrame, fig, title: str, objectives: Sequence[Any] = ()) -> None:
-    """Two objectives against the split, a 95% CI band each (latency and throughput by default)."""
-    first, second = objectives or (dataclasses.replace(LATENCY, column="latency_median_s"), THROUGHPUT)
+    """Two objectives against the split, a 95% CI band each (by default latency and throughput, or a
+    language model's time to first token and time per token)."""
+    first, second = objectives or ((TTFT, TPOT) if is_generation(table) else
+                                   (dataclasses.replace(LATENCY, column="latency_median_s"), THROUGHPUT))
     axes = fig.subplots(1, 2)
     order = [str(k) for k in _by_split(table.drop_duplicates("split_index"))["split_index"]]
     for i, (network, grp) in enumerate(table.groupby("network", sort=False)):
@@ -187,8 +195,9 @@ def plot_vs_split(table: pd.DataFrame, fig, title: str, objectives: Sequence[Any
     fig.suptitle(title)
 
 
-def plot_payload(table: pd.DataFrame, ax, title: str, per_token: bool = False) -> None:
+def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
     """What crosses the first cut per image (a language model: per token, a decode step's)."""
+    per_token = is_generation(table)
     grp = _by_split(table.drop_duplicates("split_index"))
     x = np.arange(len(grp))
     values = grp["bytes_per_token"] if per_token else grp["payload_bytes_mean"] / grp["batch_size"]

@@ -13,10 +13,11 @@ import re
 
 import pandas as pd
 
-from .keys import PLAIN, RAW_TCP
+from .keys import KEY_DEFAULTS, PLAIN, RAW_TCP
+from .objectives import throughput_column
 
 #: A sealed configuration's plain twin shares all of these.
-TWIN = ["model", "backend", "transport", "network", "batch_size", "split_index"]
+TWIN = ["model", "backend", "transport", "network", "batch_size", "split_index", "prompt_len"]
 _SEAL_OPEN = re.compile(r"^(stage\d+_(seal|open)|result_open)_mean_s$")
 COLUMNS = TWIN + ["cipher", "latency_plain_s", "latency_sealed_s", "latency_ratio", "throughput_plain_imgs_per_s",
                   "throughput_sealed_imgs_per_s", "throughput_ratio", "seal_open_mean_s"]
@@ -29,10 +30,12 @@ def privacy_cost(configs: pd.DataFrame) -> pd.DataFrame:
     if done.empty or "cipher" not in done.columns or not done["cipher"].ne(PLAIN).any():
         return pd.DataFrame(columns=COLUMNS)
     keyed = done.assign(split_index=done["split_index"].astype(str),
-                        transport=done["transport"] if "transport" in done.columns else RAW_TCP)
+                        transport=done["transport"] if "transport" in done.columns else RAW_TCP,
+                        prompt_len=done["prompt_len"] if "prompt_len" in done.columns else KEY_DEFAULTS["prompt_len"])
+    thr = throughput_column(keyed)  # images/s, or a language model's tokens/s
     plain = keyed[keyed["cipher"] == PLAIN]
     sealed = keyed[keyed["cipher"] != PLAIN]
-    both = sealed.merge(plain[TWIN + ["latency_s", "throughput_imgs_per_s"]], on=TWIN, suffixes=("", "_plain"))
+    both = sealed.merge(plain[TWIN + ["latency_s", thr]], on=TWIN, suffixes=("", "_plain"))
     if both.empty:
         return pd.DataFrame(columns=COLUMNS)
     parts = [c for c in both.columns if _SEAL_OPEN.match(c)]
@@ -40,11 +43,12 @@ def privacy_cost(configs: pd.DataFrame) -> pd.DataFrame:
     out["latency_plain_s"] = both["latency_s_plain"]
     out["latency_sealed_s"] = both["latency_s"]
     out["latency_ratio"] = both["latency_s"] / both["latency_s_plain"]
-    out["throughput_plain_imgs_per_s"] = both["throughput_imgs_per_s_plain"]
-    out["throughput_sealed_imgs_per_s"] = both["throughput_imgs_per_s"]
-    out["throughput_ratio"] = both["throughput_imgs_per_s"] / both["throughput_imgs_per_s_plain"]
+    unit = thr.removeprefix("throughput_") if thr.startswith("throughput_") else thr
+    out[f"throughput_plain_{unit}"] = both[f"{thr}_plain"]
+    out[f"throughput_sealed_{unit}"] = both[thr]
+    out["throughput_ratio"] = both[thr] / both[f"{thr}_plain"]
     out["seal_open_mean_s"] = both[parts].astype(float).fillna(0).sum(axis=1) if parts else float("nan")
-    return out[COLUMNS].reset_index(drop=True)
+    return out.reset_index(drop=True)
 
 
 def format_privacy_cost(table: pd.DataFrame) -> str:

@@ -161,7 +161,6 @@ def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[o
     title, stem = panel_names(key, depths)
     generation = objectives_mod.is_generation(panel)
     default = [o.name for o in chosen] == list(objectives_mod.defaults(panel))
-    axes = (objectives_mod.TTFT, objectives_mod.TPOT) if generation else (None, None)
 
     def figure(name: str, path: Path, make: Callable[[], Any]) -> None:
         why = nothing_to_draw(panel, name, generation)
@@ -176,8 +175,7 @@ def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[o
         fig, ax = plt.subplots(figsize=(8, 5.5))
         drawn = "time to first token and per token" if generation else "latency and throughput"
         plot_fronts(panel, ax, f"Pareto fronts: {title}" + ("" if default else
-                    f" (front over {', '.join(o.name for o in chosen)}; drawn on {drawn})"), line=default,
-                    x=axes[0], y=axes[1])
+                    f" (front over {', '.join(o.name for o in chosen)}; drawn on {drawn})"), line=default)
         return fig
 
     def tokens_memory() -> Any:
@@ -204,12 +202,12 @@ def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[o
     def vs_split() -> Any:
         fig = plt.figure(figsize=(11, 4.5))
         what = "Time to first token and per token" if generation else "Latency and throughput"
-        plot_vs_split(panel, fig, f"{what} vs split: {title}", axes if generation else ())
+        plot_vs_split(panel, fig, f"{what} vs split: {title}")
         return fig
 
     def payload() -> Any:
         fig, ax = plt.subplots(figsize=(7, 4))
-        plot_payload(panel, ax, f"Payload per {'token' if generation else 'image'} vs split: {key[0]}", generation)
+        plot_payload(panel, ax, f"Payload per {'token' if generation else 'image'} vs split: {key[0]}")
         return fig
 
     figure("front", out / f"front_{stem}.{fmt}", front)

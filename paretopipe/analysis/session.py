@@ -249,9 +249,7 @@ class Session:
     # -- reading for analysis ------------------------------------------------------------------
     def runs(self):
         """runs.csv as a DataFrame, with ``latency_s`` = each run's median latency."""
-        runs = _read_csv(self.path / "runs.csv")
-        runs["latency_s"] = runs["latency_median_s"]
-        return runs
+        return _with_latency(_read_csv(self.path / "runs.csv"))
 
     def configs(self):
         """summary.csv as a DataFrame, with ``latency_s`` = the configuration's median latency."""
@@ -262,8 +260,15 @@ class Session:
             others = [k for k in CONFIG_KEY if k != "in_flight"]
             depth = runs.drop_duplicates(others).set_index(others)["in_flight"]
             summary["in_flight"] = [int(depth.get(tuple(r), 1)) for r in summary[others].itertuples(index=False)]
-        summary["latency_s"] = summary["latency_median_s"]
-        return summary
+        return _with_latency(summary)
+
+
+def _with_latency(table):
+    """``table`` with ``latency_s``, the column the fronts call latency (a wide table of strings is
+    one block per column: a new column is joined, not inserted)."""
+    import pandas as pd
+
+    return pd.concat([table, table["latency_median_s"].rename("latency_s")], axis=1)
 
 
 def _read_csv(path: Path, fill: Sequence[str] = ()):
@@ -281,9 +286,10 @@ def _read_csv(path: Path, fill: Sequence[str] = ()):
                          f"sweep --resume of that session")
     # A session from before ciphers, transports or codecs were in the key: plain, raw TCP (or
     # RPC) and float32 uncompressed throughout.
-    for column, default in KEY_DEFAULTS.items():
-        if column not in df.columns and column not in fill:
-            df[column] = default
+    df = df.copy()  # pandas 3 reads a CSV as one block per column; a wide table is consolidated once here
+    missing_keys = {c: d for c, d in KEY_DEFAULTS.items() if c not in df.columns and c not in fill}
+    if missing_keys:  # one new block, not a column at a time (a wide table would fragment)
+        df = pd.concat([df, pd.DataFrame(missing_keys, index=df.index)], axis=1)
     needed = {"latency_median_s", *CONFIG_KEY} - set(fill)
     missing = sorted(needed - set(df.columns))
     if missing:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .keys import PLAIN, RAW_TCP
+from .keys import KEY_DEFAULTS, PLAIN, RAW_TCP
+from .objectives import throughput_column
 
 #: A configuration's raw-TCP twin shares all of these.
-TWIN = ["model", "backend", "cipher", "network", "batch_size", "split_index"]
+TWIN = ["model", "backend", "cipher", "network", "batch_size", "split_index", "prompt_len"]
 COLUMNS = TWIN + ["transport", "latency_tcp_s", "latency_s", "latency_ratio", "throughput_tcp_imgs_per_s",
                   "throughput_imgs_per_s", "throughput_ratio", "on_front_tcp", "on_front"]
 
@@ -26,17 +27,20 @@ def transport_cost(configs: pd.DataFrame) -> pd.DataFrame:
                    .eq("complete")]
     keyed = done.assign(split_index=done["split_index"].astype(str),
                         cipher=done["cipher"] if "cipher" in done.columns else PLAIN,
-                        on_front=done["on_front"] if "on_front" in done.columns else False)
-    tcp = keyed[keyed["transport"] == RAW_TCP][TWIN + ["latency_s", "throughput_imgs_per_s", "on_front"]]
+                        on_front=done["on_front"] if "on_front" in done.columns else False,
+                        prompt_len=done["prompt_len"] if "prompt_len" in done.columns else KEY_DEFAULTS["prompt_len"])
+    thr = throughput_column(keyed)  # images/s, or a language model's tokens/s
+    tcp = keyed[keyed["transport"] == RAW_TCP][TWIN + ["latency_s", thr, "on_front"]]
     both = keyed[keyed["transport"] != RAW_TCP].merge(tcp, on=TWIN, suffixes=("", "_tcp"))
     if both.empty:
         return pd.DataFrame(columns=COLUMNS)
-    out = both[TWIN + ["transport", "latency_s", "throughput_imgs_per_s", "on_front", "on_front_tcp"]].copy()
+    out = both[TWIN + ["transport", "latency_s", thr, "on_front", "on_front_tcp"]].copy()
     out["latency_tcp_s"] = both["latency_s_tcp"]
-    out["throughput_tcp_imgs_per_s"] = both["throughput_imgs_per_s_tcp"]
+    unit = thr.removeprefix("throughput_") if thr.startswith("throughput_") else thr
+    out[f"throughput_tcp_{unit}"] = both[f"{thr}_tcp"]
     out["latency_ratio"] = both["latency_s"] / both["latency_s_tcp"]
-    out["throughput_ratio"] = both["throughput_imgs_per_s"] / both["throughput_imgs_per_s_tcp"]
-    return out[COLUMNS].sort_values(["model", "network", "transport", "split_index"]).reset_index(drop=True)
+    out["throughput_ratio"] = both[thr] / both[f"{thr}_tcp"]
+    return out.sort_values(["model", "network", "transport", "split_index"]).reset_index(drop=True)
 
 
 def format_transport_cost(table: pd.DataFrame) -> str:

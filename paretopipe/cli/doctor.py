@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..llm.shapes import shape_of
 from ..runners import flags
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, read_env, setup_logging
 from ..runners.doctor import check_testbed, deploy, format_checks
@@ -21,7 +22,9 @@ def parser(prog: str = "paretopipe doctor") -> ArgumentParser:
         epilog=example_epilog("paretopipe doctor --model mobilenetv2",
                               "paretopipe doctor --env-file lab.env --model resnet18 --deploy"))
     flags.ENV_FILE.add_to(p)
-    p.add_argument("--model", "--models", dest="models", default="mobilenetv2", help="comma list of models to fingerprint")
+    p.add_argument("--model", "--models", dest="models", default="mobilenetv2", help="comma list of models to fingerprint "
+                   "(image models, or language models: tiny-lm, smollm2-135m, ...)")
+    flags.MODEL_DIR.add_to(p, help="a language model's folder, at this path on every host (its name is the folder's)")
     flags.NUM_CLASSES.add_to(p)
     p.add_argument("--stage-devices", default=None, help="device per host, e.g. cpu,cuda (overrides .env)")
     p.add_argument("--deploy", action="store_true",
@@ -36,13 +39,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe doctor") -> 
     setup_logging(args.debug, args.quiet)
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else None
     testbed = Testbed.from_env(read_env(args.env_file), devices)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = [shape_of(None, args.model_dir).name] if args.model_dir else \
+        [m.strip() for m in args.models.split(",") if m.strip()]
     if args.deploy:
         root = Path(__import__("paretopipe").__file__).resolve().parent.parent
         for host in testbed.hosts:
             host.remote_python = deploy(host, root)
             print(f"deployed to {host.address}:{host.remote_dir} (python {host.remote_python})")
-    rows, problems = check_testbed(testbed, models, args.num_classes, tc_needed=not args.no_tc)
+    rows, problems = check_testbed(testbed, models, args.num_classes, tc_needed=not args.no_tc, model_dir=args.model_dir)
     print(format_checks(rows))
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)

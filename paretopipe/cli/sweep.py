@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
                                       {m: s["fine_cuts"] for m, s in shapes.items()}), opts))
         return 0
     if args.check and opts.testbed.remote:
-        rows, problems = check_testbed(opts.testbed, opts.models, opts.num_classes)
+        rows, problems = check_testbed(opts.testbed, opts.models, opts.num_classes, model_dir=opts.model_dir)
         print(format_checks(rows))
         if problems:
             for problem in problems:

@@ -32,13 +32,22 @@ def add_generation_flags(parser: argparse.ArgumentParser) -> None:
 def check_workload_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, language_model: bool,
                          image_only: Sequence[str] = IMAGE_ONLY, generation_only: Sequence[str] = GENERATION_ONLY) -> None:
     """Refuse a flag given a value of its own that the model's workload does not take."""
+    actions = {a.dest: a for a in parser._actions}
     for dest in image_only if language_model else generation_only:
-        if hasattr(args, dest) and getattr(args, dest) != parser.get_default(dest):
-            flag = next(a.option_strings[0] for a in parser._actions if a.dest == dest)
+        if dest in actions and getattr(args, dest) != _default(actions[dest]):
+            flag = actions[dest].option_strings[0]
             if language_model:
                 raise UsageError(f"{flag} applies to an image model; {args.model_dir or args.model} is a language "
                                  f"model (its own options are --help's language-model group)")
             raise UsageError(f"{flag} applies to {LANGUAGE_MODELS}; {args.model} is an image model")
+
+
+def _default(action: argparse.Action) -> Any:
+    """An option's default as its parsed value would be (argparse types a default given as text,
+    as an experiment file's are)."""
+    if isinstance(action.default, str) and action.type is not None:
+        return action.type(action.default)
+    return action.default
 
 
 def generation_from_args(args: argparse.Namespace) -> Generation:

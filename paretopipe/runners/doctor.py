@@ -23,7 +23,7 @@ from ..manifest import STAMP, _git_commit, source_digest
 from ..sshcmd import remote_path
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .hosts import Host, Testbed
-from .hostcheck import check
+from .hostcheck import HostcheckOptions, check
 
 log = logging.getLogger("paretopipe.doctor")
 COLUMNS = ("host", "ssh", "device", "arch", "commit", "digest", "torch", "build", "weights", "tc", "root", "port",
@@ -42,10 +42,11 @@ def cuda_build_warning(name: str, got: dict[str, Any]) -> str | None:
     return None
 
 
-def probe(host: Host, models: Sequence[str], num_classes: int, port: int, timeout: float = 600) -> dict[str, Any]:
+def probe(host: Host, models: Sequence[str], num_classes: int, port: int, timeout: float = 600,
+          model_dir: str | None = None) -> dict[str, Any]:
     """The host's hostcheck answer, or ``{"ssh": error}`` when it cannot be reached or run."""
-    args = ["--models", ",".join(models), "--num-classes", str(num_classes), "--port", str(port),
-            "--device", host.device]
+    args = HostcheckOptions(models=",".join(models), model_dir=model_dir, num_classes=num_classes, port=port,
+                            device=host.device).to_argv()
     try:
         out = subprocess.run(host.argv("paretopipe.runners.hostcheck", args), capture_output=True, text=True,
                              timeout=timeout)
@@ -62,20 +63,21 @@ def probe(host: Host, models: Sequence[str], num_classes: int, port: int, timeou
         return {"ssh_error": f"unexpected answer: {out.stdout[-200:]!r}"}
 
 
-def reference(models: Sequence[str], num_classes: int) -> dict[str, Any]:
+def reference(models: Sequence[str], num_classes: int, model_dir: str | None = None) -> dict[str, Any]:
     """This machine's side of the comparison."""
-    return check(models, num_classes, None, "cpu")
+    return check(models, num_classes, None, "cpu", model_dir)
 
 
 def check_testbed(testbed: Testbed, models: Sequence[str], num_classes: int = DEFAULT_NUM_CLASSES,
-                  tc_needed: bool = True) -> tuple[list[dict[str, str]], list[str]]:
-    """(table rows, problems) for every host of ``testbed``."""
+                  tc_needed: bool = True, model_dir: str | None = None) -> tuple[list[dict[str, str]], list[str]]:
+    """(table rows, problems) for every host of ``testbed`` (``model_dir``: a language model's
+    folder, at the same path on every host)."""
     if not testbed.hosts:
         raise UsageError("no hosts to check: give them in .env (HOSTS=a,b or PI1_IP and PI2_IP/GPU_IP)")
-    ref = reference(models, num_classes)
+    ref = reference(models, num_classes, model_dir)
     rows, problems = [], []
     for host in testbed.hosts:
-        got = probe(host, models, num_classes, testbed.data_port)
+        got = probe(host, models, num_classes, testbed.data_port, model_dir=model_dir)
         name = host.address
         row = {"host": name, "device": host.device}
         if "ssh_error" in got:

@@ -5,7 +5,7 @@ on every host over SSH and compares the answers with this machine's."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from . import flags
 from .. import __version__
+from ..llm.shapes import cut_table, is_language_model, shape_of
 from ..manifest import _git_commit, source_digest
 
 
@@ -32,7 +33,8 @@ def port_free(port: int) -> bool:
             return False
 
 
-def check(models: Sequence[str], num_classes: int, port: int | None, device: str) -> dict[str, Any]:
+def check(models: Sequence[str], num_classes: int, port: int | None, device: str,
+          model_dir: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"hostname": socket.gethostname(), "paretopipe": __version__, "git_commit": _git_commit(),
                            "source_digest": source_digest(), "python": sys.version.split()[0],
                            "machine": platform.machine()}
@@ -55,44 +57,67 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
         return out
     out["device_ok"] = device == "cpu" or (out["cuda_available"] and
                                            (device == "cuda" or int(device.split(":")[1]) < out["cuda_devices"]))
-    # lazy for start-up: torch
-    from ..partition import models as zoo
-
-    prints = {}
+    prints, digests = {}, {}
     for name in models:
         try:
-            prints[name] = zoo.fingerprint(zoo.build(name, num_classes=num_classes))
+            prints[name] = model_fingerprint(name, num_classes, model_dir)
+            digests[name] = cut_digest(name, num_classes, model_dir)
         except Exception as exc:  # reported, not raised: the doctor's table shows it
-            prints[name] = f"error: {str(exc).splitlines()[0][:200]}"
-    out["fingerprints"] = prints
-    out["cut_digests"] = {name: cut_digest(name, num_classes) for name in models}
+            prints[name] = digests[name] = f"error: {str(exc).splitlines()[0][:200]}"
+    out["fingerprints"], out["cut_digests"] = prints, digests
     return out
 
 
-def cut_digest(model: str, num_classes: int) -> str:
-    """A digest of ``model``'s cut points (names, shapes, dtypes) and block cuts: what two hosts with
-    different torch versions must agree on to split the model the same way."""
-    # lazy for start-up: torch
-    from ..partition.tables import partitioner_for
+def model_fingerprint(model: str, num_classes: int, model_dir: str | None = None) -> str:
+    """The weights a stage of ``model`` holds: an image model's whole fingerprint; a language
+    model's identity (its configuration and weights' source) with its first layer's weights as
+    drawn or read here (a whole model of a billion parameters is not built for a check)."""
+    if is_language_model(model, model_dir):
+        # lazy for start-up: torch, transformers
+        from ..llm.build import block_weights, source
+        # lazy for start-up: torch
+        from ..partition.models import fingerprint_tensors
 
-    try:
+        src = source(None if model_dir else model, model_dir)
+        return f"{src.identity()}/{fingerprint_tensors(block_weights(src, 'model.layers.0'))}"
+    # lazy for start-up: torch
+    from ..partition import models as zoo
+
+    return zoo.fingerprint(zoo.build(model, num_classes=num_classes))
+
+
+def cut_digest(model: str, num_classes: int, model_dir: str | None = None) -> str:
+    """A digest of ``model``'s cut points (names, shapes, dtypes) and block cuts: what two hosts with
+    different torch versions must agree on to split the model the same way (a language model's:
+    its shape's cut table)."""
+    if is_language_model(model, model_dir):
+        text = cut_table(shape_of(model, model_dir))
+    else:
+        # lazy for start-up: torch
+        from ..partition.tables import partitioner_for
+
         _, part = partitioner_for(model, num_classes=num_classes, structure_only=True)
-    except Exception as exc:  # reported, not raised: the doctor's table shows it
-        return f"error: {str(exc).splitlines()[0][:200]}"
-    cuts = [[c.name, list(c.shape), c.dtype] for c in part.cuts]
-    text = json.dumps({"cuts": cuts, "blocks": part.block_cuts()}, sort_keys=True)
+        cuts = [[c.name, list(c.shape), c.dtype] for c in part.cuts]
+        text = json.dumps({"cuts": cuts, "blocks": part.block_cuts()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@dataclasses.dataclass(kw_only=True)
+class HostcheckOptions(flags.CommandLine):
+    """The check's command line (``python -m paretopipe.runners.hostcheck`` + :meth:`to_argv`): what
+    ``paretopipe doctor`` writes for each host and the check parses there."""
+
+    models: str = ""
+    model_dir: str | None = flags.option(flags.MODEL_DIR)
+    num_classes: int = flags.option(flags.NUM_CLASSES)
+    port: int | None = None
+    device: str = flags.option(flags.DEVICE)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m paretopipe.runners.hostcheck")
-    p.add_argument("--models", default="")
-    flags.NUM_CLASSES.add_to(p)
-    p.add_argument("--port", type=int, default=None)
-    flags.DEVICE.add_to(p)
-    args = p.parse_args(argv)
+    args = HostcheckOptions.parse(argv, "python -m paretopipe.runners.hostcheck", "What this host can do, as JSON.")
     models = [m for m in args.models.split(",") if m]
-    print(json.dumps(check(models, args.num_classes, args.port, args.device)))
+    print(json.dumps(check(models, args.num_classes, args.port, args.device, args.model_dir)))
     return 0
 
 

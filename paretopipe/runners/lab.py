@@ -32,6 +32,8 @@ from ..errors import NetemError, UsageError
 
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_HOSTS = 8
+#: The hosts' Ethernet MTU, and the largest packet their egress hands to its qdisc.
+ETH_MTU = 1500
 ARCHES = ("native", "aarch64")
 SSHD = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
@@ -197,6 +199,10 @@ def _network(lab: Lab) -> None:
         _run("ip", "link", "set", f"{veth}p", "netns", ns)
         _run("ip", "link", "set", f"{veth}p", "name", "eth0", ns=ns)
         _run("ip", "addr", "add", f"{lab.address(i)}/24", "dev", "eth0", ns=ns)
+        # A host's egress leaves as wire-sized packets, as from a NIC without segmentation offload:
+        # htb charges a 64 KB GSO packet only after it has let it through, so a 64 KB burst (a
+        # language model's prefill, say) would cross a shaped link at line rate.
+        _run("ip", "link", "set", "eth0", "gso_max_size", str(ETH_MTU), ns=ns)
         _run("ip", "link", "set", "lo", "up", ns=ns)
         _run("ip", "link", "set", "eth0", "up", ns=ns)
         _run("ip", "link", "set", veth, "master", lab.bridge)

@@ -22,14 +22,21 @@ def _rows(path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def test_a_sweep_measures_every_configuration_and_reports_its_fronts(tmp_path):
-    nets = tmp_path / "nets.toml"
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """One language model's sweep: two networks, two prompt lengths, three splits."""
+    tmp = tmp_path_factory.mktemp("lm-sweep")
+    nets = tmp / "nets.toml"
     nets.write_text('[lan]\n[slow]\ndelay = "10ms"\nrate = "2mbit"\n')
     res = run([PYTHON, "automated_split_tester.py", "--model", "tiny-lm", "--splits", "0,3,6", "--network",
                "lan,slow", "--network-file", str(nets), "--prompt-len", "8,32", "--gen-tokens", "4", "--runs", "1",
-               "--out", str(tmp_path / "res"), "--session", "s"], timeout=600)
+               "--out", str(tmp / "res"), "--session", "s"], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    session = tmp_path / "res" / "s"
+    return tmp / "res" / "s", res
+
+
+def test_a_sweep_measures_every_configuration_and_reports_its_fronts(swept):
+    session, res = swept
     rows = _rows(session / "summary.csv")
     assert len(rows) == 2 * 2 * 3 and all(r["status"] == "complete" for r in rows)
     assert sorted({(r["network"], r["prompt_len"]) for r in rows}) == [("lan", "32"), ("lan", "8"), ("slow", "32"),
@@ -54,6 +61,34 @@ def test_a_sweep_measures_every_configuration_and_reports_its_fronts(tmp_path):
     assert "time to first token" in res.stdout
     again = run([PYTHON, "-m", "paretopipe", "report", str(session)], timeout=120)
     assert again.returncode == 0 and "ttft_median_s" in again.stdout and "prompt_len" in again.stdout
+
+
+def test_its_session_is_read_as_any_other_by_report_html_watch_and_compare(swept, tmp_path):
+    from paretopipe.analysis.compare import compare
+    from paretopipe.analysis.live_state import LiveSession
+
+    session, _ = swept
+    page = (session / "report" / "report.html").read_text()
+    assert "time to first token" in page and "tokens_memory" not in page
+    state = LiveSession(session).state()
+    assert state["axes"]["x"]["column"] == "ttft_median_s" and len(state["configurations"]) == 12
+    assert any(c["on_front"] for c in state["configurations"])
+    result = compare(session, session, out=tmp_path / "cmp")
+    assert set(result["points"]["ttft_median_s_change"]) == {0.0} and set(result["fronts"]["jaccard"]) == {1.0}
+    assert any(p.name.startswith("compare_tiny-lm_tcp_p8") for p in result["files"])
+
+
+@pytest.mark.slow
+def test_the_notebook_draws_a_language_models_fronts(swept):
+    import nbformat
+
+    from conftest import ROOT
+    from notebook_helpers import execute
+
+    session, _ = swept
+    nb = nbformat.read(ROOT / "notebooks" / "pareto_front.ipynb", as_version=4)
+    out = execute(nb, {"PARETOPIPE_RESULTS_DIR": str(session), "MPLBACKEND": "Agg"})
+    assert "ttft_median_s" in out and "objectives this session has: ttft, tpot" in out
 
 
 def test_stage_memory_is_parameters_and_the_kv_cache_at_the_full_context():
@@ -83,3 +118,56 @@ def test_what_a_language_model_cannot_take_is_one_line(tmp_path, args, needle):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+def _unsplit_tokens_of(record: dict) -> list[list[int]]:
+    """The unsplit model's tokens for the prompts a run's configuration names (its seed is its run)."""
+    from paretopipe.llm import generate
+
+    builder = LMBuilder(record["config"]["model"])
+    g = Generation(**record["config"]["generation"])
+    model = generate.reference_model(builder.src)
+    return [generate.generate_unsplit(model, p, g.gen_tokens)[0] for p in builder.prompts(g, record["config"]["seed"])]
+
+
+@pytest.mark.slow
+def test_three_stage_plans_on_both_backends_generate_the_unsplit_models_tokens(tmp_path):
+    res = run([PYTHON, "automated_split_tester.py", "--model", "tiny-lm", "--split-blocks", "1,4;2,5", "--backend",
+               "both", "--network", "lan", "--prompt-len", "12", "--gen-tokens", "6", "--runs", "1", "--streams", "2",
+               "--out", str(tmp_path), "--session", "s", "--no-report"], timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "s" / "runs").glob("*.json"))]
+    assert sorted((r["backend"], r["config"]["split_index"]) for r in records) == [
+        ("rpc", [1, 4]), ("rpc", [2, 5]), ("tcp", [1, 4]), ("tcp", [2, 5])]
+    for record in records:
+        assert record["status"] == "complete" and len(record["generation"]["stages"]) == 3
+        assert record["generation"]["tokens"] == _unsplit_tokens_of(record)
+
+
+def _cgroups_missing() -> str | None:
+    from paretopipe import cpushare
+    from paretopipe.errors import UsageError
+
+    try:
+        cpushare.Hierarchy.detect()
+        cpushare.check_writable()
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.root
+@pytest.mark.skipif(_cgroups_missing() is not None, reason=f"no usable cgroup cpu controller: {_cgroups_missing()}")
+def test_an_emulated_edge_device_measured_to_a_precision_keeps_the_unsplit_models_tokens(tmp_path):
+    res = run([PYTHON, "automated_split_tester.py", "--model", "tiny-lm", "--splits", "0,3,6", "--network", "lan",
+               "--prompt-len", "12", "--gen-tokens", "6", "--runs", "2", "--precision", "10%", "--max-runs", "3",
+               "--stage-cpu", "0.5,1", "--out", str(tmp_path), "--session", "s", "--no-report"], timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    session = tmp_path / "s"
+    records = [json.loads(p.read_text()) for p in sorted((session / "runs").glob("*.json"))]
+    assert 6 <= len(records) <= 9 and all(r["status"] == "complete" for r in records)
+    assert {r["config"]["stage_limits"]["stage1"]["cpu_share"] for r in records} == {0.5}
+    for record in records:
+        assert record["generation"]["tokens"] == _unsplit_tokens_of(record)
+    rows = _rows(session / "summary.csv")
+    assert {r["stop_reason"] for r in rows} <= {"precise", "budget"} and all(int(r["runs"]) >= 2 for r in rows)

@@ -30,3 +30,20 @@ def test_a_cuda_build_on_a_pi_is_warned_about_and_a_jetson_or_server_is_not():
     assert doctor.cuda_build_warning("pi", {**pi, "torch_build": "cpu", "torch": "2.9.1+cpu"}) is None
     assert doctor.cuda_build_warning("server", {**pi, "machine": "x86_64"}) is None
     assert {"arch", "build"} <= set(doctor.COLUMNS)
+
+
+def test_a_language_model_is_checked_by_its_identity_a_layers_weights_and_its_cut_table():
+    from paretopipe.runners.hostcheck import HostcheckOptions
+
+    argv = HostcheckOptions(models="tiny-lm,mobilenetv2", num_classes=10, port=5999).to_argv()
+    proc = subprocess.run([PYTHON, "-m", "paretopipe.runners.hostcheck", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    from paretopipe.llm.build import source
+
+    identity, layer = got["fingerprints"]["tiny-lm"].split("/")
+    assert identity == source("tiny-lm").identity() and len(layer) == 16
+    assert not got["cut_digests"]["tiny-lm"].startswith("error") and not got["fingerprints"]["mobilenetv2"].startswith("error")
+    assert HostcheckOptions.parse(argv, "hostcheck", "") == HostcheckOptions(models="tiny-lm,mobilenetv2",
+                                                                             num_classes=10, port=5999)

@@ -180,3 +180,34 @@ def test_make_lab_demo_target_is_wired():
     text = (ROOT / "Makefile").read_text()
     assert "lab-demo:" in text and "paretopipe lab up" in text and "paretopipe doctor" in text
     assert shutil.which("make") is not None
+
+
+@pytest.mark.alone
+@pytest.mark.root
+@pytest.mark.lab
+def test_a_language_model_sweep_over_ssh_with_tc_pays_its_hidden_state_at_the_links_rate(tmp_path):
+    """A language model on the one sweeper over a two-host lab, its link shaped by tc (rate only):
+    every configuration complete with its token figures, and a prompt's hidden states cost their
+    bytes at the link's rate over its token ids: (TTFT at a hidden state's cut - TTFT at split 0)
+    per prompt token is (256 - 8) B at 1 Mbit/s within 25% (a prefill of 256 tokens is 64 KB: a
+    burst htb shapes as a link would; a decode step's small frame passes within htb's bucket)."""
+    nets = tmp_path / "nets.toml"
+    nets.write_text('[thin]\nrate = "1mbit"\ncomment = "rate only: htb shapes it on any kernel"\n')
+    with lab("ppll", 2, subnet=60) as made:
+        proc = cli.run([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model", "tiny-lm",
+                        "--splits", "0,1,6", "--network", "thin", "--network-file", str(nets), "--link", "tc",
+                        "--prompt-len", "256", "--gen-tokens", "8", "--runs", "1", "--threads", "1",
+                        "--drift-every", "0", "--out", str(tmp_path / "out"), "--session", "s", "--no-report",
+                        "--quiet"], timeout=900)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        for table in ("runs.csv", "summary.csv"):
+            rows = pd.read_csv(tmp_path / "out" / "s" / table).set_index("split_index")
+            assert set(rows["status"]) == {"complete"} and rows["ttft_median_s"].gt(0).all()
+            assert rows["tpot_median_s"].gt(0).all() and set(rows["prompt_len"]) == {256}
+        runs = pd.read_csv(tmp_path / "out" / "s" / "runs.csv").set_index("split_index")
+        assert set(runs["link_mode"]) == {"tc"} and list(runs["bytes_per_token"]) == [8, 256, 256]
+        for k in (1, 6):
+            per_token = (runs.loc[k, "ttft_median_s"] - runs.loc[0, "ttft_median_s"]) / 256
+            assert per_token == pytest.approx((256 - 8) * 8 / 1e6, rel=0.25)
+        for i in (1, 2):
+            assert "htb" not in _qdisc(made, i)

@@ -47,6 +47,20 @@ def test_partition_sh_over_real_ssh(sshd, tmp_path):
     assert not _stages_started_through(sshd[0])
 
 
+def test_partition_sh_sweeps_a_language_model_over_real_ssh(sshd, tmp_path):
+    """The same face, a language model: its generation runs on the two hosts over SSH, a record per split."""
+    env_file = sshd_env_file(sshd, tmp_path)
+    out_dir = tmp_path / "results"
+    proc = subprocess.run(["bash", "partition.sh", "--env-file", str(env_file), "--model", "tiny-lm", "--out",
+                           str(out_dir), "0", "3"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*/runs/*.json"))]
+    assert sorted(r["config"]["split_index"] for r in recs) == [0, 3]
+    assert all(r["status"] == "complete" and r["summary"]["tpot_median_s"] > 0 for r in recs)
+    assert not _stages_started_through(sshd[0])
+
+
 def _stages_started_through(port: int) -> list[int]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):

@@ -163,10 +163,14 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
     ciphers = f" x ciphers {', '.join(opts.ciphers)} (tcp)" if opts.ciphers != ["none"] else ""
     transports = f" x transports {', '.join(opts.transports)} (tcp)" if opts.transports != ["tcp"] else ""
     scenarios = f" x LoadGen scenarios {', '.join(opts.scenarios)}" if opts.scenarios != [CLOSED_LOOP] else ""
+    work = (f"{opts.streams} stream(s) of {opts.gen_tokens} tokens after a prompt of "
+            f"{'/'.join(map(str, opts.prompt_lens))} tokens each ({opts.warmup} warm-up generation(s)"
+            if opts.language_model else f"{per} batches of {opts.batch_size} each ({opts.warmup} warm-up")
     lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)}"
              f"{transports}{ciphers}{scenarios} x "
              f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
-             f"{opts.runs} runs; {per} batches of {opts.batch_size} each ({opts.warmup} warm-up"
+             + (f"prompts {', '.join(map(str, opts.prompt_lens))} x " if opts.language_model else "")
+             + f"{opts.runs} runs; {work}"
              + (")" if opts.warmup_every_run or not opts.warmup else ", on a cut's first run in each worker group)"),
              f"order: {opts.order}" + (f" (seed {opts.seed}), one round per run" if opts.order == "random" else "")
              + (f"; --precision {opts.precision:.0%}: up to {opts.max_runs or 3 * opts.runs} runs per configuration"
