@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
 from .. import records
+from ..loadgen.settings import CLOSED_LOOP
 from ..splits import Split, sort_key
 
 #: A configuration's cipher when its record (or a table from before encryption) names none.
@@ -15,8 +16,6 @@ PLAIN = "none"
 #: A configuration's transport when its record (or a table from before transports) names none.
 RAW_TCP = "tcp"
 DEFAULT_CODEC = "float32/none"
-#: A configuration measured by the suite's own closed loop, not under a LoadGen scenario.
-CLOSED_LOOP = "closed"
 #: A configuration of image batches has no prompt (a language model's generation names its length).
 NO_PROMPT = 0
 

@@ -6,9 +6,10 @@ folder (holding runs.csv) or a results folder, whose newest session is used.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,7 @@ from . import pareto
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
 from .session import Session, find_session
-from .keys import CONFIG_KEY, PANEL_KEY, panel_names
+from .keys import CLOSED_LOOP, CONFIG_KEY, PANEL_KEY, panel_names
 from .interactive import write_html
 from .sanity import sanity_checks
 from .privacy import privacy_cost
@@ -152,72 +153,84 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     return out
 
 
+@dataclasses.dataclass
+class _PanelFigures:
+    """The figures of one panel, each drawn by the method of its name. A language model's panel
+    draws its token figures: time to first token against time per token, tokens/s against the
+    largest stage's memory, both against the split, and the bytes per token."""
+
+    plt: Any
+    panel: pd.DataFrame
+    key: tuple
+    title: str
+    chosen: Sequence[objectives_mod.Objective]
+
+    @property
+    def generation(self) -> bool:
+        return objectives_mod.is_generation(self.panel)
+
+    @property
+    def default(self) -> bool:
+        return [o.name for o in self.chosen] == list(objectives_mod.defaults(self.panel))
+
+    def front(self) -> Any:
+        fig, ax = self.plt.subplots(figsize=(8, 5.5))
+        drawn = "time to first token and per token" if self.generation else "latency and throughput"
+        plot_fronts(self.panel, ax, f"Pareto fronts: {self.title}" + ("" if self.default else
+                    f" (front over {', '.join(o.name for o in self.chosen)}; drawn on {drawn})"), line=self.default)
+        return fig
+
+    def tokens_memory(self) -> Any:
+        pair = {objectives_mod.TOKENS.column: "max", "memory_model_bytes": "min"}
+        marked = self.panel.drop(columns=["front_status", "knee"], errors="ignore")
+        marked["on_front"] = pareto.mark_front(marked, pair, ["network"])["on_front"]
+        fig, ax = self.plt.subplots(figsize=(8, 5.5))
+        memory = objectives_mod.Objective("memory", "memory_model_bytes", "min",
+                                          "largest stage's parameters and KV cache (bytes)")
+        plot_fronts(marked, ax, f"Tokens/s against stage memory: {self.title}", x=memory, y=objectives_mod.TOKENS)
+        return fig
+
+    def objectives(self) -> Any:
+        size = max(6, 2.6 * len(self.chosen))
+        fig = self.plt.figure(figsize=(size, size))
+        plot_objective_matrix(self.panel, self.chosen, fig, f"Every pair of objectives: {self.title}")
+        return fig
+
+    def breakdown(self) -> Any:
+        fig = self.plt.figure(figsize=(4 * self.panel["network"].nunique() + 1, 4.5))
+        plot_breakdown(self.panel, fig, f"Where the time goes per {'step' if self.generation else 'split'}: "
+                                        f"{self.title}")
+        return fig
+
+    def vs_split(self) -> Any:
+        fig = self.plt.figure(figsize=(11, 4.5))
+        what = "Time to first token and per token" if self.generation else "Latency and throughput"
+        plot_vs_split(self.panel, fig, f"{what} vs split: {self.title}")
+        return fig
+
+    def payload(self) -> Any:
+        fig, ax = self.plt.subplots(figsize=(7, 4))
+        plot_payload(self.panel, ax, f"Payload per {'token' if self.generation else 'image'} vs split: {self.key[0]}")
+        return fig
+
+
 def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[objectives_mod.Objective],
                    out: Path, fmt: str, depths: bool = False) -> None:
     """The figures of one panel; one with nothing to draw is left out, with one line that says why
-    (``depths``: the session holds several in-flight depths, named in the files). A language
-    model's panel draws its token figures: time to first token against time per token, tokens/s
-    against the largest stage's memory, both against the split, and the bytes per token."""
+    (``depths``: the session holds several in-flight depths, named in the files)."""
     title, stem = panel_names(key, depths)
-    generation = objectives_mod.is_generation(panel)
-    default = [o.name for o in chosen] == list(objectives_mod.defaults(panel))
-
-    def figure(name: str, path: Path, make: Callable[[], Any]) -> None:
-        why = nothing_to_draw(panel, name, generation)
+    figures = _PanelFigures(plt, panel, key, title, chosen)
+    names = ["front"] + (["tokens_memory"] if figures.generation else []) + \
+        ([] if figures.default else ["objectives"]) + ["breakdown", "vs_split", "payload"]
+    for name in names:
+        path = out / (f"payload_{records.file_label(key[0])}.{fmt}" if name == "payload" else f"{name}_{stem}.{fmt}")
+        why = nothing_to_draw(panel, name, figures.generation)
         if why is not None:
             log.warning("report: %s not drawn: %s", path.name, why)
-            return
-        fig = make()
+            continue
+        fig = getattr(figures, name)()
         fig.tight_layout()
         save_figure(fig, path)
-
-    def front() -> Any:
-        fig, ax = plt.subplots(figsize=(8, 5.5))
-        drawn = "time to first token and per token" if generation else "latency and throughput"
-        plot_fronts(panel, ax, f"Pareto fronts: {title}" + ("" if default else
-                    f" (front over {', '.join(o.name for o in chosen)}; drawn on {drawn})"), line=default)
-        return fig
-
-    def tokens_memory() -> Any:
-        pair = {objectives_mod.TOKENS.column: "max", "memory_model_bytes": "min"}
-        marked = panel.drop(columns=["front_status", "knee"], errors="ignore")
-        marked["on_front"] = pareto.mark_front(marked, pair, ["network"])["on_front"]
-        fig, ax = plt.subplots(figsize=(8, 5.5))
-        memory = objectives_mod.Objective("memory", "memory_model_bytes", "min",
-                                          "largest stage's parameters and KV cache (bytes)")
-        plot_fronts(marked, ax, f"Tokens/s against stage memory: {title}", x=memory, y=objectives_mod.TOKENS)
-        return fig
-
-    def matrix() -> Any:
-        size = max(6, 2.6 * len(chosen))
-        fig = plt.figure(figsize=(size, size))
-        plot_objective_matrix(panel, chosen, fig, f"Every pair of objectives: {title}")
-        return fig
-
-    def breakdown() -> Any:
-        fig = plt.figure(figsize=(4 * panel["network"].nunique() + 1, 4.5))
-        plot_breakdown(panel, fig, f"Where the time goes per {'step' if generation else 'split'}: {title}")
-        return fig
-
-    def vs_split() -> Any:
-        fig = plt.figure(figsize=(11, 4.5))
-        what = "Time to first token and per token" if generation else "Latency and throughput"
-        plot_vs_split(panel, fig, f"{what} vs split: {title}")
-        return fig
-
-    def payload() -> Any:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        plot_payload(panel, ax, f"Payload per {'token' if generation else 'image'} vs split: {key[0]}")
-        return fig
-
-    figure("front", out / f"front_{stem}.{fmt}", front)
-    if generation:
-        figure("tokens_memory", out / f"tokens_memory_{stem}.{fmt}", tokens_memory)
-    if not default:
-        figure("objectives", out / f"objectives_{stem}.{fmt}", matrix)
-    figure("breakdown", out / f"breakdown_{stem}.{fmt}", breakdown)
-    figure("vs_split", out / f"vs_split_{stem}.{fmt}", vs_split)
-    figure("payload", out / f"payload_{records.file_label(key[0])}.{fmt}", payload)
 
 
 def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
@@ -233,7 +246,7 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     carried = "transport" in table.columns and table["transport"].fillna("tcp").ne("tcp").any()
     coded = "codec" in table.columns and table["codec"].fillna("float32/none").ne("float32/none").any()
     deep = "in_flight" in table.columns and table["in_flight"].nunique() > 1
-    loaded = "scenario" in table.columns and table["scenario"].fillna("closed").ne("closed").any()
+    loaded = "scenario" in table.columns and table["scenario"].fillna(CLOSED_LOOP).ne(CLOSED_LOOP).any()
     cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed) and (c != "transport" or carried)
             and (c != "codec" or coded) and (c != "in_flight" or deep) and (c != "scenario" or loaded)]
     if "front_status" in table.columns:

@@ -15,7 +15,7 @@ from ..argtypes import (nonneg_float, nonneg_int, percent, port_number, port_or_
 from ..errors import ParetoPipeError, UsageError
 from ..transport import auth, inputs
 from ..transport.messaging import MqttSettings, TransportSpec
-from ..loadgen.settings import LoadgenOptions, require_loadgen
+from ..loadgen.settings import CLOSED_LOOP, LoadgenOptions, require_loadgen
 from ..runners import flags
 from ..transport.runconfig import RunConfig
 from ..network.conditions import get_conditions
@@ -44,19 +44,17 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
 def add_network_flags(group, many: bool = False) -> None:
     """--network (named conditions from profiles.toml), --network-file and ad-hoc values."""
     if many:
-        group.add_argument("--network", "--networks", "--profiles", "--profile", dest="network", default=None,
-                           help="comma list of named network conditions from profiles.toml (lan, wifi, lte, 4g, "
-                                "3g, ...); --profiles is the anchor's name")
+        flags.NETWORK.add_to(group, aliases=("--networks", "--profiles", "--profile"),
+                             help="comma list of named network conditions from profiles.toml (lan, wifi, lte, 4g, "
+                                  "3g, ...); --profiles is the anchor's name")
     else:
-        group.add_argument("--network", "--profile", dest="network", default=None,
-                           help="named network conditions from profiles.toml (lan, wifi, lte, 4g, 3g, ...)")
-    group.add_argument("--network-file", "--profiles-file", dest="network_file", default=None,
-                       help="a TOML file of named network conditions (default: the shipped profiles.toml)")
+        flags.NETWORK.add_to(group, aliases=("--profile",), help=flags.NETWORK.help + " (lan, wifi, lte, 4g, 3g, ...)")
+    flags.NETWORK_FILE.add_to(group, aliases=("--profiles-file",))
     for key, example in NETWORK_VALUES:
         group.add_argument(f"--{key}", default=None,
                            help=f"ad-hoc {key} (e.g. {example}, or UP/DOWN values); overrides the named conditions")
     group.add_argument("--distribution", default=None, help="jitter distribution: normal, pareto, paretonormal, uniform")
-    group.add_argument("--trace", default=None, help="a rate trace (Mahimahi or CSV) instead of a constant rate")
+    flags.TRACE.add_to(group)
 
 
 def add_dataset_flags(group, default: str = "synthetic") -> None:
@@ -112,7 +110,7 @@ def loadgen_sweep_settings(args: argparse.Namespace, scenarios: Sequence[str]) -
     """A sweep's LoadGen settings, each of its scenarios checked with them now (before anything
     starts); without a LoadGen scenario every LoadGen flag is refused."""
     settings = flags.loadgen_settings(args)
-    wanted = [s for s in scenarios if s != "closed"]
+    wanted = [s for s in scenarios if s != CLOSED_LOOP]
     if not wanted:
         _refuse_loadgen_flags(args, settings)
         return {}

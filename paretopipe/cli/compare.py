@@ -6,6 +6,7 @@ from typing import Sequence
 
 from ..errors import UsageError
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_float, setup_logging
+from ..runners import flags
 from .report import add_objectives_flag
 
 
@@ -27,8 +28,8 @@ def parser(prog: str = "paretopipe compare") -> ArgumentParser:
     p.add_argument("--selective", default=None,
                    help="with --goal: networks whose front+tied sets must leave out the early splits, as "
                         "NETWORK:KMAX pairs, e.g. wifi:4,lte:4")
-    p.add_argument("--out", default=None, help="also write compare_points.csv, compare_fronts.csv and figures here")
-    p.add_argument("--format", default="png", choices=["png", "svg", "pdf"])
+    flags.OUT.add_to(p, help="also write compare_points.csv, compare_fronts.csv and figures here")
+    flags.FORMAT.add_to(p)
     add_objectives_flag(p)
     add_common_flags(p)
     return p

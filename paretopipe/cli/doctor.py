@@ -22,11 +22,11 @@ def parser(prog: str = "paretopipe doctor") -> ArgumentParser:
         epilog=example_epilog("paretopipe doctor --model mobilenetv2",
                               "paretopipe doctor --env-file lab.env --model resnet18 --deploy"))
     flags.ENV_FILE.add_to(p)
-    p.add_argument("--model", "--models", dest="models", default="mobilenetv2", help="comma list of models to fingerprint "
+    flags.MODEL.add_to(p, aliases=("--models",), dest="models", default="mobilenetv2", help="comma list of models to fingerprint "
                    "(image models, or language models: tiny-lm, smollm2-135m, ...)")
     flags.MODEL_DIR.add_to(p, help="a language model's folder, at this path on every host (its name is the folder's)")
     flags.NUM_CLASSES.add_to(p)
-    p.add_argument("--stage-devices", default=None, help="device per host, e.g. cpu,cuda (overrides .env)")
+    flags.STAGE_DEVICES.add_to(p, help="device per host, e.g. cpu,cuda (overrides .env)")
     p.add_argument("--deploy", action="store_true",
                    help="first ship this working tree to REMOTE_DIR on every host (and a venv where needed)")
     p.add_argument("--no-tc", action="store_true", help="do not require tc and root (for --link emulated)")

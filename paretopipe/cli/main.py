@@ -25,6 +25,7 @@ COMMANDS = {
     "rpc": ("rpc", "main", "an N-stage pipeline over PyTorch RPC (distributed_runner.py)"),
     "lab": ("lab", "main", "a lab of namespace hosts with their own sshd, on this machine (root)"),
     "doctor": ("doctor", "main", "check (and --deploy to) every host of a testbed before a sweep"),
+    "broker": ("broker", "main", "a Mosquitto broker with a user per stage, for stages run by hand over MQTT"),
 }
 
 

@@ -10,10 +10,11 @@ from typing import Any, Sequence
 
 from .. import records
 from ..errors import UsageError
+from ..runners import flags
 from ..network import probe, tc, tracecontrol
 from ..network.conditions import Direction, load_conditions
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
-                     network_from_args, port_number, positive_float, positive_int, setup_logging)
+                     network_from_args, positive_float, positive_int, setup_logging)
 
 log = logging.getLogger("paretopipe.netem")
 
@@ -46,32 +47,32 @@ def parser(prog: str = "network_delay.py") -> ArgumentParser:
     add_network_flags(ap)
     ap.add_argument("--ingress", action="store_true",
                     help="shape incoming traffic too, with the down direction (through an ifb device)")
-    ap.add_argument("--port", type=port_number, default=None, help="shape only TCP traffic to/from this port (SSH stays untouched)")
-    ap.add_argument("--dry-run", action="store_true", help="print the commands, change nothing (no root needed)")
+    flags.PORT.add_to(ap, help="shape only TCP traffic to/from this port (SSH stays untouched)")
+    flags.DRY_RUN.add_to(ap, help="print the commands, change nothing (no root needed)")
     ap.add_argument("--duration", type=positive_float, default=None,
                     help="hold the conditions this many seconds (or until Ctrl-C), then clear them")
     ap.add_argument("--trace-interval", type=positive_float, default=tracecontrol.DEFAULT_INTERVAL_S,
                     help="with --trace: seconds between the controller's rate changes")
     ap.add_argument("--trace-offset", type=float, default=None,
                     help="with --trace: start this many seconds into the trace (default: seeded by --seed)")
-    ap.add_argument("--seed", type=int, default=0, help="with --trace: the seed of the trace's start offset")
+    flags.SEED.add_to(ap, help="with --trace: the seed of the trace's start offset")
     ap.add_argument("--trace-log", default=None, help="with --trace: write every applied rate to this CSV")
     _target(ap)
     cl = sub.add_parser("clear", help="remove everything apply added (no-op on a clean interface)")
-    cl.add_argument("--dry-run", action="store_true")
+    flags.DRY_RUN.add_to(cl, help="print the commands, change nothing")
     _target(cl)
     sh = sub.add_parser("show", help="the qdiscs as the kernel reports them")
     sh.add_argument("--json", action="store_true")
     _target(sh)
     me = sub.add_parser("measure", help="RTT and goodput to a 'serve' peer, written as JSON")
-    me.add_argument("--host", required=True)
-    me.add_argument("--port", type=port_number, default=5201)
+    flags.HOST.add_to(me, required=True, help="the serve peer's address")
+    flags.PORT.add_to(me, default=5201, help="the serve peer's port")
     me.add_argument("--samples", type=positive_int, default=20, help="TCP round trips for the RTT")
     me.add_argument("--bytes", type=positive_int, default=2_000_000, help="bytes per bulk transfer, each way")
-    me.add_argument("--out", default=None, help="JSON file (printed when not given)")
+    flags.OUT.add_to(me, help="JSON file (printed when not given)")
     se = sub.add_parser("serve", help="answer measure clients until Ctrl-C")
-    se.add_argument("--host", default="0.0.0.0")
-    se.add_argument("--port", type=port_number, default=5201)
+    flags.HOST.add_to(se, default="0.0.0.0", help="address to listen on")
+    flags.PORT.add_to(se, default=5201, help="port to listen on")
     se.add_argument("--max-clients", type=positive_int, default=64, help="connections served at once")
     sub.add_parser("networks", aliases=["profiles"], help="list the named network conditions")
     for p in {id(p): p for p in sub.choices.values()}.values():

@@ -43,8 +43,8 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
             "--network lan,3g --prompt-len 16"))
     flags.MODEL.add_to(p, default=None, help="the model the device profiles were taken of")
     flags.MODEL_DIR.add_to(p)
-    p.add_argument("--device-profiles", "--stage-profiles", dest="device_profiles", required=True,
-                   help="comma list of device profile JSONs, one per device in chain order (device 1 holds the "
+    flags.DEVICE_PROFILES.add_to(p, aliases=("--stage-profiles",), required=True,
+                                 help="comma list of device profile JSONs, one per device in chain order (device 1 holds the "
                         "data); a+b averages two profiles of one device, e.g. taken before and after a sweep")
     p.add_argument("--links", default=None, help="N devices: one named network condition per hop, e.g. wifi,lan")
     add_network_flags(p.add_argument_group("network conditions (default lan)"), many=True)
@@ -54,12 +54,10 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     flags.BATCH_SIZE.add_to(p, default=1)
     flags.WIRE_DTYPE.add_to(p)
     flags.COMPRESSION.add_to(p)
-    p.add_argument("--encrypt", default="none", choices=["none", "auto", "chacha20", "aesgcm"],
-                   help="predict a sealed data port: each device's measured seal and open times (paretopipe "
+    flags.ENCRYPT.add_to(p, help="predict a sealed data port: each device's measured seal and open times (paretopipe "
                         "profile --ciphers) join its frames' encode and decode; auto picks as the stages would")
-    p.add_argument("--fine", action="store_true", help="every fx cut instead of the block splits")
-    p.add_argument("--objectives", default=None,
-                   help="the predicted front's objectives, two or more of latency, throughput, memory (each stage's "
+    flags.FINE.add_to(p)
+    flags.OBJECTIVES.add_to(p, help="the predicted front's objectives, two or more of latency, throughput, memory (each stage's "
                         "parameters plus its largest activation, from the profiles), memory_stageN, energy "
                         "(modelled: needs --power-core-w); default latency,throughput")
     flags.POWER_CORE_W.add_to(p, help="per device, e.g. 0.9,15: the watts one busy core adds; x each stage's "
@@ -72,7 +70,7 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
                    help="compare with a measured sweep; writes prediction_validation.* into its report/")
     flags.PROMPT_LENS.add_to(p.add_argument_group(f"{LANGUAGE_MODELS}: time to first token and per token"))
-    p.add_argument("--out", default=None, help="folder for predictions.csv and figures (default: print only; "
+    flags.OUT.add_to(p, help="folder for predictions.csv and figures (default: print only; "
                                                "--sweep-rate defaults to predictions/)")
     add_common_flags(p)
     return p

@@ -12,7 +12,7 @@ from ..errors import UsageError
 from ..llm.shapes import is_language_model
 from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
-                     example_epilog, nonneg_int, positive_int, setup_logging)
+                     example_epilog, positive_int, setup_logging)
 from ..predict.device_profile import DEFAULT_CODECS
 from .. import cpushare, records
 
@@ -38,7 +38,7 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
         row.add_to(p)
     flags.CPU_SHARE.add_to(p, help="hold this process to a CPU share via cgroups (emulates a weaker device; as "
                                    "--stage-cpu)")
-    p.add_argument("--warmup", type=nonneg_int, default=3, help="untimed passes first")
+    flags.WARMUP.add_to(p, help="untimed passes first")
     p.add_argument("--repetitions", type=positive_int, default=None,
                    help="timed passes; the median (mean under a share) is kept (default 15; a language model's "
                         "prefills: 5)")
@@ -47,15 +47,14 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
     p.add_argument("--ciphers", default="chacha20,aesgcm",
                    help="data-port ciphers whose seal and open times to measure, for predict --encrypt (none: skip)")
     add_dataset_flags(p, default="photos")
-    p.add_argument("--max-live", type=positive_int, default=1,
-                   help="profile every cut that at most this many tensors cross (a live set: skip connections, a "
+    flags.MAX_LIVE.add_to(p, help="profile every cut that at most this many tensors cross (a live set: skip connections, a "
                         "detector's pyramid), so that predict --fine weighs them too; 1 is the one-tensor cuts")
     flags.NUM_CLASSES.add_to(p)
     flags.WEIGHTS.add_to(p)
     g = p.add_argument_group(f"{LANGUAGE_MODELS}: every block's compute in each phase")
     flags.PROMPT_LENS.add_to(g, help="prompt lengths whose prefill is timed, a comma list (128,1024)")
     g.add_argument("--decode-steps", type=positive_int, default=16, help="decode steps timed after each prefill")
-    p.add_argument("--out", required=True, help="device profile JSON to write, e.g. profiles/<device>-<model>.json")
+    flags.OUT.add_to(p, required=True, help="device profile JSON to write, e.g. profiles/<device>-<model>.json")
     add_common_flags(p)
     return p
 

@@ -6,17 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
+from ..runners import flags
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
 
-OBJECTIVES_HELP = ("objectives of the fronts, two or more of latency, throughput, energy, memory, energy_stageN, "
-                   "memory_stageN, and a language model's ttft, tpot (energy: measured joules per image or token where "
-                   "the stages had sensors, else modelled from declared powers; memory: the largest stage's "
-                   "parameters and activation, a language model's KV cache)")
-
-
 def add_objectives_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--objectives", default=None, type=_objective_names, help=OBJECTIVES_HELP + "; default "
-                   "latency,throughput (a language model: ttft,tpot)")
+    flags.OBJECTIVES.add_to(p, type=_objective_names, help=flags.OBJECTIVES.help + "; default latency,throughput "
+                            "(a language model: ttft,tpot)")
 
 
 def _objective_names(text: str) -> str:
@@ -48,9 +43,9 @@ def parser(prog: str = "python -m paretopipe.report") -> ArgumentParser:
     p.add_argument("results", nargs="+",
                    help="a session folder, or a results folder (newest session); several: the sessions of one "
                         "shared search study, one per testbed, merged (testbeds.csv, testbed_disagreements.csv)")
-    p.add_argument("--out", default=None, help="output folder (default SESSION/report; several sessions: the "
+    flags.OUT.add_to(p, help="output folder (default SESSION/report; several sessions: the "
                                                "first's report-testbeds)")
-    p.add_argument("--format", default="png", choices=["png", "svg", "pdf"])
+    flags.FORMAT.add_to(p)
     p.add_argument("--predictions", default=None, metavar="CSV",
                    help="predictions.csv of `paretopipe predict --latency-bound-ms B --out DIR`: each split's "
                         "predicted Server rate, printed beside the one LoadGen measured (loadgen_front.csv too)")

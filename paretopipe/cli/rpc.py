@@ -46,21 +46,17 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     add_dataset_flags(p)
     add_prefetch_flags(p)
     p.add_argument("--num-test-samples", type=positive_int, default=64, help="images in the measured batches")
-    p.add_argument("--warmup", type=nonneg_int, default=2, help="extra batches first, excluded from statistics (a "
-                                                                 "language model: short generations of 2 tokens)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the synthetic inputs and seeded prompts")
+    flags.WARMUP.add_to(p, default=2)
+    flags.SEED.add_to(p)
     flags.WIRE_DTYPE.add_to(p, help="a language model's hidden state across each cut (an image model's activations "
                                     "cross as computed over RPC)")
     p.add_argument("--num-partitions", type=positive_int, default=2,
                    help="stages; at most world-size - 1 (world-size with --rpc-source stage1)")
-    p.add_argument("--split", "--split-block", dest="split_block", type=nonneg_int, default=None,
-                   help="block index k for 2 partitions (0..K)")
-    p.add_argument("--split-blocks", default=None, help="comma list of k for more partitions, e.g. 5,12")
-    p.add_argument("--cut", default=None,
-                   help="fine cut names instead of block indices, comma-separated, one per boundary; a name with + "
-                        "is a live set of several tensors (python -m paretopipe.split --list --fine)")
+    flags.SPLIT.add_to(p, aliases=("--split-block",), dest="split_block", help="block index k for 2 partitions (0..K)")
+    flags.SPLIT_BLOCKS.add_to(p)
+    flags.CUT.add_to(p)
     p.add_argument("--use-pipelining", action="store_true", help="keep --in-flight batches outstanding")
-    p.add_argument("--in-flight", type=positive_int, default=4)
+    flags.IN_FLIGHT.add_to(p, default=4)
     p.add_argument("--num-threads", type=positive_int, default=16,
                    help="RPC worker threads (the anchor's default is 4; 16 here because each stage's forward holds "
                         "an RPC thread while it waits for the stage, and with --in-flight 4 batches plus the "
@@ -80,31 +76,28 @@ def _add_split_choice_flags(p: ArgumentParser) -> None:
                         "beside the measurement (2 partitions)")
     s.add_argument("--disable-intelligent-splitting", action="store_true",
                    help="use the split given (--split-block) or the default K//2 (the default behaviour)")
-    s.add_argument("--device-profiles", default=None,
-                   help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated, for "
+    flags.DEVICE_PROFILES.add_to(s, help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated, for "
                         "--use-intelligent-splitting")
 
 
 def _add_placement_flags(p: ArgumentParser) -> None:
     """Where the ranks run and what they write: the RPC transport, the master, the network."""
     flags.THREADS.add_to(p, help="torch intra-op threads per process")
-    p.add_argument("--out", "--metrics-dir", dest="out", default="./enhanced_metrics", help="folder for the run JSON")
+    flags.OUT.add_to(p, aliases=("--metrics-dir",), default="./enhanced_metrics", help="folder for the run JSON")
     for row in (flags.MODELS_DIR, flags.MODEL_DIR, flags.WEIGHTS, flags.DEVICE, flags.RPC_TRANSPORT, flags.RPC_SOURCE):
         row.add_to(p)
-    p.add_argument("--stage-devices", default=None,
-                   help="master: the device of each stage, e.g. cpu,cuda (the master builds every rank's stage "
+    flags.STAGE_DEVICES.add_to(p, help="master: the device of each stage, e.g. cpu,cuda (the master builds every rank's stage "
                         "there; default: --device for every stage)")
     p.add_argument("--master-addr", default=None, help="overrides MASTER_ADDR from .env/environment")
     p.add_argument("--master-port", type=port_number, default=None, help="overrides MASTER_PORT")
-    p.add_argument("--timeout", type=positive_float, default=None,
-                   help="seconds per result (default: follows the link: 60 s plus what the batches in flight need "
+    flags.TIMEOUT.add_to(p, help="seconds per result (default: follows the link: 60 s plus what the batches in flight need "
                         "at its slowest rate)")
     p.add_argument("--join-timeout", type=positive_float, default=None,
                    help="seconds for every rank to start, build its model and join (default 60, or --timeout if "
                         "longer): start-up on a loaded machine, not the link")
     add_network_flags(p.add_argument_group("emulated network conditions on every hop"))
-    p.add_argument("--local", action="store_true", help="spawn every rank as a process on this machine")
-    p.add_argument("--save-outputs", default=None, help="master: write the logits to this .npz")
+    flags.LOCAL.add_to(p, help="spawn every rank as a process on this machine")
+    flags.SAVE_OUTPUTS.add_to(p, help="master: " + flags.SAVE_OUTPUTS.help)
     flags.ENV_FILE.add_to(p)
     p.add_argument("--shards-dir", default=None, help=argparse.SUPPRESS)
     for flag in DEPRECATED:

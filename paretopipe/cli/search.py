@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..partition.structure import structure
+from ..runners import flags
 from ..runners.search import (SearchOptions, SearchRun, describe, parse_vary, predicted_front, search_space,
                               with_first_choices)
 from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from .common import ArgumentParser, HelpFormatter, example_epilog, positive_float, positive_int, setup_logging
-from .sweep import options_from_args
+from .sweep_options import options_from_args
 from .sweep_flags import add_flags
 
 
@@ -31,16 +32,14 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
     search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
                         help="tpe (multi-objective TPE), gp (Gaussian-process EHVI), nsga2, qmc (Sobol) or random; "
                              "benchmarks/search.py chose the default")
-    search.add_argument("--stages", type=positive_int, default=2, help="stages of each plan (3: two cuts)")
-    search.add_argument("--device-profiles", default=None,
-                        help="one device profile per stage (paretopipe profile), comma-separated: the cost model's "
+    flags.STAGES.add_to(search)
+    flags.DEVICE_PROFILES.add_to(search, help="one device profile per stage (paretopipe profile), comma-separated: the cost model's "
                              "front per network is measured first")
     search.add_argument("--vary", action="append", default=[], metavar="NAME=A,B",
                         help="a setting the space varies, beside the split and the sweep lists: codec=WIRE/COMPRESSION,..."
                              " (e.g. codec=float32/none,float16/zstd,bfloat16/lz4), batch_size=1,4,8 or in_flight=1,2,4;"
                              " repeat for several")
-    search.add_argument("--study", default=None, metavar="URL",
-                        help="share the study with other workers, each on its own testbed (its own --env-file): "
+    flags.STUDY.add_to(search, help="share the study with other workers, each on its own testbed (its own --env-file): "
                              "journal:PATH for workers on one machine, postgresql://USER@HOST[:PORT]/DB for several; "
                              "the budget holds for the whole study and nothing is measured twice")
     search.add_argument("--study-name", default=None, help="the shared study's name (default: paretopipe-MODEL)")

@@ -7,7 +7,7 @@ from typing import Sequence
 from ..runners import flags
 from ..errors import UsageError
 from ..llm import shapes
-from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
+from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
 from ..partition.structure import structure
 
 
@@ -23,10 +23,8 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
     flags.MODEL_DIR.add_to(p)
     flags.WIRE_DTYPE.add_to(p, help="a language model's hidden state on the wire, for the bytes per token")
     p.add_argument("--list", action="store_true", help="print the split table (the default action)")
-    p.add_argument("--fine", action="store_true",
-                   help="every fx cut instead of block cuts, with the tensors that cross it (a + joins several)")
-    p.add_argument("--max-live", type=positive_int, default=None,
-                   help="with --fine or --plot: only cuts that at most this many tensors cross (default: all; "
+    flags.FINE.add_to(p, help="every fx cut instead of block cuts, with the tensors that cross it (a + joins several)")
+    flags.MAX_LIVE.add_to(p, default=None, help="with --fine or --plot: only cuts that at most this many tensors cross (default: all; "
                         "--plot: 3)")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="draw bytes across each cut against stage 1's share of the FLOPs, a panel per model")

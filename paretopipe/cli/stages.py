@@ -32,18 +32,17 @@ DEFAULT_PORT = 5555
 def _common(parser: argparse.ArgumentParser, stage: int) -> None:
     g = parser.add_argument_group("model and split (both stages must agree)")
     flags.MODEL.add_to(g, default="mobilenetv2", aliases=("--model-name",))
-    g.add_argument("--split", "--split-index", dest="split_index", type=split_or_adaptive, default=None,
-                   help="block index k: the first k blocks run on stage 1 (0 and K are the baselines); "
+    flags.SPLIT.add_to(g, aliases=("--split-index",), dest="split_index", type=split_or_adaptive,
+                       help="block index k: the first k blocks run on stage 1 (0 and K are the baselines); "
                         "k1,k2,...: a chain of stages (stage 1 runs blocks up to k1, stage 2 up to k2, ...); "
                         "adaptive: choose per batch from the measured link (both stages hold every block)"
                         + ("" if stage == 1 else "; omitted: whatever stage 1 runs"))
-    g.add_argument("--cut", default=None, help="a fine fx cut name instead of --split (paretopipe split --list --fine)")
+    flags.CUT.add_to(g, help="a fine fx cut name instead of --split (paretopipe split --list --fine)")
     for row in (flags.NUM_CLASSES, flags.WEIGHTS, flags.MODELS_DIR, flags.MODEL_DIR):
         row.add_to(g)
     n = parser.add_argument_group("connection")
-    n.add_argument("--port", type=port_number, default=DEFAULT_PORT)
-    n.add_argument("--timeout", type=positive_float, default=None,
-                   help="seconds without progress before the run is declared dead (default: 60 s plus what the "
+    flags.PORT.add_to(n, default=DEFAULT_PORT, help="stage 1's data port")
+    flags.TIMEOUT.add_to(n, help="seconds without progress before the run is declared dead (default: 60 s plus what the "
                         "batches in flight need on the link: bytes at its slowest rate, delay, jitter, losses"
                         + ("" if stage == 1 else "; stage 1's deadline") + ")")
     n.add_argument("--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for the peer to appear")
@@ -52,14 +51,11 @@ def _common(parser: argparse.ArgumentParser, stage: int) -> None:
                                   f"settings are read from")
     flags.TRANSPORT.add_to(n)
     flags.MQTT_QOS.add_to(n)
-    n.add_argument("--encrypt", default="none", choices=list(aead.CHOICES),
-                   help=f"seal every frame after the handshake (AEAD, keys from {auth.SECRET_ENV}); auto: AES-GCM "
-                        "when both CPUs have AES instructions, else ChaCha20-Poly1305. Both stages must agree")
+    flags.ENCRYPT.add_to(n, help=flags.ENCRYPT.help + ". Both stages must agree")
     r = parser.add_argument_group("execution and output")
     flags.DEVICE.add_to(r)
     flags.THREADS.add_to(r)
-    r.add_argument("--out", "--output-dir", dest="out", default=None if stage == 1 else ".",
-                   help="folder for the run JSON")
+    flags.OUT.add_to(r, aliases=("--output-dir",), default=None if stage == 1 else ".", help="folder for the run JSON")
     r.add_argument("--link-dev", default=None, help="with --link tc: interface whose qdiscs are read back into the manifest")
     add_common_flags(parser)
 
@@ -139,19 +135,17 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
             "python partition1.py --model mobilenetv2 --split 8",
             "python partition1.py --model resnet50 --split 4 --in-flight 4 --network lte",
             "python partition1.py --model vgg16 --cut features_16 --compression zstd --wire-dtype float16"))
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    flags.HOST.add_to(p, default="0.0.0.0", help="address to listen on")
     _common(p, 1)
     d = p.add_argument_group("workload")
     flags.BATCH_SIZE.add_to(d)
-    d.add_argument("--num-batches", type=nonneg_int, default=20, help="measured batches")
-    d.add_argument("--warmup", type=nonneg_int, default=3, help="extra batches first, excluded from statistics (a "
-                                                                 "language model: short generations of 2 tokens)")
-    d.add_argument("--in-flight", type=positive_int, default=1, help="pipelining window (1 = no overlap)")
-    d.add_argument("--max-batch-s", type=positive_float, default=None,
-                   help="a batch slower than this (seconds) ends the run as infeasible: recorded, exit status 0")
+    flags.NUM_BATCHES.add_to(d, type=nonneg_int)
+    flags.WARMUP.add_to(d)
+    flags.IN_FLIGHT.add_to(d)
+    flags.MAX_BATCH_S.add_to(d)
     add_dataset_flags(d, default="auto")
     add_prefetch_flags(d)
-    d.add_argument("--seed", type=nonneg_int, default=0)
+    flags.SEED.add_to(d)
     flags.COMPRESSION.add_to(d)
     d.add_argument("--compression-level", type=positive_int, default=3)
     flags.WIRE_DTYPE.add_to(d)
@@ -165,15 +159,12 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
                                          "from the batches' start at a seeded offset")
     a = p.add_argument_group("adaptive split (--split adaptive)")
     flags.OBJECTIVE.add_to(a)
-    a.add_argument("--deadline-ms", type=positive_float, default=None,
-                   help="a result later than this is not waited for: stage 1 finishes the batch itself "
-                        "(adaptive default: only when stage 2 is gone). Also for a static split with --in-flight 1, "
+    flags.DEADLINE_MS.add_to(a, help=flags.DEADLINE_MS.help + " (adaptive default: only when stage 2 is gone). Also for a static split with --in-flight 1, "
                         "which then serves locally while stage 2 is gone and takes it back when it reconnects")
     a.add_argument("--candidates", default=None,
                    help="splits the chooser may use: all block splits (default), 1,4,8 or 2-10, and cuts of several "
                         "tensors by name (python -m paretopipe.split --list --fine)")
-    a.add_argument("--device-profiles", default=None,
-                   help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated; default: both "
+    flags.DEVICE_PROFILES.add_to(a, help="stage 1's and stage 2's profiles (paretopipe profile), comma-separated; default: both "
                         "stages profile themselves briefly at start")
     for row in flags.POLICY_FLAGS:
         row.add_to(a)
@@ -182,8 +173,7 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     flags.POWER_CORE_W.add_to(e)
     add_generation_flags(p)
     add_loadgen_flags(p)
-    p.add_argument("--save-outputs", default=None, help="write the returned logits (a language model: the generated "
-                                                         "token ids, key tokens) to this .npz (for checks)")
+    flags.SAVE_OUTPUTS.add_to(p)
     return p
 
 
@@ -333,7 +323,7 @@ def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:
                               "# the middle of three (stage 1: --split 3,9)",
                               "python partition2.py --model mobilenetv2 --host 192.168.1.11 --port 5556   "
                               "# the last of three"))
-    p.add_argument("--host", default="127.0.0.1", help="the previous stage's address (stage 1's in a pair)")
+    flags.HOST.add_to(p, default="127.0.0.1", help="the previous stage's address (stage 1's in a pair)")
     _common(p, 2)
     c = p.add_argument_group("a chain of more than two stages (stage 1 runs --split k1,k2,...)")
     c.add_argument("--next-port", type=port_number, default=None,

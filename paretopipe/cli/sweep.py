@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import cpushare, cputrace
 from ..errors import UsageError
-from ..runners.hosts import Testbed
-from ..runners.processes import check_stage_devices
-from ..analysis.session import sweep_session_dir
+from ..runners import flags
 from ..runners.sweep import SweepOptions, Sweeper, describe_plan
 from ..runners.sweep.plan import plan_runs, splits_for
-from ..splits import parse_plans
-from ..network import traces
-from ..transport import aead, messaging
-from ..transport.auth import load_secret
 from . import experiment
 from .workload_flags import check_workload_flags
 from .report import print_front_table, print_privacy_cost
-from .common import (ArgumentParser, HelpFormatter, dataset_from_args, example_epilog, loadgen_sweep_settings,
-                     prefetch_from_args, read_env, setup_logging)
-from .sweep_flags import add_flags, resolved_table, simple_fields
-from ..partition.names import canonical_name, is_model_file
-from ..energy.memory import parse_limits
-from ..llm.shapes import is_language_model, model_structure, shape_of
+from .common import ArgumentParser, HelpFormatter, example_epilog, setup_logging
+from .sweep_flags import add_flags, resolved_table
+from .sweep_options import experiment_of, options_from_args
+from ..partition.names import is_model_file
+from ..llm.shapes import model_structure
 from ..runners.doctor import check_testbed, format_checks
 
 log = logging.getLogger("paretopipe.sweep")
@@ -52,178 +43,11 @@ def parser(prog: str = "automated_split_tester.py") -> ArgumentParser:
                    help="search the space instead of sweeping it: measure BUDGET configurations, as paretopipe "
                         "search --budget BUDGET does (its --sampler, --stages, --device-profiles, --vary and --study "
                         "apply)")
-    p.add_argument("--study", default=None, metavar="URL",
-                   help="share the sweep's configurations with other workers, each on its own testbed, through a "
+    flags.STUDY.add_to(p, help="share the sweep's configurations with other workers, each on its own testbed, through a "
                         "search study (journal:PATH or postgresql://USER@HOST/DB): paretopipe search --budget all "
                         "--sampler random; each configuration is measured once, by one worker, with its runs")
     add_flags(p)
     return p
-
-
-def _per_stage_ints(text: str | None, flag: str) -> list[int | None]:
-    if not text:
-        return [None, None]
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        values = []
-    if len(values) < 2 or min(values) < 1:
-        raise UsageError(f"{flag} {text!r}: give one positive integer per stage, e.g. 1,2")
-    return values
-
-
-def _models(args: argparse.Namespace) -> list[str]:
-    """The sweep's models, each name checked here, before any host is asked to build it (a
-    ``--model-dir`` folder's model is named by its config.json's folder)."""
-    if args.model_dir is not None:
-        return [shape_of(None, args.model_dir).name]
-    models = [m.strip() for m in (args.models or args.model or "mobilenetv2").split(",") if m.strip()]
-    if not models:
-        raise UsageError("--models names no model")
-    for model in models:
-        if not is_language_model(model):
-            canonical_name(model)
-    return models
-
-
-def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
-    models = _models(args)
-    language_model = is_language_model(models[0], args.model_dir)
-    devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else []
-    env = read_env(args.env_file)
-    if args.local:
-        testbed = Testbed()
-    elif exp is not None and exp.hosts:
-        testbed = Testbed.from_table(exp.hosts, env, devices or None)
-    else:
-        testbed = Testbed.from_env(env, devices or None)
-    if args.hosts_required and not testbed.remote:
-        raise UsageError(f"set PI1_IP and PI2_IP (or GPU_IP), or HOSTS, in {args.env_file} or the environment "
-                         f"(see .env.example)")
-    if args.local:
-        testbed.secret = env.get("PARETOPIPE_SECRET") or None
-        load_secret(testbed.secret or "")
-    if args.iface:
-        testbed.iface = args.iface
-        for h in testbed.hosts:
-            h.iface = args.iface
-    if not testbed.remote and any(d.startswith("cuda") for d in devices):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError(f"--stage-devices {args.stage_devices}: CUDA is not available on this machine; "
-                             f"valid here: cpu")
-    plans = parse_plans(args.split_blocks) if args.split_blocks else None
-    stages = (len(plans[0]) + 1) if plans else 2
-    link = args.link or ("tc" if testbed.remote else "emulated")
-    backends = ["tcp", "rpc"] if args.backend == "both" else [args.backend]
-    default_network = None if args.trace else "lan"
-    networks = [x.strip() for x in (args.network or default_network or "").split(",") if x.strip()]
-    inline = dict(exp.networks) if exp else {}
-    if args.trace:
-        trace = Path(args.trace).expanduser().resolve()
-        traces.load(trace)  # a bad trace is one line now, not a failure in every worker
-        name = f"trace-{trace.stem}"
-        inline[name] = {"trace": str(trace)}
-        networks.append(name)
-    # Flags that set a field as it is come from the table; these combine flags or check them.
-    return SweepOptions(**simple_fields(args), models=models, plans=plans, networks=networks, backends=backends,
-                        link=link, prefetch_batches=prefetch_from_args(args),
-                        optimizations=not args.no_optimizations, report=not args.no_report, testbed=testbed,
-                        ciphers=_ciphers(args.encrypt, backends, testbed),
-                        transports=_transports(args.transport, backends),
-                        stage_cpu=cpushare.parse_shares(args.stage_cpu, 2),
-                        stage_cpu_trace=cputrace.parse_stage_traces(args.stage_cpu_trace),
-                        stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
-                        stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
-                        dataset="synthetic" if language_model else dataset_from_args(args, args.compression,
-                                                                                     local=not testbed.remote),
-                        data_dir=args.data_dir, inline_networks=inline, objectives=args.objectives,
-                        power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),
-                        power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),
-                        memory_limits=_memory_limits(args.memory_limit, stages),
-                        deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else None,
-                        loadgen_settings=loadgen_sweep_settings(args, args.scenario))
-
-
-def _per_stage_floats(text: str | None, flag: str, stages: int) -> list[float | None]:
-    """``2.7,45`` (an empty entry: that stage's host decides) as watts per stage."""
-    if not text:
-        return []
-    values: list[float | None] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            value = float(part) if part else None
-        except ValueError:
-            raise UsageError(f"{flag} {text!r}: give watts per stage, e.g. 2.7,45")
-        if value is not None and not 0 <= value < float("inf"):
-            raise UsageError(f"{flag} {text!r}: watts must be 0 or more")
-        values.append(value)
-    if len(values) != stages:
-        raise UsageError(f"{flag} {text!r}: give one value per stage ({stages})")
-    return values
-
-
-def _memory_limits(text: str | None, stages: int) -> list[int | None]:
-    limits = parse_limits(text, stages)
-    return [limits.get(f"stage{j}") for j in range(1, stages + 1)] if limits else []
-
-
-def _ciphers(text: str, backends: list[str], testbed: Testbed) -> list[str]:
-    """--encrypt's list, refused where it cannot apply: without a shared secret, or with the rpc
-    backend alone (with --backend both the rpc runs stay plain)."""
-    choices = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
-    if not choices:
-        raise UsageError(f"--encrypt {text!r} names no cipher; valid: {', '.join(aead.CHOICES)}")
-    secret = load_secret(testbed.secret or "")
-    for choice in choices:
-        aead.check_choice(choice, secret)
-    sealed = [c for c in choices if c != "none"]
-    if sealed and "tcp" not in backends:
-        raise UsageError(f"--encrypt {sealed[0]} seals the TCP data port; the rpc backend's TensorPipe channel "
-                         f"cannot be sealed: use --backend tcp (or both, where the rpc runs stay plain)")
-    return choices
-
-
-def _transports(text: str, backends: list[str]) -> list[str]:
-    """--transport's list, refused where it cannot apply: with the rpc backend alone (its
-    TensorPipe channel is its own transport)."""
-    choices = [messaging.check_transport(t) for t in dict.fromkeys(t.strip() for t in text.split(",") if t.strip())]
-    if not choices:
-        raise UsageError(f"--transport {text!r} names no transport; valid: {', '.join(messaging.TRANSPORTS)}")
-    carried = [t for t in choices if t != "tcp"]
-    if carried and "tcp" not in backends:
-        raise UsageError(f"--transport {carried[0]} carries the TCP backend's frames; the rpc backend has its own "
-                         f"channel: use --backend tcp (or both, where the rpc runs stay as they are)")
-    return choices
-
-
-def _experiment_of(p: ArgumentParser, args: argparse.Namespace) -> experiment.Experiment | None:
-    """What --config, --rerun or --resume contributes (a resumed session's own stored experiment)."""
-    given = [flag for flag, value in (("--config", args.config), ("--rerun", args.rerun)) if value]
-    if len(given) > 1 or (given and args.resume and args.rerun):
-        raise UsageError(f"{' and '.join(given + (['--resume'] if args.resume else []))}: give one of --config, "
-                         f"--rerun and --resume (--config may amend a --resume)")
-    if args.rerun:
-        folder = Path(args.rerun)
-        exp = experiment.stored(folder, p)
-        if exp is None:
-            raise UsageError(f"--rerun {folder}: no {experiment.FILE_NAME} there; give a session folder written by "
-                             f"a sweep (results/<timestamp>)")
-        return exp
-    base = None
-    if args.resume:
-        base = experiment.stored(sweep_session_dir(args.out, args.session, True), p)
-    if args.config:
-        exp = experiment.read(args.config, p)
-        if base is not None:
-            exp.defaults = {**base.defaults, **exp.defaults}
-            exp.networks = {**base.networks, **exp.networks}
-            exp.hosts = exp.hosts or base.hosts
-            exp.resolved = base.resolved
-        return exp
-    return base
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.py") -> int:
@@ -239,7 +63,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
     p = parser(prog)
     args = p.parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    exp = _experiment_of(p, args)
+    exp = experiment_of(p, args)
     if exp is not None:
         p.set_defaults(**exp.defaults)
         args = p.parse_args(argv)
@@ -247,35 +71,52 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
     check_workload_flags(p, args, opts.language_model)
     sweeper = Sweeper(opts)
     table = resolved_table(opts)
-    if opts.resume and exp is not None and exp.resolved is not None:
-        changed = experiment.differences(exp.resolved, table)
-        if changed and not args.force_resume:
-            raise UsageError(f"--resume {sweeper.dir}: the options differ from the session's experiment: "
-                             f"{'; '.join(changed)}; run without the changed flags, or add --force-resume")
-        if changed:
-            log.warning("resuming with changed options (--force-resume): %s", "; ".join(changed))
+    _check_resume(sweeper, exp, table, args.force_resume)
     if opts.dry_run:
         shapes = {m: model_structure(m, opts.num_classes, opts.model_dir) for m in opts.models}
         print(describe_plan(plan_runs(opts, {m: s["num_blocks"] for m, s in shapes.items()},
                                       {m: s["fine_cuts"] for m, s in shapes.items()}), opts))
         return 0
-    if args.check and opts.testbed.remote:
-        rows, problems = check_testbed(opts.testbed, opts.models, opts.num_classes, model_dir=opts.model_dir)
-        print(format_checks(rows))
-        if problems:
-            for problem in problems:
-                print(f"error: {problem}", file=sys.stderr)
-            return 1
+    if args.check and opts.testbed.remote and not _testbed_ready(opts):
+        return 1
+    _check_splits(opts)
+    return _run(sweeper, opts, table, args.live)
+
+
+def _check_resume(sweeper: Sweeper, exp: experiment.Experiment | None, table: dict, force: bool) -> None:
+    """``--resume`` with options that differ from the session's stored experiment: refused in one
+    line naming them, unless ``--force-resume``."""
+    if not (sweeper.opts.resume and exp is not None and exp.resolved is not None):
+        return
+    changed = experiment.differences(exp.resolved, table)
+    if changed and not force:
+        raise UsageError(f"--resume {sweeper.dir}: the options differ from the session's experiment: "
+                         f"{'; '.join(changed)}; run without the changed flags, or add --force-resume")
+    if changed:
+        log.warning("resuming with changed options (--force-resume): %s", "; ".join(changed))
+
+
+def _testbed_ready(opts: SweepOptions) -> bool:
+    """``--check``: paretopipe doctor's table of every host, and each problem on a line of its own."""
+    rows, problems = check_testbed(opts.testbed, opts.models, opts.num_classes, model_dir=opts.model_dir)
+    print(format_checks(rows))
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return not problems
+
+
+def _run(sweeper: Sweeper, opts: SweepOptions, table: dict, live_port: int | None) -> int:
+    """The sweep itself, its session's experiment written first; a session nothing was measured
+    in is discarded when the workers refuse the model."""
     tb = opts.testbed
     where = ("locally" if not tb.remote else " -> ".join(f"{h.address} ({h.device})" for h in tb.hosts) + " over SSH")
-    _check_splits(opts)
-    live = _live_page(sweeper.dir, args.live)  # a port in use is refused before anything is written
+    live = _live_page(sweeper.dir, live_port)  # a port in use is refused before anything is written
     log.info("sweep %s, link %s, results in %s", where, opts.link, sweeper.dir)
     created = not sweeper.dir.exists()
     sweeper.dir.mkdir(parents=True, exist_ok=True)
     experiment.write(sweeper.dir / experiment.FILE_NAME, table,
                      {n: c.to_values() for n, c in sweeper.networks.items()},
-                     opts.testbed.to_table() if opts.testbed.remote else None)
+                     tb.to_table() if tb.remote else None)
     try:
         result = sweeper.run()
     except UsageError:

@@ -13,9 +13,10 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..loadgen.settings import CLOSED_LOOP
 from ..runners import flags
 from ..transport import aead, messaging
-from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, nonneg_int, percent,
+from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, percent,
                      port_or_zero, positive_float, positive_int)
 from .report import add_objectives_flag
 
@@ -53,11 +54,12 @@ class Flag:
     harmless: bool = False
 
     @classmethod
-    def of(cls, row: flags.Option, group: str, **kw: Any) -> "Flag":
+    def of(cls, row: flags.Option, group: str, aliases: tuple[str, ...] = (), **kw: Any) -> "Flag":
         """The sweep's flag for a catalogue row (:mod:`paretopipe.runners.flags`): its flags, type,
-        default, choices and help, with the sweep's own group and (``kw``) the rest."""
-        base = dict(help=row.help, type=row.type, default=row.default, choices=row.choices, metavar=row.metavar)
-        return cls(row.flags, group, **{**base, **kw})
+        default, choices and help, with the sweep's own group, ``aliases`` and (``kw``) the rest."""
+        base = dict(help=row.help, type=row.type, default=row.default, choices=row.choices, metavar=row.metavar,
+                    store_true=row.action == "store_true")
+        return cls(row.flags + aliases, group, **{**base, **kw})
 
     @property
     def name(self) -> str:
@@ -103,25 +105,23 @@ def _loadgen_value(field: str) -> Callable[[SweepOptions], Any]:
 
 FLAGS: tuple[Flag, ...] = (
     # -- what to sweep -----------------------------------------------------------------------------
-    Flag(("--model",), WHAT, "one model (mobilenetv2 when neither --model nor --models is given)",
+    Flag.of(flags.MODEL, WHAT, help="one model (mobilenetv2 when neither --model nor --models is given)",
          field="", stored=NOT_STORED),
     Flag(("--models",), WHAT, "comma list of models", field="", stored=lambda o: list(o.models)),
     Flag(("--splits",), WHAT, "all, a list 1,4,8, or ranges 2-10 (0 and K are the baselines); add adaptive for the "
          "runtime that picks the split per batch from the measured link (all,adaptive); fine cuts by name too, "
          "a live set of several tensors among them (0,maxpool+layer1_0_relu,9; paretopipe split --list --fine)",
          default="all"),
-    Flag(("--max-live",), WHAT, "widen --splits all with every fine cut that at most this many tensors cross (a "
-         "skip connection's, a detector's pyramid levels); 1 (the default) is the block splits only",
-         type=positive_int, default=1),
-    Flag(("--split-blocks",), WHAT, "N-stage plans for the rpc backend, ';' between plans: 3,9;5,12 (as paretopipe "
+    Flag.of(flags.MAX_LIVE, WHAT, help="widen --splits all with every fine cut that at most this many tensors cross "
+            "(a skip connection's, a detector's pyramid levels); 1 (the default) is the block splits only"),
+    Flag.of(flags.SPLIT_BLOCKS, WHAT, help="N-stage plans for the rpc backend, ';' between plans: 3,9;5,12 (as paretopipe "
          "predict prints them)", field="", stored=lambda o: [list(p) for p in o.plans] if o.plans else None),
     Flag(("--runs",), WHAT, "repetitions per configuration", type=positive_int, default=3),
-    Flag(("--network", "--networks", "--profiles"), WHAT, "comma list of named network conditions from "
+    Flag.of(flags.NETWORK, WHAT, aliases=("--networks", "--profiles"), help="comma list of named network conditions from "
          "profiles.toml (--profiles is the anchor's name); default lan, or only the trace with --trace",
          dest="network", field="", stored=NOT_STORED),
-    Flag(("--network-file", "--profiles-file"), WHAT, "a TOML file of named network conditions (the shipped "
-         "profiles.toml when not given)", dest="network_file", stored=NOT_STORED),
-    Flag(("--trace",), WHAT, "a rate trace (Mahimahi or time_s,rate_mbit CSV) for both directions: adds a network "
+    Flag.of(flags.NETWORK_FILE, WHAT, aliases=("--profiles-file",), stored=NOT_STORED),
+    Flag.of(flags.TRACE, WHAT, help="a rate trace (Mahimahi or time_s,rate_mbit CSV) for both directions: adds a network "
          "named trace-<file stem> to --network (per-direction traces: trace_up/trace_down in a network file)",
          field="", stored=NOT_STORED),
     Flag(("--backend",), WHAT, default="tcp", choices=("tcp", "rpc", "both"), field="",
@@ -139,7 +139,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--order",), ORDER, "random: seeded rounds, each configuration once per round in a new order, so drift "
          "spreads over every split; sequential: every run of a configuration back to back, splits in order (the "
          "anchor's)", default="random", choices=("random", "sequential")),
-    Flag(("--seed",), ORDER, "seed of the random order (recorded in the session)", type=nonneg_int, default=0),
+    Flag.of(flags.SEED, ORDER, help="seed of the random order (recorded in the session)"),
     Flag(("--precision",), ORDER, "keep measuring each configuration, in further rounds, until the 95%% CIs of its "
          "median latency and its throughput are within +-this (e.g. 5%%), or --max-runs is spent", type=percent,
          stored=lambda o: None if o.precision is None else f"{o.precision * 100:g}%"),
@@ -150,38 +150,36 @@ FLAGS: tuple[Flag, ...] = (
          field="drift_every_s", stored=lambda o: o.drift_every_s),
     # -- each run ----------------------------------------------------------------------------------
     Flag.of(flags.BATCH_SIZE, RUN),
-    Flag(("--num-batches",), RUN, "measured batches per run", type=positive_int, default=20),
-    Flag(("--warmup",), RUN, "warm-up batches on a cut's first run in each worker group (later runs of that cut "
-         "skip them: its one-time costs are paid; the record's config.warmup says which)", type=nonneg_int,
-         default=3),
+    Flag.of(flags.NUM_BATCHES, RUN),
+    Flag.of(flags.WARMUP, RUN, help="warm-up batches on a cut's first run in each worker group (later runs of that cut "
+         "skip them: its one-time costs are paid; the record's config.warmup says which)"),
     Flag(("--warmup-every-run",), RUN, "warm up before every run, as separate processes per run would have to",
          store_true=True),
-    Flag(("--in-flight",), RUN, "pipelining window", type=positive_int, default=1),
+    Flag.of(flags.IN_FLIGHT, RUN),
     Flag.of(flags.WIRE_DTYPE, RUN),
     Flag.of(flags.COMPRESSION, RUN),
-    Flag(("--encrypt",), RUN, f"comma list of the TCP data port's ciphers to sweep ({', '.join(aead.CHOICES)}), "
+    Flag.of(flags.ENCRYPT, RUN, help=f"comma list of the TCP data port's ciphers to sweep ({', '.join(aead.CHOICES)}), "
          "e.g. none,aesgcm: each is a configuration of its own (AEAD, keys from PARETOPIPE_SECRET), with its cipher "
          "and seal and open times recorded, so the report shows what privacy costs at every split",
-         default="none", field="", stored=lambda o: list(o.ciphers) if o.ciphers != ["none"] else None),
+         choices=None, field="", stored=lambda o: list(o.ciphers) if o.ciphers != ["none"] else None),
     Flag.of(flags.MQTT_QOS, RUN, stored=lambda o: o.mqtt_qos if o.mqtt_qos != "0" else None),
-    Flag(("--transport",), RUN, f"comma list of the data port's protocols to sweep ({', '.join(messaging.TRANSPORTS)}), "
+    Flag.of(flags.TRANSPORT, RUN, help=f"comma list of the data port's protocols to sweep ({', '.join(messaging.TRANSPORTS)}), "
          "e.g. tcp,websocket,mqtt: each is a configuration of its own carrying the same frames, with its messages, "
          "frame and socket bytes recorded (MQTT: through a Mosquitto broker the sweep starts here, or MQTT_BROKER "
-         "in .env with hosts)", default="tcp", field="",
+         "in .env with hosts)", choices=None, field="",
          stored=lambda o: list(o.transports) if o.transports != ["tcp"] else None),
     # --dataset, --data-dir, --enable-prefetch and --prefetch-batches: common.add_dataset_flags and
     # add_prefetch_flags, added after --encrypt (see add_flags); their fields are below.
     Flag.of(flags.LINK, RUN, help="emulated (the local choice): in-process link; tc: qdiscs on the hosts' IFACE (the "
             "choice with hosts); none", field="", stored=lambda o: o.link),
     Flag.of(flags.OBJECTIVE, RUN),
-    Flag(("--deadline-ms",), RUN, "every TCP run, static or adaptive (one batch in flight): a result later than "
-                                  "this is finished on stage 1 instead",
-         type=positive_float, field="", stored=lambda o: None if o.deadline_s is None else o.deadline_s * 1e3),
+    Flag.of(flags.DEADLINE_MS, RUN, help="every TCP run, static or adaptive (one batch in flight): a result later "
+            "than this is finished on stage 1 instead", field="", stored=lambda o: None if o.deadline_s is None else o.deadline_s * 1e3),
     Flag.of(flags.RPC_SOURCE, RUN),
     Flag.of(flags.RPC_TRANSPORT, RUN),
     # -- MLPerf LoadGen scenarios -----------------------------------------------------------------
     Flag.of(flags.SCENARIOS_LIST, LOADGEN, field="scenarios",
-            stored=lambda o: list(o.scenarios) if o.scenarios != ["closed"] else None),
+            stored=lambda o: list(o.scenarios) if o.scenarios != [CLOSED_LOOP] else None),
     Flag(flags.MLPERF_COMPLIANT.flags, LOADGEN, flags.MLPERF_COMPLIANT.help, store_true=True, field="",
          stored=lambda o: bool(o.loadgen_settings.get("compliant")) or None),
     *(Flag.of(row, LOADGEN, field="", stored=_loadgen_value(field)) for row, field in flags.LOADGEN_VALUES),
@@ -189,25 +187,24 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--energy-rate-hz",), MEASURE, "how often each stage reads its host's power sensors (RAPL, NVML, a Pi 5's "
          "PMIC, INA2xx)", type=positive_float, default=10.0,
          stored=lambda o: o.energy_rate_hz if o.energy_rate_hz != 10.0 else None),
-    Flag(("--power-idle-w",), MEASURE, "per stage, e.g. 2.7,45: a device's idle watts, for the modelled energy of a "
+    Flag.of(flags.POWER_IDLE_W, MEASURE, type=None, help="per stage, e.g. 2.7,45: a device's idle watts, for the modelled energy of a "
          "host without sensors (else POWER_IDLE_W per host in .env)", field="",
          stored=lambda o: _joined(o.power_idle_w)),
-    Flag(("--power-core-w",), MEASURE, "per stage, e.g. 0.9,15: the watts one busy core adds, x the stage's CPU "
+    Flag.of(flags.POWER_CORE_W, MEASURE, type=None, help="per stage, e.g. 0.9,15: the watts one busy core adds, x the stage's CPU "
          "seconds = its modelled energy (else POWER_CORE_W per host in .env)", field="",
          stored=lambda o: _joined(o.power_core_w)),
     Flag(("--memory-limit",), MEASURE, "stage1=1GiB or one size per stage (1GiB,16GiB): a stage whose peak memory "
          "exceeds it is marked in the records and the report (else MEMORY_LIMITS per host in .env)", field="",
          stored=lambda o: _joined(o.memory_limits)),
     # -- where -------------------------------------------------------------------------------------
-    Flag(("--env-file",), WHERE, "hosts, SSH settings and the shared secret (see .env.example)", default=".env",
-         field="", stored=NOT_STORED, harmless=True),
-    Flag(("--local",), WHERE, "ignore hosts in .env and run every stage here", store_true=True, field="",
+    Flag.of(flags.ENV_FILE, WHERE, help="hosts, SSH settings and the shared secret (see .env.example)", field="", stored=NOT_STORED, harmless=True),
+    Flag.of(flags.LOCAL, WHERE, help="ignore hosts in .env and run every stage here", field="",
          stored=lambda o: not o.testbed.remote, harmless=True),
     Flag(("--hosts-required",), WHERE, "refuse to run locally: .env must name the hosts (partition.sh's mode)",
          store_true=True, field="", stored=NOT_STORED, harmless=True),
     Flag(("--iface",), WHERE, "with --link tc: interface to shape (IFACE from .env otherwise)", field="",
          stored=NOT_STORED, harmless=True),
-    Flag(("--stage-devices",), WHERE, "device per stage, e.g. cpu,cuda (with hosts: overrides DEVICES/PI1_DEVICE/"
+    Flag.of(flags.STAGE_DEVICES, WHERE, help="device per stage, e.g. cpu,cuda (with hosts: overrides DEVICES/PI1_DEVICE/"
          "GPU_DEVICE)", field="", stored=lambda o: _joined(o.stage_devices)),
     Flag.of(flags.THREADS, WHERE, help="torch threads per stage (cores / stages otherwise)"),
     Flag(("--stage-threads",), WHERE, "torch threads per stage, e.g. 1,2 (overrides --threads)", field="",
@@ -226,7 +223,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--force-resume",), FILES, "let --resume continue a session with options that differ from its stored "
          "experiment", store_true=True, field="", stored=NOT_STORED, invocation=True),
     # -- output ------------------------------------------------------------------------------------
-    Flag(("--out",), OUTPUT, "results folder; each sweep is a session inside it", default="results",
+    Flag.of(flags.OUT, OUTPUT, help="results folder; each sweep is a session inside it", default="results",
          stored=NOT_STORED, harmless=True),
     Flag(("--session",), OUTPUT, "session folder name (a timestamp when not given)", stored=NOT_STORED,
          invocation=True),
@@ -242,12 +239,10 @@ FLAGS: tuple[Flag, ...] = (
          stored=NOT_STORED, invocation=True),
     Flag(("--wait-time",), OUTPUT, "readiness timeout for stage processes, seconds", type=positive_float,
          default=120.0, harmless=True),
-    Flag(("--timeout",), OUTPUT, "seconds a run may wait for progress (default: follows the link: 60 s plus what the "
-         "batches in flight need at its slowest rate, with delay, jitter, losses and measured compute)",
-         type=positive_float),
-    Flag(("--max-batch-s",), OUTPUT, "a batch slower than this (seconds, end to end) makes its configuration "
-         "infeasible: recorded as such, drawn as dominated, and the sweep goes on", type=positive_float),
-    Flag(("--dry-run",), OUTPUT, "print the plan and its size; run nothing", store_true=True, stored=NOT_STORED,
+    Flag.of(flags.TIMEOUT, OUTPUT),
+    Flag.of(flags.MAX_BATCH_S, OUTPUT, help="a batch slower than this (seconds, end to end) makes its configuration "
+            "infeasible: recorded as such, drawn as dominated, and the sweep goes on"),
+    Flag.of(flags.DRY_RUN, OUTPUT, help="print the plan and its size; run nothing", stored=NOT_STORED,
          invocation=True),
     Flag(("--check",), OUTPUT, "check every host (paretopipe doctor) before the sweep", store_true=True, field="",
          stored=NOT_STORED, invocation=True),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import UsageError
+from ..runners import flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, example_epilog, port_or_zero, setup_logging,
                      signals_as_interrupt)
 
@@ -25,9 +26,8 @@ def parser(prog: str = "paretopipe watch") -> ArgumentParser:
                                              "paretopipe watch results --port 9000",
                                              f"paretopipe watch results --host 0.0.0.0 --token \"${TOKEN_ENV}\""))
     p.add_argument("session", help="a session folder, or a results folder (its newest session)")
-    p.add_argument("--port", type=port_or_zero, default=8765, help="port to serve on (0: any free one)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (numeric); anything but loopback needs --token")
+    flags.PORT.add_to(p, type=port_or_zero, default=8765, help="port to serve on (0: any free one)")
+    flags.HOST.add_to(p, default="127.0.0.1", help="address to bind (numeric); anything but loopback needs --token")
     p.add_argument("--token", default=None,
                    help=f"a secret every request must carry (?token=...), needed off loopback; default ${TOKEN_ENV}")
     add_common_flags(p)

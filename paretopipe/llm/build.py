@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..partition.models import fingerprint as module_fingerprint, fingerprint_tensors
+from ..partition.models import fingerprint as module_fingerprint
 from .shapes import LMShape, named, shape_from_config, stage_blocks, stage_layers
 
 GENERATOR = "portable-uniform-v1/embed0.1/gain2"

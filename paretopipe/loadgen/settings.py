@@ -13,6 +13,8 @@ from typing import Any
 from .. import strict
 from ..errors import UsageError
 
+#: A configuration measured by the suite's own closed loop, not under a LoadGen scenario.
+CLOSED_LOOP = "closed"
 SCENARIOS = ("singlestream", "multistream", "offline", "server")
 MODES = ("performance", "accuracy")
 #: LoadGen's names of the scenarios.

@@ -88,47 +88,63 @@ def check_testbed(testbed: Testbed, models: Sequence[str], num_classes: int = DE
             rows.append(row)
             continue
         row["ssh"] = "ok"
-        same_code = got.get("source_digest") == ref["source_digest"]
-        row["commit"] = (got.get("git_commit") or "?")[:10]
-        row["digest"] = "same" if same_code else got.get("source_digest", "?")
-        if not same_code:  # an installed wheel has no commit; the digest is what runs
-            problems.append(f"{name}: runs commit {got.get('git_commit')} (code digest {got.get('source_digest')}), "
-                            f"this machine {ref['git_commit']} (digest {ref['source_digest']}); ship this tree with --deploy")
-        row["torch"] = str(got.get("torch"))
-        row["arch"] = str(got.get("machine", "?"))
-        row["build"] = str(got.get("torch_build", "?"))
-        warning = cuda_build_warning(name, got)
-        if warning:
-            log.warning("%s", warning)
-        # The weights are numpy draws (the fingerprints compare them); what another torch version can
-        # change is the traced graph, so a version differs harmlessly when every cut agrees.
-        cuts = got.get("cut_digests") or {}
-        split_apart = [m for m in models if cuts.get(m) != ref["cut_digests"].get(m)]
-        if got.get("torch") != ref.get("torch") and split_apart:
-            problems.append(f"{name}: torch {got.get('torch')}, this machine {ref.get('torch')}, and the cut points of "
-                            f"{', '.join(split_apart)} differ with it: install the same torch and torchvision")
-        prints = got.get("fingerprints") or {}
-        bad = [m for m in models if prints.get(m) != ref["fingerprints"].get(m)]
-        row["weights"] = "same" if not bad else "DIFFER"
-        for m in bad:
-            problems.append(f"{name}: weights of {m} have fingerprint {prints.get(m)}, this machine "
-                            f"{ref['fingerprints'].get(m)}; check models/*.pth and --num-classes")
-        row["tc"] = "ok" if got.get("tc") and got.get("ip") else "missing"
-        if tc_needed and row["tc"] != "ok":
-            problems.append(f"{name}: tc/ip not found; install iproute2 for --link tc")
-        row["root"] = "root" if got.get("root") else ("sudo" if got.get("sudo") else "no")
-        if tc_needed and row["root"] == "no":
-            problems.append(f"{name}: {host.user or 'the SSH user'} is neither root nor allowed passwordless sudo; "
-                            f"tc needs one of them")
-        row["port"] = "free" if got.get("port_free") else "BUSY"
-        if not got.get("port_free"):
-            problems.append(f"{name}: the data port {testbed.data_port} is in use; stop what holds it or change PORT")
-        row["cuda"] = "yes" if got.get("cuda_available") else "no"
-        if not got.get("device_ok", True):
-            problems.append(f"{name}: device {host.device} was asked for, but CUDA is not available there "
-                            f"({got.get('cuda_devices', 0)} devices); use cpu or fix the driver")
+        problems += _code_checks(name, got, ref, models, row)
+        problems += _host_checks(host, got, ref, models, row, testbed.data_port, tc_needed)
         rows.append(row)
     return rows, problems
+
+
+def _code_checks(name: str, got: dict[str, Any], ref: dict[str, Any], models: Sequence[str],
+                 row: dict[str, str]) -> list[str]:
+    """The code a host runs against this machine's: the source digest, torch, and each model's cuts."""
+    problems: list[str] = []
+    same_code = got.get("source_digest") == ref["source_digest"]
+    row["commit"] = (got.get("git_commit") or "?")[:10]
+    row["digest"] = "same" if same_code else got.get("source_digest", "?")
+    if not same_code:  # an installed wheel has no commit; the digest is what runs
+        problems.append(f"{name}: runs commit {got.get('git_commit')} (code digest {got.get('source_digest')}), "
+                        f"this machine {ref['git_commit']} (digest {ref['source_digest']}); ship this tree with --deploy")
+    row["torch"] = str(got.get("torch"))
+    row["arch"] = str(got.get("machine", "?"))
+    row["build"] = str(got.get("torch_build", "?"))
+    warning = cuda_build_warning(name, got)
+    if warning:
+        log.warning("%s", warning)
+    # The weights are numpy draws (the fingerprints compare them); what another torch version can
+    # change is the traced graph, so a version differs harmlessly when every cut agrees.
+    cuts = got.get("cut_digests") or {}
+    split_apart = [m for m in models if cuts.get(m) != ref["cut_digests"].get(m)]
+    if got.get("torch") != ref.get("torch") and split_apart:
+        problems.append(f"{name}: torch {got.get('torch')}, this machine {ref.get('torch')}, and the cut points of "
+                        f"{', '.join(split_apart)} differ with it: install the same torch and torchvision")
+    return problems
+
+
+def _host_checks(host: Host, got: dict[str, Any], ref: dict[str, Any], models: Sequence[str], row: dict[str, str],
+                 data_port: int, tc_needed: bool) -> list[str]:
+    """The weights' fingerprints, tc and root, the data port and the device a host was given."""
+    name, problems = host.address, []
+    prints = got.get("fingerprints") or {}
+    bad = [m for m in models if prints.get(m) != ref["fingerprints"].get(m)]
+    row["weights"] = "same" if not bad else "DIFFER"
+    for m in bad:
+        problems.append(f"{name}: weights of {m} have fingerprint {prints.get(m)}, this machine "
+                        f"{ref['fingerprints'].get(m)}; check models/*.pth and --num-classes")
+    row["tc"] = "ok" if got.get("tc") and got.get("ip") else "missing"
+    if tc_needed and row["tc"] != "ok":
+        problems.append(f"{name}: tc/ip not found; install iproute2 for --link tc")
+    row["root"] = "root" if got.get("root") else ("sudo" if got.get("sudo") else "no")
+    if tc_needed and row["root"] == "no":
+        problems.append(f"{name}: {host.user or 'the SSH user'} is neither root nor allowed passwordless sudo; "
+                        f"tc needs one of them")
+    row["port"] = "free" if got.get("port_free") else "BUSY"
+    if not got.get("port_free"):
+        problems.append(f"{name}: the data port {data_port} is in use; stop what holds it or change PORT")
+    row["cuda"] = "yes" if got.get("cuda_available") else "no"
+    if not got.get("device_ok", True):
+        problems.append(f"{name}: device {host.device} was asked for, but CUDA is not available there "
+                        f"({got.get('cuda_devices', 0)} devices); use cpu or fix the driver")
+    return problems
 
 
 def format_checks(rows: Sequence[dict[str, str]]) -> str:

@@ -16,20 +16,20 @@ import types
 import typing
 from typing import Any, Callable, Sequence, TypeVar
 
-from ..argtypes import list_of, nonneg_float, nonneg_int, one_of, positive_float, positive_int, watts_per_stage
-from ..loadgen.settings import (COMPLIANT_MIN_DURATION_S, MODES, SCENARIOS, SHORT_MIN_DURATION_S, SHORT_MIN_QUERIES)
+from ..argtypes import (list_of, nonneg_float, nonneg_int, one_of, port_number, positive_float, positive_int,
+                        watts_per_stage)
+from ..loadgen.settings import (CLOSED_LOOP, COMPLIANT_MIN_DURATION_S, MODES, SCENARIOS, SHORT_MIN_DURATION_S, SHORT_MIN_QUERIES)
 from ..partition.names import DEFAULT_NUM_CLASSES
+from ..transport import aead
 from ..transport.messaging import TRANSPORTS
 from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
                                    WIRE_DTYPE_NAMES)
 
-_UNSET: Any = object()
-
-
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One option: ``flags`` (the first names it; the rest are aliases), its value ``type`` (None:
-    text), ``default``, ``choices`` and ``help`` (argparse prints the default; the help never does)."""
+    text), ``default``, ``choices``, ``help`` (argparse prints the default; the help never does)
+    and ``action`` ("store_true": a switch)."""
 
     flags: tuple[str, ...]
     help: str = ""
@@ -37,24 +37,32 @@ class Option:
     default: Any = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    action: str | None = None
 
     @property
     def name(self) -> str:
         return self.flags[0].lstrip("-").replace("-", "_")
 
-    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: Any = _UNSET,
-               help: str | None = None, required: bool = False, dest: str | None = None,
-               aliases: tuple[str, ...] = ()) -> argparse.Action:
-        """Add this option to ``parser``. A command may give its own ``default`` (where it means
-        something else there: predict's batch of 1), ``help`` or ``aliases`` (the anchor's
-        ``--model-name``); the type and choices are the row's."""
-        kw: dict[str, Any] = {"dest": dest or self.name, "help": self.help if help is None else help,
-                              "type": self.type, "choices": list(self.choices) if self.choices else None,
-                              "metavar": self.metavar}
+    def variant(self, **changes: Any) -> "Option":
+        """This option as one command takes it: its own help, default or value type (the sweep's
+        comma list of what a stage takes one of), under the same flag."""
+        return dataclasses.replace(self, **changes)
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, required: bool = False,
+               dest: str | None = None, aliases: tuple[str, ...] = (), **changes: Any) -> argparse.Action:
+        """Add this option to ``parser``. A command may give its own ``default``, ``help``, ``type``
+        or ``metavar`` (``changes``: where it means something more particular there, as predict's
+        batch of 1) and ``aliases`` (the anchor's ``--model-name``)."""
+        row = self.variant(**changes) if changes else self
+        kw: dict[str, Any] = {"dest": dest or self.name, "help": row.help}
+        if row.action:
+            kw["action"] = row.action
+        else:
+            kw.update(type=row.type, choices=list(row.choices) if row.choices else None, metavar=row.metavar)
         if required:
             kw["required"] = True
-        else:
-            kw["default"] = self.default if default is _UNSET else default
+        elif not row.action:
+            kw["default"] = row.default
         return parser.add_argument(*self.flags, *aliases, **{k: v for k, v in kw.items() if v is not None or k == "default"})
 
 
@@ -105,6 +113,57 @@ TRANSPORT = Option(("--transport",), "the data port's protocol, carrying the sam
 MQTT_QOS = Option(("--mqtt-qos",), "MQTT quality of service of every frame: 0 (at most once) or 1 (at least once, "
                   "acknowledged by the broker)", one_of(("0", "1")), "0", metavar="{0,1}")
 
+# What a run is and how it is driven: the stages, the RPC ranks and the sweep each take these.
+SPLIT = Option(("--split",), "block index k: the first k blocks run on stage 1 (0 and K are the baselines)",
+               nonneg_int)
+SPLIT_BLOCKS = Option(("--split-blocks",), "the block ending each stage but the last, comma-separated, e.g. 5,12 "
+                      "(three stages)")
+CUT = Option(("--cut",), "fine cut names instead of block indices, comma-separated, one per boundary; a name with + "
+             "is a live set of several tensors (paretopipe split --list --fine)")
+NUM_BATCHES = Option(("--num-batches",), "measured batches per run", positive_int, 20)
+WARMUP = Option(("--warmup",), "extra batches first, excluded from statistics (a language model: short generations "
+                "of 2 tokens)", nonneg_int, 3)
+IN_FLIGHT = Option(("--in-flight",), "pipelining window: batches outstanding at once (1 = no overlap)",
+                   positive_int, 1)
+SEED = Option(("--seed",), "seed of the synthetic inputs and seeded prompts", nonneg_int, 0)
+TIMEOUT = Option(("--timeout",), "seconds a run may wait for progress (default: follows the link: 60 s plus what the "
+                 "batches in flight need at its slowest rate, with delay, jitter, losses and measured compute)",
+                 positive_float)
+MAX_BATCH_S = Option(("--max-batch-s",), "a batch slower than this (seconds, end to end) makes the configuration "
+                     "infeasible: recorded as such, and the run ends with exit status 0", positive_float)
+DEADLINE_MS = Option(("--deadline-ms",), "a result later than this is not waited for: stage 1 finishes the batch "
+                     "itself", positive_float)
+ENCRYPT = Option(("--encrypt",), "seal every frame of the data port after the handshake (AEAD, keys from "
+                 "PARETOPIPE_SECRET); auto: AES-GCM when both CPUs have AES instructions, else ChaCha20-Poly1305",
+                 default="none", choices=aead.CHOICES)
+DEVICE_PROFILES = Option(("--device-profiles",), "comma list of device profile JSONs (paretopipe profile), one per "
+                         "stage in chain order (stage 1 holds the data)")
+STAGE_DEVICES = Option(("--stage-devices",), "device per stage, e.g. cpu,cuda")
+SAVE_OUTPUTS = Option(("--save-outputs",), "write the returned logits (a language model: the generated token ids, "
+                      "key tokens) to this .npz (for checks)")
+LOCAL = Option(("--local",), "run every stage as a process on this machine", action="store_true")
+MAX_LIVE = Option(("--max-live",), "fine cuts that at most this many tensors cross (a skip connection's, a "
+                  "detector's pyramid levels); 1: the block splits only", positive_int, 1)
+FINE = Option(("--fine",), "every fx cut instead of the block splits", action="store_true")
+STAGES = Option(("--stages",), "stages of each plan (3: two cuts)", positive_int, 2)
+# Where conditions come from (the stages, the sweep, netem).
+NETWORK = Option(("--network",), "a named network condition from profiles.toml")
+NETWORK_FILE = Option(("--network-file",), "a TOML file of named network conditions (the shipped profiles.toml "
+                      "when not given)")
+TRACE = Option(("--trace",), "a rate trace (Mahimahi or time_s,rate_mbit CSV) instead of a constant rate")
+# Files, addresses and what a command writes.
+OUT = Option(("--out",), "where the results go")
+FORMAT = Option(("--format",), "figure format", default="png", choices=("png", "svg", "pdf"))
+OBJECTIVES = Option(("--objectives",), "objectives of the fronts, two or more of latency, throughput, energy, memory, "
+                    "energy_stageN, memory_stageN, and a language model's ttft, tpot (energy: measured joules per "
+                    "image or token where the stages had sensors, else modelled from declared powers; memory: the "
+                    "largest stage's parameters and activation, a language model's KV cache)")
+HOST = Option(("--host",), "an address to listen on or connect to")
+PORT = Option(("--port",), "a TCP port", port_number)
+DRY_RUN = Option(("--dry-run",), "print what would be done; change and run nothing", action="store_true")
+STUDY = Option(("--study",), "a search study shared by workers, each on its own testbed: journal:PATH or "
+               "postgresql://USER@HOST/DB", metavar="URL")
+
 # Language models (paretopipe.llm): the stages, the chains and split --list.
 MODEL_DIR = Option(("--model-dir",), "a local folder of a decoder-only LM (config.json, *.safetensors, tokenizer.json "
                                      "if any; nothing is fetched) instead of a named shape")
@@ -127,20 +186,22 @@ POWER_IDLE_W = Option(("--power-idle-w",), "watts per stage, e.g. 2.7,45: each d
 POWER_CORE_W = Option(("--power-core-w",), "watts per stage, e.g. 0.9,15: what one busy core adds; x the stage's "
                       "compute seconds = its modelled energy", watts_per_stage)
 # The language-model sweep's dimensions: the same flags as a comma list, each value a configuration.
-PROMPT_LENS = Option(("--prompt-len",), "seeded prompt lengths, a comma list (128,1024)",
-                     list_of(positive_int, "positive_int_list"), [16])
-WIRE_DTYPES_LIST = Option(WIRE_DTYPE.flags, f"a comma list of {', '.join(WIRE_DTYPE_NAMES)}, each a configuration of "
-                          f"its own (int8: a language model's hidden state only)",
-                          list_of(one_of(WIRE_DTYPE_NAMES), "wire_dtype_list"), ["float32"])
+PROMPT_LENS = PROMPT_LEN.variant(help="seeded prompt lengths, a comma list (128,1024)",
+                                 type=list_of(positive_int, "positive_int_list"), default=[16])
+WIRE_DTYPES_LIST = WIRE_DTYPE.variant(help=f"a comma list of {', '.join(WIRE_DTYPE_NAMES)}, each a configuration of "
+                                       f"its own (int8: a language model's hidden state only)",
+                                       type=list_of(one_of(WIRE_DTYPE_NAMES), "wire_dtype_list"), default=["float32"],
+                                       choices=None)
 
 # MLPerf LoadGen scenarios (paretopipe.loadgen): the data source runs LoadGen over the pipeline.
 SCENARIO = Option(("--scenario",), "MLPerf LoadGen scenario driving the pipeline from stage 1: singlestream (one "
                   "sample at a time: p90), multistream (queries of --samples-per-query: p99), offline (every sample at "
                   "once: samples/s), server (Poisson arrivals: the highest rate whose p99 stays within "
                   "--latency-bound-ms)", choices=SCENARIOS)
-SCENARIOS_LIST = Option(("--scenario",), f"comma list of MLPerf LoadGen scenarios ({', '.join(SCENARIOS)}), each a "
-                        "configuration of its own; closed is the suite's own closed loop (the default)",
-                        list_of(one_of(("closed",) + SCENARIOS), "scenario_list"), ["closed"])
+SCENARIOS_LIST = SCENARIO.variant(help=f"comma list of MLPerf LoadGen scenarios ({', '.join(SCENARIOS)}), each a "
+                                  f"configuration of its own; {CLOSED_LOOP} is the suite's own closed loop (the default)",
+                                  type=list_of(one_of((CLOSED_LOOP,) + SCENARIOS), "scenario_list"),
+                                  default=[CLOSED_LOOP], choices=None)
 MLPERF_COMPLIANT = Option(("--mlperf-compliant",), "apply the MLPerf edge rules (600 s a run, each scenario's "
                           "minimum queries) and refuse settings below them; without it a run is short and recorded as "
                           "not MLPerf-compliant")

@@ -16,23 +16,20 @@ thread). A stage whose environment differs from the zygote's in a variable read 
 library start (``PYTHON*``, ``OMP_*``, ``LD_*``, ...) is started with ``subprocess.Popen`` instead,
 and so is everything when the zygote cannot start (``PARETOPIPE_NO_ZYGOTE=1`` turns it off).
 Requests carry JSON and three file descriptors over a socketpair between the sweep and its own
-zygote; nothing on it comes from a network.
+zygote; nothing on it comes from a network. This module is the sweep's side; the zygote process
+is :mod:`paretopipe.runners.zygote_server`.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
-import io
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import traceback
 from typing import Any, Sequence
 
 # What a stage imports on its way to its first run (the stage modules import these lazily, so that
@@ -43,189 +40,11 @@ PRELOAD = ("torch", "torchvision", "paretopipe.partition.stages", "paretopipe.tr
 # Read once, when an interpreter or a native library starts: a child that needs other values than
 # the zygote's cannot get them by a fork.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_", "MALLOC_", "NUMEXPR_")
-_MAX_REQUEST = 1 << 20
+MAX_REQUEST = 1 << 20  # a request's JSON, bytes
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
-
-
-# -- the zygote process ---------------------------------------------------------------------------
-def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
-    try:
-        sock.send(json.dumps(obj).encode())
-    except OSError:
-        pass  # the sweep is gone; the loop ends at its EOF
-
-
-def _child(req: dict[str, Any], fds: list[int], sock: socket.socket, channel: socket.socket,
-           others: Sequence[socket.socket]) -> None:
-    """In the forked child: become the stage process the request describes, run it, exit. The child
-    keeps ``channel``, on which it can ask for a zygote of its own (see ``Zygote._start``)."""
-    global _inherited
-    code: Any = 1
-    try:
-        for theirs in (sock, *others):
-            theirs.close()
-        _inherited = (channel, _startup_env(dict(os.environ)))
-        os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
-        module, script, args = req.get("module"), req.get("script"), [str(a) for a in req["args"]]
-        _set_title(" ".join([sys.executable, *(["-m", module] if module else [script]), *args]))
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
-        sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
-        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
-        sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False),
-                                                       errors="backslashreplace", line_buffering=True)
-        sys.argv = [module or script, *args]
-        import runpy
-
-        try:
-            if module:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python script.py does
-                runpy.run_path(script, run_name="__main__")
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-        if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
-            code = 1
-        atexit._run_exitfuncs()  # what a normal interpreter exit runs
-    except KeyboardInterrupt:
-        code = 128 + signal.SIGINT
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code or 0)
-
-
-def _set_title(title: str) -> None:
-    try:
-        import setproctitle
-
-        setproctitle.setproctitle(title)
-    except ImportError:  # only the title in ps differs
-        pass
-
-
-def _reap(sock: socket.socket, helpers: set[int]) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if pid in helpers:  # a child's own zygote: nobody on the socket asked for it
-            helpers.discard(pid)
-            continue
-        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def serve(sock: socket.socket, preload: Sequence[str]) -> int:
-    """The zygote's loop: import, say ready, then fork one child per request until the sweep closes
-    its end; children are reaped and their exit codes sent back."""
-    import importlib
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the sweep's to handle
-    for name in preload:
-        importlib.import_module(name)
-    try:
-        import setproctitle
-
-        # Its set-up finds argv through environ, so it runs once here, before a child replaces environ.
-        setproctitle.setproctitle(setproctitle.getproctitle())
-    except ImportError:
-        pass
-    _send(sock, {"ready": os.getpid()})
-    channels: list[socket.socket] = []  # one per live child: where it may ask for a zygote of its own
-    helpers: set[int] = set()
-    while True:
-        readable, _, _ = select.select([sock, *channels], [], [], 0.05)
-        _reap(sock, helpers)
-        for channel in readable:
-            if channel is not sock:
-                channels.remove(channel)
-                _serve_a_zygote(channel, sock, channels, helpers)
-        if sock not in readable:
-            continue
-        try:
-            data, fds, _, _ = socket.recv_fds(sock, _MAX_REQUEST, 3)
-        except OSError:
-            return 0
-        if not data:
-            return 0  # the sweep is gone: its children see EOF on stdin and end themselves
-        try:
-            req = json.loads(data)
-            if len(fds) != 3 or not isinstance(req, dict):
-                raise ValueError("a request carries JSON and three descriptors")
-            if isinstance(req.get("module"), str) == isinstance(req.get("script"), str):
-                raise ValueError("a request names a module or a script")
-        except ValueError as exc:
-            for fd in fds:
-                os.close(fd)
-            _send(sock, {"error": str(exc)})
-            continue
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            _child(req, fds, sock, theirs, [mine, *channels])
-        theirs.close()
-        channels.append(mine)
-        for fd in fds:
-            os.close(fd)
-        _send(sock, {"pid": pid})
-
-
-def _serve_a_zygote(channel: socket.socket, sock: socket.socket, channels: list[socket.socket],
-                    helpers: set[int]) -> None:
-    """A child asked on its channel for a zygote of its own (or ended, closing it): fork one from
-    this untouched state, which serves the child on that channel, as a fresh zygote would."""
-    try:
-        req = json.loads(channel.recv(_MAX_REQUEST) or b"null")
-    except (OSError, ValueError):
-        req = None
-    if not isinstance(req, dict) or not isinstance(req.get("zygote"), list):
-        channel.close()
-        return
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            for theirs in (sock, *channels):
-                theirs.close()
-            code = serve(channel, [str(m) for m in req["zygote"]])
-        finally:
-            os._exit(code)
-    helpers.add(pid)
-    channel.close()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="fork server for local stage processes (started by a sweep)")
-    parser.add_argument("--fd", type=int, required=True, help="this end of the sweep's socketpair")
-    parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import before forking")
-    args = parser.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
-    return serve(sock, [m for m in args.preload.split(",") if m])
 
 
 # -- the sweep's side -----------------------------------------------------------------------------
@@ -331,7 +150,7 @@ class Zygote:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "paretopipe.runners.zygote", "--fd", str(theirs.fileno()),
+                [sys.executable, "-m", "paretopipe.runners.zygote_server", "--fd", str(theirs.fileno()),
                  "--preload", ",".join(self.preload)], pass_fds=[theirs.fileno()], env=self.env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
         finally:
@@ -455,7 +274,7 @@ class Zygote:
                     self._proc.kill()
                     self._proc.wait()
                 self._proc = None
-            self.failed = self.failed or "closed"
+            self.failed = self.failed or "the zygote was shut down"
 
 
 _shared: Zygote | None = None
@@ -464,6 +283,14 @@ _shared_lock = threading.Lock()
 # (from its untouched, imported state: no second interpreter), and the start-up environment they share.
 _inherited: tuple[socket.socket, dict[str, str]] | None = None
 _inherited_lock = threading.Lock()
+
+
+def inherit(channel: socket.socket) -> None:
+    """In a process the zygote just forked: the channel on which that zygote forks it a zygote of
+    its own, and the start-up environment they share (read by :meth:`Zygote._forked_server`)."""
+    global _inherited
+    with _inherited_lock:
+        _inherited = (channel, _startup_env(dict(os.environ)))
 
 
 def _take_inherited(env: dict[str, str]) -> socket.socket | None:
@@ -510,11 +337,3 @@ def launch(argv: list[str], env: dict[str, str] | None, fork: bool = True) -> su
     forked = zygote.fork(argv, full_env) if zygote is not None else None
     return forked or subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, bufsize=1, start_new_session=True, env=full_env if env else None)
-
-
-if __name__ == "__main__":
-    # Run the imported module, not this __main__ copy: a forked child finds its inherited channel
-    # in the module its own code imports.
-    from paretopipe.runners import zygote as _module
-
-    sys.exit(_module.main())

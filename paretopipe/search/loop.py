@@ -152,19 +152,7 @@ def _search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None]
         # Another worker may have asked for the same configuration, or for the budget's last one,
         # between this worker's look at the study and its ask: the earlier trial keeps it.
         before = earlier_claims(study, trial, space) if shared is not None else set()
-        if config in state.measured or config in state.claimed or config in before:
-            # A repeat would be measured for nothing, and told again it would weigh twice in the
-            # sampler's model (TPE then circles its best region): it fails, marked as a repeat, and
-            # a configuration not measured yet, drawn at random, is asked next.
-            trial.set_user_attr(REPEAT, True)
-            _tell(study, trial, None)
-            fill = _unmeasured(space, {**state.measured, **dict.fromkeys(state.claimed | before)}, rng)
-            if fill is not None and not state.waiting:
-                study.enqueue_trial(_params(space, fill), user_attrs={ORIGIN: "fill"})
-            continue
-        if len(before) >= goal:   # the budget went to trials asked before this one
-            trial.set_user_attr(REPEAT, True)
-            _tell(study, trial, None)
+        if _told_as_repeat(study, trial, config, space, state, before, goal, rng):
             continue
         if shared is not None:
             trial.set_user_attr(TESTBED, shared.testbed)
@@ -182,6 +170,27 @@ def _search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None]
                     sampler, measured, goal, proposals)
     return SearchResult(space, dict(objectives), sampler, trials, proposals,
                         study_measured=measured if shared is not None else None)
+
+
+def _told_as_repeat(study: Any, trial: Any, config: Config, space: Space, state: StudyState, before: set,
+                    goal: int, rng: random.Random) -> bool:
+    """A trial not to measure, told as a repeat: its configuration is measured or claimed already,
+    or the budget went to trials asked before this one."""
+    if config in state.measured or config in state.claimed or config in before:
+        # A repeat would be measured for nothing, and told again it would weigh twice in the
+        # sampler's model (TPE then circles its best region): it fails, marked as a repeat, and
+        # a configuration not measured yet, drawn at random, is asked next.
+        trial.set_user_attr(REPEAT, True)
+        _tell(study, trial, None)
+        fill = _unmeasured(space, {**state.measured, **dict.fromkeys(state.claimed | before)}, rng)
+        if fill is not None and not state.waiting:
+            study.enqueue_trial(_params(space, fill), user_attrs={ORIGIN: "fill"})
+        return True
+    if len(before) >= goal:
+        trial.set_user_attr(REPEAT, True)
+        _tell(study, trial, None)
+        return True
+    return False
 
 
 def _params(space: Space, config: Config) -> dict[str, int]:

@@ -214,6 +214,11 @@ class RunConfig:
             raise UsageError(f"--timeout {self.timeout_s:g}: must be positive (seconds)")
         if self.max_batch_s is not None and not self.max_batch_s > 0:
             raise UsageError(f"--max-batch-s {self.max_batch_s:g}: must be positive (seconds)")
+        self._check_split()
+        self._check_measures()
+
+    def _check_split(self) -> None:
+        """The link, the split and what a policy or a deadline allows of it."""
         if self.link_mode not in LINK_MODES:
             raise UsageError(f"link mode {self.link_mode!r}: valid {', '.join(LINK_MODES)}")
         if isinstance(self.split_index, str) and self.split_index not in POLICIES and \
@@ -233,6 +238,9 @@ class RunConfig:
         elif self.adaptive_split is not None and not self.adaptive:
             raise UsageError(f"adaptive split options for split {self.split_index!r}: they apply to "
                              f"{' and '.join(POLICIES)} only")
+
+    def _check_measures(self) -> None:
+        """Energy and memory settings, the cuts' stages over RPC, LoadGen's and the dataset's."""
         if not 0 < self.energy_rate_hz <= MAX_ENERGY_RATE_HZ:
             raise UsageError(f"--energy-rate-hz {self.energy_rate_hz:g}: give a rate in (0, {MAX_ENERGY_RATE_HZ}] Hz")
         for name in ("power_idle_w", "power_core_w", "memory_limits"):

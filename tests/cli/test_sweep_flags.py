@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from paretopipe.cli import experiment, sweep, sweep_flags
+from paretopipe.cli import experiment, sweep, sweep_flags, sweep_options
 from paretopipe.runners.sweep import SweepOptions
 
 FIELDS = {f.name: f for f in dataclasses.fields(SweepOptions)}
@@ -42,7 +42,7 @@ def test_each_flag_is_declared_once_and_the_parser_holds_every_one():
 
 
 def test_every_key_of_the_resolved_table_is_an_option_an_experiment_file_accepts(tmp_path):
-    opts = sweep.options_from_args(sweep.parser().parse_args(["--local", "--precision", "5%", "--deadline-ms", "100",
+    opts = sweep_options.options_from_args(sweep.parser().parse_args(["--local", "--precision", "5%", "--deadline-ms", "100",
                                                                "--stage-threads", "1,2", "--backend", "both"]))
     table = sweep_flags.resolved_table(opts)
     assert table["precision"] == "5%" and table["deadline_ms"] == 100.0 and table["backend"] == "both"
@@ -54,7 +54,7 @@ def test_every_key_of_the_resolved_table_is_an_option_an_experiment_file_accepts
     # Read back as the flags' defaults, the file resolves to the same table.
     p = sweep.parser()
     p.set_defaults(**exp.defaults)
-    again = sweep_flags.resolved_table(sweep.options_from_args(p.parse_args([])))
+    again = sweep_flags.resolved_table(sweep_options.options_from_args(p.parse_args([])))
     assert again == table
 
 

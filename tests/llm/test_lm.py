@@ -20,7 +20,6 @@ from paretopipe.llm.builder import LMBuilder
 from paretopipe.transport import tcp, wire
 from paretopipe.transport.runconfig import Generation, RunConfig
 from paretopipe.transport.tcp.connection import Connection
-from paretopipe.transport.tcp.messages import RunStart
 from tcp_helpers import free_port, run, start, wait_for_line
 
 GEN = 8

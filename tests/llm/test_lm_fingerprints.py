@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from paretopipe.llm import build, shapes
+from paretopipe.partition.models import fingerprint_tensors
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "fingerprints.json").read_text())
 
@@ -26,5 +27,5 @@ def test_the_golden_file_comes_from_a_pi_core_with_this_generator():
 def test_each_models_blocks_built_here_equal_aarch64(name):
     src = build.source(name)
     for block in build.golden_blocks(src.shape):
-        got = build.fingerprint_tensors(build.block_weights(src, block))
+        got = fingerprint_tensors(build.block_weights(src, block))
         assert got == GOLDEN["fingerprints"][name][block], f"{name} {block}"

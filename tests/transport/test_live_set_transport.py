@@ -199,7 +199,7 @@ def test_a_frame_that_is_not_the_cuts_live_set_is_refused_and_the_real_stage_1_i
     from paretopipe.runners.hosts import StageProcess
     from paretopipe.transport import tcp, wire
     from paretopipe.transport.runconfig import RunConfig
-    from paretopipe.transport.tcp.source import run_start
+    from paretopipe.transport.tcp.nextstage import run_start
 
     secret = "live-set-secret-0123456789abcdef"
     b = builder("resnet18")

@@ -7,7 +7,6 @@ import itertools
 import pytest
 
 from paretopipe.transport import pipeline
-from paretopipe.transport import pipeline
 from paretopipe.transport.pipeline import Action, clock_cycles, drive, source_actions, stage_actions
 
 

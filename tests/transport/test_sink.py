@@ -17,7 +17,7 @@ from paretopipe.transport import wire
 from paretopipe.transport.runconfig import RunConfig
 from paretopipe.transport.tcp import serve_connection
 from paretopipe.transport.tcp.messages import json_payload, json_tensor
-from paretopipe.transport.tcp.source import run_start
+from paretopipe.transport.tcp.nextstage import run_start
 
 K = 6
 

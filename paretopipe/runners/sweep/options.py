@@ -87,7 +87,7 @@ class SweepOptions:
     power_core_w: list[float | None] = dataclasses.field(default_factory=list)
     memory_limits: list[int | None] = dataclasses.field(default_factory=list)
     deadline_s: float | None = None     # a TCP run's deadline before a batch is finished locally (static or adaptive)
-    # LoadGen scenarios, each a configuration of its own ("closed": the suite's closed loop), and
+    # LoadGen scenarios, each a configuration of its own (CLOSED_LOOP: the suite's closed loop), and
     # their settings (paretopipe.loadgen.settings.LoadgenOptions.of_flags, all but the scenario).
     scenarios: list[str] = dataclasses.field(default_factory=lambda: [CLOSED_LOOP])
     loadgen_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -130,7 +130,7 @@ def check_options(opts: SweepOptions) -> None:
         if opts.in_flight != 1:
             raise UsageError(f"--in-flight {opts.in_flight}: the adaptive runtime keeps one batch in flight; "
                              f"use --in-flight 1 (and compare it with static splits measured so)")
-    if any(s != "closed" for s in opts.scenarios):
+    if any(s != CLOSED_LOOP for s in opts.scenarios):
         if split_adaptive(opts.splits)[1] or opts.deadline_s is not None:
             raise UsageError("--scenario runs LoadGen over static splits, waiting for every result: use static "
                              "splits only (drop adaptive from --splits, and --deadline-ms)")

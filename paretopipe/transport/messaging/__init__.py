@@ -22,6 +22,7 @@ from typing import Any
 from ...errors import UsageError
 from .http import connect as http_connect, listen as http_listen
 from .mqtt import MqttSettings, connect as mqtt_connect, listen as mqtt_listen
+from .sockets import connect_with_retry, listen as tcp_listen
 from .stream import MessageListener, MessageSocket
 
 TRANSPORTS = ("tcp", "websocket", "mqtt", "http")
@@ -49,12 +50,9 @@ class TransportSpec:
 def listen(spec: TransportSpec, host: str, port: int, max_payload: int) -> Any:
     """A listening socket (tcp) or a :class:`MessageListener` for ``StageListener``."""
     if spec.name == "tcp":
-        # lazy for start-up: torch (the TCP backend's modules)
-        from ..tcp.connection import listen as tcp_listen
-
         return tcp_listen(host, port)
     if spec.name == "websocket":
-        # lazy for start-up: torch, websockets
+        # lazy for start-up: websockets
         from .websocket import listen as ws_listen
 
         return ws_listen(host, port, max_payload)
@@ -76,12 +74,9 @@ def connect(spec: TransportSpec, host: str, port: int, connect_timeout: float, m
 
 def _connect(spec: TransportSpec, host: str, port: int, connect_timeout: float, max_payload: int) -> Any:
     if spec.name == "tcp":
-        # lazy for start-up: torch (the TCP backend's modules)
-        from ..tcp.connection import connect_with_retry
-
         return connect_with_retry(host, port, connect_timeout)
     if spec.name == "websocket":
-        # lazy for start-up: torch, websockets
+        # lazy for start-up: websockets
         from .websocket import connect as ws_connect
 
         return ws_connect(host, port, connect_timeout, max_payload)

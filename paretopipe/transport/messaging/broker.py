@@ -3,20 +3,18 @@ installs): in a folder of its own, on one address and port, anonymous clients re
 password file with one user per stage and an ACL that lets each of them use its run's namespace
 only (and read the broker's version). Stopped and its folder removed when done.
 
-    python -m paretopipe.transport.messaging.broker [--host 127.0.0.1] [--port 1883] [--stages 2]
+    paretopipe broker [--host 127.0.0.1] [--port 1883] [--stages 2]
 
 runs one in the foreground and prints the ``.env`` lines of each stage's user."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import pwd
 import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -147,29 +145,3 @@ class Broker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m paretopipe.transport.messaging.broker", description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=1883)
-    p.add_argument("--stages", type=int, default=2)
-    args = p.parse_args(argv)
-    try:
-        broker = Broker(args.host, args.port, [f"stage{i}" for i in range(1, args.stages + 1)])
-    except ParetoPipeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, UsageError) else 1
-    with broker:
-        for user in broker.passwords:
-            print(f"# .env of {user}\n{broker.env_lines(user)}")
-        print("broker running; Ctrl-C stops it", flush=True)
-        try:
-            broker.process.wait()
-        except KeyboardInterrupt:
-            pass
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -67,84 +67,98 @@ class _ServerChannel:
         return list(self.sockets)
 
 
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One HTTP connection's requests: ``POST /open`` starts a conversation, ``POST /c/ID/send``
+    puts a frame in its inbox, ``POST /c/ID/recv`` long-polls its outbox. A subclass per listener
+    (:func:`_handler`) gives the listener, its conversations and the body limit."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive
+    disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold the body 40 ms
+    server_version = "paretopipe"
+    sys_version = ""
+    listener: MessageListener
+    conversations: dict[str, _ServerChannel]
+    limit: int
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the base class's name)
+        log.debug("%s " + format, self.client_address[0], *args)
+
+    def _answer(self, code: int, body: bytes = b"", closed: bool = False) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        if closed:
+            self.send_header("X-Closed", "1")
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def _body(self) -> bytes | None:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            self._answer(411)
+            return None
+        if int(length) > self.limit:
+            self.close_connection = True  # the body is not read: the connection cannot go on
+            self._answer(413)
+            return None
+        return self.rfile.read(int(length))
+
+    def do_POST(self) -> None:  # noqa: N802  (the server calls it by this name)
+        body = self._body()
+        if body is None:
+            return
+        parts = self.path.strip("/").split("/")
+        if parts == ["open"] and not self.listener.closed:
+            self._open()
+            return
+        channel = self.conversations.get(parts[1]) if len(parts) == 3 and parts[0] == "c" else None
+        if channel is None or parts[2] not in ("send", "recv"):
+            self._answer(404)
+            return
+        if self.connection not in channel.sockets:
+            channel.sockets.append(self.connection)
+        if parts[2] == "send":
+            channel.inbox.put(body if body else _CLOSED)
+            self._answer(204)
+        else:
+            self._poll(parts[1], channel)
+
+    def _open(self) -> None:
+        conversations = self.conversations
+        for done in [c for c, ch in list(conversations.items()) if ch.closed]:  # a snapshot: other handlers add
+            conversations.pop(done, None)
+        if len(conversations) >= MAX_CONVERSATIONS:  # a client opening many would hold memory
+            self._answer(503)
+            return
+        cid = secrets.token_hex(8)
+        channel = conversations[cid] = _ServerChannel(self.server.server_address[0])
+        channel.sockets.append(self.connection)
+        self.listener.offer(MessageSocket(channel, "http"), self.client_address[0])
+        self._answer(200, cid.encode())
+
+    def _poll(self, cid: str, channel: _ServerChannel) -> None:
+        """The long poll: the next frame for the client within POLL_S, else 204 (ask again)."""
+        try:
+            item = channel.outbox.get(timeout=POLL_S)
+        except queue.Empty:
+            self._answer(204)
+            return
+        if item is _CLOSED:
+            self.conversations.pop(cid, None)
+            self._answer(200, closed=True)
+        else:
+            self._answer(200, item)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer(405)
+
+
 def _handler(listener: MessageListener, conversations: dict[str, _ServerChannel], limit: int) -> type:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive
-        disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold the body 40 ms
-        server_version = "paretopipe"
-        sys_version = ""
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the base class's name)
-            log.debug("%s " + format, self.client_address[0], *args)
-
-        def _answer(self, code: int, body: bytes = b"", closed: bool = False) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(body)))
-            if closed:
-                self.send_header("X-Closed", "1")
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if body:
-                self.wfile.write(body)
-
-        def _body(self) -> bytes | None:
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                self.close_connection = True
-                self._answer(411)
-                return None
-            if int(length) > limit:
-                self.close_connection = True  # the body is not read: the connection cannot go on
-                self._answer(413)
-                return None
-            return self.rfile.read(int(length))
-
-        def do_POST(self) -> None:  # noqa: N802  (the server calls it by this name)
-            body = self._body()
-            if body is None:
-                return
-            parts = self.path.strip("/").split("/")
-            if parts == ["open"] and not listener.closed:
-                for done in [c for c, ch in list(conversations.items()) if ch.closed]:  # a snapshot: other handlers add
-                    conversations.pop(done, None)
-                if len(conversations) >= MAX_CONVERSATIONS:  # a client opening many would hold memory
-                    self._answer(503)
-                    return
-                cid = secrets.token_hex(8)
-                channel = conversations[cid] = _ServerChannel(self.server.server_address[0])
-                channel.sockets.append(self.connection)
-                listener.offer(MessageSocket(channel, "http"), self.client_address[0])
-                self._answer(200, cid.encode())
-                return
-            channel = conversations.get(parts[1]) if len(parts) == 3 and parts[0] == "c" else None
-            if channel is None:
-                self._answer(404)
-                return
-            if self.connection not in channel.sockets:
-                channel.sockets.append(self.connection)
-            if parts[2] == "send":
-                channel.inbox.put(body if body else _CLOSED)
-                self._answer(204)
-            elif parts[2] == "recv":
-                try:
-                    item = channel.outbox.get(timeout=POLL_S)
-                except queue.Empty:
-                    self._answer(204)
-                    return
-                if item is _CLOSED:
-                    conversations.pop(parts[1], None)
-                    self._answer(200, closed=True)
-                else:
-                    self._answer(200, item)
-            else:
-                self._answer(404)
-
-        def do_GET(self) -> None:  # noqa: N802
-            self._answer(405)
-
-    return Handler
+    return type("Handler", (_Handler,), {"listener": listener, "conversations": conversations, "limit": limit})
 
 
 def listen(host: str, port: int, max_payload: int) -> MessageListener:

@@ -52,7 +52,7 @@ class MqttSettings:
         broker = env.get("MQTT_BROKER")
         if not broker:
             raise UsageError("--transport mqtt needs a broker: set MQTT_BROKER=HOST:PORT (and MQTT_USERNAME, "
-                             "MQTT_PASSWORD) in .env, or start one with python -m paretopipe.transport.messaging.broker")
+                             "MQTT_PASSWORD) in .env, or start one with paretopipe broker")
         host, port = parse_broker(broker)
         return cls(host, port, env.get("MQTT_USERNAME") or None, env.get("MQTT_PASSWORD") or None,
                    check_namespace(env.get("MQTT_NAMESPACE") or "paretopipe"), check_qos(qos))

@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from ...errors import PeerError, UsageError
-from ..tcp.connection import connect_with_retry, listen as tcp_listen
+from .sockets import connect_with_retry, listen as tcp_listen
 from .stream import MessageListener, MessageSocket
 
 log = logging.getLogger("paretopipe.websocket")

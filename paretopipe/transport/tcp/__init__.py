@@ -64,7 +64,8 @@ self-profile and the SWITCHes it obeys) and ``outcome`` (the run record). Both e
 :func:`paretopipe.transport.pipeline.drive`, the one driver of every backend.
 """
 
-from .connection import Connection, FrameSender, connect_with_retry, is_loopback, listen
+from ..messaging.sockets import connect_with_retry, listen
+from .connection import Connection, FrameSender, is_loopback
 from .handshake import HANDSHAKE_TIMEOUT_S, MAX_PENDING_HANDSHAKES, StageListener, identity_of, open_connection
 from .messages import RESULT_META_FIELDS, check_part, json_payload, result_duration, safe_run_id
 from .outcome import RunOutcome, assemble_record, link_manifest_of, write_record

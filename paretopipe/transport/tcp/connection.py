@@ -1,55 +1,19 @@
-"""A TCP connection between two stages: sockets that listen or connect (either side may start
-first), the authenticated connection that carries any number of runs, and the thread that sends
-its frames in order through an emulated link."""
+"""A TCP connection between two stages: the authenticated connection that carries any number of
+runs (its sockets: ``messaging.sockets``), and the thread that sends its frames in order through
+an emulated link."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-import time
 from typing import Any, Callable
 
 import torch
 
-from ...errors import ParetoPipeError, PeerError, UsageError, WireError
+from ...errors import ParetoPipeError, WireError
 from ...network.emulated import EmulatedLink, LinkSender
 from .. import aead, messaging, wire
 from .messages import Hello, json_payload, json_tensor
-
-
-def listen(host: str, port: int) -> socket.socket:
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port {port}: a TCP port is 0..65535")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except (OSError, OverflowError) as exc:
-        sock.close()
-        raise UsageError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc} "
-                         f"(is another run using the port?)")
-    sock.listen(64)
-    return sock
-
-
-def connect_with_retry(host: str, port: int, connect_timeout: float) -> socket.socket:
-    """Connect, retrying until ``connect_timeout``: either side may start first."""
-    if not 0 < port <= 65535:
-        raise UsageError(f"--port {port}: a TCP port is 1..65535")
-    deadline = time.monotonic() + connect_timeout
-    last: Exception | None = None
-    while True:
-        try:
-            sock = socket.create_connection((host, port), timeout=min(5.0, max(0.1, connect_timeout)))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
-        except OSError as exc:
-            last = exc
-        if time.monotonic() >= deadline:
-            raise PeerError(f"could not connect to {host}:{port} within {connect_timeout:g}s "
-                            f"({last}); is stage 1 (partition1.py) running and reachable?")
-        time.sleep(0.2)
 
 
 def is_loopback(host: str) -> bool:

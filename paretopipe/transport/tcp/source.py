@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -37,7 +35,8 @@ from ..runconfig import RunConfig
 from ..bookkeeping import BatchBook, measured_images, status_of
 from .connection import Connection, FrameSender
 from .handshake import StageListener
-from .messages import RunStart, check_part, json_payload, read_result_meta, read_segment_times
+from .messages import check_part, json_payload, read_result_meta, read_segment_times
+from .nextstage import NextStage, consecutive, run_start
 from .outcome import (RunOutcome, assemble_record, cipher_usage, later_parts, link_manifest_of, merge_peer_seals,
                       write_record)
 
@@ -45,62 +44,6 @@ log = logging.getLogger("paretopipe.tcp")
 #: What a guarded run counts (the record's stage-1 manifest, ``adaptive`` or ``fallback``).
 COUNTS = ("switches", "served_locally", "deadline_misses", "peer_losses", "reconnects", "late_results_dropped",
           "probes", "probe_bytes")
-
-
-class _Next:
-    """The next stage as stage 1 sees it: the connection, its ordered sender, the cuts it runs,
-    and a thread that reads what comes back. A streaming run hands each result to ``on_result``
-    the moment it lands; otherwise every frame (and the reason reading ended) waits in ``inbox``."""
-
-    def __init__(self, connection: Connection, link: EmulatedLink | None, cuts: list[str],
-                 on_result: Callable[[wire.Frame, float], None] | None = None,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
-        self.connection, self.cuts = connection, list(cuts)
-        self.sender = FrameSender(connection.writer, link, "stage1-send")
-        self.inbox: queue.Queue = queue.Queue()
-        self.on_result, self.on_error = on_result, on_error
-        self.reader = threading.Thread(target=self._read, name="stage1-recv", daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        try:
-            while True:
-                f = self.connection.reader.read()
-                now = time.monotonic()
-                if self.on_result is not None and f.kind != wire.RECORDS:
-                    self.on_result(wire.expect(f, wire.RESULT), now)
-                    continue
-                self.inbox.put((f, now))
-                if f.kind == wire.RECORDS:
-                    return
-        except BaseException as exc:
-            self.inbox.put((exc, time.monotonic()))
-            if self.on_error is not None:
-                self.on_error(exc)
-
-    def await_frame(self, kind: int, seq: int, deadline: float,
-                    late: Callable[[], None] = lambda: None) -> tuple[wire.Frame | None, float, str | None]:
-        """The next ``kind`` frame for ``seq``: (frame, arrival, None), or (None, when, why). An
-        earlier batch's result (after its deadline) is released, and ``late`` counts it."""
-        while True:
-            try:
-                item, arrived = self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return None, time.monotonic(), "deadline"
-            if isinstance(item, BaseException):
-                return None, arrived, f"{type(item).__name__}: {item}"
-            if item.kind not in (wire.RESULT, wire.PROBE_ACK, wire.RECORDS):
-                item.release()
-                return None, arrived, f"unexpected {wire.KIND_NAMES.get(item.kind, item.kind)} frame"
-            if item.kind == kind and item.seq == seq:
-                return item, arrived, None
-            if item.kind == wire.RESULT:
-                late()
-            item.release()
-
-    def close(self, bye: bool = False) -> None:
-        self.sender.close(timeout=1.0)
-        self.connection.close(bye=bye)
 
 
 class _Stage1Run(SourceEndpoint):
@@ -120,7 +63,7 @@ class _Stage1Run(SourceEndpoint):
         self.guarded = policy.adaptive or cfg.deadline_s is not None
         self.first_connection = connection
         self.link: EmulatedLink | None = None
-        self.next: _Next | None = None
+        self.next: NextStage | None = None
         self.timer = StageTimer(builder.device)
         # A generation's hidden state is cast (or quantised) to its wire dtype before the codec.
         self.codec = wire.Codec(cfg.compression, cfg.compression_level,
@@ -154,7 +97,7 @@ class _Stage1Run(SourceEndpoint):
         if self.guarded:
             connection.sock.settimeout(None)  # the deadline is kept per batch, not by the socket
         streaming = None if self.guarded else self._landed
-        self.next = _Next(connection, self.link, list(self.cfg.cuts), streaming, None if self.guarded else self._failed)
+        self.next = NextStage(connection, self.link, list(self.cfg.cuts), streaming, None if self.guarded else self._failed)
         self.policy.start(ok.meta or {})
 
     def open(self) -> None:
@@ -402,7 +345,7 @@ class _Stage1Run(SourceEndpoint):
         if not due or chain is None:
             return
         started = time.monotonic()
-        for run in _consecutive(due):
+        for run in consecutive(due):
             at = run[0][0] - chain.first
             if not 0 <= at < len(chain.inputs):
                 continue  # its input never passed through this stage this batch
@@ -464,17 +407,6 @@ class _Stage1Run(SourceEndpoint):
         return after
 
 
-def _consecutive(due: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
-    """Segments to re-time, in runs of consecutive indices (each run is timed as one chain)."""
-    runs: list[list[tuple[int, str]]] = []
-    for item in sorted(due):
-        if runs and item[0] == runs[-1][-1][0] + 1:
-            runs[-1].append(item)
-        elif not (runs and item[0] == runs[-1][-1][0]):
-            runs.append([item])
-    return runs
-
-
 def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunConfig, *,
                       policy: SplitPolicy | None = None, listener: StageListener | None = None,
                       conditions: NetworkConditions | None = None, observed_link: dict | None = None,
@@ -515,13 +447,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     mon.stop()
     status, error = status_of(failure)
     manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before),
-                 "transport": connection.transport_usage(), "energy_sensors": meter.manifest(),
-                 **run.manifest_part()}
-    batches = run.book.records()
-    part1 = {"manifest": manifest1, "sysmon": mon.summary(), "batches": batches,
-             "resources": meter.part(measured_images(batches, cfg))}
-    if run.feed is not None:
-        part1["generation"] = {**run.feed.part(), **run.feed.stage.part()}
+                 "transport": connection.transport_usage()}
+    part1 = _part1(run, manifest1, mon)
     if failure is None and run.next is not None:
         try:
             later = run.exchange(part1)
@@ -539,15 +466,15 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     return RunOutcome(record, path, outputs, after)
 
 
-def run_start(run_id: str, cfg: RunConfig, link_manifest: dict[str, Any],
-              conditions: NetworkConditions | None) -> RunStart:
-    """Stage 1's RUN for stage 2 (the one type both write and read): ``conditions`` when the link
-    is emulated (each hop's frames take the up direction, the results on their way back the
-    down). A middle stage passes it on with the next stage's number."""
-    chain = len(cfg.cuts) > 1  # a chain: the receiving stage's place and its own forward direction
-    return RunStart(run_id=run_id, config=cfg.to_dict(), link=link_manifest,
-                    return_link=conditions.down.to_dict() if conditions else None,
-                    forward_link=conditions.up.to_dict() if conditions and chain else None)
+def _part1(run: _Stage1Run, manifest: dict[str, Any], mon: SystemMonitor) -> dict[str, Any]:
+    """Stage 1's part of the record: its manifest, system monitor, batches, resources and, for a
+    generation, the streams' tokens and the stage's own figures."""
+    batches = run.book.records()
+    part = {"manifest": {**manifest, "energy_sensors": run.meter.manifest(), **run.manifest_part()},
+            "sysmon": mon.summary(), "batches": batches, "resources": run.meter.part(measured_images(batches, run.cfg))}
+    if run.feed is not None:
+        part["generation"] = {**run.feed.part(), **run.feed.stage.part()}
+    return part
 
 
 def run_stage1(listener: StageListener, builder: StageBuilder, cfg: RunConfig, *, connect_timeout: float = 60.0,

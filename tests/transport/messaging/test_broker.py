@@ -46,6 +46,7 @@ def test_a_port_in_use_is_one_line_with_the_brokers_own_words():
 def test_a_broker_stops_when_the_process_that_started_it_is_killed(tmp_path):
     import signal
     import subprocess
+    import threading
     import sys
     import time
 
@@ -62,3 +63,51 @@ def test_a_broker_stops_when_the_process_that_started_it_is_killed(tmp_path):
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # what its killed owner could not remove
+
+
+def test_paretopipe_broker_prints_each_stages_env_serves_them_and_ends_clean_on_ctrl_c():
+    import signal
+    import subprocess
+    import threading
+
+    from conftest import PYTHON, ROOT
+    from paretopipe.transport import messaging
+    from paretopipe.transport.messaging.mqtt import MqttSettings
+    from tcp_helpers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([PYTHON, "-m", "paretopipe", "broker", "--port", str(port), "--stages", "2"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        lines = []
+        while "broker running" not in (line := proc.stdout.readline()):
+            assert line, proc.stderr.read()
+            lines.append(line)
+        env = {}
+        for block in "".join(lines).split("# .env of ")[1:]:
+            user, _, rest = block.partition("\n")
+            env[user] = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+        assert sorted(env) == ["stage1", "stage2"] and env["stage1"]["MQTT_BROKER"] == f"127.0.0.1:{port}"
+        # the printed lines are what each stage's .env needs: a message goes from stage 2 to stage 1
+        spec = {u: messaging.TransportSpec("mqtt", MqttSettings.from_env(e)) for u, e in env.items()}
+        listener = messaging.listen(spec["stage1"], "127.0.0.1", 5555, 1 << 20)
+        try:
+            dialled = []
+            dialler = threading.Thread(target=lambda: dialled.append(
+                messaging.connect(spec["stage2"], "127.0.0.1", 5555, 10.0, 1 << 20)))
+            dialler.start()
+            listener.settimeout(10.0)
+            served, _ = listener.accept()
+            served.sendall(b"hello")  # the dialler's open completes when the listening stage speaks
+            dialler.join(10.0)
+            sender = dialled[0]
+            assert sender.recv(5) == b"hello"
+            sender.sendall(b"frame")
+            assert served.recv(5) == b"frame"
+            sender.close()
+            served.close()
+        finally:
+            listener.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
