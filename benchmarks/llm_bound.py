@@ -2,9 +2,9 @@
 """A split language model's time per token against its physical bound, at every cut.
 
 Per decode step at a cut, nothing can beat: stage 1's compute + the last stage's compute + one
-round trip + the bytes per token over the link's rate. This runs the project's own sweep (stage 1
-in the sweep's process on one CPU, the last stage a process of its own on the other, one torch
-thread each) under a jitter-free emulated link (10 ms each way, 10 Mbit/s), then prints, at each
+round trip + the bytes per token over the link's rate. This runs the project's own sweep (each
+stage a worker process pinned to a CPU of its own, one torch thread each, as an image model's
+stages are) under a jitter-free emulated link (10 ms each way, 10 Mbit/s), then prints, at each
 cut, the measured median time per token over that bound (the stage times are the medians the run
 measured itself). What is above 1 is the runtime's own cost per token: framing, the send thread,
 the emulated link's scheduling, Python.
@@ -38,7 +38,7 @@ def main() -> int:
         nets.write_text('[bench-10ms-10mbit]\ndelay = "10ms"\nrate = "10mbit"\n')
         subprocess.run([sys.executable, str(ROOT / "automated_split_tester.py"), "--model", model, "--splits", splits,
                         "--network", "bench-10ms-10mbit", "--network-file", str(nets), "--prompt-len", prompt,
-                        "--gen-tokens", "24", "--out", tmp, "--session", "s", "--quiet"],
+                        "--gen-tokens", "24", "--threads", "1", "--out", tmp, "--session", "s", "--quiet", "--no-report"],
                        check=True, stdout=subprocess.DEVNULL)
         with open(Path(tmp) / "s" / "summary.csv") as fh:
             rows = list(csv.DictReader(fh))
@@ -48,9 +48,9 @@ def main() -> int:
     for r in rows:
         ratio = float(r["tpot_over_bound"])
         ratios.append(ratio)
-        print(f"{r['split']:>5} {float(r['stage1_decode_compute_s']) * 1e3:>7.2f} "
-              f"{float(r['stage2_decode_compute_s']) * 1e3:>7.2f} {float(r['bytes_per_token']):>8.0f} "
-              f"{float(r['bound_s']) * 1e3:>9.2f} {float(r['tpot_median_s']) * 1e3:>8.2f} {ratio:>10.3f}")
+        print(f"{r['split_index']:>5} {float(r['stage1_decode_compute_median_s']) * 1e3:>7.2f} "
+              f"{float(r['stage2_decode_compute_median_s']) * 1e3:>7.2f} {float(r['bytes_per_token']):>8.0f} "
+              f"{float(r['tpot_bound_s']) * 1e3:>9.2f} {float(r['tpot_median_s']) * 1e3:>8.2f} {ratio:>10.3f}")
     print(f"llm_bound: median time per token / bound {statistics.median(ratios):.3f} over {len(ratios)} cuts "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     return 0

@@ -75,9 +75,9 @@ RUN = frozenset({
     "python partition1.py --model tiny-lm --split 3 --prompt Hello --gen-tokens 16",
     "python partition2.py --model tiny-lm --host 127.0.0.1",
     "python automated_split_tester.py --model smollm2-135m --splits all --network lan,wifi,lte --prompt-len 128,1024 "
-    "--gen-tokens 64",
+    "--gen-tokens 64 --out results-llm",
     "python -m paretopipe.report results-llm",
-    "python distributed_runner.py --local --world-size 3 --model tiny-lm --split-blocks 1,4 --gen-tokens 16",
+    "python distributed_runner.py --local --world-size 3 --model tiny-lm --split-blocks 1,4 --rpc-source stage1 --gen-tokens 16",
     "python -m paretopipe.profile --model smollm2-135m --prompt-len 128,1024 --threads 1 "
     "--out profiles/cpu-smollm2-135m.json",
     "python -m paretopipe.predict --model smollm2-135m --device-profiles "
@@ -400,19 +400,21 @@ def test_a_language_model_listed_run_by_hand_swept_and_reported(clone):
                             port=port, out="results/lm", gen_tokens="6"),
              reduced("python partition2.py --model tiny-lm --host 127.0.0.1", port=port))
     record = json.loads(next((clone / "results" / "lm").glob("*.json")).read_text())
-    assert record["status"] == "complete" and len(record["tokens"][0]) == 6
-    sh(reduced("python distributed_runner.py --local --world-size 3 --model tiny-lm --split-blocks 1,4 --gen-tokens 16",
+    assert record["status"] == "complete" and len(record["generation"]["tokens"][0]) == 6
+    sh(reduced("python distributed_runner.py --local --world-size 3 --model tiny-lm --split-blocks 1,4 --rpc-source stage1 --gen-tokens 16",
                gen_tokens="6", out="results/lm-rpc"), clone)
     rpc_record = json.loads(next((clone / "results" / "lm-rpc").glob("*.json")).read_text())
-    assert rpc_record["backend"] == "rpc" and len(rpc_record["tokens"][0]) == 6
+    assert rpc_record["backend"] == "rpc" and len(rpc_record["generation"]["tokens"][0]) == 6
     sh(reduced("python automated_split_tester.py --model smollm2-135m --splits all --network lan,wifi,lte "
-               "--prompt-len 128,1024 --gen-tokens 64", splits="0,16,32", prompt_len="8", gen_tokens="3"), clone)
+               "--prompt-len 128,1024 --gen-tokens 64 --out results-llm", splits="0,16,32", prompt_len="8",
+               gen_tokens="3"), clone)
     out = sh(reduced("python -m paretopipe.report results-llm"), clone).stdout
-    for network in ("lan", "wifi", "lte"):
-        assert f"smollm2-135m on {network}, prompt 8 tokens" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("smollm2-135m ")]
+    assert {r[3] for r in rows} == {"lan", "wifi", "lte"} and all(r[2] == "8" for r in rows)
     session = next((clone / "results-llm").glob("*/summary.csv")).parent
-    assert {p.name for p in (session / "report").glob("*.png")} == {"lm_ttft_vs_tpot.png", "lm_tokens_vs_memory.png",
-                                                                     "lm_tpot_vs_rtt.png"}
+    assert {p.name for p in (session / "report").glob("*.png")} == {
+        "front_smollm2-135m_tcp_p8.png", "tokens_memory_smollm2-135m_tcp_p8.png", "breakdown_smollm2-135m_tcp_p8.png",
+        "vs_split_smollm2-135m_tcp_p8.png", "payload_smollm2-135m.png"}
     sh(reduced("python -m paretopipe.profile --model smollm2-135m --prompt-len 128,1024 --threads 1 "
                "--out profiles/cpu-smollm2-135m.json", prompt_len="8", decode_steps="3", repetitions="2"), clone)
     check = sh(reduced("python -m paretopipe.predict --model smollm2-135m --device-profiles "

@@ -50,8 +50,9 @@ def parser(prog: str = "distributed_runner.py") -> ArgumentParser:
     flags.SEED.add_to(p)
     flags.WIRE_DTYPE.add_to(p, help="a language model's hidden state across each cut (an image model's activations "
                                     "cross as computed over RPC)")
-    p.add_argument("--num-partitions", type=positive_int, default=2,
-                   help="stages; at most world-size - 1 (world-size with --rpc-source stage1)")
+    p.add_argument("--num-partitions", type=positive_int, default=None,
+                   help="stages; at most world-size - 1 (world-size with --rpc-source stage1); default: one more than "
+                        "the cuts --split-blocks or --cut name, else 2")
     flags.SPLIT.add_to(p, aliases=("--split-block",), dest="split_block", help="block index k for 2 partitions (0..K)")
     flags.SPLIT_BLOCKS.add_to(p)
     flags.CUT.add_to(p)
@@ -139,7 +140,11 @@ def _split_blocks(args: argparse.Namespace, num_blocks: int) -> list[int]:
 
 
 def _check_layout(args: argparse.Namespace) -> None:
-    """The world, the partitions, the rank and the data's place must fit together."""
+    """The world, the partitions, the rank and the data's place must fit together (the number of
+    partitions, when not given, follows from the cuts named)."""
+    if args.num_partitions is None:
+        named = args.split_blocks or args.cut
+        args.num_partitions = len(named.split(",")) + 1 if named else 2
     ranks_needed = args.num_partitions + (1 if args.rpc_source == "master" else 0)
     if args.world_size < 2:
         raise UsageError(f"--world-size {args.world_size}: must be at least 2 (a master and one worker)")

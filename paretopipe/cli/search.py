@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..errors import UsageError
 from ..partition.structure import structure
 from ..runners import flags
 from ..runners.search import (SearchOptions, SearchRun, describe, parse_vary, predicted_front, search_space,
@@ -62,6 +63,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
     setup_logging(args.debug, args.quiet)
     vary = parse_vary(args.vary)
     opts = with_first_choices(options_from_args(args), vary)
+    if opts.language_model:
+        raise UsageError(f"{prog}: the search's space and objectives are an image model's; sweep a language model "
+                         f"({opts.models[0]}) instead: automated_split_tester.py --model {opts.models[0]} --splits all")
     num_blocks = structure(opts.models[0], opts.num_classes)["num_blocks"]
     space = search_space(opts, num_blocks, args.stages, vary)
     if args.budget is None:
