@@ -2,7 +2,9 @@
 # An aarch64 Python with torch on this x86 machine: qemu-user in a debootstrap sysroot, cached
 # outside the repository (ARM_CACHE, default /var/cache/paretopipe-arm; about 1 GB). Needs root.
 #
-#   bash scripts/arm_sysroot.sh setup          build what is missing (about 7 minutes cold)
+#   bash scripts/arm_sysroot.sh setup          build what is missing, or was left unfinished (about 7
+#                                              minutes cold)
+#   bash scripts/arm_sysroot.sh state          what setup would find: complete, missing or interrupted
 #   bash scripts/arm_sysroot.sh fingerprints   print the zoo's default-weights fingerprints as JSON
 #   bash scripts/arm_sysroot.sh python ARGS    run the sysroot's python3 (this checkout at /opt/paretopipe)
 #   bash scripts/arm_sysroot.sh venv           install this checkout as a Pi user would: a wheel built
@@ -28,6 +30,40 @@ for v in 17 28 34 35 36; do PLAT+=(--platform "manylinux_2_${v}_aarch64"); done
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 PIP=${PIP:-$HERE/.venv/bin/pip}
 
+# A step that can be interrupted (debootstrap, pip's install of torch into the site) writes its
+# marker only when it has finished; a step found without its marker is done again from scratch.
+# A rootfs from before the markers counts as whole when debootstrap finished it: the second stage
+# removes /debootstrap as its last act.
+ROOTFS_DONE=$ROOTFS/.paretopipe-rootfs-complete
+SITE_DONE=$SITE/.paretopipe-site-complete
+
+# "complete", "missing" or "interrupted": what setup finds of the rootfs (and then does).
+rootfs_state() {
+  if [ -f "$ROOTFS_DONE" ]; then echo complete
+  elif [ ! -e "$ROOTFS" ]; then echo missing
+  elif [ -x "$ROOTFS/usr/bin/python3" ] && [ ! -e "$ROOTFS/debootstrap" ]; then
+    touch "$ROOTFS_DONE"; echo complete
+  else echo interrupted
+  fi
+}
+
+# A site from before the marker is whole when torch, numpy and pillow are all there.
+site_state() {
+  if [ -f "$SITE_DONE" ]; then echo complete
+  elif [ ! -e "$SITE/torch" ]; then echo missing
+  elif [ -f "$SITE/torch/version.py" ] && [ -d "$SITE/numpy" ] && [ -d "$SITE/PIL" ]; then
+    touch "$SITE_DONE"; echo complete
+  else echo interrupted
+  fi
+}
+
+# Nothing of an interrupted rootfs is kept: what is mounted inside it is unmounted first.
+discard_rootfs() {
+  echo "arm_sysroot: $ROOTFS was left unfinished (interrupted); building it again" >&2
+  grep -o " $ROOTFS/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  rm -rf "$ROOTFS"
+}
+
 setup() {
   export DEBIAN_FRONTEND=noninteractive
   if ! command -v qemu-aarch64-static >/dev/null || ! command -v debootstrap >/dev/null; then
@@ -36,12 +72,15 @@ setup() {
   fi
   mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
   update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
-  if [ ! -x "$ROOTFS/usr/bin/python3" ]; then
-    mkdir -p "$ROOTFS"
-    debootstrap --arch=arm64 --foreign --variant=minbase --include=python3,python3-venv,python3-pip,iproute2 \
-      bookworm "$ROOTFS" >&2
-    chroot "$ROOTFS" /debootstrap/debootstrap --second-stage >&2
-  fi
+  case "$(rootfs_state)" in
+    interrupted) discard_rootfs ;&
+    missing)
+      mkdir -p "$ROOTFS"
+      debootstrap --arch=arm64 --foreign --variant=minbase --include=python3,python3-venv,python3-pip,iproute2 \
+        bookworm "$ROOTFS" >&2
+      chroot "$ROOTFS" /debootstrap/debootstrap --second-stage >&2
+      touch "$ROOTFS_DONE" ;;
+  esac
   if [ ! -x "$ROOTFS/usr/sbin/tc" ]; then  # a Pi has tc; sysroots made before it was included lack it
     chroot "$ROOTFS" /usr/bin/env DEBIAN_FRONTEND=noninteractive QEMU_CPU="$QEMU_CPU" PATH=/usr/sbin:/usr/bin:/sbin:/bin \
       sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2' >&2
@@ -55,10 +94,12 @@ setup() {
   if [ -d "$CACHE/site/torch" ] && [ ! -d "$SITE/torch" ]; then  # a cache made before the site moved
     mkdir -p "$(dirname "$SITE")" && mv "$CACHE/site" "$SITE"
   fi
-  if [ ! -d "$SITE/torch" ]; then
+  if [ "$(site_state)" != complete ]; then
+    rm -rf "$SITE"
     "$PIP" install -q "${PLAT[@]}" --target "$SITE" --no-deps torch==2.9.1 torchvision==0.24.1 >&2
     "$PIP" install -q "${PLAT[@]}" --target "$SITE" --upgrade numpy typing_extensions sympy networkx jinja2 fsspec \
       filelock platformdirs pillow >&2
+    touch "$SITE_DONE"
   fi
 }
 
@@ -151,8 +192,9 @@ SH
 
 case "${1:-}" in
   setup) setup ;;
+  state) echo "rootfs $(rootfs_state), site $(site_state)" ;;
   venv) setup; install_venv ;;
   fingerprints) setup; run_python /opt/paretopipe/scripts/zoo_fingerprints.py ;;
   python) shift; setup; run_python "$@" ;;
-  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
