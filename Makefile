@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps test test-fast demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
+.PHONY: venv sysdeps test test-fast test-gpu demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -31,16 +31,22 @@ PYTEST_PARALLEL := -n 4 --dist worksteal
 # lowest priority): the parallel pass shares the machine with it, the "alone" pass waits for it to end.
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm" --durations=25
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm and not gpu" --durations=25
 	@if [ -n "$(ARM_BUILD_PID)" ] && kill -0 $(ARM_BUILD_PID) 2>/dev/null; then \
 	  echo "waiting for the aarch64 sysroot build (pid $(ARM_BUILD_PID)) before the alone pass"; \
 	  while kill -0 $(ARM_BUILD_PID) 2>/dev/null; do sleep 5; done; \
 	fi
-	$(PY) -m pytest -q -m "alone and not arm" --durations=10
+	$(PY) -m pytest -q -m "alone and not arm and not gpu" --durations=10
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
 test-fast: venv
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not root and not lab" --durations=10
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not root and not lab and not gpu" --durations=10
+
+# On a GPU machine: the tests marked gpu (a CUDA stage beside a CPU one, CUDA event times, NVML
+# energy, a language model's stage, a sweep, profile and predict), each skipped with its reason
+# where torch sees no CUDA device. scripts/gpu_check.sh runs them there without make.
+test-gpu: venv
+	$(PY) -m pytest -q -rs -m gpu tests/gpu
 
 # Seeded interleaved rounds; each configuration measured 3 to 6 times, until its 95% CIs are
 # within +-5% (examples/demo.toml holds the same experiment).

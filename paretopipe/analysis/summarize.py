@@ -40,9 +40,9 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for metric in sorted({k for m in members for k in m if RESOURCES.match(k)}):
         values = [m.get(metric) for m in members if m.get(metric) is not None and m.get(metric) == m.get(metric)
                   and m.get(metric) != ""]
-        if metric.endswith(("over_memory_limit", "memory_fits")):  # one run over the limit is over
+        if metric.endswith(("over_memory_limit", "memory_fits", "energy_below_idle")):  # one run over the limit is over
             flags = [str(v).lower() in ("true", "1") for v in values]
-            entry[metric] = (any(flags) if metric.endswith("over_memory_limit") else all(flags)) if flags else None
+            entry[metric] = (all(flags) if metric.endswith("memory_fits") else any(flags)) if flags else None
             continue
         if metric.endswith("_source"):  # where a modelled constant came from: text, the same every run
             entry[metric] = values[0] if values else None

@@ -89,6 +89,16 @@ def _memory_fields(mem: dict[str, Any], declared_limit: Any) -> dict[str, Any]:
     return out
 
 
+def _net_energy(got: dict[str, Any], window: float) -> float | None:
+    """The window's energy less the idle power over it; None where the device drew less in the
+    window than the idle power measured before the run. A GPU does when its clocks fall while it
+    waits on the link: its idle was measured in the higher power state its start-up left it in, so
+    no figure net of idle can be told from that measurement (the gross joules and the mean power
+    stay in the summary)."""
+    net = got["gross"] - got["idle_w"] * window
+    return net if net >= 0 else None
+
+
 def summarize(resources: dict[str, Any] | None, stages: list[dict[str, Any]], config: dict[str, Any]
               ) -> dict[str, Any]:
     """Summary fields of the energy and memory of a run (``stageN_*`` per stage, the pipeline's
@@ -116,14 +126,17 @@ def summarize(resources: dict[str, Any] | None, stages: list[dict[str, Any]], co
         window, cpu = _number(stage.get("window_s")), _number(stage.get("cpu_s"))
         got = _measured(stage)
         if got is not None and window and images:
-            net = got["gross"] - got["idle_w"] * window
+            net = _net_energy(got, window)
             out.update({p + "energy_j": got["gross"], p + "energy_net_j": net, p + "idle_power_w": got["idle_w"],
-                        p + "energy_per_image_j": net / images, p + "energy_window_s": window,
+                        p + "energy_mean_power_w": got["gross"] / window, p + "energy_below_idle": net is None,
+                        p + "energy_per_image_j": None if net is None else net / images, p + "energy_window_s": window,
                         p + "energy_samples": got["samples"], p + "energy_rate_hz": got["rate_hz"]})
             for rail, joules in got["rails"].items():
                 out[f"{p}energy_{rail}_j"] = joules
             key = _sensor_key(stage, stages[j - 1] if j - 1 < len(stages) else None)
-            if key not in seen and measured_total is not None:
+            if net is None:
+                measured_total = None
+            elif key not in seen and measured_total is not None:
                 measured_total += net / images
             seen.add(key)
         else:

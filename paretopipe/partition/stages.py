@@ -82,30 +82,42 @@ def _check_device(device: str) -> str:
 
 
 class StageTimer:
-    """Times stage compute on this node: perf_counter on CPU, synchronised around CUDA work."""
+    """Times stage compute on this node: perf_counter on CPU; on CUDA, events recorded on the
+    stream around the host-to-device copy and around the stage, after which the stage's output is
+    synchronised. The time of a CUDA stage is the events' (the copy and the compute, as the GPU
+    ran them); ``last_copy_s`` is the copy's share and ``last_wall_s`` the wall clock around the
+    whole synchronised call, for checking one against the other."""
 
     def __init__(self, device: str) -> None:
         self.cuda = device.startswith("cuda")
+        self.last_copy_s = 0.0
+        self.last_wall_s = 0.0
 
     def run(self, stage: nn.Module, x: Activation, device: str) -> tuple[Activation, float]:
         """``stage`` on ``x`` (one tensor, or the live set of a cut where several cross) and its time."""
         if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            start.record()
-            with torch.no_grad():
-                moved = tuple(t.to(device, non_blocking=True) for t in x) if isinstance(x, tuple) \
-                    else x.to(device, non_blocking=True)
-                out = call_stage(stage, moved)
-            end.record()
-            end.synchronize()
-            # Events time the GPU work; the wall clock includes the host-to-device copy too.
-            return out, max(time.perf_counter() - t0, start.elapsed_time(end) / 1e3)
+            return self._run_cuda(stage, x, device)
         t0 = time.perf_counter()
         with torch.no_grad():
             out = call_stage(stage, x)
-        return out, time.perf_counter() - t0
+        self.last_wall_s = time.perf_counter() - t0
+        return out, self.last_wall_s
+
+    def _run_cuda(self, stage: nn.Module, x: Activation, device: str) -> tuple[Activation, float]:
+        begin, copied, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        begin.record()
+        with torch.no_grad():
+            moved = tuple(t.to(device, non_blocking=True) for t in x) if isinstance(x, tuple) \
+                else x.to(device, non_blocking=True)
+            copied.record()
+            out = call_stage(stage, moved)
+        end.record()
+        end.synchronize()
+        self.last_wall_s = time.perf_counter() - t0
+        self.last_copy_s = begin.elapsed_time(copied) / 1e3
+        return out, begin.elapsed_time(end) / 1e3
 
 
 class TimedChain(nn.Module):

@@ -34,6 +34,19 @@ def test_measured_energy_is_net_of_idle_per_image_and_shared_sensors_count_once(
     assert same["energy_per_image_j"] == pytest.approx(0.6)
 
 
+def test_a_device_that_drew_less_than_its_idle_gives_no_net_figure_and_says_why():
+    # The H100's stage 2 in a sweep: idle measured at 124 W after its start-up, then 90 W on average
+    # while it waited on an LTE link with its clocks down; 124 W x 2 s exceeds the 180 J it drew.
+    out = summarize({"stage1": _stage(10.0), "stage2": _stage(180.0, idle_w=124.0)},
+                    [{"hostname": "pi"}, {"hostname": "gpu"}], {})
+    assert out["stage2_energy_per_image_j"] is None and out["stage2_energy_net_j"] is None
+    assert out["stage2_energy_below_idle"] is True and out["stage1_energy_below_idle"] is False
+    assert out["stage2_energy_mean_power_w"] == pytest.approx(90.0) and out["stage2_idle_power_w"] == 124.0
+    assert out["stage2_energy_j"] == 180.0  # the gross joules stay
+    assert out["energy_per_image_j"] is None  # the pipeline's figure needs every stage's
+    assert out["stage1_energy_per_image_j"] == pytest.approx(0.6)
+
+
 def test_modelled_energy_from_declared_powers_has_its_own_columns():
     out = summarize({"stage1": _stage(None, cpu=1.5), "stage2": _stage(None, cpu=0.5)}, [{}, {}],
                     {"power_idle_w": [2.7, 40.0], "power_core_w": [0.9, 15.0]})
