@@ -118,8 +118,9 @@ def test_rpc_ranks_pass_a_live_set_on_and_carry_a_tensor_past_a_stage(tmp_path):
 def test_rpc_refuses_a_cut_list_that_does_not_fit_the_partitions():
     from tcp_helpers import run
 
+    # --num-partitions given: without it, the partitions follow from the cuts named (one more)
     proc = run([PYTHON, "distributed_runner.py", "--local", "--world-size", "3", "--model", "resnet18",
-                "--cut", f"{INSIDE_BLOCK},{LATER_INSIDE}"], timeout=60)
+                "--num-partitions", "2", "--cut", f"{INSIDE_BLOCK},{LATER_INSIDE}"], timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: 2 partitions need 1 cut(s), got --cut {INSIDE_BLOCK},{LATER_INSIDE}"]
 
