@@ -290,6 +290,30 @@ def _phase_splits(rec: dict, trace_rows: list[tuple[float, float]], period_s: fl
     return out
 
 
+def _whole_model_s() -> float:
+    """The whole model's median time for one image on one thread here (a full core)."""
+    import statistics
+    import time
+
+    import torch
+
+    from paretopipe.transport.inputs import synthetic_batch
+
+    model, x, threads = builder(MODEL).model, synthetic_batch(0, 1, 224), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            model(x)
+            times = []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                model(x)
+                times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times)
+
+
 @pytest.mark.slow
 @pytest.mark.alone
 @pytest.mark.root
@@ -306,10 +330,15 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
     rows = [(0.0, 1.0), (3.0, 0.4), (9.0, 1.0)]
     trace = tmp_path / "throttle.csv"
     trace.write_text("time_s,cpu_share\n" + "".join(f"{t:g},{s:g}\n" for t, s in rows))
+    # Each run must span the trace's period (15 s) whatever this machine's speed: at least as many
+    # batches as the whole model runs, on one thread at full speed, in 16 s (a faster machine, more
+    # batches; a run's batch takes longer than the model alone, so the run spans more). 450 fixed
+    # batches spanned it on the machine this test was written on; 5 s on today's.
+    batches = min(5000, max(450, math.ceil(16.0 / _whole_model_s())))
     done = cli.run([cli.PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "0,18,adaptive,sciot",
-                    "--runs", "1", "--batch-size", "1", "--num-batches", "450", "--threads", "1",
+                    "--runs", "1", "--batch-size", "1", "--num-batches", str(batches), "--threads", "1",
                     "--stage-cpu", "1,0.7", "--stage-cpu-trace", f"stage1={trace}", "--out", str(tmp_path / "out"),
-                    "--session", "s", "--no-report"], timeout=900)
+                    "--session", "s", "--no-report"], timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = tmp_path / "out" / "s" / "runs"
     for policy in ("adaptive", "sciot"):
