@@ -273,6 +273,10 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (search + ["--budget", "3", "--vary", "codec=float16/none", "--vary", "codec=float32/none"],
                         "--vary codec given twice"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "0"], "--budget/--search"),
+                       (["sweep", "--model", "mobilenetv2", "--local", "--backend", "both", "--wire-dtype", "float16"],
+                        "--wire-dtype float16 with the rpc backend"),
+                       (["sweep", "--model", "mobilenetv2", "--local", "--backend", "rpc", "--compression", "zstd"],
+                        "--compression zstd with the rpc backend"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "2", "--sampler", "x"],
                         "invalid choice: 'x'")):
         add(f"search-{len(c)}", argv, what)

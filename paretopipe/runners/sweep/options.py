@@ -114,6 +114,7 @@ def check_options(opts: SweepOptions) -> None:
     if unknown:
         raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
     check_workload(opts)
+    check_rpc_codec(opts)
     if opts.order not in rounds.ORDERS:
         raise UsageError(f"--order {opts.order!r}: valid {', '.join(rounds.ORDERS)}")
     if opts.precision is not None and not 0 < opts.precision < 1:
@@ -152,6 +153,20 @@ def check_options(opts: SweepOptions) -> None:
             except ValueError:
                 raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
                                  f"addresses, not {h.address!r}")
+
+
+def check_rpc_codec(opts: SweepOptions) -> None:
+    """The rpc backend sends what a stage computed (a language model's hidden state in its cut
+    dtype): a cast or a codec of an image model's activations is the TCP backend's, and an rpc run
+    would be recorded with one it did not make."""
+    if "rpc" not in opts.backends:
+        return
+    if opts.compression != "none":
+        raise UsageError(f"--compression {opts.compression} with the rpc backend: its activations cross as "
+                         f"computed, uncompressed; use --backend tcp")
+    if opts.wire_dtype != "float32" and not opts.language_model:
+        raise UsageError(f"--wire-dtype {opts.wire_dtype} with the rpc backend: an image model's activations cross "
+                         f"as computed (float32); use --backend tcp")
 
 
 def check_workload(opts: SweepOptions) -> None:
