@@ -25,6 +25,7 @@ import torch
 
 from ..errors import PeerError, WireError
 from ..llm.builder import LMBuilder
+from ..partition.stages import adopt_torch_threads
 from ..llm.generate import Sampling, reference_model
 from ..llm import summary as llm_summary
 from ..llm.shapes import stage_blocks, stage_layers
@@ -98,6 +99,7 @@ class GenerationStage:
     # -- computing -----------------------------------------------------------------------------
     def forward(self, seq: int, stream: int, x: torch.Tensor, start: int) -> tuple[torch.Tensor, float]:
         """This stage's blocks on one step, and the seconds they took (copies to and from a GPU included)."""
+        adopt_torch_threads()
         t0 = time.perf_counter()
         try:
             out = self.stage.forward(stream, x, start)
