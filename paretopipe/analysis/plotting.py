@@ -103,6 +103,7 @@ def plot_fronts(table: pd.DataFrame, ax, title: str, line: bool = True, x: Any =
                 texts.append(ax.text(p["x"] * xs, p["y"] * ys, p["label"] + (" (knee)" if p["knee"] else ""),
                                      fontsize=7, color=colour, fontweight="bold"))
     ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis)
     if x is LATENCY and y is THROUGHPUT:  # the suite's own front, as it has always been labelled
         xlabel = "end-to-end latency per batch, median with 95% CI (ms, log scale)"
         ylabel = "throughput (images/s), with 95% CI"
@@ -231,6 +232,15 @@ def nothing_to_draw(table: pd.DataFrame, figure: str, generation: bool = False) 
     if not (np.isfinite(values) & (values > 0)).all(axis=1).any():
         return f"no configuration has a measured {' and '.join(needs)} above zero"
     return None
+
+
+def plain_log_ticks(axis: Any) -> None:
+    """Label a log axis in plain numbers, at 1, 2 and 5 of each decade: matplotlib's default labels
+    every minor tick of a short range as 3x10^1, 4x10^1, ..., and the labels run into each other."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
 
 
 def pyplot():

@@ -20,7 +20,7 @@ from ..network.conditions import NetworkConditions, get_conditions
 from .costmodel import LinkModel, chain_terms, simulate
 from .device_profile import DeviceProfile, check_compatible, codec_key
 from .predictions import PREDICTED, base_transport
-from ..analysis.plotting import PALETTE, pyplot, save_figure
+from ..analysis.plotting import PALETTE, plain_log_ticks, pyplot, save_figure
 
 log = logging.getLogger("paretopipe.predict")
 
@@ -214,6 +214,8 @@ def write_validation(table: pd.DataFrame, summary: dict[str, Any], out: Path) ->
         ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        plain_log_ticks(ax.xaxis)
+        plain_log_ticks(ax.yaxis)
         ax.set_xlabel(f"measured {unit}")
         ax.set_ylabel(f"predicted {unit}")
         ax.grid(True, which="both", alpha=0.3)
