@@ -24,7 +24,10 @@ def parser(prog: str = "paretopipe lab") -> ArgumentParser:
     up.add_argument("--hosts", type=positive_int, default=2, help="how many hosts (2..8)")
     up.add_argument("--subnet", type=int, default=0, help="S in 10.77.S.0/24")
     up.add_argument("--env", default=None, help="also write the lab's .env here (it is always in the lab's folder)")
-    up.add_argument("--remote-dir", default=None, help="REMOTE_DIR of the .env (where this package is, if not given)")
+    up.add_argument("--remote-dir", default=None,
+                    help="REMOTE_DIR of the .env: where the hosts run from, so where a model file's relative "
+                         "path resolves (the hosts share this machine's files: '.' is this folder); where this "
+                         "package is, if not given")
     up.add_argument("--arch", default="", help="each host's architecture, comma-separated: native or aarch64 (a "
                                               "Pi's core under qemu-user in the sysroot `make lab-arm` builds); "
                                               "hosts not named are native")

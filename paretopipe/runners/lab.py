@@ -270,7 +270,8 @@ def _wait_ssh(lab: Lab, i: int) -> None:
 
 def _write_env(lab: Lab, env_out: str | Path | None, remote_dir: str | None, remote_python: str | None,
                mqtt_env: str = "") -> None:
-    root = Path(__file__).resolve().parents[2] if remote_dir is None else Path(remote_dir)
+    # the hosts share this machine's files, so a relative folder means one here, not under root's home
+    root = Path(__file__).resolve().parents[2] if remote_dir is None else Path(remote_dir).resolve()
     native = remote_python or sys.executable
     pythons = [str(arm_python()) if arch == "aarch64" else native for arch in lab.arches]
     # an aarch64 host runs the wheel installed in its sysroot's venv; REMOTE_DIR is only its cd
