@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps test test-fast test-gpu demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
+.PHONY: venv sysdeps docs test test-fast test-gpu demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -47,6 +47,12 @@ test-fast: venv
 # where torch sees no CUDA device. scripts/gpu_check.sh runs them there without make.
 test-gpu: venv
 	$(PY) -m pytest -q -rs -m gpu tests/gpu
+
+# The manual as a site (mkdocs.yml, docs/): strict, so a broken link or anchor fails the build; offline
+# (system fonts, the bundled search). Open site/index.html.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+	@echo "the manual: site/index.html"
 
 # Seeded interleaved rounds; each configuration measured 3 to 6 times, until its 95% CIs are
 # within +-5% (examples/demo.toml holds the same experiment).

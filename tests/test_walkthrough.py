@@ -34,7 +34,25 @@ SIZES = {"--runs", "--num-batches", "--num-test-samples", "--warmup", "--batch-s
          "--codecs", "--ciphers", "--duration", "--batches", "--max-runs", "--only", "--quiet", "--prompt-len",
          "--gen-tokens", "--decode-steps", "--min-duration-s", "--min-query-count", "--server-steps"}
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
-PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session", "--live"}
+PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session", "--live", "--name", "--subnet"}
+#: docs/tutorial.md, in its order: your model's cuts, its sweep on two emulated devices, its
+#: prediction, then a lab of two hosts over SSH.
+TUTORIAL_LINES = (
+    "python -m paretopipe.split --model mymodel.py:build --list",
+    "python automated_split_tester.py --model mymodel.py:build --splits all --stage-cpu 0.25,1 --network lan,wifi,lte "
+    "--runs 3 --out results-mine",
+    "python -m paretopipe.profile --model mymodel.py:build --threads 1 --cpus 0 --cpu-share 0.25 --batch-sizes 8 "
+    "--out profiles/edge-mymodel.json",
+    "python -m paretopipe.profile --model mymodel.py:build --threads 1 --cpus 0 --batch-sizes 8 "
+    "--out profiles/server-mymodel.json",
+    "python -m paretopipe.predict --model mymodel.py:build --device-profiles "
+    "profiles/edge-mymodel.json,profiles/server-mymodel.json --network lan,wifi,lte --validate results-mine",
+    "python -m paretopipe lab up --hosts 2 --env .env --remote-dir .",
+    "python -m paretopipe doctor --model mymodel.py:build",
+    "python automated_split_tester.py --model mymodel.py:build --splits all --network-file examples/lab-networks.toml "
+    "--network edge-20mbit,cell-10up-40down --link tc --runs 1 --out results-lab",
+    "python -m paretopipe lab down",
+)
 #: Every documented command line a test here runs (as written, or reduced in size only), as
 #: ``tests/test_docs_examples.py`` finds it in the docs.
 RUN = frozenset({
@@ -91,6 +109,7 @@ RUN = frozenset({
     "python partition2.py --model mobilenetv2 --host 127.0.0.1 --output-dir results/manual",
     "python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
     "--scenario closed,singlestream,multistream,offline,server --latency-bound-ms 500",
+    *TUTORIAL_LINES,
 })
 SHARED = ROOT.parent / "shared"
 SCRIPTS = ("automated_split_tester.py", "partition1.py", "partition2.py", "distributed_runner.py",
@@ -421,6 +440,40 @@ def test_a_language_model_listed_run_by_hand_swept_and_reported(clone):
                        "profiles/cpu-smollm2-135m.json,profiles/cpu-smollm2-135m.json --network lan,wifi,lte "
                        "--prompt-len 128,1024 --validate results-llm", prompt_len="8"), clone).stdout
     assert "9 configurations, median |error|" in check
+
+
+# -- 9. your first hour (docs/tutorial.md) ------------------------------------------------------------
+@pytest.mark.root
+@pytest.mark.lab
+def test_your_first_hour_as_the_tutorial_runs_it(clone):
+    from lab_helpers import LAB_SKIP, leftovers
+
+    if LAB_SKIP:
+        pytest.skip(f"the tutorial's cgroup shares and lab: {LAB_SKIP}")
+    split, sweep, edge, server, predict, up, doctor, lab_sweep, down = TUTORIAL_LINES
+    page = (ROOT / "docs" / "tutorial.md").read_text()
+    (clone / "mymodel.py").write_text(page.split("```python\n", 1)[1].split("```", 1)[0])  # the page's file, as saved
+    listed = sh(reduced(split), clone).stdout.splitlines()
+    assert [line.split()[0] for line in listed[1:]] == [str(k) for k in range(8)] and "256x1x1" in listed[6]
+    sh(reduced(sweep, splits="0,5,7", runs="1", num_batches="3", warmup="1", local=""), clone)
+    session = next((clone / "results-mine").glob("*/summary.csv")).parent
+    assert (session / "report" / "front_mymodel.py_build_tcp_b8.png").is_file()  # the figure the page shows
+    assert set(pd.read_csv(session / "summary.csv")["network"]) == {"lan", "wifi", "lte"}
+    for line in (edge, server):
+        sh(reduced(line, repetitions="2"), clone)
+    check = sh(reduced(predict), clone).stdout
+    assert "9 configurations: median |error|" in check and (session / "report" / "prediction_validation.png").is_file()
+    sh(reduced(up, name="pptut", subnet="65"), clone)
+    try:
+        table = sh(reduced(doctor), clone).stdout
+        hosts = [line.split() for line in table.splitlines() if line.startswith("10.77.65.")]
+        assert len(hosts) == 2 and all(row[1] == "ok" and row[5] == "same" and row[8] == "same" for row in hosts), table
+        sh(reduced(lab_sweep, splits="0,7", num_batches="3", warmup="1"), clone)
+    finally:
+        sh(reduced(down, name="pptut"), clone, ok=False)
+    runs = pd.read_csv(next((clone / "results-lab").glob("*/runs.csv")))
+    assert set(runs["network"]) == {"edge-20mbit", "cell-10up-40down"} and set(runs["link_mode"]) == {"tc"}
+    assert not leftovers("pptut")
 
 
 def test_reduced_changes_sizes_and_places_only():

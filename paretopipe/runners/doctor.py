@@ -38,7 +38,7 @@ def cuda_build_warning(name: str, got: dict[str, Any]) -> str | None:
     if got.get("machine") in EDGE_ARCHES and got.get("torch_build") == "cuda" and not got.get("cuda_available"):
         return (f"{name}: torch {got.get('torch')} is a CUDA build on an {got.get('machine')} host without a CUDA "
                 f"device (about 2.5 GB of NVIDIA libraries it cannot use); install the CPU build: pip install torch "
-                f"torchvision --index-url https://download.pytorch.org/whl/cpu (README, Install)")
+                f"torchvision --index-url https://download.pytorch.org/whl/cpu (docs/install.md)")
     return None
 
 

@@ -18,7 +18,7 @@ from ..errors import UsageError
 
 SAMPLERS = ("tpe", "gp", "nsga2", "qmc", "random")
 #: The sampler that reached the most hypervolume with 10% of the large replayed space
-#: (python benchmarks/search.py; README "Search").
+#: (python benchmarks/search.py; docs/search.md).
 DEFAULT_SAMPLER = "tpe"
 
 

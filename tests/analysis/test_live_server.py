@@ -4,9 +4,7 @@ following a real sweep, a new configuration on it within 2 s of its run's record
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import re
 import shutil
 import socket
@@ -21,12 +19,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from browser_helpers import CHROMIUM, Browser
 from paretopipe.analysis.live_server import WatchServer
 from paretopipe.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "fixtures" / "results_small"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TOKEN = "a-token-long-enough-1234"
 
 
@@ -134,65 +132,6 @@ def test_a_port_in_use_is_one_line_and_exit_2_for_watch_and_for_a_sweep_before_i
 
 
 # -- the page in a real browser, following a real sweep -------------------------------------------
-class Browser:
-    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe: the
-    browser reads commands on fd 3 and answers on fd 4, NUL-separated JSON); no port is opened."""
-
-    def __init__(self) -> None:
-        to_browser_r, self._to_browser = os.pipe()
-        self._from_browser, from_browser_w = os.pipe()
-
-        def fds() -> None:  # in the child: its fd 3 reads our commands, its fd 4 writes its answers
-            high_r, high_w = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10), fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
-            os.dup2(high_r, 3)
-            os.dup2(high_w, 4)
-
-        self.proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                                      "--remote-debugging-pipe", "--user-data-dir=" + os.path.join(
-                                          os.environ.get("TMPDIR", "/tmp"), f"pp-live-{os.getpid()}"), "about:blank"],
-                                     preexec_fn=fds, pass_fds=(3, 4),  # kept open after fds() set them
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.close(to_browser_r)
-        os.close(from_browser_w)
-        self._buf = b""
-        self._id = 0
-        self.session: str | None = None
-
-    def call(self, method: str, params: dict | None = None, timeout: float = 30) -> dict:
-        self._id += 1
-        msg = {"id": self._id, "method": method, "params": params or {}}
-        if self.session and not method.startswith("Target."):
-            msg["sessionId"] = self.session
-        os.write(self._to_browser, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            while b"\0" in self._buf:
-                raw, self._buf = self._buf.split(b"\0", 1)
-                reply = json.loads(raw)
-                if reply.get("id") == self._id:
-                    if "error" in reply:
-                        raise RuntimeError(f"{method}: {reply['error']}")
-                    return reply["result"]
-            chunk = os.read(self._from_browser, 1 << 16)
-            if not chunk:
-                raise RuntimeError("chromium closed its pipe")
-            self._buf += chunk
-        raise TimeoutError(method)
-
-    def open(self, url: str) -> None:
-        target = self.call("Target.createTarget", {"url": url})["targetId"]
-        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-
-    def eval(self, expression: str):
-        return self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True})["result"].get("value")
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        os.close(self._to_browser)
-        os.close(self._from_browser)
-
-
 ROW_KEYS = "Array.from(document.querySelectorAll('#configurations tbody tr')).map(r => r.dataset.key)"
 
 
