@@ -82,7 +82,7 @@ def generate_split(stages: list[LMStage], prompt: list[int], gen_tokens: int, sa
     for step in range(gen_tokens):
         h = x
         for stage in stages:
-            h = decode_cut(encode_cut(h, cut_dtype)) if stage is not stages[0] else h
+            h = decode_cut(encode_cut(h, cut_dtype), cut_dtype) if stage is not stages[0] else h
             h = stage.forward(stream, h, start)
         logits.append(h[0].clone())
         tokens.append(sampling.choose(h[0], stream, step))

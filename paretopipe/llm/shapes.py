@@ -15,9 +15,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..partition.structure import structure
-
-CUT_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-INT8_SCALE_BYTES = 4  # an int8 cut carries one float32 scale per token beside its values
+from ..wiredtype import row_nbytes
 TOKEN_ID_BYTES = 8    # split 0: the token ids cross, as int64
 
 
@@ -156,7 +154,7 @@ def cut_bytes_per_token(shape: LMShape, split: int, cut_dtype: str = "float32") 
     check_split(shape, split)
     if split == 0:
         return TOKEN_ID_BYTES
-    return shape.hidden_size * CUT_DTYPES[cut_dtype] + (INT8_SCALE_BYTES if cut_dtype == "int8" else 0)
+    return row_nbytes(shape.hidden_size, cut_dtype)
 
 
 def cuts(shape: LMShape, cut_dtype: str = "float32") -> list[LMCut]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from ..partition import wirequant
 from .build import StageParts
 
-TORCH_CUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class StageCache:
@@ -101,18 +101,19 @@ class LMStage:
 
 
 def encode_cut(h: torch.Tensor, cut_dtype: str) -> tuple[torch.Tensor, ...]:
-    """What crosses a cut for a hidden state: cast, or int8 with one float32 scale per token."""
+    """What crosses a cut for a hidden state: itself (token ids, float32), a cast, or its int8 or
+    int4 parts (one float32 scale per token, or per 32 values: paretopipe.partition.wirequant)."""
     if h.dtype == torch.int64 or cut_dtype == "float32":
         return (h.contiguous(),)
-    if cut_dtype == "int8":
-        scale = h.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127.0
-        return ((h / scale).round().clamp(-127, 127).to(torch.int8).contiguous(), scale.to(torch.float32).contiguous())
-    return (h.to(TORCH_CUT_DTYPES[cut_dtype]).contiguous(),)
+    if cut_dtype in wirequant.QUANTISED:
+        return wirequant.quantise(h, cut_dtype)
+    return (h.to(wirequant.CASTS[cut_dtype]).contiguous(),)
 
 
-def decode_cut(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    if len(tensors) == 2:
-        return tensors[0].to(torch.float32) * tensors[1]
+def decode_cut(tensors: tuple[torch.Tensor, ...], cut_dtype: str) -> torch.Tensor:
+    """The hidden state (or token ids) from what crossed; quantised parts that disagree are refused."""
+    if cut_dtype in wirequant.QUANTISED and tensors[0].dtype != torch.int64:
+        return wirequant.dequantise(tensors, cut_dtype)
     t = tensors[0]
     return t if t.dtype == torch.int64 else t.to(torch.float32)
 

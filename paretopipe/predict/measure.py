@@ -27,7 +27,7 @@ from torch import nn
 from .. import cpushare, records
 from ..errors import UsageError
 from ..manifest import node_manifest
-from ..partition import fxcuts
+from ..partition import fxcuts, wirequant
 from ..partition.activation import Activation, to_host
 from ..partition.stages import StageBuilder, StageTimer, apply_cpu_limits
 from ..transport import aead, inputs, wire
@@ -72,7 +72,9 @@ def _median_or_mean(xs: Sequence[float], mean: bool) -> float:
 
 
 def _round_trip(tensor: Activation, codec: wire.Codec, reps: int) -> dict[str, float]:
-    """Encode, send over a real loopback TCP connection, receive and decode, ``reps`` times."""
+    """Encode, send over a real loopback TCP connection, receive and decode, ``reps`` times (int8
+    and int4 quantised before the codec and dequantised after it, as a stage does)."""
+    dtype = codec.wire_dtype
     listener = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(listener.getsockname())
     server, _ = listener.accept()
@@ -82,7 +84,10 @@ def _round_trip(tensor: Activation, codec: wire.Codec, reps: int) -> dict[str, f
     enc_s, dec_s, transfer_s, frame_bytes, wire_bytes = [], [], [], 0, 0
     try:
         for _ in range(reps):
-            enc = wire.encode(wire.TENSOR, 0, tensor, codec=codec)
+            t0 = time.perf_counter()
+            sent = wirequant.encode_activation(tensor, dtype)
+            quantise_s = time.perf_counter() - t0
+            enc = wire.encode(wire.TENSOR, 0, sent, codec=codec)
             started = [0.0]
 
             def send(e: wire.Encoded = enc) -> None:
@@ -93,9 +98,11 @@ def _round_trip(tensor: Activation, codec: wire.Codec, reps: int) -> dict[str, f
             sender.start()
             f = wire.recv_frame(server)
             done = time.perf_counter()
+            wirequant.decode_activation(wirequant.grouped(f.tensor, dtype), dtype)
+            dequantise_s = time.perf_counter() - done
             sender.join()
-            enc_s.append(enc.encode_s)
-            dec_s.append(f.decode_s)
+            enc_s.append(enc.encode_s + quantise_s)
+            dec_s.append(f.decode_s + dequantise_s)
             transfer_s.append(done - started[0] - f.decode_s)
             frame_bytes, wire_bytes = enc.total_nbytes, enc.wire_nbytes
     finally:

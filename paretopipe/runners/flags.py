@@ -91,9 +91,10 @@ LOCAL_PROBABILITY = Option(("--local-probability",), "sciot only: the chance a b
                            "refresh its times (SCIoT's example: 0.1)", nonneg_float)
 POLICY_FLAGS = (EMA_ALPHA, CV_THRESHOLD, VARIANCE_WINDOW, LOCAL_PROBABILITY)
 BATCH_SIZE = Option(("--batch-size",), "images per batch", positive_int, 8)
-WIRE_DTYPE = Option(("--wire-dtype", "--cut-dtype"), "dtype of what crosses a cut: an image model's activations "
-                    "as float32, float16 or bfloat16; a language model's hidden state also as int8 (one float32 scale "
-                    "per token)", default="float32", choices=WIRE_DTYPE_NAMES)
+WIRE_DTYPE = Option(("--wire-dtype", "--cut-dtype"), "dtype of what crosses a cut, for every model: float32, "
+                    "float16 or bfloat16 (a cast), int8 (one float32 scale per channel of an image's activation, per "
+                    "token of a hidden state) or int4 (two values a byte, one float32 scale per 32 values)",
+                    default="float32", choices=WIRE_DTYPE_NAMES)
 COMPRESSION = Option(("--compression",), "codec of the activations on the wire", default="none",
                      choices=COMPRESSIONS)
 RPC_TRANSPORT = Option(("--rpc-transport",), "uv: TCP even on one host; auto: TensorPipe may use shared memory",
@@ -189,7 +190,7 @@ POWER_CORE_W = Option(("--power-core-w",), "watts per stage, e.g. 0.9,15: what o
 PROMPT_LENS = PROMPT_LEN.variant(help="seeded prompt lengths, a comma list (128,1024)",
                                  type=list_of(positive_int, "positive_int_list"), default=[16])
 WIRE_DTYPES_LIST = WIRE_DTYPE.variant(help=f"a comma list of {', '.join(WIRE_DTYPE_NAMES)}, each a configuration of "
-                                       f"its own (int8: a language model's hidden state only)",
+                                       f"its own",
                                        type=list_of(one_of(WIRE_DTYPE_NAMES), "wire_dtype_list"), default=["float32"],
                                        choices=None)
 

@@ -25,6 +25,7 @@ import torch
 
 from ..errors import PeerError, WireError
 from ..llm.builder import LMBuilder
+from ..partition import wirequant
 from ..partition.stages import adopt_torch_threads
 from ..llm.generate import Sampling, reference_model
 from ..llm import summary as llm_summary
@@ -35,8 +36,6 @@ from .runconfig import WARMUP_PROMPT_TOKENS, WARMUP_TOKENS, RunConfig
 
 #: What a step's wire frame names beside its tensor.
 STEP_META = ("stream", "start", "step")
-_CAST = {"float32": (torch.float32,), "float16": (torch.float16,), "bfloat16": (torch.bfloat16,),
-         "int8": (torch.int8, torch.float32)}
 
 
 def _whole(value: Any) -> bool:
@@ -83,15 +82,15 @@ class GenerationStage:
             if bool(((t < 0) | (t >= shape.vocab_size)).any()):
                 raise WireError(f"step {seq}: a token id outside the vocabulary of {shape.vocab_size}")
             return t.clone()
-        t, hidden = tensors[0], shape.hidden_size
-        if tuple(x.dtype for x in tensors) != _CAST[self.cfg.wire_dtype] or t.dim() != 3 or t.shape[0] != 1 \
-                or t.shape[1] < 1 or t.shape[2] != hidden \
-                or (len(tensors) == 2 and tuple(tensors[1].shape) != (1, t.shape[1], 1)):
-            raise WireError(f"step {seq}: expected a hidden state (1, T, {hidden}) as {self.cfg.wire_dtype}, got "
+        dtype, hidden = self.cfg.wire_dtype, shape.hidden_size
+        parts_ok = tuple(x.dtype for x in tensors) == wirequant.PART_DTYPES[dtype]
+        dims = wirequant.decoded_shape(tensors, dtype) if parts_ok else ()
+        if len(dims) != 3 or dims[0] != 1 or dims[1] < 1 or dims[2] != hidden:
+            raise WireError(f"step {seq}: expected a hidden state (1, T, {hidden}) as {dtype}, got "
                             f"{' + '.join(f'{x.dtype} {tuple(x.shape)}' for x in tensors)}")
-        if start + t.shape[1] > shape.max_position_embeddings:
+        if start + dims[1] > shape.max_position_embeddings:
             raise WireError(f"step {seq}: positions past the model's {shape.max_position_embeddings}")
-        x = decode_cut(tuple(x.clone() for x in tensors))
+        x = decode_cut(tuple(x.clone() for x in tensors), dtype)  # the parts' agreement is checked there
         if not bool(torch.isfinite(x).all()):
             raise WireError(f"step {seq}: the hidden state holds NaN or infinity")
         return x

@@ -15,15 +15,13 @@ from ..errors import UsageError
 from ..splits import POLICIES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..loadgen.settings import LoadgenOptions
+from ..wiredtype import WIRE_DTYPE_NAMES
 from .inputs import check_dataset
 
 LINK_MODES = ("none", "emulated", "tc")
 #: How activations may travel (``wire`` holds their codes and torch dtypes): named here, torch-free,
 #: so a command can list them in its --help without importing torch.
 COMPRESSIONS = ("none", "zstd", "lz4")
-WIRE_DTYPE_NAMES = ("float32", "float16", "bfloat16", "int8")
-#: What an image's activations may be sent as (int8 with its scales is a hidden state's, for now).
-IMAGE_WIRE_DTYPES = ("float32", "float16", "bfloat16")
 #: The largest frame payload a stage accepts by default (``--max-payload``).
 DEFAULT_MAX_PAYLOAD = 1 << 30  # 1 GiB
 OBJECTIVES = ("latency", "throughput")
@@ -195,11 +193,10 @@ class RunConfig:
     generation: Generation | None = None
 
     def __post_init__(self) -> None:
+        if self.wire_dtype not in WIRE_DTYPE_NAMES:
+            raise UsageError(f"--wire-dtype {self.wire_dtype!r}: valid {', '.join(WIRE_DTYPE_NAMES)}")
         if self.generation is not None:
             self._derive_generation()
-        elif self.wire_dtype not in IMAGE_WIRE_DTYPES:
-            raise UsageError(f"--wire-dtype {self.wire_dtype}: an image model's activations travel as "
-                             f"{', '.join(IMAGE_WIRE_DTYPES)} (int8 is a language model's hidden state)")
         for name in ("batch_size", "in_flight"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")

@@ -99,7 +99,7 @@ def cases() -> list[tuple[str, list[str], str]]:
             "PARETOPIPE_SECRET has 5 characters")
         add(f"{cmd}-env-folder", [cmd, "--model", "resnet18", "--split", "2", "--env-file", T], "is not a file")
     for flag, value in (("--batch-size", "0"), ("--num-batches", "-1"), ("--warmup", "-1"), ("--in-flight", "0"),
-                        ("--seed", "-1"), ("--compression", "gzip"), ("--wire-dtype", "int4"),
+                        ("--seed", "-1"), ("--compression", "gzip"), ("--wire-dtype", "int3"),
                         ("--compression-level", "0"), ("--link", "pigeon")):
         add(f"stage1{flag}={value}", ["stage1", "--model", "resnet18", "--split", "2", flag, value], flag)
     add("stage1-zero-batches", ["stage1", "--model", "resnet18", "--split", "2", "--num-batches", "0", "--warmup", "0"],
@@ -168,7 +168,7 @@ def cases() -> list[tuple[str, list[str], str]]:
                               ("--out", "{tmp}/afile", "is a file"), ("--session", "../x", "a folder name"),
                               ("--rpc-source", "moon", "--rpc-source"), ("--num-classes", "0", "--num-classes"),
                               ("--models", ",", "names no model"), ("--model", "nope", "unknown model 'nope'"),
-                              ("--compression", "gzip", "--compression"), ("--wire-dtype", "int4", "--wire-dtype")):
+                              ("--compression", "gzip", "--compression"), ("--wire-dtype", "int3", "--wire-dtype")):
         argv = sweep + [flag, value] + ["--dry-run"] * (flag not in ("--out",))
         if flag in ("--model", "--models"):
             argv = ["sweep", flag, value, "--local", "--dry-run"]
@@ -214,7 +214,7 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (pred + ["--device-profiles", ","], "at least 2 device profiles"),
                        (pred + ["--device-profiles", "+,+"], "empty device profile name"),
                        (pred + ["--device-profiles", "a,b", "--batch-size", "0"], "--batch-size"),
-                       (pred + ["--device-profiles", "a,b", "--wire-dtype", "int4"], "--wire-dtype"),
+                       (pred + ["--device-profiles", "a,b", "--wire-dtype", "int3"], "--wire-dtype"),
                        (pred + ["--device-profiles", "a,b", "--sweep-points", "x"], "--sweep-points"),
                        (["predict", "--device-profiles", "a,b"], "--model")):
         add(f"predict-{len(c)}", argv, what)

@@ -21,15 +21,16 @@ def test_named_shapes_have_the_real_models_parameter_counts(name):
     assert total == PUBLISHED_PARAMS[name]
 
 
-@pytest.mark.parametrize("dtype", list(shapes.CUT_DTYPES))
-def test_bytes_per_token_is_hidden_size_times_dtype_bytes_at_every_cut(dtype):
+# Bytes a token: 576 values, and the scales: one float32 a token for int8, one per 32 values for int4.
+@pytest.mark.parametrize("dtype,nbytes", [("float32", 2304), ("float16", 1152), ("bfloat16", 1152),
+                                          ("int8", 576 + 4), ("int4", 288 + 4 * 18)])
+def test_bytes_per_token_is_hidden_size_times_dtype_bytes_at_every_cut(dtype, nbytes):
     shape = shapes.named("smollm2-135m")
     cuts = shapes.cuts(shape, dtype)
     assert [c.split for c in cuts] == list(range(shape.num_hidden_layers + 3))
     assert cuts[0].bytes_per_token == 8 and cuts[0].crosses == "token ids"
-    extra = 4 if dtype == "int8" else 0
     for cut in cuts[1:]:
-        assert cut.bytes_per_token == 576 * shapes.CUT_DTYPES[dtype] + extra
+        assert cut.bytes_per_token == nbytes
     assert cuts[-1].after == "norm" and cuts[1].after == "embed" and cuts[2].after == "layer0"
 
 

@@ -53,8 +53,9 @@ def test_the_feed_and_the_stages_generate_the_unsplit_models_tokens(builder, cut
     assert "sequences" not in part  # float32: no exactness check unless asked
 
 
-def test_an_int8_wire_keeps_its_logits_and_checks_them_against_the_unsplit_model(builder):
-    cfg = RunConfig(model="tiny-lm", cuts=["lm3"], split_index=3, wire_dtype="int8",
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_quantised_wire_keeps_its_logits_and_checks_them_against_the_unsplit_model(builder, dtype):
+    cfg = RunConfig(model="tiny-lm", cuts=["lm3"], split_index=3, wire_dtype=dtype,
                     generation=Generation(gen_tokens=4, streams=1, prompt_len=6, warmup_streams=0))
     assert cfg.generation.check_exact  # a lossy wire always measures what it costs
     feed = PromptFeed(builder, cfg)
@@ -63,7 +64,10 @@ def test_an_int8_wire_keeps_its_logits_and_checks_them_against_the_unsplit_model
         stream, start, ids = feed.load(seq)
         h, _ = feed.stage.forward(seq, stream, ids, start)
         sent = feed.stage.encode(h)
-        assert sent[0].dtype == torch.int8 and sent[1].shape == (1, ids.shape[1], 1)
+        if dtype == "int8":  # one float32 scale per token
+            assert sent[0].dtype == torch.int8 and sent[1].shape == (1, ids.shape[1], 1)
+        else:  # two values a byte, one scale per 32 values, and the shape
+            assert sent[0].dtype == torch.uint8 and sent[2].tolist() == [1, ids.shape[1], builder.shape.hidden_size]
         logits, _ = last.forward(seq, stream, last.stage_input(seq, sent, start), start)
         feed.landed(seq, last.choose(logits, stream, step.step))
     exact = last.part(feed.part()["sequences"])["exactness"]

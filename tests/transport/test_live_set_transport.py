@@ -241,3 +241,35 @@ def test_a_frame_that_is_not_the_cuts_live_set_is_refused_and_the_real_stage_1_i
     finally:
         listener.close()
         worker.stop()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_live_set_crosses_quantised_and_stage_2_computes_on_exactly_what_the_quantiser_made(tmp_path, dtype):
+    """Both tensors of the live set cross as int8 (or int4) parts in one frame; stage 1's outputs
+    equal the same split computed here with the same round trip at the cut, and the payload is
+    the parts' bytes."""
+    from paretopipe.partition import wirequant
+    from paretopipe.partition.activation import activation_nbytes, call_stage
+
+    b = builder("resnet18")
+    first, second = b.partitioner.stages([INSIDE_BLOCK])
+    xs = list(data.batches("synthetic", 2, 224, 3, seed=0))
+    with torch.no_grad():
+        cuts = [first(x) for x in xs]
+        want = [call_stage(second, tuple(wirequant.roundtrip(t, dtype) for t in c)) for c in cuts]
+    out = run_chain_in_threads("resnet18", [INSIDE_BLOCK], tmp_path, batch_size=2, num_batches=2, warmup=1,
+                               in_flight=2, wire_dtype=dtype)
+    s1 = _check_quantised(out, want)
+    sent = activation_nbytes(wirequant.encode_activation(cuts[0], dtype))
+    assert all(rec["payload_bytes"] == sent for rec in s1.record["batches"])
+    assert sent * (3.9 if dtype == "int8" else 6.2) < b.partitioner.payload_nbytes(INSIDE_BLOCK, 2)
+
+
+def _check_quantised(out, want):
+    errors = {k: v for k, v in out.items() if k.endswith("_error")}
+    assert not errors, errors
+    s1 = out["stage1"]
+    assert len(s1.outputs) == len(want)
+    for got, ref in zip(s1.outputs, want):
+        assert torch.allclose(got, ref, atol=1e-5, rtol=0)
+    return s1

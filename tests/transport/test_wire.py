@@ -88,6 +88,14 @@ def test_float16_wire_dtype_halves_bytes_and_casts_back():
     assert torch.allclose(f.tensor, t, atol=1e-2)
 
 
+def test_a_live_set_of_mixed_dtypes_decodes_whatever_offset_each_tensor_lands_at():
+    # 3 int8 bytes put the float32 tensor at offset 3, and 11 bytes the int64 one at 11: neither
+    # can be viewed there, so each is copied out (int8 values and their scales cross this way).
+    sent = (torch.tensor([1, -2, 3], dtype=torch.int8), torch.tensor([0.5, -1.5]), torch.tensor([7], dtype=torch.int64))
+    f, _ = roundtrip(sent)
+    assert len(f.tensor) == 3 and all(g.dtype == s.dtype and g.equal(s) for g, s in zip(f.tensor, sent))
+
+
 def test_shuffle_makes_compression_see_the_element_size():
     # Smooth float data: byte-shuffling groups exponent bytes, which zstd then squeezes.
     t = torch.linspace(0, 1, 100_000)

@@ -22,7 +22,8 @@ from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...manifest import node_manifest
 from ...network.conditions import Direction
 from ...network.emulated import EmulatedLink
-from ...partition.activation import live_tensors
+from ...partition import wirequant
+from ...partition.activation import Activation, live_tensors
 from ...partition.stages import StageBuilder, StageTimer, TimedChain
 from ...sysmon import SystemMonitor
 from .. import pipeline, wire
@@ -184,6 +185,10 @@ class _SinkRun:
             else:
                 self.stage = self.builder.stage(self.cfg.cuts, self.index)
                 self.expected = self.builder.partitioner.live_specs(self.incoming)
+                odd = [d for _, d in self.expected if d != "float32"]
+                if self.cfg.wire_dtype in wirequant.QUANTISED and odd:
+                    raise UsageError(f"--wire-dtype {self.cfg.wire_dtype} quantises float32 activations; the cut "
+                                     f"{self.incoming} also carries {', '.join(odd)}: use float32, float16 or bfloat16")
             self.adaptive = SwitchingStage(self.builder, self.cfg) if self.cfg.adaptive else None
             if self.adaptive is not None:
                 self.stage = self.adaptive.initial()
@@ -244,7 +249,8 @@ class _SinkRun:
             stream, start, _ = self.gen.step_of(f.seq, f.meta)
             self.out, compute_s = self.gen.forward(f.seq, stream, self.steps.pop(f.seq), start)
         else:
-            self.out, compute_s = self.timer.run(self.stage, f.tensor, self.builder.device)
+            x = self.steps.pop(f.seq) if f.seq in self.steps else f.tensor  # dequantised, or the frame's own
+            self.out, compute_s = self.timer.run(self.stage, x, self.builder.device)
         self.seen[f.seq].update({f"{self.name}_queue_s": began - arrived, f"{self.name}_compute_s": compute_s})
         if isinstance(self.stage, TimedChain):  # an adaptive run's policy watches each segment
             self.segment_times = {"stage2_segment_first": self.stage.first, "stage2_segment_s": list(self.stage.times)}
@@ -257,7 +263,8 @@ class _SinkRun:
                 enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(self.gen.encode(self.out), self.codec),
                                  {k: f.meta[k] for k in STEP_META})
             else:
-                enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(self.out, self.codec))
+                enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(
+                    wirequant.encode_activation(self.out, self.cfg.wire_dtype), self.codec))
             rec.update({f"{self.name}_encode_s": enc.encode_s, f"{self.name}_wire_bytes": enc.wire_nbytes})
             self.forward.submit(enc, on_sent=lambda _s: f.release())
             return
@@ -389,16 +396,18 @@ class _SinkRun:
                 raise WireError(f"batch {f.seq} sent twice or out of range 0..{'' if total is None else total - 1}")
             if f.tensor is None:
                 raise WireError(f"batch {f.seq} carries no tensor")
+            decode_s = f.decode_s
             if self.gen is not None:  # checked and decoded here, before the compute thread sees it
                 self.steps[f.seq] = self.gen.stage_input(f.seq, f.tensor, self.gen.step_of(f.seq, f.meta)[1])
+            elif cfg.wire_dtype in wirequant.QUANTISED:
+                t0 = time.perf_counter()
+                self.steps[f.seq] = self._image_input(f)
+                decode_s += time.perf_counter() - t0
             else:
-                got = [(tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")) for t in live_tensors(f.tensor)]
-                if got != self.expected:
-                    raise WireError(f"batch {f.seq} carries {_described(got)}; what crosses {self.incoming} is "
-                                    f"{_described(self.expected)}")
-            self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": f.decode_s,
+                self._image_input(f)
+            self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": decode_s,
                                 "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
-            live = live_tensors(f.tensor)
+            live = live_tensors(self.steps.get(f.seq, f.tensor))
             if cfg.loadgen is not None and live:  # a LoadGen batch is a query of its own size
                 self.seen[f.seq]["images"] = int(live[0].shape[0])
             if f.seq >= cfg.warmup:
@@ -406,6 +415,18 @@ class _SinkRun:
             if self.sealed:
                 self.seen[f.seq][f"{self.name}_open_s"] = f.open_s
             self.work.put((f, time.monotonic()))
+
+    def _image_input(self, f: wire.Frame) -> Activation:
+        """A batch's activation, its shapes checked against what crosses the cut before anything of
+        it is decoded; int8 and int4 parts are dequantised here, off the compute thread."""
+        dtype = self.cfg.wire_dtype
+        groups = wirequant.grouped(f.tensor, dtype)
+        got = [(wirequant.decoded_shape(g, dtype)[1:], str(g[0].dtype).removeprefix("torch.")
+                if dtype not in wirequant.QUANTISED else "float32") for g in groups]
+        if got != self.expected:
+            raise WireError(f"batch {f.seq} carries {_described(got)}; what crosses {self.incoming} is "
+                            f"{_described(self.expected)}")
+        return wirequant.decode_activation(groups, dtype)
 
     def own_parts(self, sequences: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """This stage's part of the record, and the smaller one it sends on (its manifest, system

@@ -25,6 +25,7 @@ from ...errors import ParetoPipeError, PeerError, WireError
 from ...manifest import node_manifest
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink
+from ...partition import wirequant
 from ...partition.stages import SegmentChains, StageBuilder, StageTimer
 from ...sysmon import SystemMonitor
 from .. import pipeline, wire
@@ -275,7 +276,12 @@ class _Stage1Run(SourceEndpoint):
     def _tensor_frame(self, seq: int) -> wire.Encoded:
         """The batch's TENSOR: the activation; a generation's hidden state (or ids) with its step's place."""
         if self.feed is None:
-            return wire.frame(wire.TENSOR, seq, wire.encode_payload(self.out, self.codec))
+            t0 = time.perf_counter()
+            sent = wirequant.encode_activation(self.out, self.cfg.wire_dtype)
+            quantise_s = time.perf_counter() - t0
+            enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(sent, self.codec))
+            enc.encode_s += quantise_s  # int8 and int4 are quantised before the codec: part of encoding
+            return enc
         return wire.frame(wire.TENSOR, seq, wire.encode_payload(self.feed.stage.encode(self.out), self.codec),
                           self.feed.meta(seq, self.step[1]))
 

@@ -23,12 +23,19 @@ class ReceiveBuffer:
         self.typed: dict[tuple, torch.Tensor] = {}
 
     def as_tensor(self, dtype: torch.dtype, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if offset % dtype.itemsize:
+            # A live set of mixed dtypes (int8 values, then their float32 scales) can put a tensor
+            # at an offset its dtype cannot be viewed at: it is copied out (the small ones, after
+            # the large tensor that starts the buffer).
+            t = torch.empty(shape, dtype=dtype)
+            t.view(-1).view(torch.uint8).copy_(self.tensor[offset:offset + nbytes])
+            return t
         key = (dtype, shape, offset)
         t = self.typed.get(key)
         if t is None:
             # A sealed frame's buffer holds its tag after the payload; a live set's tensors lie one
             # after another.
-            nbytes = math.prod(shape) * dtype.itemsize
             whole = self.tensor if nbytes == self.tensor.numel() else self.tensor[offset:offset + nbytes]
             t = self.typed[key] = whole.view(dtype).reshape(shape)
         return t

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from ...errors import WireError
-from ..runconfig import COMPRESSIONS, DEFAULT_MAX_PAYLOAD, IMAGE_WIRE_DTYPES
+from ..runconfig import COMPRESSIONS, DEFAULT_MAX_PAYLOAD, WIRE_DTYPE_NAMES
 
 MAGIC = b"PPWF"
 VERSION = 2
@@ -44,8 +44,8 @@ CAST_DTYPES = (2, 3)   # what --wire-dtype may cast to
 CAST_FROM = 1          # ...and only from float32, so decoding at most doubles the raw bytes
 CODECS = {name: code for code, name in enumerate(COMPRESSIONS)}
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
-# What the codec casts a float32 tensor to (a hidden state's int8 is quantised before the codec).
-WIRE_DTYPES = dict(zip(IMAGE_WIRE_DTYPES, (None, torch.float16, torch.bfloat16)))
+# What the codec casts a float32 tensor to (int8 and int4 are quantised before the codec, by the stage).
+WIRE_DTYPES = dict(zip(WIRE_DTYPE_NAMES, (None, torch.float16, torch.bfloat16, None, None)))
 
 
 class Header(NamedTuple):

@@ -1,0 +1,25 @@
+"""The dtypes a cut may cross in, for every model, and what a row of float32 values costs in each.
+
+Torch-free, so ``--help``, ``split --list`` and the cost model read them without torch;
+:mod:`paretopipe.partition.wirequant` does the casting and quantising.
+"""
+
+from __future__ import annotations
+
+#: float16 and bfloat16 are casts (the frame's codec); int8 and int4 are quantised before it.
+WIRE_DTYPE_NAMES = ("float32", "float16", "bfloat16", "int8", "int4")
+QUANTISED = ("int8", "int4")
+#: Values that share one int4 scale.
+INT4_GROUP = 32
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def row_nbytes(length: int, dtype: str) -> int:
+    """Bytes a row of ``length`` float32 values crosses in (a row: an image sample's channel, or a
+    token), its scales included; an int4 tensor's shape, a few bytes a frame, is left out."""
+    if dtype == "int8":
+        return length + 4  # one float32 scale per row
+    if dtype == "int4":
+        groups = -(-length // INT4_GROUP)
+        return groups * INT4_GROUP // 2 + 4 * groups  # two values a byte, one float32 scale a group
+    return length * _ITEMSIZE[dtype]
