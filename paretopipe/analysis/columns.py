@@ -33,6 +33,9 @@ GENERATION = re.compile(r"^(prompt_len|gen_tokens|streams|tokens_generated|ttft_
                         r"tpot_(median|p90|p99)_s|(decode_)?tokens_per_s|bytes_per_token|prefill_bytes|"
                         r"token_agreement|max_logit_diff|tpot_bound_s|tpot_over_bound|"
                         r"stage\d+_(prefill|decode)_compute_median_s|stage\d+_kv_bytes|hop\d+_(prefill_bytes|bytes_per_token))$")
+#: What a lossy wire cost (paretopipe.transport.fidelity): the evaluation pass after the timed
+#: batches, the same in every run of a configuration (its inputs and arithmetic are deterministic).
+FIDELITY = re.compile(r"^(fidelity_(samples|top1_agreement|kl_mean|eval_s|error)|accuracy_top1(_float32)?)$")
 #: A generation's figures that summary.csv gives a median with a 95% CI over runs (its fronts' axes):
 #: each one's CI columns are ``<stem>_ci95_low<unit>`` and ``..._high<unit>``.
 GENERATION_OBJECTIVES = {"ttft_median_s": ("ttft", "_s"), "tpot_median_s": ("tpot", "_s"),
@@ -54,7 +57,8 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **({"prompt_len": prompt_len(rec), "gen_tokens": generation.get("gen_tokens")} if generation else {}),
             **{k: v for k, v in s.items() if k.startswith("loadgen_")},
-            **{k: v for k, v in s.items() if BREAKDOWN.match(k) or RESOURCES.match(k) or GENERATION.match(k)},
+            **{k: v for k, v in s.items() if BREAKDOWN.match(k) or RESOURCES.match(k) or GENERATION.match(k)
+               or FIDELITY.match(k)},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
             "error": rec.get("error"),
             "json": name}
@@ -71,9 +75,9 @@ def prompt_len(rec: dict[str, Any]) -> int | None:
 
 def extra_columns(rows: list[dict[str, Any]]) -> list[str]:
     """runs.csv's columns beyond :data:`RUN_FIELDS`: those some row has (a stage's breakdown,
-    energy and memory, a generation's figures)."""
-    return sorted({k for r in rows for k in r
-                   if k not in RUN_FIELDS and (BREAKDOWN.match(k) or RESOURCES.match(k) or GENERATION.match(k))})
+    energy and memory, a generation's figures, a lossy wire's evaluation)."""
+    return sorted({k for r in rows for k in r if k not in RUN_FIELDS and (BREAKDOWN.match(k) or RESOURCES.match(k)
+                                                                          or GENERATION.match(k) or FIDELITY.match(k))})
 
 
 def cipher_of(manifest: dict[str, Any]) -> str:

@@ -11,6 +11,10 @@ largest stage's own footprint, its parameters and buffers plus its largest activ
 device that loads only its part of the model needs beyond the runtime), ``memory_stageN`` one
 stage's; ``memory_rss`` and ``memory_rss_stageN`` are the measured peak resident memory of the
 stage processes, which in this suite's workers hold the whole model (they re-partition in place).
+``fidelity`` is the split's top-1 agreement with the unsplit float32 model and ``accuracy`` its
+top-1 accuracy on a labelled dataset, both from the evaluation pass of runs whose wire is lossy
+(``--eval-samples``; give it to a float32 run to measure that too): a configuration without the
+figure is left out of that front.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from ..errors import UsageError
 DEFAULT = ("latency", "throughput")
 #: A language model's session: time to first token against time per output token.
 GENERATION_DEFAULT = ("ttft", "tpot")
-NAMES = ("latency", "throughput", "ttft", "tpot", "energy", "memory", "memory_rss", "energy_stageN", "memory_stageN",
-         "memory_rss_stageN")
+NAMES = ("latency", "throughput", "ttft", "tpot", "energy", "memory", "memory_rss", "fidelity", "accuracy",
+         "energy_stageN", "memory_stageN", "memory_rss_stageN")
 _PER_STAGE = re.compile(r"^(energy|memory|memory_rss)_stage([1-9][0-9]?)$")
 
 
@@ -56,6 +60,9 @@ TPOT = Objective("tpot", "tpot_median_s", "min", "time per output token, median 
                  "tpot_ci95_high_s")
 TOKENS = Objective("throughput", "tokens_per_s", "max", "throughput (tokens/s)", "tokens_ci95_low_per_s",
                    "tokens_ci95_high_per_s")
+FIDELITY = Objective("fidelity", "fidelity_top1_agreement", "max",
+                     "top-1 agreement with the unsplit float32 model (evaluation pass)")
+ACCURACY = Objective("accuracy", "accuracy_top1", "max", "top-1 accuracy (evaluation pass, labelled data)")
 #: A generation's latency is per step (a prefill or one token), not per batch of images.
 STEP_LATENCY = dataclasses.replace(LATENCY, label="latency per step, median (s)")
 
@@ -119,6 +126,14 @@ def resolve(name: str, table: pd.DataFrame) -> Objective:
         return _memory(name, "memory_model_bytes", table, "the largest stage's parameters and activation")
     if name == "memory_rss":
         return _memory(name, "memory_peak_bytes", table, "the largest stage process's peak RSS")
+    if name in ("fidelity", "accuracy"):
+        found = FIDELITY if name == "fidelity" else ACCURACY
+        if not _has(table, found.column):
+            why = ("no run had a lossy wire or --eval-samples" if name == "fidelity" else
+                   "no run evaluated labelled data (--dataset imagefolder:DIR or cifar10 with --eval-samples)")
+            raise UsageError(f"--objectives {name}: this session has no {found.column}: {why}; valid objectives here: "
+                             f"{', '.join(available(table))}")
+        return found
     m = _PER_STAGE.match(name)
     if m:
         who, prefix = f"stage {m.group(2)}", f"stage{m.group(2)}_"
@@ -145,8 +160,7 @@ def check_names(text: str | None) -> str | None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
-        if name not in ("latency", "throughput", "ttft", "tpot", "energy", "memory", "memory_rss") \
-                and not _PER_STAGE.match(name):
+        if name not in NAMES and not _PER_STAGE.match(name):
             raise UsageError(f"--objectives: unknown objective {name!r}; valid: {', '.join(NAMES)} (N: a stage number)")
     if len(names) < 2 or len(set(names)) != len(names):
         raise UsageError(f"--objectives {text!r}: give two or more different objectives, e.g. latency,throughput,energy")
@@ -162,6 +176,7 @@ def available(table: pd.DataFrame) -> list[str]:
         out.append("memory")
     if _has(table, "memory_peak_bytes"):
         out.append("memory_rss")
+    out += [o.name for o in (FIDELITY, ACCURACY) if _has(table, o.column)]
     return out
 
 

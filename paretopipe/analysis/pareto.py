@@ -27,6 +27,8 @@ def _usable(df: pd.DataFrame, objectives: Mapping[str, str]) -> tuple[pd.DataFra
         failed = int((~ok).sum())
         df = df[ok]
     cols = list(objectives)
+    # runs.csv of a session written before a figure existed lacks its column: none of its runs has it
+    df = df.assign(**{c: np.nan for c in cols if c not in df.columns})
     nan = df[cols].isna().any(axis=1)
     return df[~nan], failed, int(nan.sum())
 

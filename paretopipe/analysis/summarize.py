@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import records
-from .columns import BREAKDOWN, GENERATION, GENERATION_OBJECTIVES, RESOURCE_OBJECTIVE, RESOURCES
+from .columns import BREAKDOWN, FIDELITY, GENERATION, GENERATION_OBJECTIVES, RESOURCE_OBJECTIVE, RESOURCES
 from .keys import CONFIG_KEY, key_values
 
 _UNIT = re.compile(r"_(j|bytes)$")
@@ -52,6 +52,19 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if RESOURCE_OBJECTIVE.match(metric):
             stem, unit = _UNIT.sub("", metric), _UNIT.search(metric).group(0)
             entry[f"{stem}_ci95_low{unit}"], entry[f"{stem}_ci95_high{unit}"] = records.median_ci(xs)
+    return entry
+
+
+def _fidelity_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """summary.csv's fidelity columns of one configuration: each figure's median over its runs (they
+    agree: the pass is deterministic), and the last run's error where the pass failed."""
+    entry: dict[str, Any] = {}
+    for metric in sorted({k for m in members for k in m if FIDELITY.match(k)}):
+        values = [m[metric] for m in members if m.get(metric) is not None and m[metric] == m[metric] and m[metric] != ""]
+        if metric == "fidelity_error":
+            entry[metric] = values[-1] if values else None
+        else:
+            entry[metric] = float(np.median([float(v) for v in values])) if values else None
     return entry
 
 
@@ -123,5 +136,6 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         entry.update(_resource_entry(members))
         entry.update(_loadgen_entry(members))
         entry.update(_generation_entry(members))
+        entry.update(_fidelity_entry(members))
         out.append(entry)
     return sorted(out, key=lambda e: _sort_key(key_values(e)))

@@ -12,7 +12,7 @@ from ..splits import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth
 from ..runners import flags
 from ..splits import POLICIES
-from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD, Generation, RunConfig
+from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD, Generation, RunConfig, eval_samples_for
 from ..llm.shapes import is_language_model
 from ..loadgen import logs as loadgen_logs
 from .workload_flags import add_generation_flags, check_workload_flags, generation_from_args, generation_line, save_tokens
@@ -149,6 +149,7 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     flags.COMPRESSION.add_to(d)
     d.add_argument("--compression-level", type=positive_int, default=3)
     flags.WIRE_DTYPE.add_to(d)
+    flags.EVAL_SAMPLES.add_to(d)
     k = p.add_argument_group("network conditions")
     add_network_flags(k)
     flags.LINK.add_to(k, help="emulated: in-process link for --network (the choice when one is given); tc: shaped by "
@@ -218,6 +219,10 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     builder, cuts = _builder(args)
     conditions = network_from_args(args)
     cfg = _stage1_config(args, builder, cuts, conditions, loadgen)
+    if cfg.eval_samples:  # refused before anything listens, not after the timed batches
+        from ..transport.fidelity import sample_set  # lazy for start-up: torch
+
+        sample_set(cfg, builder.input_size)
     observed = _observed_link(args)
     policy = None
     if cfg.adaptive:  # its candidates are checked before anything listens
@@ -253,6 +258,7 @@ def _stage1_config(args: argparse.Namespace, builder: StageBuilder, cuts: list[s
                                  num_batches=args.num_batches, in_flight=args.in_flight,
                                  dataset="synthetic" if generation else dataset_from_args(args, args.compression),
                                  wire_dtype=args.wire_dtype, compression=args.compression,
+                                 eval_samples=0 if generation else eval_samples_for(args.eval_samples, args.wire_dtype),
                                  compression_level=args.compression_level, seed=args.seed,
                                  link_mode=args.link or ("emulated" if conditions else "none"),
                                  network_delay_ms_label=args.network_delay_ms, max_batch_s=args.max_batch_s,

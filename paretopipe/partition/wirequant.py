@@ -21,6 +21,8 @@ checks every part against the others before it allocates anything (:func:`decode
 from __future__ import annotations
 
 import math
+import time
+from typing import Any, Callable
 
 import torch
 
@@ -153,6 +155,14 @@ def decode_activation(groups: list[tuple[torch.Tensor, ...]], dtype: str) -> Act
     else:
         out = tuple(dequantise(g, dtype) for g in groups)
     return out[0] if len(out) == 1 else out
+
+
+def timed(step: Callable[[Any, str], Any], x: Any, dtype: str) -> tuple[Any, float]:
+    """``step(x, dtype)`` and the seconds it took (quantising is part of a frame's encoding, and
+    dequantising of its decoding)."""
+    t0 = time.perf_counter()
+    out = step(x, dtype)
+    return out, time.perf_counter() - t0
 
 
 def roundtrip(t: torch.Tensor, dtype: str) -> torch.Tensor:

@@ -127,6 +127,11 @@ WARMUP = Option(("--warmup",), "extra batches first, excluded from statistics (a
 IN_FLIGHT = Option(("--in-flight",), "pipelining window: batches outstanding at once (1 = no overlap)",
                    positive_int, 1)
 SEED = Option(("--seed",), "seed of the synthetic inputs and seeded prompts", nonneg_int, 0)
+EVAL_SAMPLES = Option(("--eval-samples",), "inputs of the run's data that an evaluation pass after the timed batches "
+                      "sends through the unsplit float32 model and through the split with this wire dtype: top-1 "
+                      "agreement and mean KL divergence, and with a labelled dataset top-1 accuracy beside the unsplit "
+                      "model's (default: 64 where the wire is lossy, 0 where it is float32; an image model's)",
+                      nonneg_int, None)
 TIMEOUT = Option(("--timeout",), "seconds a run may wait for progress (default: follows the link: 60 s plus what the "
                  "batches in flight need at its slowest rate, with delay, jitter, losses and measured compute)",
                  positive_float)

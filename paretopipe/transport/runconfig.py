@@ -38,6 +38,14 @@ WARMUP_PROMPT_TOKENS = 8
 DEFAULT_PROMPT_LEN = 16
 
 
+def eval_samples_for(requested: int | None, wire_dtype: str) -> int:
+    """How many samples a run's fidelity pass evaluates (paretopipe.transport.fidelity): as asked,
+    else 64 where the wire is lossy and none where it is float32, which is exact."""
+    if requested is not None:
+        return requested
+    return 64 if wire_dtype != "float32" else 0
+
+
 @dataclasses.dataclass(frozen=True)
 class Generation:
     """A language model's workload: every stream's prompt (a seeded one of ``prompt_len`` tokens,
@@ -163,6 +171,9 @@ class RunConfig:
     compression: str = "none"
     compression_level: int = 3
     seed: int = 0
+    # Inputs of an evaluation pass after the timed batches: the split with this wire against the
+    # unsplit float32 model (paretopipe.transport.fidelity); 0: none.
+    eval_samples: int = 0
     network: str | None = None
     link_mode: str = "none"
     network_delay_ms_label: float | None = None
@@ -197,6 +208,8 @@ class RunConfig:
             raise UsageError(f"--wire-dtype {self.wire_dtype!r}: valid {', '.join(WIRE_DTYPE_NAMES)}")
         if self.generation is not None:
             self._derive_generation()
+        if self.eval_samples < 0:
+            raise UsageError(f"--eval-samples {self.eval_samples}: must be 0 or more")
         for name in ("batch_size", "in_flight"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
@@ -266,9 +279,11 @@ class RunConfig:
         """A generation's batches are its steps, one token of one stream each: the batch size, the
         window, the measured and warm-up batches follow from it (set once here, never patched)."""
         g = self.generation
-        if self.adaptive or self.loadgen is not None or self.deadline_s is not None or self.dataset != "synthetic":
+        if self.adaptive or self.loadgen is not None or self.deadline_s is not None or self.dataset != "synthetic" \
+                or self.eval_samples:
             what = ("--split " + str(self.split_index) if self.adaptive else "--scenario" if self.loadgen
-                    else "--deadline-ms" if self.deadline_s is not None else f"--dataset {self.dataset}")
+                    else "--deadline-ms" if self.deadline_s is not None else "--eval-samples" if self.eval_samples
+                    else f"--dataset {self.dataset}")
             raise UsageError(f"{what} applies to an image model's batches; a language model runs a static split "
                              f"over its prompts")
         for name, value in (("batch_size", 1), ("in_flight", g.streams), ("num_batches", g.steps),

@@ -9,7 +9,7 @@ from ...analysis.keys import CLOSED_LOOP
 from ...loadgen.settings import LoadgenOptions
 from ...network import deadlines
 from ...network.conditions import NetworkConditions
-from ...transport.runconfig import AdaptiveOptions, Generation, RpcOptions, RunConfig
+from ...transport.runconfig import AdaptiveOptions, Generation, RpcOptions, RunConfig, eval_samples_for
 from .group import GroupInfo
 from .options import SweepOptions
 from .plan import PlannedRun, splits_for
@@ -43,6 +43,7 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
                      num_batches=o.num_batches, warmup=0 if skip_warmup else o.warmup, in_flight=o.in_flight,
                      network=planned.network, link_mode=o.link, timeout_s=timeout_s, seed=planned.run,
                      wire_dtype=o.wire_dtype, compression=o.compression, num_classes=o.num_classes,
+                     eval_samples=0 if planned.prompt_len is not None else eval_samples_for(o.eval_samples, o.wire_dtype),
                      dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key,
                      config_key=planned.config_key, run=planned.run, stage_limits=info.limits,
                      max_batch_s=o.max_batch_s, prefetch_batches=o.prefetch_batches,

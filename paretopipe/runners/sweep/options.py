@@ -53,6 +53,7 @@ class SweepOptions:
     testbed: Testbed = dataclasses.field(default_factory=Testbed)
     network_file: str | None = None
     wire_dtype: str = "float32"
+    eval_samples: int | None = None  # transport.fidelity: None is 64 where the wire is lossy
     compression: str = "none"
     # The TCP data port's --encrypt choices (transport.aead): one worker group each, since a cipher is
     # agreed per connection; the cipher is part of a configuration's key.

@@ -98,4 +98,7 @@ def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
                                                 "inputs": inputs.describe(cfg.dataset, cfg.data_dir)},
                                       batches=batches, sysmon=sysmon, timing=timing, resources=resources,
                                       loadgen=loadgen)
+    for part in parts:  # stage 1's evaluation pass, after the timed batches (transport.fidelity)
+        if part and part.get("fidelity"):
+            record["summary"].update(part["fidelity"])
     return generation.finish_record(record, parts) if cfg.generation is not None else record

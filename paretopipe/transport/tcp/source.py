@@ -28,7 +28,7 @@ from ...network.emulated import EmulatedLink
 from ...partition import wirequant
 from ...partition.stages import SegmentChains, StageBuilder, StageTimer
 from ...sysmon import SystemMonitor
-from .. import pipeline, wire
+from .. import fidelity, pipeline, wire
 from ..endpoint import SourceEndpoint
 from ..policy import SplitPolicy, StaticPolicy
 from ..resources import ResourceMeter, stage_meter
@@ -276,9 +276,7 @@ class _Stage1Run(SourceEndpoint):
     def _tensor_frame(self, seq: int) -> wire.Encoded:
         """The batch's TENSOR: the activation; a generation's hidden state (or ids) with its step's place."""
         if self.feed is None:
-            t0 = time.perf_counter()
-            sent = wirequant.encode_activation(self.out, self.cfg.wire_dtype)
-            quantise_s = time.perf_counter() - t0
+            sent, quantise_s = wirequant.timed(wirequant.encode_activation, self.out, self.cfg.wire_dtype)
             enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(sent, self.codec))
             enc.encode_s += quantise_s  # int8 and int4 are quantised before the codec: part of encoding
             return enc
@@ -462,6 +460,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
             log.warning("stage 1: records exchange with stage 2 failed: %s", exc)
             failure = exc
     after = run.finish(failure is None)
+    if failure is None and status == "complete":
+        part1["fidelity"] = fidelity.figures(builder, cfg)
     record = assemble_record(run_id, status, error, cfg, [part1, *later], link_manifest,
                              {"run_wall_s": time.monotonic() - started, "written_by": "stage1"},
                              loadgen=run.harness)

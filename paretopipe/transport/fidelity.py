@@ -1,0 +1,98 @@
+"""What a lossy wire costs a split, measured: an evaluation pass after a run's timed batches.
+
+``--eval-samples N`` inputs of the run's data go through the unsplit float32 model and through
+the run's split with every cut's tensors sent as the run's wire dtype would send them (cast there
+and back, or quantised and dequantised: :func:`paretopipe.partition.wirequant.roundtrip`, the
+same code the stages run). The stages of a split compute exactly the unsplit model's segments
+(the exactness tests prove it), so what differs is what the wire did. Stage 1 runs the pass after
+its last timed batch, on its own stages: nothing of it is in the timings.
+
+The figures, into the record's summary, ``runs.csv`` and ``summary.csv``: ``fidelity_samples``,
+``fidelity_top1_agreement`` (the split's top-1 class equals the unsplit model's),
+``fidelity_kl_mean`` (the mean KL divergence of the split's softmax from the unsplit model's, in
+nats) and, where the data is labelled (an ImageFolder, CIFAR-10), ``accuracy_top1`` beside
+``accuracy_top1_float32``, the unsplit float32 model's accuracy on the same samples. The inputs
+are drawn apart from the timed batches' (synthetic data under another seed; a folder's first N
+images).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from ..errors import ParetoPipeError, UsageError
+from ..partition import wirequant
+from ..partition.activation import Activation, call_stage, live_tensors
+from ..partition.stages import StageBuilder, adopt_torch_threads
+from .inputs import SampleSet
+from .runconfig import RunConfig
+
+log = logging.getLogger("paretopipe.fidelity")
+#: The synthetic evaluation inputs' seed, apart from every timed batch's (whose seed is the run's).
+EVAL_SEED = 1_000_003
+#: Samples evaluated at once.
+CHUNK = 32
+
+
+def sample_set(cfg: RunConfig, size: int) -> SampleSet:
+    """The evaluation's inputs; more than a folder holds is refused in one line."""
+    samples = SampleSet(cfg.dataset, size, cfg.eval_samples, cfg.data_dir, seed=EVAL_SEED)
+    if cfg.eval_samples > len(samples):
+        raise UsageError(f"--eval-samples {cfg.eval_samples}: the dataset {cfg.dataset} holds {len(samples)} images")
+    return samples
+
+
+def evaluate(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
+    """The run's fidelity figures (none for an adaptive run, whose cut changes, or a model whose
+    output is not one tensor of class scores)."""
+    if not cfg.eval_samples or cfg.adaptive or cfg.generation is not None:
+        return {}
+    adopt_torch_threads()
+    t0 = time.perf_counter()
+    samples = sample_set(cfg, builder.input_size)
+    stages = [builder.stage(list(cfg.cuts), i) for i in range(len(cfg.cuts) + 1)]
+    agree, kl, right, right_ref, n = 0, 0.0, 0, 0, cfg.eval_samples
+    with torch.no_grad():
+        for start in range(0, n, CHUNK):
+            idx = range(start, min(n, start + CHUNK))
+            x = torch.stack([samples.image(i) for i in idx]).to(builder.device)
+            ref, got = builder.model(x), _split(stages, x, cfg.wire_dtype)
+            if not (isinstance(ref, torch.Tensor) and ref.dim() == 2 and isinstance(got, torch.Tensor)):
+                return {}
+            ref, got = ref.double().cpu(), got.double().cpu()
+            agree += int((ref.argmax(1) == got.argmax(1)).sum())
+            logp, logq = ref.log_softmax(1), got.log_softmax(1)
+            kl += float((logp.exp() * (logp - logq)).sum())
+            if samples.labelled:
+                labels = torch.tensor([samples.label(i) for i in idx])
+                right += int((got.argmax(1) == labels).sum())
+                right_ref += int((ref.argmax(1) == labels).sum())
+    out = {"fidelity_samples": n, "fidelity_top1_agreement": agree / n, "fidelity_kl_mean": kl / n,
+           "fidelity_eval_s": time.perf_counter() - t0}
+    if samples.labelled:
+        out.update(accuracy_top1=right / n, accuracy_top1_float32=right_ref / n)
+    return out
+
+
+def figures(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
+    """:func:`evaluate`, or why it failed, recorded beside the run's timings (which stay valid)."""
+    try:
+        return evaluate(builder, cfg)
+    except (ParetoPipeError, OSError) as exc:
+        log.warning("the fidelity evaluation failed: %s", exc)
+        return {"fidelity_error": str(exc)[:300]}
+
+
+def _split(stages: list[Any], x: torch.Tensor, wire_dtype: str) -> Activation:
+    """The split's output, every cut's tensors sent as ``wire_dtype`` sends them."""
+    h: Activation = x
+    for i, stage in enumerate(stages):
+        if i:
+            crossed = tuple(wirequant.roundtrip(t, wire_dtype) for t in live_tensors(h))
+            h = crossed if isinstance(h, tuple) else crossed[0]
+        h = call_stage(stage, h)
+    return h
