@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""What each wire dtype costs at each cut: the bytes a sample crosses in, and how far the split's
+outputs move from the unsplit float32 model's.
+
+Per model, block cut and wire dtype, this runs the suite's own evaluation pass
+(paretopipe.transport.fidelity, what ``--eval-samples`` runs after a run's timed batches) and
+prints the bytes per sample (what the stage sends: casts, or int8 and int4 with their scales),
+their ratio to float32's, the top-1 agreement with the unsplit model and the mean KL divergence
+(nats); with ``--dataset imagefolder:DIR`` also the top-1 accuracy beside float32's. The default
+weights are untrained: agreement and KL, no accuracy.
+
+    python benchmarks/fidelity.py                                    # resnet18, 32 samples, 1 thread
+    python benchmarks/fidelity.py --model mobilenetv2 --samples 64 --dtypes int8,int4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--weights", default=None, help="a state dict (.pth) of the model's trained weights")
+    p.add_argument("--splits", default="all", help="block cuts: all, or a comma list")
+    p.add_argument("--dtypes", default="float16,bfloat16,int8,int4")
+    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--dataset", default="synthetic", help="synthetic, or imagefolder:DIR for accuracy")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+
+    import torch
+
+    from paretopipe.partition import wirequant
+    from paretopipe.partition.activation import live_tensors
+    from paretopipe.partition.stages import StageBuilder
+    from paretopipe.splits import parse_splits
+    from paretopipe.transport import fidelity
+    from paretopipe.transport.inputs import synthetic_batch
+    from paretopipe.transport.runconfig import RunConfig
+
+    torch.set_num_threads(args.threads)
+    builder = StageBuilder(args.model, weights=args.weights)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    x = synthetic_batch(0, 1, builder.input_size)
+    print(f"{builder.name}: {args.samples} samples of {args.dataset}, {args.threads} thread(s)")
+    print(f"{'k':>3} {'cut':<22} {'dtype':<9} {'bytes/sample':>12} {'vs f32':>7} {'agreement':>9} {'KL':>10}"
+          f"{'  accuracy (f32)' if args.dataset != 'synthetic' else ''}")
+    for k in parse_splits(args.splits, builder.partitioner.num_blocks):
+        if k in (0, builder.partitioner.num_blocks):
+            continue  # the input, or the output: no cut inside the model
+        cuts = builder.cuts_for(k)
+        with torch.no_grad():
+            crossing = live_tensors(builder.stage(cuts, 0)(x))
+        f32 = sum(t.numel() * 4 for t in crossing)
+        for dtype in dtypes:
+            sent = sum(t.numel() * t.element_size() for t in live_tensors(wirequant.encode_activation(
+                tuple(crossing) if len(crossing) > 1 else crossing[0], dtype))) if dtype in wirequant.QUANTISED \
+                else sum(t.numel() * wirequant.CASTS[dtype].itemsize for t in crossing)
+            cfg = RunConfig(model=builder.name, cuts=cuts, split_index=k, dataset=args.dataset, wire_dtype=dtype,
+                            eval_samples=args.samples)
+            f = fidelity.evaluate(builder, cfg)
+            acc = (f"  {f['accuracy_top1']:.4f} ({f['accuracy_top1_float32']:.4f})" if "accuracy_top1" in f else "")
+            print(f"{k:>3} {cuts[0][:22]:<22} {dtype:<9} {sent:>12} {sent / f32:>7.3f} "
+                  f"{f['fidelity_top1_agreement']:>9.4f} {f['fidelity_kl_mean']:>10.2e}{acc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
