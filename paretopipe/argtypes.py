@@ -33,6 +33,7 @@ positive_float = _typed("positive_float", float, lambda v: v > 0 and _finite(v),
 percent = _typed("percent", lambda t: float(str(t).strip().rstrip("%")) / 100, lambda v: 0 < v < 1,
                  "a percentage between 0 and 100, e.g. 5%")
 nonneg_float = _typed("nonneg_float", float, lambda v: v >= 0 and _finite(v), "a number of at least 0")
+unit_share = _typed("share", float, lambda v: 0 < v <= 1, "a share in (0, 1], e.g. 0.99")
 
 
 def list_of(item: Callable[[str], Any], name: str) -> Callable[[str], list[Any]]:

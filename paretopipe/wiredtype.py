@@ -9,6 +9,10 @@ from __future__ import annotations
 #: float16 and bfloat16 are casts (the frame's codec); int8 and int4 are quantised before it.
 WIRE_DTYPE_NAMES = ("float32", "float16", "bfloat16", "int8", "int4")
 QUANTISED = ("int8", "int4")
+#: ``--wire-dtype auto``: per cut, the first of these whose measured fidelity reaches the target
+#: (the fewest bytes first; float16 before bfloat16, the same bytes with more mantissa).
+AUTO = "auto"
+AUTO_ORDER = ("int4", "int8", "float16", "bfloat16", "float32")
 #: Values that share one int4 scale.
 INT4_GROUP = 32
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}

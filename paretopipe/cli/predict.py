@@ -126,6 +126,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     setup_logging(args.debug, args.quiet)
     if args.model is None and args.model_dir is None:
         raise UsageError("give --model NAME (or --model-dir DIR for a language model's folder)")
+    if args.wire_dtype == "auto":
+        raise UsageError("--wire-dtype auto is chosen per cut at run time from measured fidelity; predict prices "
+                         "a named dtype: valid float32, float16, bfloat16, int8, int4")
     language_model = is_language_model(args.model, args.model_dir)
     check_workload_flags(p, args, language_model, IMAGE_ONLY, GENERATION_ONLY)
     return (_predict_language_model if language_model else _predict_image_model)(args)

@@ -150,6 +150,7 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     d.add_argument("--compression-level", type=positive_int, default=3)
     flags.WIRE_DTYPE.add_to(d)
     flags.EVAL_SAMPLES.add_to(d)
+    flags.FIDELITY_TARGET.add_to(d)
     k = p.add_argument_group("network conditions")
     add_network_flags(k)
     flags.LINK.add_to(k, help="emulated: in-process link for --network (the choice when one is given); tc: shaped by "
@@ -259,6 +260,7 @@ def _stage1_config(args: argparse.Namespace, builder: StageBuilder, cuts: list[s
                                  dataset="synthetic" if generation else dataset_from_args(args, args.compression),
                                  wire_dtype=args.wire_dtype, compression=args.compression,
                                  eval_samples=0 if generation else eval_samples_for(args.eval_samples, args.wire_dtype),
+                                 fidelity_target=args.fidelity_target,
                                  compression_level=args.compression_level, seed=args.seed,
                                  link_mode=args.link or ("emulated" if conditions else "none"),
                                  network_delay_ms_label=args.network_delay_ms, max_batch_s=args.max_batch_s,

@@ -158,6 +158,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag.of(flags.IN_FLIGHT, RUN),
     Flag.of(flags.WIRE_DTYPE, RUN),
     Flag.of(flags.EVAL_SAMPLES, RUN),
+    Flag.of(flags.FIDELITY_TARGET, RUN),
     Flag.of(flags.COMPRESSION, RUN),
     Flag.of(flags.ENCRYPT, RUN, help=f"comma list of the TCP data port's ciphers to sweep ({', '.join(aead.CHOICES)}), "
          "e.g. none,aesgcm: each is a configuration of its own (AEAD, keys from PARETOPIPE_SECRET), with its cipher "

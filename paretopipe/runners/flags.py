@@ -17,7 +17,7 @@ import typing
 from typing import Any, Callable, Sequence, TypeVar
 
 from ..argtypes import (list_of, nonneg_float, nonneg_int, one_of, port_number, positive_float, positive_int,
-                        watts_per_stage)
+                        unit_share, watts_per_stage)
 from ..loadgen.settings import (CLOSED_LOOP, COMPLIANT_MIN_DURATION_S, MODES, SCENARIOS, SHORT_MIN_DURATION_S, SHORT_MIN_QUERIES)
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport import aead
@@ -94,7 +94,11 @@ BATCH_SIZE = Option(("--batch-size",), "images per batch", positive_int, 8)
 WIRE_DTYPE = Option(("--wire-dtype", "--cut-dtype"), "dtype of what crosses a cut, for every model: float32, "
                     "float16 or bfloat16 (a cast), int8 (one float32 scale per channel of an image's activation, per "
                     "token of a hidden state) or int4 (two values a byte, one float32 scale per 32 values)",
-                    default="float32", choices=WIRE_DTYPE_NAMES)
+                    default="float32", choices=WIRE_DTYPE_NAMES + ("auto",))
+FIDELITY_TARGET = Option(("--fidelity-target",), "with --wire-dtype auto: the share of the unsplit float32 model's "
+                         "top-1 (its accuracy, on labelled data) the cut's dtype must keep on a calibration set; the "
+                         "fewest bytes that do are chosen before the timed batches (int4, int8, float16, bfloat16, "
+                         "float32)", unit_share, None)
 COMPRESSION = Option(("--compression",), "codec of the activations on the wire", default="none",
                      choices=COMPRESSIONS)
 RPC_TRANSPORT = Option(("--rpc-transport",), "uv: TCP even on one host; auto: TensorPipe may use shared memory",

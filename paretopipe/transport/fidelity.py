@@ -18,6 +18,7 @@ images).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -29,31 +30,34 @@ from ..partition import wirequant
 from ..partition.activation import Activation, call_stage, live_tensors
 from ..partition.stages import StageBuilder, adopt_torch_threads
 from .inputs import SampleSet
-from .runconfig import RunConfig
+from ..wiredtype import AUTO, AUTO_ORDER
+from .runconfig import RunConfig, eval_samples_for
 
 log = logging.getLogger("paretopipe.fidelity")
 #: The synthetic evaluation inputs' seed, apart from every timed batch's (whose seed is the run's).
 EVAL_SEED = 1_000_003
+#: The calibration inputs' seed of --wire-dtype auto, apart from the evaluation pass's.
+CALIBRATION_SEED = EVAL_SEED + 1
 #: Samples evaluated at once.
 CHUNK = 32
 
 
-def sample_set(cfg: RunConfig, size: int) -> SampleSet:
+def sample_set(cfg: RunConfig, size: int, seed: int = EVAL_SEED) -> SampleSet:
     """The evaluation's inputs; more than a folder holds is refused in one line."""
-    samples = SampleSet(cfg.dataset, size, cfg.eval_samples, cfg.data_dir, seed=EVAL_SEED)
+    samples = SampleSet(cfg.dataset, size, cfg.eval_samples, cfg.data_dir, seed=seed)
     if cfg.eval_samples > len(samples):
         raise UsageError(f"--eval-samples {cfg.eval_samples}: the dataset {cfg.dataset} holds {len(samples)} images")
     return samples
 
 
-def evaluate(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
+def evaluate(builder: StageBuilder, cfg: RunConfig, seed: int = EVAL_SEED) -> dict[str, Any]:
     """The run's fidelity figures (none for an adaptive run, whose cut changes, or a model whose
     output is not one tensor of class scores)."""
     if not cfg.eval_samples or cfg.adaptive or cfg.generation is not None:
         return {}
     adopt_torch_threads()
     t0 = time.perf_counter()
-    samples = sample_set(cfg, builder.input_size)
+    samples = sample_set(cfg, builder.input_size, seed)
     stages = [builder.stage(list(cfg.cuts), i) for i in range(len(cfg.cuts) + 1)]
     agree, kl, right, right_ref, n = 0, 0.0, 0, 0, cfg.eval_samples
     with torch.no_grad():
@@ -76,6 +80,35 @@ def evaluate(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
     if samples.labelled:
         out.update(accuracy_top1=right / n, accuracy_top1_float32=right_ref / n)
     return out
+
+
+def chosen(builder: StageBuilder, cfg: RunConfig) -> RunConfig:
+    """``--wire-dtype auto``: the run with the first dtype of :data:`AUTO_ORDER` (the fewest bytes
+    first) whose fidelity on a calibration set reaches ``cfg.fidelity_target`` (top-1 agreement; on
+    labelled data, accuracy over the unsplit model's), chosen before the timed batches, with the
+    evidence in ``wire_choice``. The calibration inputs are drawn apart from the evaluation pass's
+    (synthetic data under a seed of their own; a folder's first images, as the pass takes)."""
+    if cfg.wire_dtype != AUTO:
+        return cfg
+    n = cfg.eval_samples or eval_samples_for(None, AUTO)
+    tried: dict[str, dict[str, float]] = {}
+    pick, measure = "float32", "top-1 agreement"
+    for dtype in AUTO_ORDER[:-1]:
+        f = evaluate(builder, dataclasses.replace(cfg, wire_dtype=dtype, eval_samples=n), seed=CALIBRATION_SEED)
+        if not f:
+            break  # an adaptive run or a detector: nothing to calibrate on, so nothing lossy is chosen
+        if f.get("accuracy_top1_float32"):  # labelled data: the accuracy it keeps
+            kept, measure = f["accuracy_top1"] / f["accuracy_top1_float32"], "accuracy over float32's"
+        else:
+            kept = f["fidelity_top1_agreement"]
+        tried[dtype] = {"kept": kept, "kl_mean": f["fidelity_kl_mean"]}
+        if kept >= cfg.fidelity_target:
+            pick = dtype
+            break
+    log.info("--wire-dtype auto at %s: %s (%s >= %s; tried %s)", ",".join(cfg.cuts), pick, measure,
+             cfg.fidelity_target, ", ".join(f"{d} {v['kept']:.4f}" for d, v in tried.items()))
+    return dataclasses.replace(cfg, wire_dtype=pick, wire_choice={
+        "target": cfg.fidelity_target, "measure": measure, "calibration_samples": n, "tried": tried, "chosen": pick})
 
 
 def figures(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..splits import POLICIES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..loadgen.settings import LoadgenOptions
-from ..wiredtype import WIRE_DTYPE_NAMES
+from ..wiredtype import AUTO, WIRE_DTYPE_NAMES
 from .inputs import check_dataset
 
 LINK_MODES = ("none", "emulated", "tc")
@@ -174,6 +174,10 @@ class RunConfig:
     # Inputs of an evaluation pass after the timed batches: the split with this wire against the
     # unsplit float32 model (paretopipe.transport.fidelity); 0: none.
     eval_samples: int = 0
+    # --wire-dtype auto: the share of the unsplit model's top-1 (or of its accuracy, on labelled data)
+    # the chosen dtype must keep; and, once stage 1 chose, the evidence (transport.fidelity.chosen).
+    fidelity_target: float | None = None
+    wire_choice: dict[str, Any] | None = None
     network: str | None = None
     link_mode: str = "none"
     network_delay_ms_label: float | None = None
@@ -204,8 +208,13 @@ class RunConfig:
     generation: Generation | None = None
 
     def __post_init__(self) -> None:
-        if self.wire_dtype not in WIRE_DTYPE_NAMES:
-            raise UsageError(f"--wire-dtype {self.wire_dtype!r}: valid {', '.join(WIRE_DTYPE_NAMES)}")
+        if self.wire_dtype not in WIRE_DTYPE_NAMES + (AUTO,):
+            raise UsageError(f"--wire-dtype {self.wire_dtype!r}: valid {', '.join(WIRE_DTYPE_NAMES)}, auto")
+        if self.fidelity_target is not None and not 0 < self.fidelity_target <= 1:
+            raise UsageError(f"--fidelity-target {self.fidelity_target}: a share of the unsplit model's top-1 in (0, 1]")
+        if self.wire_dtype == AUTO and self.fidelity_target is None:
+            raise UsageError("--wire-dtype auto needs --fidelity-target, the share of the unsplit model's top-1 "
+                             "(or accuracy) to keep, e.g. 0.99")
         if self.generation is not None:
             self._derive_generation()
         if self.eval_samples < 0:
@@ -280,10 +289,10 @@ class RunConfig:
         window, the measured and warm-up batches follow from it (set once here, never patched)."""
         g = self.generation
         if self.adaptive or self.loadgen is not None or self.deadline_s is not None or self.dataset != "synthetic" \
-                or self.eval_samples:
+                or self.eval_samples or self.wire_dtype == AUTO:
             what = ("--split " + str(self.split_index) if self.adaptive else "--scenario" if self.loadgen
                     else "--deadline-ms" if self.deadline_s is not None else "--eval-samples" if self.eval_samples
-                    else f"--dataset {self.dataset}")
+                    else "--wire-dtype auto" if self.wire_dtype == AUTO else f"--dataset {self.dataset}")
             raise UsageError(f"{what} applies to an image model's batches; a language model runs a static split "
                              f"over its prompts")
         for name, value in (("batch_size", 1), ("in_flight", g.streams), ("num_batches", g.steps),

@@ -215,6 +215,7 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (pred + ["--device-profiles", "+,+"], "empty device profile name"),
                        (pred + ["--device-profiles", "a,b", "--batch-size", "0"], "--batch-size"),
                        (pred + ["--device-profiles", "a,b", "--wire-dtype", "int3"], "--wire-dtype"),
+                       (pred + ["--device-profiles", "a,b", "--wire-dtype", "auto"], "--wire-dtype auto is chosen per cut"),
                        (pred + ["--device-profiles", "a,b", "--sweep-points", "x"], "--sweep-points"),
                        (["predict", "--device-profiles", "a,b"], "--model")):
         add(f"predict-{len(c)}", argv, what)
@@ -277,6 +278,11 @@ def cases() -> list[tuple[str, list[str], str]]:
                         "--wire-dtype float16 with the rpc backend"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--backend", "rpc", "--compression", "zstd"],
                         "--compression zstd with the rpc backend"),
+                       (["sweep", "--model", "mobilenetv2", "--local", "--wire-dtype", "auto"],
+                        "--wire-dtype auto needs --fidelity-target"),
+                       (["sweep", "--model", "mobilenetv2", "--local", "--fidelity-target", "1.5"], "--fidelity-target"),
+                       (["sweep", "--model", "tiny-lm", "--local", "--wire-dtype", "auto", "--fidelity-target", "0.9"],
+                        "--wire-dtype auto chooses an image model's cut dtype"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "2", "--sampler", "x"],
                         "invalid choice: 'x'")):
         add(f"search-{len(c)}", argv, what)

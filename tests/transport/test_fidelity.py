@@ -150,3 +150,23 @@ def test_more_samples_than_the_folder_holds_is_refused_in_one_line(digits):
     builder = StageBuilder(spec, weights=str(weights))
     with pytest.raises(UsageError, match=r"--eval-samples 5000: the dataset .* holds 397 images"):
         fidelity.evaluate(builder, _config(spec, folder, 1, "int8", builder, 5000))
+
+
+@pytest.mark.parametrize("target", [0.99, 1.0])
+def test_auto_picks_the_fewest_bytes_that_keep_the_target_and_records_why(digits, target):
+    spec, folder, weights = digits
+    builder = StageBuilder(spec, weights=str(weights))
+    cfg = RunConfig(model=spec, cuts=builder.cuts_for(4), split_index=4, dataset=f"imagefolder:{folder}",
+                    wire_dtype="auto", fidelity_target=target, eval_samples=200)
+    got = fidelity.chosen(builder, cfg)
+    choice = got.wire_choice
+    assert got.wire_dtype == choice["chosen"] and choice["measure"] == "accuracy over float32's"
+    assert choice["calibration_samples"] == 200 and choice["target"] == target
+    tried = list(choice["tried"])
+    assert tried == list(fidelity.AUTO_ORDER[:len(tried)])  # the fewest bytes first, in order
+    *refused, last = tried
+    assert all(choice["tried"][d]["kept"] < target for d in refused)
+    if got.wire_dtype != "float32":
+        assert last == got.wire_dtype and choice["tried"][last]["kept"] >= target
+    # Stage 2 never sees "auto": the run's configuration names the dtype chosen.
+    assert RunConfig.from_dict(got.to_dict()).wire_dtype in fidelity.AUTO_ORDER

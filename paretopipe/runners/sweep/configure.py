@@ -44,6 +44,7 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
                      network=planned.network, link_mode=o.link, timeout_s=timeout_s, seed=planned.run,
                      wire_dtype=o.wire_dtype, compression=o.compression, num_classes=o.num_classes,
                      eval_samples=0 if planned.prompt_len is not None else eval_samples_for(o.eval_samples, o.wire_dtype),
+                     fidelity_target=o.fidelity_target,
                      dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key,
                      config_key=planned.config_key, run=planned.run, stage_limits=info.limits,
                      max_batch_s=o.max_batch_s, prefetch_batches=o.prefetch_batches,

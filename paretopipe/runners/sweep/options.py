@@ -54,6 +54,7 @@ class SweepOptions:
     network_file: str | None = None
     wire_dtype: str = "float32"
     eval_samples: int | None = None  # transport.fidelity: None is 64 where the wire is lossy
+    fidelity_target: float | None = None  # --wire-dtype auto's target (transport.fidelity.chosen)
     compression: str = "none"
     # The TCP data port's --encrypt choices (transport.aead): one worker group each, since a cipher is
     # agreed per connection; the cipher is part of a configuration's key.
@@ -116,6 +117,7 @@ def check_options(opts: SweepOptions) -> None:
         raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
     check_workload(opts)
     check_rpc_codec(opts)
+    check_wire_choice(opts)
     if opts.order not in rounds.ORDERS:
         raise UsageError(f"--order {opts.order!r}: valid {', '.join(rounds.ORDERS)}")
     if opts.precision is not None and not 0 < opts.precision < 1:
@@ -168,6 +170,16 @@ def check_rpc_codec(opts: SweepOptions) -> None:
     if opts.wire_dtype != "float32" and not opts.language_model:
         raise UsageError(f"--wire-dtype {opts.wire_dtype} with the rpc backend: an image model's activations cross "
                          f"as computed (float32); use --backend tcp")
+
+
+def check_wire_choice(opts: SweepOptions) -> None:
+    """``--wire-dtype auto`` chooses an image model's dtype per cut, to a target."""
+    if opts.wire_dtype == "auto" and opts.fidelity_target is None:
+        raise UsageError("--wire-dtype auto needs --fidelity-target, the share of the unsplit model's top-1 (or "
+                         "accuracy) to keep, e.g. 0.99")
+    if opts.wire_dtype == "auto" and opts.language_model:
+        raise UsageError("--wire-dtype auto chooses an image model's cut dtype; a language model's must be named: "
+                         "valid float32, float16, bfloat16, int8, int4")
 
 
 def check_workload(opts: SweepOptions) -> None:

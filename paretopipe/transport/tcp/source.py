@@ -424,6 +424,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     back to ``listener``: the outcome's ``connection`` is the one still open, for the next run.
     ``cpu_traces`` replay compute traces on stages' groups from the batches' first instant."""
     policy = policy or StaticPolicy(cfg.cuts)
+    cfg = fidelity.chosen(builder, cfg)  # --wire-dtype auto: chosen before RUN tells stage 2
     run_id = records.new_run_id(builder.name, cfg.split_index if policy.adaptive else cfg.cuts[0])
     emulated = conditions is not None and cfg.link_mode == "emulated"
     manifest1 = node_manifest(builder.device, threads, role="stage1", weights_fingerprint=builder.fingerprint,
