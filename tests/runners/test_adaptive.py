@@ -195,8 +195,11 @@ def test_sweep_runs_adaptive_beside_static_splits_and_reports_the_comparison(tmp
     from conftest import PYTHON, ROOT
 
     trace = ROOT / "paretopipe" / "network" / "traces" / "step.csv"
+    # 30 batches: the span all three runs covered must hold measured batches of each (with 8, a
+    # run whose warm-up outlasted another split's whole run under the parallel pass's load had
+    # none in it, and the comparison fell back, as it should, to the median over batches).
     done = cli.run([PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "8,19,adaptive",
-                    "--trace", str(trace), "--batch-size", "1", "--num-batches", "8", "--warmup", "1",
+                    "--trace", str(trace), "--batch-size", "1", "--num-batches", "30", "--warmup", "1",
                     "--deadline-ms", "60000",
                     "--runs", "1", "--local", "--drift-every", "0", "--out", str(tmp_path), "--session", "s"], timeout=600)
     assert done.returncode == 0, done.stderr
