@@ -13,6 +13,8 @@ QUANTISED = ("int8", "int4")
 #: (the fewest bytes first; float16 before bfloat16, the same bytes with more mantissa).
 AUTO = "auto"
 AUTO_ORDER = ("int4", "int8", "float16", "bfloat16", "float32")
+#: What --wire-dtype takes: a dtype, or auto (resolved by stage 1 before a run starts).
+WIRE_DTYPE_CHOICES = WIRE_DTYPE_NAMES + (AUTO,)
 #: Values that share one int4 scale.
 INT4_GROUP = 32
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}

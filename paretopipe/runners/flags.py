@@ -22,8 +22,8 @@ from ..loadgen.settings import (CLOSED_LOOP, COMPLIANT_MIN_DURATION_S, MODES, SC
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport import aead
 from ..transport.messaging import TRANSPORTS
-from ..transport.runconfig import (COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS,
-                                   WIRE_DTYPE_NAMES)
+from ..transport.runconfig import COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS
+from ..wiredtype import WIRE_DTYPE_CHOICES, WIRE_DTYPE_NAMES
 
 @dataclasses.dataclass(frozen=True)
 class Option:
@@ -94,7 +94,7 @@ BATCH_SIZE = Option(("--batch-size",), "images per batch", positive_int, 8)
 WIRE_DTYPE = Option(("--wire-dtype", "--cut-dtype"), "dtype of what crosses a cut, for every model: float32, "
                     "float16 or bfloat16 (a cast), int8 (one float32 scale per channel of an image's activation, per "
                     "token of a hidden state) or int4 (two values a byte, one float32 scale per 32 values)",
-                    default="float32", choices=WIRE_DTYPE_NAMES + ("auto",))
+                    default="float32", choices=WIRE_DTYPE_CHOICES)
 FIDELITY_TARGET = Option(("--fidelity-target",), "with --wire-dtype auto: the share of the unsplit float32 model's "
                          "top-1 (its accuracy, on labelled data) the cut's dtype must keep on a calibration set; the "
                          "fewest bytes that do are chosen before the timed batches (int4, int8, float16, bfloat16, "

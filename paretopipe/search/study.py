@@ -98,11 +98,7 @@ def open_storage(url: str, heartbeat_s: float = HEARTBEAT_S, grace_s: float = GR
     # The driver the project installs (psycopg 3), whatever SQLAlchemy's default for the scheme.
     engine_url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url)
     try:
-        with quiet():
-            return optuna.storages.RDBStorage(
-                engine_url, engine_kwargs=kwargs, heartbeat_interval=max(1, round(heartbeat_s)),
-                grace_period=max(1, round(grace_s)),
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
+        return _rdb_storage(engine_url, kwargs, heartbeat_s, grace_s)
     except ImportError as exc:
         raise UsageError(f"--study {redacted(url)}: no database driver for it ({exc}); make installs PostgreSQL's "
                          f"(psycopg[binary])") from None
@@ -112,6 +108,33 @@ def open_storage(url: str, heartbeat_s: float = HEARTBEAT_S, grace_s: float = GR
         if password and password.group(1):
             first = first.replace(password.group(1), "***")
         raise UsageError(f"--study {redacted(url)}: cannot open the study's database: {first}") from None
+
+
+def _rdb_storage(engine_url: str, kwargs: dict[str, Any], heartbeat_s: float, grace_s: float,
+                 attempts: int = 5) -> Any:
+    """Optuna's relational storage. Workers that open a new database at the same instant each
+    create its tables and types; PostgreSQL lets one of the same-named CREATEs win and refuses the
+    others (a unique violation in pg_type, or "type ... already exists"), so a refused opener tries
+    again once they exist."""
+    # lazy for start-up: optuna and SQLAlchemy
+    import optuna
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    def storage() -> Any:
+        with quiet():
+            return optuna.storages.RDBStorage(
+                engine_url, engine_kwargs=kwargs, heartbeat_interval=max(1, round(heartbeat_s)),
+                grace_period=max(1, round(grace_s)),
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
+
+    for attempt in range(1, attempts):
+        try:
+            return storage()
+        except (IntegrityError, ProgrammingError) as exc:
+            if "already exists" not in str(exc) and "duplicate key" not in str(exc):
+                raise
+            time.sleep(0.2 * attempt)
+    return storage()
 
 
 @contextlib.contextmanager

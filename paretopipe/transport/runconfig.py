@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..splits import POLICIES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..loadgen.settings import LoadgenOptions
-from ..wiredtype import AUTO, WIRE_DTYPE_NAMES
+from ..wiredtype import AUTO, WIRE_DTYPE_CHOICES, WIRE_DTYPE_NAMES
 from .inputs import check_dataset
 
 LINK_MODES = ("none", "emulated", "tc")
@@ -208,7 +208,7 @@ class RunConfig:
     generation: Generation | None = None
 
     def __post_init__(self) -> None:
-        if self.wire_dtype not in WIRE_DTYPE_NAMES + (AUTO,):
+        if self.wire_dtype not in WIRE_DTYPE_CHOICES:
             raise UsageError(f"--wire-dtype {self.wire_dtype!r}: valid {', '.join(WIRE_DTYPE_NAMES)}, auto")
         if self.fidelity_target is not None and not 0 < self.fidelity_target <= 1:
             raise UsageError(f"--fidelity-target {self.fidelity_target}: a share of the unsplit model's top-1 in (0, 1]")

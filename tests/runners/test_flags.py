@@ -13,6 +13,7 @@ from conftest import PYTHON, ROOT
 from paretopipe.runners import flags
 from paretopipe.runners.rpc_ranks import RankOptions
 from paretopipe.runners.worker import WorkerOptions
+from paretopipe import wiredtype
 from paretopipe.transport import runconfig
 
 ROWS = [v for v in vars(flags).values() if isinstance(v, flags.Option)]
@@ -41,7 +42,7 @@ def test_every_option_is_declared_in_one_place_across_the_package():
 def test_choices_are_the_values_where_they_are_defined():
     assert flags.RPC_TRANSPORT.choices == runconfig.RPC_TRANSPORTS
     assert flags.RPC_SOURCE.choices == runconfig.RPC_SOURCES
-    assert flags.WIRE_DTYPE.choices == runconfig.WIRE_DTYPE_NAMES
+    assert flags.WIRE_DTYPE.choices == wiredtype.WIRE_DTYPE_CHOICES == (*runconfig.WIRE_DTYPE_NAMES, "auto")
     assert flags.COMPRESSION.choices == runconfig.COMPRESSIONS
     assert flags.LINK.choices == runconfig.LINK_MODES and flags.OBJECTIVE.choices == runconfig.OBJECTIVES
     assert flags.NUM_CLASSES.default == runconfig.RunConfig.__dataclass_fields__["num_classes"].default

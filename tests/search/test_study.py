@@ -149,3 +149,21 @@ def test_an_unreachable_database_is_one_line_and_the_password_never_shows():
     assert study.redacted("postgresql://u:pw@h:5/d") == "postgresql://u:***@h:5/d"
     assert study.redacted("postgresql://u@h/d") == "postgresql://u@h/d"
 
+
+
+def test_workers_opening_a_new_postgresql_study_at_once_all_get_it(tmp_path):
+    """Eight processes open the same new database at one instant: each creates Optuna's tables,
+    PostgreSQL lets one CREATE win and refuses the rest (a unique violation in pg_type; a lab
+    test's second worker exited 2 on it), and every opener must still get the study."""
+    with postgres(tmp_path) as (url, _password):
+        go = tmp_path / "go"
+        script = ("import os, sys, time\nfrom paretopipe.search.study import open_storage\n"
+                  f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+                  "open_storage(sys.argv[1])\nprint('opened')\n")
+        procs = [subprocess.Popen([PYTHON, "-c", script, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(8)]
+        time.sleep(3)  # every interpreter started and waiting
+        go.touch()
+        results = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 8, [err[-500:] for _, err in results if err]
+        assert all(out.strip() == "opened" for out, _ in results)
