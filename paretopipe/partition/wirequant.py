@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -35,6 +35,7 @@ CASTS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.b
 PART_DTYPES = {"float32": (torch.float32,), "float16": (torch.float16,), "bfloat16": (torch.bfloat16,),
                "int8": (torch.int8, torch.float32), "int4": (torch.uint8, torch.float32, torch.int64)}
 _MAX_NDIM = 8
+T = TypeVar("T")
 
 
 def _lead(shape: tuple[int, ...], dtype: str) -> int:
@@ -157,11 +158,11 @@ def decode_activation(groups: list[tuple[torch.Tensor, ...]], dtype: str) -> Act
     return out[0] if len(out) == 1 else out
 
 
-def timed(step: Callable[[Any, str], Any], x: Any, dtype: str) -> tuple[Any, float]:
-    """``step(x, dtype)`` and the seconds it took (quantising is part of a frame's encoding, and
-    dequantising of its decoding)."""
+def timed(step: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """``step(*args)`` and the seconds it took: quantising is part of a frame's encoding, and
+    dequantising of its decoding, wherever a frame is encoded or decoded (a stage, a profile)."""
     t0 = time.perf_counter()
-    out = step(x, dtype)
+    out = step(*args)
     return out, time.perf_counter() - t0
 
 

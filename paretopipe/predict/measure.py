@@ -84,9 +84,7 @@ def _round_trip(tensor: Activation, codec: wire.Codec, reps: int) -> dict[str, f
     enc_s, dec_s, transfer_s, frame_bytes, wire_bytes = [], [], [], 0, 0
     try:
         for _ in range(reps):
-            t0 = time.perf_counter()
-            sent = wirequant.encode_activation(tensor, dtype)
-            quantise_s = time.perf_counter() - t0
+            sent, quantise_s = wirequant.timed(wirequant.encode_activation, tensor, dtype)
             enc = wire.encode(wire.TENSOR, 0, sent, codec=codec)
             started = [0.0]
 
@@ -98,8 +96,8 @@ def _round_trip(tensor: Activation, codec: wire.Codec, reps: int) -> dict[str, f
             sender.start()
             f = wire.recv_frame(server)
             done = time.perf_counter()
-            wirequant.decode_activation(wirequant.grouped(f.tensor, dtype), dtype)
-            dequantise_s = time.perf_counter() - done
+            _, dequantise_s = wirequant.timed(lambda: wirequant.decode_activation(wirequant.grouped(f.tensor, dtype),
+                                                                                  dtype))
             sender.join()
             enc_s.append(enc.encode_s + quantise_s)
             dec_s.append(f.decode_s + dequantise_s)

@@ -23,7 +23,7 @@ from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport import aead
 from ..transport.messaging import TRANSPORTS
 from ..transport.runconfig import COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS
-from ..wiredtype import WIRE_DTYPE_CHOICES, WIRE_DTYPE_NAMES
+from ..wiredtype import WIRE_DTYPE_CHOICES
 
 @dataclasses.dataclass(frozen=True)
 class Option:
@@ -198,10 +198,6 @@ POWER_CORE_W = Option(("--power-core-w",), "watts per stage, e.g. 0.9,15: what o
 # The language-model sweep's dimensions: the same flags as a comma list, each value a configuration.
 PROMPT_LENS = PROMPT_LEN.variant(help="seeded prompt lengths, a comma list (128,1024)",
                                  type=list_of(positive_int, "positive_int_list"), default=[16])
-WIRE_DTYPES_LIST = WIRE_DTYPE.variant(help=f"a comma list of {', '.join(WIRE_DTYPE_NAMES)}, each a configuration of "
-                                       f"its own",
-                                       type=list_of(one_of(WIRE_DTYPE_NAMES), "wire_dtype_list"), default=["float32"],
-                                       choices=None)
 
 # MLPerf LoadGen scenarios (paretopipe.loadgen): the data source runs LoadGen over the pipeline.
 SCENARIO = Option(("--scenario",), "MLPerf LoadGen scenario driving the pipeline from stage 1: singlestream (one "

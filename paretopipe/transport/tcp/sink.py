@@ -399,10 +399,9 @@ class _SinkRun:
             decode_s = f.decode_s
             if self.gen is not None:  # checked and decoded here, before the compute thread sees it
                 self.steps[f.seq] = self.gen.stage_input(f.seq, f.tensor, self.gen.step_of(f.seq, f.meta)[1])
-            elif cfg.wire_dtype in wirequant.QUANTISED:  # dequantising is part of decoding
-                t0 = time.perf_counter()
-                self.steps[f.seq] = self._image_input(f)
-                decode_s += time.perf_counter() - t0
+            elif cfg.wire_dtype in wirequant.QUANTISED:
+                self.steps[f.seq], dequantise_s = wirequant.timed(self._image_input, f)
+                decode_s += dequantise_s
             else:
                 self._image_input(f)
             self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": decode_s,
