@@ -162,10 +162,16 @@ def change_times(record: dict) -> list[float]:
             times = [float(r[0]) for r in rows]
             period = times[-1] + (times[-1] - times[-2])
             until = max((b["start_s"] for b in record["batches"]), default=0.0)
-            offset = float(meta.get("offset_s") or 0.0)
+            offset = trace_time_at_clock_zero(meta)
             for n in range(int((offset + until) // period) + 1):
                 out += [n * period + t - offset for t in times if 0 < n * period + t - offset <= until]
     return sorted(out)
+
+
+def trace_time_at_clock_zero(trace_meta: dict) -> float:
+    """The link trace's time at the batch clock's zero (a record from before ``at_clock_zero_s``
+    has the replay's start only, which is early by the run's startup probes)."""
+    return float(trace_meta.get("at_clock_zero_s", trace_meta.get("offset_s")) or 0.0)
 
 
 def _stage1(record: dict) -> dict:
@@ -246,7 +252,8 @@ def capacity_over_time(record: dict, until_s: float, step_s: float = 0.1) -> tup
     except Exception:  # the trace file is on the host that ran the sweep, not necessarily here
         return None
     t = np.arange(0.0, max(until_s, step_s), step_s)
-    rate = [trace.rate_bps(meta["offset_s"] + a, meta["offset_s"] + a + step_s) / 1e6 for a in t]
+    zero = trace_time_at_clock_zero(meta)
+    rate = [trace.rate_bps(zero + a, zero + a + step_s) / 1e6 for a in t]
     return t, np.asarray(rate)
 
 

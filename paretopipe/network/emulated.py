@@ -65,7 +65,15 @@ class EmulatedLink:
             lost = d.sample_lost_segments(nbytes, self._rng)
             return self._schedule.deliver(now, nbytes, d.delay_s + d.sample_jitter(self._rng), lost)
 
-    def manifest(self, conditions: Any = None) -> dict[str, Any]:
+    def trace_time(self, monotonic_s: float) -> float | None:
+        """Where the trace's replay is at a monotonic instant (None without a trace)."""
+        schedule = self._schedule
+        return schedule.trace_time(monotonic_s) if isinstance(schedule, traces.TraceSchedule) else None
+
+    def manifest(self, conditions: Any = None, clock_zero: float | None = None) -> dict[str, Any]:
+        """What the link was; with the run's batch-clock zero (monotonic), also the trace's time
+        there, which is what puts a batch's ``start_s`` on the trace: the replay starts with the
+        link, before the startup probes, so ``offset_s`` alone is early by their duration."""
         out: dict[str, Any] = {"mode": "emulated", "direction": self.direction.to_dict(),
                                "note": "in-process emulation at the sender (serialisation at rate, FIFO, then delay)"}
         if conditions is not None:
@@ -73,6 +81,8 @@ class EmulatedLink:
         if self.trace is not None:
             out["trace"] = {**self.trace.describe(), "offset_s": self.trace_offset_s,
                             "replay": "exact: each 1500 bytes leave at the trace's next delivery opportunity"}
+            if clock_zero is not None:
+                out["trace"]["at_clock_zero_s"] = round(self.trace_time(clock_zero), 6)
         return out
 
 

@@ -144,12 +144,14 @@ def _finish_ranks(group: RankGroup, ranks: list[int], images: int, timeout_s: fl
     return parts
 
 
-def _link_manifest(conditions: NetworkConditions | None, up: EmulatedLink | None) -> dict[str, Any]:
-    """The record's link: the emulated conditions (and where a trace's replay started), or none."""
+def _link_manifest(conditions: NetworkConditions | None, up: EmulatedLink | None,
+                   clock_zero: float) -> dict[str, Any]:
+    """The record's link: the emulated conditions (and where a trace's replay started and where it
+    was at the batch clock's zero), or none."""
     if conditions is None:
         return {"mode": "none"}
     return {"mode": "emulated", "conditions": conditions.to_dict(),
-            **({"trace_up": up.manifest()["trace"]} if up and up.trace else {})}
+            **({"trace_up": up.manifest(clock_zero=clock_zero)["trace"]} if up and up.trace else {})}
 
 
 class _Results:
@@ -214,7 +216,7 @@ def _run_on_group(cfg: RunConfig, builder: Any, group: RankGroup, ranks: list[in
     finally:
         sender.close()
         group.collector.on_result = None
-    return _Ran(source, results, local_meter, failure, _link_manifest(conditions, up))
+    return _Ran(source, results, local_meter, failure, _link_manifest(conditions, up, book.t0))
 
 
 def run_master(cfg: RunConfig, builder: Any, group: RankGroup, *, source: str = "master",

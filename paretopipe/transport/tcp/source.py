@@ -117,7 +117,9 @@ class _Stage1Run(SourceEndpoint):
             self._probe(size)
         if self.cpu_traces is not None:
             self.cpu_traces.start()  # from the same instant as the batches' clock and the link's trace
-        self.book.start_clock()  # batch times count from the link's start, like the trace's replay
+        self.book.start_clock()
+        if self.link is not None and self.link.trace is not None:  # where the replay is at start_s = 0
+            self.link_manifest["trace_up"] = self.link.manifest(clock_zero=self.book.t0)["trace"]
 
     def _lose_next(self, why: str, seq: int) -> None:
         log.warning("stage 1: stage 2 lost at batch %d (%s); serving locally until one connects", seq, why)
