@@ -33,6 +33,9 @@ pytestmark = pytest.mark.slow
 SIZES = {"--runs", "--num-batches", "--num-test-samples", "--warmup", "--batch-size", "--splits", "--repetitions",
          "--codecs", "--ciphers", "--duration", "--batches", "--max-runs", "--only", "--quiet", "--prompt-len",
          "--gen-tokens", "--decode-steps", "--min-duration-s", "--min-query-count", "--server-steps"}
+#: docs/sweep.md's fault sweep, the one issue 58 asks to show.
+FAULT_LINE = ("python automated_split_tester.py --model mobilenetv2 --splits 4,14 --fault none,stage2:kill@20+2 "
+              "--batch-size 1 --num-batches 60")
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
 PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session", "--live", "--name", "--subnet"}
 #: docs/tutorial.md, in its order: your model's cuts, its sweep on two emulated devices, its
@@ -109,6 +112,7 @@ RUN = frozenset({
     "python partition2.py --model mobilenetv2 --host 127.0.0.1 --output-dir results/manual",
     "python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
     "--scenario closed,singlestream,multistream,offline,server --latency-bound-ms 500",
+    FAULT_LINE,
     *TUTORIAL_LINES,
 })
 SHARED = ROOT.parent / "shared"
@@ -343,6 +347,19 @@ def test_help_and_split_list(clone):
     assert "usage" in sh(reduced("paretopipe --help"), clone).stdout.lower()  # the README's comment dropped
     listing = sh(reduced("python -m paretopipe.split --model resnet18 --list"), clone).stdout
     assert "layer4" in listing
+
+
+def test_faults_as_a_treatment_as_the_docs_run_them(clone):
+    """As written (its three runs a configuration), here: every batch served once, the kill seen
+    before the deadline and recovered after the restart, both splits ranked."""
+    sh(reduced(FAULT_LINE, local="", quiet=""), clone)
+    session = next((clone / "results").glob("*/runs.csv")).parent
+    table = pd.read_csv(session / "report" / "robustness.csv")
+    assert sorted(table["split_index"]) == [4, 14] and sorted(table["cost_rank"]) == [1, 2]
+    assert (table["fault_lost"] == 0).all() and (table["fault_duplicated"] == 0).all()
+    assert table["fault_detect_s"].lt(1.0).all() and table["fault_recover_s"].ge(2.0).all()
+    summary = pd.read_csv(session / "summary.csv")
+    assert set(summary["runs"]) == {3} and set(summary["fault"]) == {"none", "stage2:kill@20+2"}
 
 
 def test_a_sweep_over_a_recorded_trace_and_one_over_four_objectives(clone):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .. import faults
 from ..network.labels import link_label
 from .keys import CLOSED_LOOP, PLAIN, RAW_TCP, split_label
 
@@ -36,6 +37,8 @@ GENERATION = re.compile(r"^(prompt_len|gen_tokens|streams|tokens_generated|ttft_
 #: What a lossy wire cost (paretopipe.transport.fidelity): the evaluation pass after the timed
 #: batches, the same in every run of a configuration (its inputs and arithmetic are deterministic).
 FIDELITY = re.compile(r"^(fidelity_(samples|top1_agreement|kl_mean|eval_s|error)|accuracy_top1(_float32)?)$")
+#: What a fault cost a run (paretopipe.faults): runs.csv keeps each, summary.csv their medians.
+FAULT = faults.COLUMNS
 #: A generation's figures that summary.csv gives a median with a 95% CI over runs (its fronts' axes):
 #: each one's CI columns are ``<stem>_ci95_low<unit>`` and ``..._high<unit>``.
 GENERATION_OBJECTIVES = {"ttft_median_s": ("ttft", "_s"), "tpot_median_s": ("tpot", "_s"),
@@ -54,11 +57,11 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "cipher": cipher_of(rec["manifest"]), "transport": transport_of(rec["manifest"]),
             "codec": f"{c.get('wire_dtype') or 'float32'}/{c.get('compression') or 'none'}",
             "scenario": (c.get("loadgen") or {}).get("scenario") or CLOSED_LOOP,
+            **({"fault": faults.label_of(faults.Fault(**c["fault"]))} if c.get("fault") else {}),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **({"prompt_len": prompt_len(rec), "gen_tokens": generation.get("gen_tokens")} if generation else {}),
             **{k: v for k, v in s.items() if k.startswith("loadgen_")},
-            **{k: v for k, v in s.items() if BREAKDOWN.match(k) or RESOURCES.match(k) or GENERATION.match(k)
-               or FIDELITY.match(k)},
+            **{k: v for k, v in s.items() if _extra(k) and k != "fault"},
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
             "error": rec.get("error"),
             "json": name}
@@ -75,9 +78,12 @@ def prompt_len(rec: dict[str, Any]) -> int | None:
 
 def extra_columns(rows: list[dict[str, Any]]) -> list[str]:
     """runs.csv's columns beyond :data:`RUN_FIELDS`: those some row has (a stage's breakdown,
-    energy and memory, a generation's figures, a lossy wire's evaluation)."""
-    return sorted({k for r in rows for k in r if k not in RUN_FIELDS and (BREAKDOWN.match(k) or RESOURCES.match(k)
-                                                                          or GENERATION.match(k) or FIDELITY.match(k))})
+    energy and memory, a generation's figures, a lossy wire's evaluation, a fault and its cost)."""
+    return sorted({k for r in rows for k in r if k not in RUN_FIELDS and _extra(k)})
+
+
+def _extra(column: str) -> bool:
+    return column == "fault" or any(p.match(column) for p in (BREAKDOWN, RESOURCES, GENERATION, FIDELITY, FAULT))
 
 
 def cipher_of(manifest: dict[str, Any]) -> str:

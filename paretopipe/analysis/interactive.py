@@ -132,9 +132,10 @@ def _matrix_figure(panel: pd.DataFrame, objectives: Sequence[Objective], title: 
     return fig
 
 
-def write_html(table: pd.DataFrame, objectives: Sequence[Objective], path: Path) -> Path:
-    """The report page of ``table`` (pareto.csv's rows) over ``objectives``: plotly.js is embedded
-    once, in the page's head, so it works offline and from a file."""
+def write_html(table: pd.DataFrame, objectives: Sequence[Objective], path: Path, extra: str = "") -> Path:
+    """The report page of ``table`` (pareto.csv's rows) over ``objectives``, then ``extra`` (HTML
+    sections of tables): plotly.js is embedded once, in the page's head, so it works offline and
+    from a file."""
     import plotly.io as pio
 
 
@@ -156,5 +157,5 @@ def write_html(table: pd.DataFrame, objectives: Sequence[Objective], path: Path)
             f"<h1>ParetoPipe report</h1><p>Objectives: {html.escape(names)}. Front points are filled and joined, tied "
             "points (within the 95% intervals of a front point on every objective) are open circles, dominated "
             "points are faint. Hover a point for its split, intervals, time breakdown, energy and memory; the menu "
-            "shows one network.</p>" + "".join(sections) + "</body></html>")
+            "shows one network.</p>" + "".join(sections) + extra + "</body></html>")
     return records.atomic_write_text(path, page)

@@ -5,6 +5,7 @@ and the defaults a table from before a field existed means by its absence."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from .. import records
@@ -18,6 +19,8 @@ RAW_TCP = "tcp"
 DEFAULT_CODEC = "float32/none"
 #: A configuration of image batches has no prompt (a language model's generation names its length).
 NO_PROMPT = 0
+#: A configuration without a fault (paretopipe.faults) as its treatment.
+NO_FAULT = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,7 @@ class ConfigKey:
     in_flight: int = 1           # --in-flight (a search may vary it); a generation's streams
     scenario: str = CLOSED_LOOP  # the LoadGen scenario (paretopipe.loadgen), or the closed loop
     prompt_len: int = NO_PROMPT  # a generation's prompt tokens per stream (0: image batches)
+    fault: str = NO_FAULT        # the fault the runs survived (paretopipe.faults), or none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_index", split_label(self.split_index))
@@ -51,16 +55,16 @@ class ConfigKey:
     def text(self) -> str:
         """``model_backend_network_k03[_cipher][_transport]``: without the batch size, which one sweep fixes."""
         return config_key(self.model, self.backend, self.network, self.split_index, self.cipher, self.transport,
-                          self.codec, scenario=self.scenario, prompt_len=self.prompt_len)
+                          self.codec, scenario=self.scenario, prompt_len=self.prompt_len, fault=self.fault)
 
 
 CONFIG_KEY = [f.name for f in dataclasses.fields(ConfigKey)]
 #: What a row from before ciphers, transports, codecs, scenarios or prompts in the key means by their absence.
 KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP, "codec": DEFAULT_CODEC, "in_flight": 1, "scenario": CLOSED_LOOP,
-                "prompt_len": NO_PROMPT}
+                "prompt_len": NO_PROMPT, "fault": NO_FAULT}
 #: Key columns a table writes only where some row has a value of its own (an image sweep's tables
 #: keep the columns they had before language models).
-OPTIONAL_KEY = {"prompt_len": NO_PROMPT}
+OPTIONAL_KEY = {"prompt_len": NO_PROMPT, "fault": NO_FAULT}
 
 
 def key_values(row: Mapping[str, Any]) -> tuple:
@@ -79,17 +83,20 @@ def table_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 #: One panel of figures: every network and split of one model, backend, cipher, transport, batch
 #: size, codec, window, load and prompt length.
-PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size", "codec", "in_flight", "scenario", "prompt_len"]
+PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size", "codec", "in_flight", "scenario", "prompt_len",
+             "fault"]
 
 
 def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN,
                transport: str = RAW_TCP, codec: str = DEFAULT_CODEC, batch_tag: int | None = None,
-               in_flight_tag: int | None = None, scenario: str = CLOSED_LOOP, prompt_len: int | None = None) -> str:
+               in_flight_tag: int | None = None, scenario: str = CLOSED_LOOP, prompt_len: int | None = None,
+               fault: str = NO_FAULT) -> str:
     """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher,
     one over another transport than raw TCP in the transport's name, then another codec than
     float32 uncompressed (``_float16-zstd``), and a batch size and an in-flight depth where a search
     session holds several (``_b4``, ``_w2``), a LoadGen scenario (``_server``) and a generation's
-    prompt length (``_p128``): a sweep's names are what they were before codecs were in the key."""
+    prompt length (``_p128``) and a fault (``_stage2_kill_20_2``): a sweep's names are what they were
+    before codecs were in the key."""
     k = Split.of(split).key
     return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else "")
                               + (f"_{transport}" if transport != RAW_TCP else "")
@@ -97,7 +104,13 @@ def config_key(model: str, backend: str, network: str, split: Any, cipher: str =
                               + (f"_b{int(batch_tag)}" if batch_tag is not None else "")
                               + (f"_w{int(in_flight_tag)}" if in_flight_tag is not None else "")
                               + (f"_{scenario}" if scenario != CLOSED_LOOP else "")
-                              + (f"_p{int(prompt_len)}" if prompt_len else ""))
+                              + (f"_p{int(prompt_len)}" if prompt_len else "")
+                              + (f"_{fault_label(fault)}" if fault != NO_FAULT else ""))
+
+
+def fault_label(fault: str) -> str:
+    """A fault's form in file names: ``stage2:kill@20+2`` is ``stage2_kill_20_2``."""
+    return re.sub(r"[:@+]", "_", str(fault))
 
 
 def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
@@ -110,6 +123,7 @@ def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
     depth = int(rest[1]) if depths and len(rest) > 1 and rest[1] == rest[1] else 1
     scenario = rest[2] if len(rest) > 2 and isinstance(rest[2], str) else CLOSED_LOOP
     prompt = int(rest[3]) if len(rest) > 3 and rest[3] == rest[3] and rest[3] else NO_PROMPT
+    fault = rest[4] if len(rest) > 4 and isinstance(rest[4], str) else NO_FAULT
     sealed = cipher not in (PLAIN, None) and cipher == cipher  # NaN: a table without the column
     carried = transport not in (RAW_TCP, None) and transport == transport
     coded = codec not in (DEFAULT_CODEC, None) and codec == codec
@@ -117,12 +131,14 @@ def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
              + (f", sealed with {cipher}" if sealed else "")
              + (f", prompt {prompt} tokens" if prompt else f", batch {batch}") + (f", {codec}" if coded else "")
              + (f", {depth} in flight" if depth != 1 else "")
-             + (f", under LoadGen {scenario}" if scenario != CLOSED_LOOP else ""))
+             + (f", under LoadGen {scenario}" if scenario != CLOSED_LOOP else "")
+             + (f", fault {fault}" if fault != NO_FAULT else ""))
     return title, records.file_label(f"{model}_{backend}" + (f"_{cipher}" if sealed else "")
                                      + (f"_{transport}" if carried else "") + (f"_p{prompt}" if prompt else f"_b{batch}")
                                      + (f"_{str(codec).replace('/', '-')}" if coded else "")
                                      + (f"_w{depth}" if depth != 1 else "")
-                                     + (f"_{scenario}" if scenario != CLOSED_LOOP else ""))
+                                     + (f"_{scenario}" if scenario != CLOSED_LOOP else "")
+                                     + (f"_{fault_label(fault)}" if fault != NO_FAULT else ""))
 
 
 def run_key(cfg_key: str, run: int) -> str:

@@ -17,11 +17,11 @@ import pandas as pd
 from .. import records
 from ..errors import UsageError
 from . import adaptive_comparison, loadgen_front, objectives as objectives_mod
-from . import pareto
+from . import pareto, robustness
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
 from .session import Session, find_session
-from .keys import CLOSED_LOOP, CONFIG_KEY, PANEL_KEY, panel_names
+from .keys import CLOSED_LOOP, CONFIG_KEY, OPTIONAL_KEY, PANEL_KEY, panel_names
 from .interactive import write_html
 from .sanity import sanity_checks
 from .privacy import privacy_cost
@@ -136,7 +136,8 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     table = pareto_table(session, objectives=objectives)
     chosen = objectives_mod.parse(table.attrs.get("objectives"), table)
     records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))
-    write_html(table, chosen, out / HTML_FILE)
+    robust = robustness.write(session.configs(), out)
+    write_html(table, chosen, out / HTML_FILE, robustness.html_section(robust))
     checks = sanity_checks(session.configs(), session.runs(), session.read_meta())
     records.atomic_write_csv(out / "sanity.csv", checks.to_dict("records"), list(checks.columns))
     cost = privacy_cost(table)
@@ -239,7 +240,7 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     beyond latency and throughput."""
     main = (["ttft_median_s", "tpot_median_s", "tokens_per_s"] if objectives_mod.is_generation(table)
             else ["latency_s", "throughput_imgs_per_s"])
-    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "prompt_len", "network",
+    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "prompt_len", "fault", "network",
             "split_index", "cut", "front_status", *main, *[c for c in columns if c not in main],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
@@ -247,14 +248,16 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     coded = "codec" in table.columns and table["codec"].fillna("float32/none").ne("float32/none").any()
     deep = "in_flight" in table.columns and table["in_flight"].nunique() > 1
     loaded = "scenario" in table.columns and table["scenario"].fillna(CLOSED_LOOP).ne(CLOSED_LOOP).any()
+    # A key column another sweep's runs would vary is shown where this table varies it.
     cols = [c for c in cols if c in table.columns and (c != "cipher" or sealed) and (c != "transport" or carried)
-            and (c != "codec" or coded) and (c != "in_flight" or deep) and (c != "scenario" or loaded)]
+            and (c != "codec" or coded) and (c != "in_flight" or deep) and (c != "scenario" or loaded)
+            and (c not in OPTIONAL_KEY or table[c].fillna(OPTIONAL_KEY[c]).ne(OPTIONAL_KEY[c]).any())]
     if "front_status" in table.columns:
         shown = table[table["front_status"].isin([pareto.FRONT, pareto.TIED])]
     else:  # a pareto.csv written before ties were reported
         shown = table[table["on_front"]]
     shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "codec", "scenario",
-                                                 "prompt_len", "network", main[0]) if c in cols])
+                                                 "prompt_len", "fault", "network", main[0]) if c in cols])
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import records
-from .columns import BREAKDOWN, FIDELITY, GENERATION, GENERATION_OBJECTIVES, RESOURCE_OBJECTIVE, RESOURCES
+from .columns import BREAKDOWN, FAULT, FIDELITY, GENERATION, GENERATION_OBJECTIVES, RESOURCE_OBJECTIVE, RESOURCES
 from .keys import CONFIG_KEY, key_values
 
 _UNIT = re.compile(r"_(j|bytes)$")
@@ -55,11 +55,12 @@ def _resource_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return entry
 
 
-def _fidelity_entry(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """summary.csv's fidelity columns of one configuration: each figure's median over its runs (they
-    agree: the pass is deterministic), and the last run's error where the pass failed."""
+def _median_entry(members: Sequence[dict[str, Any]], columns: re.Pattern) -> dict[str, Any]:
+    """summary.csv's fidelity (or fault) columns of one configuration: each figure's median over
+    its runs (fidelity's agree: the pass is deterministic), and the last run's error where the
+    fidelity pass failed."""
     entry: dict[str, Any] = {}
-    for metric in sorted({k for m in members for k in m if FIDELITY.match(k)}):
+    for metric in sorted({k for m in members for k in m if columns.match(k)}):
         values = [m[metric] for m in members if m.get(metric) is not None and m[metric] == m[metric] and m[metric] != ""]
         if metric == "fidelity_error":
             entry[metric] = values[-1] if values else None
@@ -136,6 +137,7 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         entry.update(_resource_entry(members))
         entry.update(_loadgen_entry(members))
         entry.update(_generation_entry(members))
-        entry.update(_fidelity_entry(members))
+        entry.update(_median_entry(members, FIDELITY))
+        entry.update(_median_entry(members, FAULT))
         out.append(entry)
     return sorted(out, key=lambda e: _sort_key(key_values(e)))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..loadgen.settings import CLOSED_LOOP
 from ..runners import flags
+from ..runners.sweep.options import FAULT_DEADLINE_S
 from ..transport import aead, messaging
 from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, percent,
                      port_or_zero, positive_float, positive_int)
@@ -177,6 +178,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag.of(flags.OBJECTIVE, RUN),
     Flag.of(flags.DEADLINE_MS, RUN, help="every TCP run, static or adaptive (one batch in flight): a result later "
             "than this is finished on stage 1 instead", field="", stored=lambda o: None if o.deadline_s is None else o.deadline_s * 1e3),
+    Flag(("--fault",), RUN, "comma list of faults, each a pass of its own over the configurations: none, "
+         "stage2:kill@B+S (SIGKILL stage 2 as measured batch B starts, start it again S seconds later), "
+         "stage2:freeze@B+S (SIGSTOP for S seconds), link:down@B+S (the link carries nothing for S seconds); "
+         "TCP, two local stages; each run records the time to detect and to recover, the batches served on "
+         f"stage 1, the latency p99 in the fault's window and any batch lost or served twice (--deadline-ms "
+         f"defaults to {FAULT_DEADLINE_S * 1e3:g})", field="",
+         stored=lambda o: list(o.faults) if o.faults != ["none"] else None),
     Flag.of(flags.RPC_SOURCE, RUN),
     Flag.of(flags.RPC_TRANSPORT, RUN),
     # -- MLPerf LoadGen scenarios -----------------------------------------------------------------

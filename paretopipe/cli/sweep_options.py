@@ -14,6 +14,8 @@ from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices
 from ..analysis.session import sweep_session_dir
 from ..runners.sweep import SweepOptions
+from ..runners.sweep.options import FAULT_DEADLINE_S
+from ..faults import NONE as NO_FAULT, parse_faults
 from ..splits import parse_plans
 from ..network import traces
 from ..transport import aead, messaging
@@ -55,6 +57,7 @@ def _models(args: argparse.Namespace) -> list[str]:
 def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
     models = _models(args)
     language_model = is_language_model(models[0], args.model_dir)
+    faults = parse_faults(args.fault) if args.fault else [NO_FAULT]
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else []
     env = read_env(args.env_file)
     if args.local:
@@ -108,7 +111,8 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),
                         power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),
                         memory_limits=_memory_limits(args.memory_limit, stages),
-                        deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else None,
+                        deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else
+                        FAULT_DEADLINE_S if faults != [NO_FAULT] else None, faults=faults,
                         loadgen_settings=loadgen_sweep_settings(args, args.scenario))
 
 

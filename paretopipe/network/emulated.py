@@ -86,6 +86,24 @@ class EmulatedLink:
         return out
 
 
+class Outage:
+    """A link that carries nothing for a while (``link:down``, :mod:`paretopipe.faults`): what is
+    sent in the window leaves when it ends, and what arrives in it is read when it ends, as TCP
+    delivers a connection's bytes once a pulled cable is back. Starts up (no outage)."""
+
+    def __init__(self) -> None:
+        self.start = self.end = 0.0
+
+    def begin(self, seconds: float) -> None:
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+
+    def wait(self) -> None:
+        """Return once the link is up (at once when it is)."""
+        if self.start <= time.monotonic() < self.end:
+            sleep_until(self.end)
+
+
 class LinkSender:
     """Runs send actions in FIFO order on a thread, each when the link says its bytes have arrived.
 
@@ -93,8 +111,8 @@ class LinkSender:
     ``error`` for the owner to raise; later actions are dropped.
     """
 
-    def __init__(self, link: EmulatedLink | None, name: str) -> None:
-        self.link = link
+    def __init__(self, link: EmulatedLink | None, name: str, outage: Outage | None = None) -> None:
+        self.link, self.outage = link, outage
         self.error: BaseException | None = None
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -115,6 +133,8 @@ class LinkSender:
             try:
                 if self.link is not None and shaped:
                     sleep_until(self.link.schedule(nbytes, now=submitted))
+                if self.outage is not None:
+                    self.outage.wait()
                 action()
                 if on_sent is not None:
                     on_sent(time.monotonic() - submitted)

@@ -17,6 +17,7 @@ from ..records import RunRecord
 from ..transport.runconfig import RunConfig
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .commands import ConnectCommand, ListenCommand, RunCommand, Stage1RunCommand, encode
+from .faultinject import Restarter
 from .hosts import check_device_name, Host, StageProcess, stop_all, Testbed
 from .rpc_ranks import RankOptions
 from .worker import WorkerOptions
@@ -95,6 +96,8 @@ class TcpStages:
         self.hosts: list[Host | None] = list(tb.stage_hosts(stages)) if tb.remote else [None] * stages
         self.port = tb.data_port if (tb.remote or shaped_port) else 0
         self.procs: list[StageProcess] = []
+        self.ports: list[int] = []  # each stage's data listener (the last stage has none)
+        self.pids: list[int | None] = []  # what each stage reported: a fault signals stage 2's
         self.info: dict[str, Any] = {}
 
     def _spawn_stage(self, j: int, host: Host | None) -> StageProcess:
@@ -120,29 +123,50 @@ class TcpStages:
         self.procs[0].send(encode(ListenCommand(host="0.0.0.0" if remote else "127.0.0.1", port=self.port,
                                                 secret=p.testbed.secret, encrypt=p.encrypt, transport=p.transport,
                                                 mqtt=p.mqtt_for(0))))
-        port = self.procs[0].expect("listening", timeout=p.wait_time)["port"]
+        self.ports = [self.procs[0].expect("listening", timeout=p.wait_time)["port"]]
         for j in range(1, self.stages):
-            before = self.hosts[j - 1]
-            middle = j < self.stages - 1  # a middle stage: the next one connects to its own listener
-            self.procs[j].send(encode(ConnectCommand(
-                host=before.address if before is not None else "127.0.0.1", port=port, secret=p.testbed.secret,
-                encrypt=p.encrypt, transport=p.transport, mqtt=p.mqtt_for(j), connect_timeout=p.wait_time,
-                next_port=self.port if middle else None,
-                next_host="0.0.0.0" if remote else "127.0.0.1")))
-            if j < self.stages - 1:
-                port = self.procs[j].expect("listening", timeout=p.wait_time)["port"]
-            self.procs[j].expect("connected", timeout=p.wait_time)
+            self._connect(j)
+        self.pids = [i.get("pid") for i in infos]
         self.info = {**infos[0], "limits": {f"stage{j + 1}": i.get("limits") for j, i in enumerate(infos)},
                      "devices": [p.device_for(j, h) for j, h in enumerate(self.hosts)]}
         return self.info
 
+    def _connect(self, j: int) -> None:
+        """Stage ``j`` connects to the listener of the stage before (a middle stage listens too)."""
+        p, before = self.p, self.hosts[j - 1]
+        middle = j < self.stages - 1  # a middle stage: the next one connects to its own listener
+        self.procs[j].send(encode(ConnectCommand(
+            host=before.address if before is not None else "127.0.0.1", port=self.ports[j - 1],
+            secret=p.testbed.secret, encrypt=p.encrypt, transport=p.transport, mqtt=p.mqtt_for(j),
+            connect_timeout=p.wait_time, next_port=self.port if middle else None,
+            next_host="0.0.0.0" if self.hosts[0] is not None else "127.0.0.1")))
+        if middle:
+            self.ports[j:j + 1] = [self.procs[j].expect("listening", timeout=p.wait_time)["port"]]
+        self.procs[j].expect("connected", timeout=p.wait_time)
+
+    def _restart_stage2(self) -> None:
+        """A new stage 2 after a fault killed the last one: started, ready, connected to stage 1's
+        listener (which stage 1 takes at its next batch)."""
+        self.procs[1] = self._spawn_stage(1, self.hosts[1])
+        self.pids[1] = self.procs[1].ready(self.p.wait_time).get("pid")
+        self._connect(1)
+
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
             budget: float, cpu_traces: dict[str, str] | None = None) -> RunRecord:
         s1 = self.procs[0]
+        on_stage2 = cfg.fault is not None and cfg.fault.target == "stage2"
         s1.send(encode(Stage1RunCommand(config=cfg.to_dict(), conditions=conditions.to_dict() if conditions else None,
                                         observed_link=observed, connect_timeout=self.p.wait_time,
-                                        cpu_traces=self._trace_specs(cpu_traces) if cpu_traces else None)))
-        return received_record(s1.expect("done", timeout=budget), "stage 1")
+                                        cpu_traces=self._trace_specs(cpu_traces) if cpu_traces else None,
+                                        fault_pid=self.pids[1] if on_stage2 else None)))
+        if not (on_stage2 and cfg.fault.kind == "kill"):
+            return received_record(s1.expect("done", timeout=budget), "stage 1")
+        stage2 = self.procs[1]
+        with Restarter(stage2.alive, self._restart_stage2, cfg.fault.seconds) as restarter:
+            done = s1.expect("done", timeout=budget)
+        if restarter.error is not None:
+            raise PeerError(f"stage 2 did not start again after {cfg.fault.label}: {restarter.error}")
+        return received_record(done, "stage 1")
 
     def _trace_specs(self, cpu_traces: dict[str, str]) -> list[dict[str, Any]]:
         """Each traced stage's group (from its worker's limits) with its trace, for stage 1 to replay

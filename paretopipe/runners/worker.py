@@ -22,6 +22,7 @@ from .. import cpushare, cputrace, strict
 from ..errors import ParetoPipeError, UsageError
 from . import flags
 from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands
+from .faultinject import stage_signaller
 from .flags import ModelProcess
 from ..network.conditions import NetworkConditions
 from ..transport import messaging
@@ -58,22 +59,7 @@ class StageWorker:
         elif isinstance(cmd, Stage1RunCommand):
             if self.listener is None:
                 raise UsageError("run before listen: stage 1 has no data port yet")
-            cfg = RunConfig.from_dict(cmd.config)
-            self.connection = self.listener.connection(cmd.connect_timeout, self.connection)
-            conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
-            policy = None
-            if cfg.adaptive:
-                # lazy for start-up: torch
-                from .adaptive_setup import adaptive_policy
-
-                policy = adaptive_policy(self.builder, cfg)
-            traced = [cputrace.StageTrace.of(t) for t in cmd.cpu_traces or ()]
-            connection, self.connection = self.connection, None
-            outcome = tcp.run_on_connection(connection, self.builder, cfg, policy=policy, listener=self.listener,
-                                            conditions=conditions, observed_link=cmd.observed_link, threads=threads,
-                                            limits=self.limits, cpu_traces=traced)
-            self.connection = outcome.connection  # a stage 2 that came back during the run, or the same one
-            emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
+            self._run(cmd, threads)
         else:
             if self.serving.is_set():
                 raise UsageError("stage 2 is already serving a connection")
@@ -102,6 +88,32 @@ class StageWorker:
 
             self.serving.set()
             threading.Thread(target=serve, name="stage2-serve", daemon=True).start()
+
+    def _run(self, cmd: Stage1RunCommand, threads: int | None) -> None:
+        """Stage 1's run over its current connection, answered with the record."""
+        # lazy for start-up: torch
+        from ..transport import tcp
+        cfg = RunConfig.from_dict(cmd.config)
+        self.connection = self.listener.connection(cmd.connect_timeout, self.connection)
+        conditions = NetworkConditions.from_dict(cmd.conditions) if cmd.conditions else None
+        policy = None
+        if cfg.adaptive:
+            # lazy for start-up: torch
+            from .adaptive_setup import adaptive_policy
+
+            policy = adaptive_policy(self.builder, cfg)
+        traced = [cputrace.StageTrace.of(t) for t in cmd.cpu_traces or ()]
+        on_fault = None
+        if cfg.fault is not None and cfg.fault.target == "stage2":
+            if cmd.fault_pid is None:
+                raise UsageError(f"--fault {cfg.fault.label}: the run command names no stage 2 process")
+            on_fault = stage_signaller(cmd.fault_pid, cfg.fault)
+        connection, self.connection = self.connection, None
+        outcome = tcp.run_on_connection(connection, self.builder, cfg, policy=policy, listener=self.listener,
+                                        conditions=conditions, observed_link=cmd.observed_link, threads=threads,
+                                        limits=self.limits, cpu_traces=traced, on_fault=on_fault)
+        self.connection = outcome.connection  # a stage 2 that came back during the run, or the same one
+        emit({"event": "done", "status": outcome.record["status"], "record": outcome.record})
 
     def close(self) -> None:
         if self.connection is not None:

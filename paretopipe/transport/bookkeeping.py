@@ -73,6 +73,13 @@ class BatchBook:
             self.on_measured_start()
         return rec
 
+    def extend(self) -> None:
+        """One batch more than planned (a fault run goes on until the split is whole again)."""
+        with self._lock:
+            self.total += 1
+            if self.completed < self.total:
+                self.finished.clear()
+
     def close_at(self, total: int) -> None:
         """An open-ended run has ended after ``total`` batches: it is finished once they are done."""
         with self._lock:
@@ -154,8 +161,9 @@ class BatchBook:
 
 
 def measured_images(batches: Sequence[dict[str, Any]], cfg: RunConfig) -> int:
-    """The images of a run's measured batches (a LoadGen run's batches vary in size)."""
-    if cfg.loadgen is None:
+    """The images of a run's measured batches (a LoadGen run's batches vary in size; a fault run
+    may serve more batches than planned)."""
+    if cfg.loadgen is None and cfg.fault is None:
         return cfg.num_batches * cfg.batch_size
     return sum(b.get("images", cfg.batch_size) for b in batches if not b.get("warmup"))
 

@@ -29,6 +29,8 @@ class SourceEndpoint:
         self._batches: Iterator[torch.Tensor] | None = None
         self.x: torch.Tensor | None = None  # the batch between load and send
         self.rec: dict[str, Any] = {}  # its record, filled as it goes
+        #: Inputs beyond the planned batches a run may load (a fault run goes on until it recovers).
+        self.spare_batches = 0
         # A generation: the prompts, the tokens fed back, and the step between load and send.
         self.feed: PromptFeed | None = None
         self.step: tuple[int, int] = (0, 0)  # (stream, start)
@@ -114,7 +116,8 @@ class SourceEndpoint:
         if self.feed is not None:
             pipeline.drive(self.actions(), self)
             return
-        self._batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.input_size, self.book.total,
+        self._batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.input_size,
+                                              self.book.total + self.spare_batches,
                                               cfg.data_dir, cfg.seed, cfg.prefetch_batches)
         try:
             pipeline.drive(self.actions(), self)

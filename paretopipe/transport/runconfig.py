@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import strict
 from ..errors import UsageError
+from ..faults import Fault
 from ..splits import POLICIES
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..loadgen.settings import LoadgenOptions
@@ -206,6 +207,8 @@ class RunConfig:
     loadgen: LoadgenOptions | None = None
     # A language model's generation (the workload's other kind): its steps are the run's batches.
     generation: Generation | None = None
+    # A fault stage 1 survives by its deadline (paretopipe.faults): a sweep's treatment.
+    fault: Fault | None = None
 
     def __post_init__(self) -> None:
         if self.wire_dtype not in WIRE_DTYPE_CHOICES:
@@ -252,6 +255,12 @@ class RunConfig:
                              f"before the next; use --in-flight 1")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise UsageError(f"--deadline-ms {self.deadline_s * 1e3:g}: must be positive")
+        if self.fault is not None and (self.deadline_s is None or self.rpc is not None or len(self.cuts) != 1):
+            raise UsageError(f"--fault {self.fault.label}: stage 1 survives a fault by finishing batches itself, "
+                             f"which needs --deadline-ms, the TCP backend and two stages")
+        if self.fault is not None and self.fault.at_batch >= self.num_batches:
+            raise UsageError(f"--fault {self.fault.label}: batch {self.fault.at_batch} is past the run's "
+                             f"{self.num_batches} measured batches (valid 0..{self.num_batches - 1})")
         if self.adaptive and self.adaptive_split is None:
             object.__setattr__(self, "adaptive_split", AdaptiveOptions())
         elif self.adaptive_split is not None and not self.adaptive:

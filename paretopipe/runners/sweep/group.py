@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any, Callable, Protocol
 
 from ... import strict
-from ...analysis.keys import CLOSED_LOOP
+from ...analysis.keys import CLOSED_LOOP, NO_FAULT
 from ...analysis.session import GroupMeta
 from ...errors import PeerError
 from ...network import deadlines
@@ -91,14 +91,15 @@ GroupFactory = Callable[[GroupOwner, str, str], StageGroup]
 class GroupPass:
     """One pass of a worker group over its configurations: its backend, the data port's cipher and
     transport, the load it is measured under (the closed loop or a LoadGen scenario) and, for a
-    language model, the prompt length. Passes that differ only in load or prompt share the group's
-    processes."""
+    language model, the prompt length, and the fault its runs survive. Passes that differ only in
+    load, prompt or fault share the group's processes."""
 
     backend: str
     cipher: str = "none"
     transport: str = "tcp"
     scenario: str = CLOSED_LOOP
     prompt_len: int | None = None
+    fault: str = NO_FAULT
 
     def name(self, model: str) -> str:
         """The pass's name in session.json and its seed of the round order (a plain group over raw
@@ -107,7 +108,8 @@ class GroupPass:
         return (f"{model}/{self.backend}" + (f"/{self.cipher}" if self.cipher != "none" else "")
                 + (f"/{self.transport}" if self.transport != "tcp" else "")
                 + (f"/{self.scenario}" if self.scenario != CLOSED_LOOP else "")
-                + (f"/p{self.prompt_len}" if self.prompt_len else ""))
+                + (f"/p{self.prompt_len}" if self.prompt_len else "")
+                + (f"/{self.fault}" if self.fault != NO_FAULT else ""))
 
     @property
     def processes(self) -> tuple[str, str, str]:

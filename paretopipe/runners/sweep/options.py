@@ -7,7 +7,7 @@ import dataclasses
 import ipaddress
 from typing import Any
 
-from ... import cpushare
+from ... import cpushare, faults
 from ...errors import UsageError
 from ...splits import split_adaptive
 from ...analysis.keys import CLOSED_LOOP
@@ -18,6 +18,9 @@ from .. import rounds
 from ..hosts import Testbed
 
 BACKENDS = ("tcp", "rpc")
+#: A fault sweep's deadline when --deadline-ms is not given: how long stage 1 waits for a result
+#: before it serves the batch itself (so a frozen stage 2 is detected within about a second).
+FAULT_DEADLINE_S = 1.0
 LINKS = LINK_MODES
 
 
@@ -89,6 +92,8 @@ class SweepOptions:
     power_core_w: list[float | None] = dataclasses.field(default_factory=list)
     memory_limits: list[int | None] = dataclasses.field(default_factory=list)
     deadline_s: float | None = None     # a TCP run's deadline before a batch is finished locally (static or adaptive)
+    # Faults as a treatment (paretopipe.faults): each a pass of its own over the configurations.
+    faults: list[str] = dataclasses.field(default_factory=lambda: [faults.NONE])
     # LoadGen scenarios, each a configuration of its own (CLOSED_LOOP: the suite's closed loop), and
     # their settings (paretopipe.loadgen.settings.LoadgenOptions.of_flags, all but the scenario).
     scenarios: list[str] = dataclasses.field(default_factory=lambda: [CLOSED_LOOP])
@@ -116,6 +121,7 @@ def check_options(opts: SweepOptions) -> None:
     if unknown:
         raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
     check_workload(opts)
+    check_faults(opts)
     check_rpc_codec(opts)
     check_wire_choice(opts)
     if opts.order not in rounds.ORDERS:
@@ -156,6 +162,28 @@ def check_options(opts: SweepOptions) -> None:
             except ValueError:
                 raise UsageError(f"--link tc with the rpc backend shapes by peer address: give HOSTS as IP "
                                  f"addresses, not {h.address!r}")
+
+
+def check_faults(opts: SweepOptions) -> None:
+    """A fault is survived by stage 1 finishing batches itself: the TCP backend's two local stages,
+    one batch in flight, image batches, and a deadline (the command line's default for a fault
+    sweep is :data:`FAULT_DEADLINE_S`)."""
+    if opts.faults == [faults.NONE]:
+        return
+    why = ("the rpc backend cannot yet recover a lost stage; use --backend tcp" if "rpc" in opts.backends else
+           "a chain's middle stage is not yet restarted into its chain; drop --split-blocks" if opts.plans else
+           "a language model's generation has no fallback on stage 1 yet" if opts.language_model else
+           "stage 1 signals stage 2's process, which must be on this machine (use --local)" if opts.testbed.remote
+           else f"--in-flight {opts.in_flight}: stage 1 settles one batch at a time; use --in-flight 1"
+           if opts.in_flight != 1 else
+           "LoadGen waits for every result; drop --scenario" if opts.scenarios != [CLOSED_LOOP] else
+           "give --deadline-ms, how long stage 1 waits for a result" if opts.deadline_s is None else None)
+    if why:
+        raise UsageError(f"--fault {','.join(opts.faults)}: {why}")
+    late = [f for f in map(faults.parse_fault, opts.faults) if f is not None and f.at_batch >= opts.num_batches]
+    if late:
+        raise UsageError(f"--fault {late[0].label}: batch {late[0].at_batch} is past the run's {opts.num_batches} "
+                         f"measured batches (valid 0..{opts.num_batches - 1})")
 
 
 def check_rpc_codec(opts: SweepOptions) -> None:

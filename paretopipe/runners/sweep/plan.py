@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from typing import Any, Sequence
 
-from ...analysis.keys import CLOSED_LOOP, DEFAULT_CODEC, config_key, run_key
+from ...analysis.keys import CLOSED_LOOP, DEFAULT_CODEC, NO_FAULT, config_key, run_key
 from ...errors import UsageError
 from ...splits import Split, parse_splits, split_adaptive, split_cuts
 from .. import rounds
@@ -33,6 +33,7 @@ class PlannedRun:
     in_flight_tag: int | None = None  # the in-flight depth, where the run file names it
     scenario: str = CLOSED_LOOP  # a LoadGen scenario (paretopipe.loadgen), or the closed loop
     prompt_len: int | None = None  # a language model's prompt tokens per stream (None: image batches)
+    fault: str = NO_FAULT  # the fault the run survives (paretopipe.faults), or none
 
     @property
     def split_index(self) -> int | str:
@@ -45,7 +46,7 @@ class PlannedRun:
     @property
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport,
-                          self.codec, self.batch_tag, self.in_flight_tag, self.scenario, self.prompt_len)
+                          self.codec, self.batch_tag, self.in_flight_tag, self.scenario, self.prompt_len, self.fault)
 
     @property
     def run_key(self) -> str:
@@ -56,24 +57,26 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
     """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``), its batch
     size and in-flight depth where a search session holds several (``key_batch_size`` and
     ``key_in_flight``: the ones its file names leave out), and the pass's LoadGen ``scenario`` and
-    prompt length."""
+    prompt length and fault."""
     def tag(value: int, base: int | None) -> int | None:
         return value if base is not None and value != base else None
 
     return {"codec": f"{opts.wire_dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
             "in_flight_tag": tag(opts.in_flight, opts.key_in_flight),
-            "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None}
+            "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None,
+            "fault": group.fault if group else NO_FAULT}
 
 
 def worker_groups(opts: SweepOptions) -> list[GroupPass]:
     """The passes of each model's worker groups: the TCP backend once per transport and cipher (a
     transport and a cipher are agreed per connection), each once per LoadGen scenario (the closed
-    loop when none is asked for) and, for a language model, once per prompt length."""
+    loop when none is asked for), for a language model once per prompt length, and once per fault
+    (--fault; none when it is not given)."""
     prompts = opts.prompt_lens if opts.language_model else [None]
-    return [GroupPass(backend, cipher, transport, scenario, prompt) for backend in opts.backends
+    return [GroupPass(backend, cipher, transport, scenario, prompt, fault) for backend in opts.backends
             for transport in (opts.transports if backend == "tcp" else ["tcp"])
             for cipher in (opts.ciphers if backend == "tcp" else ["none"])
-            for scenario in opts.scenarios for prompt in prompts]
+            for scenario in opts.scenarios for prompt in prompts for fault in opts.faults]
 
 
 def splits_for(opts: SweepOptions, num_blocks: int, fine_cuts: dict[str, list[int]] | None = None) -> list[Split]:
@@ -163,6 +166,8 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
     ciphers = f" x ciphers {', '.join(opts.ciphers)} (tcp)" if opts.ciphers != ["none"] else ""
     transports = f" x transports {', '.join(opts.transports)} (tcp)" if opts.transports != ["tcp"] else ""
     scenarios = f" x LoadGen scenarios {', '.join(opts.scenarios)}" if opts.scenarios != [CLOSED_LOOP] else ""
+    if opts.faults != [NO_FAULT]:
+        scenarios += f" x faults {', '.join(opts.faults)} (deadline {opts.deadline_s * 1e3:g} ms)"
     work = (f"{opts.streams} stream(s) of {opts.gen_tokens} tokens after a prompt of "
             f"{'/'.join(map(str, opts.prompt_lens))} tokens each ({opts.warmup} warm-up generation(s)"
             if opts.language_model else f"{per} batches of {opts.batch_size} each ({opts.warmup} warm-up")

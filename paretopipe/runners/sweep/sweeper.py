@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ... import cpushare, records
 from ...analysis.session import Session, SessionMeta, sweep_session_dir
-from ...analysis.keys import CLOSED_LOOP, NO_PROMPT, ConfigKey
+from ...analysis.keys import CLOSED_LOOP, NO_FAULT, NO_PROMPT, ConfigKey
 from ...analysis.columns import cipher_of
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
@@ -229,9 +229,10 @@ class Sweeper:
 
     def _begin_pass(self, model: str, group: GroupPass) -> None:
         """Start the pass's processes, or keep the group's where it differs from the last pass only in
-        a language model's prompt length (its warm-up is paid again: the first run of each cut warms up)."""
+        a language model's prompt length or the fault (its warm-up is paid again: the first run of
+        each cut warms up)."""
         last, self.group_pass = self.group_pass, group
-        same = dataclasses.replace(last, prompt_len=group.prompt_len) == group
+        same = dataclasses.replace(last, prompt_len=group.prompt_len, fault=group.fault) == group
         if same and self.group is not None and self.info is not None and self.info.model and self.group.alive() \
                 and self._model == model:
             self.warmed.clear()
@@ -284,7 +285,7 @@ class Sweeper:
         batch, window = (1, o.streams) if o.language_model else (o.batch_size, o.in_flight)
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
                                         batch, k.label, settings_of(o)["codec"], window, self.scenario,
-                                        self.group_pass.prompt_len or NO_PROMPT): p.describe()
+                                        self.group_pass.prompt_len or NO_PROMPT, self.group_pass.fault): p.describe()
                               for (n, k), p in group.progress.items()})
         return len(group.configs)
 
@@ -313,7 +314,9 @@ class Sweeper:
         group_meta = meta.group(name, order=o.order, seed=o.seed, precision=o.precision, min_runs=o.runs,
                                 max_runs=max_runs, reference={"network": reference[0], "split": reference[1].label})
         # A LoadGen run is minutes long and its own figures carry their validity: no drift checks.
-        drift_every = o.drift_every_s if o.order == "random" and self.scenario == CLOSED_LOOP else 0.0
+        # A fault run's latencies are the fault's: no drift checks either.
+        drift_every = o.drift_every_s if o.order == "random" and self.scenario == CLOSED_LOOP and \
+            self.group_pass.fault == NO_FAULT else 0.0
         return GroupProgress(name, self.cipher, self.transport, configs, {c: rounds.ConfigProgress() for c in configs}, max_runs,
                              rounds.DriftMonitor(drift_every), reference, group_meta, {c: [] for c in configs},
                              group_pass=self.group_pass)

@@ -70,7 +70,7 @@ from .handshake import HANDSHAKE_TIMEOUT_S, MAX_PENDING_HANDSHAKES, StageListene
 from .messages import RESULT_META_FIELDS, check_part, json_payload, result_duration, safe_run_id
 from .outcome import RunOutcome, assemble_record, link_manifest_of, write_record
 from .sink import Downstream, serve_connection
-from .source import run_on_connection, run_stage1
+from .stage1 import run_on_connection, run_stage1
 from .switching import self_profile_cuts, self_profile_timings
 
 __all__ = ["Connection", "Downstream", "FrameSender", "HANDSHAKE_TIMEOUT_S", "MAX_PENDING_HANDSHAKES", "RESULT_META_FIELDS",

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import ParetoPipeError, WireError
-from ...network.emulated import EmulatedLink, LinkSender
+from ...network.emulated import EmulatedLink, LinkSender, Outage
 from .. import aead, messaging, wire
 from .messages import Hello, json_payload, json_tensor
 
@@ -81,8 +81,9 @@ class FrameSender(LinkSender):
     """Sends frames in FIFO order from a thread; with an emulated link, each frame is written
     when the link says it has fully arrived, so concurrent frames share the link's rate."""
 
-    def __init__(self, writer: wire.FrameWriter, link: EmulatedLink | None, name: str) -> None:
-        super().__init__(link, name)
+    def __init__(self, writer: wire.FrameWriter, link: EmulatedLink | None, name: str,
+                 outage: Outage | None = None) -> None:
+        super().__init__(link, name, outage)
         self.writer = writer
 
     def submit(self, enc: wire.Encoded, on_sent: Callable[[float], None] | None = None) -> None:

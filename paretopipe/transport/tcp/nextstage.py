@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable
 
 from ...network.conditions import NetworkConditions
-from ...network.emulated import EmulatedLink
+from ...network.emulated import EmulatedLink, Outage
 from .. import wire
 from ..runconfig import RunConfig
 from .connection import Connection, FrameSender
@@ -23,9 +23,10 @@ class NextStage:
 
     def __init__(self, connection: Connection, link: EmulatedLink | None, cuts: list[str],
                  on_result: Callable[[wire.Frame, float], None] | None = None,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
+                 on_error: Callable[[BaseException], None] | None = None, outage: Outage | None = None) -> None:
         self.connection, self.cuts = connection, list(cuts)
-        self.sender = FrameSender(connection.writer, link, "stage1-send")
+        self.outage = outage  # a link that is down carries nothing either way (faults' link:down)
+        self.sender = FrameSender(connection.writer, link, "stage1-send", outage)
         self.inbox: queue.Queue = queue.Queue()
         self.on_result, self.on_error = on_result, on_error
         self.reader = threading.Thread(target=self._read, name="stage1-recv", daemon=True)
@@ -35,6 +36,8 @@ class NextStage:
         try:
             while True:
                 f = self.connection.reader.read()
+                if self.outage is not None:
+                    self.outage.wait()
                 now = time.monotonic()
                 if self.on_result is not None and f.kind != wire.RECORDS:
                     self.on_result(wire.expect(f, wire.RESULT), now)

@@ -98,7 +98,8 @@ def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
                                                 "inputs": inputs.describe(cfg.dataset, cfg.data_dir)},
                                       batches=batches, sysmon=sysmon, timing=timing, resources=resources,
                                       loadgen=loadgen)
-    for part in parts:  # stage 1's evaluation pass, after the timed batches (transport.fidelity)
-        if part and part.get("fidelity"):
-            record["summary"].update(part["fidelity"])
+    for part in parts:  # stage 1's evaluation pass (transport.fidelity) and a fault's figures (faults)
+        for extra in ("fidelity", "fault"):
+            if part and part.get(extra):
+                record["summary"].update(part[extra])
     return generation.finish_record(record, parts) if cfg.generation is not None else record

@@ -225,8 +225,11 @@ class _SinkRun:
             self._end_upstream(f"{self.name} refused the run: {exc}")
 
     def _total(self) -> int | None:
-        """The run's batches (None: a LoadGen run's, as many as LoadGen issues)."""
-        return None if self.cfg.loadgen is not None else self.cfg.warmup + self.cfg.num_batches
+        """The run's batches (None: a LoadGen run's, as many as LoadGen issues; a fault run's, which
+        goes on until the split is whole again)."""
+        if self.cfg.loadgen is not None or self.cfg.fault is not None:
+            return None
+        return self.cfg.warmup + self.cfg.num_batches
 
     def recv(self, _slot: int) -> object:
         while True:

@@ -13,33 +13,31 @@ listener gets the RUN replayed and the next batches."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import torch
 
-from ... import cpushare, cputrace, records
+from ... import cputrace, records
 from ...errors import ParetoPipeError, PeerError, WireError
-from ...manifest import node_manifest
 from ...network.conditions import NetworkConditions
-from ...network.emulated import EmulatedLink
+from ...network.emulated import EmulatedLink, Outage
 from ...partition import wirequant
 from ...partition.stages import SegmentChains, StageBuilder, StageTimer
-from ...sysmon import SystemMonitor
-from .. import fidelity, pipeline, wire
+from .. import pipeline, wire
 from ..endpoint import SourceEndpoint
-from ..policy import SplitPolicy, StaticPolicy
-from ..resources import ResourceMeter, stage_meter
+from ..policy import SplitPolicy
+from ..resources import ResourceMeter
 from ..runconfig import RunConfig
-from ..bookkeeping import BatchBook, measured_images, status_of
+from ..bookkeeping import BatchBook
 from .connection import Connection, FrameSender
+from .faultrun import MAX_EXTRA_BATCHES, FaultRun
 from .handshake import StageListener
 from .messages import check_part, json_payload, read_result_meta, read_segment_times
 from .nextstage import NextStage, consecutive, run_start
-from .outcome import (RunOutcome, assemble_record, cipher_usage, later_parts, link_manifest_of, merge_peer_seals,
-                      write_record)
+from .outcome import later_parts, link_manifest_of, merge_peer_seals
 
 log = logging.getLogger("paretopipe.tcp")
 #: What a guarded run counts (the record's stage-1 manifest, ``adaptive`` or ``fallback``).
@@ -47,7 +45,7 @@ COUNTS = ("switches", "served_locally", "deadline_misses", "peer_losses", "recon
           "probes", "probe_bytes")
 
 
-class _Stage1Run(SourceEndpoint):
+class Stage1Run(SourceEndpoint):
     """Stage 1's endpoint: starts the run on the next stage, computes its part with the cuts the
     policy gives, sends it, and takes every result off the connection as it arrives (a guarded
     run settles each batch before the next: the result, or the rest of the model here)."""
@@ -55,7 +53,8 @@ class _Stage1Run(SourceEndpoint):
     def __init__(self, connection: Connection, builder: StageBuilder, cfg: RunConfig, policy: SplitPolicy, *,
                  run_id: str, conditions: NetworkConditions | None, link_manifest: dict[str, Any],
                  listener: StageListener | None, keep_outputs: bool, meter: ResourceMeter,
-                 cpu_traces: cputrace.Replays | None = None) -> None:
+                 cpu_traces: cputrace.Replays | None = None,
+                 on_fault: Callable[[dict[str, Any]], None] | None = None) -> None:
         book = BatchBook(cfg)
         super().__init__(cfg, builder, book, cfg.timeout_s * (1 + book.total))
         self.builder, self.policy, self.run_id = builder, policy, run_id
@@ -82,6 +81,12 @@ class _Stage1Run(SourceEndpoint):
         self._probe_seq = 0
         self.cpu_traces = cpu_traces
         self.cpu_trace_summaries: list[dict[str, Any]] = []
+        # A fault (paretopipe.faults): the link's is applied here, stage 2's by on_fault.
+        self.outage = Outage()
+        self.fault = FaultRun(cfg.fault, book, cfg.warmup, cfg.timeout_s, on_fault, self.outage) \
+            if cfg.fault is not None else None
+        if self.fault is not None:
+            self.spare_batches = MAX_EXTRA_BATCHES
         # A policy that watches compute: this stage runs its part segment by segment, each timed.
         self.chains = SegmentChains(builder, policy.segments) if policy.segments else None
         self.chain = None
@@ -98,7 +103,8 @@ class _Stage1Run(SourceEndpoint):
         if self.guarded:
             connection.sock.settimeout(None)  # the deadline is kept per batch, not by the socket
         streaming = None if self.guarded else self._landed
-        self.next = NextStage(connection, self.link, list(self.cfg.cuts), streaming, None if self.guarded else self._failed)
+        self.next = NextStage(connection, self.link, list(self.cfg.cuts), streaming, None if self.guarded else self._failed,
+                              outage=self.outage)
         self.policy.start(ok.meta or {})
 
     def open(self) -> None:
@@ -112,7 +118,7 @@ class _Stage1Run(SourceEndpoint):
             self.link = EmulatedLink(self.conditions.up, seed=cfg.seed)
             self.link_manifest.update(link_manifest_of(self.conditions, True, None, self.link))
             self.next.sender.close()
-            self.next.sender = FrameSender(self.first_connection.writer, self.link, "stage1-send")
+            self.next.sender = FrameSender(self.first_connection.writer, self.link, "stage1-send", self.outage)
         for size in self.policy.startup_probes():
             self._probe(size)
         if self.cpu_traces is not None:
@@ -230,6 +236,8 @@ class _Stage1Run(SourceEndpoint):
 
     # -- the schedule's actions ------------------------------------------------------------------
     def admit(self, seq: int) -> None:
+        if self.fault is not None and (event := self.fault.begin_if_due(seq)) is not None:
+            self.events.append(event)
         if self.guarded and self.next is None:
             self._reconnect(seq)
         self.book.acquire(self.check)
@@ -303,6 +311,8 @@ class _Stage1Run(SourceEndpoint):
             self._keep(seq, f.tensor)
             self.book.complete(seq, arrived, **fields)
             f.release()
+            if self.fault is not None:
+                self.fault.settled(seq, False, arrived)
         else:
             if why == "deadline":
                 self.counts["deadline_misses"] += 1
@@ -315,8 +325,11 @@ class _Stage1Run(SourceEndpoint):
             result, local_s = self.timer.run(self.builder.stage([self.cuts[0]], 1), self.out, self.builder.device)
             self._keep(seq, result)
             self.counts["served_locally"] += 1
-            self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s)
-        if seq >= self.book.total - 1:
+            self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s,
+                               gave_up_s=round(arrived - self.book.t0, 6))
+            if self.fault is not None:
+                self.fault.settled(seq, True, arrived)
+        if seq >= self.book.total - 1 and self.fault is None:
             return  # the run's last batch: stage 2's compute loop has ended, and nothing is decided after it
         self._reprofile(seq)
         for first, count in self.policy.stage2_probes_due() if self.next is not None else ():
@@ -371,7 +384,10 @@ class _Stage1Run(SourceEndpoint):
     def actions(self) -> Iterable[pipeline.Action]:
         if self.harness is not None or self.feed is not None:
             return super().actions()
-        return pipeline.source_actions(self.book.total, settle=self.guarded)
+        planned = pipeline.source_actions(self.book.total, settle=self.guarded)
+        if self.fault is None:
+            return planned
+        return itertools.chain(planned[:-1], self.fault.more(), planned[-1:])
 
     # -- after the run ---------------------------------------------------------------------------
     def manifest_part(self) -> dict[str, Any]:
@@ -411,92 +427,3 @@ class _Stage1Run(SourceEndpoint):
         if after is not None:
             after.runs += 1
         return after
-
-
-def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunConfig, *,
-                      policy: SplitPolicy | None = None, listener: StageListener | None = None,
-                      conditions: NetworkConditions | None = None, observed_link: dict | None = None,
-                      threads: int | None = None, limits: dict[str, Any] | None = None,
-                      keep_outputs: bool = False, output_dir: str | Path | None = None,
-                      cpu_traces: Sequence[cputrace.StageTrace] = ()) -> RunOutcome:
-    """One run as stage 1 over an established connection, its split decided by ``policy`` (by
-    default the run's own cuts). The record is written into ``output_dir`` (if given) even when the
-    run fails: ``"status": "incomplete"`` with the batches that completed; the error is raised
-    afterwards, and the connection is then closed. A guarded run may end on a stage 2 that came
-    back to ``listener``: the outcome's ``connection`` is the one still open, for the next run.
-    ``cpu_traces`` replay compute traces on stages' groups from the batches' first instant."""
-    policy = policy or StaticPolicy(cfg.cuts)
-    cfg = fidelity.chosen(builder, cfg)  # --wire-dtype auto: chosen before RUN tells stage 2
-    run_id = records.new_run_id(builder.name, cfg.split_index if policy.adaptive else cfg.cuts[0])
-    emulated = conditions is not None and cfg.link_mode == "emulated"
-    manifest1 = node_manifest(builder.device, threads, role="stage1", weights_fingerprint=builder.fingerprint,
-                              limits=limits)
-    link_manifest = link_manifest_of(conditions, emulated, observed_link)
-    failure: BaseException | None = None
-    later: list[dict[str, Any]] = []
-    started = time.monotonic()
-    sealed_before = connection.channel.usage() if connection.channel else None
-    connection.mark_transport()
-    meter = stage_meter(builder, cfg, 0)  # before RUN: a first run measures idle power while stage 2 is idle too
-    run = _Stage1Run(connection, builder, cfg, policy, run_id=run_id, conditions=conditions if emulated else None,
-                     link_manifest=link_manifest, listener=listener, keep_outputs=keep_outputs, meter=meter,
-                     cpu_traces=cputrace.Replays(cpu_traces, cfg.seed) if cpu_traces else None)
-    with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon, meter:
-        try:
-            # The self-profile, data generation and stage 1 run on this thread, under the stage's CPU share.
-            cpushare.join_compute_thread()
-            run.open()
-            log.info("%s: run %s started with %s", "adaptive" if policy.adaptive else "stage 1", run_id,
-                     connection.address)
-            run.run()
-        except (ParetoPipeError, OSError, KeyboardInterrupt) as exc:
-            failure = exc
-    mon.stop()
-    status, error = status_of(failure)
-    manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before),
-                 "transport": connection.transport_usage()}
-    part1 = _part1(run, manifest1, mon)
-    if failure is None and run.next is not None:
-        try:
-            later = run.exchange(part1)
-        except (ParetoPipeError, OSError) as exc:
-            log.warning("stage 1: records exchange with stage 2 failed: %s", exc)
-            failure = exc
-    after = run.finish(failure is None)
-    if failure is None and status == "complete":
-        part1["fidelity"] = fidelity.figures(builder, cfg)
-    record = assemble_record(run_id, status, error, cfg, [part1, *later], link_manifest,
-                             {"run_wall_s": time.monotonic() - started, "written_by": "stage1"},
-                             loadgen=run.harness)
-    path = write_record(record, output_dir)
-    if failure is not None and status == "incomplete":  # "infeasible" is a measured outcome
-        raise failure
-    outputs = [run.outputs[s] for s in sorted(run.outputs)] if keep_outputs else None
-    return RunOutcome(record, path, outputs, after)
-
-
-def _part1(run: _Stage1Run, manifest: dict[str, Any], mon: SystemMonitor) -> dict[str, Any]:
-    """Stage 1's part of the record: its manifest, system monitor, batches, resources and, for a
-    generation, the streams' tokens and the stage's own figures."""
-    batches = run.book.records()
-    part = {"manifest": {**manifest, "energy_sensors": run.meter.manifest(), **run.manifest_part()},
-            "sysmon": mon.summary(), "batches": batches, "resources": run.meter.part(measured_images(batches, run.cfg))}
-    if run.feed is not None:
-        part["generation"] = {**run.feed.part(), **run.feed.stage.part()}
-    return part
-
-
-def run_stage1(listener: StageListener, builder: StageBuilder, cfg: RunConfig, *, connect_timeout: float = 60.0,
-               policy: SplitPolicy | None = None, **kw: Any) -> RunOutcome:
-    """One run as stage 1: wait for an authenticated stage 2 whose cuts fit, run, say goodbye. A
-    guarded run (adaptive, or with a deadline) takes a stage 2 that comes back on ``listener``."""
-    if not (policy and policy.adaptive):  # an adaptive stage 2 starts at whichever split stage 1 says
-        listener.expected_cuts = list(cfg.cuts)
-    connection = listener.connection(connect_timeout)
-    try:
-        outcome = run_on_connection(connection, builder, cfg, policy=policy, listener=listener, **kw)
-    finally:
-        connection.close(bye=True)
-    if outcome.connection is not None:
-        outcome.connection.close(bye=True)
-    return outcome
