@@ -49,13 +49,10 @@ class ListenCommand:
 class Stage1RunCommand(RunCommand):
     """Stage 1: one run over the current connection (waiting up to ``connect_timeout`` for one),
     replaying ``cpu_traces`` (``cputrace.StageTrace`` fields: stage, cgroup, trace, offset_s) on
-    the stages' groups, and applying the run's fault to ``fault_pid``."""
+    the stages' groups; a fault on stage 2 is asked of the sweep mid-run (``runners.faultinject``)."""
 
     connect_timeout: float = 60.0
     cpu_traces: list[dict[str, Any]] | None = None
-    # The run's fault on stage 2 (paretopipe.faults): stage 2's process, which stage 1 signals as
-    # measured batch B starts (a local sweep's: both stages on this machine).
-    fault_pid: int | None = None
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -1,69 +1,99 @@
-"""Faults applied to the stage processes of a local sweep (:mod:`paretopipe.faults`): stage 1's
-worker signals stage 2's process as measured batch B starts (exactly then, on stage 1's clock), and
-the sweep's controller starts a killed stage 2 again S seconds after it died."""
+"""Faults applied to a sweep's stage processes (:mod:`paretopipe.faults`), here or on hosts over
+SSH. Stage 1's worker asks as measured batch B starts (:func:`ask_the_sweep`: one ``fault`` event,
+then it waits for the answer on its stdin), the sweep's controller signals stage 2's process by
+the PID it reported (:class:`StageFault`) and answers, so the fault is in place before batch B
+goes on; a killed stage 2 is started again S seconds after it died."""
 
 from __future__ import annotations
 
-import os
-import signal
+import json
+import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from ..errors import PeerError
 from ..faults import Fault
+from .commands import emit
+
+if TYPE_CHECKING:  # the controller's side only: a stage worker never holds one
+    from .hosts import StageProcess
+
+APPLIED = "fault_applied"
 
 
-def stage_signaller(pid: int, fault: Fault) -> Callable[[dict[str, Any]], None]:
-    """Stage 1's hand on stage 2's process for ``fault``: SIGKILL, or SIGSTOP with SIGCONT
-    ``fault.seconds`` later (a frozen process keeps its sockets: its peer sees silence, not EOF)."""
-    def apply(_event: dict[str, Any]) -> None:
-        if fault.kind == "kill":
-            os.kill(pid, signal.SIGKILL)
-            return
-        os.kill(pid, signal.SIGSTOP)
-        thaw = threading.Timer(fault.seconds, _continue, args=(pid,))
-        thaw.daemon = True
-        thaw.start()
-
-    return apply
-
-
-def _continue(pid: int) -> None:
+def ask_the_sweep(event: dict[str, Any]) -> None:
+    """Stage 1's ``on_fault`` in a sweep's worker: the event, then the sweep's answer (one JSON
+    line on stdin, read here because the command loop waits for this run)."""
+    emit({"event": "fault", **event})
+    line = sys.stdin.readline()
     try:
-        os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
+        answer = json.loads(line) if line.strip() else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or answer.get("cmd") != APPLIED:
+        raise PeerError(f"the sweep did not apply {event.get('fault')}: it answered {line.strip()[:80]!r}")
+    if answer.get("error"):
+        raise PeerError(f"the sweep could not apply {event.get('fault')}: {str(answer['error'])[:200]}")
 
 
-class Restarter:
-    """Watches stage 2's process through one run; once it has died, waits out the fault's
-    seconds from its death and calls ``restart`` (which starts a new stage 2 and connects it to
-    stage 1's listener). ``error`` keeps a restart's failure for the controller to report."""
+class StageFault:
+    """The controller's side of one run's fault on stage 2: :meth:`apply` signals it (SIGKILL, or
+    SIGSTOP with SIGCONT ``seconds`` later); after a kill, ``restart`` is called ``seconds`` after
+    the process died. Leaving the block continues a stage still stopped and waits for a restart
+    under way; ``error`` keeps a restart's failure."""
 
-    def __init__(self, alive: Callable[[], bool], restart: Callable[[], None], seconds: float) -> None:
-        self.alive, self.restart, self.seconds = alive, restart, seconds
+    def __init__(self, fault: Fault, stage2: "StageProcess", restart: Callable[[], None]) -> None:
+        self.fault, self.stage2, self.restart = fault, stage2, restart
         self.done = threading.Event()
-        self.restarted = False
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._watch, name="fault-restart", daemon=True)
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
 
-    def __enter__(self) -> "Restarter":
-        self._thread.start()
+    def __enter__(self) -> "StageFault":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.done.set()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
+        if self._stopped:
+            self._continue()
 
-    def _watch(self) -> None:
-        while self.alive():
+    def apply(self) -> None:
+        if self.fault.kind == "kill":
+            self.stage2.signal("KILL")
+            self._start(self._restart_when_dead)
+        else:
+            self.stage2.signal("STOP")
+            self._stopped = True
+            self._start(self._thaw)
+
+    def _start(self, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name="stage-fault", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _thaw(self) -> None:
+        self.done.wait(self.fault.seconds)
+        self._continue()
+
+    def _continue(self) -> None:
+        if self._stopped:
+            self._stopped = False
+            try:
+                self.stage2.signal("CONT")
+            except PeerError as exc:
+                self.error = self.error or exc
+
+    def _restart_when_dead(self) -> None:
+        while self.stage2.alive():
             if self.done.wait(0.01):
                 return
         died = time.monotonic()
-        if self.done.wait(max(0.0, died + self.seconds - time.monotonic())):
+        if self.done.wait(max(0.0, died + self.fault.seconds - time.monotonic())):
             return  # the run ended first: the sweep's retry starts fresh processes
         try:
             self.restart()
-            self.restarted = True
         except BaseException as exc:  # reported by the controller after the run
             self.error = exc

@@ -310,6 +310,25 @@ class StageProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def signal(self, name: str) -> None:
+        """Send SIGKILL, SIGSTOP or SIGCONT (``name`` KILL, STOP, CONT) to the PID it reported,
+        over SSH for a remote one (a fault, :mod:`.faultinject`)."""
+        if name not in ("KILL", "STOP", "CONT") or not isinstance(self.pid, int):
+            raise PeerError(f"{self.role}: cannot send {name!r} (valid KILL, STOP, CONT, to a reported pid)")
+        if self.ssh is None:
+            try:
+                os.kill(self.pid, getattr(signal, f"SIG{name}"))
+            except ProcessLookupError:
+                raise PeerError(f"{self.role} (pid {self.pid}) is gone")
+            return
+        try:
+            done = subprocess.run(self.ssh + [f"kill -{name} {int(self.pid)}"], capture_output=True, text=True,
+                                  timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PeerError(f"{self.role}: kill -{name} over SSH failed: {exc}")
+        if done.returncode != 0:
+            raise PeerError(f"{self.role}: kill -{name} {self.pid} failed: {done.stderr.strip()[-200:]}")
+
     def ask_to_quit(self) -> None:
         if self.alive():
             try:

@@ -17,7 +17,7 @@ from ..records import RunRecord
 from ..transport.runconfig import RunConfig
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .commands import ConnectCommand, ListenCommand, RunCommand, Stage1RunCommand, encode
-from .faultinject import Restarter
+from .faultinject import APPLIED, StageFault
 from .hosts import check_device_name, Host, StageProcess, stop_all, Testbed
 from .rpc_ranks import RankOptions
 from .worker import WorkerOptions
@@ -97,7 +97,6 @@ class TcpStages:
         self.port = tb.data_port if (tb.remote or shaped_port) else 0
         self.procs: list[StageProcess] = []
         self.ports: list[int] = []  # each stage's data listener (the last stage has none)
-        self.pids: list[int | None] = []  # what each stage reported: a fault signals stage 2's
         self.info: dict[str, Any] = {}
 
     def _spawn_stage(self, j: int, host: Host | None) -> StageProcess:
@@ -126,7 +125,6 @@ class TcpStages:
         self.ports = [self.procs[0].expect("listening", timeout=p.wait_time)["port"]]
         for j in range(1, self.stages):
             self._connect(j)
-        self.pids = [i.get("pid") for i in infos]
         self.info = {**infos[0], "limits": {f"stage{j + 1}": i.get("limits") for j, i in enumerate(infos)},
                      "devices": [p.device_for(j, h) for j, h in enumerate(self.hosts)]}
         return self.info
@@ -148,25 +146,27 @@ class TcpStages:
         """A new stage 2 after a fault killed the last one: started, ready, connected to stage 1's
         listener (which stage 1 takes at its next batch)."""
         self.procs[1] = self._spawn_stage(1, self.hosts[1])
-        self.pids[1] = self.procs[1].ready(self.p.wait_time).get("pid")
+        self.procs[1].ready(self.p.wait_time)
         self._connect(1)
 
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
             budget: float, cpu_traces: dict[str, str] | None = None) -> RunRecord:
         s1 = self.procs[0]
-        on_stage2 = cfg.fault is not None and cfg.fault.target == "stage2"
         s1.send(encode(Stage1RunCommand(config=cfg.to_dict(), conditions=conditions.to_dict() if conditions else None,
                                         observed_link=observed, connect_timeout=self.p.wait_time,
-                                        cpu_traces=self._trace_specs(cpu_traces) if cpu_traces else None,
-                                        fault_pid=self.pids[1] if on_stage2 else None)))
-        if not (on_stage2 and cfg.fault.kind == "kill"):
+                                        cpu_traces=self._trace_specs(cpu_traces) if cpu_traces else None)))
+        if cfg.fault is None or cfg.fault.target != "stage2":
             return received_record(s1.expect("done", timeout=budget), "stage 1")
-        stage2 = self.procs[1]
-        with Restarter(stage2.alive, self._restart_stage2, cfg.fault.seconds) as restarter:
-            done = s1.expect("done", timeout=budget)
-        if restarter.error is not None:
-            raise PeerError(f"stage 2 did not start again after {cfg.fault.label}: {restarter.error}")
-        return received_record(done, "stage 1")
+        with StageFault(cfg.fault, self.procs[1], self._restart_stage2) as fault:
+            while (event := s1.expect("done", "fault", timeout=budget))["event"] == "fault":
+                try:
+                    fault.apply()
+                    s1.send({"cmd": APPLIED})
+                except PeerError as exc:
+                    s1.send({"cmd": APPLIED, "error": str(exc)})
+        if fault.error is not None:
+            raise PeerError(f"stage 2 after {cfg.fault.label}: {fault.error}")
+        return received_record(event, "stage 1")
 
     def _trace_specs(self, cpu_traces: dict[str, str]) -> list[dict[str, Any]]:
         """Each traced stage's group (from its worker's limits) with its trace, for stage 1 to replay

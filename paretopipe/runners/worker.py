@@ -22,7 +22,7 @@ from .. import cpushare, cputrace, strict
 from ..errors import ParetoPipeError, UsageError
 from . import flags
 from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands
-from .faultinject import stage_signaller
+from .faultinject import ask_the_sweep
 from .flags import ModelProcess
 from ..network.conditions import NetworkConditions
 from ..transport import messaging
@@ -103,11 +103,7 @@ class StageWorker:
 
             policy = adaptive_policy(self.builder, cfg)
         traced = [cputrace.StageTrace.of(t) for t in cmd.cpu_traces or ()]
-        on_fault = None
-        if cfg.fault is not None and cfg.fault.target == "stage2":
-            if cmd.fault_pid is None:
-                raise UsageError(f"--fault {cfg.fault.label}: the run command names no stage 2 process")
-            on_fault = stage_signaller(cmd.fault_pid, cfg.fault)
+        on_fault = ask_the_sweep if cfg.fault is not None and cfg.fault.target == "stage2" else None
         connection, self.connection = self.connection, None
         outcome = tcp.run_on_connection(connection, self.builder, cfg, policy=policy, listener=self.listener,
                                         conditions=conditions, observed_link=cmd.observed_link, threads=threads,

@@ -19,9 +19,10 @@ FAULTS = "none,stage2:kill@20+2,stage2:freeze@20+2,link:down@20+2"  # longer tha
 
 
 def _batches_served_once(rec: dict) -> None:
+    """Every measured batch the run was to serve (more after a fault), each ended exactly once."""
     measured = [b for b in rec["batches"] if not b["warmup"]]
     seqs = [b["seq"] for b in measured]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and len(seqs) >= 40
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and len(seqs) >= rec["config"]["num_batches"]
     assert all("end_s" in b and b["latency_s"] > 0 for b in measured)
     assert all(b.get("local_compute_s", 0) > 0 for b in measured if b.get("served_locally"))
 
@@ -86,6 +87,7 @@ def test_a_link_down_returns_every_batch_equal_to_the_unsplit_model(tmp_path):
     (["--split-blocks", "4,14"], "middle stage"),
     (["--in-flight", "2"], "--in-flight 2"),
     (["--num-batches", "10"], "batch 20 is past the run's 10 measured batches"),
+    (["--link", "tc", "--iface", "eth0", "--fault", "link:down@2+1"], "a qdisc that drops"),
 ])
 def test_a_fault_the_sweep_cannot_survive_is_refused_in_one_line(tmp_path, extra, says):
     done = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "4",
@@ -93,3 +95,39 @@ def test_a_fault_the_sweep_cannot_survive_is_refused_in_one_line(tmp_path, extra
                    timeout=300)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.lab
+def test_faults_on_a_two_host_lab_over_ssh_kill_and_freeze_the_remote_stage_2(tmp_path):
+    """The same treatment on hosts: the sweep signals stage 2's worker on its host over SSH by the
+    PID it reported (the data port shaped by tc there, rate only), and starts a new one there."""
+    from lab_helpers import lab
+
+    nets = tmp_path / "nets.toml"
+    nets.write_text('[slow]\nrate = "20mbit"\ncomment = "rate only: htb shapes it on any kernel"\n')
+    with lab("pplf", 2, subnet=67) as made:
+        done = cli.run([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model",
+                        "mobilenetv2", "--network-file", str(nets), "--network", "slow", "--splits", "4",
+                        "--fault", "none,stage2:kill@10+2,stage2:freeze@10+2", "--runs", "1", "--batch-size", "1",
+                        "--num-batches", "30", "--threads", "1", "--out", str(tmp_path / "out"), "--session", "s",
+                        "--quiet"], timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+    session = tmp_path / "out" / "s"
+    runs = pd.read_csv(session / "runs.csv")
+    runs["fault"] = runs["fault"].fillna("none")
+    assert len(runs) == 3 and set(runs["status"]) == {"complete"} and set(runs["link_mode"]) == {"tc"}
+    for row in runs.itertuples():
+        rec = json.loads((session / row.json).read_text())
+        _batches_served_once(rec)
+        if row.fault == "none":
+            continue
+        s = rec["summary"]
+        assert s["fault_lost"] == 0 and s["fault_duplicated"] == 0 and s["fault_served_locally"] >= 1
+        assert 2.0 <= s["fault_recover_s"]
+        if row.fault.startswith("stage2:kill"):
+            assert s["fault_detect_s"] < 1.0
+            assert "reconnected" in [e["event"] for e in rec["manifest"]["stages"][0]["fallback"]["events"]]
+        else:
+            assert s["fault_detect_s"] >= 1.0
