@@ -144,10 +144,13 @@ class TcpStages:
 
     def _restart_stage2(self) -> None:
         """A new stage 2 after a fault killed the last one: started, ready, connected to stage 1's
-        listener (which stage 1 takes at its next batch)."""
+        listener (which stage 1 takes at its next batch); in a chain, listening for stage 3, which
+        lost its connection with the old one and connects again."""
         self.procs[1] = self._spawn_stage(1, self.hosts[1])
         self.procs[1].ready(self.p.wait_time)
         self._connect(1)
+        if self.stages == 3:
+            self._connect(2)
 
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
             budget: float, cpu_traces: dict[str, str] | None = None) -> RunRecord:

@@ -255,9 +255,9 @@ class RunConfig:
                              f"before the next; use --in-flight 1")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise UsageError(f"--deadline-ms {self.deadline_s * 1e3:g}: must be positive")
-        if self.fault is not None and (self.deadline_s is None or self.rpc is not None or len(self.cuts) != 1):
+        if self.fault is not None and (self.deadline_s is None or self.rpc is not None):
             raise UsageError(f"--fault {self.fault.label}: stage 1 survives a fault by finishing batches itself, "
-                             f"which needs --deadline-ms, the TCP backend and two stages")
+                             f"which needs --deadline-ms and the TCP backend")
         if self.fault is not None and self.fault.at_batch >= self.num_batches:
             raise UsageError(f"--fault {self.fault.label}: batch {self.fault.at_batch} is past the run's "
                              f"{self.num_batches} measured batches (valid 0..{self.num_batches - 1})")

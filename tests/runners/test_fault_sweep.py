@@ -71,6 +71,30 @@ def test_a_sweep_measures_a_kill_a_freeze_and_a_link_down_and_ranks_the_splits_b
 
 
 @pytest.mark.slow
+def test_a_chains_middle_stage_killed_and_frozen_and_the_chain_whole_again(tmp_path):
+    """Three stages: the middle one is stage 2. Killed, a new one is started, connects to stage 1
+    and stage 3 connects to it; frozen, it catches up; every batch served once either way."""
+    done = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--split-blocks", "4,14",
+                    "--fault", "none,stage2:kill@10+2,stage2:freeze@10+2", "--batch-size", "1", "--num-batches",
+                    "30", "--runs", "1", "--local", "--out", str(tmp_path / "out"), "--session", "s", "--quiet",
+                    "--no-report"], timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    session = tmp_path / "out" / "s"
+    runs = pd.read_csv(session / "runs.csv")
+    assert len(runs) == 3 and set(runs["status"]) == {"complete"}
+    assert pd.read_csv(session / "failures.csv").empty  # the chain after the kill served the next pass too
+    for path in runs["json"]:
+        rec = json.loads((session / path).read_text())
+        _batches_served_once(rec)
+        s = rec["summary"]
+        if "fault" not in s:
+            continue
+        assert s["fault_lost"] == 0 and s["fault_duplicated"] == 0 and s["fault_recover_s"] >= 2.0
+        last = rec["batches"][-1]
+        assert not last.get("served_locally") and len(last["hop_bytes"]) == 3  # through all three again
+
+
+@pytest.mark.slow
 def test_a_link_down_returns_every_batch_equal_to_the_unsplit_model(tmp_path):
     s1, _ = cli.run_in_threads("mobilenetv2", 6, tmp_path, batch_size=1, num_batches=30, warmup=0,
                                deadline_s=0.3, fault=faults.parse_fault("link:down@10+0.8"))
@@ -84,7 +108,7 @@ def test_a_link_down_returns_every_batch_equal_to_the_unsplit_model(tmp_path):
 
 @pytest.mark.parametrize("extra, says", [
     (["--backend", "rpc"], "rpc backend cannot yet recover"),
-    (["--split-blocks", "4,14"], "middle stage"),
+    (["--split-blocks", "4,10,14"], "chain of three stages"),
     (["--in-flight", "2"], "--in-flight 2"),
     (["--num-batches", "10"], "batch 20 is past the run's 10 measured batches"),
     (["--link", "tc", "--iface", "eth0", "--fault", "link:down@2+1"], "a qdisc that drops"),

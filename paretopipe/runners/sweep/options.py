@@ -165,13 +165,12 @@ def check_options(opts: SweepOptions) -> None:
 
 
 def check_faults(opts: SweepOptions) -> None:
-    """A fault is survived by stage 1 finishing batches itself: the TCP backend's two stages (here
-    or on hosts), one batch in flight, image batches, and a deadline (the command line's default
-    for a fault sweep is :data:`FAULT_DEADLINE_S`)."""
+    """A fault is survived by stage 1 finishing batches itself: the TCP backend's two stages or a
+    chain of three (here or on hosts), one batch in flight, image batches, and a deadline (the
+    command line's default for a fault sweep is :data:`FAULT_DEADLINE_S`)."""
     if opts.faults == [faults.NONE]:
         return
     why = ("the rpc backend cannot yet recover a lost stage; use --backend tcp" if "rpc" in opts.backends else
-           "a chain's middle stage is not yet restarted into its chain; drop --split-blocks" if opts.plans else
            "a language model's generation has no fallback on stage 1 yet" if opts.language_model else
            "link:down holds the data port's frames at stage 1 (the emulated link's outage); a qdisc that drops "
            "everything on the hosts is not built yet: use --link emulated" if opts.link == "tc" and
@@ -180,6 +179,8 @@ def check_faults(opts: SweepOptions) -> None:
            if opts.in_flight != 1 else
            "LoadGen waits for every result; drop --scenario" if opts.scenarios != [CLOSED_LOOP] else
            "give --deadline-ms, how long stage 1 waits for a result" if opts.deadline_s is None else None)
+    if opts.plans and len(opts.plans[0]) > 2:
+        why = "a chain's middle stage is restarted into a chain of three stages; give --split-blocks with two cuts"
     if why:
         raise UsageError(f"--fault {','.join(opts.faults)}: {why}")
     late = [f for f in map(faults.parse_fault, opts.faults) if f is not None and f.at_batch >= opts.num_batches]
