@@ -17,7 +17,7 @@ import pandas as pd
 from .. import records
 from ..errors import UsageError
 from . import adaptive_comparison, loadgen_front, objectives as objectives_mod
-from . import pareto, robustness
+from . import fidelity_plot, pareto, robustness
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
 from .session import Session, find_session
@@ -147,6 +147,7 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     if not carried.empty:
         records.atomic_write_csv(out / TRANSPORT_FILE, carried.to_dict("records"), list(carried.columns))
     loadgen_front.write(session.configs(), out, predictions, plt, fmt)
+    fidelity_plot.write(session.configs(), out, plt, fmt)
     depths = table["in_flight"].nunique() > 1
     for key, panel in table.groupby(PANEL_KEY):
         _panel_figures(plt, panel, key, chosen, out, fmt, depths)

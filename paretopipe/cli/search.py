@@ -62,7 +62,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     vary = parse_vary(args.vary)
-    opts = with_first_choices(options_from_args(args), vary)
+    opts = options_from_args(args)
+    if opts.wire_dtypes:
+        raise UsageError(f"{prog}: --wire-dtype {','.join(opts.wire_dtypes)}: a search varies the wire dtype as a "
+                         f"dimension: --vary codec={','.join(d + '/' + opts.compression for d in opts.wire_dtypes)}")
+    opts = with_first_choices(opts, vary)
     if opts.language_model:
         raise UsageError(f"{prog}: the search's space and objectives are an image model's; sweep a language model "
                          f"({opts.models[0]}) instead: automated_split_tester.py --model {opts.models[0]} --splits all")

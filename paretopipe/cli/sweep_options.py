@@ -58,6 +58,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
     models = _models(args)
     language_model = is_language_model(models[0], args.model_dir)
     faults = parse_faults(args.fault) if args.fault else [NO_FAULT]
+    dtypes = list(dict.fromkeys(args.wire_dtype))
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else []
     env = read_env(args.env_file)
     if args.local:
@@ -113,6 +114,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         memory_limits=_memory_limits(args.memory_limit, stages),
                         deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else
                         FAULT_DEADLINE_S if faults != [NO_FAULT] else None, faults=faults,
+                        wire_dtype=dtypes[0], wire_dtypes=dtypes if len(dtypes) > 1 else None,
                         loadgen_settings=loadgen_sweep_settings(args, args.scenario))
 
 

@@ -95,6 +95,13 @@ WIRE_DTYPE = Option(("--wire-dtype", "--cut-dtype"), "dtype of what crosses a cu
                     "float16 or bfloat16 (a cast), int8 (one float32 scale per channel of an image's activation, per "
                     "token of a hidden state) or int4 (two values a byte, one float32 scale per 32 values)",
                     default="float32", choices=WIRE_DTYPE_CHOICES)
+WIRE_DTYPE_LIST = WIRE_DTYPE.variant(help=f"comma list of the dtypes of what crosses a cut ({', '.join(WIRE_DTYPE_CHOICES)}), "
+                                    "each a pass of its own over the configurations: float32 to bfloat16 a cast, int8 "
+                                    "one float32 scale per channel (per token of a hidden state), int4 two values a "
+                                    "byte and one float32 scale per 32 values; auto the fewest bits that keep "
+                                    "--fidelity-target, per cut",
+                                    type=list_of(one_of(WIRE_DTYPE_CHOICES), "wire_dtype_list"), default=["float32"],
+                                    choices=None)
 FIDELITY_TARGET = Option(("--fidelity-target",), "with --wire-dtype auto: the share of the unsplit float32 model's "
                          "top-1 (its accuracy, on labelled data) the cut's dtype must keep on a calibration set; the "
                          "fewest bytes that do are chosen before the timed batches (int4, int8, float16, bfloat16, "

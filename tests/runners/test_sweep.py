@@ -525,3 +525,38 @@ def test_a_sweep_runs_tcp_chains_of_three_stages_with_every_hop_and_stage_in_its
         assert rec["summary"]["stage3_compute_median_s"] > 0 and rec["summary"]["stage3_peak_rss_bytes"] > 0
     summary = pd.read_csv(tmp_path / "s" / "summary.csv")
     assert len(summary) == 2 and (summary["latency_median_s"] > 0).all()
+
+
+@pytest.mark.slow
+def test_a_sweep_over_several_wire_dtypes_measures_each_with_its_bytes_and_what_it_kept(tmp_path):
+    """--wire-dtype float32,int8,int4: each a pass of its own over the splits; int8 sends a quarter
+    of float32's bytes plus one float32 scale per channel, int4 half of that plus a scale per 32
+    values and the tensor's shape; each lossy pass is evaluated against the unsplit model, and the report draws bytes
+    against agreement, one curve per split."""
+    done = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "4,14",
+                    "--wire-dtype", "float32,int8,int4", "--batch-size", "1", "--num-batches", "3", "--warmup", "1",
+                    "--runs", "1", "--eval-samples", "16", "--local", "--out", str(tmp_path / "out"),
+                    "--session", "s", "--quiet"], timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    session = tmp_path / "out" / "s"
+    summary = pd.read_csv(session / "summary.csv").set_index(["split_index", "codec"])
+    assert len(summary) == 6 and set(summary["status"]) == {"complete"}
+    for k, channels, values in ((4, 24, 24 * 56 * 56), (14, 96, 96 * 14 * 14)):
+        f32 = summary.loc[(k, "float32/none"), "payload_bytes_mean"]
+        assert f32 == values * 4
+        assert summary.loc[(k, "int8/none"), "payload_bytes_mean"] == values + 4 * channels
+        # int4: two values a byte, a float32 scale per 32 values of the sample, and its shape (4 int64s)
+        assert summary.loc[(k, "int4/none"), "payload_bytes_mean"] == values // 2 + 4 * (values // 32) + 32
+        for codec in ("int8/none", "int4/none"):
+            assert summary.loc[(k, codec), "fidelity_samples"] == 16
+            assert 0 <= summary.loc[(k, codec), "fidelity_top1_agreement"] <= 1
+    assert (session / "report" / "fidelity_mobilenet_v2_tcp_lan_1.png").stat().st_size > 10_000
+    groups = json.loads((session / "session.json").read_text())["groups"]
+    assert set(groups) == {"mobilenetv2/tcp/float32", "mobilenetv2/tcp/int8", "mobilenetv2/tcp/int4"}
+
+
+def test_a_search_takes_several_wire_dtypes_as_a_dimension_not_as_a_list(tmp_path):
+    done = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--wire-dtype", "int8,int4",
+                    "--budget", "2", "--local", "--out", str(tmp_path)], timeout=300)
+    assert done.returncode == 2 and "--vary codec=int8/none,int4/none" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -56,6 +56,8 @@ class SweepOptions:
     testbed: Testbed = dataclasses.field(default_factory=Testbed)
     network_file: str | None = None
     wire_dtype: str = "float32"
+    # --wire-dtype's list, each a pass of its own (None: wire_dtype alone; a search sets wire_dtype).
+    wire_dtypes: list[str] | None = None
     eval_samples: int | None = None  # transport.fidelity: None is 64 where the wire is lossy
     fidelity_target: float | None = None  # --wire-dtype auto's target (transport.fidelity.chosen)
     compression: str = "none"
@@ -106,6 +108,11 @@ class SweepOptions:
     streams: int = 1
     temperature: float = 0.0
     top_k: int = 0
+
+    @property
+    def dtypes(self) -> list[str]:
+        """The wire dtypes the sweep measures, each a pass (``--wire-dtype float32,int8``)."""
+        return list(self.wire_dtypes or [self.wire_dtype])
 
     @property
     def language_model(self) -> bool:
@@ -198,17 +205,18 @@ def check_rpc_codec(opts: SweepOptions) -> None:
     if opts.compression != "none":
         raise UsageError(f"--compression {opts.compression} with the rpc backend: its activations cross as "
                          f"computed, uncompressed; use --backend tcp")
-    if opts.wire_dtype != "float32" and not opts.language_model:
-        raise UsageError(f"--wire-dtype {opts.wire_dtype} with the rpc backend: an image model's activations cross "
+    lossy = [d for d in opts.dtypes if d != "float32"]
+    if lossy and not opts.language_model:
+        raise UsageError(f"--wire-dtype {lossy[0]} with the rpc backend: an image model's activations cross "
                          f"as computed (float32); use --backend tcp")
 
 
 def check_wire_choice(opts: SweepOptions) -> None:
     """``--wire-dtype auto`` chooses an image model's dtype per cut, to a target."""
-    if opts.wire_dtype == "auto" and opts.fidelity_target is None:
+    if "auto" in opts.dtypes and opts.fidelity_target is None:
         raise UsageError("--wire-dtype auto needs --fidelity-target, the share of the unsplit model's top-1 (or "
                          "accuracy) to keep, e.g. 0.99")
-    if opts.wire_dtype == "auto" and opts.language_model:
+    if "auto" in opts.dtypes and opts.language_model:
         raise UsageError("--wire-dtype auto chooses an image model's cut dtype; a language model's must be named: "
                          "valid float32, float16, bfloat16, int8, int4")
 

@@ -61,7 +61,8 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
     def tag(value: int, base: int | None) -> int | None:
         return value if base is not None and value != base else None
 
-    return {"codec": f"{opts.wire_dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
+    dtype = (group.wire_dtype if group else None) or opts.wire_dtype
+    return {"codec": f"{dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
             "in_flight_tag": tag(opts.in_flight, opts.key_in_flight),
             "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None,
             "fault": group.fault if group else NO_FAULT}
@@ -70,13 +71,14 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
 def worker_groups(opts: SweepOptions) -> list[GroupPass]:
     """The passes of each model's worker groups: the TCP backend once per transport and cipher (a
     transport and a cipher are agreed per connection), each once per LoadGen scenario (the closed
-    loop when none is asked for), for a language model once per prompt length, and once per fault
-    (--fault; none when it is not given)."""
+    loop when none is asked for), for a language model once per prompt length, once per fault
+    (--fault; none when it is not given) and once per wire dtype where --wire-dtype lists several."""
     prompts = opts.prompt_lens if opts.language_model else [None]
-    return [GroupPass(backend, cipher, transport, scenario, prompt, fault) for backend in opts.backends
+    dtypes = opts.dtypes if len(opts.dtypes) > 1 else [None]
+    return [GroupPass(backend, cipher, transport, scenario, prompt, fault, dtype) for backend in opts.backends
             for transport in (opts.transports if backend == "tcp" else ["tcp"])
             for cipher in (opts.ciphers if backend == "tcp" else ["none"])
-            for scenario in opts.scenarios for prompt in prompts for fault in opts.faults]
+            for scenario in opts.scenarios for prompt in prompts for fault in opts.faults for dtype in dtypes]
 
 
 def splits_for(opts: SweepOptions, num_blocks: int, fine_cuts: dict[str, list[int]] | None = None) -> list[Split]:
@@ -166,6 +168,8 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
     ciphers = f" x ciphers {', '.join(opts.ciphers)} (tcp)" if opts.ciphers != ["none"] else ""
     transports = f" x transports {', '.join(opts.transports)} (tcp)" if opts.transports != ["tcp"] else ""
     scenarios = f" x LoadGen scenarios {', '.join(opts.scenarios)}" if opts.scenarios != [CLOSED_LOOP] else ""
+    if len(opts.dtypes) > 1:
+        scenarios += f" x wire dtypes {', '.join(opts.dtypes)}"
     if opts.faults != [NO_FAULT]:
         scenarios += f" x faults {', '.join(opts.faults)} (deadline {opts.deadline_s * 1e3:g} ms)"
     work = (f"{opts.streams} stream(s) of {opts.gen_tokens} tokens after a prompt of "

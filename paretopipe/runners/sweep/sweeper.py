@@ -229,10 +229,11 @@ class Sweeper:
 
     def _begin_pass(self, model: str, group: GroupPass) -> None:
         """Start the pass's processes, or keep the group's where it differs from the last pass only in
-        a language model's prompt length or the fault (its warm-up is paid again: the first run of
-        each cut warms up)."""
+        a language model's prompt length, the fault or the wire dtype (its warm-up is paid again:
+        the first run of each cut warms up)."""
         last, self.group_pass = self.group_pass, group
-        same = dataclasses.replace(last, prompt_len=group.prompt_len, fault=group.fault) == group
+        same = dataclasses.replace(last, prompt_len=group.prompt_len, fault=group.fault,
+                                   wire_dtype=group.wire_dtype) == group
         if same and self.group is not None and self.info is not None and self.info.model and self.group.alive() \
                 and self._model == model:
             self.warmed.clear()
@@ -284,7 +285,7 @@ class Sweeper:
         # recorded of their batches and window (a generation's: one token of each of its streams).
         batch, window = (1, o.streams) if o.language_model else (o.batch_size, o.in_flight)
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
-                                        batch, k.label, settings_of(o)["codec"], window, self.scenario,
+                                        batch, k.label, settings_of(o, self.group_pass)["codec"], window, self.scenario,
                                         self.group_pass.prompt_len or NO_PROMPT, self.group_pass.fault): p.describe()
                               for (n, k), p in group.progress.items()})
         return len(group.configs)
