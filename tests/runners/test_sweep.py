@@ -560,3 +560,20 @@ def test_a_search_takes_several_wire_dtypes_as_a_dimension_not_as_a_list(tmp_pat
                     "--budget", "2", "--local", "--out", str(tmp_path)], timeout=300)
     assert done.returncode == 2 and "--vary codec=int8/none,int4/none" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_folder_smaller_than_its_evaluation_is_refused_before_anything_runs(tmp_path):
+    """int8's evaluation takes 64 images by default: a folder of 3 is refused in one line at once,
+    not in every run's record after its timed batches."""
+    from PIL import Image
+
+    for label in ("0", "1"):
+        (tmp_path / "imgs" / label).mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (40, 40), (i * 40, 0, 0)).save(tmp_path / "imgs" / str(i % 2) / f"{i}.png")
+    base = [PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "4", "--local", "--dry-run",
+            "--dataset", f"imagefolder:{tmp_path / 'imgs'}", "--out", str(tmp_path / "out")]
+    done = cli.run([*base, "--wire-dtype", "float32,int8"], timeout=300)
+    assert done.returncode == 2 and "--eval-samples 64: the dataset" in done.stderr and "holds 3 images" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert cli.run([*base, "--wire-dtype", "int8", "--eval-samples", "3"], timeout=300).returncode == 0

@@ -12,7 +12,7 @@ from ...errors import UsageError
 from ...splits import split_adaptive
 from ...analysis.keys import CLOSED_LOOP
 from ...llm.shapes import is_language_model
-from ...transport.runconfig import DEFAULT_PROMPT_LEN, LINK_MODES
+from ...transport.runconfig import DEFAULT_PROMPT_LEN, LABELLED_DATASETS, LINK_MODES, eval_samples_for
 from ...partition.names import DEFAULT_NUM_CLASSES
 from .. import rounds
 from ..hosts import Testbed
@@ -131,6 +131,7 @@ def check_options(opts: SweepOptions) -> None:
     check_faults(opts)
     check_rpc_codec(opts)
     check_wire_choice(opts)
+    check_eval_samples(opts)
     if opts.order not in rounds.ORDERS:
         raise UsageError(f"--order {opts.order!r}: valid {', '.join(rounds.ORDERS)}")
     if opts.precision is not None and not 0 < opts.precision < 1:
@@ -219,6 +220,23 @@ def check_wire_choice(opts: SweepOptions) -> None:
     if "auto" in opts.dtypes and opts.language_model:
         raise UsageError("--wire-dtype auto chooses an image model's cut dtype; a language model's must be named: "
                          "valid float32, float16, bfloat16, int8, int4")
+
+
+def check_eval_samples(opts: SweepOptions) -> None:
+    """A local folder smaller than the evaluation asked of it (``--eval-samples``, 64 where a wire
+    dtype is lossy) is refused now, not in every run's record after its timed batches."""
+    if opts.testbed.remote or opts.language_model or opts.dataset.split(":")[0] not in LABELLED_DATASETS:
+        return
+    wanted = max(eval_samples_for(opts.eval_samples, d) for d in opts.dtypes)
+    if not wanted:
+        return
+    # lazy for start-up: torchvision
+    from ...transport.inputs import SampleSet
+
+    held = len(SampleSet(opts.dataset, 32, 1, opts.data_dir))
+    if wanted > held:
+        raise UsageError(f"--eval-samples {wanted}: the dataset {opts.dataset} holds {held} images; give "
+                         f"--eval-samples {held} or fewer")
 
 
 def check_workload(opts: SweepOptions) -> None:
