@@ -55,7 +55,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "split_index": split_label(c.get("split_index")), "cut": ",".join(c.get("cuts", [])), "run": c.get("run"),
             "status": rec["status"], "batch_size": c["batch_size"], "in_flight": c["in_flight"],
             "cipher": cipher_of(rec["manifest"]), "transport": transport_of(rec["manifest"]),
-            "codec": f"{c.get('wire_dtype') or 'float32'}/{c.get('compression') or 'none'}",
+            "codec": f"{codec_dtype(c)}/{c.get('compression') or 'none'}",
             "scenario": (c.get("loadgen") or {}).get("scenario") or CLOSED_LOOP,
             **({"fault": faults.label_of(faults.Fault(**c["fault"]))} if c.get("fault") else {}),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
@@ -65,6 +65,12 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "link_mode": rec["manifest"]["link"].get("mode"), "throttled": _throttled(rec.get("sysmon")),
             "error": rec.get("error"),
             "json": name}
+
+
+def codec_dtype(config: dict[str, Any]) -> str:
+    """The wire dtype a configuration is keyed by: ``auto`` where stage 1 chose one to a target
+    (the record's ``wire_dtype`` is the one it chose, ``wire_choice`` the evidence)."""
+    return "auto" if config.get("wire_choice") else config.get("wire_dtype") or "float32"
 
 
 def prompt_len(rec: dict[str, Any]) -> int | None:

@@ -33,7 +33,8 @@ from ..predict.planner import pareto_plans
 from ..search import loop
 from ..search.space import Config, Dimension, Space
 from ..search.study import GRACE_S, StudySpec, check_url, identity as study_identity, redacted
-from ..transport.runconfig import COMPRESSIONS, WIRE_DTYPE_NAMES
+from ..transport.runconfig import COMPRESSIONS
+from ..wiredtype import AUTO, WIRE_DTYPE_CHOICES
 from .sweep import SweepOptions, Sweeper
 from .sweep.plan import splits_for
 
@@ -88,9 +89,9 @@ def _vary_value(name: str, text: str) -> Any:
             raise UsageError(f"--vary {name}: {text!r} is not {what}; give whole numbers of at least 1")
         return int(text)
     wire, _, compression = text.partition("/")
-    if wire not in WIRE_DTYPE_NAMES or (compression or "none") not in COMPRESSIONS:
+    if wire not in WIRE_DTYPE_CHOICES or (compression or "none") not in COMPRESSIONS:
         raise UsageError(f"--vary codec: {text!r} is not WIRE/COMPRESSION; valid wire dtypes: "
-                         f"{', '.join(WIRE_DTYPE_NAMES)}; compressions: {', '.join(COMPRESSIONS)}")
+                         f"{', '.join(WIRE_DTYPE_CHOICES)}; compressions: {', '.join(COMPRESSIONS)}")
     return f"{wire}/{compression or 'none'}"
 
 
@@ -121,6 +122,9 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int,
     choices, and the settings ``vary`` names with several."""
     if stages < 2:
         raise UsageError(f"--stages {stages}: a split needs at least 2 stages")
+    if any(c.startswith(f"{AUTO}/") for c in (vary or {}).get("codec", ())) and opts.fidelity_target is None:
+        raise UsageError("--vary codec=auto/...: auto chooses each cut's dtype to a target; give --fidelity-target, "
+                         "e.g. 0.99")
     splits = splits_for(dataclasses.replace(opts, plans=None), num_blocks)
     positions = tuple(dict.fromkeys(s.blocks[0] for s in splits if len(s.blocks) == 1 and not s.cut))
     if not positions:
@@ -351,8 +355,10 @@ def predicted_front(profile_specs: Sequence[str], opts: SweepOptions, space: Spa
         except UsageError as exc:
             log.warning("no predicted front for %s: %s", name, exc)
             continue
+        # auto's dtype is chosen by each run: the prediction prices its upper bound, float32.
+        wire = "float32" if opts.wire_dtype == AUTO else opts.wire_dtype
         plans = pareto_plans(profiles, [up] * (stages - 1), opts.batch_size, positions,
-                             codec_key(opts.wire_dtype, opts.compression), [down] * (stages - 1))
+                             codec_key(wire, opts.compression), [down] * (stages - 1))
         allowed = set(positions)
         # The planner may also end a stage at the model's first or last boundary: only the plans
         # of the space's positions are configurations of it.

@@ -210,3 +210,23 @@ def test_a_sweep_shared_through_a_study_measures_its_whole_space_once_across_wor
               if t["origin"] != "reference"]
     assert sorted(t["config"]["split"] for t in trials) == [0, 6, 12, 19]   # the whole sweep, each once
     assert {t["testbed"] for t in trials} <= {"one", "two"}
+
+
+@pytest.mark.slow
+def test_a_search_may_vary_auto_as_a_codec_beside_named_dtypes(tmp_path):
+    """--vary codec=int4/none,auto/none with --fidelity-target: auto is a configuration of its own,
+    whose record names the dtype stage 1 chose to the target and its evidence."""
+    base = [PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", "all", "--splits", "14",
+            "--vary", "codec=int4/none,auto/none", "--runs", "1", "--num-batches", "2", "--warmup", "1",
+            "--eval-samples", "16", "--drift-every", "0", "--local", "--out", str(tmp_path), "--session", "s",
+            "--no-report"]
+    refused = cli.run(base, timeout=300)
+    assert refused.returncode == 2 and "give --fidelity-target" in refused.stderr
+    proc = cli.run([*base, "--fidelity-target", "0.9"], timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert sorted(summary["codec"]) == ["auto/none", "int4/none"]
+    auto = json.loads((tmp_path / "s" / "runs" / "mobilenetv2_tcp_lan_k14_auto-none_r0.json").read_text())
+    choice = auto["config"]["wire_choice"]
+    assert choice["target"] == 0.9 and auto["config"]["wire_dtype"] == choice["chosen"]
+    assert list(choice["tried"])[0] == "int4"  # the fewest bytes tried first
