@@ -205,7 +205,7 @@ def _predict_image_model(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace, profiles: list) -> int:
     """``--validate``: predict a measured sweep's configurations and print how far off each front is."""
     # lazy for start-up: pandas
-    from ..predict.validate import GOAL_JACCARD, GOAL_MAPE, validate, write_validation
+    from ..predict.validate import GOAL_JACCARD, GOAL_MAPE, kept_line, validate, write_validation
 
     if len(profiles) != 2:
         raise UsageError("--validate compares with a 2-stage TCP sweep: give exactly 2 device profiles")
@@ -224,6 +224,9 @@ def _validate(args: argparse.Namespace, profiles: list) -> int:
               f"{v['measured_tied']}, predicted {v['predicted_front']}"
               + (f"; beyond the noise: {v['beyond_noise']}" if v["beyond_noise"] else "")
               + (f"; run to run {rr:.2f})" if rr is not None else ")"))
+        kept = kept_line(table, name)
+        if kept:
+            print(f"    {kept}")
     print(f"goals (median error <= {GOAL_MAPE:.0%}, Jaccard >= {GOAL_JACCARD}): "
           f"{'met' if summary['goals_met'] else 'NOT met'}; written: {', '.join(str(p) for p in written)}")
     return 0

@@ -14,12 +14,14 @@ import pandas as pd
 from .. import records
 from ..analysis import pareto
 from ..analysis.report import INTERVALS
+from ..analysis.keys import DEFAULT_CODEC
 from ..analysis.session import Session, find_session
 from ..errors import UsageError
 from ..network.conditions import NetworkConditions, get_conditions
 from .costmodel import LinkModel, chain_terms, simulate
 from .device_profile import DeviceProfile, check_compatible, codec_key
 from .predictions import PREDICTED, base_transport
+from ..wiredtype import AUTO
 from ..analysis.plotting import PALETTE, plain_log_ticks, pyplot, save_figure
 
 log = logging.getLogger("paretopipe.predict")
@@ -27,6 +29,8 @@ log = logging.getLogger("paretopipe.predict")
 MEASURED = {"latency_s": "min", "throughput_imgs_per_s": "max"}
 GOAL_MAPE = 0.15
 GOAL_JACCARD = 0.8
+#: summary.csv's fidelity figures a validation row carries beside its timings (transport.fidelity).
+MEASURED_FIDELITY = ("fidelity_top1_agreement", "fidelity_kl_mean", "accuracy_top1", "accuracy_top1_float32")
 
 
 def jaccard(a: set, b: set) -> float:
@@ -40,9 +44,11 @@ def tie_aware_jaccard(predicted: set, front: set, tied: set) -> float:
     return len(predicted & (front | tied)) / len(union) if union else 1.0
 
 
-def front_name(network: str, cipher: str) -> str:
-    """One front of a sweep: a network's, and a sealed configuration's apart from the plain one's."""
-    return network if cipher == "none" else f"{network} ({cipher})"
+def front_name(network: str, cipher: str, codec: str = DEFAULT_CODEC) -> str:
+    """One front of a sweep: a network's, and a sealed configuration's or one of another wire codec
+    apart from the plain float32 one's."""
+    apart = [x for x, plain in ((cipher, "none"), (codec, DEFAULT_CODEC)) if x == x and x != plain]
+    return f"{network} ({', '.join(apart)})" if apart else network
 
 
 def run_to_run_jaccard(session: Session) -> dict[str, float]:
@@ -51,7 +57,8 @@ def run_to_run_jaccard(session: Session) -> dict[str, float]:
     fronts too."""
     runs = session.runs()
     runs = runs[(runs["backend"] == "tcp") & (runs["status"] == "complete")]
-    runs = runs.assign(front=[front_name(n, c) for n, c in zip(runs["network"], runs["cipher"])])
+    codecs = runs["codec"] if "codec" in runs.columns else [DEFAULT_CODEC] * len(runs)
+    runs = runs.assign(front=[front_name(n, c, k) for n, c, k in zip(runs["network"], runs["cipher"], codecs)])
     out = {}
     for name, g in runs.groupby("front", sort=False):
         fronts = [set(r.loc[pareto.mark_front(r, MEASURED, by=[])["on_front"], "split_index"])
@@ -114,13 +121,18 @@ def _predicted_rows(configs: pd.DataFrame, profiles: Sequence[DeviceProfile], kn
     for _, c in configs.iterrows():
         up, down = LinkModel.pair(known.get(c["network"]) or get_conditions(c["network"]), base)
         k, boundary = _boundary(profiles[0], c["split_index"])
-        # The cipher its runs recorded (auto resolved): the profiles' timings of that one.
-        codec = codec_key(opts.get("wire_dtype", "float32"), opts.get("compression", "none"), c["cipher"])
+        # Its own wire codec (a sweep may measure several; auto priced as float32, its upper bound)
+        # and the cipher its runs recorded (auto resolved): the profiles' timings of those.
+        wire, _, compression = str(c.get("codec") or DEFAULT_CODEC).partition("/")
+        codec = codec_key("float32" if wire == AUTO else wire, compression or "none", c["cipher"])
         terms = chain_terms(profiles, [up], [boundary], int(c["batch_size"]), codec, [down])
         sim = simulate(terms, int(opts.get("num_batches", 20)), int(opts.get("warmup", 3)),
                        int(opts.get("in_flight", 1)))
-        row = {"network": c["network"], "cipher": c["cipher"], "front": front_name(c["network"], c["cipher"]),
+        row = {"network": c["network"], "cipher": c["cipher"], "codec": c.get("codec") or DEFAULT_CODEC,
+               "front": front_name(c["network"], c["cipher"], c.get("codec") or DEFAULT_CODEC),
                "split_index": k, "cut": c["cut"], "batch_size": int(c["batch_size"]),
+               # What a lossy wire kept, measured beside the timings (absent for float32 unless asked).
+               **{col: c[col] for col in MEASURED_FIDELITY if col in c and c[col] == c[col]},
                "latency_s": c["latency_median_s"], "throughput_imgs_per_s": c["throughput_imgs_per_s"],
                **{col: c.get(col) for pair in INTERVALS.values() for col in pair},
                **sim, "predicted_bottleneck": terms.bottleneck()[0]}
@@ -197,6 +209,18 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
     summary["goals_met"] = (summary["latency_median_ape"] <= GOAL_MAPE and summary["throughput_median_ape"] <= GOAL_MAPE
                             and summary["front_jaccard_mean"] >= GOAL_JACCARD)
     return table, summary
+
+
+def kept_line(table: pd.DataFrame, front: str) -> str | None:
+    """What each split's lossy wire kept on one front, as measured (accuracy on labelled data, else
+    top-1 agreement with the unsplit float32 model): the line ``predict --validate`` prints under it;
+    None where the sweep evaluated nothing there."""
+    rows = table[table["front"] == front]
+    for column, what in (("accuracy_top1", "top-1 accuracy"), ("fidelity_top1_agreement", "top-1 agreement")):
+        if column in rows.columns and rows[column].notna().any():
+            kept = ", ".join(f"k={r['split_index']} {r[column]:.3f}" for _, r in rows.iterrows() if r[column] == r[column])
+            return f"kept by the wire ({what} with the unsplit float32 model, measured): {kept}"
+    return None
 
 
 def write_validation(table: pd.DataFrame, summary: dict[str, Any], out: Path) -> list[Path]:

@@ -85,3 +85,25 @@ def test_run_to_run_jaccard_compares_the_runs_fronts(tmp_path):
                          "latency_median_s": lat, "throughput_imgs_per_s": thr, "model": "m", "batch_size": 1})
     pd.DataFrame(rows).to_csv(session / "runs.csv", index=False)
     assert predict.run_to_run_jaccard(Session(session)) == {"lan": pytest.approx(1 / 3)}
+
+
+def test_a_lossy_wire_is_predicted_with_its_own_codec_and_shown_with_what_it_kept(tmp_path):
+    """A session's int8 configurations are priced with the profile's int8 timings (not the
+    session's first dtype), form a front of their own, and carry their measured agreement."""
+    session, profile, _ = _recorded_session(tmp_path)
+    rows = pd.read_csv(session / "summary.csv")
+    int8 = rows.assign(codec="int8/none", fidelity_top1_agreement=[0.5, 0.75, 1.0], fidelity_kl_mean=0.01)
+    both = pd.concat([rows.assign(codec="float32/none"), int8])
+    both.to_csv(session / "summary.csv", index=False)
+    both.to_csv(session / "runs.csv", index=False)
+    by_batch = profile.doc["by_batch"]["1"]["codecs"]
+    by_batch["int8/none"] = [{**r, "frame_bytes": r["frame_bytes"] // 4, "wire_bytes": r["wire_bytes"] // 4}
+                             for r in by_batch["float32/none"]]
+    table, summary = predict.validate(session, [profile, profile])
+    assert set(summary["per_network"]) == {"slow", "slow (int8/none)"}
+    lossy = table[table["codec"] == "int8/none"].set_index("split_index")
+    plain = table[table["codec"] == "float32/none"].set_index("split_index")
+    assert (lossy["predicted_latency_s"] < plain["predicted_latency_s"]).all()  # a quarter of the bytes
+    assert lossy["fidelity_top1_agreement"].tolist() == [0.5, 0.75, 1.0]
+    assert predict.kept_line(table, "slow (int8/none)").endswith("k=0 0.500, k=1 0.750, k=2 1.000")
+    assert predict.kept_line(table, "slow") is None
