@@ -49,6 +49,9 @@ Builder = Callable[[int], "nn.Module"]
 _CUSTOM: dict[str, tuple[str, Builder, int]] = {}
 #: Source digests of user models from files and entry points: part of their weight-cache key.
 _SOURCE_DIGEST: dict[str, str] = {}
+#: A model file's ``transform()`` (a PIL image to its input tensor, as a torchvision weights'
+#: ``transforms()`` is): what its folder's images go through instead of the default resize-crop-normalise.
+_TRANSFORMS: dict[str, Callable[[Any], Any]] = {}
 
 
 def normalize(name: str) -> str:
@@ -109,6 +112,12 @@ def _load_model_file(spec: str) -> None:
         raise UsageError(f"model file {path_text} has no function {func!r}; it defines: {', '.join(found) or 'none'}")
     _CUSTOM[normalize(spec)] = (spec, _checked(builder, spec), _input_size_of(builder, module))
     _SOURCE_DIGEST[normalize(spec)] = hashlib.sha256(source).hexdigest()[:16]
+    transform = getattr(module, "transform", None)
+    if transform is not None and not callable(transform):
+        raise UsageError(f"model file {path_text}: transform must be a function from a PIL image to a tensor, "
+                         f"not {type(transform).__name__}")
+    if transform is not None:
+        _TRANSFORMS[normalize(spec)] = transform
 
 
 def _checked(builder: Callable[..., Any], what: str) -> Builder:
@@ -187,6 +196,11 @@ def known_models() -> list[str]:
     custom = sorted({v[0] for v in _CUSTOM.values()} | {ep.name for ep in _entry_points().values()})
     tv = sorted(set(_torchvision_names().values()) - {ANCHOR_ALIASES[normalize(a)] for a in anchor})
     return anchor + list(DETECTORS) + custom + tv
+
+
+def input_transform(name: str) -> Callable[[Any], Any] | None:
+    """The model file's own ``transform()`` for images from a folder (None: the default one)."""
+    return _TRANSFORMS.get(normalize(canonical_name(name)))
 
 
 def input_size(name: str) -> int:

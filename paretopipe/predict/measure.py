@@ -205,7 +205,7 @@ def _measure_batch(b: int, builder: StageBuilder, model: nn.Module, stages: list
                    mean: bool) -> dict[str, Any]:
     device = builder.device
     def source_batch(i: int) -> torch.Tensor:
-        return next(inputs.batches(opts.dataset, b, builder.input_size, 1, opts.data_dir, seed=i))
+        return next(inputs.batches(opts.dataset, b, builder.input_size, 1, opts.data_dir, seed=i, model=builder.name))
 
     x = source_batch(0).to(device)
 

@@ -118,7 +118,7 @@ class SourceEndpoint:
             return
         self._batches = inputs.source_batches(cfg.dataset, cfg.batch_size, self.input_size,
                                               self.book.total + self.spare_batches,
-                                              cfg.data_dir, cfg.seed, cfg.prefetch_batches)
+                                              cfg.data_dir, cfg.seed, cfg.prefetch_batches, cfg.model)
         try:
             pipeline.drive(self.actions(), self)
         finally:

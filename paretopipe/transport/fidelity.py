@@ -44,7 +44,7 @@ CHUNK = 32
 
 def sample_set(cfg: RunConfig, size: int, seed: int = EVAL_SEED) -> SampleSet:
     """The evaluation's inputs; more than a folder holds is refused in one line."""
-    samples = SampleSet(cfg.dataset, size, cfg.eval_samples, cfg.data_dir, seed=seed)
+    samples = SampleSet(cfg.dataset, size, cfg.eval_samples, cfg.data_dir, seed=seed, model=cfg.model)
     if cfg.eval_samples > len(samples):
         raise UsageError(f"--eval-samples {cfg.eval_samples}: the dataset {cfg.dataset} holds {len(samples)} images")
     return samples

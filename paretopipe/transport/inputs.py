@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ..errors import UsageError
+from ..partition.names import input_transform
 
 if TYPE_CHECKING:  # torch is imported where batches are made: naming a dataset must not cost ~2 s of CPU
     import torch
@@ -88,8 +89,9 @@ def check_local(spec: str, data_dir: str | None = None) -> None:
 
 
 def batches(dataset: str, batch_size: int, size: int, count: int, data_dir: str | None = None,
-            seed: int = 0) -> Iterator[torch.Tensor]:
-    """``count`` batches of ``batch_size`` images at ``size`` x ``size``."""
+            seed: int = 0, model: str | None = None) -> Iterator[torch.Tensor]:
+    """``count`` batches of ``batch_size`` images at ``size`` x ``size`` (a folder's through
+    ``model``'s own transform where its model file defines one)."""
     import torch
 
     kind, path = parse_dataset(dataset, data_dir)
@@ -104,7 +106,7 @@ def batches(dataset: str, batch_size: int, size: int, count: int, data_dir: str 
             start = (seed * 7 + i * batch_size) % len(images)
             yield torch.stack([images[(start + j) % len(images)] for j in range(batch_size)])
         return
-    ds = _cifar10(path, size) if kind == "cifar10" else _image_folder(path, size)
+    ds = _cifar10(path, size) if kind == "cifar10" else _image_folder(path, size, model)
     loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=False, drop_last=True)
     if len(loader) == 0:
         raise UsageError(f"dataset {dataset!r} holds {len(ds)} images, fewer than one batch of {batch_size}")
@@ -176,9 +178,9 @@ class Prefetcher:
 
 
 def source_batches(dataset: str, batch_size: int, size: int, count: int, data_dir: str | None = None,
-                   seed: int = 0, prefetch: int = 0) -> Iterator[torch.Tensor]:
+                   seed: int = 0, prefetch: int = 0, model: str | None = None) -> Iterator[torch.Tensor]:
     """:func:`batches`, prepared ``prefetch`` batches ahead in a thread when ``prefetch`` > 0."""
-    it = batches(dataset, batch_size, size, count, data_dir, seed)
+    it = batches(dataset, batch_size, size, count, data_dir, seed, model)
     return Prefetcher(it, prefetch) if prefetch > 0 else it
 
 
@@ -189,7 +191,8 @@ class SampleSet:
     folders are all numbers is labelled by those numbers (class indices of the model's head);
     otherwise by the folders' sorted order, as torchvision's ImageFolder (and ImageNet's) does."""
 
-    def __init__(self, dataset: str, size: int, count: int, data_dir: str | None = None, seed: int = 0) -> None:
+    def __init__(self, dataset: str, size: int, count: int, data_dir: str | None = None, seed: int = 0,
+                 model: str | None = None) -> None:
         self.kind, path = parse_dataset(dataset, data_dir)
         self.size, self.seed = size, seed
         self._images = _photos(size) if self.kind == "photos" else None
@@ -199,7 +202,7 @@ class SampleSet:
             self._ds = _cifar10(path, size)
             self._labels = [int(t) for t in self._ds.targets]
         elif self.kind == "imagefolder":
-            self._ds = _image_folder(path, size)
+            self._ds = _image_folder(path, size, model)
             names = self._ds.classes
             numbered = all(n.isdigit() for n in names)
             self._labels = [int(names[t]) if numbered else int(t) for t in self._ds.targets]
@@ -239,6 +242,25 @@ def describe(dataset: str, data_dir: str | None = None) -> dict[str, Any]:
     else:
         out.update(path=str(Path(path).resolve()))
     return out
+
+
+class _CheckedTransform:
+    """A model file's ``transform()``, its result checked: a float tensor of C x size x size (what
+    the model's input takes), refused in one line otherwise."""
+
+    def __init__(self, transform: Any, size: int, model: str) -> None:
+        self.transform, self.size, self.model = transform, size, model
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        import torch
+
+        out = self.transform(image)
+        if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() == 3
+                and tuple(out.shape[1:]) == (self.size, self.size)):
+            got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise UsageError(f"model {self.model}: transform() gave {got}; give a float tensor of channels x "
+                             f"{self.size} x {self.size}")
+        return out.float()
 
 
 def _transform(size: int, mean: Sequence[float], std: Sequence[float]):
@@ -290,13 +312,17 @@ def _cifar10(root: str, size: int):
     return torchvision.datasets.CIFAR10(root=root, train=False, download=False, transform=tf)
 
 
-def _image_folder(root: str, size: int):
+def _image_folder(root: str, size: int, model: str | None = None):
+    """A folder of class folders, each image resized, centre-cropped and normalised as ImageNet's
+    are, or through ``model``'s own ``transform()`` (a user model file's)."""
     from torchvision.datasets import ImageFolder
 
     if not os.path.isdir(root):
         raise UsageError(f"imagefolder:{root}: no such folder (expects {root}/<class>/<image files>)")
+    own = input_transform(model) if model else None
     try:
-        return ImageFolder(root, transform=_transform(size, IMAGENET_MEAN, IMAGENET_STD))
+        return ImageFolder(root, transform=_CheckedTransform(own, size, model) if own is not None
+                           else _transform(size, IMAGENET_MEAN, IMAGENET_STD))
     except (FileNotFoundError, RuntimeError) as exc:
         raise UsageError(f"imagefolder:{root}: {' '.join(str(exc).split())[:160]} "
                          f"(expects {root}/<class>/<image files>)")

@@ -93,3 +93,68 @@ def test_empty_image_folder_is_one_line(tmp_path):
     (tmp_path / "empty" / "cls").mkdir(parents=True)
     with pytest.raises(UsageError, match="imagefolder:"):
         inputs.check_local(f"imagefolder:{tmp_path / 'empty'}")
+
+
+MODEL_WITH_TRANSFORM = '''
+import torch
+from torch import nn
+from torchvision import transforms
+
+INPUT_SIZE = 40
+
+
+def build(num_classes=10):
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 8, 3, stride=2), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+
+
+def transform(image):
+    """Squeezed to 40 x 40 (no crop), a grey image in three channels, scaled to [-1, 1]: not what
+    the default transform (resize, centre-crop, ImageNet's normalisation) makes."""
+    return transforms.Compose([transforms.Grayscale(3), transforms.Resize((40, 40)), transforms.ToTensor(),
+                               transforms.Normalize([0.5] * 3, [0.5] * 3)])(image)
+
+
+def bad(num_classes=10):
+    return build(num_classes)
+'''
+
+
+@pytest.mark.slow
+def test_a_model_files_transform_prepares_its_folders_images_and_the_split_equals_the_unsplit_model(tmp_path):
+    """A user model file's transform() (here grey, squeezed to 40 x 40) is what its folder's
+    images go through: stage 1's inputs, and so the split's outputs, equal the unsplit model on
+    transform(image), image by image in the folder's order."""
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    _image_folder(folder)
+    (tmp_path / "grey.py").write_text(MODEL_WITH_TRANSFORM)
+    spec = f"{tmp_path}/grey.py:build"
+    b = cli.builder(spec)
+    count = len(list(folder.glob("*/*")))
+    s1, _ = cli.run_in_threads(spec, 2, tmp_path, batch_size=1, num_batches=count, warmup=0,
+                               dataset=f"imagefolder:{folder}")
+    from paretopipe.partition.names import input_transform
+    from torchvision.datasets import ImageFolder
+
+    files = [path for path, _ in ImageFolder(str(folder)).samples]
+    with torch.no_grad():
+        want = [b.model(input_transform(spec)(Image.open(f).convert("RGB")).unsqueeze(0)) for f in files]
+    assert len(s1.outputs) == count
+    for got, expected in zip(s1.outputs, want):
+        assert torch.allclose(got, expected, atol=1e-5)
+    # ...and not what the default transform would have made of the same image.
+    default = inputs._transform(40, inputs.IMAGENET_MEAN, inputs.IMAGENET_STD)
+    with torch.no_grad():
+        other = b.model(default(Image.open(files[0]).convert("RGB")).unsqueeze(0))
+    assert not torch.allclose(s1.outputs[0], other, atol=1e-3)
+
+
+def test_a_transform_that_gives_the_wrong_shape_is_one_line(tmp_path):
+    folder = tmp_path / "images"
+    _image_folder(folder)
+    (tmp_path / "wrong.py").write_text(MODEL_WITH_TRANSFORM.replace("Resize((40, 40))", "Resize((32, 32))"))
+    with pytest.raises(UsageError, match=r"transform\(\) gave \(3, 32, 32\) torch.float32; give a float tensor "
+                                         r"of channels x 40 x 40"):
+        next(inputs.batches(f"imagefolder:{folder}", 1, 40, 1, model=f"{tmp_path}/wrong.py:build"))

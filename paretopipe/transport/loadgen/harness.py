@@ -42,7 +42,7 @@ class Harness:
         require_loadgen()
         self.cfg, self.book = cfg, book
         self.opts: LoadgenOptions = cfg.loadgen
-        self.samples = SampleSet(cfg.dataset, input_size, self.opts.sample_count, cfg.data_dir, cfg.seed)
+        self.samples = SampleSet(cfg.dataset, input_size, self.opts.sample_count, cfg.data_dir, cfg.seed, cfg.model)
         offline = self.opts.scenario == "offline"
         self.feed = QueryFeed(self.samples, cfg.batch_size, None if offline else self.opts.query_size,
                               keep_predictions=self.opts.mode == "accuracy")
