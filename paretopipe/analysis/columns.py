@@ -36,7 +36,8 @@ GENERATION = re.compile(r"^(prompt_len|gen_tokens|streams|tokens_generated|ttft_
                         r"stage\d+_(prefill|decode)_compute_median_s|stage\d+_kv_bytes|hop\d+_(prefill_bytes|bytes_per_token))$")
 #: What a lossy wire cost (paretopipe.transport.fidelity): the evaluation pass after the timed
 #: batches, the same in every run of a configuration (its inputs and arithmetic are deterministic).
-FIDELITY = re.compile(r"^(fidelity_(samples|top1_agreement|kl_mean|eval_s|error)|accuracy_top1(_float32)?)$")
+FIDELITY = re.compile(r"^(fidelity_(samples|top1_agreement|kl_mean|eval_s|error)|accuracy_top1(_float32)?|"
+                      r"perplexity(_float32)?)$")
 #: What a fault cost a run (paretopipe.faults): runs.csv keeps each, summary.csv their medians.
 FAULT = faults.COLUMNS
 #: A generation's figures that summary.csv gives a median with a 95% CI over runs (its fronts' axes):

@@ -150,6 +150,7 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     d.add_argument("--compression-level", type=positive_int, default=3)
     flags.WIRE_DTYPE.add_to(d)
     flags.EVAL_SAMPLES.add_to(d)
+    flags.EVAL_TEXT.add_to(d)
     flags.FIDELITY_TARGET.add_to(d)
     k = p.add_argument_group("network conditions")
     add_network_flags(k)
@@ -221,9 +222,9 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     conditions = network_from_args(args)
     cfg = _stage1_config(args, builder, cuts, conditions, loadgen)
     if cfg.eval_samples:  # refused before anything listens, not after the timed batches
-        from ..transport.fidelity import sample_set  # lazy for start-up: torch
+        from ..transport.fidelity import evaluation_tokens, sample_set  # lazy for start-up: torch
 
-        sample_set(cfg, builder.input_size)
+        evaluation_tokens(builder, cfg) if cfg.generation is not None else sample_set(cfg, builder.input_size)
     observed = _observed_link(args)
     policy = None
     if cfg.adaptive:  # its candidates are checked before anything listens
@@ -259,7 +260,8 @@ def _stage1_config(args: argparse.Namespace, builder: StageBuilder, cuts: list[s
                                  num_batches=args.num_batches, in_flight=args.in_flight,
                                  dataset="synthetic" if generation else dataset_from_args(args, args.compression),
                                  wire_dtype=args.wire_dtype, compression=args.compression,
-                                 eval_samples=0 if generation else eval_samples_for(args.eval_samples, args.wire_dtype),
+                                 eval_samples=eval_samples_for(args.eval_samples, args.wire_dtype),
+                                 eval_text=args.eval_text,
                                  fidelity_target=args.fidelity_target,
                                  compression_level=args.compression_level, seed=args.seed,
                                  link_mode=args.link or ("emulated" if conditions else "none"),

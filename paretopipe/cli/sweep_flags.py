@@ -160,6 +160,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag.of(flags.WIRE_DTYPE_LIST, RUN, field="",
             stored=lambda o: list(o.dtypes) if len(o.dtypes) > 1 else o.dtypes[0]),
     Flag.of(flags.EVAL_SAMPLES, RUN),
+    Flag.of(flags.EVAL_TEXT, RUN),
     Flag.of(flags.FIDELITY_TARGET, RUN),
     Flag.of(flags.COMPRESSION, RUN),
     Flag.of(flags.ENCRYPT, RUN, help=f"comma list of the TCP data port's ciphers to sweep ({', '.join(aead.CHOICES)}), "

@@ -71,6 +71,9 @@ def generation_line(record: dict[str, Any], text: str) -> str:
     if s.get("token_agreement") is not None:
         line += (f", against unsplit float32: tokens agree {s['token_agreement']:.0%}, largest logit difference "
                  f"{s['max_logit_diff']:.2g}")
+    if s.get("perplexity") is not None:
+        line += (f"; teacher-forced on {s['fidelity_samples']} tokens: next token agrees {s['fidelity_top1_agreement']:.1%}, "
+                 f"perplexity {s['perplexity']:.4g} (float32 {s['perplexity_float32']:.4g})")
     measured, modelled = s.get("energy_per_token_j"), s.get("energy_modelled_per_token_j")
     if measured is not None or modelled is not None:
         line += f", {(measured if measured is not None else modelled) * 1e3:.1f} mJ a token" + (

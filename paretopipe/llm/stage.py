@@ -72,9 +72,11 @@ class LMStage:
         return sum(c.nbytes() for c in self.caches.values())
 
     @torch.inference_mode()
-    def forward(self, stream: int, x: torch.Tensor, start: int) -> torch.Tensor:
+    def forward(self, stream: int, x: torch.Tensor, start: int, all_positions: bool = False) -> torch.Tensor:
         """``x``: token ids (1, T) for the first stage, else the hidden state (1, T, H) of the
-        tokens at positions start .. start+T-1. The prefill (start 0) begins a stream's cache."""
+        tokens at positions start .. start+T-1. The prefill (start 0) begins a stream's cache. The
+        last stage returns the last position's logits, or every position's (1, T, V) with
+        ``all_positions`` (a teacher-forced evaluation)."""
         t0 = time.perf_counter()
         p = self.parts
         cache = self.caches.setdefault(stream, StageCache())
@@ -93,7 +95,7 @@ class LMStage:
         if p.norm is not None:
             h = p.norm(h)
         if p.lm_head is not None:
-            h = p.lm_head(h[:, -1:, :])[:, 0, :]
+            h = p.lm_head(h) if all_positions else p.lm_head(h[:, -1:, :])[:, 0, :]
         if self.cuda:
             h = h.cpu()  # waits for the device: the step's time is its whole work
         self.log.append((stream, "prefill" if start == 0 else "decode", time.perf_counter() - t0))

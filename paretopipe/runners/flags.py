@@ -141,8 +141,12 @@ SEED = Option(("--seed",), "seed of the synthetic inputs and seeded prompts", no
 EVAL_SAMPLES = Option(("--eval-samples",), "inputs of the run's data that an evaluation pass after the timed batches "
                       "sends through the unsplit float32 model and through the split with this wire dtype: top-1 "
                       "agreement and mean KL divergence, and with a labelled dataset top-1 accuracy beside the unsplit "
-                      "model's (default: 64 where the wire is lossy, 0 where it is float32; an image model's)",
+                      "model's; a language model's: tokens of --eval-text (or seeded ids), teacher-forced, with each "
+                      "one's perplexity (default: 64 where the wire is lossy, 0 where it is float32)",
                       nonneg_int, None)
+EVAL_TEXT = Option(("--eval-text",), "a language model's evaluation text (a UTF-8 file on stage 1's host), tokenised "
+                   "as its prompts are; its first --eval-samples + 1 tokens are the teacher-forced sequence "
+                   "(default: seeded token ids)")
 TIMEOUT = Option(("--timeout",), "seconds a run may wait for progress (default: follows the link: 60 s plus what the "
                  "batches in flight need at its slowest rate, with delay, jitter, losses and measured compute)",
                  positive_float)

@@ -21,11 +21,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import ParetoPipeError, UsageError
+from ..llm.build import build_stage
+from ..llm.generate import reference_model
+from ..llm.stage import LMStage, decode_cut, encode_cut
+from ..llm.tokens import seeded_prompt
 from ..partition import wirequant
 from ..partition.activation import Activation, call_stage, live_tensors
 from ..partition.stages import StageBuilder, adopt_torch_threads
@@ -53,7 +58,9 @@ def sample_set(cfg: RunConfig, size: int, seed: int = EVAL_SEED) -> SampleSet:
 def evaluate(builder: StageBuilder, cfg: RunConfig, seed: int = EVAL_SEED) -> dict[str, Any]:
     """The run's fidelity figures (none for an adaptive run, whose cut changes, or a model whose
     output is not one tensor of class scores)."""
-    if not cfg.eval_samples or cfg.adaptive or cfg.generation is not None:
+    if cfg.generation is not None:
+        return evaluate_generation(builder, cfg) if cfg.eval_samples else {}
+    if not cfg.eval_samples or cfg.adaptive:
         return {}
     adopt_torch_threads()
     t0 = time.perf_counter()
@@ -80,6 +87,54 @@ def evaluate(builder: StageBuilder, cfg: RunConfig, seed: int = EVAL_SEED) -> di
     if samples.labelled:
         out.update(accuracy_top1=right / n, accuracy_top1_float32=right_ref / n)
     return out
+
+
+def evaluation_tokens(builder: Any, cfg: RunConfig) -> list[int]:
+    """A language model's evaluation sequence: ``eval_samples`` + 1 token ids of ``--eval-text``
+    (tokenised as the model's prompts are), or seeded ids under :data:`EVAL_SEED`; refused in one
+    line when the text is missing or too short, or the model has fewer positions."""
+    n, shape = cfg.eval_samples + 1, builder.shape
+    if n > shape.max_position_embeddings:
+        raise UsageError(f"--eval-samples {cfg.eval_samples}: {builder.name} has {shape.max_position_embeddings} "
+                         f"positions; give --eval-samples {shape.max_position_embeddings - 1} or fewer")
+    if cfg.eval_text is None:
+        return seeded_prompt(n, shape.vocab_size, EVAL_SEED)
+    try:
+        ids = builder.tokenizer.encode(Path(cfg.eval_text).read_text(encoding="utf-8", errors="replace"))
+    except OSError as exc:
+        raise UsageError(f"--eval-text {cfg.eval_text}: {exc.strerror or exc}")
+    if len(ids) < n:
+        raise UsageError(f"--eval-text {cfg.eval_text}: {len(ids)} tokens; --eval-samples {cfg.eval_samples} "
+                         f"needs {n} (give --eval-samples {max(1, len(ids) - 1)} or a longer text)")
+    return ids[:n]
+
+
+def evaluate_generation(builder: Any, cfg: RunConfig) -> dict[str, Any]:
+    """A language model's figures, teacher-forced on :func:`evaluation_tokens`: each position's
+    next-token prediction through the split (every cut's hidden state sent as the run's wire dtype
+    sends it) against the unsplit float32 model's: top-1 agreement, mean KL, and each one's
+    perplexity on the sequence's real next tokens. Stages of their own, so the run's are untouched."""
+    adopt_torch_threads()
+    t0 = time.perf_counter()
+    ids = evaluation_tokens(builder, cfg)
+    splits = builder.plan(list(cfg.cuts))
+    stages = [LMStage(build_stage(builder.src, splits, i)) for i in range(len(splits) + 1)]
+    x: torch.Tensor = torch.tensor([ids[:-1]])
+    with torch.inference_mode():
+        for i, stage in enumerate(stages):
+            if i:
+                x = decode_cut(encode_cut(x, cfg.wire_dtype), cfg.wire_dtype)
+            x = stage.forward(0, x, 0, all_positions=i == len(stages) - 1)
+        got = x[0].double()
+        ref = reference_model(builder.src)(input_ids=torch.tensor([ids[:-1]])).logits[0].double()
+    target = torch.tensor(ids[1:])
+    logp, logq = ref.log_softmax(-1), got.log_softmax(-1)
+    n = len(ids) - 1
+    return {"fidelity_samples": n, "fidelity_top1_agreement": float((ref.argmax(-1) == got.argmax(-1)).sum()) / n,
+            "fidelity_kl_mean": float((logp.exp() * (logp - logq)).sum()) / n,
+            "perplexity": float(torch.exp(-logq[torch.arange(n), target].mean())),
+            "perplexity_float32": float(torch.exp(-logp[torch.arange(n), target].mean())),
+            "fidelity_eval_s": time.perf_counter() - t0}
 
 
 def chosen(builder: StageBuilder, cfg: RunConfig) -> RunConfig:

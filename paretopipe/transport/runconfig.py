@@ -175,6 +175,8 @@ class RunConfig:
     # Inputs of an evaluation pass after the timed batches: the split with this wire against the
     # unsplit float32 model (paretopipe.transport.fidelity); 0: none.
     eval_samples: int = 0
+    # A language model's evaluation text (a file on stage 1's host; None: seeded token ids).
+    eval_text: str | None = None
     # --wire-dtype auto: the share of the unsplit model's top-1 (or of its accuracy, on labelled data)
     # the chosen dtype must keep; and, once stage 1 chose, the evidence (transport.fidelity.chosen).
     fidelity_target: float | None = None
@@ -292,15 +294,18 @@ class RunConfig:
             raise UsageError(f"--loadgen-mode accuracy needs labelled inputs: give --dataset imagefolder:PATH or "
                              f"cifar10:PATH, not {self.dataset}")
         check_dataset(self.dataset)
+        if self.eval_text is not None and self.generation is None:
+            raise UsageError("--eval-text is a language model's evaluation text; an image model's evaluation takes "
+                             "--eval-samples of its --dataset")
 
     def _derive_generation(self) -> None:
         """A generation's batches are its steps, one token of one stream each: the batch size, the
         window, the measured and warm-up batches follow from it (set once here, never patched)."""
         g = self.generation
         if self.adaptive or self.loadgen is not None or self.deadline_s is not None or self.dataset != "synthetic" \
-                or self.eval_samples or self.wire_dtype == AUTO:
+                or self.wire_dtype == AUTO:
             what = ("--split " + str(self.split_index) if self.adaptive else "--scenario" if self.loadgen
-                    else "--deadline-ms" if self.deadline_s is not None else "--eval-samples" if self.eval_samples
+                    else "--deadline-ms" if self.deadline_s is not None
                     else "--wire-dtype auto" if self.wire_dtype == AUTO else f"--dataset {self.dataset}")
             raise UsageError(f"{what} applies to an image model's batches; a language model runs a static split "
                              f"over its prompts")

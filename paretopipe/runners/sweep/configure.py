@@ -47,7 +47,7 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
                      num_batches=o.num_batches, warmup=0 if skip_warmup else o.warmup, in_flight=o.in_flight,
                      network=planned.network, link_mode=o.link, timeout_s=timeout_s, seed=planned.run,
                      wire_dtype=wire_dtype, compression=o.compression, num_classes=o.num_classes,
-                     eval_samples=0 if planned.prompt_len is not None else eval_samples_for(o.eval_samples, wire_dtype),
+                     eval_samples=eval_samples_for(o.eval_samples, wire_dtype), eval_text=o.eval_text,
                      fidelity_target=o.fidelity_target,
                      dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key,
                      config_key=planned.config_key, run=planned.run, stage_limits=info.limits,

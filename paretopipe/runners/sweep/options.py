@@ -59,6 +59,7 @@ class SweepOptions:
     # --wire-dtype's list, each a pass of its own (None: wire_dtype alone; a search sets wire_dtype).
     wire_dtypes: list[str] | None = None
     eval_samples: int | None = None  # transport.fidelity: None is 64 where the wire is lossy
+    eval_text: str | None = None  # a language model's evaluation text (transport.fidelity)
     fidelity_target: float | None = None  # --wire-dtype auto's target (transport.fidelity.chosen)
     compression: str = "none"
     # The TCP data port's --encrypt choices (transport.aead): one worker group each, since a cipher is
