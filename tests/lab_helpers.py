@@ -45,8 +45,9 @@ def leftovers(name: str) -> list[str]:
               if line.split(":")[1].strip().startswith((f"{name}-br", f"{name}h"))]
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if f"paretopipe-lab-{name}/" in cmd or (("paretopipe.runners.worker" in cmd or "paretopipe.runners.rpc_ranks"
-                                                  in cmd) and f"paretopipe-lab-{name}" in cmd):
+        # The folder's name ends in a slash: lab "ppls" is not lab "pplsa" (whose remote workers'
+        # ssh command lines a check without it took for this lab's leftovers).
+        if f"paretopipe-lab-{name}/" in cmd:
             found.append(f"process {proc.pid}: {cmd[:80]}")
     if Path(f"/tmp/paretopipe-lab-{name}").exists():
         found.append(f"folder /tmp/paretopipe-lab-{name}")

@@ -62,8 +62,9 @@ def test_the_deadline_follows_the_largest_payload_the_link_and_the_compute():
     k1 = PlannedRun("m", "tcp", "lte", Split((1,)), 0)
     want = deadlines.run_timeout_s(lte, 800 * 4, 10 * 4 * 4, 2, 0.25)
     assert timeout_s(opts, INFO, k1, [1], lte, 0.25) == pytest.approx(want)
-    half = SweepOptions(models=["m"], batch_size=4, in_flight=2, wire_dtype="float16")
-    assert timeout_s(half, INFO, k1, [1], lte, 0.25) == pytest.approx(
+    # The run's own wire dtype (its codec: a sweep may measure several) halves what crosses.
+    half = PlannedRun("m", "tcp", "lte", Split((1,)), 0, codec="float16/none")
+    assert timeout_s(opts, INFO, half, [1], lte, 0.25) == pytest.approx(
         deadlines.run_timeout_s(lte, 800 * 4 // 2, 10 * 4 * 4, 2, 0.25))
     adaptive = PlannedRun("m", "tcp", "lte", Split(adaptive=True), 0)  # bounded by the largest candidate
     assert timeout_s(opts, INFO, adaptive, [3], lte, 0.0) == pytest.approx(
