@@ -48,3 +48,28 @@ def test_an_evaluation_text_is_tokenised_as_prompts_are_and_a_short_or_missing_o
         fidelity.evaluation_tokens(tiny, _cfg(tiny, "int8", eval_samples=4, eval_text=str(tmp_path / "missing.txt")))
     with pytest.raises(UsageError, match="--eval-text is a language model's"):
         RunConfig(model="mobilenetv2", cuts=["c"], eval_text=str(text))
+
+
+def _model_folder(tmp_path, tiny: LMBuilder):
+    """tiny-lm's weights as a --model-dir folder (save_pretrained, as a user's checkpoint is)."""
+    from paretopipe.llm import generate
+
+    folder = tmp_path / "my-lm"
+    generate.reference_model(tiny.src).save_pretrained(folder)
+    return LMBuilder(None, model_dir=str(folder))
+
+
+@pytest.mark.slow
+def test_float32_perplexity_is_the_unsplit_models_at_every_cut_and_quantised_cuts_are_beside_it(tiny, tmp_path):
+    """The issue's showing, for tiny-lm and a --model-dir folder: at every cut float32's perplexity
+    equals the unsplit model's; int8's and int4's are measured beside it."""
+    for builder in (tiny, _model_folder(tmp_path, tiny)):
+        for k in range(builder.partitioner.num_blocks + 1):
+            cfg = RunConfig(model=builder.name, cuts=builder.cuts_for(k), split_index=k, eval_samples=64,
+                            generation=Generation(gen_tokens=4, prompt_len=8))
+            exact = fidelity.evaluate(builder, cfg)
+            assert exact["perplexity"] == pytest.approx(exact["perplexity_float32"], rel=1e-9), (builder.name, k)
+            assert exact["fidelity_top1_agreement"] == 1.0
+            for dtype in ("int8", "int4"):
+                lossy = fidelity.evaluate(builder, cfg.replace(wire_dtype=dtype))
+                assert lossy["perplexity_float32"] == exact["perplexity_float32"] and lossy["perplexity"] > 0

@@ -21,6 +21,8 @@ from paretopipe.partition.stages import StageBuilder
 from paretopipe.transport import fidelity
 from paretopipe.transport.inputs import SampleSet
 from paretopipe.transport.runconfig import RunConfig
+import tcp_helpers as cli
+from conftest import PYTHON
 from tcp_helpers import free_port, start, wait_for_line
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn ships the digits (make installs it)")
@@ -170,3 +172,53 @@ def test_auto_picks_the_fewest_bytes_that_keep_the_target_and_records_why(digits
         assert last == got.wire_dtype and choice["tried"][last]["kept"] >= target
     # Stage 2 never sees "auto": the run's configuration names the dtype chosen.
     assert RunConfig.from_dict(got.to_dict()).wire_dtype in fidelity.AUTO_ORDER
+
+
+TRANSFORM = '''
+
+def transform(image):
+    """This model's own preparation: squeezed (not cropped) to 16 x 16, ImageNet's normalisation."""
+    from torchvision import transforms
+
+    return transforms.Compose([transforms.Resize((16, 16)), transforms.ToTensor(),
+                               transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])(image)
+'''
+
+
+@pytest.mark.slow
+def test_a_sweep_of_the_trained_model_with_its_own_transform_over_three_dtypes(digits, tmp_path):
+    """The issue's showing: a user's trained model with its own transform() over its labelled
+    folder, --wire-dtype float32,int8,int4: float32's accuracy equals an independent count through
+    the same transform, int8's is within two points of it, and int8 sends at most 0.3 of float32's
+    bytes, int4 at most 0.17 (batch 8: int4's shape, 32 bytes a frame, is spread over 8 images)."""
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+
+    spec, folder, weights = digits
+    own = tmp_path / "digits_own.py"
+    own.write_text(Path(spec.rsplit(":", 1)[0]).read_text() + TRANSFORM)
+    own_spec = f"{own}:build"
+    n = len(ImageFolder(str(folder)).samples)
+    done = cli.run([PYTHON, "automated_split_tester.py", "--model", own_spec, "--weights", str(weights), "--dataset",
+                    f"imagefolder:{folder}", "--splits", "1,2", "--wire-dtype", "float32,int8,int4", "--eval-samples",
+                    str(n), "--batch-size", "8", "--num-batches", "3", "--warmup", "1", "--runs", "1", "--local",
+                    "--out", str(tmp_path / "out"), "--session", "s", "--quiet", "--no-report"], timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import pandas as pd
+
+    summary = pd.read_csv(tmp_path / "out" / "s" / "summary.csv").set_index(["split_index", "codec"])
+    # The independent count: the file's transform, the trained weights, the unsplit model, every image.
+    module = runpy.run_path(str(own))
+    model = StageBuilder(own_spec, weights=str(weights)).model
+    images = ImageFolder(str(folder))
+    names = images.classes
+    with torch.no_grad():
+        right = sum(int(model(module["transform"](Image.open(p).convert("RGB")).unsqueeze(0)).argmax()) == int(names[t])
+                    for p, t in images.samples)
+    for k in (1, 2):
+        f32 = summary.loc[(k, "float32/none")]
+        assert f32["fidelity_samples"] == n and f32["accuracy_top1"] == pytest.approx(right / n, abs=1e-12)
+        assert f32["accuracy_top1_float32"] == pytest.approx(right / n, abs=1e-12)
+        assert abs(summary.loc[(k, "int8/none"), "accuracy_top1"] - right / n) <= 0.02
+        assert summary.loc[(k, "int8/none"), "payload_bytes_mean"] <= 0.3 * f32["payload_bytes_mean"]
+        assert summary.loc[(k, "int4/none"), "payload_bytes_mean"] <= 0.17 * f32["payload_bytes_mean"]
