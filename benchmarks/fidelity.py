@@ -11,6 +11,9 @@ weights are untrained: agreement and KL, no accuracy.
 
     python benchmarks/fidelity.py                                    # resnet18, 32 samples, 1 thread
     python benchmarks/fidelity.py --model mobilenetv2 --samples 64 --dtypes int8,int4
+
+After each cut, the dtype ``--wire-dtype auto`` picks there at ``--target`` (0.99) and what each
+dtype it tried kept.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--dataset", default="synthetic", help="synthetic, or imagefolder:DIR for accuracy")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--target", type=float, default=0.99,
+                   help="also print the dtype --wire-dtype auto picks per cut at this target (0: none)")
     args = p.parse_args()
 
     import torch
@@ -64,6 +69,13 @@ def main() -> int:
             acc = (f"  {f['accuracy_top1']:.4f} ({f['accuracy_top1_float32']:.4f})" if "accuracy_top1" in f else "")
             print(f"{k:>3} {cuts[0][:22]:<22} {dtype:<9} {sent:>12} {sent / f32:>7.3f} "
                   f"{f['fidelity_top1_agreement']:>9.4f} {f['fidelity_kl_mean']:>10.2e}{acc}", flush=True)
+        if args.target:  # what --wire-dtype auto would choose here (on its own calibration inputs)
+            auto = fidelity.chosen(builder, RunConfig(model=builder.name, cuts=cuts, split_index=k, dataset=args.dataset,
+                                                      wire_dtype="auto", fidelity_target=args.target,
+                                                      eval_samples=args.samples))
+            tried = ", ".join(f"{d} {v['kept']:.4f}" for d, v in auto.wire_choice["tried"].items())
+            print(f"{'':>3} {'':<22} auto at {args.target:g}: {auto.wire_dtype} ({auto.wire_choice['measure']}: "
+                  f"{tried})", flush=True)
     return 0
 
 
