@@ -40,12 +40,13 @@ def write(configs: pd.DataFrame, out: Path, plt: Any, fmt: str) -> list[Path]:
         if group["codec"].nunique() < 2 or group[measure[0]].notna().sum() == 0:
             continue
         path = out / f"fidelity_{records.file_label('_'.join(str(k) for k in key))}.{fmt}"
-        save_figure(_figure(plt, group, measure, key), path)
+        save_figure(figure(plt, group, measure, key), path)
         written.append(path)
     return written
 
 
-def _figure(plt: Any, group: pd.DataFrame, measure: tuple[str, str], key: tuple) -> Any:
+def figure(plt: Any, group: pd.DataFrame, measure: tuple[str, str], key: tuple) -> Any:
+    """One model, backend, network and batch size: a curve per split through its wire dtypes."""
     column, label = measure
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for split in sorted(group["split_index"].unique(), key=split_sort_key):
