@@ -158,7 +158,9 @@ def test_a_language_model_split_across_architectures_generates_the_unsplit_model
                                                      "--prompt-len", "12", "--gen-tokens", "6", "--warmup", "0",
                                                      "--save-outputs", saved, "--out", "/tmp"], env),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stage2 = subprocess.run(server.argv("paretopipe", ["stage2", *common, "--host", pi.address], env),
+    # Its record goes to this test's folder: the x86 host's REMOTE_DIR is the checkout itself.
+    stage2 = subprocess.run(server.argv("paretopipe", ["stage2", *common, "--host", pi.address, "--output-dir",
+                                                       str(tmp_path)], env),
                             capture_output=True, text=True, timeout=1800)
     out, err = stage1.communicate(timeout=900)
     assert stage2.returncode == 0 and stage1.returncode == 0, stage2.stderr[-2000:] + err[-2000:]
