@@ -31,8 +31,6 @@ KINDS = {"stage2": ("kill", "freeze"), "link": ("down",)}
 _FORM = re.compile(r"^(?P<target>[a-z0-9]+):(?P<kind>[a-z]+)@(?P<batch>\d+)\+(?P<seconds>\d+(\.\d+)?)$")
 VALID = "none, stage2:kill@B+S, stage2:freeze@B+S, link:down@B+S (at measured batch B, for S seconds)"
 #: The per-run figures (runs.csv) that summary.csv gives a median over runs.
-FIGURES = ("fault_start_s", "fault_detect_s", "fault_served_locally", "fault_recover_s", "fault_window_p99_s",
-           "fault_cost_s", "fault_lost", "fault_duplicated", "fault_extra_batches")
 COLUMNS = re.compile(r"^fault_(start|detect|served_locally|recover|window_p99|cost|lost|duplicated|extra_batches)(_s)?$")
 
 
@@ -76,10 +74,6 @@ def parse_faults(text: str) -> list[str]:
     if len(set(labels)) != len(labels):
         raise UsageError(f"--fault {text}: a fault is named twice")
     return labels
-
-
-def label_of(fault: Fault | None) -> str:
-    return NONE if fault is None else fault.label
 
 
 def outage_figures(batches: Sequence[dict[str, Any]], fault: Fault, start_s: float | None,

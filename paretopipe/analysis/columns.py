@@ -58,7 +58,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "cipher": cipher_of(rec["manifest"]), "transport": transport_of(rec["manifest"]),
             "codec": f"{codec_dtype(c)}/{c.get('compression') or 'none'}",
             "scenario": (c.get("loadgen") or {}).get("scenario") or CLOSED_LOOP,
-            **({"fault": faults.label_of(faults.Fault(**c["fault"]))} if c.get("fault") else {}),
+            **({"fault": faults.Fault(**c["fault"]).label} if c.get("fault") else {}),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **({"prompt_len": prompt_len(rec), "gen_tokens": generation.get("gen_tokens")} if generation else {}),
             **{k: v for k, v in s.items() if k.startswith("loadgen_")},

@@ -5,10 +5,9 @@ and the defaults a table from before a field existed means by its absence."""
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Iterable, Mapping, Sequence
 
-from .. import records
+from .. import faults, records
 from ..loadgen.settings import CLOSED_LOOP
 from ..splits import Split, sort_key
 
@@ -20,7 +19,7 @@ DEFAULT_CODEC = "float32/none"
 #: A configuration of image batches has no prompt (a language model's generation names its length).
 NO_PROMPT = 0
 #: A configuration without a fault (paretopipe.faults) as its treatment.
-NO_FAULT = "none"
+NO_FAULT = faults.NONE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,12 +104,7 @@ def config_key(model: str, backend: str, network: str, split: Any, cipher: str =
                               + (f"_w{int(in_flight_tag)}" if in_flight_tag is not None else "")
                               + (f"_{scenario}" if scenario != CLOSED_LOOP else "")
                               + (f"_p{int(prompt_len)}" if prompt_len else "")
-                              + (f"_{fault_label(fault)}" if fault != NO_FAULT else ""))
-
-
-def fault_label(fault: str) -> str:
-    """A fault's form in file names: ``stage2:kill@20+2`` is ``stage2_kill_20_2``."""
-    return re.sub(r"[:@+]", "_", str(fault))
+                              + (f"_{fault}" if fault != NO_FAULT else ""))
 
 
 def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
@@ -138,7 +132,7 @@ def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
                                      + (f"_{str(codec).replace('/', '-')}" if coded else "")
                                      + (f"_w{depth}" if depth != 1 else "")
                                      + (f"_{scenario}" if scenario != CLOSED_LOOP else "")
-                                     + (f"_{fault_label(fault)}" if fault != NO_FAULT else ""))
+                                     + (f"_{fault}" if fault != NO_FAULT else ""))
 
 
 def run_key(cfg_key: str, run: int) -> str:

@@ -136,9 +136,10 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     table = pareto_table(session, objectives=objectives)
     chosen = objectives_mod.parse(table.attrs.get("objectives"), table)
     records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))
-    robust = robustness.write(session.configs(), out)
+    configs = session.configs()
+    robust = robustness.write(configs, out)
     write_html(table, chosen, out / HTML_FILE, robustness.html_section(robust))
-    checks = sanity_checks(session.configs(), session.runs(), session.read_meta())
+    checks = sanity_checks(configs, session.runs(), session.read_meta())
     records.atomic_write_csv(out / "sanity.csv", checks.to_dict("records"), list(checks.columns))
     cost = privacy_cost(table)
     if not cost.empty:
@@ -146,8 +147,8 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     carried = transport_cost(table)
     if not carried.empty:
         records.atomic_write_csv(out / TRANSPORT_FILE, carried.to_dict("records"), list(carried.columns))
-    loadgen_front.write(session.configs(), out, predictions, plt, fmt)
-    fidelity_plot.write(session.configs(), out, plt, fmt)
+    loadgen_front.write(configs, out, predictions, plt, fmt)
+    fidelity_plot.write(configs, out, plt, fmt)
     depths = table["in_flight"].nunique() > 1
     for key, panel in table.groupby(PANEL_KEY):
         _panel_figures(plt, panel, key, chosen, out, fmt, depths)

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..analysis.keys import NO_FAULT
 from ..loadgen.settings import CLOSED_LOOP
 from ..runners import flags
 from ..runners.sweep.options import FAULT_DEADLINE_S
@@ -183,10 +184,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--fault",), RUN, "comma list of faults, each a pass of its own over the configurations: none, "
          "stage2:kill@B+S (SIGKILL stage 2 as measured batch B starts, start it again S seconds later), "
          "stage2:freeze@B+S (SIGSTOP for S seconds), link:down@B+S (the link carries nothing for S seconds); "
-         "TCP, two local stages; each run records the time to detect and to recover, the batches served on "
-         f"stage 1, the latency p99 in the fault's window and any batch lost or served twice (--deadline-ms "
-         f"defaults to {FAULT_DEADLINE_S * 1e3:g})", field="",
-         stored=lambda o: list(o.faults) if o.faults != ["none"] else None),
+         "TCP, two stages or a chain of three, here or on hosts; each run records the time to detect and to "
+         "recover, the batches served on stage 1, the latency p99 in the fault's window, what the outage cost and "
+         f"any batch lost or served twice (--deadline-ms defaults to {FAULT_DEADLINE_S * 1e3:g})", field="",
+         stored=lambda o: list(o.faults) if o.faults != [NO_FAULT] else None),
     Flag.of(flags.RPC_SOURCE, RUN),
     Flag.of(flags.RPC_TRANSPORT, RUN),
     # -- MLPerf LoadGen scenarios -----------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from .. import cpushare, cputrace
 from ..errors import UsageError
@@ -15,7 +16,8 @@ from ..runners.processes import check_stage_devices
 from ..analysis.session import sweep_session_dir
 from ..runners.sweep import SweepOptions
 from ..runners.sweep.options import FAULT_DEADLINE_S
-from ..faults import NONE as NO_FAULT, parse_faults
+from ..analysis.keys import NO_FAULT
+from ..faults import parse_faults
 from ..splits import parse_plans
 from ..network import traces
 from ..transport import aead, messaging
@@ -57,8 +59,6 @@ def _models(args: argparse.Namespace) -> list[str]:
 def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
     models = _models(args)
     language_model = is_language_model(models[0], args.model_dir)
-    faults = parse_faults(args.fault) if args.fault else [NO_FAULT]
-    dtypes = list(dict.fromkeys(args.wire_dtype))
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else []
     env = read_env(args.env_file)
     if args.local:
@@ -112,10 +112,17 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),
                         power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),
                         memory_limits=_memory_limits(args.memory_limit, stages),
-                        deadline_s=args.deadline_ms / 1e3 if args.deadline_ms else
-                        FAULT_DEADLINE_S if faults != [NO_FAULT] else None, faults=faults,
-                        wire_dtype=dtypes[0], wire_dtypes=dtypes if len(dtypes) > 1 else None,
-                        loadgen_settings=loadgen_sweep_settings(args, args.scenario))
+                        **_treatments(args), loadgen_settings=loadgen_sweep_settings(args, args.scenario))
+
+
+def _treatments(args: argparse.Namespace) -> dict[str, Any]:
+    """The faults and wire dtypes a sweep passes over, each a pass of its own, and the deadline a
+    fault sweep needs (--deadline-ms, else :data:`FAULT_DEADLINE_S`)."""
+    faults = parse_faults(args.fault) if args.fault else [NO_FAULT]
+    dtypes = list(dict.fromkeys(args.wire_dtype))
+    deadline_s = args.deadline_ms / 1e3 if args.deadline_ms else FAULT_DEADLINE_S if faults != [NO_FAULT] else None
+    return {"faults": faults, "deadline_s": deadline_s, "wire_dtype": dtypes[0],
+            "wire_dtypes": dtypes if len(dtypes) > 1 else None}
 
 
 def _per_stage_floats(text: str | None, flag: str, stages: int) -> list[float | None]:

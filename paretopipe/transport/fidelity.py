@@ -119,14 +119,15 @@ def evaluate_generation(builder: Any, cfg: RunConfig) -> dict[str, Any]:
     ids = evaluation_tokens(builder, cfg)
     splits = builder.plan(list(cfg.cuts))
     stages = [LMStage(build_stage(builder.src, splits, i)) for i in range(len(splits) + 1)]
-    x: torch.Tensor = torch.tensor([ids[:-1]])
+    given = torch.tensor([ids[:-1]])
+    x = given
     with torch.inference_mode():
         for i, stage in enumerate(stages):
             if i:
                 x = decode_cut(encode_cut(x, cfg.wire_dtype), cfg.wire_dtype)
             x = stage.forward(0, x, 0, all_positions=i == len(stages) - 1)
         got = x[0].double()
-        ref = reference_model(builder.src)(input_ids=torch.tensor([ids[:-1]])).logits[0].double()
+        ref = reference_model(builder.src)(input_ids=given).logits[0].double()
     target = torch.tensor(ids[1:])
     logp, logq = ref.log_softmax(-1), got.log_softmax(-1)
     n = len(ids) - 1

@@ -21,7 +21,6 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
     """``warmed``: this group has run these cuts already, so the run skips its warm-up (unless
     --warmup-every-run); ``timeout_s``: the run's deadline (:func:`timeout_s`)."""
     o = opts
-    wire_dtype = planned.codec.split("/")[0]  # the pass's, of --wire-dtype's list
     adaptive = planned.split.adaptive
     cuts = run_cuts(info, planned)
     rpc = planned.backend == "rpc"
@@ -46,8 +45,8 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
     return RunConfig(model=info.model, cuts=cuts, split_index=planned.split.config, batch_size=o.batch_size,
                      num_batches=o.num_batches, warmup=0 if skip_warmup else o.warmup, in_flight=o.in_flight,
                      network=planned.network, link_mode=o.link, timeout_s=timeout_s, seed=planned.run,
-                     wire_dtype=wire_dtype, compression=o.compression, num_classes=o.num_classes,
-                     eval_samples=eval_samples_for(o.eval_samples, wire_dtype), eval_text=o.eval_text,
+                     wire_dtype=planned.wire_dtype, compression=o.compression, num_classes=o.num_classes,
+                     eval_samples=eval_samples_for(o.eval_samples, planned.wire_dtype), eval_text=o.eval_text,
                      fidelity_target=o.fidelity_target,
                      dataset=o.dataset, data_dir=o.data_dir, run_key=planned.run_key,
                      config_key=planned.config_key, run=planned.run, stage_limits=info.limits,
@@ -96,7 +95,7 @@ def timeout_s(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, blocks: 
     if planned.prompt_len is not None:  # every stream's prefill in flight at once; a token comes back
         largest = max((per_image[k] for k in blocks if k < len(per_image)), default=0)
         return deadlines.run_timeout_s(conditions, largest * planned.prompt_len, 64, o.streams, compute_s)
-    itemsize = 2 if planned.codec.split("/")[0] in ("float16", "bfloat16") else 4
+    itemsize = 2 if planned.wire_dtype in ("float16", "bfloat16") else 4
     if planned.split.adaptive:  # any candidate may be chosen: the largest bounds them all
         blocks = range(len(per_image))
     largest = (info.fine_cuts.get(planned.split.cut, [0, 0])[1] if planned.split.cut else

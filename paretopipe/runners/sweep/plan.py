@@ -36,6 +36,11 @@ class PlannedRun:
     fault: str = NO_FAULT  # the fault the run survives (paretopipe.faults), or none
 
     @property
+    def wire_dtype(self) -> str:
+        """The dtype its codec sends a cut's tensors in (the pass's, of --wire-dtype's list)."""
+        return self.codec.split("/")[0]
+
+    @property
     def split_index(self) -> int | str:
         return self.split.label
 
