@@ -36,6 +36,10 @@ SIZES = {"--runs", "--num-batches", "--num-test-samples", "--warmup", "--batch-s
 #: docs/sweep.md's fault sweep, the one issue 58 asks to show.
 FAULT_LINE = ("python automated_split_tester.py --model mobilenetv2 --splits 4,14 --fault none,stage2:kill@20+2 "
               "--batch-size 1 --num-batches 60")
+#: docs/loadgen.md's language model under LoadGen: a Server by hand, then a sweep of the scenarios.
+LM_LOADGEN_LINES = ("python partition1.py --model tiny-lm --split 2 --scenario server --ttft-ms 2000 --tpot-ms 200",
+                    "python automated_split_tester.py --model tiny-lm --splits all --network lan "
+                    "--scenario closed,singlestream,offline,server")
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
 PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session", "--live", "--name", "--subnet"}
 #: docs/tutorial.md, in its order: your model's cuts, its sweep on two emulated devices, its
@@ -112,6 +116,7 @@ RUN = frozenset({
     "python partition2.py --model mobilenetv2 --host 127.0.0.1 --output-dir results/manual",
     "python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
     "--scenario closed,singlestream,multistream,offline,server --latency-bound-ms 500",
+    *LM_LOADGEN_LINES,
     FAULT_LINE,
     *TUTORIAL_LINES,
 })
@@ -340,6 +345,20 @@ def test_loadgen_scenarios_by_hand_and_in_a_sweep_as_the_docs_run_them(clone):
     front = pd.read_csv(session / "report" / "loadgen_front.csv")
     assert len(front) == 4 and front["server_result"].notna().all() and front["multistream_p99_s"].gt(0).all()
     assert "LoadGen fronts over singlestream_p90_s, offline_samples_per_s, server_qps" in out.stdout
+
+
+def test_a_language_model_under_loadgen_as_the_docs_run_it(clone):
+    port = str(free_port())
+    hand_run(clone, reduced(LM_LOADGEN_LINES[0], min_duration_s="1", min_query_count="8", server_steps="2",
+                            gen_tokens="4", output_dir="results/lm-manual", port=port),
+             reduced("python partition2.py --model tiny-lm --host 127.0.0.1", port=port, output_dir="results/lm-s2"))
+    (summary,) = (clone / "results" / "lm-manual").glob("*.mlperf/mlperf_log_summary.txt")
+    assert "first token latency" in summary.read_text() and "ttft_latency (ns): 2000000000" in summary.read_text()
+    out = sh(reduced(LM_LOADGEN_LINES[1], splits="1,6", runs="1", gen_tokens="4", prompt_len="8", min_duration_s="1",
+                     min_query_count="8", server_steps="2", local="", out="results-lm"), clone)
+    front = pd.read_csv(next((clone / "results-lm").glob("*/report/loadgen_front.csv")))
+    assert len(front) == 2 and front["offline_tokens_per_s"].gt(0).all() and front["singlestream_ttft_p90_s"].gt(0).all()
+    assert "within p99 TTFT 2000 ms and TPOT 200 ms" in out.stdout
 
 
 # -- 6. the rest of the README's examples ------------------------------------------------------------

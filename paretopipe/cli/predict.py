@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from ..runners import flags
 from ..errors import UsageError
 from ..llm.shapes import is_language_model, shape_of
+from ..loadgen.settings import DEFAULT_TPOT_BOUND_S, DEFAULT_TTFT_BOUND_S
 from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      network_from_args, setup_logging)
@@ -69,7 +70,14 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     p.add_argument("--sweep-points", type=int, default=80)
     p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
                    help="compare with a measured sweep; writes prediction_validation.* into its report/")
-    flags.PROMPT_LENS.add_to(p.add_argument_group(f"{LANGUAGE_MODELS}: time to first token and per token"))
+    lm = p.add_argument_group(f"{LANGUAGE_MODELS}: time to first token and per token")
+    flags.PROMPT_LENS.add_to(lm)
+    flags.TTFT_MS.add_to(lm, help="also predict each split's MLPerf Server rate: the highest Poisson rate of "
+                         "queries (one prompt, --gen-tokens tokens) whose p99 time to first token stays within this "
+                         "bound, ms, while the time per token stays within --tpot-ms")
+    flags.TPOT_MS.add_to(lm)
+    flags.GEN_TOKENS.add_to(lm)
+    flags.STREAMS.add_to(lm)
     flags.OUT.add_to(p, help="folder for predictions.csv and figures (default: print only; "
                                                "--sweep-rate defaults to predictions/)")
     add_common_flags(p)
@@ -117,7 +125,7 @@ def _per_device_watts(values: list[float | None] | None, devices: int) -> list[f
 #: Options that only one kind of model's prediction takes (their dests).
 IMAGE_ONLY = ("links", "base_rate", "batch_size", "compression", "encrypt", "fine", "objectives", "power_core_w",
               "latency_bound_ms", "sweep_rate")
-GENERATION_ONLY = ("prompt_len",)
+GENERATION_ONLY = ("prompt_len", "ttft_ms", "tpot_ms", "gen_tokens", "streams")
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.predict") -> int:
@@ -140,11 +148,18 @@ def _predict_language_model(args: argparse.Namespace) -> int:
     shape = shape_of(args.model, args.model_dir)
     profiles = [lm_costmodel.load_profile(p.strip()) for p in args.device_profiles.split(",") if p.strip()]
     networks = [n.strip() for n in (args.network or "lan").split(",") if n.strip()]
+    # The Server's token bounds, where asked for (one given, the other MLPerf's default).
+    bounds = None if args.ttft_ms is None and args.tpot_ms is None else \
+        (args.ttft_ms / 1e3 if args.ttft_ms else DEFAULT_TTFT_BOUND_S, args.tpot_ms / 1e3 if args.tpot_ms else DEFAULT_TPOT_BOUND_S)
     rows = []
     for name in networks:
         conditions = None if name == "unshaped" else get_conditions(name, args.network_file)
         for plen in args.prompt_len:
-            rows += lm_costmodel.predict(shape, profiles, conditions, plen, args.wire_dtype)
+            predicted = lm_costmodel.predict(shape, profiles, conditions, plen, args.wire_dtype)
+            if bounds is not None:
+                for row in predicted:
+                    row.update(lm_costmodel.server_columns(row, conditions, args.gen_tokens, args.streams, *bounds))
+            rows += predicted
     print(lm_costmodel.table(rows))
     result: dict[str, Any] = {"predictions": rows}
     if args.validate:
@@ -158,6 +173,7 @@ def _predict_language_model(args: argparse.Namespace) -> int:
               f"to first token {check['ttft_median_abs_error']:.1%}, time per token {check['tpot_median_abs_error']:.1%}")
     if args.out:
         print(f"written: {records.atomic_write_json(Path(args.out) / 'predictions.json', result)}")
+        print(f"written: {records.atomic_write_csv(Path(args.out) / 'predictions.csv', rows)}")
     return 0
 
 

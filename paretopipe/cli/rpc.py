@@ -11,9 +11,8 @@ from typing import Any, Sequence
 
 from ..runners import flags, rpc_ranks
 from ..llm.shapes import is_language_model, model_structure
-from .stages import loadgen_line
 from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,
-                             save_tokens)
+                             loadgen_line, save_tokens)
 from ..errors import PeerError, UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_loadgen_flags,
                      add_network_flags, add_prefetch_flags, dataset_from_args, loadgen_from_args, example_epilog, network_from_args, nonneg_int, port_number,
@@ -232,7 +231,8 @@ class _MasterRun:
             up = max(part.payload_nbytes(c, max(map(len, builder.prompts(generation, args.seed)))) for c in cuts)
             timeout_s = args.timeout or deadlines.run_timeout_s(self.conditions, up, 64, generation.streams)
             return run_config_from_flags(args, builder.name, cuts, split_index, self.conditions, timeout_s,
-                                         generation=generation, rpc=rpc, wire_dtype=args.wire_dtype, seed=args.seed)
+                                         generation=generation, rpc=rpc, wire_dtype=args.wire_dtype, seed=args.seed,
+                                         loadgen=loadgen_from_args(args))
         up = max(part.payload_nbytes(c, args.batch_size) for c in cuts)
         timeout_s = args.timeout or deadlines.run_timeout_s(self.conditions, up, args.num_classes * 4 * args.batch_size,
                                                             in_flight)

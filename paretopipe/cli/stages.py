@@ -14,8 +14,8 @@ from ..runners import flags
 from ..splits import POLICIES
 from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD, Generation, RunConfig, eval_samples_for
 from ..llm.shapes import is_language_model
-from ..loadgen import logs as loadgen_logs
-from .workload_flags import add_generation_flags, check_workload_flags, generation_from_args, generation_line, save_tokens
+from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,
+                             loadgen_line, save_tokens)
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_loadgen_flags,
                      add_network_flags, add_prefetch_flags, dataset_from_args, loadgen_from_args, example_epilog, fmt_ms, fmt_num, network_from_args,
                      nonneg_int, port_number, positive_float, positive_int, run_config_from_flags, save_outputs,
@@ -310,14 +310,6 @@ def _stage1_line(args: argparse.Namespace, builder: StageBuilder, cfg: RunConfig
     return (f"{builder.name} cuts={cuts} latency median {fmt_ms(s['latency_median_s'])} p95 {fmt_ms(s['latency_p95_s'])}, "
             f"throughput {fmt_num(s['throughput_imgs_per_s'])} img/s, payload {fmt_num(s['payload_bytes_mean'])} B"
             + extra + _cipher_note(record) + written)
-
-
-def loadgen_line(record: dict) -> str:
-    """A LoadGen run's figures in words: the scenario's metric, LoadGen's verdict, the settings' standing."""
-    s, lg = record["summary"], record["loadgen"]
-    accuracy = (f", top-1 {s['loadgen_accuracy_top1']:.4f} over {s['loadgen_accuracy_samples']} samples"
-                if s.get("loadgen_accuracy_top1") is not None else "")
-    return f"LoadGen {lg['options']['scenario']}: {loadgen_logs.headline(lg['options']['scenario'], s)}{accuracy} [{lg['compliance']}]"
 
 
 def stage2_parser(prog: str = "partition2.py") -> ArgumentParser:

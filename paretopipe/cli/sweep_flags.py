@@ -102,7 +102,7 @@ def _loadgen_value(field: str) -> Callable[[SweepOptions], Any]:
     """How the resolved table stores one LoadGen setting (its flag's unit: the bound in ms)."""
     def stored(o: SweepOptions) -> Any:
         value = o.loadgen_settings.get(field)
-        return value * 1e3 if value is not None and field == "latency_bound_s" else value
+        return value * 1e3 if value is not None and field in flags.MS_FIELDS else value
     return stored
 
 FLAGS: tuple[Flag, ...] = (

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import UsageError
+from ..loadgen import logs as loadgen_logs
 from ..runners import flags
 from ..transport.runconfig import Generation
 
@@ -63,7 +64,8 @@ def save_tokens(path: str, tokens: Sequence[Sequence[int]]) -> None:
 
 
 def generation_line(record: dict[str, Any], text: str) -> str:
-    """A generation's figures in words: time to first token and per token, tokens/s, the text."""
+    """A generation's figures in words: time to first token and per token, tokens/s, the text (and
+    LoadGen's, under a scenario)."""
     s = record["summary"]
     ms = lambda x: "n/a" if x is None else f"{x * 1e3:.2f} ms"  # noqa: E731
     line = (f"ttft {ms(s['ttft_median_s'])}, time per token {ms(s['tpot_median_s'])} (p90 {ms(s['tpot_p90_s'])}), "
@@ -78,4 +80,12 @@ def generation_line(record: dict[str, Any], text: str) -> str:
     if measured is not None or modelled is not None:
         line += f", {(measured if measured is not None else modelled) * 1e3:.1f} mJ a token" + (
             " (modelled)" if measured is None else "")
-    return line
+    return line + (f", {loadgen_line(record)}" if record.get("loadgen") else "")
+
+
+def loadgen_line(record: dict[str, Any]) -> str:
+    """A LoadGen run's figures in words: the scenario's metric, LoadGen's verdict, the settings' standing."""
+    s, lg = record["summary"], record["loadgen"]
+    accuracy = (f", top-1 {s['loadgen_accuracy_top1']:.4f} over {s['loadgen_accuracy_samples']} samples"
+                if s.get("loadgen_accuracy_top1") is not None else "")
+    return f"LoadGen {lg['options']['scenario']}: {loadgen_logs.headline(lg['options']['scenario'], s)}{accuracy} [{lg['compliance']}]"

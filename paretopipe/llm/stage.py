@@ -79,6 +79,8 @@ class LMStage:
         ``all_positions`` (a teacher-forced evaluation)."""
         t0 = time.perf_counter()
         p = self.parts
+        if start == 0:  # a prefill begins the stream's sequence (a LoadGen query takes a slot in turn)
+            self.caches[stream] = StageCache()
         cache = self.caches.setdefault(stream, StageCache())
         if cache.length() != start and p.decoder:
             raise ValueError(f"stream {stream}: this stage holds {cache.length()} positions, the input starts at {start}")

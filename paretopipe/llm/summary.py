@@ -95,7 +95,8 @@ def summarize(batches: Sequence[dict[str, Any]], generation: dict[str, Any],
     steps = [b for b in batches if not b.get("warmup") and b.get("end_s") is not None and "stream" in b]
     ttft, tpot = token_times(steps)
     span = (max(s["end_s"] for s in steps) - min(s["start_s"] for s in steps)) if steps else 0.0
-    streams = len(generation.get("prompt_tokens") or []) or len({s["stream"] for s in steps})
+    streams = generation.get("streams") or len(generation.get("prompt_tokens") or []) or \
+        len({s["stream"] for s in steps})
     out: dict[str, Any] = {
         "streams": streams, "tokens_generated": len(steps),
         "ttft_median_s": _median(ttft), "ttft_p90_s": _pct(ttft, 90), "ttft_max_s": max(ttft) if ttft else None,

@@ -20,6 +20,12 @@ ACCURACY = "mlperf_log_accuracy.json"
 #: The files a run folder keeps (the trace is off: it is large and LoadGen's own tooling reads it).
 KEPT = (SUMMARY, DETAIL)
 _PERCENTILE = re.compile(r"result_(\d+\.\d+)_percentile_(per_query_)?latency_ns")
+#: A generation's token latencies (``use_token_latencies``): the first token's and each later one's.
+_TOKEN_PERCENTILE = re.compile(r"result_(?:first_token_(\d+\.\d+)_percentile_latency_ns|"
+                               r"time_per_output_token_(\d+\.\d+)_percentile_ns)")
+_TOKEN_MEANS = {"result_first_token_mean_latency_ns": "loadgen_ttft_mean_s",
+                "result_time_to_output_token_mean": "loadgen_tpot_mean_s"}
+_TOKEN_RATES = ("result_tokens_per_second", "result_completed_tokens_per_second")
 #: Early-stopping estimates by the key LoadGen logs them under: SingleStream's p90, MultiStream's p99.
 _EARLY = {"early_stopping_latency_ss": "loadgen_early_stopping_p90_s",
           "early_stopping_latency_ms": "loadgen_early_stopping_p99_s"}
@@ -82,10 +88,29 @@ def figures(detail: dict[str, Any]) -> dict[str, Any]:
         out["loadgen_samples_per_s"] = float(detail[rates[scenario]])
     elif per_query and out.get("loadgen_latency_mean_s"):
         out["loadgen_samples_per_s"] = detail.get("effective_samples_per_query", 8) / out["loadgen_latency_mean_s"]
+    out.update(token_figures(detail))
     if scenario == "Server":
         out["loadgen_scheduled_samples_per_s"] = detail.get("result_scheduled_samples_per_sec")
         out["loadgen_perf_constraints_met"] = detail.get("result_perf_constraints_met")
         out["loadgen_target_qps"] = detail.get("effective_target_qps")
+    return out
+
+
+def token_figures(detail: dict[str, Any]) -> dict[str, Any]:
+    """A generation's figures (none where LoadGen timed no tokens): the time to first token's and
+    per output token's percentiles and means, in seconds, and tokens/s (Offline's, or completed)."""
+    if not detail.get("requested_use_token_latencies"):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in detail.items():
+        m = _TOKEN_PERCENTILE.fullmatch(key)
+        if m and isinstance(value, (int, float)):
+            first, per_token = m.groups()
+            out[f"loadgen_{'ttft' if first else 'tpot'}_{_percentile_name(first or per_token)}_s"] = value / 1e9
+        elif key in _TOKEN_MEANS and isinstance(value, (int, float)):
+            out[_TOKEN_MEANS[key]] = value / 1e9
+    rate = next((detail[k] for k in _TOKEN_RATES if isinstance(detail.get(k), (int, float))), None)
+    out["loadgen_tokens_per_s"] = float(rate) if rate is not None else None
     return out
 
 
@@ -108,12 +133,21 @@ def headline(scenario: str, fig: dict[str, Any]) -> str:
     def ms(key: str) -> str:
         v = fig.get(key)
         return f"{v * 1e3:.2f} ms" if isinstance(v, (int, float)) else "n/a"
-    if scenario == "singlestream":
+    if scenario == "singlestream" and fig.get("loadgen_ttft_p90_s") is not None:
+        text = f"p90 TTFT {ms('loadgen_ttft_p90_s')}, p90 TPOT {ms('loadgen_tpot_p90_s')}"
+    elif scenario == "singlestream":
         text = f"p90 {ms('loadgen_latency_p90_s')} (early stopping {ms('loadgen_early_stopping_p90_s')})"
     elif scenario == "multistream":
         text = f"p99 per query {ms('loadgen_latency_p99_s')} (early stopping {ms('loadgen_early_stopping_p99_s')})"
     elif scenario == "offline":
         text = f"{fig.get('loadgen_samples_per_s') or 0:.1f} samples/s"
+        if fig.get("loadgen_tokens_per_s") is not None:
+            text += f", {fig['loadgen_tokens_per_s']:.1f} tokens/s"
+    elif fig.get("loadgen_ttft_bound_s") is not None:
+        qps = fig.get("loadgen_server_qps")
+        bounds = f"p99 TTFT {fig['loadgen_ttft_bound_s'] * 1e3:g} ms and TPOT {fig['loadgen_tpot_bound_s'] * 1e3:g} ms"
+        text = f"server rate {qps:.2f} q/s within {bounds}" if isinstance(qps, (int, float)) \
+            else f"no rate within {bounds}"
     else:
         qps = fig.get("loadgen_server_qps")
         text = (f"server rate {qps:.2f} q/s within p99 {fig['loadgen_latency_bound_s'] * 1e3:g} ms"

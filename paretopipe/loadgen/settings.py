@@ -30,6 +30,12 @@ SHORT_MIN_QUERIES = 64
 #: The percentile each scenario's latency is judged at (LoadGen's mlperf.conf).
 PERCENTILES = {"singlestream": 90.0, "multistream": 99.0, "offline": 90.0, "server": 99.0}
 NOT_COMPLIANT = "not MLPerf-compliant"
+#: A language model's Server bounds when none are given: MLPerf's for Llama 2 70B (2 s to the first
+#: token, 200 ms a token after it).
+DEFAULT_TTFT_BOUND_S = 2.0
+DEFAULT_TPOT_BOUND_S = 0.2
+#: The scenarios MLPerf measures a language model in (a generation's query is one prompt).
+TOKEN_SCENARIOS = ("singlestream", "offline", "server")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +46,11 @@ class LoadgenOptions:
     ``samples_per_query`` MultiStream's query size; ``latency_bound_s`` the Server's bound on the
     99th percentile; ``server_qps`` a fixed Server rate (None: search for the highest rate within
     the bound, at most ``server_steps`` LoadGen runs); ``expected_qps`` Offline's expected rate
-    (None: from the warm-up)."""
+    (None: from the warm-up).
+
+    A language model's queries are prompts, answered token by token (``tokens``, set by the run's
+    generation): LoadGen then times the first token and each one after it, and a Server holds the
+    99th percentiles of both within ``ttft_bound_s`` and ``tpot_bound_s``."""
 
     scenario: str
     mode: str = "performance"
@@ -53,6 +63,9 @@ class LoadgenOptions:
     server_qps: float | None = None
     server_steps: int = 7
     expected_qps: float | None = None
+    ttft_bound_s: float | None = None
+    tpot_bound_s: float | None = None
+    tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -75,8 +88,34 @@ class LoadgenOptions:
             raise UsageError(f"--server-steps {self.server_steps}: valid 1..30 LoadGen runs")
         if self.expected_qps is not None and not self.expected_qps > 0:
             raise UsageError(f"--expected-qps {self.expected_qps:g}: give a positive rate")
+        for flag, bound in (("--ttft-ms", self.ttft_bound_s), ("--tpot-ms", self.tpot_bound_s)):
+            if bound is not None and not bound > 0:
+                raise UsageError(f"{flag} {bound * 1e3:g}: give a positive bound")
+        if self.tokens:
+            self._check_tokens()
         if self.compliant:
             self._check_compliant()
+
+    def _check_tokens(self) -> None:
+        """What a generation's queries allow: MLPerf's language-model scenarios, performance only."""
+        if self.scenario not in TOKEN_SCENARIOS:
+            raise UsageError(f"--scenario {self.scenario}: a language model's queries are prompts, one a query; "
+                             f"valid {', '.join(TOKEN_SCENARIOS)}")
+        if self.mode == "accuracy":
+            raise UsageError("--loadgen-mode accuracy checks an image classifier's top-1 against labels; a language "
+                             "model's lossy wire is measured by --eval-samples (teacher-forced perplexity)")
+
+    def for_tokens(self) -> "LoadgenOptions":
+        """These options for a generation's queries (the Server's token bounds set, defaulted)."""
+        return dataclasses.replace(self, tokens=True, ttft_bound_s=self.ttft_bound_s or DEFAULT_TTFT_BOUND_S,
+                                   tpot_bound_s=self.tpot_bound_s or DEFAULT_TPOT_BOUND_S)
+
+    def query_bound_s(self, gen_tokens: int) -> float:
+        """The latency a query must keep within: the bound, or for a generation of ``gen_tokens``
+        tokens its first token's bound plus one per-token bound for each token after it."""
+        if not self.tokens:
+            return self.latency_bound_s
+        return self.ttft_bound_s + max(0, gen_tokens - 1) * self.tpot_bound_s
 
     def _check_compliant(self) -> None:
         """The edge rules, each broken one refused by name (accuracy mode runs every sample once,
@@ -160,6 +199,10 @@ def make_test_settings(opts: LoadgenOptions, *, expected_latency_s: float, expec
     s.server_target_qps = server_qps or expected_qps
     s.server_target_latency_ns = int(opts.latency_bound_s * 1e9)
     s.server_target_latency_percentile = PERCENTILES["server"] / 100
+    if opts.tokens:  # each query's first token and the tokens after it timed (FirstTokenComplete)
+        s.use_token_latencies = True
+        s.ttft_latency = int(opts.ttft_bound_s * 1e9)
+        s.tpot_latency = int(opts.tpot_bound_s * 1e9)
     return s
 
 

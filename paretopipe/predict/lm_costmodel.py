@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..llm import shapes
+from ..loadgen import queueing
 from ..network.conditions import NetworkConditions
 
 PROFILE_KIND = "llm-profile"
@@ -76,11 +77,40 @@ def predict(shape: shapes.LMShape, profiles: list[dict[str, Any]], conditions: N
     return rows
 
 
+def server_columns(row: dict[str, Any], conditions: NetworkConditions | None, gen_tokens: int, streams: int,
+                   ttft_bound_s: float, tpot_bound_s: float) -> dict[str, Any]:
+    """A split's predicted MLPerf Server rate for queries of one prompt and ``gen_tokens`` tokens:
+    the highest Poisson rate whose 99th-percentile time to first token stays within its bound.
+
+    A query keeps each resource busy once per token (stage 1's and stage 2's prefill, then each
+    decode step; the prompt's and each token's bytes on the up link) and holds one of ``streams``
+    slots for its whole generation; the busiest of these sets the capacity, and a query waits there
+    before its first token (:func:`paretopipe.loadgen.queueing.server_bound`). A query's time per
+    token does not wait in this model: where even an idle pipeline's exceeds its bound, no rate holds."""
+    n = max(1, gen_tokens)
+    up = conditions.up if conditions else None
+    latency = row["predicted_ttft_s"] + (n - 1) * row["predicted_tpot_s"]
+    busy = {"stage1": row["stage1_prefill_s"] + (n - 1) * row["stage1_decode_s"],
+            "stage2": row["stage2_prefill_s"] + (n - 1) * row["stage2_decode_s"],
+            "link": (up.serialise_s(row["bytes_per_token"] * row["prompt_len"]) +
+                     (n - 1) * up.serialise_s(row["bytes_per_token"])) if up else 0.0,
+            "streams": latency / max(1, streams)}
+    bottleneck = max(busy, key=busy.get)
+    bound = queueing.server_bound(busy[bottleneck], row["predicted_ttft_s"], ttft_bound_s)
+    qps = bound["predicted_qps"] if row["predicted_tpot_s"] <= tpot_bound_s else 0.0
+    return {"predicted_server_qps": qps, "predicted_server_capacity_qps": bound["capacity_qps"],
+            "predicted_server_bottleneck": bottleneck, "ttft_bound_s": ttft_bound_s, "tpot_bound_s": tpot_bound_s}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    out = [f"{'network':>10} {'prompt':>6} {'split':>5} {'TTFT ms':>9} {'TPOT ms':>9} {'B/token':>8}"]
+    server = any("predicted_server_qps" in r for r in rows)
+    out = [f"{'network':>10} {'prompt':>6} {'split':>5} {'TTFT ms':>9} {'TPOT ms':>9} {'B/token':>8}"
+           + (f" {'server q/s':>10} {'capacity':>8}  bottleneck" if server else "")]
     for r in rows:
         out.append(f"{r['network']:>10} {r['prompt_len']:>6} {r['split']:>5} {r['predicted_ttft_s'] * 1e3:>9.2f} "
-                   f"{r['predicted_tpot_s'] * 1e3:>9.2f} {r['bytes_per_token']:>8}")
+                   f"{r['predicted_tpot_s'] * 1e3:>9.2f} {r['bytes_per_token']:>8}"
+                   + (f" {r['predicted_server_qps']:>10.2f} {r['predicted_server_capacity_qps']:>8.2f}  "
+                      f"{r['predicted_server_bottleneck']}" if server else ""))
     return "\n".join(out)
 
 

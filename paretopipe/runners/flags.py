@@ -228,6 +228,10 @@ MIN_QUERY_COUNT = Option(("--min-query-count",), f"LoadGen's minimum queries (Of
                          f"{SHORT_MIN_QUERIES}, or the edge rules' with --mlperf-compliant)", positive_int)
 LATENCY_BOUND_MS = Option(("--latency-bound-ms",), "server: the bound on the 99th-percentile latency the rate "
                           "search keeps within, ms", positive_float, 100.0)
+TTFT_MS = Option(("--ttft-ms",), "server, a language model: the bound on the 99th-percentile time to first token, "
+                 "ms (unset: 2000, MLPerf's for Llama 2 70B)", positive_float)
+TPOT_MS = Option(("--tpot-ms",), "server, a language model: the bound on the 99th-percentile time per output token "
+                 "after the first, ms (unset: 200)", positive_float)
 SERVER_QPS = Option(("--server-qps",), "server: run at this Poisson rate (queries/s) instead of searching for the "
                     "highest within the bound", positive_float)
 SERVER_STEPS = Option(("--server-steps",), "server: LoadGen runs the rate search may take", positive_int, 7)
@@ -241,9 +245,14 @@ EXPECTED_QPS = Option(("--expected-qps",), "offline: the rate LoadGen sizes its 
                       "rate x 1.5)", positive_float)
 #: Every LoadGen setting but the scenario and --mlperf-compliant (a switch): the LoadgenOptions field each sets.
 LOADGEN_VALUES = ((MIN_DURATION_S, "min_duration_s"), (MIN_QUERY_COUNT, "min_query_count"),
-                  (LATENCY_BOUND_MS, "latency_bound_s"), (SERVER_QPS, "server_qps"), (SERVER_STEPS, "server_steps"),
+                  (LATENCY_BOUND_MS, "latency_bound_s"), (TTFT_MS, "ttft_bound_s"), (TPOT_MS, "tpot_bound_s"),
+                  (SERVER_QPS, "server_qps"), (SERVER_STEPS, "server_steps"),
                   (LOADGEN_MODE, "mode"), (SAMPLE_COUNT, "sample_count"), (SAMPLES_PER_QUERY, "samples_per_query"),
                   (EXPECTED_QPS, "expected_qps"))
+
+
+#: The LoadGen settings given in milliseconds and kept in seconds.
+MS_FIELDS = ("latency_bound_s", "ttft_bound_s", "tpot_bound_s")
 
 
 def loadgen_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -251,7 +260,7 @@ def loadgen_settings(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"compliant": bool(getattr(args, "mlperf_compliant", False))}
     for row, field in LOADGEN_VALUES:
         value = getattr(args, row.name, None)
-        out[field] = value / 1e3 if value is not None and field == "latency_bound_s" else value
+        out[field] = value / 1e3 if value is not None and field in MS_FIELDS else value
     return out
 
 

@@ -45,8 +45,11 @@ class SourceEndpoint:
             # lazy for start-up: mlperf_loadgen (only a scenario's run loads LoadGen)
             from .loadgen.harness import Harness
 
-            self.harness = Harness(cfg, self.input_size, book)
-            book.on_complete = self.harness.feed.complete
+            self.harness = Harness(cfg, builder, book)
+            if self.feed is not None:  # a generation's queries: prompts, answered as their tokens land
+                self.feed = self.harness.feed
+            else:
+                book.on_complete = self.harness.feed.complete
 
     def check(self) -> None:
         """Raise the run's failure, if any (a dead peer, a failed sender)."""
@@ -58,7 +61,7 @@ class SourceEndpoint:
     def actions(self) -> Iterable[pipeline.Action]:
         """The schedule this endpoint runs (a backend may settle each batch before the next)."""
         if self.feed is not None:
-            return self.feed.actions()
+            return self.feed.actions(self._check_waiting)
         if self.harness is not None:
             return pipeline.open_source_actions(lambda: self.harness.feed.more(self._check_waiting))
         return pipeline.source_actions(self.book.total)

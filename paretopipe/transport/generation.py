@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -181,7 +181,8 @@ class PromptFeed:
         prompts never does)."""
         return GenerationStage(self.builder, self.cfg, 0)
 
-    def actions(self) -> list[pipeline.Action]:
+    def actions(self, check: Callable[[], None] = lambda: None) -> Iterable[pipeline.Action]:
+        """The schedule of the streams' steps (``check`` is for a schedule that waits for its load)."""
         return pipeline.generation_actions(self.steps)
 
     def wait_for(self, seq: int, check: Callable[[], None], timeout_s: float) -> None:
@@ -249,10 +250,12 @@ def finish_record(record: dict[str, Any], parts: Sequence[dict[str, Any] | None]
     first = dict(own[0]) if own else {}
     exactness = next((s.pop("exactness") for s in own if s.get("exactness")), None)
     for s in own:
-        for key in ("prompt_tokens", "tokens", "sequences"):
+        for key in ("prompt_tokens", "tokens", "sequences", "streams", "queries", "samples"):
             s.pop(key, None)
     record["generation"] = {"prompt_tokens": first.get("prompt_tokens"), "tokens": first.get("tokens"),
                             "stages": own, "exactness": exactness}
+    if first.get("queries") is not None:  # LoadGen's queries, taking the streams' slots in turn
+        record["generation"].update({k: first[k] for k in ("streams", "queries", "samples")})
     record["summary"].update(llm_summary.summarize(record["batches"], record["generation"],
                                                    record["manifest"].get("link")))
     llm_summary.per_token_energy(record["summary"])

@@ -289,6 +289,10 @@ class RunConfig:
             raise UsageError(f"--scenario {self.loadgen.scenario} with "
                              f"{'--split ' + str(self.split_index) if self.adaptive else '--deadline-ms'}: a LoadGen "
                              f"run keeps a static split and waits for every result; give a block split")
+        if self.loadgen is not None and self.generation is None and \
+                (self.loadgen.ttft_bound_s is not None or self.loadgen.tpot_bound_s is not None):
+            raise UsageError("--ttft-ms and --tpot-ms bound a language model's tokens; an image model's Server "
+                             "takes --latency-bound-ms")
         if self.loadgen is not None and self.loadgen.mode == "accuracy" and \
                 self.dataset.split(":")[0] not in LABELLED_DATASETS:
             raise UsageError(f"--loadgen-mode accuracy needs labelled inputs: give --dataset imagefolder:PATH or "
@@ -302,17 +306,24 @@ class RunConfig:
         """A generation's batches are its steps, one token of one stream each: the batch size, the
         window, the measured and warm-up batches follow from it (set once here, never patched)."""
         g = self.generation
-        if self.adaptive or self.loadgen is not None or self.deadline_s is not None or self.dataset != "synthetic" \
-                or self.wire_dtype == AUTO:
-            what = ("--split " + str(self.split_index) if self.adaptive else "--scenario" if self.loadgen
+        if self.adaptive or self.deadline_s is not None or self.dataset != "synthetic" or self.wire_dtype == AUTO:
+            what = ("--split " + str(self.split_index) if self.adaptive
                     else "--deadline-ms" if self.deadline_s is not None
                     else "--wire-dtype auto" if self.wire_dtype == AUTO else f"--dataset {self.dataset}")
             raise UsageError(f"{what} applies to an image model's batches; a language model runs a static split "
                              f"over its prompts")
+        # Under LoadGen the streams are slots that queries take in turn, and the warm-up is whole
+        # queries, each slot's worth per warm-up stream (their rate sizes LoadGen's expectations).
+        warmup = g.warmup_streams * g.streams * g.gen_tokens if self.loadgen is not None else g.warmup_steps
         for name, value in (("batch_size", 1), ("in_flight", g.streams), ("num_batches", g.steps),
-                            ("warmup", g.warmup_steps)):
+                            ("warmup", warmup)):
             object.__setattr__(self, name, value)
-        if self.wire_dtype != "float32" and not g.check_exact:
+        if self.loadgen is not None:
+            object.__setattr__(self, "loadgen", self.loadgen.for_tokens())
+            # The exactness check compares fixed streams step by step; a LoadGen run's queries come
+            # and go (a lossy wire's cost is --eval-samples' teacher-forced perplexity).
+            object.__setattr__(self, "generation", dataclasses.replace(g, check_exact=False))
+        elif self.wire_dtype != "float32" and not g.check_exact:
             object.__setattr__(self, "generation", dataclasses.replace(g, check_exact=True))
 
     @property

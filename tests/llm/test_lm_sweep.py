@@ -110,7 +110,7 @@ def test_the_bound_of_a_decode_step_adds_compute_round_trip_and_bytes():
 @pytest.mark.parametrize("args, needle", [
     (["--batch-size", "4"], "--batch-size applies to an image model"),
     (["--splits", "2,adaptive"], "a language model runs static splits"),
-    (["--scenario", "offline"], "--scenario feeds LoadGen's queries as image batches"),
+    (["--scenario", "multistream"], "a language model's queries are prompts, one a query"),
     (["--models", "tiny-lm,mobilenetv2"], "sweep each kind in a session of its own"),
     (["--search", "4"], "the search's space and objectives are an image model's"),
 ])

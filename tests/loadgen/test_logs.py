@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from paretopipe.loadgen import logs
-from paretopipe.loadgen.settings import LoadgenOptions, make_test_settings
+from loadgen_helpers import run_loadgen
+from paretopipe.loadgen.settings import LoadgenOptions
 
 lg = pytest.importorskip("mlperf_loadgen")
 
@@ -25,16 +26,7 @@ def _run(tmp: Path, scenario: str, **kw) -> Path:
         threading.Thread(target=answer).start()
 
     opts = LoadgenOptions.of_flags(scenario, min_duration_s=1, min_query_count=32, **kw)
-    settings = make_test_settings(opts, expected_latency_s=0.003, expected_qps=200.0, server_qps=50.0)
-    log = lg.LogSettings()
-    log.log_output.outdir, log.log_output.copy_summary_to_stdout, log.enable_trace = str(tmp), False, False
-    sut, qsl = lg.ConstructSUT(issue, lambda: None), lg.ConstructQSL(8, 8, lambda i: None, lambda i: None)
-    try:
-        lg.StartTestWithLogSettings(sut, qsl, settings, log)
-    finally:
-        lg.DestroyQSL(qsl)
-        lg.DestroySUT(sut)
-    return tmp
+    return run_loadgen(tmp, opts, issue, expected_latency_s=0.003, expected_qps=200.0, server_qps=50.0)
 
 
 def _summary_ns(text: str, label: str) -> float:

@@ -12,6 +12,7 @@ from ...errors import UsageError
 from ...splits import split_adaptive
 from ...analysis.keys import CLOSED_LOOP
 from ...llm.shapes import is_language_model
+from ...loadgen.settings import LoadgenOptions
 from ...transport.runconfig import DEFAULT_PROMPT_LEN, LABELLED_DATASETS, LINK_MODES, eval_samples_for
 from ...partition.names import DEFAULT_NUM_CLASSES
 from .. import rounds
@@ -247,15 +248,18 @@ def check_workload(opts: SweepOptions) -> None:
         raise UsageError(f"--models {','.join(opts.models)}: a sweep measures language models or image models; "
                          f"sweep each kind in a session of its own")
     if not opts.language_model:
+        if any(opts.loadgen_settings.get(f) is not None for f in ("ttft_bound_s", "tpot_bound_s")):
+            raise UsageError("--ttft-ms and --tpot-ms bound a language model's tokens; an image model's Server "
+                             "takes --latency-bound-ms")
         return
     if opts.model_dir is not None and len(opts.models) > 1:
         raise UsageError("--model-dir names one model: give no --models beside it")
     if split_adaptive(opts.splits)[1] or opts.deadline_s is not None:
         raise UsageError("a language model runs static splits over its prompts: drop adaptive from --splits and "
                          "--deadline-ms")
-    if any(s != CLOSED_LOOP for s in opts.scenarios):
-        raise UsageError("--scenario feeds LoadGen's queries as image batches; a language model's runs are its "
-                         "own closed loop of --streams prompts")
+    for scenario in opts.scenarios:  # a language model's queries are prompts: its scenarios and settings now
+        if scenario != CLOSED_LOOP:
+            LoadgenOptions.of_flags(scenario, **opts.loadgen_settings).for_tokens()
 
 
 def check_cpu_emulation(opts: SweepOptions, what: str) -> None:

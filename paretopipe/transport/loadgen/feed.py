@@ -54,6 +54,9 @@ class QueryFeed:
         self.dead = False
         self.answered = 0
 
+    def __len__(self) -> int:
+        return len(self.samples)
+
     # -- LoadGen's side -------------------------------------------------------------------------
     def issue(self, samples: Sequence[Any]) -> None:
         """LoadGen's IssueQuery: the query's samples, in batches, at the end of the queue."""
@@ -80,11 +83,12 @@ class QueryFeed:
             self._loaded.pop(i, None)
 
     # -- the harness's side ---------------------------------------------------------------------
-    def warm_up(self, batches: int) -> None:
-        """``batches`` warm-up batches of the scenario's size, before LoadGen starts."""
+    def warm_up(self, batches: int) -> int:
+        """``batches`` warm-up batches of the scenario's size, before LoadGen starts; returns how many."""
         size = self.batch_size if self.query_size is None else self.query_size
         for b in range(batches):
             self._queue.put(Query((), tuple((b * size + j) % len(self.samples) for j in range(size))))
+        return batches
 
     def end(self) -> None:
         """No more batches: the source's schedule ends after the ones already queued."""

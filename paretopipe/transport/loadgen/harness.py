@@ -4,7 +4,9 @@ The data source's endpoint owns a :class:`Harness` when its run configuration na
 the endpoint's schedule takes its batches from the harness's feed instead of a fixed count, and
 the harness's thread warms the pipeline up, runs LoadGen's test (whose SUT is the whole pipeline:
 a query is issued to the source and completes when its result is back there, on the source's
-clock), and ends the feed. LoadGen writes its logs into a temporary folder; their text goes into
+clock), and ends the feed. A language model's queries are prompts, answered token by token
+(:class:`~paretopipe.transport.loadgen.tokens.TokenFeed`); an image model's are batches of
+images (:class:`~paretopipe.transport.loadgen.feed.QueryFeed`). LoadGen writes its logs into a temporary folder; their text goes into
 the record's ``loadgen`` part, and whoever writes the record puts them beside it as files.
 """
 
@@ -25,6 +27,7 @@ from ..bookkeeping import BatchBook
 from ..inputs import SampleSet
 from ..runconfig import RunConfig
 from .feed import QueryFeed
+from .tokens import TokenFeed
 
 log = logging.getLogger("paretopipe.loadgen")
 #: LoadGen's seeds for a compliant run, from its mlperf.conf (a short run draws its own from --seed).
@@ -38,14 +41,19 @@ OFFLINE_SLACK = 1.5
 class Harness:
     """LoadGen driving one run's pipeline from its data source."""
 
-    def __init__(self, cfg: RunConfig, input_size: int, book: BatchBook) -> None:
+    def __init__(self, cfg: RunConfig, builder: Any, book: BatchBook) -> None:
         require_loadgen()
         self.cfg, self.book = cfg, book
         self.opts: LoadgenOptions = cfg.loadgen
-        self.samples = SampleSet(cfg.dataset, input_size, self.opts.sample_count, cfg.data_dir, cfg.seed, cfg.model)
-        offline = self.opts.scenario == "offline"
-        self.feed = QueryFeed(self.samples, cfg.batch_size, None if offline else self.opts.query_size,
-                              keep_predictions=self.opts.mode == "accuracy")
+        self.feed: QueryFeed | TokenFeed
+        if cfg.generation is not None:
+            self.feed = TokenFeed(builder, cfg)
+        else:
+            samples = SampleSet(cfg.dataset, builder.input_size, self.opts.sample_count, cfg.data_dir, cfg.seed,
+                                cfg.model)
+            offline = self.opts.scenario == "offline"
+            self.feed = QueryFeed(samples, cfg.batch_size, None if offline else self.opts.query_size,
+                                  keep_predictions=self.opts.mode == "accuracy")
         self.steps: list[dict[str, Any]] = []
         self.figures: dict[str, Any] = {}
         self.texts: dict[str, str] = {}
@@ -82,7 +90,7 @@ class Harness:
                 fig, texts = self._test(self.opts.server_qps if self.opts.scenario == "server" else None)
                 self.figures, self.texts = fig, texts
                 if self.opts.scenario == "server":
-                    passed = server_search.passes(fig, self.opts.latency_bound_s)
+                    passed = self._passes(fig)
                     self._server_figures(fig if passed else None, self.opts.server_qps if passed else None)
             if self.opts.mode == "accuracy":
                 self._accuracy()
@@ -92,17 +100,31 @@ class Harness:
         finally:
             self.feed.end()
 
+    def _passes(self, fig: dict[str, Any]) -> bool:
+        """A Server step held its bound (a generation's: both token bounds, its queries kept up)."""
+        g = self.cfg.generation
+        if g is None:
+            return server_search.passes(fig, self.opts.latency_bound_s)
+        return server_search.passes(fig, self.opts.query_bound_s(g.gen_tokens),
+                                    (self.opts.ttft_bound_s, self.opts.tpot_bound_s))
+
     def _warm_up(self) -> None:
-        """The run's warm-up batches, closed loop, before LoadGen's clock starts; their latency and
-        rate size LoadGen's expectations (SingleStream's latency, Offline's and Server's rate)."""
-        n = self.cfg.warmup
-        self.feed.warm_up(n)
+        """The run's warm-up, closed loop, before LoadGen's clock starts (a generation's: its
+        warm-up streams, a query each); its latency and rate size LoadGen's expectations
+        (SingleStream's latency, Offline's and Server's rate)."""
+        g = self.cfg.generation
+        n = self.feed.warm_up(g.warmup_streams * g.streams if g is not None else self.cfg.warmup)
         deadline = time.monotonic() + self.cfg.timeout_s * max(1, n)
         while self.book.completed < n and not self.feed.dead:
             if time.monotonic() > deadline:
                 raise ParetoPipeError(f"loadgen: the warm-up's {n} batches did not complete within "
                                       f"{self.cfg.timeout_s:g} s each")
             time.sleep(0.01)
+        if isinstance(self.feed, TokenFeed):
+            latency, rate = self.feed.expected(self.book.records())
+            self.expected = {"latency_s": latency,
+                             "qps": self.opts.expected_qps or rate * (OFFLINE_SLACK if self.opts.scenario == "offline" else 1)}
+            return
         done = [b for b in self.book.records() if b.get("latency_s") is not None]
         # Queries are generated for the minimum duration at the expected latency: a low guess
         # only generates more than are issued (a test ends once its minimums are met).
@@ -131,7 +153,7 @@ class Harness:
         log_settings.log_output.outdir = str(folder)
         log_settings.log_output.copy_summary_to_stdout = False
         log_settings.enable_trace = False
-        total = len(self.samples) if self.opts.mode == "accuracy" else min(self.opts.sample_count, len(self.samples))
+        total = len(self.feed) if self.opts.mode == "accuracy" else min(self.opts.sample_count, len(self.feed))
         performance = min(self.opts.sample_count, total)
         sut = lg.ConstructSUT(self.feed.issue, self.feed.flush)
         qsl = lg.ConstructQSL(total, performance, self.feed.load_samples, self.feed.unload_samples)
@@ -151,16 +173,15 @@ class Harness:
         return fig, texts
 
     def _search(self) -> None:
-        bound = self.opts.latency_bound_s
         logs_of: dict[int, dict[str, str]] = {}  # each step's full logs, kept for the one chosen
 
         def measure(rate: float) -> server_search.Step:
             fig, texts = self._test(rate)
-            step = server_search.Step(rate, server_search.passes(fig, bound), fig)
+            step = server_search.Step(rate, self._passes(fig), fig)
             tag = f"steps/{len(self.steps):02d}-{rate:.3g}qps"
             self.texts.update({f"{tag}/{logs.SUMMARY}": texts.get(logs.SUMMARY, "")})
             self.steps.append({"target_qps": rate, "passed": step.passed, **fig})
-            log.info("loadgen: server at %.2f q/s: p99 %.1f ms, %s", rate, (fig.get("loadgen_latency_p99_s") or 0) * 1e3,
+            log.info("loadgen: server at %.2f q/s: p99 %s, %s", rate, _p99_text(fig),
                      "within the bound" if step.passed else "over the bound")
             logs_of[id(step)] = texts
             return step
@@ -184,11 +205,13 @@ class Harness:
         self.figures = {**self.figures, "loadgen_server_qps": done if done is not None else target,
                         "loadgen_server_target_qps": target, "loadgen_latency_bound_s": self.opts.latency_bound_s,
                         "loadgen_search_steps": len(self.steps) or 1}
+        if self.opts.tokens:
+            self.figures.update(loadgen_ttft_bound_s=self.opts.ttft_bound_s, loadgen_tpot_bound_s=self.opts.tpot_bound_s)
 
     def _accuracy(self) -> None:
         """Top-1 over every sample LoadGen ran once, against the dataset's labels."""
         preds = self.feed.predictions
-        right = sum(1 for i, p in preds.items() if self.samples.label(i) == p)
+        right = sum(1 for i, p in preds.items() if self.feed.samples.label(i) == p)
         self.accuracy = {"samples": len(preds), "top1_correct": right,
                          "top1": right / len(preds) if preds else None}
         self.figures = {**self.figures, "loadgen_accuracy_top1": self.accuracy["top1"],
@@ -205,3 +228,12 @@ class Harness:
         return {"version": loadgen_version(), "options": self.opts.to_dict(), "compliance": self.opts.label,
                 "expected": self.expected, "steps": self.steps, "accuracy": self.accuracy,
                 "samples_answered": self.feed.answered, "logs": self.texts}
+
+
+def _p99_text(fig: dict[str, Any]) -> str:
+    """A Server step's 99th percentiles in words (a generation's: its first token's and per token's)."""
+    def ms(key: str) -> str:
+        return f"{(fig.get(key) or 0) * 1e3:.1f} ms"
+    if fig.get("loadgen_ttft_p99_s") is not None:
+        return f"TTFT {ms('loadgen_ttft_p99_s')}, TPOT {ms('loadgen_tpot_p99_s')}"
+    return ms("loadgen_latency_p99_s")
