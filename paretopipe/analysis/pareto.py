@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from paretoset import paretoset
+from paretoset import paretorank, paretoset
 
 DEFAULT_OBJECTIVES = {"latency_s": "min", "throughput_imgs_per_s": "max"}
 DEFAULT_GROUP = ("model", "backend", "network", "batch_size")
@@ -41,6 +41,15 @@ def front_mask(values: np.ndarray, senses: Sequence[str]) -> np.ndarray:
     # numpy's is instant for the few hundred points of a sweep.
     return np.asarray(paretoset(np.asarray(values, dtype=float), sense=list(senses), distinct=False,
                                 use_numba=False), dtype=bool)
+
+
+def ranks(values: np.ndarray, senses: Sequence[str]) -> np.ndarray:
+    """Each row's layer of non-dominated sorting: 0 on the front, 1 on the front of what is left
+    without it, and so on (paretoset's ``paretorank``, from 0)."""
+    if len(values) == 0:
+        return np.zeros(0, dtype=int)
+    return np.asarray(paretorank(np.asarray(values, dtype=float), sense=list(senses), distinct=False,
+                                 use_numba=False), dtype=int) - 1
 
 
 def front(df: pd.DataFrame, objectives: Mapping[str, str] | None = None,

@@ -7,7 +7,7 @@ from typing import Sequence
 from ..errors import UsageError
 from ..partition.structure import structure
 from ..runners import flags
-from ..runners.search import (SearchOptions, SearchRun, describe, parse_vary, predicted_front, search_space,
+from ..runners.search import (SearchOptions, SearchRun, describe, parse_vary, predicted_first, search_space,
                               with_first_choices)
 from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from .common import ArgumentParser, HelpFormatter, example_epilog, positive_float, positive_int, setup_logging
@@ -74,8 +74,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
     space = search_space(opts, num_blocks, args.stages, vary)
     if args.budget is None:
         args.budget = space.size()
-    predicted = predicted_front([s.strip() for s in args.device_profiles.split(",")], opts, space, args.stages) \
-        if args.device_profiles else ()
+    predicted = predicted_first([s.strip() for s in args.device_profiles.split(",")], opts, space, args.stages,
+                                args.budget) if args.device_profiles else ()
     if opts.dry_run:
         print(f"search space: {space.size()} configurations ("
               + ", ".join(f"{d.name}: {len(d.choices)}" for d in space.dims)

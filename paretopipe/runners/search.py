@@ -14,6 +14,7 @@ where (``prediction``, ``sampler`` or ``fill``) and with what result."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -27,9 +28,8 @@ from ..analysis.session import Session, sweep_session_dir
 from ..errors import ParetoPipeError, UsageError
 from ..network.conditions import conditions_from_values, get_conditions
 from ..partition.names import canonical_name
-from ..predict.costmodel import LinkModel
+from ..predict.costmodel import LinkModel, chain_terms
 from ..predict.device_profile import DeviceProfile, codec_key
-from ..predict.planner import pareto_plans
 from ..search import loop
 from ..search.space import Config, Dimension, Space
 from ..search.study import GRACE_S, StudySpec, check_url, identity as study_identity, redacted
@@ -103,7 +103,7 @@ class SearchOptions:
     sampler: str = loop.DEFAULT_SAMPLER
     stages: int = 2
     startup: int = 10
-    predicted: tuple[dict[str, Any], ...] = ()  # the predicted front's configurations, measured first
+    predicted: tuple[dict[str, Any], ...] = ()  # the predicted configurations measured first (predicted_first)
     vary: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)  # parse_vary
     study_url: str | None = None   # --study: share the study through this storage
     study_name: str | None = None  # default: paretopipe-<model>
@@ -332,21 +332,24 @@ def reference_offsets(attrs: dict[str, Any], objectives: Sequence[str]) -> dict[
             "testbeds": {tb: measured[tb].get("values") for tb in order}, "offsets": offsets}
 
 
-def predicted_front(profile_specs: Sequence[str], opts: SweepOptions, space: Space, stages: int
+def predicted_first(profile_specs: Sequence[str], opts: SweepOptions, space: Space, stages: int, budget: int
                     ) -> tuple[dict[str, Any], ...]:
-    """The cost model's front per network of the space, from one device profile per stage (every
-    hop under the network's conditions, as a local sweep emulates it), as configurations of the
-    space: measured first. A network that follows a rate trace has no constant-rate prediction
-    and adds none."""
+    """The configurations a search measures first: every plan of the space's cut positions priced
+    by the cost model under each network of the space (one device profile per stage, every hop
+    under the network's conditions, as a local sweep emulates it), in layers of non-dominated
+    sorting per network, up to :data:`loop.PREDICTED_SHARE` of ``budget`` (the whole predicted
+    front at least). A network that follows a rate trace has no constant-rate prediction and adds
+    none."""
     if len(profile_specs) != stages:
         raise UsageError(f"--device-profiles: give one profile per stage ({stages}), got {len(profile_specs)}")
     profiles = [DeviceProfile.load_spec(spec) for spec in profile_specs]
     blocks = {int(k): int(v) for k, v in profiles[0].doc["blocks"].items()}
-    to_block = {v: k for k, v in blocks.items()}
     cuts = cut_names(stages)
-    positions = [blocks[k] for k in space.dim(cuts[0]).choices if k in blocks]
+    splits = [k for k in space.dim(cuts[0]).choices if k in blocks]
     networks = space.dim("network").choices if "network" in space.names else tuple(opts.networks[:1])
-    out: list[dict[str, Any]] = []
+    # auto's dtype is chosen by each run: the prediction prices its upper bound, float32.
+    codec = codec_key("float32" if opts.wire_dtype == AUTO else opts.wire_dtype, opts.compression)
+    configs, values, groups = [], [], []
     for name in networks:
         inline = opts.inline_networks.get(name)
         conditions = conditions_from_values(name, inline) if inline else get_conditions(name, opts.network_file)
@@ -355,17 +358,14 @@ def predicted_front(profile_specs: Sequence[str], opts: SweepOptions, space: Spa
         except UsageError as exc:
             log.warning("no predicted front for %s: %s", name, exc)
             continue
-        # auto's dtype is chosen by each run: the prediction prices its upper bound, float32.
-        wire = "float32" if opts.wire_dtype == AUTO else opts.wire_dtype
-        plans = pareto_plans(profiles, [up] * (stages - 1), opts.batch_size, positions,
-                             codec_key(wire, opts.compression), [down] * (stages - 1))
-        allowed = set(positions)
-        # The planner may also end a stage at the model's first or last boundary: only the plans
-        # of the space's positions are configurations of it.
-        for plan in sorted((p for p in plans if set(p.cuts) <= allowed), key=lambda p: p.latency_s):
-            config = dict(zip(cuts, (to_block[c] for c in plan.cuts)))
-            out.append({**config, "network": name} if "network" in space.names else config)
-    return tuple(out)
+        for plan in itertools.combinations_with_replacement(splits, stages - 1):
+            terms = chain_terms(profiles, [up] * (stages - 1), [blocks[k] for k in plan], opts.batch_size, codec,
+                                [down] * (stages - 1))
+            config = dict(zip(cuts, plan))
+            configs.append({**config, "network": name} if "network" in space.names else config)
+            values.append((terms.latency_s(), terms.throughput_imgs_per_s()))
+            groups.append(name)
+    return tuple(loop.predicted_first(configs, values, ["min", "max"], budget, groups))
 
 
 def describe(result: loop.SearchResult, run: SearchRun) -> Sequence[str]:

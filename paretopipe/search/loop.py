@@ -1,8 +1,11 @@
 """The search: Optuna's ask-and-tell loop over a :class:`~.space.Space`, within a budget of
 distinct configurations, each measured once.
 
-A predicted front (the cost model's, from device profiles) is measured first, enqueued in its
-order; then the sampler explores. A sampler that proposes a configuration already measured is
+The cost model's predictions (from device profiles) are measured first, enqueued in their order:
+its front, then the front of what is left, and so on (non-dominated sorting), up to
+:data:`PREDICTED_SHARE` of the budget (:func:`predicted_first`); then the sampler explores. A model
+whose segment times are off by a quarter still puts the measured front among its first few
+layers, where the front alone of a wrong model misses a corner of it (benchmarks/search.py). A sampler that proposes a configuration already measured is
 not measured again: that proposal fails (told again, it would weigh twice in the sampler's model)
 and a configuration not measured yet, drawn at random, is measured instead, so the budget counts
 measurements. Each trial keeps where it came from (``prediction``, ``sampler`` or ``fill``)."""
@@ -32,6 +35,28 @@ MAX_PROPOSALS_PER_BUDGET = 20
 WAIT_POLL_S = 1.0
 #: Trial attributes (user attributes, so that every worker reads them).
 ORIGIN, MEASURED, REPEAT, TESTBED, WORKER, RETRY_OF = "origin", "measured", "repeat", "testbed", "worker", "retry_of"
+
+
+#: The share of a search's budget the predicted layers may take before the sampler explores (all of
+#: the predicted front is measured however large it is).
+PREDICTED_SHARE = 0.5
+
+
+def predicted_first(configs: Sequence[Any], values: Sequence[Sequence[float]], senses: Sequence[str], budget: int,
+                    groups: Sequence[Any] | None = None, share: float = PREDICTED_SHARE) -> list[Any]:
+    """``configs`` in the order a search measures them first: layer by layer of the predicted
+    ``values``' non-dominated sorting (each of ``groups``, e.g. networks, ranked on its own: they
+    do not dominate each other), by the first objective within a layer; the whole predicted front,
+    then further layers up to ``share`` of ``budget``."""
+    keys = list(groups) if groups is not None else [None] * len(configs)
+    rank = np.zeros(len(configs), dtype=int)
+    for g in dict.fromkeys(keys):
+        idx = [i for i, k in enumerate(keys) if k == g]
+        rank[idx] = pareto.ranks(np.asarray([values[i] for i in idx], dtype=float), senses)
+    first = [v[0] if senses[0] == "min" else -v[0] for v in values]
+    order = sorted(range(len(configs)), key=lambda i: (rank[i], first[i]))
+    keep = max(int(np.sum(rank == 0)), int(share * budget))
+    return [configs[i] for i in order[:keep]]
 
 
 @dataclasses.dataclass(frozen=True)

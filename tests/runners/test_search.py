@@ -4,7 +4,6 @@ measured twice, and ``search.json`` agreeing with the session's own summary."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from conftest import PYTHON, ROOT
 from paretopipe.predict.device_profile import synthetic_profile
-from paretopipe.runners.search import predicted_front, search_space
+from paretopipe.runners.search import predicted_first, search_space
 from paretopipe.runners.sweep import SweepOptions
 import tcp_helpers as cli
 
@@ -32,17 +31,19 @@ def _profiles(tmp: Path) -> list[str]:
     return paths
 
 
-def test_the_predicted_front_is_a_set_of_configurations_of_the_space(tmp_path):
+def test_the_predicted_layers_are_configurations_of_the_space_each_networks_front_first(tmp_path):
     opts = SweepOptions(models=["mobilenetv2"], splits="0,6,12,19", networks=["lan", "lte"], batch_size=1)
     space = search_space(opts, 19, 2)
-    front = predicted_front(_profiles(tmp_path), opts, space, 2)
-    assert front and {c["network"] for c in front} == {"lan", "lte"}
-    assert all(c["split"] in (0, 6, 12, 19) for c in front)
-    # Only the plans of the space's positions: without 0 and 19, lan's predicted front (which
-    # ends a stage at one of them) adds nothing.
-    narrow = dataclasses.replace(opts, splits="2,6,12,18")
-    assert {c["network"] for c in predicted_front(_profiles(tmp_path), narrow, search_space(narrow, 19, 2), 2)} \
-        <= {"lte"}
+    everything = predicted_first(_profiles(tmp_path), opts, space, 2, budget=2 * space.size())
+    # With a budget of twice the space, half of it is every configuration, ranked.
+    assert len(everything) == space.size() == 8 and {c["network"] for c in everything} == {"lan", "lte"}
+    assert all(c["split"] in (0, 6, 12, 19) for c in everything)
+    # A budget of 2 still measures each network's whole predicted front, which comes first.
+    front = predicted_first(_profiles(tmp_path), opts, space, 2, budget=2)
+    assert list(everything[:len(front)]) == list(front) and {c["network"] for c in front} == {"lan", "lte"}
+    assert 2 <= len(front) < 8
+    # Half of a budget of 12 is 6 configurations: the fronts, then the next layers.
+    assert list(predicted_first(_profiles(tmp_path), opts, space, 2, budget=12)) == list(everything[:6])
 
 
 def test_the_sweeps_search_flag_is_paretopipe_search_with_its_budget(tmp_path):
@@ -62,9 +63,9 @@ def test_the_sweeps_search_flag_is_paretopipe_search_with_its_budget(tmp_path):
 def test_a_search_measures_its_budget_into_one_session_the_prediction_first(tmp_path):
     profiles = _profiles(tmp_path)
     opts = SweepOptions(models=["mobilenetv2"], splits="0,6,12,19", networks=["lan"], batch_size=1)
-    predicted = predicted_front(profiles, opts, search_space(opts, 19, 2), 2)
-    budget = len(predicted) + 1
-    assert 1 <= len(predicted) <= 3
+    budget = 3
+    predicted = predicted_first(profiles, opts, search_space(opts, 19, 2), 2, budget)
+    assert 1 <= len(predicted) < budget
     proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", str(budget),
                     "--splits", "0,6,12,19", "--device-profiles", ",".join(profiles), "--network", "lan",
                     "--runs", "1", "--batch-size", "1", "--num-batches", "4", "--warmup", "1", "--threads", "1",

@@ -68,6 +68,20 @@ def test_the_predicted_front_is_measured_first_and_said_to_come_from_the_predict
         loop.normalised_hypervolume(truth, ["min", "max"], lower, upper))
 
 
+def test_the_predicted_layers_come_first_each_groups_front_then_the_next_up_to_half_the_budget():
+    configs = ["a", "b", "c", "d", "e", "f"]
+    # (latency, throughput): a and b on lan's front, c behind b; d alone on lte's front, then e, then f.
+    values = [(1.0, 5.0), (2.0, 9.0), (3.0, 8.0), (9.0, 1.0), (9.5, 0.9), (9.9, 0.5)]
+    groups = ["lan", "lan", "lan", "lte", "lte", "lte"]
+    ordered = loop.predicted_first(configs, values, ["min", "max"], budget=12, groups=groups)
+    assert ordered == ["a", "b", "d", "c", "e", "f"]  # the fronts (lte's not dominated by lan's), then layers
+    assert loop.predicted_first(configs, values, ["min", "max"], budget=8, groups=groups) == ["a", "b", "d", "c"]
+    # However small the budget, the whole predicted front is measured (a search refuses a budget below it).
+    assert loop.predicted_first(configs, values, ["min", "max"], budget=1, groups=groups) == ["a", "b", "d"]
+    # Without groups, lte's configurations are dominated by lan's.
+    assert loop.predicted_first(configs, values, ["min", "max"], budget=4) == ["a", "b"]
+
+
 def test_the_same_seed_gives_the_same_search(table):
     runs = [loop.search(table.space, table.values, OBJECTIVES, budget=15, sampler="tpe", seed=7) for _ in range(2)]
     assert [t.config for t in runs[0].trials] == [t.config for t in runs[1].trials]
