@@ -220,6 +220,7 @@ class SearchRun:
         self.testbed = search.testbed or opts.testbed.label()
         self.reference: dict[str, Any] | None = None
         self._study: Any = None
+        self.sweeper: Sweeper | None = None  # the trials' one sweeper (its worker group kept warm)
         self.study: StudySpec | None = None
         if search.study_url:
             senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
@@ -271,9 +272,16 @@ class SearchRun:
         self.write()
 
     def measure(self, config: Config) -> tuple[float, ...] | None:
+        """One trial: the configuration swept into the session on the search's one sweeper, whose
+        warm workers the next trial keeps where it runs on the same worker group."""
         started = time.monotonic()
         try:
-            Sweeper(trial_options(self.opts, self.space, config, self.session)).run()
+            options = trial_options(self.opts, self.space, config, self.session)
+            if self.sweeper is None:
+                self.sweeper = Sweeper(options)
+            else:
+                self.sweeper.retarget(options)
+            self.sweeper.run(keep_group=True)
             summary = Session(self.dir).configs()
             values, status = objective_values(summary, self.opts, self.space, config, self.model)
         except UsageError:
@@ -300,15 +308,19 @@ class SearchRun:
             "predicted": len(self.search.predicted), "testbed": self.testbed,
             "study": {"url": redacted(self.study.url), "name": self.study.name} if self.study else None,
             "reference": self.reference,
-            "complete": done,
+            "complete": done, "worker_groups_started": self.sweeper.groups_started if self.sweeper else 0,
             "wall_s": round(time.monotonic() - self.started, 3), "trials": self.trials})
 
     def run(self) -> loop.SearchResult:
         senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
-        result = loop.search(self.space, self.measure, senses, self.search.budget, self.search.sampler,
-                             seed=self.opts.seed or 0, seeds=self.seeds,
-                             startup=self.search.startup, on_trial=self._record, shared=self.study,
-                             on_join=self.join)
+        try:
+            result = loop.search(self.space, self.measure, senses, self.search.budget, self.search.sampler,
+                                 seed=self.opts.seed or 0, seeds=self.seeds,
+                                 startup=self.search.startup, on_trial=self._record, shared=self.study,
+                                 on_join=self.join)
+        finally:
+            if self.sweeper is not None:
+                self.sweeper.close()
         if self.reference is not None:   # the testbeds that joined since
             self.reference = reference_offsets(self._study.user_attrs, self.objective_names)
         self.write(done=True)

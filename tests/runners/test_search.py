@@ -76,6 +76,7 @@ def test_a_search_measures_its_budget_into_one_session_the_prediction_first(tmp_
     doc = json.loads((session / "search.json").read_text())
     trials = doc["trials"]
     assert doc["complete"] and doc["space_size"] == 4 and doc["predicted"] == len(predicted)
+    assert doc["worker_groups_started"] == 1  # every trial ran on the first one's warm workers
     assert [t["config"]["split"] for t in trials[:len(predicted)]] == [c["split"] for c in predicted]
     assert [t["origin"] for t in trials[:len(predicted)]] == ["prediction"] * len(predicted)
     splits = [t["config"]["split"] for t in trials]

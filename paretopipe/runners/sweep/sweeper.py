@@ -54,14 +54,8 @@ class Sweeper:
     measured in rounds until each one's stopping rule is met, every run written as it ends."""
 
     def __init__(self, opts: SweepOptions, group_factory: GroupFactory | None = None) -> None:
-        self.opts = opts
         self.group_factory = group_factory or process_group
-        check_options(opts)
-        self.networks = {name: conditions_from_values(name, opts.inline_networks[name])
-                         if name in opts.inline_networks else get_conditions(name, opts.network_file)
-                         for name in opts.networks}
-        if any(c.cpu_traces for c in self.networks.values()):
-            check_cpu_emulation(opts, "a network's cpu_trace")
+        self.retarget(opts)
         self.session = Session(sweep_session_dir(opts.out, opts.session, opts.resume))
         self.dir = self.session.path
         self.group: StageGroup | None = None
@@ -83,6 +77,18 @@ class Sweeper:
         self.broker: Broker | None = None  # MQTT's, started by the first MQTT group of a local sweep
         self.cipher_used: str | None = None  # ...and the cipher its runs record (auto resolved)
         self._model: str | None = None  # the model the current group's processes hold
+        self.groups_started = 0  # worker groups this sweeper started (a search's trials share one)
+
+    def retarget(self, opts: SweepOptions) -> None:
+        """Measure ``opts`` next (a search's next trial, in the same session): the worker group
+        started for the last options is kept where the next pass runs on the same one."""
+        check_options(opts)
+        self.opts = opts
+        self.networks = {name: conditions_from_values(name, opts.inline_networks[name])
+                         if name in opts.inline_networks else get_conditions(name, opts.network_file)
+                         for name in opts.networks}
+        if any(c.cpu_traces for c in self.networks.values()):
+            check_cpu_emulation(opts, "a network's cpu_trace")
 
     @property
     def scenario(self) -> str:
@@ -107,12 +113,20 @@ class Sweeper:
         self.cipher, self.cipher_used = cipher, None
         self.transport = transport
         self.group = self.group_factory(self, model, backend)
+        self.groups_started += 1
         try:
             self.info = GroupInfo.of(self.group.start())
         except BaseException:
             self.stop()
             raise
         return self.info
+
+    def close(self) -> None:
+        """Stop the worker group and the MQTT broker this sweeper started (a kept group's end)."""
+        self.stop()
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
 
     def stop(self) -> None:
         if self.group is not None:
@@ -190,7 +204,10 @@ class Sweeper:
         return planned.model, planned.backend, tuple(cuts)
 
     # -- the sweep -----------------------------------------------------------------------------
-    def run(self) -> SweepResult:
+    def run(self, keep_group: bool = False) -> SweepResult:
+        """Measure every configuration of the options; ``keep_group``: leave the last worker group
+        (and broker) running for the next :meth:`retarget` (a search's trials; :meth:`close` ends
+        them), unless the sweep failed or was interrupted."""
         o = self.opts
         self.started = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -198,23 +215,23 @@ class Sweeper:
         if not o.testbed.remote and self.group_factory is process_group:
             zygote.prestart()
         self.measured_s = self.reference_s = 0.0
-        interrupted = False
+        interrupted = ended = False
         total = 0
         failed: list[PlannedRun] = []
         try:
-            for model in o.models:
+            for i, model in enumerate(o.models):
                 for group in worker_groups(o):
                     self._begin_pass(model, group)
                     total += self._sweep_group(model, group.backend, meta, failed)
-                self.stop()
+                if not keep_group or i + 1 < len(o.models):
+                    self.stop()
+            ended = True
         except KeyboardInterrupt:
             interrupted = True
             log.warning("interrupted: stopping the stages; finished runs stay valid, --resume completes the rest")
         finally:
-            self.stop()
-            if self.broker is not None:
-                self.broker.stop()
-                self.broker = None
+            if not (keep_group and ended):
+                self.close()
             meta.interrupted = interrupted
             try:
                 self.consolidate(meta, final=True)
