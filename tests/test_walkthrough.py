@@ -40,6 +40,9 @@ FAULT_LINE = ("python automated_split_tester.py --model mobilenetv2 --splits 4,1
 LM_LOADGEN_LINES = ("python partition1.py --model tiny-lm --split 2 --scenario server --ttft-ms 2000 --tpot-ms 200",
                     "python automated_split_tester.py --model tiny-lm --splits all --network lan "
                     "--scenario closed,singlestream,offline,server")
+#: docs/search.md's search of a language model.
+LM_SEARCH_LINE = ("python -m paretopipe search --model tiny-lm --splits all --network lan,3g --prompt-len 8,32 "
+                  "--vary codec=float32/none,int8/none --budget 6")
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
 PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session", "--live", "--name", "--subnet"}
 #: docs/tutorial.md, in its order: your model's cuts, its sweep on two emulated devices, its
@@ -117,6 +120,7 @@ RUN = frozenset({
     "python automated_split_tester.py --model mobilenetv2 --splits all --network lan,lte "
     "--scenario closed,singlestream,multistream,offline,server --latency-bound-ms 500",
     *LM_LOADGEN_LINES,
+    LM_SEARCH_LINE,
     FAULT_LINE,
     *TUTORIAL_LINES,
 })
@@ -359,6 +363,13 @@ def test_a_language_model_under_loadgen_as_the_docs_run_it(clone):
     front = pd.read_csv(next((clone / "results-lm").glob("*/report/loadgen_front.csv")))
     assert len(front) == 2 and front["offline_tokens_per_s"].gt(0).all() and front["singlestream_ttft_p90_s"].gt(0).all()
     assert "within p99 TTFT 2000 ms and TPOT 200 ms" in out.stdout
+
+
+def test_a_language_models_search_as_the_docs_run_it(clone):
+    out = sh(reduced(LM_SEARCH_LINE, gen_tokens="4", runs="1", local="", out="results-search"), clone)
+    assert "search: 6 of 56 configurations measured" in out.stdout and "on the front" in out.stdout
+    (doc,) = (clone / "results-search").glob("*/search.json")
+    assert json.loads(doc.read_text())["objectives"] == ["ttft", "tpot"]
 
 
 # -- 6. the rest of the README's examples ------------------------------------------------------------

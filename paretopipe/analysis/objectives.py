@@ -154,6 +154,11 @@ def parse(text: str | Sequence[str] | None, table: pd.DataFrame) -> list[Objecti
     return [resolve(n, table) for n in names]
 
 
+def sense(name: str) -> str:
+    """An objective's direction by its name alone (``max`` for throughput, fidelity and accuracy)."""
+    return "max" if name in ("throughput", "fidelity", "accuracy") else "min"
+
+
 def check_names(text: str | None) -> str | None:
     """``--objectives`` checked for its names alone (before any table exists): the sweep's flag."""
     if text is None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import UsageError
-from ..partition.structure import structure
+from ..llm.shapes import model_structure
 from ..runners import flags
-from ..runners.search import (SearchOptions, SearchRun, describe, parse_vary, predicted_first, search_space,
-                              with_first_choices)
+from ..runners.search import (SearchOptions, SearchRun, describe, parse_vary, predicted_first,
+                              predicted_first_generation, search_space, with_first_choices)
 from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from .common import ArgumentParser, HelpFormatter, example_epilog, positive_float, positive_int, setup_logging
 from .sweep_options import options_from_args
@@ -67,15 +67,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
         raise UsageError(f"{prog}: --wire-dtype {','.join(opts.wire_dtypes)}: a search varies the wire dtype as a "
                          f"dimension: --vary codec={','.join(d + '/' + opts.compression for d in opts.wire_dtypes)}")
     opts = with_first_choices(opts, vary)
-    if opts.language_model:
-        raise UsageError(f"{prog}: the search's space and objectives are an image model's; sweep a language model "
-                         f"({opts.models[0]}) instead: automated_split_tester.py --model {opts.models[0]} --splits all")
-    num_blocks = structure(opts.models[0], opts.num_classes)["num_blocks"]
+    num_blocks = model_structure(opts.models[0], opts.num_classes, opts.model_dir)["num_blocks"]
     space = search_space(opts, num_blocks, args.stages, vary)
     if args.budget is None:
         args.budget = space.size()
-    predicted = predicted_first([s.strip() for s in args.device_profiles.split(",")], opts, space, args.stages,
-                                args.budget) if args.device_profiles else ()
+    profiles = [s.strip() for s in (args.device_profiles or "").split(",") if s.strip()]
+    predicted = () if not profiles else \
+        predicted_first_generation(profiles, opts, space, args.budget) if opts.language_model else \
+        predicted_first(profiles, opts, space, args.stages, args.budget)
     if opts.dry_run:
         print(f"search space: {space.size()} configurations ("
               + ", ".join(f"{d.name}: {len(d.choices)}" for d in space.dims)

@@ -27,8 +27,10 @@ from ..analysis import objectives as objective_names
 from ..analysis.session import Session, sweep_session_dir
 from ..errors import ParetoPipeError, UsageError
 from ..network.conditions import conditions_from_values, get_conditions
+from ..llm.shapes import shape_of
 from ..partition.names import canonical_name
 from ..predict.costmodel import LinkModel, chain_terms
+from ..predict import lm_costmodel
 from ..predict.device_profile import DeviceProfile, codec_key
 from ..search import loop
 from ..search.space import Config, Dimension, Space
@@ -46,6 +48,13 @@ REFERENCE, REFERENCE_OF = "reference", "reference/"
 REFERENCE_WAIT_S = 30.0
 #: The sweep lists that become dimensions of the space when they name more than one choice.
 LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"))
+#: A language model's sweep list that becomes a dimension too (each prompt length a pass of its own).
+GENERATION_DIMS = (("prompt_len", "prompt_lens"),)
+
+
+def list_dims(opts: SweepOptions) -> tuple[tuple[str, str], ...]:
+    """The sweep lists a search of ``opts`` turns into dimensions (a language model's prompt lengths too)."""
+    return LIST_DIMS + (GENERATION_DIMS if opts.language_model else ())
 #: The sweep's single settings a search may vary (``--vary NAME=A,B``): each is a column of the
 #: configuration key and named in its run files (a batch size other than the first, ``_b4``), so
 #: configurations that differ only in it stay apart.
@@ -118,8 +127,9 @@ def cut_names(stages: int) -> tuple[str, ...]:
 def search_space(opts: SweepOptions, num_blocks: int, stages: int,
                  vary: dict[str, tuple[Any, ...]] | None = None) -> Space:
     """The space a search explores: the cut positions ``--splits`` allows (every block
-    boundary with ``all``), a plan's cuts for ``stages`` > 2, the sweep lists with several
-    choices, and the settings ``vary`` names with several."""
+    boundary with ``all``; a language model's splits), a plan's cuts for ``stages`` > 2, the sweep
+    lists with several choices (a language model's prompt lengths too), and the settings ``vary``
+    names with several."""
     if stages < 2:
         raise UsageError(f"--stages {stages}: a split needs at least 2 stages")
     if any(c.startswith(f"{AUTO}/") for c in (vary or {}).get("codec", ())) and opts.fidelity_target is None:
@@ -132,19 +142,32 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int,
                          f"--splits all or 1-8")
     cuts = cut_names(stages)
     dims = [Dimension(name, positions, ordered=True) for name in cuts]
-    for name, field in LIST_DIMS:
+    for name, field in list_dims(opts):
         choices = tuple(getattr(opts, field))
         if len(choices) > 1:
-            dims.append(Dimension(name, choices))
+            dims.append(Dimension(name, choices, ordered=name == "prompt_len"))
+    if opts.language_model and {"batch_size", "in_flight"} & set(vary or {}):
+        raise UsageError("--vary batch_size or in_flight: a language model's steps are one token of one stream; its "
+                         "window is --streams")
     for name, choices in (vary or {}).items():
         if len(choices) > 1:
             dims.append(Dimension(name, tuple(choices), ordered=name != "codec"))
     return Space(tuple(dims), cuts if stages > 2 else ())
 
 
+def model_name(model: str, opts: SweepOptions) -> str:
+    """The model as its records name it (a language model by its shape's name)."""
+    return shape_of(model, opts.model_dir).name if opts.language_model else canonical_name(model)
+
+
 def _base(opts: SweepOptions, name: str) -> Any:
-    """A variable setting's value in ``opts`` (what a configuration has when the space does not vary it)."""
-    return f"{opts.wire_dtype}/{opts.compression}" if name == "codec" else getattr(opts, name)
+    """A variable setting's value in ``opts`` (what a configuration has when the space does not vary
+    it): a language model's runs record batch 1 and their streams as the window."""
+    if name == "codec":
+        return f"{opts.wire_dtype}/{opts.compression}"
+    if opts.language_model and name in ("batch_size", "in_flight"):
+        return 1 if name == "batch_size" else opts.streams
+    return getattr(opts, name)
 
 
 def trial_options(opts: SweepOptions, space: Space, config: Config, session: str) -> SweepOptions:
@@ -155,7 +178,7 @@ def trial_options(opts: SweepOptions, space: Space, config: Config, session: str
         fields.update(splits=str(values["split"]), plans=None)
     else:
         fields.update(plans=[tuple(values[c] for c in space.plan)])
-    for name, field in LIST_DIMS:
+    for name, field in list_dims(opts):
         if name in values:
             fields[field] = [values[name]]
     if "codec" in values:
@@ -179,9 +202,9 @@ def objective_values(summary: pd.DataFrame, opts: SweepOptions, space: Space, co
     """The configuration's objectives from summary.csv, and its status (``complete``,
     ``infeasible``, or ``failed`` when no row holds it)."""
     values = space.as_dict(config)
-    rows = summary[(summary["model"] == canonical_name(model)) & (summary["split_index"].astype(str)
+    rows = summary[(summary["model"] == model_name(model, opts)) & (summary["split_index"].astype(str)
                                                                    == split_label(space, config))]
-    for name, field in LIST_DIMS:
+    for name, field in list_dims(opts):
         wanted = values.get(name, getattr(opts, field)[0])
         if name in summary.columns and not (name == "cipher" and wanted == "auto"):
             rows = rows[rows[name].astype(str) == str(wanted)]
@@ -214,7 +237,8 @@ class SearchRun:
         self.session = self.dir.name
         self.trials: list[dict[str, Any]] = []
         self.started = time.monotonic()
-        chosen = objective_names.check_names(opts.objectives) or ",".join(objective_names.DEFAULT)
+        chosen = objective_names.check_names(opts.objectives) or ",".join(
+            objective_names.GENERATION_DEFAULT if opts.language_model else objective_names.DEFAULT)
         self.objective_names = [n.strip() for n in chosen.split(",")]
         self.seeds = self.predicted_configs()
         self.testbed = search.testbed or opts.testbed.label()
@@ -223,19 +247,19 @@ class SearchRun:
         self.sweeper: Sweeper | None = None  # the trials' one sweeper (its worker group kept warm)
         self.study: StudySpec | None = None
         if search.study_url:
-            senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
-            ident = study_identity(canonical_name(self.model), senses, {d.name: d.choices for d in self.space.dims})
+            senses = {n: objective_names.sense(n) for n in self.objective_names}
+            ident = study_identity(model_name(self.model, self.opts), senses, {d.name: d.choices for d in self.space.dims})
             ident["settings"] = {"stages": search.stages,
                                  **{n: _base(opts, n) for n in VARIABLE if n not in self.space.names}}
             grace = search.study_grace_s or GRACE_S
             self.study = StudySpec(check_url(search.study_url),
-                                   search.study_name or f"paretopipe-{canonical_name(self.model)}", self.testbed, ident,
+                                   search.study_name or f"paretopipe-{model_name(self.model, self.opts)}", self.testbed, ident,
                                    heartbeat_s=max(1.0, grace / 3), grace_s=grace)
 
     def predicted_configs(self) -> list[Config]:
         out = []
         for values in self.search.predicted:
-            full = {**{n: getattr(self.opts, f)[0] for n, f in LIST_DIMS},
+            full = {**{n: getattr(self.opts, f)[0] for n, f in list_dims(self.opts)},
                     **{n: (self.search.vary.get(n) or (_base(self.opts, n),))[0] for n in VARIABLE}, **values}
             missing = [d.name for d in self.space.dims if d.name not in full]
             if missing:
@@ -302,7 +326,7 @@ class SearchRun:
         # loop.search refuses (a budget below the predicted front) leaves none behind.
         self.dir.mkdir(parents=True, exist_ok=True)
         return records.atomic_write_json(self.dir / FILE_NAME, {
-            "model": canonical_name(self.model), "sampler": self.search.sampler, "seed": self.opts.seed,
+            "model": model_name(self.model, self.opts), "sampler": self.search.sampler, "seed": self.opts.seed,
             "budget": self.search.budget, "stages": self.search.stages, "objectives": self.objective_names,
             "space": {d.name: list(d.choices) for d in self.space.dims}, "space_size": self.space.size(),
             "predicted": len(self.search.predicted), "testbed": self.testbed,
@@ -312,7 +336,7 @@ class SearchRun:
             "wall_s": round(time.monotonic() - self.started, 3), "trials": self.trials})
 
     def run(self) -> loop.SearchResult:
-        senses = {n: ("max" if n == "throughput" else "min") for n in self.objective_names}
+        senses = {n: objective_names.sense(n) for n in self.objective_names}
         try:
             result = loop.search(self.space, self.measure, senses, self.search.budget, self.search.sampler,
                                  seed=self.opts.seed or 0, seeds=self.seeds,
@@ -378,6 +402,35 @@ def predicted_first(profile_specs: Sequence[str], opts: SweepOptions, space: Spa
             values.append((terms.latency_s(), terms.throughput_imgs_per_s()))
             groups.append(name)
     return tuple(loop.predicted_first(configs, values, ["min", "max"], budget, groups))
+
+
+def predicted_first_generation(profile_specs: Sequence[str], opts: SweepOptions, space: Space, budget: int
+                               ) -> tuple[dict[str, Any], ...]:
+    """A language model's configurations measured first: every split of the space under each of
+    its networks, prompt lengths and wire dtypes, priced by the cost model (time to first token
+    and per token, from a device profile per stage: :mod:`paretopipe.predict.lm_costmodel`), in
+    layers of non-dominated sorting per network and prompt length, up to
+    :data:`loop.PREDICTED_SHARE` of ``budget``."""
+    if len(profile_specs) != 2 or len(space.plan) > 0:
+        raise UsageError("--device-profiles: a language model's prediction is of two devices: give two profiles "
+                         "and two stages")
+    profiles = [lm_costmodel.load_profile(spec) for spec in profile_specs]
+    shape = shape_of(opts.models[0], opts.model_dir)
+    dims = {d.name: d.choices for d in space.dims}
+    codecs = dims.get("codec", (_base(opts, "codec"),))
+    configs, values, groups = [], [], []
+    for name in dims.get("network", tuple(opts.networks[:1])):
+        inline = opts.inline_networks.get(name)
+        conditions = conditions_from_values(name, inline) if inline else get_conditions(name, opts.network_file)
+        for prompt in dims.get("prompt_len", tuple(opts.prompt_lens[:1])):
+            for codec in codecs:
+                rows = lm_costmodel.predict(shape, profiles, conditions, prompt, codec.split("/")[0])
+                for row in (r for r in rows if r["split"] in dims["split"]):
+                    config = {"split": row["split"], "network": name, "prompt_len": prompt, "codec": codec}
+                    configs.append({k: v for k, v in config.items() if k in dims})
+                    values.append((row["predicted_ttft_s"], row["predicted_tpot_s"]))
+                    groups.append((name, prompt))
+    return tuple(loop.predicted_first(configs, values, ["min", "min"], budget, groups))
 
 
 def describe(result: loop.SearchResult, run: SearchRun) -> Sequence[str]:

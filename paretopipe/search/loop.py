@@ -47,7 +47,8 @@ def predicted_first(configs: Sequence[Any], values: Sequence[Sequence[float]], s
     """``configs`` in the order a search measures them first: layer by layer of the predicted
     ``values``' non-dominated sorting (each of ``groups``, e.g. networks, ranked on its own: they
     do not dominate each other), by the first objective within a layer; the whole predicted front,
-    then further layers up to ``share`` of ``budget``."""
+    then further layers up to ``share`` of ``budget``, and never more than ``budget`` (a front of
+    ties, as two identical devices predict, can hold the whole space)."""
     keys = list(groups) if groups is not None else [None] * len(configs)
     rank = np.zeros(len(configs), dtype=int)
     for g in dict.fromkeys(keys):
@@ -55,7 +56,11 @@ def predicted_first(configs: Sequence[Any], values: Sequence[Sequence[float]], s
         rank[idx] = pareto.ranks(np.asarray([values[i] for i in idx], dtype=float), senses)
     first = [v[0] if senses[0] == "min" else -v[0] for v in values]
     order = sorted(range(len(configs)), key=lambda i: (rank[i], first[i]))
-    keep = max(int(np.sum(rank == 0)), int(share * budget))
+    front = int(np.sum(rank == 0))
+    if front > budget:
+        log.warning("the predicted front holds %d configurations, more than the budget of %d: its first %d by %s "
+                    "are measured", front, budget, budget, "the first objective")
+    keep = min(budget, max(front, int(share * budget)))
     return [configs[i] for i in order[:keep]]
 
 

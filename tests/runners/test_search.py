@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from conftest import PYTHON, ROOT
+from paretopipe.errors import UsageError
 from paretopipe.predict.device_profile import synthetic_profile
 from paretopipe.runners.search import predicted_first, search_space
 from paretopipe.runners.sweep import SweepOptions
@@ -38,10 +39,10 @@ def test_the_predicted_layers_are_configurations_of_the_space_each_networks_fron
     # With a budget of twice the space, half of it is every configuration, ranked.
     assert len(everything) == space.size() == 8 and {c["network"] for c in everything} == {"lan", "lte"}
     assert all(c["split"] in (0, 6, 12, 19) for c in everything)
-    # A budget of 2 still measures each network's whole predicted front, which comes first.
-    front = predicted_first(_profiles(tmp_path), opts, space, 2, budget=2)
+    # A budget of 4 measures each network's whole predicted front first, past half the budget if need be.
+    front = predicted_first(_profiles(tmp_path), opts, space, 2, budget=4)
     assert list(everything[:len(front)]) == list(front) and {c["network"] for c in front} == {"lan", "lte"}
-    assert 2 <= len(front) < 8
+    assert 2 <= len(front) <= 4
     # Half of a budget of 12 is 6 configurations: the fronts, then the next layers.
     assert list(predicted_first(_profiles(tmp_path), opts, space, 2, budget=12)) == list(everything[:6])
 
@@ -232,3 +233,64 @@ def test_a_search_may_vary_auto_as_a_codec_beside_named_dtypes(tmp_path):
     choice = auto["config"]["wire_choice"]
     assert choice["target"] == 0.9 and auto["config"]["wire_dtype"] == choice["chosen"]
     assert list(choice["tried"])[0] == "int4"  # the fewest bytes tried first
+
+
+def _lm_profiles(tmp: Path) -> list[str]:
+    """tiny-lm's device profiles: an edge device ten times slower than a server, each block's
+    prefill of 8 and 32 tokens and its decode step."""
+    from paretopipe.llm import shapes
+    from paretopipe.predict.lm_costmodel import PROFILE_KIND
+
+    shape = shapes.shape_of("tiny-lm")
+    paths = []
+    for name, speed in (("edge", 10.0), ("server", 1.0)):
+        phases = {str(p): {"prefill_s": [speed * 1e-5 * p] * shape.num_blocks, "decode_s": [speed * 2e-5] * shape.num_blocks}
+                  for p in (8, 32)}
+        path = tmp / f"lm-{name}.json"
+        path.write_text(json.dumps({"kind": PROFILE_KIND, "model": shape.name, "blocks": shapes.block_names(shape),
+                                    "prompt_lens": phases}))
+        paths.append(str(path))
+    return paths
+
+
+def test_a_language_models_predicted_layers_cover_its_splits_prompts_and_dtypes(tmp_path):
+    from paretopipe.runners.search import predicted_first_generation
+
+    opts = SweepOptions(models=["tiny-lm"], splits="all", networks=["lan", "3g"], prompt_lens=[8, 32])
+    assert opts.language_model
+    space = search_space(opts, 6, 2, {"codec": ("float32/none", "int8/none")})
+    assert space.names == ["split", "network", "prompt_len", "codec"] and space.size() == 7 * 2 * 2 * 2
+    everything = predicted_first_generation(_lm_profiles(tmp_path), opts, space, budget=2 * space.size())
+    assert len(everything) == space.size() and {tuple(sorted(c)) for c in everything} == {
+        ("codec", "network", "prompt_len", "split")}
+    # On 3g the server's blocks are cheap and the link dear: the split that sends token ids (8 B a
+    # token) leads the first layer of both prompt lengths; int8 halves what a hidden state costs.
+    first_3g = [c for c in everything if c["network"] == "3g"][:2]
+    assert {(c["split"], c["codec"]) for c in first_3g} <= {(0, "float32/none"), (0, "int8/none")}
+    with pytest.raises(UsageError, match="a language model's prediction is of two devices"):
+        predicted_first_generation(_lm_profiles(tmp_path)[:1], opts, space, budget=4)
+    with pytest.raises(UsageError, match="--vary batch_size or in_flight"):
+        search_space(opts, 6, 2, {"batch_size": (1, 2)})
+
+
+@pytest.mark.slow
+def test_a_language_models_search_measures_its_prediction_first_on_warm_workers(tmp_path):
+    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "tiny-lm", "--splits", "all", "--budget", "6",
+                    "--network", "lan,3g", "--prompt-len", "8,32", "--gen-tokens", "4", "--vary",
+                    "codec=float32/none,int8/none", "--device-profiles", ",".join(_lm_profiles(tmp_path)),
+                    "--runs", "1", "--drift-every", "0", "--local", "--out", str(tmp_path), "--session", "s",
+                    "--no-report"], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert doc["objectives"] == ["ttft", "tpot"] and doc["space_size"] == 56 and len(doc["trials"]) == 6
+    predicted = doc["predicted"]  # each network's and prompt length's front, then half the budget at most
+    assert 3 <= predicted <= 6 and [t["origin"] for t in doc["trials"][:predicted]] == ["prediction"] * predicted
+    assert doc["worker_groups_started"] == 1  # a prompt length, a network, a dtype: the same warm workers
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    for t in doc["trials"]:  # what the search was told is the session's own summary
+        c = t["config"]
+        row = summary[(summary["split_index"] == c["split"]) & (summary["network"] == c["network"])
+                      & (summary["prompt_len"] == c["prompt_len"]) & (summary["codec"] == c["codec"])]
+        assert len(row) == 1 and t["values"] == pytest.approx([row["ttft_median_s"].iloc[0],
+                                                               row["tpot_median_s"].iloc[0]])
+    assert f"search: 6 of 56 configurations measured ({predicted} predicted" in proc.stdout

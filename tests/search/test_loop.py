@@ -76,8 +76,9 @@ def test_the_predicted_layers_come_first_each_groups_front_then_the_next_up_to_h
     ordered = loop.predicted_first(configs, values, ["min", "max"], budget=12, groups=groups)
     assert ordered == ["a", "b", "d", "c", "e", "f"]  # the fronts (lte's not dominated by lan's), then layers
     assert loop.predicted_first(configs, values, ["min", "max"], budget=8, groups=groups) == ["a", "b", "d", "c"]
-    # However small the budget, the whole predicted front is measured (a search refuses a budget below it).
-    assert loop.predicted_first(configs, values, ["min", "max"], budget=1, groups=groups) == ["a", "b", "d"]
+    # The whole predicted front is measured even past half the budget, but never past the budget.
+    assert loop.predicted_first(configs, values, ["min", "max"], budget=4, groups=groups, share=0.25) == ["a", "b", "d"]
+    assert loop.predicted_first(configs, values, ["min", "max"], budget=2, groups=groups) == ["a", "b"]
     # Without groups, lte's configurations are dominated by lan's.
     assert loop.predicted_first(configs, values, ["min", "max"], budget=4) == ["a", "b"]
 
