@@ -40,6 +40,9 @@ FAULT_LINE = ("python automated_split_tester.py --model mobilenetv2 --splits 4,1
 LM_LOADGEN_LINES = ("python partition1.py --model tiny-lm --split 2 --scenario server --ttft-ms 2000 --tpot-ms 200",
                     "python automated_split_tester.py --model tiny-lm --splits all --network lan "
                     "--scenario closed,singlestream,offline,server")
+#: docs/predict.md's choice of devices.
+SUBSETS_LINE = ("python -m paretopipe.predict --model mobilenetv2 --device-profiles profiles/edge-mobilenet_v2.json,"
+                "profiles/pi-mobilenet_v2.json,profiles/server-mobilenet_v2.json --network wifi --subsets")
 #: docs/search.md's search of a language model.
 LM_SEARCH_LINE = ("python -m paretopipe search --model tiny-lm --splits all --network lan,3g --prompt-len 8,32 "
                   "--vary codec=float32/none,int8/none --budget 6")
@@ -121,6 +124,7 @@ RUN = frozenset({
     "--scenario closed,singlestream,multistream,offline,server --latency-bound-ms 500",
     *LM_LOADGEN_LINES,
     LM_SEARCH_LINE,
+    SUBSETS_LINE,
     FAULT_LINE,
     *TUTORIAL_LINES,
 })
@@ -333,6 +337,8 @@ def test_profile_then_predict_as_the_readme_and_docs_show(clone):
         out = sh(reduced(f"python -m paretopipe.predict --model mobilenetv2 --device-profiles {pair} {tail}"), clone)
         assert out.stdout.strip(), tail
     assert "server q/s: the Poisson rate within p99 500 ms" in out.stdout
+    out = sh(reduced(SUBSETS_LINE), clone)
+    assert "4 placements" in out.stdout and "what each extra device buys" in out.stdout
 
 
 def test_loadgen_scenarios_by_hand_and_in_a_sweep_as_the_docs_run_them(clone):

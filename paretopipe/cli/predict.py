@@ -23,6 +23,7 @@ from ..predict import lm_costmodel
 from ..predict.costmodel import LinkModel
 from .. import records
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key, resolve_cipher
+from ..predict import subsets
 from ..predict.planner import pareto_plans, split_blocks
 
 log = logging.getLogger("paretopipe.predict")
@@ -66,6 +67,9 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     flags.LATENCY_BOUND_MS.add_to(p, default=None, help="also predict each split's MLPerf Server rate: the highest "
                                   "Poisson rate whose 99th-percentile latency stays within this bound, ms (queueing at "
                                   "the bottleneck stage or link)")
+    p.add_argument("--subsets", action="store_true",
+                   help="which devices to use: every subset and order of the profiles after the first (the data "
+                        "source) priced, and per objective what each extra device buys or costs")
     p.add_argument("--sweep-rate", default=None, help="draw the optimal split versus link rate over a range, e.g. 1mbit..1gbit")
     p.add_argument("--sweep-points", type=int, default=80)
     p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
@@ -124,7 +128,7 @@ def _per_device_watts(values: list[float | None] | None, devices: int) -> list[f
 
 #: Options that only one kind of model's prediction takes (their dests).
 IMAGE_ONLY = ("links", "base_rate", "batch_size", "compression", "encrypt", "fine", "objectives", "power_core_w",
-              "latency_bound_ms", "sweep_rate")
+              "latency_bound_ms", "sweep_rate", "subsets")
 GENERATION_ONLY = ("prompt_len", "ttft_ms", "tpot_ms", "gen_tokens", "streams")
 
 
@@ -197,6 +201,8 @@ def _predict_image_model(args: argparse.Namespace) -> int:
     codec = codec_key(args.wire_dtype, args.compression, resolve_cipher(args.encrypt, profiles))
     conditions = _links_for(args, base, len(profiles) - 1)
     out = Path(args.out) if args.out else None
+    if args.subsets:
+        return _print_subsets(profiles, conditions, args, codec, out)
     if len(profiles) > 2:
         return _print_plans(profiles, conditions, args, codec, out)
     if args.sweep_rate:
@@ -295,4 +301,39 @@ def _print_plans(profiles, conditions, args: argparse.Namespace, codec: str, out
           f"--num-partitions {len(profiles)} --model {args.model} --split-blocks <list>")
     if out:
         print(f"written: {records.atomic_write_csv(out / 'plans.csv', rows)}")
+    return 0
+
+
+def _print_subsets(profiles, conditions, args: argparse.Namespace, codec: str, out: Path | None) -> int:
+    """Every placement's best latency and throughput, then per objective the best with k devices
+    against the best with one fewer (paretopipe.predict.subsets), per network."""
+    # lazy for start-up: pandas (the profiles' split positions)
+    from ..predict.predictions import split_positions
+
+    if args.links:
+        raise UsageError("--subsets prices every hop over --network's conditions; --links names the hops of one "
+                         "placement: drop one of them")
+    names = [p.name for p in profiles]
+    positions = [b for _, b in split_positions(profiles[0], args.fine)]
+    rows = []
+    for (up, down), *_ in conditions:
+        priced = subsets.price(profiles, up, down, args.batch_size, positions, codec)
+        print(f"\n{profiles[0].model}: which devices, network {up.name} (predicted; {len(priced)} placements, "
+              f"{names[0]} the data source)")
+        print(f"{'placement':<40} {'best latency ms':>15} {'--split-blocks':>15} {'best img/s':>10} {'--split-blocks':>15}")
+        for placed in priced:
+            fast, wide = placed.best("latency"), placed.best("throughput")
+            chain = [profiles[i] for i in placed.devices]
+            print(f"{' -> '.join(names[i] for i in placed.devices):<40} {fast.latency_s * 1e3:>15.2f} "
+                  f"{split_blocks(fast, chain[0]):>15} {wide.throughput_imgs_per_s:>10.2f} {split_blocks(wide, chain[0]):>15}")
+        print("what each extra device buys (the best placement with k devices against the best with k - 1):")
+        for row in subsets.marginal_gains(priced, names):
+            words = {"gain": "a gain", "none": "no gain", "loss": "a loss: the extra device costs"}
+            change = "" if row["gain"] is None else f"  x{row['vs_one_fewer']:.3f} ({words[row['gain']]})"
+            unit = "ms" if row["objective"] == "latency" else "img/s"
+            value = row["value"] * 1e3 if row["objective"] == "latency" else row["value"]
+            print(f"  {row['objective']:<10} {row['devices']} devices: {value:.2f} {unit} on {row['placement']}{change}")
+            rows.append({"network": up.name, **row, "cuts": ",".join(map(str, row["cuts"]))})
+    if out:
+        print(f"written: {records.atomic_write_csv(out / 'subsets.csv', rows)}")
     return 0

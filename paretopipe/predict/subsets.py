@@ -1,0 +1,94 @@
+"""Which devices to use at all: every subset and order of the devices as a dimension of the plan.
+
+Adding a device to a pipeline is not free: its link adds a hop's delay and bytes, and a slow
+device that takes blocks can lengthen the path as much as it shortens the bottleneck. Users of exo
+and distributed-llama report that an extra node made generation slower. Here the first device
+(the data source: where the input is, and where the result must come back) begins every
+placement; each subset of the others, in every order, follows it, and the planner
+(:func:`~paretopipe.predict.planner.pareto_plans`) finds each placement's Pareto-optimal cuts, a
+stage allowed to run nothing. Per objective, the best placement with k devices is compared with
+the best with k + 1: what the (k + 1)-th device buys, or costs.
+
+Stage order matters (a link from the Pi to the server is not one from the server to the Pi: the
+activation shrinks along the model), so a subset of m other devices gives m! placements; with the
+handful of devices a user owns that is a few dozen plans of the dynamic programme each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Sequence
+
+from ..errors import UsageError
+from .costmodel import LinkModel
+from .device_profile import DeviceProfile
+from .planner import Plan, pareto_plans
+
+#: Beyond this many devices the orders grow too fast to price every one (7 others: 13,699 placements).
+MAX_DEVICES = 7
+#: What each objective's best placement is chosen by, and its direction.
+OBJECTIVES = {"latency": ("latency_s", "min"), "throughput": ("throughput_imgs_per_s", "max")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """One ordered subset of the devices (indices into the profiles, the source first) and its
+    Pareto-optimal plans."""
+
+    devices: tuple[int, ...]
+    plans: tuple[Plan, ...]
+
+    def best(self, objective: str) -> Plan:
+        attr, sense = OBJECTIVES[objective]
+        pick = min if sense == "min" else max
+        return pick(self.plans, key=lambda p: getattr(p, attr))
+
+
+def placements(count: int) -> list[tuple[int, ...]]:
+    """Every ordered subset of devices 1..count-1 after device 0, two devices or more."""
+    if not 2 <= count <= MAX_DEVICES:
+        raise UsageError(f"--subsets: give 2 to {MAX_DEVICES} device profiles (the first is the data source), got {count}")
+    others = range(1, count)
+    return [(0, *order) for k in range(1, count) for subset in itertools.combinations(others, k)
+            for order in itertools.permutations(subset)]
+
+
+def price(profiles: Sequence[DeviceProfile], up: LinkModel, down: LinkModel, batch_size: int,
+          positions: Sequence[int], codec: str = "float32/none") -> list[Placement]:
+    """Every placement's Pareto-optimal plans, every hop over the same link (``up`` forward,
+    ``down`` back)."""
+    out = []
+    for devices in placements(len(profiles)):
+        chosen = [profiles[i] for i in devices]
+        hops = len(devices) - 1
+        out.append(Placement(devices, tuple(pareto_plans(chosen, [up] * hops, batch_size, positions, codec,
+                                                         [down] * hops))))
+    return out
+
+
+def marginal_gains(priced: Sequence[Placement], names: Sequence[str]) -> list[dict[str, Any]]:
+    """Per number of devices and objective: the best placement and its figure, its ratio to the
+    best with one device fewer (latency: below 1 is a gain; throughput: above 1 is), and whether
+    the extra device bought a ``gain``, a ``loss`` or ``none``."""
+    rows: list[dict[str, Any]] = []
+    for objective, (attr, sense) in OBJECTIVES.items():
+        previous = None
+        for k in sorted({len(p.devices) for p in priced}):
+            pick = min if sense == "min" else max
+            best = pick((p for p in priced if len(p.devices) == k), key=lambda p: getattr(p.best(objective), attr))
+            value = getattr(best.best(objective), attr)
+            rows.append({"objective": objective, "devices": k, "placement": " -> ".join(names[i] for i in best.devices),
+                         "value": value, "cuts": list(best.best(objective).cuts),
+                         "vs_one_fewer": value / previous if previous else None,
+                         "gain": _gain(value, previous, sense)})
+            previous = value
+    return rows
+
+
+def _gain(value: float, previous: float | None, sense: str) -> str | None:
+    if previous is None:
+        return None
+    if abs(value - previous) <= 1e-9 * max(abs(previous), 1e-12):
+        return "none"
+    return "gain" if (value < previous) == (sense == "min") else "loss"
