@@ -18,6 +18,13 @@ can be compared with the exhaustive front of the same table:
   of variation is the demo session's run-to-run spread; the *prediction* is the cost model
   without either.
 
+- ``llm/lte`` and ``llm/wifi``: ``smollm2-135m``'s shape split between a Pi (x3) and a server
+  (x0.15), every split x wire dtype (float32, float16, int8, int4), 132 configurations, under lte
+  with prompts of 512 tokens and under wifi with 128; the objectives are the time to first token
+  and per output token from the language model's cost model over a profile measured here
+  (``paretopipe profile --model smollm2-135m``, cached), with the same model error and noise as
+  ``plans``. (A network or a prompt length is a workload, not a choice: a front spans neither.)
+
 Every sampler runs with each seed twice: from scratch, and seeded by the prediction, as
 ``paretopipe search`` does: the predicted front, then the next layers of the prediction's
 non-dominated sorting, measured first up to half the budget at the 10% mark
@@ -142,6 +149,65 @@ def plan_space(profile: DeviceProfile, noise_cv: float, seed: int = 0
     return lookup, (configs, [tuple(v) for v in pred])
 
 
+LM = "smollm2-135m"
+LM_PROMPTS = (128, 512)
+LM_DTYPES = ("float32", "float16", "int8", "int4")
+LM_SPACES = (("lte", 512), ("wifi", 128))
+LM_OBJECTIVES = {"ttft_s": "min", "tpot_s": "min"}
+
+
+def lm_profile(path: Path | None) -> dict:
+    """This machine's profile of smollm2-135m's blocks at the space's prompt lengths (measured once, cached)."""
+    path = path or ROOT / "results" / "benchmarks" / "search-smollm2-135m.profile.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"measuring a {LM} profile into {path} (a few minutes)...", flush=True)
+        subprocess.run([sys.executable, "-m", "paretopipe", "profile", "--model", LM, "--prompt-len",
+                        ",".join(map(str, LM_PROMPTS)), "--threads", "1", "--quiet", "--out", str(path)], check=True)
+    return json.loads(path.read_text())
+
+
+def lm_scaled(doc: dict, factor: float, errors: np.ndarray | None = None) -> dict:
+    """A language model's profile made ``factor`` times slower, each block further off by ``errors``."""
+    out = copy.deepcopy(doc)
+    for phase in out["prompt_lens"].values():
+        for key in ("prefill_s", "decode_s"):
+            times = np.asarray(phase[key], dtype=float) * factor
+            phase[key] = (times * errors if errors is not None else times).tolist()
+    return out
+
+
+def lm_space(doc: dict, network: str, prompt: int, noise_cv: float, seed: int = 0
+             ) -> tuple[LookupTable, tuple[list[tuple], list[tuple]]]:
+    """The language model's space under ``network`` with prompts of ``prompt`` tokens: its truth as
+    a lookup table, and every configuration with its predicted objectives."""
+    from paretopipe.llm.shapes import shape_of
+    from paretopipe.predict import lm_costmodel
+
+    rng = np.random.default_rng(seed)
+    shape = shape_of(LM)
+    pi, server = DEVICES[0][1], DEVICES[2][1]
+    predicted = [lm_scaled(doc, pi), lm_scaled(doc, server)]
+    truth = [lm_scaled(doc, f, np.exp(rng.normal(0, MODEL_ERROR_SIGMA, shape.num_blocks))) for f in (pi, server)]
+    rows = []
+    conditions = get_conditions(network)
+    for dtype in LM_DTYPES:
+        guess = lm_costmodel.predict(shape, predicted, conditions, prompt, dtype)
+        real = lm_costmodel.predict(shape, truth, conditions, prompt, dtype)
+        rows += [{"split": g["split"], "dtype": dtype, "predicted_ttft_s": g["predicted_ttft_s"],
+                  "predicted_tpot_s": g["predicted_tpot_s"], "ttft_s": r["predicted_ttft_s"],
+                  "tpot_s": r["predicted_tpot_s"]} for g, r in zip(guess, real)]
+    table = pd.DataFrame(rows)
+    sigma = math.sqrt(math.log(1 + noise_cv ** 2))
+    for column in LM_OBJECTIVES:
+        table[column] *= np.exp(rng.normal(0, sigma, len(table)))
+    dims = ["split", "dtype"]
+    lookup = from_table(table, dims, LM_OBJECTIVES, ordered=["split"])
+    configs = [tuple(r) for r in table[dims].itertuples(index=False, name=None)]
+    pred = table[["predicted_ttft_s", "predicted_tpot_s"]].to_numpy()
+    return lookup, (configs, [tuple(v) for v in pred])
+
+
 def replay(name: str, table: LookupTable, samplers: list[str], seeds: int,
            prediction: tuple[list[tuple], list[tuple]] | None) -> list[dict]:
     """Each sampler and seed, from scratch and (where there is a prediction) seeded by it: its
@@ -177,7 +243,9 @@ def main() -> int:
     p.add_argument("--samplers", default="tpe,nsga2,qmc,random")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--profile", type=Path, default=None, help="a MobileNetV2 profile at batch 1,2,4 with the four codecs")
-    p.add_argument("--only", choices=("demo", "plans"), default=None)
+    p.add_argument("--only", choices=("demo", "plans", "llm"), default=None)
+    p.add_argument("--lm-profile", type=Path, default=None, help=f"a {LM} profile at prompt lengths "
+                   f"{','.join(map(str, LM_PROMPTS))}")
     p.add_argument("--truth-seed", type=int, default=0, help="the draw of the profile's error on each device "
                    "and of the run-to-run noise (the plans space's truth)")
     args = p.parse_args()
@@ -193,6 +261,11 @@ def main() -> int:
         front = int(np.sum(pareto.ranks(np.asarray(prediction[1]), ["min", "max"]) == 0))
         print(f"plans: {len(table)} configurations; the predicted front holds {front}", flush=True)
         rows += replay("plans", table, samplers, args.seeds, prediction)
+    if args.only in (None, "llm"):
+        doc = lm_profile(args.lm_profile)
+        for network, prompt in LM_SPACES:
+            table, prediction = lm_space(doc, network, prompt, noise, args.truth_seed)
+            rows += replay(f"llm/{network}", table, samplers, args.seeds, prediction)
     df = pd.DataFrame(rows)
     print("\nmedian over seeds (hypervolume reached / exhaustive):")
     summary = df.groupby(["space", "first", "sampler"])[[c for c in df.columns if c.startswith("hv_")]].median()
@@ -202,6 +275,14 @@ def main() -> int:
         best = max(large.index, key=lambda name: (round(large[name], 4), name == loop.DEFAULT_SAMPLER))
         print(f"search: {best} reaches {large[best]:.4f} of the exhaustive hypervolume with 10% of "
               f"{int(df[df['space'] == 'plans']['configs'].iloc[0])} configurations")
+    if args.only in (None, "llm"):
+        seeded = df[df["space"].str.startswith("llm/") & (df["first"] == "prediction")]
+        # Each sampler's worst space: the median over seeds in each, then the lowest of them.
+        lowest = seeded.groupby(["sampler", "space"])["hv_10pct"].median().groupby("sampler").min()
+        best = max(lowest.index, key=lambda name: (round(lowest[name], 4), name == loop.DEFAULT_SAMPLER))
+        print(f"search ({LM}'s shape): {best} reaches at least {lowest[best]:.4f} of the exhaustive hypervolume "
+              f"with 10% of {int(df[df['space'].str.startswith('llm/')]['configs'].iloc[0])} configurations in each "
+              f"of {len(LM_SPACES)} spaces")
     print(json.dumps({"noise_cv": noise}))
     return 0
 
