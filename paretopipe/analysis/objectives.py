@@ -11,6 +11,11 @@ largest stage's own footprint, its parameters and buffers plus its largest activ
 device that loads only its part of the model needs beyond the runtime), ``memory_stageN`` one
 stage's; ``memory_rss`` and ``memory_rss_stageN`` are the measured peak resident memory of the
 stage processes, which in this suite's workers hold the whole model (they re-partition in place).
+The ``loadgen_*`` objectives are MLPerf LoadGen's figures of a session swept under a scenario
+(``--scenario``): ``loadgen_p90`` and ``loadgen_p99`` latencies, a language model's
+``loadgen_ttft_p90``/``_p99`` and ``loadgen_tpot_p90``/``_p99``, ``loadgen_samples`` and
+``loadgen_tokens`` per second, and ``loadgen_server_qps``, the Server's rate within its bounds.
+
 ``fidelity`` is the split's top-1 agreement with the unsplit float32 model and ``accuracy`` its
 top-1 accuracy on a labelled dataset, both from the evaluation pass of runs whose wire is lossy
 (``--eval-samples``; give it to a float32 run to measure that too): a configuration without the
@@ -30,8 +35,18 @@ from ..errors import UsageError
 DEFAULT = ("latency", "throughput")
 #: A language model's session: time to first token against time per output token.
 GENERATION_DEFAULT = ("ttft", "tpot")
+#: MLPerf LoadGen's figures as objectives: name -> (summary column, sense, label).
+LOADGEN = {"loadgen_p90": ("loadgen_latency_p90_s", "min", "LoadGen p90 latency (s)"),
+           "loadgen_p99": ("loadgen_latency_p99_s", "min", "LoadGen p99 latency (s)"),
+           "loadgen_ttft_p90": ("loadgen_ttft_p90_s", "min", "LoadGen p90 time to first token (s)"),
+           "loadgen_ttft_p99": ("loadgen_ttft_p99_s", "min", "LoadGen p99 time to first token (s)"),
+           "loadgen_tpot_p90": ("loadgen_tpot_p90_s", "min", "LoadGen p90 time per output token (s)"),
+           "loadgen_tpot_p99": ("loadgen_tpot_p99_s", "min", "LoadGen p99 time per output token (s)"),
+           "loadgen_samples": ("loadgen_samples_per_s", "max", "LoadGen samples/s"),
+           "loadgen_tokens": ("loadgen_tokens_per_s", "max", "LoadGen tokens/s"),
+           "loadgen_server_qps": ("loadgen_server_qps", "max", "LoadGen Server rate within its bounds (q/s)")}
 NAMES = ("latency", "throughput", "ttft", "tpot", "energy", "memory", "memory_rss", "fidelity", "accuracy",
-         "energy_stageN", "memory_stageN", "memory_rss_stageN")
+         "energy_stageN", "memory_stageN", "memory_rss_stageN", *LOADGEN)
 _PER_STAGE = re.compile(r"^(energy|memory|memory_rss)_stage([1-9][0-9]?)$")
 
 
@@ -126,6 +141,12 @@ def resolve(name: str, table: pd.DataFrame) -> Objective:
         return _memory(name, "memory_model_bytes", table, "the largest stage's parameters and activation")
     if name == "memory_rss":
         return _memory(name, "memory_peak_bytes", table, "the largest stage process's peak RSS")
+    if name in LOADGEN:
+        column, sense_, label = LOADGEN[name]
+        if not _has(table, column):
+            raise UsageError(f"--objectives {name}: this session has no {column} (sweep under a LoadGen scenario that "
+                             f"reports it, --scenario ...); valid objectives here: {', '.join(available(table))}")
+        return Objective(name, column, sense_, label)
     if name in ("fidelity", "accuracy"):
         found = FIDELITY if name == "fidelity" else ACCURACY
         if not _has(table, found.column):
@@ -155,7 +176,10 @@ def parse(text: str | Sequence[str] | None, table: pd.DataFrame) -> list[Objecti
 
 
 def sense(name: str) -> str:
-    """An objective's direction by its name alone (``max`` for throughput, fidelity and accuracy)."""
+    """An objective's direction by its name alone (``max`` for throughput, fidelity, accuracy and
+    LoadGen's rates)."""
+    if name in LOADGEN:
+        return LOADGEN[name][1]
     return "max" if name in ("throughput", "fidelity", "accuracy") else "min"
 
 
@@ -182,7 +206,7 @@ def available(table: pd.DataFrame) -> list[str]:
     if _has(table, "memory_peak_bytes"):
         out.append("memory_rss")
     out += [o.name for o in (FIDELITY, ACCURACY) if _has(table, o.column)]
-    return out
+    return out + [name for name, (column, *_) in LOADGEN.items() if _has(table, column)]
 
 
 def senses(objectives: Sequence[Objective]) -> dict[str, str]:

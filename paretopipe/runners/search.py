@@ -132,6 +132,9 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int,
     names with several."""
     if stages < 2:
         raise UsageError(f"--stages {stages}: a split needs at least 2 stages")
+    if len(opts.scenarios) > 1:
+        raise UsageError(f"--scenario {','.join(opts.scenarios)}: a search measures under one load; give one scenario "
+                         f"(its LoadGen figures are objectives: --objectives loadgen_p90,loadgen_samples, ...)")
     if any(c.startswith(f"{AUTO}/") for c in (vary or {}).get("codec", ())) and opts.fidelity_target is None:
         raise UsageError("--vary codec=auto/...: auto chooses each cut's dtype to a target; give --fidelity-target, "
                          "e.g. 0.99")
@@ -211,6 +214,8 @@ def objective_values(summary: pd.DataFrame, opts: SweepOptions, space: Space, co
     for name in VARIABLE:
         if name in summary.columns:
             rows = rows[rows[name].astype(str) == str(values.get(name, _base(opts, name)))]
+    if "scenario" in summary.columns:
+        rows = rows[rows["scenario"].astype(str) == opts.scenarios[0]]
     if rows.empty:
         return None, "failed"
     row = rows.iloc[0]

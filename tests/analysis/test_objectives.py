@@ -37,3 +37,16 @@ def test_refusals_name_what_is_valid(text, why):
     if why.startswith("unknown") or why.startswith("two"):
         with pytest.raises(UsageError, match=why):
             objectives.check_names(text)
+
+
+def test_loadgens_figures_are_objectives_of_a_session_swept_under_a_scenario():
+    table = _table(loadgen_ttft_p99_s=0.2, loadgen_tokens_per_s=50.0, loadgen_server_qps=3.0)
+    got = objectives.parse("loadgen_ttft_p99,loadgen_tokens,loadgen_server_qps", table)
+    assert [(o.column, o.sense) for o in got] == [("loadgen_ttft_p99_s", "min"), ("loadgen_tokens_per_s", "max"),
+                                                  ("loadgen_server_qps", "max")]
+    assert [objectives.sense(n) for n in ("loadgen_p90", "loadgen_samples", "throughput", "fidelity", "latency")] == \
+        ["min", "max", "max", "max", "min"]
+    assert {"loadgen_ttft_p99", "loadgen_tokens", "loadgen_server_qps"} <= set(objectives.available(table))
+    assert objectives.check_names("loadgen_p90,loadgen_samples") == "loadgen_p90,loadgen_samples"
+    with pytest.raises(UsageError, match="no loadgen_latency_p90_s .*--scenario"):
+        objectives.parse("loadgen_p90,latency", _table())

@@ -244,8 +244,8 @@ def _lm_profiles(tmp: Path) -> list[str]:
     shape = shapes.shape_of("tiny-lm")
     paths = []
     for name, speed in (("edge", 10.0), ("server", 1.0)):
-        phases = {str(p): {"prefill_s": [speed * 1e-5 * p] * shape.num_blocks, "decode_s": [speed * 2e-5] * shape.num_blocks}
-                  for p in (8, 32)}
+        phases = {str(p): {"prefill_s": [speed * 1e-5 * p] * shape.num_blocks,
+                           "decode_s": [speed * 2e-5] * shape.num_blocks} for p in (8, 32)}
         path = tmp / f"lm-{name}.json"
         path.write_text(json.dumps({"kind": PROFILE_KIND, "model": shape.name, "blocks": shapes.block_names(shape),
                                     "prompt_lens": phases}))
@@ -294,3 +294,23 @@ def test_a_language_models_search_measures_its_prediction_first_on_warm_workers(
         assert len(row) == 1 and t["values"] == pytest.approx([row["ttft_median_s"].iloc[0],
                                                                row["tpot_median_s"].iloc[0]])
     assert f"search: 6 of 56 configurations measured ({predicted} predicted" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_search_under_a_loadgen_scenario_takes_loadgens_figures_as_its_objectives(tmp_path):
+    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "tiny-lm", "--splits", "0,3,6", "--budget", "2",
+                    "--gen-tokens", "4", "--prompt-len", "8", "--scenario", "singlestream", "--objectives",
+                    "loadgen_ttft_p90,loadgen_tpot_p90", "--min-duration-s", "1", "--min-query-count", "8",
+                    "--runs", "1", "--drift-every", "0", "--local", "--out", str(tmp_path), "--session", "s",
+                    "--no-report"], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "s" / "search.json").read_text())
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert doc["objectives"] == ["loadgen_ttft_p90", "loadgen_tpot_p90"] and len(doc["trials"]) == 2
+    for t in doc["trials"]:
+        row = summary[summary["split_index"] == t["config"]["split"]]
+        assert (row["scenario"] == "singlestream").all()
+        assert t["values"] == pytest.approx([row["loadgen_ttft_p90_s"].iloc[0], row["loadgen_tpot_p90_s"].iloc[0]])
+    several = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "tiny-lm", "--budget", "2", "--scenario",
+                       "closed,offline", "--dry-run", "--local"], timeout=120)
+    assert several.returncode == 2 and "a search measures under one load" in several.stderr
