@@ -24,6 +24,7 @@ from .. import records
 from ..errors import UsageError
 from . import pareto
 from .keys import CLOSED_LOOP, CONFIG_KEY, KEY_DEFAULTS
+from .objectives import is_generation
 from .plotting import plain_log_ticks
 
 FILE = "loadgen_front.csv"
@@ -38,18 +39,14 @@ TOKEN_OBJECTIVES = {"singlestream": (("singlestream_ttft_p90_s", "loadgen_ttft_p
                     "offline": (("offline_tokens_per_s", "loadgen_tokens_per_s", "max"),),
                     "server": (("server_qps", "loadgen_server_qps", "max"),)}
 #: The closed loop's figures beside them: (its column here, the summary column, the sense).
-CLOSED = (("closed_latency_s", "latency_median_s", "min"), ("closed_throughput_imgs_per_s", "throughput_imgs_per_s", "max"))
+CLOSED = (("closed_latency_s", "latency_median_s", "min"),
+          ("closed_throughput_imgs_per_s", "throughput_imgs_per_s", "max"))
 TOKEN_CLOSED = (("closed_ttft_s", "ttft_median_s", "min"), ("closed_tpot_s", "tpot_median_s", "min"),
                 ("closed_tokens_per_s", "tokens_per_s", "max"))
 #: The front's objectives, in order of preference: p90 against Offline samples/s, and the Server rate.
 FRONT_SCENARIOS = ("singlestream", "offline", "server")
 #: One front per model, backend, cipher, transport, codec, depth, network and batch size.
 SPLIT_GROUP = [k for k in CONFIG_KEY if k not in ("split_index", "scenario")]
-
-
-def generation(table: pd.DataFrame) -> bool:
-    """Whether a session's rows are a language model's generations (timed by token)."""
-    return "ttft_median_s" in table.columns and bool(table["ttft_median_s"].notna().any())
 
 
 def scenario_objectives(tokens: bool) -> dict[str, tuple[tuple[str, str, str], ...]]:
@@ -62,7 +59,7 @@ def per_split(table: pd.DataFrame) -> pd.DataFrame:
     loop's where the session measured it (empty without any scenario)."""
     if "scenario" not in table.columns or not table["scenario"].ne(CLOSED_LOOP).any():
         return pd.DataFrame()
-    tokens = generation(table)
+    tokens = is_generation(table)
     objectives = scenario_objectives(tokens)
     keys = SPLIT_GROUP + ["split_index"]
     rows: dict[tuple, dict[str, Any]] = {}
@@ -112,7 +109,7 @@ def fronts(table: pd.DataFrame) -> pd.DataFrame:
     groups = [c for c in SPLIT_GROUP if c in split_table.columns]
     split_table["on_loadgen_front"] = pareto.mark_front(split_table, objectives, groups)["on_front"] if objectives \
         else False
-    closed = {column: sense for column, _, sense in (TOKEN_CLOSED if split_table.attrs.get("tokens") else CLOSED)
+    closed = {column: sense for column, _, sense in (TOKEN_CLOSED if _tokens(split_table) else CLOSED)
               if column in split_table.columns}
     if closed:
         split_table["on_closed_front"] = pareto.mark_front(split_table, closed, groups)["on_front"]

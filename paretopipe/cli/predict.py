@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ..runners import flags
 from ..errors import UsageError
 from ..llm.shapes import is_language_model, shape_of
-from ..loadgen.settings import DEFAULT_TPOT_BOUND_S, DEFAULT_TTFT_BOUND_S
+from ..loadgen.settings import LoadgenOptions
 from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      network_from_args, setup_logging)
@@ -152,17 +152,19 @@ def _predict_language_model(args: argparse.Namespace) -> int:
     shape = shape_of(args.model, args.model_dir)
     profiles = [lm_costmodel.load_profile(p.strip()) for p in args.device_profiles.split(",") if p.strip()]
     networks = [n.strip() for n in (args.network or "lan").split(",") if n.strip()]
-    # The Server's token bounds, where asked for (one given, the other MLPerf's default).
-    bounds = None if args.ttft_ms is None and args.tpot_ms is None else \
-        (args.ttft_ms / 1e3 if args.ttft_ms else DEFAULT_TTFT_BOUND_S, args.tpot_ms / 1e3 if args.tpot_ms else DEFAULT_TPOT_BOUND_S)
+    # The Server's token bounds, where asked for (one given, the other MLPerf's default, as a run's).
+    server = None if args.ttft_ms is None and args.tpot_ms is None else LoadgenOptions(
+        "server", ttft_bound_s=None if args.ttft_ms is None else args.ttft_ms / 1e3,
+        tpot_bound_s=None if args.tpot_ms is None else args.tpot_ms / 1e3).for_tokens()
     rows = []
     for name in networks:
         conditions = None if name == "unshaped" else get_conditions(name, args.network_file)
         for plen in args.prompt_len:
             predicted = lm_costmodel.predict(shape, profiles, conditions, plen, args.wire_dtype)
-            if bounds is not None:
+            if server is not None:
                 for row in predicted:
-                    row.update(lm_costmodel.server_columns(row, conditions, args.gen_tokens, args.streams, *bounds))
+                    row.update(lm_costmodel.server_columns(row, conditions, args.gen_tokens, args.streams,
+                                                           server.ttft_bound_s, server.tpot_bound_s))
             rows += predicted
     print(lm_costmodel.table(rows))
     result: dict[str, Any] = {"predictions": rows}
@@ -304,6 +306,10 @@ def _print_plans(profiles, conditions, args: argparse.Namespace, codec: str, out
     return 0
 
 
+#: How a placement's change against one device fewer reads (paretopipe.predict.subsets' ``gain``).
+GAIN_WORDS = {"gain": "a gain", "none": "no gain", "loss": "a loss: the extra device costs"}
+
+
 def _print_subsets(profiles, conditions, args: argparse.Namespace, codec: str, out: Path | None) -> int:
     """Every placement's best latency and throughput, then per objective the best with k devices
     against the best with one fewer (paretopipe.predict.subsets), per network."""
@@ -328,8 +334,7 @@ def _print_subsets(profiles, conditions, args: argparse.Namespace, codec: str, o
                   f"{split_blocks(fast, chain[0]):>15} {wide.throughput_imgs_per_s:>10.2f} {split_blocks(wide, chain[0]):>15}")
         print("what each extra device buys (the best placement with k devices against the best with k - 1):")
         for row in subsets.marginal_gains(priced, names):
-            words = {"gain": "a gain", "none": "no gain", "loss": "a loss: the extra device costs"}
-            change = "" if row["gain"] is None else f"  x{row['vs_one_fewer']:.3f} ({words[row['gain']]})"
+            change = "" if row["gain"] is None else f"  x{row['vs_one_fewer']:.3f} ({GAIN_WORDS[row['gain']]})"
             unit = "ms" if row["objective"] == "latency" else "img/s"
             value = row["value"] * 1e3 if row["objective"] == "latency" else row["value"]
             print(f"  {row['objective']:<10} {row['devices']} devices: {value:.2f} {unit} on {row['placement']}{change}")

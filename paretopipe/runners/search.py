@@ -26,7 +26,6 @@ from .. import records
 from ..analysis import objectives as objective_names
 from ..analysis.session import Session, sweep_session_dir
 from ..errors import ParetoPipeError, UsageError
-from ..network.conditions import conditions_from_values, get_conditions
 from ..llm.shapes import shape_of
 from ..partition.names import canonical_name
 from ..predict.costmodel import LinkModel, chain_terms
@@ -253,12 +252,13 @@ class SearchRun:
         self.study: StudySpec | None = None
         if search.study_url:
             senses = {n: objective_names.sense(n) for n in self.objective_names}
-            ident = study_identity(model_name(self.model, self.opts), senses, {d.name: d.choices for d in self.space.dims})
+            name = model_name(self.model, self.opts)
+            ident = study_identity(name, senses, {d.name: d.choices for d in self.space.dims})
             ident["settings"] = {"stages": search.stages,
                                  **{n: _base(opts, n) for n in VARIABLE if n not in self.space.names}}
             grace = search.study_grace_s or GRACE_S
             self.study = StudySpec(check_url(search.study_url),
-                                   search.study_name or f"paretopipe-{model_name(self.model, self.opts)}", self.testbed, ident,
+                                   search.study_name or f"paretopipe-{name}", self.testbed, ident,
                                    heartbeat_s=max(1.0, grace / 3), grace_s=grace)
 
     def predicted_configs(self) -> list[Config]:
@@ -392,10 +392,8 @@ def predicted_first(profile_specs: Sequence[str], opts: SweepOptions, space: Spa
     codec = codec_key("float32" if opts.wire_dtype == AUTO else opts.wire_dtype, opts.compression)
     configs, values, groups = [], [], []
     for name in networks:
-        inline = opts.inline_networks.get(name)
-        conditions = conditions_from_values(name, inline) if inline else get_conditions(name, opts.network_file)
         try:
-            up, down = LinkModel.pair(conditions)
+            up, down = LinkModel.pair(opts.conditions(name))
         except UsageError as exc:
             log.warning("no predicted front for %s: %s", name, exc)
             continue
@@ -425,8 +423,7 @@ def predicted_first_generation(profile_specs: Sequence[str], opts: SweepOptions,
     codecs = dims.get("codec", (_base(opts, "codec"),))
     configs, values, groups = [], [], []
     for name in dims.get("network", tuple(opts.networks[:1])):
-        inline = opts.inline_networks.get(name)
-        conditions = conditions_from_values(name, inline) if inline else get_conditions(name, opts.network_file)
+        conditions = opts.conditions(name)
         for prompt in dims.get("prompt_len", tuple(opts.prompt_lens[:1])):
             for codec in codecs:
                 rows = lm_costmodel.predict(shape, profiles, conditions, prompt, codec.split("/")[0])

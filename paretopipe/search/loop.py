@@ -5,10 +5,11 @@ The cost model's predictions (from device profiles) are measured first, enqueued
 its front, then the front of what is left, and so on (non-dominated sorting), up to
 :data:`PREDICTED_SHARE` of the budget (:func:`predicted_first`); then the sampler explores. A model
 whose segment times are off by a quarter still puts the measured front among its first few
-layers, where the front alone of a wrong model misses a corner of it (benchmarks/search.py). A sampler that proposes a configuration already measured is
-not measured again: that proposal fails (told again, it would weigh twice in the sampler's model)
-and a configuration not measured yet, drawn at random, is measured instead, so the budget counts
-measurements. Each trial keeps where it came from (``prediction``, ``sampler`` or ``fill``)."""
+layers, where the front alone of a wrong model misses a corner of it (benchmarks/search.py). A
+sampler that proposes a configuration already measured is not measured again: that proposal
+fails (told again, it would weigh twice in the sampler's model) and a configuration not measured
+yet, drawn at random, is measured instead, so the budget counts measurements. Each trial keeps
+where it came from (``prediction``, ``sampler`` or ``fill``)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ WAIT_POLL_S = 1.0
 ORIGIN, MEASURED, REPEAT, TESTBED, WORKER, RETRY_OF = "origin", "measured", "repeat", "testbed", "worker", "retry_of"
 
 
-#: The share of a search's budget the predicted layers may take before the sampler explores (all of
-#: the predicted front is measured however large it is).
+#: The share of a search's budget the predicted layers may take before the sampler explores (the
+#: whole predicted front is measured even past it, up to the budget).
 PREDICTED_SHARE = 0.5
 
 
@@ -58,8 +59,8 @@ def predicted_first(configs: Sequence[Any], values: Sequence[Sequence[float]], s
     order = sorted(range(len(configs)), key=lambda i: (rank[i], first[i]))
     front = int(np.sum(rank == 0))
     if front > budget:
-        log.warning("the predicted front holds %d configurations, more than the budget of %d: its first %d by %s "
-                    "are measured", front, budget, budget, "the first objective")
+        log.warning("the predicted front holds %d configurations, more than the budget of %d: its first %d by the "
+                    "first objective are measured", front, budget, budget)
     keep = min(budget, max(front, int(share * budget)))
     return [configs[i] for i in order[:keep]]
 

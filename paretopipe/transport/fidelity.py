@@ -89,6 +89,14 @@ def evaluate(builder: StageBuilder, cfg: RunConfig, seed: int = EVAL_SEED) -> di
     return out
 
 
+def text_ids(builder: Any, path: str) -> list[int]:
+    """``--eval-text``'s token ids, tokenised as the model's prompts are (an unreadable file in one line)."""
+    try:
+        return builder.tokenizer.encode(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except OSError as exc:
+        raise UsageError(f"--eval-text {path}: {exc.strerror or exc}")
+
+
 def evaluation_tokens(builder: Any, cfg: RunConfig) -> list[int]:
     """A language model's evaluation sequence: ``eval_samples`` + 1 token ids of ``--eval-text``
     (tokenised as the model's prompts are), or seeded ids under :data:`EVAL_SEED`; refused in one
@@ -99,10 +107,7 @@ def evaluation_tokens(builder: Any, cfg: RunConfig) -> list[int]:
                          f"positions; give --eval-samples {shape.max_position_embeddings - 1} or fewer")
     if cfg.eval_text is None:
         return seeded_prompt(n, shape.vocab_size, EVAL_SEED)
-    try:
-        ids = builder.tokenizer.encode(Path(cfg.eval_text).read_text(encoding="utf-8", errors="replace"))
-    except OSError as exc:
-        raise UsageError(f"--eval-text {cfg.eval_text}: {exc.strerror or exc}")
+    ids = text_ids(builder, cfg.eval_text)
     if len(ids) < n:
         raise UsageError(f"--eval-text {cfg.eval_text}: {len(ids)} tokens; --eval-samples {cfg.eval_samples} "
                          f"needs {n} (give --eval-samples {max(1, len(ids) - 1)} or a longer text)")

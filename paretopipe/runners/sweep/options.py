@@ -12,6 +12,7 @@ from ...errors import UsageError
 from ...splits import split_adaptive
 from ...analysis.keys import CLOSED_LOOP
 from ...llm.shapes import is_language_model
+from ...network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ...loadgen.settings import LoadgenOptions
 from ...transport.runconfig import DEFAULT_PROMPT_LEN, LABELLED_DATASETS, LINK_MODES, eval_samples_for
 from ...partition.names import DEFAULT_NUM_CLASSES
@@ -120,6 +121,11 @@ class SweepOptions:
     def language_model(self) -> bool:
         """The sweep's models are language models (a sweep's models are all of one kind)."""
         return is_language_model(self.models[0] if self.models else None, self.model_dir)
+
+    def conditions(self, name: str) -> NetworkConditions:
+        """A network the sweep names: defined inline (``--rate``/``--delay`` ...), or a profile by name."""
+        inline = self.inline_networks.get(name)
+        return conditions_from_values(name, inline) if inline else get_conditions(name, self.network_file)
 
 
 

@@ -18,7 +18,6 @@ from ...analysis.keys import CLOSED_LOOP, NO_FAULT, NO_PROMPT, ConfigKey
 from ...analysis.columns import cipher_of
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
-from ...network.conditions import conditions_from_values, get_conditions
 from ...records import COMPLETE, INFEASIBLE, RunRecord
 from ...transport import messaging
 from ...transport.messaging.broker import Broker
@@ -84,9 +83,7 @@ class Sweeper:
         started for the last options is kept where the next pass runs on the same one."""
         check_options(opts)
         self.opts = opts
-        self.networks = {name: conditions_from_values(name, opts.inline_networks[name])
-                         if name in opts.inline_networks else get_conditions(name, opts.network_file)
-                         for name in opts.networks}
+        self.networks = {name: opts.conditions(name) for name in opts.networks}
         if any(c.cpu_traces for c in self.networks.values()):
             check_cpu_emulation(opts, "a network's cpu_trace")
 

@@ -6,8 +6,9 @@ the harness's thread warms the pipeline up, runs LoadGen's test (whose SUT is th
 a query is issued to the source and completes when its result is back there, on the source's
 clock), and ends the feed. A language model's queries are prompts, answered token by token
 (:class:`~paretopipe.transport.loadgen.tokens.TokenFeed`); an image model's are batches of
-images (:class:`~paretopipe.transport.loadgen.feed.QueryFeed`). LoadGen writes its logs into a temporary folder; their text goes into
-the record's ``loadgen`` part, and whoever writes the record puts them beside it as files.
+images (:class:`~paretopipe.transport.loadgen.feed.QueryFeed`). LoadGen writes its logs into a
+temporary folder; their text goes into the record's ``loadgen`` part, and whoever writes the
+record puts them beside it as files.
 """
 
 from __future__ import annotations
@@ -109,34 +110,34 @@ class Harness:
                                     (self.opts.ttft_bound_s, self.opts.tpot_bound_s))
 
     def _warm_up(self) -> None:
-        """The run's warm-up, closed loop, before LoadGen's clock starts (a generation's: its
-        warm-up streams, a query each); its latency and rate size LoadGen's expectations
-        (SingleStream's latency, Offline's and Server's rate)."""
+        """The run's warm-up batches, closed loop, before LoadGen's clock starts (a generation's:
+        whole queries, :meth:`RunConfig._derive_generation` counts their steps); their latency and
+        rate size LoadGen's expectations (SingleStream's latency, Offline's and Server's rate)."""
         g = self.cfg.generation
-        n = self.feed.warm_up(g.warmup_streams * g.streams if g is not None else self.cfg.warmup)
+        n = self.feed.warm_up(self.cfg.warmup // g.gen_tokens if g is not None else self.cfg.warmup)
         deadline = time.monotonic() + self.cfg.timeout_s * max(1, n)
         while self.book.completed < n and not self.feed.dead:
             if time.monotonic() > deadline:
                 raise ParetoPipeError(f"loadgen: the warm-up's {n} batches did not complete within "
                                       f"{self.cfg.timeout_s:g} s each")
             time.sleep(0.01)
-        if isinstance(self.feed, TokenFeed):
-            latency, rate = self.feed.expected(self.book.records())
-            self.expected = {"latency_s": latency,
-                             "qps": self.opts.expected_qps or rate * (OFFLINE_SLACK if self.opts.scenario == "offline" else 1)}
-            return
-        done = [b for b in self.book.records() if b.get("latency_s") is not None]
+        done = self.book.records()
+        latency, rate = self.feed.expected(done) if isinstance(self.feed, TokenFeed) else self._image_expected(done)
+        self.expected = {"latency_s": latency,
+                         "qps": self.opts.expected_qps or rate * (OFFLINE_SLACK if self.opts.scenario == "offline" else 1)}
+
+    def _image_expected(self, records: list[dict[str, Any]]) -> tuple[float, float]:
+        """(a sample's expected latency, the expected rate) from image warm-up batches."""
+        done = [b for b in records if b.get("latency_s") is not None]
         # Queries are generated for the minimum duration at the expected latency: a low guess
         # only generates more than are issued (a test ends once its minimums are met).
         fastest = min(b["latency_s"] for b in done) if done else 0.02
-        latency = fastest / 2
         size = self.cfg.batch_size if self.opts.scenario == "offline" else self.opts.query_size
         rate = self.cfg.in_flight * size / fastest if fastest > 0 else 100.0
         if len(done) >= 2:
             span = max(b["end_s"] for b in done) - min(b["start_s"] for b in done)
             rate = sum(b.get("images", size) for b in done) / span if span > 0 else rate
-        self.expected = {"latency_s": latency / max(1, size if self.opts.scenario == "multistream" else 1),
-                         "qps": self.opts.expected_qps or rate * (OFFLINE_SLACK if self.opts.scenario == "offline" else 1)}
+        return fastest / 2 / max(1, size if self.opts.scenario == "multistream" else 1), rate
 
     def _test(self, server_qps: float | None) -> tuple[dict[str, Any], dict[str, str]]:
         """One LoadGen test; its figures and the text of the logs it wrote."""

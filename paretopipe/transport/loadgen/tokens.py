@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -27,6 +26,7 @@ import numpy as np
 from ...errors import UsageError
 from ...llm.tokens import prompt_ids
 from .. import pipeline
+from ..fidelity import text_ids
 from ..generation import PromptFeed
 from ..runconfig import RunConfig
 
@@ -36,12 +36,11 @@ log = logging.getLogger("paretopipe.loadgen")
 @dataclasses.dataclass
 class _Query:
     """One prompt's generation: LoadGen's response id (None for a warm-up query), its sample, the
-    slot it holds, when it was issued, the tokens so far."""
+    slot it holds, the tokens so far, and when its last token landed."""
 
     number: int
     response_id: int | None
     sample: int
-    issued_s: float
     slot: int | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     done_s: float | None = None
@@ -53,10 +52,7 @@ def library_prompts(builder: Any, cfg: RunConfig, count: int) -> list[list[int]]
     if cfg.eval_text is None or g.prompt is not None:
         return [prompt_ids(g.prompt, g.prompt_len, shape.vocab_size, shape.max_position_embeddings, g.gen_tokens,
                            builder.tokenizer, cfg.seed, i) for i in range(count)]
-    try:
-        ids = builder.tokenizer.encode(Path(cfg.eval_text).read_text(encoding="utf-8", errors="replace"))
-    except OSError as exc:
-        raise UsageError(f"--eval-text {cfg.eval_text}: {exc.strerror or exc}")
+    ids = text_ids(builder, cfg.eval_text)
     length = g.prompt_len
     if len(ids) < length:
         raise UsageError(f"--eval-text {cfg.eval_text}: {len(ids)} tokens, fewer than one prompt of --prompt-len "
@@ -82,7 +78,6 @@ class TokenFeed(PromptFeed):
         self._ended = False
         self.dead = False
         self.answered = 0
-        self.predictions: dict[int, int] = {}  # (no accuracy mode for a generation)
 
     def __len__(self) -> int:
         return len(self.library)
@@ -212,7 +207,7 @@ class TokenFeed(PromptFeed):
 
     # -- inside ---------------------------------------------------------------------------------
     def _add(self, response_id: int | None, sample: int) -> None:
-        self.queries.append(_Query(len(self.queries), response_id, sample, time.monotonic()))
+        self.queries.append(_Query(len(self.queries), response_id, sample))
         self._waiting.append(self.queries[-1])
         self._assign()
 
