@@ -6,7 +6,9 @@ The zygote is one interpreter that imports the stage code (and with it torch and
 and forks each worker or rank from that state; the fork costs milliseconds and shares the imported
 pages. A forked stage is a real process with its own stdio pipes, session, environment, working
 directory and process title (``ps`` shows ``python -m paretopipe.runners.worker --role stage2 ...``),
-and its exit status comes back as ``Popen.returncode`` would.
+and its exit status comes back as ``Popen.returncode`` would. As with a Popen, its pid stays its own
+until this side has read that status: the zygote holds the ended child as a zombie until then, so a
+signal sent by pid (a fault, a stop by process group) never reaches a process that took the pid over.
 
 Why not ``multiprocessing``'s forkserver: its children re-import the parent's ``__main__`` and get
 ``/dev/null`` as stdin, while a stage process needs the sweep's pipes and its own argv.
@@ -174,6 +176,12 @@ class Zygote:
                         self._exits[msg["exit"]] = msg["code"]
                 if child is not None:
                     child._exited(msg["code"])
+                # Only now may the zygote free the pid: until this process knew the child had ended,
+                # a signal it sent by pid had to reach that child (a zombie) and nothing else.
+                try:
+                    sock.send(json.dumps({"reap": msg["exit"]}).encode())
+                except OSError:
+                    pass
                 continue
             with self._reply:
                 self._replies.append(msg)

@@ -97,18 +97,33 @@ def _set_title(title: str) -> None:
         pass
 
 
-def _reap(sock: socket.socket, helpers: set[int]) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if pid in helpers:  # a child's own zygote: nobody on the socket asked for it
+def _reap(sock: socket.socket, children: set[int], ended: set[int], helpers: set[int]) -> None:
+    """Report each child that ended, but leave it a zombie: its pid stays reserved, as a Popen's does
+    until its owner waits, so that a signal the sweep sends by pid (a fault, a stop by process group)
+    before it has read the exit cannot reach a process that took the pid over. The sweep answers
+    with ``{"reap": pid}`` (:func:`_release`). A child's own zygote is reaped at once: nobody signals it."""
+    for pid in list(helpers):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
             helpers.discard(pid)
+    for pid in list(children):
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = None
+            children.discard(pid)
+        if info is None:
             continue
-        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        children.discard(pid)
+        ended.add(pid)
+        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        _send(sock, {"exit": pid, "code": code})
+
+
+def _release(pid: Any, ended: set[int]) -> None:
+    """The sweep has read ``pid``'s exit: the pid may now go to another process."""
+    if pid in ended:
+        ended.discard(pid)
+        os.waitpid(pid, 0)
 
 
 def serve(sock: socket.socket, preload: Sequence[str]) -> int:
@@ -128,10 +143,12 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
         pass
     _send(sock, {"ready": os.getpid()})
     channels: list[socket.socket] = []  # one per live child: where it may ask for a zygote of its own
+    children: set[int] = set()  # forked for the sweep, not yet ended
+    ended: set[int] = set()  # ended and reported, held as zombies until the sweep has read the exit
     helpers: set[int] = set()
     while True:
         readable, _, _ = select.select([sock, *channels], [], [], 0.05)
-        _reap(sock, helpers)
+        _reap(sock, children, ended, helpers)
         for channel in readable:
             if channel is not sock:
                 channels.remove(channel)
@@ -145,15 +162,14 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
         if not data:
             return 0  # the sweep is gone: its children see EOF on stdin and end themselves
         try:
-            req = json.loads(data)
-            if len(fds) != 3 or not isinstance(req, dict):
-                raise ValueError("a request carries JSON and three descriptors")
-            if isinstance(req.get("module"), str) == isinstance(req.get("script"), str):
-                raise ValueError("a request names a module or a script")
+            req = _request(data, fds)
         except ValueError as exc:
             for fd in fds:
                 os.close(fd)
             _send(sock, {"error": str(exc)})
+            continue
+        if "reap" in req:
+            _release(req["reap"], ended)
             continue
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
@@ -163,9 +179,23 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
             _child(req, fds, sock, theirs, [mine, *channels])
         theirs.close()
         channels.append(mine)
+        children.add(pid)
         for fd in fds:
             os.close(fd)
         _send(sock, {"pid": pid})
+
+
+def _request(data: bytes, fds: list[int]) -> dict[str, Any]:
+    """A fork request (JSON naming a module or a script, with three descriptors) or the sweep's
+    word that it has read an exit (``{"reap": pid}``, no descriptors); ValueError otherwise."""
+    req = json.loads(data)
+    if isinstance(req, dict) and set(req) == {"reap"} and isinstance(req["reap"], int) and not fds:
+        return req
+    if len(fds) != 3 or not isinstance(req, dict):
+        raise ValueError("a request carries JSON and three descriptors")
+    if isinstance(req.get("module"), str) == isinstance(req.get("script"), str):
+        raise ValueError("a request names a module or a script")
+    return req
 
 
 def _serve_a_zygote(channel: socket.socket, sock: socket.socket, channels: list[socket.socket],

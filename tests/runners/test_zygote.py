@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,3 +154,63 @@ def test_a_forked_process_gets_its_own_zygote_by_a_fork_not_a_new_interpreter(se
     while psutil.pid_exists(got["helper"]):  # it ends with its sweep, and its zygote reaps it
         assert time.monotonic() < deadline, "the helper zygote outlived its sweep"
         time.sleep(0.05)
+
+
+# Plays the sweep against a zygote process in a pid namespace of its own (no other process forks
+# there), then asks the kernel for the ended child's pid for a new process (ns_last_pid): while the
+# sweep has not read the exit, that pid must stay the child's, as a Popen's stays until its wait.
+PID_REUSE = '''
+import json, os, socket, subprocess, sys
+mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+zyg = subprocess.Popen([sys.executable, "-m", "paretopipe.runners.zygote_server", "--fd", str(theirs.fileno()),
+                        "--preload", "json"], pass_fds=[theirs.fileno()])
+theirs.close()
+assert "ready" in json.loads(mine.recv(65536))
+null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+req = {"module": None, "script": sys.argv[1], "args": [], "env": dict(os.environ), "cwd": os.getcwd()}
+socket.send_fds(mine, [json.dumps(req).encode()], null)
+pid = json.loads(mine.recv(65536))["pid"]
+ended = json.loads(mine.recv(65536))
+
+def state():
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+held = state()
+with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+    fh.write(str(pid - 1))
+newcomer = subprocess.Popen(["true"])
+newcomer.wait()
+mine.send(json.dumps({"reap": pid}).encode())
+for _ in range(200):
+    if state() is None:
+        break
+    import time; time.sleep(0.01)
+print(json.dumps({"pid": pid, "ended": ended, "held": held, "newcomer": newcomer.pid, "after_reap": state()}))
+mine.close()
+zyg.wait(10)
+'''
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and util-linux's unshare for a pid namespace")
+def test_an_ended_childs_pid_is_not_given_to_another_process_before_the_sweep_reads_its_exit(tmp_path):
+    """The race behind a CI failure (ForkedProcess.poll() gave a live stage's pid someone else's exit
+    status): the zygote freed a child's pid the moment the child ended, so the pid could go to a new
+    process while the sweep still held it for that child; a signal or a status by pid then met the
+    wrong process. Now the zygote keeps the ended child a zombie until the sweep says it has read the
+    exit, as a Popen's pid stays reserved until its wait. The kernel is asked outright to reuse the pid."""
+    (tmp_path / "ends.py").write_text("import sys; sys.exit(3)\n")
+    (tmp_path / "play.py").write_text(PID_REUSE)
+    out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(tmp_path / "play.py"),
+                          str(tmp_path / "ends.py")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["ended"] == {"exit": got["pid"], "code": 3}
+    assert got["newcomer"] != got["pid"]  # asked for, the pid went elsewhere: it was still taken
+    assert got["held"] == "Z"  # by the ended child, reported and kept as a zombie
+    assert got["after_reap"] is None  # the sweep's word frees it
