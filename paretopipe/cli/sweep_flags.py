@@ -183,7 +183,8 @@ FLAGS: tuple[Flag, ...] = (
             "than this is finished on stage 1 instead", field="", stored=lambda o: None if o.deadline_s is None else o.deadline_s * 1e3),
     Flag(("--fault",), RUN, "comma list of faults, each a pass of its own over the configurations: none, "
          "stage2:kill@B+S (SIGKILL stage 2 as measured batch B starts, start it again S seconds later), "
-         "stage2:freeze@B+S (SIGSTOP for S seconds), link:down@B+S (the link carries nothing for S seconds); "
+         "stage2:freeze@B+S (SIGSTOP for S seconds), link:down@B+S (the link carries nothing for S seconds: held at stage 1 on the emulated link, "
+         "dropped by the hosts' qdiscs under --link tc); "
          "TCP, two stages or a chain of three, here or on hosts; each run records the time to detect and to "
          "recover, the batches served on stage 1, the latency p99 in the fault's window, what the outage cost and "
          f"any batch lost or served twice (--deadline-ms defaults to {FAULT_DEADLINE_S * 1e3:g})", field="",

@@ -135,11 +135,18 @@ def _tree(dev: str, p: Direction, match: Match) -> list[Cmd]:
             _tc("class", "replace", "dev", dev, "parent", ROOT, "classid", UNSHAPED, "htb", "rate", OPEN_RATE,
                 "ceil", OPEN_RATE, "quantum", "60000"),
             _tc("class", "replace", "dev", dev, "parent", ROOT, "classid", SHAPED, "htb", *class_args(p.rate_bps))]
+    return cmds + [leaf_command(dev, p)]
+
+
+def leaf_command(dev: str, p: Direction | None) -> Cmd:
+    """The shaped class's queue: netem where ``p`` needs it, a plain fifo otherwise, and with no
+    direction (``link:down``, :mod:`paretopipe.network.linkdown`) a fifo of no room, which drops
+    every packet the class gets and keeps the tree, its filters and its rate as they are."""
+    if p is None:
+        return _tc("qdisc", "replace", "dev", dev, "parent", SHAPED, "handle", LEAF, "pfifo", "limit", "0")
     if p.needs_netem:
-        cmds.append(_tc("qdisc", "replace", "dev", dev, "parent", SHAPED, "handle", LEAF, "netem", *_netem_args(p)))
-    else:
-        cmds.append(_tc("qdisc", "replace", "dev", dev, "parent", SHAPED, "handle", LEAF, "pfifo", "limit", "10000"))
-    return cmds
+        return _tc("qdisc", "replace", "dev", dev, "parent", SHAPED, "handle", LEAF, "netem", *_netem_args(p))
+    return _tc("qdisc", "replace", "dev", dev, "parent", SHAPED, "handle", LEAF, "pfifo", "limit", "10000")
 
 
 def _filters(dev: str, parent: str, match: Match, action: Sequence[str]) -> list[Cmd]:
@@ -179,9 +186,7 @@ def apply_commands(p: Direction, dev: str, ingress: bool | Direction = False, po
     if not p.is_shaped and not (down and down.is_shaped):
         return clear_commands(dev, bool(ingress))
     match = Match(port, tuple(peers), ssh_port)
-    cmds = _tree(dev, p, match)
-    if match.port is not None or match.peers:
-        cmds += _filters(dev, ROOT, match, ["flowid", SHAPED])
+    cmds = egress_commands(dev, p, match)
     if down is not None:
         ifb = ifb_name(dev)
         redirect = ["action", "mirred", "egress", "redirect", "dev", ifb]
@@ -195,6 +200,15 @@ def apply_commands(p: Direction, dev: str, ingress: bool | Direction = False, po
         else:
             cmds += _filters(dev, "ffff:", match, redirect)
         cmds += _tree(ifb, down, Match())
+    return cmds
+
+
+def egress_commands(dev: str, p: Direction, match: Match) -> list[Cmd]:
+    """The tree that shapes ``dev``'s egress with ``p``, and the filters that send ``match``'s
+    traffic into its shaped class."""
+    cmds = _tree(dev, p, match)
+    if match.port is not None or match.peers:
+        cmds += _filters(dev, ROOT, match, ["flowid", SHAPED])
     return cmds
 
 

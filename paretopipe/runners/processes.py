@@ -13,11 +13,12 @@ from typing import Any
 
 from ..errors import PeerError, UsageError
 from ..network.conditions import NetworkConditions
+from ..network.linkdown import LinkDown
 from ..records import RunRecord
 from ..transport.runconfig import RunConfig
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .commands import ConnectCommand, ListenCommand, RunCommand, Stage1RunCommand, encode
-from .faultinject import APPLIED, StageFault
+from .faultinject import APPLIED, LinkFault, StageFault
 from .hosts import check_device_name, Host, StageProcess, stop_all, Testbed
 from .rpc_ranks import RankOptions
 from .worker import WorkerOptions
@@ -153,14 +154,17 @@ class TcpStages:
             self._connect(2)
 
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
-            budget: float, cpu_traces: dict[str, str] | None = None) -> RunRecord:
+            budget: float, cpu_traces: dict[str, str] | None = None, link_down: LinkDown | None = None) -> RunRecord:
+        """One run; ``link_down``: the link tc shapes, which a ``link:down`` fault takes down when
+        stage 1 asks (without it, stage 1 holds its own emulated link's frames)."""
         s1 = self.procs[0]
         s1.send(encode(Stage1RunCommand(config=cfg.to_dict(), conditions=conditions.to_dict() if conditions else None,
                                         observed_link=observed, connect_timeout=self.p.wait_time,
                                         cpu_traces=self._trace_specs(cpu_traces) if cpu_traces else None)))
-        if cfg.fault is None or cfg.fault.target != "stage2":
+        if cfg.fault is None or (cfg.fault.target == "link" and conditions is not None):  # stage 1 holds its frames
             return received_record(s1.expect("done", timeout=budget), "stage 1")
-        with StageFault(cfg.fault, self.procs[1], self._restart_stage2) as fault:
+        with StageFault(cfg.fault, self.procs[1], self._restart_stage2) if cfg.fault.target == "stage2" else \
+                LinkFault(cfg.fault, link_down) as fault:
             while (event := s1.expect("done", "fault", timeout=budget))["event"] == "fault":
                 try:
                     fault.apply()
@@ -168,7 +172,8 @@ class TcpStages:
                 except PeerError as exc:
                     s1.send({"cmd": APPLIED, "error": str(exc)})
         if fault.error is not None:
-            raise PeerError(f"stage 2 after {cfg.fault.label}: {fault.error}")
+            raise PeerError(f"{'stage 2' if cfg.fault.target == 'stage2' else 'the link'} after {cfg.fault.label}: "
+                            f"{fault.error}")
         return received_record(event, "stage 1")
 
     def _trace_specs(self, cpu_traces: dict[str, str]) -> list[dict[str, Any]]:

@@ -103,7 +103,9 @@ class StageWorker:
 
             policy = adaptive_policy(self.builder, cfg)
         traced = [cputrace.StageTrace.of(t) for t in cmd.cpu_traces or ()]
-        on_fault = ask_the_sweep if cfg.fault is not None and cfg.fault.target == "stage2" else None
+        # The sweep applies stage 2's fault, and the link's where tc shapes it (no emulated link here).
+        on_fault = ask_the_sweep if cfg.fault is not None and (cfg.fault.target == "stage2" or conditions is None) \
+            else None
         connection, self.connection = self.connection, None
         outcome = tcp.run_on_connection(connection, self.builder, cfg, policy=policy, listener=self.listener,
                                         conditions=conditions, observed_link=cmd.observed_link, threads=threads,

@@ -111,7 +111,6 @@ def test_a_link_down_returns_every_batch_equal_to_the_unsplit_model(tmp_path):
     (["--split-blocks", "4,10,14"], "chain of three stages"),
     (["--in-flight", "2"], "--in-flight 2"),
     (["--num-batches", "10"], "batch 20 is past the run's 10 measured batches"),
-    (["--link", "tc", "--iface", "eth0", "--fault", "link:down@2+1"], "a qdisc that drops"),
 ])
 def test_a_fault_the_sweep_cannot_survive_is_refused_in_one_line(tmp_path, extra, says):
     done = cli.run([PYTHON, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "4",
@@ -124,9 +123,11 @@ def test_a_fault_the_sweep_cannot_survive_is_refused_in_one_line(tmp_path, extra
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.lab
-def test_faults_on_a_two_host_lab_over_ssh_kill_and_freeze_the_remote_stage_2(tmp_path):
+def test_faults_on_a_two_host_lab_over_ssh_kill_and_freeze_the_remote_stage_2_and_take_the_link_down(tmp_path):
     """The same treatment on hosts: the sweep signals stage 2's worker on its host over SSH by the
-    PID it reported (the data port shaped by tc there, rate only), and starts a new one there."""
+    PID it reported (the data port shaped by tc there, rate only), and starts a new one there; it
+    takes the link down by the hosts' own qdiscs (a queue of no room on each egress), which stage 1
+    lives through as through a frozen stage 2 (nothing here holds its frames)."""
     from lab_helpers import lab
 
     nets = tmp_path / "nets.toml"
@@ -134,14 +135,14 @@ def test_faults_on_a_two_host_lab_over_ssh_kill_and_freeze_the_remote_stage_2(tm
     with lab("pplf", 2, subnet=67) as made:
         done = cli.run([PYTHON, "automated_split_tester.py", "--env-file", str(made.env_file), "--model",
                         "mobilenetv2", "--network-file", str(nets), "--network", "slow", "--splits", "4",
-                        "--fault", "none,stage2:kill@10+2,stage2:freeze@10+2", "--runs", "1", "--batch-size", "1",
-                        "--num-batches", "30", "--threads", "1", "--out", str(tmp_path / "out"), "--session", "s",
-                        "--quiet"], timeout=900)
+                        "--fault", "none,stage2:kill@10+2,stage2:freeze@10+2,link:down@10+2", "--runs", "1",
+                        "--batch-size", "1", "--num-batches", "30", "--threads", "1", "--out", str(tmp_path / "out"),
+                        "--session", "s", "--quiet"], timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
     session = tmp_path / "out" / "s"
     runs = pd.read_csv(session / "runs.csv")
     runs["fault"] = runs["fault"].fillna("none")
-    assert len(runs) == 3 and set(runs["status"]) == {"complete"} and set(runs["link_mode"]) == {"tc"}
+    assert len(runs) == 4 and set(runs["status"]) == {"complete"} and set(runs["link_mode"]) == {"tc"}
     for row in runs.itertuples():
         rec = json.loads((session / row.json).read_text())
         _batches_served_once(rec)

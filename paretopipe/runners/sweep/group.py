@@ -13,6 +13,7 @@ from ...analysis.session import GroupMeta
 from ...errors import PeerError
 from ...network import deadlines
 from ...network.conditions import NetworkConditions
+from ...network.linkdown import LinkDown
 from ...records import RunRecord
 from ...splits import is_cut_name
 from ...transport.runconfig import RunConfig
@@ -63,7 +64,8 @@ class StageGroup(Protocol):
     def start(self) -> dict[str, Any]: ...
 
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
-            budget: float, cpu_traces: dict[str, str] | None = None) -> RunRecord: ...
+            budget: float, cpu_traces: dict[str, str] | None = None, link_down: LinkDown | None = None
+            ) -> RunRecord: ...
 
     def alive(self) -> bool: ...
 

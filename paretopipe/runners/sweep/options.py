@@ -188,9 +188,6 @@ def check_faults(opts: SweepOptions) -> None:
         return
     why = ("the rpc backend cannot yet recover a lost stage; use --backend tcp" if "rpc" in opts.backends else
            "a language model's generation has no fallback on stage 1 yet" if opts.language_model else
-           "link:down holds the data port's frames at stage 1 (the emulated link's outage); a qdisc that drops "
-           "everything on the hosts is not built yet: use --link emulated" if opts.link == "tc" and
-           any(f.startswith("link:") for f in opts.faults) else
            f"--in-flight {opts.in_flight}: stage 1 settles one batch at a time; use --in-flight 1"
            if opts.in_flight != 1 else
            "LoadGen waits for every result; drop --scenario" if opts.scenarios != [CLOSED_LOOP] else

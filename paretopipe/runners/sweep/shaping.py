@@ -5,10 +5,12 @@ the rate while they run, and everything is cleared after."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Iterator
 
 from ...analysis.session import Session
 from ...network import tc, tracecontrol
+from ...network.linkdown import LinkDown, ShapedEgress
 from ...network.conditions import NetworkConditions
 from ..hosts import Host, Testbed
 from .options import SweepOptions, stage_count
@@ -48,21 +50,32 @@ def unshaped_hops(hosts: list[tuple[Host | None, str | None]], broker: tuple[str
     return [f"stage{addresses.index(broker[0]) + 1} ↔ broker (the same host: loopback)"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Shaped:
+    """What a group of runs under ``--link tc`` runs on: the link state observed on the hosts (the
+    runs' ``observed_link``) and the switch that takes that link down (``link:down``); both None
+    without tc."""
+
+    observed: dict[str, Any] | None = None
+    link: LinkDown | None = None
+
+
 @contextlib.contextmanager
 def tc_applied(opts: SweepOptions, session: Session, backend: str, conditions: NetworkConditions,
-               broker: tuple[str, int] | None = None) -> Iterator[dict[str, Any] | None]:
+               broker: tuple[str, int] | None = None) -> Iterator[Shaped]:
     """With --link tc: apply the conditions for the duration of a group of runs; cleared after.
-    Yields the link state observed on the hosts (the runs' ``observed_link``), None without tc.
+    Yields what it applied (:class:`Shaped`; empty without tc).
     ``broker``: MQTT's (host, port), whose port is shaped instead of the data port, so that the
     hops through the broker carry the conditions; ``shaped_hops`` says which they are."""
     o, tb = opts, opts.testbed
     if o.link != "tc":
-        yield None
+        yield Shaped()
         return
     hosts = shaped_hosts(tb, stage_count(o))
     addresses = [h.address for h, _ in hosts if h is not None]
     with contextlib.ExitStack() as stack:
         runners = []
+        egresses: list[ShapedEgress] = []
         controllers: list[dict[str, Any]] = []
         hops: list[dict[str, Any]] = []
         for stage, (host, which) in enumerate(hosts):
@@ -80,6 +93,8 @@ def tc_applied(opts: SweepOptions, session: Session, backend: str, conditions: N
             else:
                 kw = {}  # RPC on one machine: its ports are not known in advance; shape the interface
             stack.enter_context(tc.applied(direction, iface, runner=runner, **kw))
+            egresses.append(ShapedEgress(runner, iface, direction, kw.get("port"), tuple(kw.get("peers", ())),
+                                         kw.get("ssh_port", 22)))
             # A trace: a controller steps the shaped rate through it while the group runs, and
             # its log of applied rates is kept in the session.
             log_path = session.trace_control_path(f"{conditions.name}-{runner.where}-{which or 'up'}")
@@ -98,4 +113,4 @@ def tc_applied(opts: SweepOptions, session: Session, backend: str, conditions: N
                 state["unshaped_hops"] = unshaped_hops(hosts, broker)
         if len(runners) > 1:
             state["other_hosts"] = [tc.observed_link_state(i, r) for r, i in runners[1:]]
-        yield state
+        yield Shaped(state, LinkDown(egresses))  # the tree's clearing also ends an outage still on

@@ -18,6 +18,7 @@ from ...analysis.keys import CLOSED_LOOP, NO_FAULT, NO_PROMPT, ConfigKey
 from ...analysis.columns import cipher_of
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
+from ...network.linkdown import LinkDown
 from ...records import COMPLETE, INFEASIBLE, RunRecord
 from ...transport import messaging
 from ...transport.messaging.broker import Broker
@@ -28,7 +29,7 @@ from .drift import drift_check, requeue_drifted
 from .group import GroupFactory, GroupInfo, GroupPass, GroupProgress, StageGroup, process_group
 from .options import SweepOptions, check_cpu_emulation, check_options
 from .plan import PlannedRun, round_plan, segments, settings_of, splits_for, worker_groups
-from .shaping import tc_applied
+from .shaping import Shaped, tc_applied
 
 log = logging.getLogger("paretopipe.sweep")
 #: runs.csv and session.json are rebuilt at most this often during a sweep (and at its end); the
@@ -77,6 +78,7 @@ class Sweeper:
         self.cipher_used: str | None = None  # ...and the cipher its runs record (auto resolved)
         self._model: str | None = None  # the model the current group's processes hold
         self.groups_started = 0  # worker groups this sweeper started (a search's trials share one)
+        self.link_down: LinkDown | None = None  # the link --link tc shapes now: link:down takes it down
 
     def retarget(self, opts: SweepOptions) -> None:
         """Measure ``opts`` next (a search's next trial, in the same session): the worker group
@@ -182,7 +184,10 @@ class Sweeper:
         budget = o.wait_time + cfg.timeout_s * (o.num_batches + o.warmup + 2) + \
             (cfg.loadgen.longest_s if cfg.loadgen is not None else 0.0)
         traced = self.cpu_traces(planned)
-        record = self.group.run(cfg, conditions, observed, budget, **({"cpu_traces": traced} if traced else {}))
+        extra: dict[str, Any] = {"cpu_traces": traced} if traced else {}
+        if cfg.fault is not None and cfg.fault.target == "link" and self.link_down is not None:
+            extra["link_down"] = self.link_down  # tc's link: the sweep takes it down when stage 1 asks
+        record = self.group.run(cfg, conditions, observed, budget, **extra)
         if not isinstance(record, RunRecord):
             raise PeerError(f"{planned.backend}: the run returned no record")
         if record.status == INFEASIBLE:
@@ -273,7 +278,8 @@ class Sweeper:
                 break
             for network, members in segments(round_plan(o, model, backend, group, active, r), tc_mode):
                 with tc_applied(o, self.session, backend, self.networks[network], self.broker_address()) \
-                        if network else contextlib.nullcontext() as observed:
+                        if network else contextlib.nullcontext(Shaped()) as shaped:
+                    observed, self.link_down = shaped.observed, shaped.link
                     for one in members:
                         if group.progress[(one.network, one.split)].stopped is not None:
                             continue  # sequential mode: precise before its budget

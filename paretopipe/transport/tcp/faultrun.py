@@ -1,6 +1,6 @@
 """A run's fault as stage 1 lives through it (:mod:`paretopipe.faults`): it begins as measured
-batch B is admitted (the link's here, stage 2's through ``on_fault``, which applies it before it
-returns), each settled batch says whether the split is whole again, and the run goes on past its
+batch B is admitted (the emulated link's here, stage 2's and a tc-shaped link's through ``on_fault``,
+which applies it before it returns), each settled batch says whether the split is whole again, and the run goes on past its
 planned batches until it is, so that every fault run measures its recovery."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class FaultRun:
         if seq != self.seq:
             return None
         self.start_s = time.monotonic() - self.book.t0
-        if self.fault.target == "link":
+        if self.on_fault is None:  # the link's, on the emulated link: its frames are held here
             self.outage.begin(self.fault.seconds)
         else:
             self.on_fault({"fault": self.fault.label, "seq": seq})
