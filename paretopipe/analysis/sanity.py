@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from ..network.conditions import NetworkConditions
+from .keys import CONFIG_KEY
 
 #: A shaped transfer may read this much below bytes/rate + delay before it is flagged (clocks,
 #: the emulator's and htb's own accounting).
@@ -36,9 +37,9 @@ def monotone_violations(summary: pd.DataFrame, stage: int, rising: bool) -> list
     if col not in summary.columns:
         return []
     out = []
-    by = [c for c in ("model", "backend", "cipher", "transport", "network", "batch_size", "codec", "in_flight", "scenario",
-                      "prompt_len") if c in summary.columns]
-    for values, g in summary.groupby(by, sort=False):
+    # One configuration but its split: a fault's pass (or a codec's, a scenario's) is compared within itself.
+    by = [c for c in CONFIG_KEY if c != "split_index" and c in summary.columns]
+    for values, g in summary.groupby(by, sort=False, dropna=False):
         key = dict(zip(by, values))
         g = _int_splits(g).dropna(subset=[col])
         point = g[col].to_numpy(dtype=float)

@@ -58,6 +58,13 @@ def test_monotone_and_transfer_checks_by_hand():
     assert [v["configurations"] for v in one] == ["k=1 vs k=2"]  # falls beyond both CIs
     two = sanity.monotone_violations(s, 2, rising=False)
     assert two == []  # k=2 rises, but within k=1's interval
+    # A fault's pass is a configuration of its own: the same split under another fault is not "a later k"
+    # (the no-fault rows have no fault, as summary.csv leaves them).
+    passes = pd.concat([s.iloc[[1]], s.iloc[[1]].assign(fault="stage2:kill@5+1", stage1_compute_median_s=0.004,
+                                                        stage1_compute_ci95_low_s=0.003, stage1_compute_ci95_high_s=0.005)])
+    assert sanity.monotone_violations(passes, 1, rising=True) == []
+    assert [v["configurations"] for v in sanity.monotone_violations(pd.concat([passes, s.iloc[[2]]]), 1, True)] == \
+        ["k=1 vs k=2"]  # the no-fault pass is still checked
     shaped = pd.DataFrame({"model": ["m"], "backend": ["tcp"], "network": ["slow"], "batch_size": [1],
                            "split_index": [0], "wire_bytes_mean": [125_000.0], "result_wire_bytes_mean": [0.0],
                            "transfer_median_s": [0.05]})
