@@ -242,6 +242,57 @@ class PromptFeed:
         return out
 
 
+class LocalTail:
+    """Stage 1's own rest of the model for a generation that lives through a fault (a guarded run,
+    ``--deadline-ms``): a step whose token does not come in time is finished here. Every step's
+    tensor at the cut is kept as the wire delivers it (so a lossy wire dtype rounds it as stage 2
+    would see it); a step finished here after one that stage 2 finished first rebuilds this tail's
+    cache of the stream from those tensors (one prefill of the stream so far), and the next ones
+    go on from it. A stage 2 that comes back without the stream's positions (a new process after a
+    kill) is sent them the same way (:meth:`since`), so every stage's cache holds every position."""
+
+    def __init__(self, builder: LMBuilder, cfg: RunConfig) -> None:
+        self.builder, self.cfg = builder, cfg
+        g = cfg.generation
+        self.sampling = Sampling(g.temperature, g.top_k, cfg.seed)
+        self.ids = stage_blocks(builder.shape, builder.plan(list(cfg.cuts)), 1)[0] == 0  # token ids cross, exactly
+        self.history: dict[int, list[torch.Tensor]] = {}  # stream -> each step's tensor at the cut
+        self.cached: dict[int, int] = {}  # stream -> positions this tail's cache holds, while current
+
+    @functools.cached_property
+    def stage(self) -> Any:
+        """Every block after the first cut, built on the first step finished here."""
+        return self.builder.stage([self.cfg.cuts[0]], 1)
+
+    def computed(self, stream: int, start: int, out: torch.Tensor) -> None:
+        """Stage 1's output of a step (positions ``start``..), as the next stage will read it."""
+        kept = out if self.ids else decode_cut(encode_cut(out, self.cfg.wire_dtype), self.cfg.wire_dtype)
+        steps = self.history.setdefault(stream, [])
+        if start == 0:
+            steps.clear()
+        steps.append(kept.detach().clone())
+
+    def since(self, stream: int, position: int) -> torch.Tensor:
+        """The stream's tensors at the cut from ``position`` to its latest step's end."""
+        return torch.cat(self.history[stream], dim=1)[:, position:]
+
+    def finish(self, stream: int, step: int, start: int) -> tuple[int, float]:
+        """The token of the stream's latest step, from the rest of the model here, and its seconds."""
+        adopt_torch_threads()
+        t0 = time.perf_counter()
+        latest = self.history[stream][-1]
+        if self.cached.get(stream) == start:
+            logits = self.stage.forward(stream, latest, start)
+        else:
+            logits = self.stage.forward(stream, self.since(stream, 0), 0)
+        self.cached[stream] = start + latest.shape[1]
+        return self.sampling.choose(logits[0], stream, step), time.perf_counter() - t0
+
+    def stage2_served(self, stream: int) -> None:
+        """Stage 2 finished the stream's latest step: this tail's cache of it is behind now."""
+        self.cached.pop(stream, None)
+
+
 def finish_record(record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
     """A generation's record: its ``generation`` part from the stages' (stage 1's prompts and
     tokens, each stage's blocks and KV cache, the last stage's exactness check) and the figures

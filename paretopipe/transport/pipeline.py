@@ -97,14 +97,16 @@ def generation_steps(streams: int, gen_tokens: int, warmup_streams: int = 0,
     return out
 
 
-def generation_actions(steps: Sequence[GenerationStep]) -> list[Action]:
+def generation_actions(steps: Sequence[GenerationStep], settle: bool = False) -> list[Action]:
     """The data source's schedule of a generation: a step that feeds on an earlier one's token
-    waits for it (``feedback``) before its ``load``; then as any batch; ``drain`` at the end."""
+    waits for it (``feedback``) before its ``load``; then as any batch (``settle``: a guarded run
+    settles each step before the next); ``drain`` at the end."""
+    ops = ("load", "admit", "compute", "send", "settle") if settle else ("load", "admit", "compute", "send")
     out: list[Action] = []
     for seq, step in enumerate(steps):
         if step.feeds_on is not None:
             out.append(Action("feedback", seq))
-        out += [Action(op, seq) for op in ("load", "admit", "compute", "send")]
+        out += [Action(op, seq) for op in ops]
     return out + [Action("drain")]
 
 

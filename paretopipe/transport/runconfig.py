@@ -306,12 +306,15 @@ class RunConfig:
         """A generation's batches are its steps, one token of one stream each: the batch size, the
         window, the measured and warm-up batches follow from it (set once here, never patched)."""
         g = self.generation
-        if self.adaptive or self.deadline_s is not None or self.dataset != "synthetic" or self.wire_dtype == AUTO:
+        if self.adaptive or self.dataset != "synthetic" or self.wire_dtype == AUTO:
             what = ("--split " + str(self.split_index) if self.adaptive
-                    else "--deadline-ms" if self.deadline_s is not None
                     else "--wire-dtype auto" if self.wire_dtype == AUTO else f"--dataset {self.dataset}")
             raise UsageError(f"{what} applies to an image model's batches; a language model runs a static split "
                              f"over its prompts")
+        if self.deadline_s is not None and (g.streams != 1 or self.loadgen is not None):
+            raise UsageError(f"--deadline-ms with {'--scenario' if self.loadgen is not None else f'--streams {g.streams}'}"
+                             f": a deadline settles one step at a time; use --streams 1 and the closed loop (no "
+                             f"--scenario)")
         # Under LoadGen the streams are slots that queries take in turn, and the warm-up is whole
         # queries, each slot's worth per warm-up stream (their rate sizes LoadGen's expectations).
         warmup = g.warmup_streams * g.streams * g.gen_tokens if self.loadgen is not None else g.warmup_steps
@@ -322,6 +325,10 @@ class RunConfig:
             object.__setattr__(self, "loadgen", self.loadgen.for_tokens())
             # The exactness check compares fixed streams step by step; a LoadGen run's queries come
             # and go (a lossy wire's cost is --eval-samples' teacher-forced perplexity).
+            object.__setattr__(self, "generation", dataclasses.replace(g, check_exact=False))
+        elif self.deadline_s is not None:
+            # A step finished on stage 1 leaves the last stage no logits to compare (a stage 2
+            # started again after a kill has none of the earlier steps either).
             object.__setattr__(self, "generation", dataclasses.replace(g, check_exact=False))
         elif self.wire_dtype != "float32" and not g.check_exact:
             object.__setattr__(self, "generation", dataclasses.replace(g, check_exact=True))

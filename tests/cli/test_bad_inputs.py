@@ -117,6 +117,11 @@ def cases() -> list[tuple[str, list[str], str]]:
     # A static split may have a deadline (its driver then serves late batches locally), with one batch in flight.
     add("stage1-deadline-in-flight", ["stage1", "--model", "resnet18", "--split", "2", "--deadline-ms", "100",
                                       "--in-flight", "2"], "a deadline settles each batch before the next")
+    # A generation takes a deadline with one stream (its steps are settled one at a time), never under LoadGen.
+    add("stage1-lm-deadline-streams", ["stage1", "--model", "tiny-lm", "--split", "2", "--deadline-ms", "100",
+                                       "--streams", "2"], "--deadline-ms with --streams 2")
+    add("sweep-lm-fault-streams", ["sweep", "--model", "tiny-lm", "--local", "--splits", "2", "--fault",
+                                   "stage2:kill@2+1", "--streams", "2", "--dry-run"], "use --streams 1")
     add("stage1-candidates-static", ["stage1", "--model", "resnet18", "--split", "2", "--candidates", "1,2"],
         "applies to --split adaptive or sciot only")
     add("stage1-candidates-unknown-cut", adaptive + ["--candidates", "2,no+such"], "is not a cut of resnet18")

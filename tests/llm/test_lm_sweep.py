@@ -10,6 +10,7 @@ import json
 import pytest
 
 from conftest import PYTHON
+from paretopipe import faults
 from paretopipe.llm import shapes
 from paretopipe.llm.builder import LMBuilder
 from paretopipe.llm.summary import decode_bound_s
@@ -172,3 +173,34 @@ def test_an_emulated_edge_device_measured_to_a_precision_keeps_the_unsplit_model
         assert record["generation"]["tokens"] == _unsplit_tokens_of(record)
     rows = _rows(session / "summary.csv")
     assert {r["stop_reason"] for r in rows} <= {"precise", "budget"} and all(int(r["runs"]) >= 2 for r in rows)
+
+
+@pytest.mark.slow
+def test_a_generation_lives_through_stage_2_killed_frozen_and_the_link_down_with_the_unsplit_models_tokens(tmp_path):
+    """The faults' treatment on a language model: a step whose token does not come by the deadline
+    is finished on stage 1 (its own rest of the model, its cache rebuilt from the stream's tensors
+    at the cut); a stage 2 started again after the kill is sent the stream's positions so far and
+    generates the rest. Every step is served exactly once, and the tokens are the unsplit model's."""
+    res = run([PYTHON, "automated_split_tester.py", "--model", "tiny-lm", "--splits", "2", "--network", "lan",
+               "--fault", "none,stage2:kill@5+0.2,stage2:freeze@5+1,link:down@5+1", "--deadline-ms", "600",
+               "--prompt-len", "8", "--gen-tokens", "450", "--runs", "1", "--out", str(tmp_path), "--session", "s",
+               "--no-report", "--quiet"], timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = {r["config"]["fault"] and faults.Fault(**r["config"]["fault"]).kind or "none": r
+               for r in (json.loads(p.read_text()) for p in sorted((tmp_path / "s" / "runs").glob("*.json")))}
+    assert set(records) == {"none", "kill", "freeze", "down"}
+    unsplit = _unsplit_tokens_of(records["none"])
+    for kind, record in records.items():
+        assert record["status"] == "complete" and record["generation"]["tokens"] == unsplit, kind
+        steps = [b for b in record["batches"] if not b.get("warmup")]
+        assert len(steps) == 450 and [b["step"] for b in steps] == list(range(450))
+        if kind == "none":
+            continue
+        s = record["summary"]
+        assert s["fault_lost"] == 0 and s["fault_duplicated"] == 0 and s["fault_served_locally"] >= 1, kind
+        assert s["fault_recover_s"] is not None, kind  # stage 2 served steps again before the run ended
+    events = [e["event"] for e in records["kill"]["manifest"]["stages"][0]["fallback"]["events"]]
+    assert events[:2] == ["fault", "peer_lost"] and "reconnected" in events
+    # After the reconnection the new stage 2 served the steps, its cache caught up by the catch-up step.
+    kill_steps = [b for b in records["kill"]["batches"] if not b.get("warmup")]
+    assert not kill_steps[-1].get("served_locally") and any(b.get("served_locally") for b in kill_steps)

@@ -187,7 +187,8 @@ def check_faults(opts: SweepOptions) -> None:
     if opts.faults == [faults.NONE]:
         return
     why = ("the rpc backend cannot yet recover a lost stage; use --backend tcp" if "rpc" in opts.backends else
-           "a language model's generation has no fallback on stage 1 yet" if opts.language_model else
+           f"--streams {opts.streams}: stage 1 settles one step at a time; use --streams 1"
+           if opts.language_model and opts.streams != 1 else
            f"--in-flight {opts.in_flight}: stage 1 settles one batch at a time; use --in-flight 1"
            if opts.in_flight != 1 else
            "LoadGen waits for every result; drop --scenario" if opts.scenarios != [CLOSED_LOOP] else
@@ -257,9 +258,11 @@ def check_workload(opts: SweepOptions) -> None:
         return
     if opts.model_dir is not None and len(opts.models) > 1:
         raise UsageError("--model-dir names one model: give no --models beside it")
-    if split_adaptive(opts.splits)[1] or opts.deadline_s is not None:
-        raise UsageError("a language model runs static splits over its prompts: drop adaptive from --splits and "
-                         "--deadline-ms")
+    if split_adaptive(opts.splits)[1]:
+        raise UsageError("a language model runs static splits over its prompts: drop adaptive from --splits")
+    if opts.deadline_s is not None and opts.streams != 1:
+        raise UsageError(f"--deadline-ms with --streams {opts.streams}: a deadline settles one step at a time; "
+                         f"use --streams 1")
     for scenario in opts.scenarios:  # a language model's queries are prompts: its scenarios and settings now
         if scenario != CLOSED_LOOP:
             LoadgenOptions.of_flags(scenario, **opts.loadgen_settings).for_tokens()

@@ -25,6 +25,7 @@ class NextStage:
                  on_result: Callable[[wire.Frame, float], None] | None = None,
                  on_error: Callable[[BaseException], None] | None = None, outage: Outage | None = None) -> None:
         self.connection, self.cuts = connection, list(cuts)
+        self.positions: dict[int, int] = {}  # a generation's stream -> positions sent it (its caches hold)
         self.outage = outage  # a link that is down carries nothing either way (faults' link:down)
         self.sender = FrameSender(connection.writer, link, "stage1-send", outage)
         self.inbox: queue.Queue = queue.Queue()

@@ -28,6 +28,7 @@ from ...partition import wirequant
 from ...partition.stages import SegmentChains, StageBuilder, StageTimer
 from .. import pipeline, wire
 from ..endpoint import SourceEndpoint
+from ..generation import LocalTail
 from ..policy import SplitPolicy
 from ..resources import ResourceMeter
 from ..runconfig import RunConfig
@@ -87,6 +88,8 @@ class Stage1Run(SourceEndpoint):
             if cfg.fault is not None else None
         if self.fault is not None:
             self.spare_batches = MAX_EXTRA_BATCHES
+        # A guarded generation finishes a step here whose token does not come in time.
+        self.tail = LocalTail(builder, cfg) if self.feed is not None and self.guarded else None
         # A policy that watches compute: this stage runs its part segment by segment, each timed.
         self.chains = SegmentChains(builder, policy.segments) if policy.segments else None
         self.chain = None
@@ -126,6 +129,21 @@ class Stage1Run(SourceEndpoint):
         self.book.start_clock()
         if self.link is not None and self.link.trace is not None:  # where the replay is at start_s = 0
             self.link_manifest["trace_up"] = self.link.manifest(clock_zero=self.book.t0)["trace"]
+
+    def _serve_here(self, seq: int, gave_up: float) -> None:
+        """The rest of the model on this node, from the activation already computed (all of it at
+        k = K); a generation's step gets its token here and feeds it on."""
+        token: dict[str, int] = {}
+        if self.tail is not None:
+            token["token"], local_s = self.tail.finish(self.step[0], self.feed.steps[seq].step, self.step[1])
+        else:
+            result, local_s = self.timer.run(self.builder.stage([self.cuts[0]], 1), self.out, self.builder.device)
+            self._keep(seq, result)
+        self.counts["served_locally"] += 1
+        self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s,
+                           gave_up_s=round(gave_up - self.book.t0, 6), **token)
+        if token:
+            self.feed.landed(seq, token["token"])
 
     def _lose_next(self, why: str, seq: int) -> None:
         log.warning("stage 1: stage 2 lost at batch %d (%s); serving locally until one connects", seq, why)
@@ -250,6 +268,8 @@ class Stage1Run(SourceEndpoint):
         if self.feed is not None:
             stream, start = self.step
             self.out, self.rec["stage1_compute_s"] = self.feed.stage.forward(seq, stream, self.x, start)
+            if self.tail is not None:
+                self.tail.computed(stream, start, self.out)
             return
         if self.chains is not None:
             self.chain = self.chains.chain(self.cuts[0], 0, keep_inputs=True)
@@ -290,8 +310,15 @@ class Stage1Run(SourceEndpoint):
             enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(sent, self.codec))
             enc.encode_s += quantise_s  # int8 and int4 are quantised before the codec: part of encoding
             return enc
-        return wire.frame(wire.TENSOR, seq, wire.encode_payload(self.feed.stage.encode(self.out), self.codec),
-                          self.feed.meta(seq, self.step[1]))
+        stream, start = self.step
+        out, at = self.out, start
+        if self.tail is not None:
+            # A stage 2 without the stream's earlier positions (a new one, after a kill) gets them too.
+            at = self.next.positions.get(stream, 0)
+            out = out if at == start else self.tail.since(stream, at)
+            self.next.positions[stream] = start + self.out.shape[1]
+        return wire.frame(wire.TENSOR, seq, wire.encode_payload(self.feed.stage.encode(out), self.codec),
+                          self.feed.meta(seq, at))
 
     def settle(self, seq: int) -> None:
         """A guarded run's batch ends here: its result within the deadline, else the rest of the
@@ -308,9 +335,14 @@ class Stage1Run(SourceEndpoint):
             # Network time: the wait, less every stage's reported work and this stage's receiving.
             work = sum(fields[k] or 0.0 for k in records.work_fields(fields))
             self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work, "result")
+            if self.tail is not None:
+                fields["token"] = self.feed.token_of(seq, f.meta)
+                self.tail.stage2_served(self.step[0])
             self._keep(seq, f.tensor)
             self.book.complete(seq, arrived, **fields)
             f.release()
+            if self.tail is not None:
+                self.feed.landed(seq, fields["token"])
             if self.fault is not None:
                 self.fault.settled(seq, False, arrived)
         else:
@@ -321,12 +353,7 @@ class Stage1Run(SourceEndpoint):
                 self.policy.observe(rec["wire_bytes"], arrived - self.sent_at, "late")
             elif self.next is not None:
                 self._lose_next(why, seq)
-            # The rest of the model, from the activation already computed (all of it at k = K).
-            result, local_s = self.timer.run(self.builder.stage([self.cuts[0]], 1), self.out, self.builder.device)
-            self._keep(seq, result)
-            self.counts["served_locally"] += 1
-            self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s,
-                               gave_up_s=round(arrived - self.book.t0, 6))
+            self._serve_here(seq, arrived)
             if self.fault is not None:
                 self.fault.settled(seq, True, arrived)
         if seq >= self.book.total - 1 and self.fault is None:
@@ -382,6 +409,8 @@ class Stage1Run(SourceEndpoint):
                 self.next.sender.close()
 
     def actions(self) -> Iterable[pipeline.Action]:
+        if self.feed is not None and self.guarded:  # a generation's steps are its schedule: none beyond them
+            return pipeline.generation_actions(self.feed.steps, settle=True)
         if self.harness is not None or self.feed is not None:
             return super().actions()
         planned = pipeline.source_actions(self.book.total, settle=self.guarded)
