@@ -30,13 +30,13 @@ MAX_PERIOD_US = 1_000_000
 PERIOD_US = 10_000
 
 
-def parse_shares(text: str | None, stages: int) -> list[float | None]:
-    """``0.25,1`` -> one share per stage (``none`` or empty for no limit)."""
+def parse_shares(text: str | None, stages: int, flag: str = "--stage-cpu", each: str = "stage") -> list[float | None]:
+    """``0.25,1`` -> one share per stage (or per ``each`` of ``flag``'s; ``none`` or empty for no limit)."""
     if not text:
         return [None] * stages
     parts = [p.strip() for p in text.split(",")]
     if len(parts) != stages:
-        raise UsageError(f"--stage-cpu {text!r}: give one share per stage ({stages}), e.g. 0.25,1")
+        raise UsageError(f"{flag} {text!r}: give one share per {each} ({stages}), e.g. 0.25,1")
     out: list[float | None] = []
     for part in parts:
         if part.lower() in ("", "none", "-"):
@@ -45,7 +45,7 @@ def parse_shares(text: str | None, stages: int) -> list[float | None]:
         try:
             share = float(part)
         except ValueError:
-            raise UsageError(f"--stage-cpu {text!r}: {part!r} is not a number (a CPU share such as 0.25)")
+            raise UsageError(f"{flag} {text!r}: {part!r} is not a number (a CPU share such as 0.25)")
         check_share(share)
         out.append(share)
     return out
@@ -181,6 +181,18 @@ def release(applied: dict[str, Any], pid: int) -> None:
     for member in ids or [str(pid)]:
         with contextlib.suppress(OSError):
             (group.parent / members).write_text(member)
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
+def remove_group(group: str | Path) -> None:
+    """Move whatever a process group made by :func:`limit` still holds back to its parent, and
+    remove it (best effort: it may be gone)."""
+    group = Path(group)
+    with contextlib.suppress(OSError):
+        for member in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (group.parent / "cgroup.procs").write_text(member)
     with contextlib.suppress(OSError):
         group.rmdir()
 

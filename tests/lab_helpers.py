@@ -51,6 +51,8 @@ def leftovers(name: str) -> list[str]:
             found.append(f"process {proc.pid}: {cmd[:80]}")
     if Path(f"/tmp/paretopipe-lab-{name}").exists():
         found.append(f"folder /tmp/paretopipe-lab-{name}")
+    for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")):  # a host's CPU share (--host-cpu)
+        found += [f"cgroup {g}" for g in root.glob(f"paretopipe-lab-{name}-h*")]
     return found
 
 
@@ -74,14 +76,14 @@ def _lab_namespaces(made) -> set[str]:
 
 @contextlib.contextmanager
 def lab(name: str, hosts: int = 2, subnet: int = 50, arches: list[str] | None = None,
-        broker: int | None = None) -> Iterator:
+        broker: int | None = None, cpu: list[float | None] | None = None) -> Iterator:
     """A lab for one test (or one module); afterwards nothing of it may remain. ``broker``: the
-    host that runs the lab's Mosquitto."""
+    host that runs the lab's Mosquitto; ``cpu``: each host's CPU share."""
     if LAB_SKIP:
         pytest.skip(LAB_SKIP)
     from paretopipe.runners import lab as labs
 
-    made = labs.up(name, hosts, subnet, arches=arches, broker=broker)
+    made = labs.up(name, hosts, subnet, arches=arches, broker=broker, cpu=cpu)
     namespaces = _lab_namespaces(made)
     try:
         yield made

@@ -6,6 +6,7 @@ import json
 from typing import Sequence
 
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
+from .. import cpushare
 from ..runners import lab
 
 
@@ -34,6 +35,11 @@ def parser(prog: str = "paretopipe lab") -> ArgumentParser:
     up.add_argument("--broker", type=positive_int, default=None, metavar="I",
                     help="run a Mosquitto broker on host I's address (port 1883) for --transport mqtt; its "
                          "MQTT_* lines go into the lab's .env")
+    up.add_argument("--host-cpu", default=None, metavar="SHARES",
+                    help="each host's CPU share, comma-separated (1 = one core; none: unlimited), e.g. 1,1,0.25: a "
+                         "cgroup around the host's sshd holds every process started there over SSH, so that host "
+                         "is a slower device (its network threads wait out the quota too, as the stage's do not "
+                         "on a real one)")
     for p in (up, sub.add_parser("down", help="remove the lab"), sub.add_parser("status", help="what is up")):
         p.add_argument("--name", default="pplab", help="lab name (1-8 lowercase letters and digits)")
         add_common_flags(p)
@@ -45,8 +51,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe lab") -> int
     setup_logging(args.debug, args.quiet)
     if args.cmd == "up":
         arches = [a.strip() for a in args.arch.split(",") if a.strip()]
-        made = lab.up(args.name, args.hosts, args.subnet, args.env, args.remote_dir, arches=arches, broker=args.broker)
-        hosts = [f"{a} ({arch})" if arch != "native" else a for a, arch in zip(made.addresses(), made.arches)]
+        cpu = cpushare.parse_shares(args.host_cpu, args.hosts, "--host-cpu", "host") if args.host_cpu else None
+        made = lab.up(args.name, args.hosts, args.subnet, args.env, args.remote_dir, arches=arches, broker=args.broker,
+                      cpu=cpu)
+        hosts = [a + "".join(f" ({w})" for w in (arch if arch != "native" else None,
+                                                  None if share is None else f"{share:g} CPU") if w)
+                 for a, arch, share in zip(made.addresses(), made.arches, made.cpu)]
         print(f"lab {made.name} up: {made.hosts} hosts {', '.join(hosts)} on bridge {made.bridge} "
               f"({made.gateway}); sshd on each" + (f"; MQTT broker on {made.address(made.broker_host)}:1883"
                                                        if made.broker_host else "") + f"; .env: {made.env_file}")

@@ -128,7 +128,7 @@ def _per_device_watts(values: list[float | None] | None, devices: int) -> list[f
 
 #: Options that only one kind of model's prediction takes (their dests).
 IMAGE_ONLY = ("links", "base_rate", "batch_size", "compression", "encrypt", "fine", "objectives", "power_core_w",
-              "latency_bound_ms", "sweep_rate", "subsets")
+              "latency_bound_ms", "sweep_rate")
 GENERATION_ONLY = ("prompt_len", "ttft_ms", "tpot_ms", "gen_tokens", "streams")
 
 
@@ -150,8 +150,11 @@ def _predict_language_model(args: argparse.Namespace) -> int:
     """Every split's time to first token and per token under each network and prompt length, from
     two device profiles (each block's compute per phase); ``--validate`` pairs a sweep's measurements."""
     shape = shape_of(args.model, args.model_dir)
-    profiles = [lm_costmodel.load_profile(p.strip()) for p in args.device_profiles.split(",") if p.strip()]
+    paths = [p.strip() for p in args.device_profiles.split(",") if p.strip()]
+    profiles = [lm_costmodel.load_profile(p) for p in paths]
     networks = [n.strip() for n in (args.network or "lan").split(",") if n.strip()]
+    if args.subsets:  # each device by its profile's file name
+        return _print_generation_subsets(shape, profiles, [Path(p).stem for p in paths], networks, args)
     # The Server's token bounds, where asked for (one given, the other MLPerf's default, as a run's).
     server = None if args.ttft_ms is None and args.tpot_ms is None else LoadgenOptions(
         "server", ttft_bound_s=None if args.ttft_ms is None else args.ttft_ms / 1e3,
@@ -180,6 +183,33 @@ def _predict_language_model(args: argparse.Namespace) -> int:
     if args.out:
         print(f"written: {records.atomic_write_json(Path(args.out) / 'predictions.json', result)}")
         print(f"written: {records.atomic_write_csv(Path(args.out) / 'predictions.csv', rows)}")
+    return 0
+
+
+def _print_generation_subsets(shape: Any, profiles: list[dict[str, Any]], names: list[str], networks: list[str],
+                              args: argparse.Namespace) -> int:
+    """A language model's placements: each one's least time to first token and per token with their
+    splits, then per objective the best with k devices against the best with one fewer."""
+    rows = []
+    for name in networks:
+        conditions = None if name == "unshaped" else get_conditions(name, args.network_file)
+        for plen in args.prompt_len:
+            priced = subsets.price_generation(shape, profiles, conditions, plen, args.wire_dtype)
+            print(f"\n{shape.name}: which devices, network {name}, prompt {plen} (predicted; {len(priced)} placements, "
+                  f"{names[0]} the data source)")
+            print(f"{'placement':<40} {'TTFT ms':>9} {'--split-blocks':>15} {'TPOT ms':>9} {'--split-blocks':>15}")
+            for placed in priced:
+                (ttft, first), (tpot, per) = placed.figure("ttft"), placed.figure("tpot")
+                print(f"{' -> '.join(names[i] for i in placed.devices):<40} {ttft * 1e3:>9.2f} "
+                      f"{','.join(map(str, first)):>15} {tpot * 1e3:>9.2f} {','.join(map(str, per)):>15}")
+            print("what each extra device buys (the best placement with k devices against the best with k - 1):")
+            for row in subsets.marginal_gains(priced, names, subsets.GENERATION_OBJECTIVES):
+                change = "" if row["gain"] is None else f"  x{row['vs_one_fewer']:.3f} ({GAIN_WORDS[row['gain']]})"
+                print(f"  {row['objective']:<10} {row['devices']} devices: {row['value'] * 1e3:.2f} ms on "
+                      f"{row['placement']}{change}")
+                rows.append({"network": name, "prompt_len": plen, **row, "cuts": ",".join(map(str, row["cuts"]))})
+    if args.out:
+        print(f"written: {records.atomic_write_csv(Path(args.out) / 'subsets.csv', rows)}")
     return 0
 
 

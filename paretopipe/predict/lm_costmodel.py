@@ -1,5 +1,7 @@
 """Predicted time to first token and time per token of every split of a language model, from two
-device profiles (``paretopipe profile --model NAME``: each block's compute per phase) and a link.
+device profiles (``paretopipe profile --model NAME``: each block's compute per phase) and a link;
+and of the best plan over a chain of more devices (:func:`best_chain`, which devices to use:
+:mod:`paretopipe.predict.subsets`).
 
 For split k, stage 1's blocks come from the first device's profile and the rest from the second's:
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import UsageError
 from ..llm import shapes
@@ -52,12 +54,9 @@ def predict(shape: shapes.LMShape, profiles: list[dict[str, Any]], conditions: N
             prompt_len: int, cut_dtype: str = "float32") -> list[dict[str, Any]]:
     """One row per split: the predicted time to first token and time per token."""
     if len(profiles) != 2:
-        raise UsageError(f"--device-profiles: a language model's split has two devices, got {len(profiles)} profiles")
-    for p in profiles:
-        if p["model"] != shape.name or len(p["blocks"]) != shape.num_blocks:
-            raise UsageError(f"a device profile of {p['model']} ({len(p['blocks'])} blocks) cannot predict "
-                             f"{shape.name} ({shape.num_blocks} blocks)")
-    a, b = (_phase(p, prompt_len) for p in profiles)
+        raise UsageError(f"--device-profiles: a language model's split has two devices, got {len(profiles)} profiles "
+                         f"(--subsets takes more: which of them to use)")
+    a, b = phases_at(shape, profiles, prompt_len)
     up = conditions.up if conditions else None
     down = conditions.down if conditions else None
     rtt = (up.delay_s + down.delay_s) if conditions else 0.0
@@ -75,6 +74,63 @@ def predict(shape: shapes.LMShape, profiles: list[dict[str, Any]], conditions: N
                      "stage2_prefill_s": s2p, "stage1_decode_s": s1d, "stage2_decode_s": s2d,
                      "bytes_per_token": bpt})
     return rows
+
+
+def _hop_s(conditions: NetworkConditions | None, shape: shapes.LMShape, split: int, tokens: int,
+           cut_dtype: str) -> float:
+    """One hop: forward, its delay and the tokens' bytes at the cut at its rate; back, the token's
+    result (a chain's middle stage relays it)."""
+    if conditions is None:
+        return 0.0
+    up, down = conditions.up, conditions.down
+    return (up.delay_s + up.serialise_s(shapes.cut_bytes_per_token(shape, split, cut_dtype) * tokens)
+            + down.delay_s + down.serialise_s(RESULT_BYTES))
+
+
+def chain_cost(shape: shapes.LMShape, phases: list[dict[str, Any]], conditions: NetworkConditions | None,
+               prompt_len: int, cuts: Sequence[int], objective: str, cut_dtype: str = "float32") -> float:
+    """``objective`` (``ttft`` or ``tpot``) of one plan over a chain of devices (``phases``: each
+    device's profile at the prompt length, :func:`phases_at`): stage i holds blocks cuts[i-1]..cuts[i],
+    every hop crosses ``conditions``' up link and
+    the token comes back to stage 1 over its down links, relayed by each stage on the way. Two
+    devices give :func:`predict`'s figures."""
+    phase, tokens = ("prefill_s", prompt_len) if objective == "ttft" else ("decode_s", 1)
+    bounds = [0, *cuts, shape.num_blocks]
+    compute = sum(sum(p[phase][bounds[i]:bounds[i + 1]]) for i, p in enumerate(phases))
+    return compute + sum(_hop_s(conditions, shape, k, tokens, cut_dtype) for k in cuts)
+
+
+def best_chain(shape: shapes.LMShape, phases: list[dict[str, Any]], conditions: NetworkConditions | None,
+               prompt_len: int, objective: str, cut_dtype: str = "float32") -> tuple[float, tuple[int, ...]]:
+    """The least ``objective`` over every plan of the devices in order (cuts increasing in
+    0..last_split, as a chain runs them: each device after the first holds a block at least) and
+    its cuts, by dynamic programming: both objectives are sums over stages and hops, so the best
+    plan whose stage i starts at block c extends the best one of stages before it."""
+    if len(phases) - 1 > shape.last_split + 1:
+        raise UsageError(f"{len(phases)} devices: {shape.name} has splits 0..{shape.last_split}, so at most "
+                         f"{shape.last_split + 2} stages")
+    phase, tokens = ("prefill_s", prompt_len) if objective == "ttft" else ("decode_s", 1)
+    splits = range(shape.last_split + 1)
+    prefix = [[sum(p[phase][:c]) for c in range(shape.num_blocks + 1)] for p in phases]
+    hop = {c: _hop_s(conditions, shape, c, tokens, cut_dtype) for c in splits}
+    # best[c]: stages before the current one, the current starting at block c (its hop included), and their cuts.
+    best = {c: (prefix[0][c] + hop[c], (c,)) for c in splits}
+    for i in range(1, len(phases) - 1):
+        best = {c: min(((v + prefix[i][c] - prefix[i][a] + hop[c], (*cs, c))
+                        for a, (v, cs) in best.items() if a < c), key=lambda t: t[0])
+                for c in splits if any(a < c for a in best)}
+    last = prefix[-1][shape.num_blocks]
+    _, cuts = min(((v + last - prefix[-1][c], cs) for c, (v, cs) in best.items()), key=lambda t: t[0])
+    return chain_cost(shape, phases, conditions, prompt_len, cuts, objective, cut_dtype), cuts
+
+
+def phases_at(shape: shapes.LMShape, profiles: list[dict[str, Any]], prompt_len: int) -> list[dict[str, Any]]:
+    """Each profile's phases at ``prompt_len``, every profile checked to be of ``shape``'s model."""
+    for p in profiles:
+        if p["model"] != shape.name or len(p["blocks"]) != shape.num_blocks:
+            raise UsageError(f"a device profile of {p['model']} ({len(p['blocks'])} blocks) cannot predict "
+                             f"{shape.name} ({shape.num_blocks} blocks)")
+    return [_phase(p, prompt_len) for p in profiles]
 
 
 def server_columns(row: dict[str, Any], conditions: NetworkConditions | None, gen_tokens: int, streams: int,

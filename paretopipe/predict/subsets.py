@@ -7,7 +7,9 @@ and distributed-llama report that an extra node made generation slower. Here the
 placement; each subset of the others, in every order, follows it, and the planner
 (:func:`~paretopipe.predict.planner.pareto_plans`) finds each placement's Pareto-optimal cuts, a
 stage allowed to run nothing. Per objective, the best placement with k devices is compared with
-the best with k + 1: what the (k + 1)-th device buys, or costs.
+the best with k + 1: what the (k + 1)-th device buys, or costs. A language model's placements are
+priced by its own cost model (:func:`price_generation`): the plan of least time to first token
+and the one of least time per token, over every plan of the devices in order.
 
 Stage order matters (a link from the Pi to the server is not one from the server to the Pi: the
 activation shrinks along the model), so a subset of m other devices gives m! placements; with the
@@ -21,6 +23,7 @@ import itertools
 from typing import Any, Sequence
 
 from ..errors import UsageError
+from . import lm_costmodel
 from .costmodel import LinkModel
 from .device_profile import DeviceProfile
 from .planner import Plan, pareto_plans
@@ -29,20 +32,32 @@ from .planner import Plan, pareto_plans
 MAX_DEVICES = 7
 #: What each objective's best placement is chosen by, and its direction.
 OBJECTIVES = {"latency": ("latency_s", "min"), "throughput": ("throughput_imgs_per_s", "max")}
+#: A language model's (:mod:`paretopipe.predict.lm_costmodel`): time to first token and per token.
+GENERATION_OBJECTIVES = {"ttft": ("predicted_ttft_s", "min"), "tpot": ("predicted_tpot_s", "min")}
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """One ordered subset of the devices (indices into the profiles, the source first) and its
-    Pareto-optimal plans."""
+    Pareto-optimal plans (an image model's), or its best plan per objective (a language model's:
+    ``chosen``, (objective, value, cuts) each)."""
 
     devices: tuple[int, ...]
-    plans: tuple[Plan, ...]
+    plans: tuple[Plan, ...] = ()
+    chosen: tuple[tuple[str, float, tuple[int, ...]], ...] = ()
 
     def best(self, objective: str) -> Plan:
         attr, sense = OBJECTIVES[objective]
         pick = min if sense == "min" else max
         return pick(self.plans, key=lambda p: getattr(p, attr))
+
+    def figure(self, objective: str) -> tuple[float, tuple[int, ...]]:
+        """The best plan's value of ``objective`` and its cuts."""
+        for name, value, cuts in self.chosen:
+            if name == objective:
+                return value, cuts
+        plan = self.best(objective)
+        return getattr(plan, OBJECTIVES[objective][0]), tuple(plan.cuts)
 
 
 def placements(count: int) -> list[tuple[int, ...]]:
@@ -67,20 +82,34 @@ def price(profiles: Sequence[DeviceProfile], up: LinkModel, down: LinkModel, bat
     return out
 
 
-def marginal_gains(priced: Sequence[Placement], names: Sequence[str]) -> list[dict[str, Any]]:
+def price_generation(shape: Any, profiles: Sequence[dict[str, Any]], conditions: Any, prompt_len: int,
+                     cut_dtype: str = "float32") -> list[Placement]:
+    """A language model's placements: each one's plan of least time to first token and of least
+    time per token (:func:`paretopipe.predict.lm_costmodel.best_chain`), every hop over ``conditions``."""
+    phases = lm_costmodel.phases_at(shape, list(profiles), prompt_len)
+    out = []
+    for devices in placements(len(profiles)):
+        chain = [phases[i] for i in devices]
+        out.append(Placement(devices, chosen=tuple(
+            (objective, *lm_costmodel.best_chain(shape, chain, conditions, prompt_len, objective, cut_dtype))
+            for objective in GENERATION_OBJECTIVES)))
+    return out
+
+
+def marginal_gains(priced: Sequence[Placement], names: Sequence[str],
+                   objectives: dict[str, tuple[str, str]] = OBJECTIVES) -> list[dict[str, Any]]:
     """Per number of devices and objective: the best placement and its figure, its ratio to the
-    best with one device fewer (latency: below 1 is a gain; throughput: above 1 is), and whether
-    the extra device bought a ``gain``, a ``loss`` or ``none``."""
+    best with one device fewer (a time: below 1 is a gain; a rate: above 1 is), and whether the
+    extra device bought a ``gain``, a ``loss`` or ``none``."""
     rows: list[dict[str, Any]] = []
-    for objective, (attr, sense) in OBJECTIVES.items():
+    for objective, (_, sense) in objectives.items():
         previous = None
         for k in sorted({len(p.devices) for p in priced}):
             pick = min if sense == "min" else max
-            best = pick((p for p in priced if len(p.devices) == k), key=lambda p: getattr(p.best(objective), attr))
-            value = getattr(best.best(objective), attr)
+            best = pick((p for p in priced if len(p.devices) == k), key=lambda p: p.figure(objective)[0])
+            value, cuts = best.figure(objective)
             rows.append({"objective": objective, "devices": k, "placement": " -> ".join(names[i] for i in best.devices),
-                         "value": value, "cuts": list(best.best(objective).cuts),
-                         "vs_one_fewer": value / previous if previous else None,
+                         "value": value, "cuts": list(cuts), "vs_one_fewer": value / previous if previous else None,
                          "gain": _gain(value, previous, sense)})
             previous = value
     return rows

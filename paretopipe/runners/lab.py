@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import cpushare
 from ..errors import NetemError, UsageError
 
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -70,6 +71,8 @@ class Lab:
     arches: list[str] = dataclasses.field(default_factory=list)
     broker_host: int | None = None  # the host whose namespace runs the lab's Mosquitto (--broker)
     broker_pid: int | None = None
+    cpu: list[float | None] = dataclasses.field(default_factory=list)  # each host's CPU share (--host-cpu)
+    cgroups: list[str] = dataclasses.field(default_factory=list)  # the groups that hold them
 
     @property
     def bridge(self) -> str:
@@ -114,7 +117,8 @@ class Lab:
             return cls(name=data["name"], hosts=int(data["hosts"]), subnet=int(data["subnet"]), dir=Path(data["dir"]),
                        sshd_pids=[int(p) for p in data.get("sshd_pids", [])],
                        arches=[str(a) for a in data.get("arches", [])],
-                       broker_host=data.get("broker_host"), broker_pid=data.get("broker_pid"))
+                       broker_host=data.get("broker_host"), broker_pid=data.get("broker_pid"),
+                       cpu=list(data.get("cpu", [])), cgroups=[str(g) for g in data.get("cgroups", [])])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -145,10 +149,12 @@ def _check_name(name: str) -> str:
 
 def up(name: str = "pplab", hosts: int = 2, subnet: int = 0, env_out: str | Path | None = None,
        remote_dir: str | None = None, remote_python: str | None = None, arches: list[str] | None = None,
-       broker: int | None = None) -> Lab:
+       broker: int | None = None, cpu: list[float | None] | None = None) -> Lab:
     """Create the lab (after removing any earlier one of that name); returns it. ``broker``: the
     host (1..N) on whose address a Mosquitto broker runs for ``--transport mqtt`` (its MQTT_*
-    lines go into the lab's .env)."""
+    lines go into the lab's .env). ``cpu``: each host's CPU share (None: unlimited), held by a
+    cgroup around its sshd, so that every process started on that host over SSH (a stage, a
+    profile) is as slow as a weaker device."""
     _check_name(name)
     if not 2 <= hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts {hosts}: valid 2..{MAX_HOSTS} hosts in a lab")
@@ -159,7 +165,12 @@ def up(name: str = "pplab", hosts: int = 2, subnet: int = 0, env_out: str | Path
         raise UsageError(f"--broker {broker}: name one of the lab's hosts, 1..{hosts}")
     require_root()
     down(name)
-    lab = Lab(name, hosts, subnet, state_dir(name), arches=per_host)
+    shares = list(cpu) if cpu else [None] * hosts
+    if len(shares) != hosts:
+        raise UsageError(f"--host-cpu: give one share per host ({hosts}), e.g. 1,1,0.25")
+    if any(s is not None for s in shares):
+        cpushare.check_writable()
+    lab = Lab(name, hosts, subnet, state_dir(name), arches=per_host, cpu=shares)
     lab.dir.mkdir(parents=True, mode=0o700)
     lab.save()  # so that down() can undo a half-made lab
     try:
@@ -241,6 +252,8 @@ PidFile {pid_file}
         if not pid:
             raise NetemError(f"sshd in {lab.namespace(i)} did not start")
         lab.sshd_pids.append(pid)
+        if lab.cpu and lab.cpu[i - 1] is not None:
+            lab.cgroups.append(cpushare.limit(pid, lab.cpu[i - 1], f"lab-{lab.name}-h{i}")["cgroup"])
         lab.save()
     lab.known_hosts.write_text("\n".join(known) + "\n")
     for i in range(1, lab.hosts + 1):  # every sshd answers before up() returns
@@ -333,6 +346,9 @@ def down(name: str = "pplab") -> list[str]:
                                    (b"mosquitto", f"{state_dir(name)}/mqtt/".encode(),
                                     [lab.broker_pid] if lab and lab.broker_pid else [])):
         removed += _stop_marked(program, marker, known)
+    for group in lab.cgroups if lab else []:  # a host's CPU share: what is left in it goes back to the root
+        cpushare.remove_group(group)
+        removed.append(f"cgroup {Path(group).name}")
     namespaces = _run("ip", "netns", "list", check=False).stdout.split("\n")
     for line in namespaces:
         ns = line.split(" ")[0]

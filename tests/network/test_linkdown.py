@@ -65,7 +65,7 @@ def test_a_link_taken_down_carries_nothing_either_way_and_its_connection_lives_o
     (tmp_path / "echo.py").write_text(ECHO)
     (tmp_path / "client.py").write_text(CLIENT)
     rate = get_conditions(None, rate="50mbit")
-    with lab("pplk", 2, subnet=68) as made:
+    with lab("pplo", 2, subnet=68) as made:
         hosts = [tc.Runner(netns=made.namespace(i)) for i in (1, 2)]
         echo = subprocess.Popen(["ip", "netns", "exec", made.namespace(2), PYTHON, str(tmp_path / "echo.py"),
                                  made.address(2), "5299"], stdout=subprocess.PIPE, text=True)

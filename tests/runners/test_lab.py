@@ -211,3 +211,32 @@ def test_a_language_model_sweep_over_ssh_with_tc_pays_its_hidden_state_at_the_li
             assert per_token == pytest.approx((256 - 8) * 8 / 1e6, rel=0.25)
         for i in (1, 2):
             assert "htb" not in _qdisc(made, i)
+
+
+@pytest.mark.root
+@pytest.mark.lab
+def test_a_lab_host_with_a_cpu_share_holds_every_process_started_there_over_ssh():
+    """--host-cpu: a cgroup around the host's sshd, inherited by every session and what it starts
+    (a stage worker, a profile); the other hosts are not held; the lab's down removes the group."""
+    from paretopipe import cpushare
+    from paretopipe.envfile import read_env
+    from paretopipe.runners.hosts import Testbed
+
+    try:
+        h = cpushare.Hierarchy.detect()
+        cpushare.check_writable(h)
+    except Exception as exc:  # noqa: BLE001 - the reason is the skip's
+        pytest.skip(f"no writable cgroup cpu controller: {exc}")
+    with lab("pplc", 3, subnet=69, cpu=[None, None, 0.25]) as made:
+        assert made.cpu == [None, None, 0.25] and len(made.cgroups) == 1
+        group = Path(made.cgroups[0])
+        quota = (group / ("cpu.cfs_quota_us" if h.version == 1 else "cpu.max")).read_text().split()[0]
+        assert int(quota) == cpushare.quota_period_us(0.25)[0]
+        tb = Testbed.from_env(read_env(str(made.env_file)))
+        held = []
+        for host in tb.hosts:  # a session's own process: where its cgroup is
+            out = subprocess.run(host.ssh() + ["cat /proc/self/cgroup"], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            held.append(group.name in out.stdout)
+        assert held == [False, False, True]
+    assert not group.exists()
