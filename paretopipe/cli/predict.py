@@ -23,7 +23,7 @@ from ..predict import lm_costmodel
 from ..predict.costmodel import LinkModel
 from .. import records
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key, resolve_cipher
-from ..predict import subsets
+from .subsets import print_generation_subsets, print_image_subsets
 from ..predict.planner import pareto_plans, split_blocks
 
 log = logging.getLogger("paretopipe.predict")
@@ -73,7 +73,10 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     p.add_argument("--sweep-rate", default=None, help="draw the optimal split versus link rate over a range, e.g. 1mbit..1gbit")
     p.add_argument("--sweep-points", type=int, default=80)
     p.add_argument("--validate", default=None, metavar="RESULTS_DIR",
-                   help="compare with a measured sweep; writes prediction_validation.* into its report/")
+                   help="compare with a measured sweep; writes prediction_validation.* into its report/ (a language "
+                        "model's --subsets: sessions, comma-separated, measured on --env-file's hosts)")
+    flags.ENV_FILE.add_to(p, help="with --subsets --validate: the .env whose HOSTS are the profiled devices, in the "
+                                  "profiles' order (a session's plan of m stages ran on its first m hosts)")
     lm = p.add_argument_group(f"{LANGUAGE_MODELS}: time to first token and per token")
     flags.PROMPT_LENS.add_to(lm)
     flags.TTFT_MS.add_to(lm, help="also predict each split's MLPerf Server rate: the highest Poisson rate of "
@@ -154,7 +157,7 @@ def _predict_language_model(args: argparse.Namespace) -> int:
     profiles = [lm_costmodel.load_profile(p) for p in paths]
     networks = [n.strip() for n in (args.network or "lan").split(",") if n.strip()]
     if args.subsets:  # each device by its profile's file name
-        return _print_generation_subsets(shape, profiles, [Path(p).stem for p in paths], networks, args)
+        return print_generation_subsets(shape, profiles, [Path(p).stem for p in paths], networks, args)
     # The Server's token bounds, where asked for (one given, the other MLPerf's default, as a run's).
     server = None if args.ttft_ms is None and args.tpot_ms is None else LoadgenOptions(
         "server", ttft_bound_s=None if args.ttft_ms is None else args.ttft_ms / 1e3,
@@ -186,33 +189,6 @@ def _predict_language_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_generation_subsets(shape: Any, profiles: list[dict[str, Any]], names: list[str], networks: list[str],
-                              args: argparse.Namespace) -> int:
-    """A language model's placements: each one's least time to first token and per token with their
-    splits, then per objective the best with k devices against the best with one fewer."""
-    rows = []
-    for name in networks:
-        conditions = None if name == "unshaped" else get_conditions(name, args.network_file)
-        for plen in args.prompt_len:
-            priced = subsets.price_generation(shape, profiles, conditions, plen, args.wire_dtype)
-            print(f"\n{shape.name}: which devices, network {name}, prompt {plen} (predicted; {len(priced)} placements, "
-                  f"{names[0]} the data source)")
-            print(f"{'placement':<40} {'TTFT ms':>9} {'--split-blocks':>15} {'TPOT ms':>9} {'--split-blocks':>15}")
-            for placed in priced:
-                (ttft, first), (tpot, per) = placed.figure("ttft"), placed.figure("tpot")
-                print(f"{' -> '.join(names[i] for i in placed.devices):<40} {ttft * 1e3:>9.2f} "
-                      f"{','.join(map(str, first)):>15} {tpot * 1e3:>9.2f} {','.join(map(str, per)):>15}")
-            print("what each extra device buys (the best placement with k devices against the best with k - 1):")
-            for row in subsets.marginal_gains(priced, names, subsets.GENERATION_OBJECTIVES):
-                change = "" if row["gain"] is None else f"  x{row['vs_one_fewer']:.3f} ({GAIN_WORDS[row['gain']]})"
-                print(f"  {row['objective']:<10} {row['devices']} devices: {row['value'] * 1e3:.2f} ms on "
-                      f"{row['placement']}{change}")
-                rows.append({"network": name, "prompt_len": plen, **row, "cuts": ",".join(map(str, row["cuts"]))})
-    if args.out:
-        print(f"written: {records.atomic_write_csv(Path(args.out) / 'subsets.csv', rows)}")
-    return 0
-
-
 def _predict_image_model(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -234,7 +210,7 @@ def _predict_image_model(args: argparse.Namespace) -> int:
     conditions = _links_for(args, base, len(profiles) - 1)
     out = Path(args.out) if args.out else None
     if args.subsets:
-        return _print_subsets(profiles, conditions, args, codec, out)
+        return print_image_subsets(profiles, conditions, args, codec, out)
     if len(profiles) > 2:
         return _print_plans(profiles, conditions, args, codec, out)
     if args.sweep_rate:
@@ -336,39 +312,3 @@ def _print_plans(profiles, conditions, args: argparse.Namespace, codec: str, out
     return 0
 
 
-#: How a placement's change against one device fewer reads (paretopipe.predict.subsets' ``gain``).
-GAIN_WORDS = {"gain": "a gain", "none": "no gain", "loss": "a loss: the extra device costs"}
-
-
-def _print_subsets(profiles, conditions, args: argparse.Namespace, codec: str, out: Path | None) -> int:
-    """Every placement's best latency and throughput, then per objective the best with k devices
-    against the best with one fewer (paretopipe.predict.subsets), per network."""
-    # lazy for start-up: pandas (the profiles' split positions)
-    from ..predict.predictions import split_positions
-
-    if args.links:
-        raise UsageError("--subsets prices every hop over --network's conditions; --links names the hops of one "
-                         "placement: drop one of them")
-    names = [p.name for p in profiles]
-    positions = [b for _, b in split_positions(profiles[0], args.fine)]
-    rows = []
-    for (up, down), *_ in conditions:
-        priced = subsets.price(profiles, up, down, args.batch_size, positions, codec)
-        print(f"\n{profiles[0].model}: which devices, network {up.name} (predicted; {len(priced)} placements, "
-              f"{names[0]} the data source)")
-        print(f"{'placement':<40} {'best latency ms':>15} {'--split-blocks':>15} {'best img/s':>10} {'--split-blocks':>15}")
-        for placed in priced:
-            fast, wide = placed.best("latency"), placed.best("throughput")
-            chain = [profiles[i] for i in placed.devices]
-            print(f"{' -> '.join(names[i] for i in placed.devices):<40} {fast.latency_s * 1e3:>15.2f} "
-                  f"{split_blocks(fast, chain[0]):>15} {wide.throughput_imgs_per_s:>10.2f} {split_blocks(wide, chain[0]):>15}")
-        print("what each extra device buys (the best placement with k devices against the best with k - 1):")
-        for row in subsets.marginal_gains(priced, names):
-            change = "" if row["gain"] is None else f"  x{row['vs_one_fewer']:.3f} ({GAIN_WORDS[row['gain']]})"
-            unit = "ms" if row["objective"] == "latency" else "img/s"
-            value = row["value"] * 1e3 if row["objective"] == "latency" else row["value"]
-            print(f"  {row['objective']:<10} {row['devices']} devices: {value:.2f} {unit} on {row['placement']}{change}")
-            rows.append({"network": up.name, **row, "cuts": ",".join(map(str, row["cuts"]))})
-    if out:
-        print(f"written: {records.atomic_write_csv(out / 'subsets.csv', rows)}")
-    return 0

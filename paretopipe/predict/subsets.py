@@ -96,6 +96,36 @@ def price_generation(shape: Any, profiles: Sequence[dict[str, Any]], conditions:
     return out
 
 
+def measured_generation(sessions: Sequence[tuple[Sequence[str], Sequence[dict[str, Any]]]], addresses: Sequence[str],
+                        network: str, prompt_len: int) -> list[Placement]:
+    """A language model's placements as measured: each session is its testbed's hosts in order and
+    its configurations (summary rows); a plan of m stages ran on the first m hosts, so it measured
+    the placement of the devices at those ``addresses`` (the profiles' order, the data source first).
+    Each placement's least measured time to first token and per token, with its splits."""
+    best: dict[tuple[int, ...], dict[str, tuple[float, tuple[int, ...]]]] = {}
+    for hosts, rows in sessions:
+        for row in rows:
+            if row.get("status") != "complete" or row.get("network") != network or \
+                    int(row.get("prompt_len") or 0) != prompt_len:
+                continue
+            cuts = tuple(int(c) for c in str(row["split_index"]).split(","))
+            devices = _devices_of(hosts[:len(cuts) + 1], addresses)
+            for objective in GENERATION_OBJECTIVES:
+                value = float(row[f"{objective}_median_s"])
+                if value == value and value < best.setdefault(devices, {}).get(objective, (float("inf"),))[0]:
+                    best[devices][objective] = (value, cuts)
+    return [Placement(d, chosen=tuple((o, *figures[o]) for o in GENERATION_OBJECTIVES))
+            for d, figures in sorted(best.items()) if set(figures) == set(GENERATION_OBJECTIVES)]
+
+
+def _devices_of(hosts: Sequence[str], addresses: Sequence[str]) -> tuple[int, ...]:
+    missing = [h for h in hosts if h not in addresses]
+    if missing or not hosts or hosts[0] != addresses[0]:
+        raise UsageError(f"--validate: a session ran on {', '.join(hosts)}; the devices are {', '.join(addresses)} "
+                         f"(--env-file's HOSTS, the profiles' order) and every placement begins with the first")
+    return tuple(addresses.index(h) for h in hosts)
+
+
 def marginal_gains(priced: Sequence[Placement], names: Sequence[str],
                    objectives: dict[str, tuple[str, str]] = OBJECTIVES) -> list[dict[str, Any]]:
     """Per number of devices and objective: the best placement and its figure, its ratio to the

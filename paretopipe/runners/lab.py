@@ -15,6 +15,7 @@ at Pis (SSH_USER=root, the lab's key and known_hosts, IFACE=eth0, a fresh shared
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -332,7 +333,26 @@ def _stop_marked(program: bytes, marker: bytes, known: list[int]) -> list[str]:
                 stopped.append(f"{program.decode()} {pid}")
             except ProcessLookupError:
                 pass
+    _wait_gone(program, marker, [int(s.rsplit(" ", 1)[1]) for s in stopped])
     return stopped
+
+
+def _wait_gone(program: bytes, marker: bytes, pids: list[int], timeout: float = 5.0) -> None:
+    """Return once the stopped processes are gone (a broker under load takes its time to end), and
+    SIGKILL what is still there after ``timeout``: a lab that is down holds nothing."""
+    def alive() -> list[int]:
+        return [pid for pid in pids if program in _cmdline(Path(f"/proc/{pid}")).split(b" ")[0]
+                and marker in _cmdline(Path(f"/proc/{pid}"))]
+
+    deadline = time.monotonic() + timeout
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in alive():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def down(name: str = "pplab") -> list[str]:

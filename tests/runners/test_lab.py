@@ -240,3 +240,58 @@ def test_a_lab_host_with_a_cpu_share_holds_every_process_started_there_over_ssh(
             held.append(group.name in out.stdout)
         assert held == [False, False, True]
     assert not group.exists()
+
+
+def _env_with_hosts(made, hosts: list[int], path: Path) -> Path:
+    """The lab's .env with HOSTS in another order or a subset: a placement of its devices."""
+    text = made.env_file.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("HOSTS="))
+    path.write_text(text.replace(line, "HOSTS=" + ",".join(made.address(i) for i in hosts)))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.lab
+def test_which_devices_measured_on_a_three_host_lab_beside_the_prediction(tmp_path):
+    """A placement is the hosts a plan runs on, in order: a session on h1,h2 measures h1 -> h2, one on
+    h1,h2,h3 measures h1 -> h2 -> h3 (host 3 held to a quarter of a core). predict --subsets --validate
+    puts each number of devices' best measured time per token beside the predicted one, with both
+    verdicts on the extra device (the figures themselves are benchmarks/device_subsets.py's)."""
+    from paretopipe.llm import shapes
+
+    shape, paths = shapes.named("tiny-lm"), []
+    for name, speed in (("h1", 1.0), ("h2", 1.0), ("h3", 4.0)):  # one profile per device: two fast, one slow
+        blocks = shape.num_blocks
+        (tmp_path / f"{name}.json").write_text(json.dumps({
+            "kind": "llm-profile", "model": "tiny-lm", "blocks": shapes.block_names(shape),
+            "prompt_lens": {"16": {"prefill_s": [0.002 * speed] * blocks, "decode_s": [0.0005 * speed] * blocks}}}))
+        paths.append(str(tmp_path / f"{name}.json"))
+    with lab("pplv", 3, subnet=70, cpu=[None, None, 0.25]) as made:
+        devices = _env_with_hosts(made, [1, 2, 3], tmp_path / "lab.env")  # the lab's own goes with it
+        swapped = _env_with_hosts(made, [2, 1, 3], tmp_path / "swapped.env")
+        for session, hosts, plan in (("two", [1, 2], ["--splits", "3"]), ("three", [1, 2, 3], ["--split-blocks", "2,4"])):
+            env = _env_with_hosts(made, hosts, tmp_path / f"{session}.env")
+            proc = cli.run([PYTHON, "automated_split_tester.py", "--env-file", str(env), "--model", "tiny-lm", *plan,
+                            "--network", "lan", "--link", "emulated", "--prompt-len", "16", "--gen-tokens", "8",
+                            "--runs", "1", "--threads", "1", "--drift-every", "0", "--out", str(tmp_path / "out"),
+                            "--session", session, "--no-report", "--quiet"], timeout=900)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+    out = cli.run([PYTHON, "-m", "paretopipe", "predict", "--model", "tiny-lm", "--device-profiles", ",".join(paths),
+                   "--network", "lan", "--prompt-len", "16", "--subsets", "--env-file", str(devices),
+                   "--validate", f"{tmp_path / 'out' / 'two'},{tmp_path / 'out' / 'three'}",
+                   "--out", str(tmp_path / "pred")], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "measured beside" in out.stdout and "on h1 -> h2 -> h3" in out.stdout
+    rows = {(r["objective"], int(r["devices"])): r for r in pd.read_csv(tmp_path / "pred" / "subsets.csv").to_dict("records")}
+    assert rows[("tpot", 2)]["measured_placement"] == "h1 -> h2" and rows[("tpot", 2)]["measured_cuts"] == "3"
+    assert rows[("tpot", 3)]["measured_placement"] == "h1 -> h2 -> h3" and rows[("tpot", 3)]["measured_cuts"] == "2,4"
+    assert rows[("tpot", 3)]["measured_gain"] in ("gain", "loss", "none") and rows[("tpot", 3)]["agrees"] in (True, False)
+    elsewhere = cli.run([PYTHON, "-m", "paretopipe", "predict", "--model", "tiny-lm", "--device-profiles",
+                         ",".join(paths), "--subsets", "--env-file", str(tmp_path / "three.env"),
+                         "--validate", str(tmp_path / "out" / "two")], timeout=120)
+    assert elsewhere.returncode == 0  # the same hosts in the same order: the session pairs with them
+    refused = cli.run([PYTHON, "-m", "paretopipe", "predict", "--model", "tiny-lm", "--device-profiles",
+                       ",".join(paths), "--subsets", "--env-file", str(swapped), "--validate",
+                       str(tmp_path / "out" / "two")], timeout=120)
+    assert refused.returncode == 2 and "every placement begins with the first" in refused.stderr

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Which devices to use, measured beside the prediction, for a language model on a three-host lab.
+
+The lab's hosts are network namespaces with their own sshd; host 3 is held to a quarter of a core
+(``lab up --host-cpu 1,1,0.25``), so everything started there over SSH is a slower device. Each
+host profiles the model itself (``paretopipe profile`` over SSH: the slow host's profile is slow
+for real); the cost model prices every placement (h1 first, every ordered subset of h2 and h3
+after it) and its plan of least time per token; each placement's plan is then swept on those hosts
+in that order (a .env whose HOSTS list them); ``predict --subsets --validate`` prints the predicted
+and measured gains side by side. The last line says what the third device does to the time per
+token, predicted and measured. Needs root (the lab).
+
+    sudo python benchmarks/device_subsets.py                        # smollm2-135m's shape (minutes)
+    sudo python benchmarks/device_subsets.py --model tiny-lm --prompt-len 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from paretopipe.envfile import read_env
+from paretopipe.llm import shapes
+from paretopipe.network.conditions import get_conditions
+from paretopipe.predict import lm_costmodel, subsets
+from paretopipe.runners import lab
+from paretopipe.runners.hosts import Testbed
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NAMES = ["h1", "h2", "h3"]
+
+
+def _env(made: lab.Lab, order: list[int], path: Path) -> Path:
+    text = made.env_file.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("HOSTS="))
+    path.write_text(text.replace(line, "HOSTS=" + ",".join(made.address(i + 1) for i in order)))
+    return path
+
+
+def _profiles(made: lab.Lab, model: str, prompt: int, tmp: Path) -> list[Path]:
+    """Each host's own profile of the model, taken there over SSH (one torch thread)."""
+    hosts = Testbed.from_env(read_env(str(made.env_file))).hosts
+    out = []
+    for name, host in zip(NAMES, hosts):
+        path = tmp / f"{name}.json"
+        command = shlex.join([sys.executable, "-m", "paretopipe", "profile", "--model", model, "--prompt-len",
+                              str(prompt), "--threads", "1", "--out", str(path)])
+        subprocess.run(host.ssh() + [f"cd {shlex.quote(str(ROOT))} && {command}"], check=True,
+                       stdout=subprocess.DEVNULL)
+        out.append(path)
+    return out
+
+
+def _measure(made: lab.Lab, model: str, prompt: int, placed: subsets.Placement, tmp: Path, runs: int) -> Path:
+    """The placement's plan of least predicted time per token, swept on its hosts in order."""
+    _, cuts = placed.figure("tpot")
+    name = "-".join(NAMES[i] for i in placed.devices)
+    env = _env(made, list(placed.devices), tmp / f"{name}.env")
+    plan = ["--splits", str(cuts[0])] if len(cuts) == 1 else ["--split-blocks", ",".join(map(str, cuts))]
+    subprocess.run([sys.executable, str(ROOT / "automated_split_tester.py"), "--env-file", str(env), "--model", model,
+                    *plan, "--network", "lan", "--link", "emulated", "--prompt-len", str(prompt), "--gen-tokens", "16",
+                    "--runs", str(runs), "--threads", "1", "--drift-every", "0", "--out", str(tmp / "out"),
+                    "--session", name, "--no-report", "--quiet"], check=True, stdout=subprocess.DEVNULL)
+    return tmp / "out" / name
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--host-cpu", default="1,1,0.25", help="each host's CPU share (lab up --host-cpu)")
+    args = p.parse_args()
+    shares = [float(x) for x in args.host_cpu.split(",")]
+    shape = shapes.named(args.model)
+    made = lab.up("ppbench", 3, 71, cpu=shares)
+    try:
+        with tempfile.TemporaryDirectory() as tmpdir:
+            tmp = Path(tmpdir)
+            devices = _env(made, [0, 1, 2], tmp / "lab.env")
+            paths = _profiles(made, args.model, args.prompt_len, tmp)
+            profiles = [lm_costmodel.load_profile(x) for x in paths]
+            priced = subsets.price_generation(shape, profiles, get_conditions("lan"), args.prompt_len)
+            sessions = [_measure(made, args.model, args.prompt_len, placed, tmp, args.runs) for placed in priced]
+            out = subprocess.run([sys.executable, "-m", "paretopipe", "predict", "--model", args.model,
+                                  "--device-profiles", ",".join(map(str, paths)), "--network", "lan", "--prompt-len",
+                                  str(args.prompt_len), "--subsets", "--env-file", str(devices), "--validate",
+                                  ",".join(map(str, sessions)), "--out", str(tmp / "pred")],
+                                 check=True, capture_output=True, text=True, cwd=ROOT)
+            print(f"{args.model}, prompt {args.prompt_len}, 16 tokens, {args.runs} runs, hosts' CPU shares {args.host_cpu}")
+            print(out.stdout.strip())
+            with open(tmp / "pred" / "subsets.csv") as fh:
+                third = next(r for r in csv.DictReader(fh) if r["objective"] == "tpot" and r["devices"] == "3")
+    finally:
+        lab.down("ppbench")
+    print(json.dumps({k: third[k] for k in ("placement", "value", "vs_one_fewer", "gain", "measured_placement",
+                                             "measured_value", "measured_vs_one_fewer", "measured_gain", "agrees")}))
+    print(f"device_subsets: a third device's time per token x{float(third['vs_one_fewer']):.3f} predicted "
+          f"({third['gain']}), x{float(third['measured_vs_one_fewer']):.3f} measured ({third['measured_gain']}): "
+          f"{'agree' if third['agrees'] == 'True' else 'disagree'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
