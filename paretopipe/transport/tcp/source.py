@@ -226,7 +226,10 @@ class Stage1Run(SourceEndpoint):
     def _landed(self, f: wire.Frame, now: float) -> None:
         """A result off the link (the reader has decoded it: now is when it is usable); a
         generation's carries the step's token, which feeds the stream's next step."""
-        fields = self._result_fields(f)
+        self._complete(f, now, self._result_fields(f))
+
+    def _complete(self, f: wire.Frame, now: float, fields: dict[str, Any]) -> None:
+        """A batch served by the next stages: its record, and a generation's token fed on."""
         if self.feed is not None:
             fields["token"] = self.feed.token_of(f.seq, f.meta)
         self._keep(f.seq, f.tensor)
@@ -336,13 +339,8 @@ class Stage1Run(SourceEndpoint):
             work = sum(fields[k] or 0.0 for k in records.work_fields(fields))
             self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work, "result")
             if self.tail is not None:
-                fields["token"] = self.feed.token_of(seq, f.meta)
                 self.tail.stage2_served(self.step[0])
-            self._keep(seq, f.tensor)
-            self.book.complete(seq, arrived, **fields)
-            f.release()
-            if self.tail is not None:
-                self.feed.landed(seq, fields["token"])
+            self._complete(f, arrived, fields)
             if self.fault is not None:
                 self.fault.settled(seq, False, arrived)
         else:
