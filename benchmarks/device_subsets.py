@@ -37,13 +37,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["h1", "h2", "h3"]
 
 
-def _env(made: lab.Lab, order: list[int], path: Path) -> Path:
-    text = made.env_file.read_text()
-    line = next(x for x in text.splitlines() if x.startswith("HOSTS="))
-    path.write_text(text.replace(line, "HOSTS=" + ",".join(made.address(i + 1) for i in order)))
-    return path
-
-
 def _profiles(made: lab.Lab, model: str, prompt: int, tmp: Path) -> list[Path]:
     """Each host's own profile of the model, taken there over SSH (one torch thread)."""
     hosts = Testbed.from_env(read_env(str(made.env_file))).hosts
@@ -62,7 +55,7 @@ def _measure(made: lab.Lab, model: str, prompt: int, placed: subsets.Placement, 
     """The placement's plan of least predicted time per token, swept on its hosts in order."""
     _, cuts = placed.figure("tpot")
     name = "-".join(NAMES[i] for i in placed.devices)
-    env = _env(made, list(placed.devices), tmp / f"{name}.env")
+    env = made.env_for([i + 1 for i in placed.devices], tmp / f"{name}.env")
     plan = ["--splits", str(cuts[0])] if len(cuts) == 1 else ["--split-blocks", ",".join(map(str, cuts))]
     subprocess.run([sys.executable, str(ROOT / "automated_split_tester.py"), "--env-file", str(env), "--model", model,
                     *plan, "--network", "lan", "--link", "emulated", "--prompt-len", str(prompt), "--gen-tokens", "16",
@@ -84,7 +77,7 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory() as tmpdir:
             tmp = Path(tmpdir)
-            devices = _env(made, [0, 1, 2], tmp / "lab.env")
+            devices = made.env_for([1, 2, 3], tmp / "lab.env")
             paths = _profiles(made, args.model, args.prompt_len, tmp)
             profiles = [lm_costmodel.load_profile(x) for x in paths]
             priced = subsets.price_generation(shape, profiles, get_conditions("lan"), args.prompt_len)

@@ -107,6 +107,14 @@ class Lab:
     def addresses(self) -> list[str]:
         return [self.address(i) for i in range(1, self.hosts + 1)]
 
+    def env_for(self, hosts: list[int], path: Path) -> Path:
+        """The lab's .env with HOSTS naming ``hosts`` (1..N) in that order, written to ``path``: a
+        sweep with it runs a plan of m stages on the first m of them (a placement of the devices)."""
+        text = self.env_file.read_text()
+        line = next(x for x in text.splitlines() if x.startswith("HOSTS="))
+        path.write_text(text.replace(line, "HOSTS=" + ",".join(self.address(i) for i in hosts)))
+        return path
+
     def save(self) -> None:
         (self.dir / "state.json").write_text(json.dumps({**dataclasses.asdict(self), "dir": str(self.dir)}, indent=1))
 
@@ -319,30 +327,35 @@ def _cmdline(proc: Path) -> bytes:
         return b""
 
 
+def _is_marked(pid: int | str, program: bytes, marker: bytes) -> bool:
+    """Whether ``pid`` runs ``program`` started with one of this lab's files (``marker``)."""
+    line = _cmdline(Path(f"/proc/{pid}"))
+    return program in line.split(b" ")[0] and marker in line
+
+
 def _stop_marked(program: bytes, marker: bytes, known: list[int]) -> list[str]:
     """SIGTERM to the ``known`` PIDs, and to any ``program`` started with one of this lab's files
-    (``marker``: a half-made lab's last one), never to someone else's process."""
-    pids = set(known) | {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                         and program in _cmdline(p).split(b" ")[0] and marker in _cmdline(p)}
-    stopped = []
+    (``marker``: a half-made lab's last one), never to someone else's process; returns once they
+    are gone (:func:`_wait_gone`)."""
+    pids = set(known) | {int(p.name) for p in Path("/proc").iterdir()
+                         if p.name.isdigit() and _is_marked(p.name, program, marker)}
+    signalled = []
     for pid in sorted(pids):
-        line = _cmdline(Path(f"/proc/{pid}"))
-        if program in line.split(b" ")[0] and marker in line:
+        if _is_marked(pid, program, marker):
             try:
                 os.kill(pid, signal.SIGTERM)
-                stopped.append(f"{program.decode()} {pid}")
+                signalled.append(pid)
             except ProcessLookupError:
                 pass
-    _wait_gone(program, marker, [int(s.rsplit(" ", 1)[1]) for s in stopped])
-    return stopped
+    _wait_gone(program, marker, signalled)
+    return [f"{program.decode()} {pid}" for pid in signalled]
 
 
 def _wait_gone(program: bytes, marker: bytes, pids: list[int], timeout: float = 5.0) -> None:
     """Return once the stopped processes are gone (a broker under load takes its time to end), and
     SIGKILL what is still there after ``timeout``: a lab that is down holds nothing."""
     def alive() -> list[int]:
-        return [pid for pid in pids if program in _cmdline(Path(f"/proc/{pid}")).split(b" ")[0]
-                and marker in _cmdline(Path(f"/proc/{pid}"))]
+        return [pid for pid in pids if _is_marked(pid, program, marker)]
 
     deadline = time.monotonic() + timeout
     while alive() and time.monotonic() < deadline:

@@ -242,14 +242,6 @@ def test_a_lab_host_with_a_cpu_share_holds_every_process_started_there_over_ssh(
     assert not group.exists()
 
 
-def _env_with_hosts(made, hosts: list[int], path: Path) -> Path:
-    """The lab's .env with HOSTS in another order or a subset: a placement of its devices."""
-    text = made.env_file.read_text()
-    line = next(x for x in text.splitlines() if x.startswith("HOSTS="))
-    path.write_text(text.replace(line, "HOSTS=" + ",".join(made.address(i) for i in hosts)))
-    return path
-
-
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.lab
@@ -268,10 +260,10 @@ def test_which_devices_measured_on_a_three_host_lab_beside_the_prediction(tmp_pa
             "prompt_lens": {"16": {"prefill_s": [0.002 * speed] * blocks, "decode_s": [0.0005 * speed] * blocks}}}))
         paths.append(str(tmp_path / f"{name}.json"))
     with lab("pplv", 3, subnet=70, cpu=[None, None, 0.25]) as made:
-        devices = _env_with_hosts(made, [1, 2, 3], tmp_path / "lab.env")  # the lab's own goes with it
-        swapped = _env_with_hosts(made, [2, 1, 3], tmp_path / "swapped.env")
+        devices = made.env_for([1, 2, 3], tmp_path / "lab.env")  # the lab's own goes with it
+        swapped = made.env_for([2, 1, 3], tmp_path / "swapped.env")
         for session, hosts, plan in (("two", [1, 2], ["--splits", "3"]), ("three", [1, 2, 3], ["--split-blocks", "2,4"])):
-            env = _env_with_hosts(made, hosts, tmp_path / f"{session}.env")
+            env = made.env_for(hosts, tmp_path / f"{session}.env")
             proc = cli.run([PYTHON, "automated_split_tester.py", "--env-file", str(env), "--model", "tiny-lm", *plan,
                             "--network", "lan", "--link", "emulated", "--prompt-len", "16", "--gen-tokens", "8",
                             "--runs", "1", "--threads", "1", "--drift-every", "0", "--out", str(tmp_path / "out"),
