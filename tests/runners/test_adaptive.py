@@ -340,16 +340,24 @@ def _whole_model_s() -> float:
 @pytest.mark.alone
 @pytest.mark.root
 def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_reprofile_recorded(tmp_path):
-    """Stage 1 (a full core) throttles to 40% for 6 s of every 15 (the Pi 4 trace, time-compressed)
-    while stage 2 holds 70% of one: local wins at full speed, offloading while throttled. Both
-    policies follow it on the same trace; ours's record lists its re-profiles beside the switches."""
+    """Stage 1 (a full core) throttles to 25% for 6 s of every 15 (a Pi 4's throttle, time-compressed
+    and deepened) while stage 2 holds 60% of one: local wins at full speed, offloading while
+    throttled. Both policies follow it on the same trace; ours's record lists its re-profiles beside
+    the switches.
+
+    The margins are wide on purpose. Under a 10 ms CFS period a short batch's median time is not
+    its share's: 40% measured 1.9x a full core, not 2.5x, and 70% 1.3x. At 40% against 70% SCIoT's
+    rule saw only 1.45x between its two choices, and a CI run whose stage 2 measured slow for a
+    moment kept everything local: with no hysteresis and no compute probe, the stage-2 times it
+    saw last stay until it runs those segments again (its documented rule). 25% against 60%
+    gives about 1.5x for local at full speed and 2x for offloading while throttled."""
     from paretopipe import cpushare
 
     try:
         cpushare.check_writable()
     except Exception as exc:  # noqa: BLE001 - the reason is the skip's message
         pytest.skip(f"no writable cgroup cpu controller: {exc}")
-    rows = [(0.0, 1.0), (3.0, 0.4), (9.0, 1.0)]
+    rows = [(0.0, 1.0), (3.0, 0.25), (9.0, 1.0)]
     trace = tmp_path / "throttle.csv"
     trace.write_text("time_s,cpu_share\n" + "".join(f"{t:g},{s:g}\n" for t, s in rows))
     # Each run must span the trace's period (15 s) whatever this machine's speed: at least as many
@@ -359,18 +367,19 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
     batches = min(5000, max(450, math.ceil(16.0 / _whole_model_s())))
     done = cli.run([cli.PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "0,18,adaptive,sciot",
                     "--runs", "1", "--batch-size", "1", "--num-batches", str(batches), "--threads", "1",
-                    "--stage-cpu", "1,0.7", "--stage-cpu-trace", f"stage1={trace}", "--out", str(tmp_path / "out"),
+                    "--stage-cpu", "1,0.6", "--stage-cpu-trace", f"stage1={trace}", "--out", str(tmp_path / "out"),
                     "--session", "s", "--no-report"], timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = tmp_path / "out" / "s" / "runs"
     for policy in ("adaptive", "sciot"):
         rec = json.loads((runs / f"mobilenetv2_tcp_lan_k{policy}_r0.json").read_text())
         phases = _phase_splits(rec, rows, 15.0, settle_s=2.5)
-        throttled, full = phases[0.4], phases[1.0]
-        # Offloaded (k = 0) while throttled; local (18, or SCIoT's forced 19) at full speed.
-        assert sum(k == 0 for k in throttled) >= 0.6 * len(throttled), (policy, throttled)
-        assert sum(k >= 18 for k in full) >= 0.6 * len(full), (policy, full)
+        throttled, full = phases[0.25], phases[1.0]
         adaptive = rec["manifest"]["stages"][0]["adaptive"]
+        why = (policy, "speed against the profiles at the end", adaptive["compute"]["ratios"])
+        # Offloaded (k = 0) while throttled; local (18, or SCIoT's forced 19) at full speed.
+        assert sum(k == 0 for k in throttled) >= 0.6 * len(throttled), (why, throttled)
+        assert sum(k >= 18 for k in full) >= 0.6 * len(full), (why, full)
         assert adaptive["policy"] == policy and adaptive["switches"] >= 2
         events = adaptive["compute"]["reprofile_events"]
         assert events and {"seq", "stage", "segment", "why", "old_s", "new_s"} <= set(events[0])
