@@ -5,10 +5,11 @@ The lab's hosts are network namespaces with their own sshd; host 3 is held to a 
 (``lab up --host-cpu 1,1,0.25``), so everything started there over SSH is a slower device. Each
 host profiles the model itself (``paretopipe profile`` over SSH: the slow host's profile is slow
 for real); the cost model prices every placement (h1 first, every ordered subset of h2 and h3
-after it) and its plan of least time per token; each placement's plan is then swept on those hosts
-in that order (a .env whose HOSTS list them); ``predict --subsets --validate`` prints the predicted
-and measured gains side by side. The last line says what the third device does to the time per
-token, predicted and measured. Needs root (the lab).
+after it) and its plan of least time per token; one sweep over ``--placements all`` then runs
+those plans, each on every placement of as many hosts, and its report says what the third device
+bought; ``predict --subsets --validate`` prints the predicted and measured gains side by side.
+The last line says what the third device does to the time per token, predicted and measured.
+Needs root (the lab).
 
     sudo python benchmarks/device_subsets.py                        # smollm2-135m's shape (minutes)
     sudo python benchmarks/device_subsets.py --model tiny-lm --prompt-len 16
@@ -51,17 +52,16 @@ def _profiles(made: lab.Lab, model: str, prompt: int, tmp: Path) -> list[Path]:
     return out
 
 
-def _measure(made: lab.Lab, model: str, prompt: int, placed: subsets.Placement, tmp: Path, runs: int) -> Path:
-    """The placement's plan of least predicted time per token, swept on its hosts in order."""
-    _, cuts = placed.figure("tpot")
-    name = "-".join(NAMES[i] for i in placed.devices)
-    env = made.env_for([i + 1 for i in placed.devices], tmp / f"{name}.env")
-    plan = ["--splits", str(cuts[0])] if len(cuts) == 1 else ["--split-blocks", ",".join(map(str, cuts))]
-    subprocess.run([sys.executable, str(ROOT / "automated_split_tester.py"), "--env-file", str(env), "--model", model,
-                    *plan, "--network", "lan", "--link", "emulated", "--prompt-len", str(prompt), "--gen-tokens", "16",
-                    "--runs", str(runs), "--threads", "1", "--drift-every", "0", "--out", str(tmp / "out"),
-                    "--session", name, "--no-report", "--quiet"], check=True, stdout=subprocess.DEVNULL)
-    return tmp / "out" / name
+def _measure(devices: Path, model: str, prompt: int, priced: list[subsets.Placement], tmp: Path, runs: int) -> Path:
+    """Every placement's plan of least predicted time per token, each run on every placement of as
+    many hosts, in one session over --placements all (its report says what each extra device bought)."""
+    plans = dict.fromkeys(",".join(map(str, p.figure("tpot")[1])) for p in priced)
+    subprocess.run([sys.executable, str(ROOT / "automated_split_tester.py"), "--env-file", str(devices), "--model",
+                    model, "--split-blocks", ";".join(plans), "--placements", "all", "--network", "lan", "--link",
+                    "emulated", "--prompt-len", str(prompt), "--gen-tokens", "16", "--runs", str(runs), "--threads",
+                    "1", "--drift-every", "0", "--out", str(tmp / "out"), "--session", "placed", "--quiet"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return tmp / "out" / "placed"
 
 
 def main() -> int:
@@ -81,14 +81,16 @@ def main() -> int:
             paths = _profiles(made, args.model, args.prompt_len, tmp)
             profiles = [lm_costmodel.load_profile(x) for x in paths]
             priced = subsets.price_generation(shape, profiles, get_conditions("lan"), args.prompt_len)
-            sessions = [_measure(made, args.model, args.prompt_len, placed, tmp, args.runs) for placed in priced]
+            session = _measure(devices, args.model, args.prompt_len, priced, tmp, args.runs)
             out = subprocess.run([sys.executable, "-m", "paretopipe", "predict", "--model", args.model,
                                   "--device-profiles", ",".join(map(str, paths)), "--network", "lan", "--prompt-len",
                                   str(args.prompt_len), "--subsets", "--env-file", str(devices), "--validate",
-                                  ",".join(map(str, sessions)), "--out", str(tmp / "pred")],
+                                  str(session), "--out", str(tmp / "pred")],
                                  check=True, capture_output=True, text=True, cwd=ROOT)
             print(f"{args.model}, prompt {args.prompt_len}, 16 tokens, {args.runs} runs, hosts' CPU shares {args.host_cpu}")
             print(out.stdout.strip())
+            print(f"the session's report ({session / 'report' / 'devices.csv'}):")
+            print((session / "report" / "devices.csv").read_text().strip())
             with open(tmp / "pred" / "subsets.csv") as fh:
                 third = next(r for r in csv.DictReader(fh) if r["objective"] == "tpot" and r["devices"] == "3")
     finally:

@@ -183,8 +183,9 @@ def parse_splits(text: str, num_blocks: int) -> list[int]:
     return sorted(set(out))
 
 
-def parse_plans(text: str) -> list[tuple[int, ...]]:
-    """``3,9;5,12``: N-stage plans as ``--split-blocks`` lists (the planner prints them so)."""
+def parse_plans(text: str, mixed: bool = False) -> list[tuple[int, ...]]:
+    """``3,9;5,12``: N-stage plans as ``--split-blocks`` lists (the planner prints them so);
+    ``mixed``: plans may have different numbers of stages (a sweep over --placements)."""
     plans = []
     for part in text.split(";"):
         part = part.strip()
@@ -200,6 +201,6 @@ def parse_plans(text: str) -> list[tuple[int, ...]]:
         plans.append(ks)
     if not plans:
         raise UsageError(f"--split-blocks {text!r} names no plan")
-    if len({len(p) for p in plans}) != 1:
+    if not mixed and len({len(p) for p in plans}) != 1:
         raise UsageError(f"--split-blocks {text!r}: every plan needs the same number of stages")
     return plans

@@ -59,6 +59,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "codec": f"{codec_dtype(c)}/{c.get('compression') or 'none'}",
             "scenario": (c.get("loadgen") or {}).get("scenario") or CLOSED_LOOP,
             **({"fault": faults.Fault(**c["fault"]).label} if c.get("fault") else {}),
+            **({"placement": str(c["placement"])} if c.get("placement") else {}),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **({"prompt_len": prompt_len(rec), "gen_tokens": generation.get("gen_tokens")} if generation else {}),
             **{k: v for k, v in s.items() if k.startswith("loadgen_")},
@@ -90,7 +91,8 @@ def extra_columns(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _extra(column: str) -> bool:
-    return column == "fault" or any(p.match(column) for p in (BREAKDOWN, RESOURCES, GENERATION, FIDELITY, FAULT))
+    return column in ("fault", "placement") or any(p.match(column) for p in (BREAKDOWN, RESOURCES, GENERATION, FIDELITY,
+                                                                            FAULT))
 
 
 def cipher_of(manifest: dict[str, Any]) -> str:

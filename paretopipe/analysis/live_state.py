@@ -27,7 +27,7 @@ from . import objectives, pareto
 from .session import Session
 from .summarize import summarize_runs
 
-GROUP = ["model", "backend", "cipher", "network", "batch_size", "prompt_len"]
+GROUP = ["model", "backend", "cipher", "network", "batch_size", "prompt_len", "placement"]
 #: Newest batches of a run the page gets (a long run's first ones are in its record).
 MAX_BATCHES = 2000
 

@@ -17,7 +17,7 @@ from .keys import KEY_DEFAULTS, PLAIN, RAW_TCP
 from .objectives import throughput_column
 
 #: A sealed configuration's plain twin shares all of these.
-TWIN = ["model", "backend", "transport", "network", "batch_size", "split_index", "prompt_len"]
+TWIN = ["model", "backend", "transport", "network", "batch_size", "split_index", "prompt_len", "placement"]
 _SEAL_OPEN = re.compile(r"^(stage\d+_(seal|open)|result_open)_mean_s$")
 COLUMNS = TWIN + ["cipher", "latency_plain_s", "latency_sealed_s", "latency_ratio", "throughput_plain_imgs_per_s",
                   "throughput_sealed_imgs_per_s", "throughput_ratio", "seal_open_mean_s"]
@@ -31,7 +31,8 @@ def privacy_cost(configs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     keyed = done.assign(split_index=done["split_index"].astype(str),
                         transport=done["transport"] if "transport" in done.columns else RAW_TCP,
-                        prompt_len=done["prompt_len"] if "prompt_len" in done.columns else KEY_DEFAULTS["prompt_len"])
+                        prompt_len=done["prompt_len"] if "prompt_len" in done.columns else KEY_DEFAULTS["prompt_len"],
+                        placement=done["placement"] if "placement" in done.columns else KEY_DEFAULTS["placement"])
     thr = throughput_column(keyed)  # images/s, or a language model's tokens/s
     plain = keyed[keyed["cipher"] == PLAIN]
     sealed = keyed[keyed["cipher"] != PLAIN]

@@ -17,7 +17,7 @@ import pandas as pd
 from .. import records
 from ..errors import UsageError
 from . import adaptive_comparison, loadgen_front, objectives as objectives_mod
-from . import fidelity_plot, pareto, robustness
+from . import devices, fidelity_plot, pareto, robustness
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
 from .session import Session, find_session
@@ -138,7 +138,9 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     records.atomic_write_csv(out / "pareto.csv", table.to_dict("records"))
     configs = session.configs()
     robust = robustness.write(configs, out)
-    write_html(table, chosen, out / HTML_FILE, robustness.html_section(robust))
+    placed = devices.write(configs, chosen, out, devices.testbed_hosts(session.read_meta()))
+    labels = {o.name: o.label for o in chosen}
+    write_html(table, chosen, out / HTML_FILE, robustness.html_section(robust) + devices.html_section(placed, labels))
     checks = sanity_checks(configs, session.runs(), session.read_meta())
     records.atomic_write_csv(out / "sanity.csv", checks.to_dict("records"), list(checks.columns))
     cost = privacy_cost(table)
@@ -242,8 +244,8 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     beyond latency and throughput."""
     main = (["ttft_median_s", "tpot_median_s", "tokens_per_s"] if objectives_mod.is_generation(table)
             else ["latency_s", "throughput_imgs_per_s"])
-    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "prompt_len", "fault", "network",
-            "split_index", "cut", "front_status", *main, *[c for c in columns if c not in main],
+    cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "prompt_len", "fault",
+            "placement", "network", "split_index", "cut", "front_status", *main, *[c for c in columns if c not in main],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
     carried = "transport" in table.columns and table["transport"].fillna("tcp").ne("tcp").any()
@@ -259,7 +261,8 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     else:  # a pareto.csv written before ties were reported
         shown = table[table["on_front"]]
     shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "codec", "scenario",
-                                                 "prompt_len", "fault", "network", main[0]) if c in cols])
+                                                 "prompt_len", "fault", "placement", "network", main[0])
+                                if c in cols])
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 

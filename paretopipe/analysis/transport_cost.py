@@ -14,7 +14,7 @@ from .keys import KEY_DEFAULTS, PLAIN, RAW_TCP
 from .objectives import throughput_column
 
 #: A configuration's raw-TCP twin shares all of these.
-TWIN = ["model", "backend", "cipher", "network", "batch_size", "split_index", "prompt_len"]
+TWIN = ["model", "backend", "cipher", "network", "batch_size", "split_index", "prompt_len", "placement"]
 COLUMNS = TWIN + ["transport", "latency_tcp_s", "latency_s", "latency_ratio", "throughput_tcp_imgs_per_s",
                   "throughput_imgs_per_s", "throughput_ratio", "on_front_tcp", "on_front"]
 
@@ -28,7 +28,8 @@ def transport_cost(configs: pd.DataFrame) -> pd.DataFrame:
     keyed = done.assign(split_index=done["split_index"].astype(str),
                         cipher=done["cipher"] if "cipher" in done.columns else PLAIN,
                         on_front=done["on_front"] if "on_front" in done.columns else False,
-                        prompt_len=done["prompt_len"] if "prompt_len" in done.columns else KEY_DEFAULTS["prompt_len"])
+                        prompt_len=done["prompt_len"] if "prompt_len" in done.columns else KEY_DEFAULTS["prompt_len"],
+                        placement=done["placement"] if "placement" in done.columns else KEY_DEFAULTS["placement"])
     thr = throughput_column(keyed)  # images/s, or a language model's tokens/s
     tcp = keyed[keyed["transport"] == RAW_TCP][TWIN + ["latency_s", thr, "on_front"]]
     both = keyed[keyed["transport"] != RAW_TCP].merge(tcp, on=TWIN, suffixes=("", "_tcp"))

@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.re
     out = write_report(args.results, args.out, args.format, objectives=args.objectives, predictions=predicted)
     print_front_table(out, args.objectives)
     print(format_sanity(pd.read_csv(out / "sanity.csv")))
-    print_privacy_cost(out)
+    print_side_tables(out)
     if (out / "adaptive_verdicts.csv").is_file():
         # lazy for start-up: pandas
         from ..analysis.adaptive_comparison import format_verdicts
@@ -100,10 +100,10 @@ def _testbeds(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_privacy_cost(report_dir: Path) -> None:
+def print_side_tables(report_dir: Path) -> None:
     """The sealed-over-plain table, when the session swept ciphers, the transports-over-TCP table,
-    when it swept transports, and the LoadGen fronts, when it swept scenarios (the sweep prints
-    them too)."""
+    when it swept transports, the LoadGen fronts, when it swept scenarios, and what each extra
+    device buys, when it ran on several numbers of devices (the sweep prints them too)."""
     import pandas as pd
 
     # lazy for start-up: pandas
@@ -114,7 +114,7 @@ def print_privacy_cost(report_dir: Path) -> None:
     from ..analysis.transport_cost import format_transport_cost
 
     # lazy for start-up: pandas
-    from ..analysis import loadgen_front
+    from ..analysis import devices, loadgen_front
 
     if (report_dir / PRIVACY_FILE).is_file():
         print(format_privacy_cost(pd.read_csv(report_dir / PRIVACY_FILE)))
@@ -125,3 +125,6 @@ def print_privacy_cost(report_dir: Path) -> None:
             print(line)
     if (report_dir / TRANSPORT_FILE).is_file():
         print(format_transport_cost(pd.read_csv(report_dir / TRANSPORT_FILE)))
+    if (report_dir / devices.FILE).is_file():
+        for line in devices.describe(pd.read_csv(report_dir / devices.FILE)):
+            print(line)

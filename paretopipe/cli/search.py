@@ -7,8 +7,8 @@ from typing import Sequence
 from ..errors import UsageError
 from ..llm.shapes import model_structure
 from ..runners import flags
-from ..runners.search import (SearchOptions, SearchRun, describe, parse_vary, predicted_first,
-                              predicted_first_generation, search_space, with_first_choices)
+from ..runners.search import SearchOptions, SearchRun, describe, predicted_first, predicted_first_generation
+from ..runners.search_space import parse_vary, search_space, with_first_choices, with_placements_of
 from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from .common import ArgumentParser, HelpFormatter, example_epilog, positive_float, positive_int, setup_logging
 from .sweep_options import options_from_args
@@ -33,7 +33,9 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
     search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
                         help="tpe (multi-objective TPE), gp (Gaussian-process EHVI), nsga2, qmc (Sobol) or random; "
                              "benchmarks/search.py chose the default")
-    flags.STAGES.add_to(search)
+    flags.STAGES.add_to(search, default=None, help="stages of each plan (3: two cuts; default 2); with --placements, "
+                        "the placements of this many hosts (default: every placement, each with a plan of its own "
+                        "number of stages)")
     flags.DEVICE_PROFILES.add_to(search, help="one device profile per stage (paretopipe profile), comma-separated: the cost model's "
                              "front per network is measured first")
     search.add_argument("--vary", action="append", default=[], metavar="NAME=A,B",
@@ -66,12 +68,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
     if opts.wire_dtypes:
         raise UsageError(f"{prog}: --wire-dtype {','.join(opts.wire_dtypes)}: a search varies the wire dtype as a "
                          f"dimension: --vary codec={','.join(d + '/' + opts.compression for d in opts.wire_dtypes)}")
-    opts = with_first_choices(opts, vary)
+    opts, args.stages = with_placements_of(with_first_choices(opts, vary), args.stages)
     num_blocks = model_structure(opts.models[0], opts.num_classes, opts.model_dir)["num_blocks"]
     space = search_space(opts, num_blocks, args.stages, vary)
     if args.budget is None:
         args.budget = space.size()
     profiles = [s.strip() for s in (args.device_profiles or "").split(",") if s.strip()]
+    if profiles and space.length_dim:
+        raise UsageError(f"{prog}: --device-profiles prices one number of devices; a search over placements of "
+                         f"several (--placements {','.join(opts.placements)}) measures without it, or give --stages "
+                         f"(predict --subsets prices every placement)")
     predicted = () if not profiles else \
         predicted_first_generation(profiles, opts, space, args.budget) if opts.language_model else \
         predicted_first(profiles, opts, space, args.stages, args.budget)

@@ -12,11 +12,10 @@ from .. import records
 from ..envfile import read_env
 from ..errors import UsageError
 from ..network.conditions import get_conditions
+from ..analysis.devices import GAIN_WORDS
 from ..predict import subsets
 from ..predict.planner import split_blocks
 
-#: How a placement's change against one device fewer reads (paretopipe.predict.subsets' ``gain``).
-GAIN_WORDS = {"gain": "a gain", "none": "no gain", "loss": "a loss: the extra device costs"}
 
 
 def print_image_subsets(profiles, conditions, args: argparse.Namespace, codec: str, out: Path | None) -> int:

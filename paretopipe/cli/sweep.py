@@ -13,7 +13,7 @@ from ..runners.sweep import SweepOptions, Sweeper, describe_plan
 from ..runners.sweep.plan import plan_runs, splits_for
 from . import experiment
 from .workload_flags import check_workload_flags
-from .report import print_front_table, print_privacy_cost
+from .report import print_front_table, print_side_tables
 from .common import ArgumentParser, HelpFormatter, example_epilog, setup_logging
 from .sweep_flags import add_flags, resolved_table
 from .sweep_options import experiment_of, options_from_args
@@ -183,7 +183,7 @@ def _print_report(report: Path, opts: SweepOptions) -> None:
     print_front_table(report, opts.objectives)
     if (report / "sanity.csv").is_file():
         print(format_sanity(pd.read_csv(report / "sanity.csv")))
-    print_privacy_cost(report)
+    print_side_tables(report)
     if (report / "adaptive_verdicts.csv").is_file():
         # lazy for start-up: pandas
         from ..analysis.adaptive_comparison import format_verdicts

@@ -118,6 +118,11 @@ FLAGS: tuple[Flag, ...] = (
             "(a skip connection's, a detector's pyramid levels); 1 (the default) is the block splits only"),
     Flag.of(flags.SPLIT_BLOCKS, WHAT, help="N-stage plans for the rpc backend, ';' between plans: 3,9;5,12 (as paretopipe "
          "predict prints them)", field="", stored=lambda o: [list(p) for p in o.plans] if o.plans else None),
+    Flag(("--placements",), WHAT, "which of the testbed's hosts run the stages, in order, each a pass of its own: "
+         "1-3-2 (stage 1 on HOSTS' first, stage 2 on its third, stage 3 on its second), comma-separated, or all "
+         "(every ordered subset of two hosts or more that begins with the first); m hosts run --split-blocks' plans "
+         "of m stages (plans of several lengths: \"3;2,4\"), two hosts --splits without one; the report then says "
+         "what each extra device buys", field="", stored=lambda o: list(o.placements) or None),
     Flag(("--runs",), WHAT, "repetitions per configuration", type=positive_int, default=3),
     Flag.of(flags.NETWORK, WHAT, aliases=("--networks", "--profiles"), help="comma list of named network conditions from "
          "profiles.toml (--profiles is the anchor's name); default lan, or only the trace with --trace",

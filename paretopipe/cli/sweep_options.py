@@ -18,6 +18,7 @@ from ..runners.sweep import SweepOptions
 from ..runners.sweep.options import FAULT_DEADLINE_S
 from ..analysis.keys import NO_FAULT
 from ..faults import parse_faults
+from ..runners.sweep.placements import parse_placements
 from ..splits import parse_plans
 from ..network import traces
 from ..transport import aead, messaging
@@ -83,8 +84,9 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
         if not torch.cuda.is_available():
             raise UsageError(f"--stage-devices {args.stage_devices}: CUDA is not available on this machine; "
                              f"valid here: cpu")
-    plans = parse_plans(args.split_blocks) if args.split_blocks else None
-    stages = (len(plans[0]) + 1) if plans else 2
+    plans = parse_plans(args.split_blocks, mixed=bool(args.placements)) if args.split_blocks else None
+    stages = max(len(p) + 1 for p in plans) if plans else 2
+    placements = parse_placements(args.placements, len(testbed.hosts)) if args.placements else []
     link = args.link or ("tc" if testbed.remote else "emulated")
     backends = ["tcp", "rpc"] if args.backend == "both" else [args.backend]
     default_network = None if args.trace else "lan"
@@ -97,7 +99,8 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
         inline[name] = {"trace": str(trace)}
         networks.append(name)
     # Flags that set a field as it is come from the table; these combine flags or check them.
-    return SweepOptions(**simple_fields(args), models=models, plans=plans, networks=networks, backends=backends,
+    return SweepOptions(**simple_fields(args), models=models, plans=plans, placements=placements, networks=networks,
+                        backends=backends,
                         link=link, prefetch_batches=prefetch_from_args(args),
                         optimizations=not args.no_optimizations, report=not args.no_report, testbed=testbed,
                         ciphers=_ciphers(args.encrypt, backends, testbed),

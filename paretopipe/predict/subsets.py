@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 from typing import Any, Sequence
 
+from ..analysis import devices as measured_devices
 from ..errors import UsageError
 from . import lm_costmodel
 from .costmodel import LinkModel
@@ -60,10 +61,11 @@ class Placement:
         return getattr(plan, OBJECTIVES[objective][0]), tuple(plan.cuts)
 
 
-def placements(count: int) -> list[tuple[int, ...]]:
-    """Every ordered subset of devices 1..count-1 after device 0, two devices or more."""
+def placements(count: int, what: str = "--subsets: give 2 to {max} device profiles") -> list[tuple[int, ...]]:
+    """Every ordered subset of devices 1..count-1 after device 0, two devices or more (``what``:
+    the refusal's start where ``count`` is out of range)."""
     if not 2 <= count <= MAX_DEVICES:
-        raise UsageError(f"--subsets: give 2 to {MAX_DEVICES} device profiles (the first is the data source), got {count}")
+        raise UsageError(f"{what.format(max=MAX_DEVICES)} (the first is the data source), got {count}")
     others = range(1, count)
     return [(0, *order) for k in range(1, count) for subset in itertools.combinations(others, k)
             for order in itertools.permutations(subset)]
@@ -99,9 +101,10 @@ def price_generation(shape: Any, profiles: Sequence[dict[str, Any]], conditions:
 def measured_generation(sessions: Sequence[tuple[Sequence[str], Sequence[dict[str, Any]]]], addresses: Sequence[str],
                         network: str, prompt_len: int) -> list[Placement]:
     """A language model's placements as measured: each session is its testbed's hosts in order and
-    its configurations (summary rows); a plan of m stages ran on the first m hosts, so it measured
-    the placement of the devices at those ``addresses`` (the profiles' order, the data source first).
-    Each placement's least measured time to first token and per token, with its splits."""
+    its configurations (summary rows); a plan of m stages ran on its placement's hosts (--placements),
+    else on the first m, so it measured the placement of the devices at those ``addresses`` (the
+    profiles' order, the data source first). Each placement's least measured time to first token
+    and per token, with its splits."""
     best: dict[tuple[int, ...], dict[str, tuple[float, tuple[int, ...]]]] = {}
     for hosts, rows in sessions:
         for row in rows:
@@ -109,7 +112,7 @@ def measured_generation(sessions: Sequence[tuple[Sequence[str], Sequence[dict[st
                     int(row.get("prompt_len") or 0) != prompt_len:
                 continue
             cuts = tuple(int(c) for c in str(row["split_index"]).split(","))
-            devices = _devices_of(hosts[:len(cuts) + 1], addresses)
+            devices = _devices_of(hosts, measured_devices.row_devices(row), addresses)
             for objective in GENERATION_OBJECTIVES:
                 value = float(row[f"{objective}_median_s"])
                 if value == value and value < best.setdefault(devices, {}).get(objective, (float("inf"),))[0]:
@@ -118,36 +121,22 @@ def measured_generation(sessions: Sequence[tuple[Sequence[str], Sequence[dict[st
             for d, figures in sorted(best.items()) if set(figures) == set(GENERATION_OBJECTIVES)]
 
 
-def _devices_of(hosts: Sequence[str], addresses: Sequence[str]) -> tuple[int, ...]:
-    missing = [h for h in hosts if h not in addresses]
-    if missing or not hosts or hosts[0] != addresses[0]:
-        raise UsageError(f"--validate: a session ran on {', '.join(hosts)}; the devices are {', '.join(addresses)} "
+def _devices_of(hosts: Sequence[str], ran: Sequence[int], addresses: Sequence[str]) -> tuple[int, ...]:
+    """The devices (indices into ``addresses``) of the testbed ``hosts`` a configuration ``ran`` on."""
+    if not hosts:
+        raise UsageError(f"--validate: a session ran on this machine, not on hosts; the devices are "
+                         f"{', '.join(addresses)} (--env-file's HOSTS): give sessions swept on them")
+    used = [hosts[i] for i in ran if i < len(hosts)]
+    if len(used) < len(ran) or any(h not in addresses for h in used) or used[0] != addresses[0]:
+        raise UsageError(f"--validate: a session ran on {', '.join(used)}; the devices are {', '.join(addresses)} "
                          f"(--env-file's HOSTS, the profiles' order) and every placement begins with the first")
-    return tuple(addresses.index(h) for h in hosts)
+    return tuple(addresses.index(h) for h in used)
 
 
 def marginal_gains(priced: Sequence[Placement], names: Sequence[str],
                    objectives: dict[str, tuple[str, str]] = OBJECTIVES) -> list[dict[str, Any]]:
     """Per number of devices and objective: the best placement and its figure, its ratio to the
-    best with one device fewer (a time: below 1 is a gain; a rate: above 1 is), and whether the
-    extra device bought a ``gain``, a ``loss`` or ``none``."""
-    rows: list[dict[str, Any]] = []
-    for objective, (_, sense) in objectives.items():
-        previous = None
-        for k in sorted({len(p.devices) for p in priced}):
-            pick = min if sense == "min" else max
-            best = pick((p for p in priced if len(p.devices) == k), key=lambda p: p.figure(objective)[0])
-            value, cuts = best.figure(objective)
-            rows.append({"objective": objective, "devices": k, "placement": " -> ".join(names[i] for i in best.devices),
-                         "value": value, "cuts": list(cuts), "vs_one_fewer": value / previous if previous else None,
-                         "gain": _gain(value, previous, sense)})
-            previous = value
-    return rows
-
-
-def _gain(value: float, previous: float | None, sense: str) -> str | None:
-    if previous is None:
-        return None
-    if abs(value - previous) <= 1e-9 * max(abs(previous), 1e-12):
-        return "none"
-    return "gain" if (value < previous) == (sense == "min") else "loss"
+    best with one device fewer, and whether the extra device bought a ``gain``, a ``loss`` or
+    ``none`` (:func:`paretopipe.analysis.devices.marginal_gains`, which the report's measured
+    table uses too)."""
+    return measured_devices.marginal_gains(priced, names, {name: sense for name, (_, sense) in objectives.items()})

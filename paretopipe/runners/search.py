@@ -32,12 +32,12 @@ from ..predict.costmodel import LinkModel, chain_terms
 from ..predict import lm_costmodel
 from ..predict.device_profile import DeviceProfile, codec_key
 from ..search import loop
-from ..search.space import Config, Dimension, Space
+from ..search.space import Config, Space
 from ..search.study import GRACE_S, StudySpec, check_url, identity as study_identity, redacted
-from ..transport.runconfig import COMPRESSIONS
-from ..wiredtype import AUTO, WIRE_DTYPE_CHOICES
+from ..wiredtype import AUTO
 from .sweep import SweepOptions, Sweeper
-from .sweep.plan import splits_for
+from .search_space import (base_value, cut_names, key_value, list_dims, search_space, split_label, trial_options,
+                           variables)
 
 log = logging.getLogger("paretopipe.search")
 FILE_NAME = "search.json"
@@ -45,64 +45,6 @@ FILE_NAME = "search.json"
 REFERENCE, REFERENCE_OF = "reference", "reference/"
 #: How long a worker that joined a study waits for its maker to name the reference configuration.
 REFERENCE_WAIT_S = 30.0
-#: The sweep lists that become dimensions of the space when they name more than one choice.
-LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"))
-#: A language model's sweep list that becomes a dimension too (each prompt length a pass of its own).
-GENERATION_DIMS = (("prompt_len", "prompt_lens"),)
-
-
-def list_dims(opts: SweepOptions) -> tuple[tuple[str, str], ...]:
-    """The sweep lists a search of ``opts`` turns into dimensions (a language model's prompt lengths too)."""
-    return LIST_DIMS + (GENERATION_DIMS if opts.language_model else ())
-#: The sweep's single settings a search may vary (``--vary NAME=A,B``): each is a column of the
-#: configuration key and named in its run files (a batch size other than the first, ``_b4``), so
-#: configurations that differ only in it stay apart.
-VARIABLE = ("codec", "batch_size", "in_flight")
-
-
-def parse_vary(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
-    """``--vary codec=float32/none,float16/zstd --vary batch_size=1,4 --vary in_flight=1,2`` as {name: choices}."""
-    out: dict[str, tuple[Any, ...]] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        name = name.strip()
-        if not sep or name not in VARIABLE:
-            raise UsageError(f"--vary {item!r}: give NAME=A,B with NAME one of {', '.join(VARIABLE)} (threads "
-                             f"are not yet in a run's key: search each count in a session of its own)")
-        if name in out:
-            raise UsageError(f"--vary {name} given twice: list its choices once, comma-separated")
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        if not values:
-            raise UsageError(f"--vary {name}=: give at least one choice")
-        out[name] = tuple(dict.fromkeys(_vary_value(name, v) for v in values))
-    return out
-
-
-def with_first_choices(opts: SweepOptions, vary: dict[str, tuple[Any, ...]]) -> SweepOptions:
-    """``opts`` with each varied setting at its first choice: what the predicted front, and a
-    configuration the space does not vary, is measured with."""
-    fields: dict[str, Any] = {}
-    if vary.get("codec"):
-        fields["wire_dtype"], fields["compression"] = vary["codec"][0].split("/")
-    for name in ("batch_size", "in_flight"):
-        if vary.get(name):
-            fields[name] = vary[name][0]
-    return dataclasses.replace(opts, **fields)
-
-
-def _vary_value(name: str, text: str) -> Any:
-    if name in ("batch_size", "in_flight"):
-        if not text.isdigit() or int(text) < 1:
-            what = "a batch size" if name == "batch_size" else "an in-flight depth"
-            raise UsageError(f"--vary {name}: {text!r} is not {what}; give whole numbers of at least 1")
-        return int(text)
-    wire, _, compression = text.partition("/")
-    if wire not in WIRE_DTYPE_CHOICES or (compression or "none") not in COMPRESSIONS:
-        raise UsageError(f"--vary codec: {text!r} is not WIRE/COMPRESSION; valid wire dtypes: "
-                         f"{', '.join(WIRE_DTYPE_CHOICES)}; compressions: {', '.join(COMPRESSIONS)}")
-    return f"{wire}/{compression or 'none'}"
-
-
 @dataclasses.dataclass(frozen=True)
 class SearchOptions:
     """What a search adds to the sweep's options."""
@@ -119,84 +61,9 @@ class SearchOptions:
     study_grace_s: float | None = None  # default: study.GRACE_S
 
 
-def cut_names(stages: int) -> tuple[str, ...]:
-    return ("split",) if stages == 2 else tuple(f"cut{j}" for j in range(1, stages))
-
-
-def search_space(opts: SweepOptions, num_blocks: int, stages: int,
-                 vary: dict[str, tuple[Any, ...]] | None = None) -> Space:
-    """The space a search explores: the cut positions ``--splits`` allows (every block
-    boundary with ``all``; a language model's splits), a plan's cuts for ``stages`` > 2, the sweep
-    lists with several choices (a language model's prompt lengths too), and the settings ``vary``
-    names with several."""
-    if stages < 2:
-        raise UsageError(f"--stages {stages}: a split needs at least 2 stages")
-    if len(opts.scenarios) > 1:
-        raise UsageError(f"--scenario {','.join(opts.scenarios)}: a search measures under one load; give one scenario "
-                         f"(its LoadGen figures are objectives: --objectives loadgen_p90,loadgen_samples, ...)")
-    if any(c.startswith(f"{AUTO}/") for c in (vary or {}).get("codec", ())) and opts.fidelity_target is None:
-        raise UsageError("--vary codec=auto/...: auto chooses each cut's dtype to a target; give --fidelity-target, "
-                         "e.g. 0.99")
-    splits = splits_for(dataclasses.replace(opts, plans=None), num_blocks)
-    positions = tuple(dict.fromkeys(s.blocks[0] for s in splits if len(s.blocks) == 1 and not s.cut))
-    if not positions:
-        raise UsageError(f"--splits {opts.splits!r}: the search space is empty; give block splits to search, e.g. "
-                         f"--splits all or 1-8")
-    cuts = cut_names(stages)
-    dims = [Dimension(name, positions, ordered=True) for name in cuts]
-    for name, field in list_dims(opts):
-        choices = tuple(getattr(opts, field))
-        if len(choices) > 1:
-            dims.append(Dimension(name, choices, ordered=name == "prompt_len"))
-    if opts.language_model and {"batch_size", "in_flight"} & set(vary or {}):
-        raise UsageError("--vary batch_size or in_flight: a language model's steps are one token of one stream; its "
-                         "window is --streams")
-    for name, choices in (vary or {}).items():
-        if len(choices) > 1:
-            dims.append(Dimension(name, tuple(choices), ordered=name != "codec"))
-    return Space(tuple(dims), cuts if stages > 2 else ())
-
-
 def model_name(model: str, opts: SweepOptions) -> str:
     """The model as its records name it (a language model by its shape's name)."""
     return shape_of(model, opts.model_dir).name if opts.language_model else canonical_name(model)
-
-
-def _base(opts: SweepOptions, name: str) -> Any:
-    """A variable setting's value in ``opts`` (what a configuration has when the space does not vary
-    it): a language model's runs record batch 1 and their streams as the window."""
-    if name == "codec":
-        return f"{opts.wire_dtype}/{opts.compression}"
-    if opts.language_model and name in ("batch_size", "in_flight"):
-        return 1 if name == "batch_size" else opts.streams
-    return getattr(opts, name)
-
-
-def trial_options(opts: SweepOptions, space: Space, config: Config, session: str) -> SweepOptions:
-    """The sweep of one configuration, resuming the search's session."""
-    values = space.as_dict(config)
-    fields: dict[str, Any] = {"session": session, "resume": True, "report": False, "dry_run": False}
-    if "split" in values:
-        fields.update(splits=str(values["split"]), plans=None)
-    else:
-        fields.update(plans=[tuple(values[c] for c in space.plan)])
-    for name, field in list_dims(opts):
-        if name in values:
-            fields[field] = [values[name]]
-    if "codec" in values:
-        fields["wire_dtype"], fields["compression"] = values["codec"].split("/")
-    # The session's run files name every batch size and in-flight depth but the first (plan.settings_of).
-    if "batch_size" in values:
-        fields.update(batch_size=int(values["batch_size"]), key_batch_size=space.dim("batch_size").choices[0])
-    if "in_flight" in values:
-        fields.update(in_flight=int(values["in_flight"]), key_in_flight=space.dim("in_flight").choices[0])
-    return dataclasses.replace(opts, **fields)
-
-
-def split_label(space: Space, config: Config) -> str:
-    """The configuration's split as summary.csv labels it: ``9``, or a plan's ``3,9``."""
-    values = space.as_dict(config)
-    return str(values["split"]) if "split" in values else ",".join(str(values[c]) for c in space.plan)
 
 
 def objective_values(summary: pd.DataFrame, opts: SweepOptions, space: Space, config: Config, model: str
@@ -210,9 +77,9 @@ def objective_values(summary: pd.DataFrame, opts: SweepOptions, space: Space, co
         wanted = values.get(name, getattr(opts, field)[0])
         if name in summary.columns and not (name == "cipher" and wanted == "auto"):
             rows = rows[rows[name].astype(str) == str(wanted)]
-    for name in VARIABLE:
-        if name in summary.columns:
-            rows = rows[rows[name].astype(str) == str(values.get(name, _base(opts, name)))]
+    for column in ("codec", "batch_size", "in_flight"):
+        if column in summary.columns:
+            rows = rows[rows[column].astype(str) == str(key_value(values, opts, column))]
     if "scenario" in summary.columns:
         rows = rows[rows["scenario"].astype(str) == opts.scenarios[0]]
     if rows.empty:
@@ -255,7 +122,7 @@ class SearchRun:
             name = model_name(self.model, self.opts)
             ident = study_identity(name, senses, {d.name: d.choices for d in self.space.dims})
             ident["settings"] = {"stages": search.stages,
-                                 **{n: _base(opts, n) for n in VARIABLE if n not in self.space.names}}
+                                 **{n: base_value(opts, n) for n in variables(opts) if n not in self.space.names}}
             grace = search.study_grace_s or GRACE_S
             self.study = StudySpec(check_url(search.study_url),
                                    search.study_name or f"paretopipe-{name}", self.testbed, ident,
@@ -265,7 +132,8 @@ class SearchRun:
         out = []
         for values in self.search.predicted:
             full = {**{n: getattr(self.opts, f)[0] for n, f in list_dims(self.opts)},
-                    **{n: (self.search.vary.get(n) or (_base(self.opts, n),))[0] for n in VARIABLE}, **values}
+                    **{n: (self.search.vary.get(n) or (base_value(self.opts, n),))[0] for n in variables(self.opts)},
+                    **values}
             missing = [d.name for d in self.space.dims if d.name not in full]
             if missing:
                 raise UsageError(f"a predicted configuration names no {missing[0]}: {values}")
@@ -277,11 +145,13 @@ class SearchRun:
 
     def reference_config(self) -> Config:
         """The configuration every testbed of a shared study measures: the predicted front's first,
-        else the middle of each ordered dimension with the first choice of the others."""
+        else the middle of each ordered dimension with the first choice of the others (the space's
+        first configuration where that plan's cuts coincide and must not)."""
         if self.seeds:
             return self.seeds[0]
-        return self.space.normalise({d.name: d.choices[len(d.choices) // 2] if d.ordered else d.choices[0]
-                                     for d in self.space.dims})
+        middle = self.space.normalise({d.name: d.choices[len(d.choices) // 2] if d.ordered else d.choices[0]
+                                       for d in self.space.dims})
+        return middle if self.space.valid(middle) else next(self.space.configs())
 
     def join(self, study: Any, created: bool) -> None:
         """Measure the study's reference configuration on this testbed (outside the budget: it
@@ -420,7 +290,7 @@ def predicted_first_generation(profile_specs: Sequence[str], opts: SweepOptions,
     profiles = [lm_costmodel.load_profile(spec) for spec in profile_specs]
     shape = shape_of(opts.models[0], opts.model_dir)
     dims = {d.name: d.choices for d in space.dims}
-    codecs = dims.get("codec", (_base(opts, "codec"),))
+    codecs = dims.get("codec", (base_value(opts, "codec"),))
     configs, values, groups = [], [], []
     for name in dims.get("network", tuple(opts.networks[:1])):
         conditions = opts.conditions(name)

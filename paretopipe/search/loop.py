@@ -206,8 +206,9 @@ def _search(space: Space, evaluate: Callable[[Config], tuple[float, ...] | None]
 def _told_as_repeat(study: Any, trial: Any, config: Config, space: Space, state: StudyState, before: set,
                     goal: int, rng: random.Random) -> bool:
     """A trial not to measure, told as a repeat: its configuration is measured or claimed already,
-    or the budget went to trials asked before this one."""
-    if config in state.measured or config in state.claimed or config in before:
+    outside the space (a plan whose cuts coincide where they must differ, Space.valid), or the
+    budget went to trials asked before this one."""
+    if config in state.measured or config in state.claimed or config in before or not space.valid(config):
         # A repeat would be measured for nothing, and told again it would weigh twice in the
         # sampler's model (TPE then circles its best region): it fails, marked as a repeat, and
         # a configuration not measured yet, drawn at random, is asked next.
@@ -350,7 +351,7 @@ def _unmeasured(space: Space, measured: dict, rng: random.Random, tries: int = 2
     """A configuration not measured yet, uniformly at random (None when none is found)."""
     for _ in range(tries):
         config = space.normalise({d.name: rng.choice(d.choices) for d in space.dims})
-        if config not in measured:
+        if config not in measured and space.valid(config):
             return config
     return None
 

@@ -42,6 +42,13 @@ class Space:
 
     dims: tuple[Dimension, ...]
     plan: tuple[str, ...] = ()  # names of the dimensions that are one plan's cuts, in order
+    # A dimension whose choice says how many of the plan's cuts a configuration uses (a search over
+    # placements of several numbers of hosts: ``plan_lengths`` pairs each placement with its cuts).
+    length_dim: str | None = None
+    plan_lengths: tuple[tuple[Any, int], ...] = ()
+    # A plan's cuts must differ: every stage of the chain runs a block at least (a language
+    # model's chain); elsewhere cuts may coincide (a stage that runs nothing forwards).
+    distinct: bool = False
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.dims]
@@ -53,6 +60,10 @@ class Space:
         choices = {self.dim(p).choices for p in self.plan}
         if len(choices) > 1:
             raise UsageError("search space: a plan's cut dimensions must offer the same positions")
+        lengths = dict(self.plan_lengths)
+        if self.length_dim is not None and (self.length_dim not in names or any(
+                not 1 <= lengths.get(v, 0) <= len(self.plan) for v in self.dim(self.length_dim).choices)):
+            raise UsageError(f"search space: {self.length_dim} must give each of its choices 1 to {len(self.plan)} cuts")
 
     @property
     def names(self) -> list[str]:
@@ -62,31 +73,55 @@ class Space:
         return next(d for d in self.dims if d.name == name)
 
     def normalise(self, values: Mapping[str, Any]) -> Config:
-        """The configuration of a suggestion: the plan's cuts sorted, the rest as given."""
+        """The configuration of a suggestion: the plan's cuts sorted, the rest as given. Where the
+        ``length_dim`` gives the plan fewer cuts, its first ones (in dimension order) are the plan
+        and the others are set to the last position, so suggestions that differ only in unused
+        cuts are one configuration."""
         config = {d.name: values[d.name] for d in self.dims}
         if self.plan:
             order = self.dim(self.plan[0]).choices
-            cuts = sorted((config[p] for p in self.plan), key=order.index)
-            config.update(zip(self.plan, cuts))
+            used = self.cuts_used(config)
+            cuts = sorted((config[p] for p in self.plan[:used]), key=order.index)
+            config.update(zip(self.plan, cuts + [order[-1]] * (len(self.plan) - used)))
         return tuple(config[n] for n in self.names)
+
+    def cuts_used(self, values: Mapping[str, Any]) -> int:
+        """How many of the plan's cuts a configuration (as a dict) uses."""
+        if self.length_dim is None:
+            return len(self.plan)
+        return dict(self.plan_lengths)[values[self.length_dim]]
+
+    def valid(self, config: Config) -> bool:
+        """Whether a configuration is one the space holds: with ``distinct``, its plan's cuts differ."""
+        cuts = self.plan_of(config)
+        return not self.distinct or len(set(cuts)) == len(cuts)
+
+    def plan_of(self, config: Config) -> tuple:
+        """A configuration's plan: the cuts it uses, in order."""
+        values = self.as_dict(config)
+        return tuple(values[p] for p in self.plan[:self.cuts_used(values)])
 
     def configs(self) -> Iterator[Config]:
         """Every distinct configuration (plans counted once: cuts in order)."""
         seen: set[Config] = set()
         for combo in itertools.product(*(d.choices for d in self.dims)):
             config = self.normalise(dict(zip(self.names, combo)))
-            if config not in seen:
+            if config not in seen and self.valid(config):
                 seen.add(config)
                 yield config
 
     def size(self) -> int:
         """How many distinct configurations the space holds."""
         plan = len(self.plan)
-        rest = math.prod(len(d.choices) for d in self.dims if d.name not in self.plan)
+        rest = math.prod(len(d.choices) for d in self.dims if d.name not in self.plan and d.name != self.length_dim)
         if not plan:
-            return rest
+            return rest * (len(self.dim(self.length_dim).choices) if self.length_dim else 1)
         positions = len(self.dim(self.plan[0]).choices)
-        return math.comb(positions + plan - 1, plan) * rest  # multisets: cuts may coincide
+        lengths = [self.cuts_used({self.length_dim: v}) for v in self.dim(self.length_dim).choices] \
+            if self.length_dim else [plan]
+        if self.distinct:
+            return sum(math.comb(positions, n) for n in lengths) * rest
+        return sum(math.comb(positions + n - 1, n) for n in lengths) * rest  # multisets: cuts may coincide
 
     def as_dict(self, config: Config) -> dict[str, Any]:
         return dict(zip(self.names, config))

@@ -211,6 +211,9 @@ class RunConfig:
     generation: Generation | None = None
     # A fault stage 1 survives by its deadline (paretopipe.faults): a sweep's treatment.
     fault: Fault | None = None
+    # The testbed's hosts the stages ran on, in order (analysis.keys.placement_label): a sweep's
+    # --placements; None: the first hosts in .env's order, or this machine.
+    placement: str | None = None
 
     def __post_init__(self) -> None:
         if self.wire_dtype not in WIRE_DTYPE_CHOICES:

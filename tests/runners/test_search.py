@@ -14,7 +14,8 @@ import pytest
 from conftest import PYTHON, ROOT
 from paretopipe.errors import UsageError
 from paretopipe.predict.device_profile import synthetic_profile
-from paretopipe.runners.search import predicted_first, search_space
+from paretopipe.runners.search import predicted_first
+from paretopipe.runners.search_space import search_space
 from paretopipe.runners.sweep import SweepOptions
 import tcp_helpers as cli
 
@@ -269,8 +270,37 @@ def test_a_language_models_predicted_layers_cover_its_splits_prompts_and_dtypes(
     assert {(c["split"], c["codec"]) for c in first_3g} <= {(0, "float32/none"), (0, "int8/none")}
     with pytest.raises(UsageError, match="a language model's prediction is of two devices"):
         predicted_first_generation(_lm_profiles(tmp_path)[:1], opts, space, budget=4)
-    with pytest.raises(UsageError, match="--vary batch_size or in_flight"):
+    with pytest.raises(UsageError, match="--vary batch_size: a language model's steps are one token of each stream"):
         search_space(opts, 6, 2, {"batch_size": (1, 2)})
+    with pytest.raises(UsageError, match="--vary streams: streams are a language model's"):
+        search_space(SweepOptions(models=["mobilenetv2"], splits="all"), 19, 2, {"streams": (1, 2)})
+
+
+@pytest.mark.slow
+def test_a_language_models_search_may_vary_its_streams(tmp_path):
+    """--vary streams=1,2: a generation's window is a dimension, each number of streams a
+    configuration of its own (the key's in_flight; run files name all but the first, _w2), measured
+    on the same warm workers, and each trial told its own configuration's figures."""
+    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "tiny-lm", "--splits", "0,3", "--budget", "all",
+                    "--prompt-len", "8", "--gen-tokens", "4", "--vary", "streams=1,2", "--runs", "1",
+                    "--drift-every", "0", "--local", "--out", str(tmp_path), "--session", "s", "--no-report"],
+                   timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert sorted(zip(summary["split_index"], summary["in_flight"])) == [(0, 1), (0, 2), (3, 1), (3, 2)]
+    names = {p.name for p in (tmp_path / "s" / "runs").glob("*.json")}
+    assert names == {"tiny-lm_tcp_lan_k00_p8_r0.json", "tiny-lm_tcp_lan_k00_w2_p8_r0.json",
+                     "tiny-lm_tcp_lan_k03_p8_r0.json", "tiny-lm_tcp_lan_k03_w2_p8_r0.json"}
+    doc = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert doc["worker_groups_started"] == 1 and len(doc["trials"]) == 4
+    for t in doc["trials"]:
+        c = t["config"]
+        row = summary[(summary["split_index"] == c["split"]) & (summary["in_flight"] == c["streams"])]
+        assert len(row) == 1 and t["values"] == pytest.approx([row["ttft_median_s"].iloc[0],
+                                                               row["tpot_median_s"].iloc[0]])
+    for name in names:  # each run generated as many streams as its configuration says
+        rec = json.loads((tmp_path / "s" / "runs" / name).read_text())
+        assert rec["config"]["generation"]["streams"] == (2 if "_w2_" in name else 1)
 
 
 @pytest.mark.slow

@@ -21,6 +21,25 @@ def test_a_plan_is_the_same_whichever_order_its_cuts_were_suggested_in():
     assert all(c[0] <= c[1] for c in configs)
 
 
+def test_a_chain_whose_every_stage_runs_a_block_has_distinct_cuts_and_a_search_measures_no_other():
+    """A language model's chain (distinct): plans with coinciding cuts are outside the space; a
+    sampler that suggests one is told so and a configuration of the space is measured instead."""
+    from paretopipe.search import loop
+
+    strict = Space(PLAN.dims, PLAN.plan, distinct=True)
+    configs = list(strict.configs())
+    assert len(configs) == strict.size() == 6 * 2 and all(c[0] < c[1] for c in configs)  # C(4, 2) plans
+    assert not strict.valid((3, 3, "float32/none")) and strict.valid((3, 9, "float32/none"))
+    measured = []
+
+    def evaluate(config):
+        measured.append(config)
+        return (float(config[1] - config[0]), float(config[0]))
+
+    result = loop.search(strict, evaluate, {"a": "min", "b": "max"}, budget=strict.size(), sampler="random", seed=1)
+    assert sorted(measured) == sorted(configs) and len(result.trials) == len(configs)
+
+
 def test_a_lookup_table_answers_each_configuration_with_its_median_and_none_where_it_has_no_row():
     table = pd.DataFrame({"cut1": [3, 3, 9], "cut2": [9, 9, 19], "codec": ["a", "a", "b"],
                           "latency_s": [1.0, 3.0, 2.0], "throughput_imgs_per_s": [5.0, 7.0, 4.0]})

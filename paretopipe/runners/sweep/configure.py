@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import faults
-from ...analysis.keys import CLOSED_LOOP, NO_FAULT
+from ...analysis.keys import CLOSED_LOOP, NO_FAULT, NO_PLACEMENT
 from ...loadgen.settings import LoadgenOptions
 from ...network import deadlines
 from ...network.conditions import NetworkConditions
@@ -36,6 +36,8 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
         extra["loadgen"] = LoadgenOptions.of_flags(planned.scenario, **o.loadgen_settings)
     if planned.fault != NO_FAULT:
         extra["fault"] = faults.parse_fault(planned.fault)
+    if planned.placement != NO_PLACEMENT:
+        extra["placement"] = planned.placement
     # A LoadGen run always warms up: its warm-up sizes LoadGen's expectations.
     skip_warmup = not adaptive and not o.warmup_every_run and warmed and planned.scenario == CLOSED_LOOP
     if planned.prompt_len is not None:  # a language model's generation: its steps are the run's batches

@@ -93,8 +93,9 @@ GroupFactory = Callable[[GroupOwner, str, str], StageGroup]
 class GroupPass:
     """One pass of a worker group over its configurations: its backend, the data port's cipher and
     transport, the load it is measured under (the closed loop or a LoadGen scenario) and, for a
-    language model, the prompt length, the fault its runs survive and, of several, the wire dtype.
-    Passes that differ only in prompt, fault or wire dtype share the group's processes."""
+    language model, the prompt length, the fault its runs survive, of several the wire dtype, and
+    the hosts it runs on (--placements). Passes that differ only in prompt, fault or wire dtype
+    share the group's processes."""
 
     backend: str
     cipher: str = "none"
@@ -103,6 +104,7 @@ class GroupPass:
     prompt_len: int | None = None
     fault: str = NO_FAULT
     wire_dtype: str | None = None  # one of several --wire-dtype (None: the sweep's only one)
+    placement: str | None = None   # one of --placements (analysis.keys.placement_label), or none given
 
     def name(self, model: str) -> str:
         """The pass's name in session.json and its seed of the round order (a plain group over raw
@@ -113,7 +115,8 @@ class GroupPass:
                 + (f"/{self.scenario}" if self.scenario != CLOSED_LOOP else "")
                 + (f"/p{self.prompt_len}" if self.prompt_len else "")
                 + (f"/{self.fault}" if self.fault != NO_FAULT else "")
-                + (f"/{self.wire_dtype}" if self.wire_dtype else ""))
+                + (f"/{self.wire_dtype}" if self.wire_dtype else "")
+                + (f"/h{self.placement}" if self.placement else ""))
 
     @property
     def processes(self) -> tuple[str, str, str]:

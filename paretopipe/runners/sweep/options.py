@@ -10,7 +10,7 @@ from typing import Any
 from ... import cpushare, faults
 from ...errors import UsageError
 from ...splits import split_adaptive
-from ...analysis.keys import CLOSED_LOOP
+from ...analysis.keys import CLOSED_LOOP, placement_devices
 from ...llm.shapes import is_language_model
 from ...network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ...loadgen.settings import LoadgenOptions
@@ -97,6 +97,8 @@ class SweepOptions:
     power_core_w: list[float | None] = dataclasses.field(default_factory=list)
     memory_limits: list[int | None] = dataclasses.field(default_factory=list)
     deadline_s: float | None = None     # a TCP run's deadline before a batch is finished locally (static or adaptive)
+    # The testbed's hosts each pass runs on, in order (placement labels, .placements); none: the first.
+    placements: list[str] = dataclasses.field(default_factory=list)
     # Faults as a treatment (paretopipe.faults): each a pass of its own over the configurations.
     faults: list[str] = dataclasses.field(default_factory=lambda: [faults.NONE])
     # LoadGen scenarios, each a configuration of its own (CLOSED_LOOP: the suite's closed loop), and
@@ -137,6 +139,7 @@ def check_options(opts: SweepOptions) -> None:
         raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
     check_workload(opts)
     check_faults(opts)
+    check_placements(opts)
     check_rpc_codec(opts)
     check_wire_choice(opts)
     check_eval_samples(opts)
@@ -282,5 +285,29 @@ def check_cpu_emulation(opts: SweepOptions, what: str) -> None:
 
 
 def stage_count(opts: SweepOptions) -> int:
-    """How many stages every configuration of the sweep has: a plan's cuts plus one, else two."""
+    """How many stages every configuration of the sweep (or of one placement's pass,
+    placements.pass_options) has: a plan's cuts plus one, else two."""
     return (len(opts.plans[0]) + 1) if opts.plans else 2
+
+
+def check_placements(opts: SweepOptions) -> None:
+    """Every placement of --placements (runners.sweep.placements) has something to run: a plan of
+    as many stages, or ``--splits`` for two hosts."""
+    for label in opts.placements:
+        stages = len(placement_devices(label))
+        if not plans_of(opts, stages) and not (stages == 2 and not opts.plans):
+            lengths = sorted({len(p) + 1 for p in opts.plans or []}) or [2]
+            raise UsageError(f"--placements {label}: {stages} hosts need a plan of {stages} stages in --split-blocks "
+                             f"(its plans have {', '.join(map(str, lengths))}); e.g. --split-blocks "
+                             f"\"{';'.join(','.join(map(str, p)) for p in opts.plans or [(3,)])};"
+                             f"{','.join(str(k + 2) for k in range(stages - 1))}\"")
+    sizes = {len(placement_devices(label)) for label in opts.placements}
+    unused = [p for p in opts.plans or [] if opts.placements and len(p) + 1 not in sizes]
+    if unused:
+        raise UsageError(f"--split-blocks plan {','.join(map(str, unused[0]))} has {len(unused[0]) + 1} stages, and no "
+                         f"placement of --placements {','.join(opts.placements)} has {len(unused[0]) + 1} hosts")
+
+
+def plans_of(opts: SweepOptions, stages: int) -> list[tuple[int, ...]]:
+    """The plans of --split-blocks with ``stages`` stages (a placement of as many hosts runs them)."""
+    return [p for p in opts.plans or [] if len(p) + 1 == stages]

@@ -8,12 +8,13 @@ import dataclasses
 import functools
 from typing import Any, Sequence
 
-from ...analysis.keys import CLOSED_LOOP, DEFAULT_CODEC, NO_FAULT, config_key, run_key
+from ...analysis.keys import CLOSED_LOOP, DEFAULT_CODEC, NO_FAULT, NO_PLACEMENT, config_key, run_key
 from ...errors import UsageError
 from ...splits import Split, parse_splits, split_adaptive, split_cuts
 from .. import rounds
 from .group import GroupPass, GroupProgress
 from .options import SweepOptions
+from .placements import pass_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,7 @@ class PlannedRun:
     scenario: str = CLOSED_LOOP  # a LoadGen scenario (paretopipe.loadgen), or the closed loop
     prompt_len: int | None = None  # a language model's prompt tokens per stream (None: image batches)
     fault: str = NO_FAULT  # the fault the run survives (paretopipe.faults), or none
+    placement: str = NO_PLACEMENT  # the hosts it runs on, in order (--placements), or the first ones
 
     @property
     def wire_dtype(self) -> str:
@@ -51,7 +53,8 @@ class PlannedRun:
     @property
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport,
-                          self.codec, self.batch_tag, self.in_flight_tag, self.scenario, self.prompt_len, self.fault)
+                          self.codec, self.batch_tag, self.in_flight_tag, self.scenario, self.prompt_len, self.fault,
+                          self.placement)
 
     @property
     def run_key(self) -> str:
@@ -62,25 +65,29 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
     """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``), its batch
     size and in-flight depth where a search session holds several (``key_batch_size`` and
     ``key_in_flight``: the ones its file names leave out), and the pass's LoadGen ``scenario`` and
-    prompt length and fault."""
+    prompt length, fault and placement."""
     def tag(value: int, base: int | None) -> int | None:
         return value if base is not None and value != base else None
 
     dtype = (group.wire_dtype if group else None) or opts.wire_dtype
+    window = opts.streams if opts.language_model else opts.in_flight  # the key's in_flight
     return {"codec": f"{dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
-            "in_flight_tag": tag(opts.in_flight, opts.key_in_flight),
+            "in_flight_tag": tag(window, opts.key_in_flight),
             "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None,
-            "fault": group.fault if group else NO_FAULT}
+            "fault": group.fault if group else NO_FAULT,
+            "placement": (group.placement if group else None) or NO_PLACEMENT}
 
 
 def worker_groups(opts: SweepOptions) -> list[GroupPass]:
     """The passes of each model's worker groups: the TCP backend once per transport and cipher (a
     transport and a cipher are agreed per connection), each once per LoadGen scenario (the closed
     loop when none is asked for), for a language model once per prompt length, once per fault
-    (--fault; none when it is not given) and once per wire dtype where --wire-dtype lists several."""
+    (--fault; none when it is not given), once per wire dtype where --wire-dtype lists several, and
+    once per placement of --placements (its hosts are the group's)."""
     prompts = opts.prompt_lens if opts.language_model else [None]
     dtypes = opts.dtypes if len(opts.dtypes) > 1 else [None]
-    return [GroupPass(backend, cipher, transport, scenario, prompt, fault, dtype) for backend in opts.backends
+    return [GroupPass(backend, cipher, transport, scenario, prompt, fault, dtype, placement)
+            for placement in (opts.placements or [None]) for backend in opts.backends
             for transport in (opts.transports if backend == "tcp" else ["tcp"])
             for cipher in (opts.ciphers if backend == "tcp" else ["none"])
             for scenario in opts.scenarios for prompt in prompts for fault in opts.faults for dtype in dtypes]
@@ -124,7 +131,8 @@ def plan_runs(opts: SweepOptions, num_blocks: dict[str, int],
     for model in opts.models:
         for group in worker_groups(opts):
             configs = [(n, k) for n in opts.networks
-                       for k in splits_for(opts, num_blocks[model], (fine_cuts or {}).get(model))]
+                       for k in splits_for(pass_options(opts, group.placement), num_blocks[model],
+                                           (fine_cuts or {}).get(model))]
             run = functools.partial(PlannedRun, model, group.backend, cipher=group.cipher, transport=group.transport,
                                     **settings_of(opts, group))
             if opts.order == "sequential":
@@ -177,6 +185,8 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
         scenarios += f" x wire dtypes {', '.join(opts.dtypes)}"
     if opts.faults != [NO_FAULT]:
         scenarios += f" x faults {', '.join(opts.faults)} (deadline {opts.deadline_s * 1e3:g} ms)"
+    if opts.placements:
+        scenarios += f" x placements {', '.join(opts.placements)} (hosts by their place in HOSTS)"
     work = (f"{opts.streams} stream(s) of {opts.gen_tokens} tokens after a prompt of "
             f"{'/'.join(map(str, opts.prompt_lens))} tokens each ({opts.warmup} warm-up generation(s)"
             if opts.language_model else f"{per} batches of {opts.batch_size} each ({opts.warmup} warm-up")

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ... import cpushare, records
 from ...analysis.session import Session, SessionMeta, sweep_session_dir
-from ...analysis.keys import CLOSED_LOOP, NO_FAULT, NO_PROMPT, ConfigKey
+from ...analysis.keys import CLOSED_LOOP, NO_FAULT, NO_PLACEMENT, NO_PROMPT, ConfigKey
 from ...analysis.columns import cipher_of
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
@@ -28,6 +28,7 @@ from . import configure
 from .drift import drift_check, requeue_drifted
 from .group import GroupFactory, GroupInfo, GroupPass, GroupProgress, StageGroup, process_group
 from .options import SweepOptions, check_cpu_emulation, check_options
+from .placements import pass_options
 from .plan import PlannedRun, round_plan, segments, settings_of, splits_for, worker_groups
 from .shaping import Shaped, tc_applied
 
@@ -223,6 +224,7 @@ class Sweeper:
         try:
             for i, model in enumerate(o.models):
                 for group in worker_groups(o):
+                    self.opts = pass_options(o, group.placement)  # a placement's hosts and plans
                     self._begin_pass(model, group)
                     total += self._sweep_group(model, group.backend, meta, failed)
                 if not keep_group or i + 1 < len(o.models):
@@ -232,6 +234,7 @@ class Sweeper:
             interrupted = True
             log.warning("interrupted: stopping the stages; finished runs stay valid, --resume completes the rest")
         finally:
+            self.opts = o
             if not (keep_group and ended):
                 self.close()
             meta.interrupted = interrupted
@@ -306,7 +309,8 @@ class Sweeper:
         batch, window = (1, o.streams) if o.language_model else (o.batch_size, o.in_flight)
         self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
                                         batch, k.label, settings_of(o, self.group_pass)["codec"], window, self.scenario,
-                                        self.group_pass.prompt_len or NO_PROMPT, self.group_pass.fault): p.describe()
+                                        self.group_pass.prompt_len or NO_PROMPT, self.group_pass.fault,
+                                        self.group_pass.placement or NO_PLACEMENT): p.describe()
                               for (n, k), p in group.progress.items()})
         return len(group.configs)
 
