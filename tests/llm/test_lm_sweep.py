@@ -113,7 +113,7 @@ def test_the_bound_of_a_decode_step_adds_compute_round_trip_and_bytes():
     (["--splits", "2,adaptive"], "a language model runs static splits"),
     (["--scenario", "multistream"], "a language model's queries are prompts, one a query"),
     (["--models", "tiny-lm,mobilenetv2"], "sweep each kind in a session of its own"),
-    (["--search", "4", "--vary", "batch_size=1,2"], "--vary batch_size or in_flight: a language model's steps"),
+    (["--search", "4", "--vary", "batch_size=1,2"], "--vary batch_size: a language model's steps are one token of each"),
 ])
 def test_what_a_language_model_cannot_take_is_one_line(tmp_path, args, needle):
     res = run([PYTHON, "automated_split_tester.py", "--model", "tiny-lm", "--out", str(tmp_path), *args], timeout=120)
