@@ -89,12 +89,13 @@ def device_table(configs: pd.DataFrame, objectives: Sequence[Objective], hosts: 
         return pd.DataFrame()
     setting = [c for c in CONFIG_KEY if c in done.columns and c not in ("split_index", "placement") and not (
         c in OPTIONAL_KEY and done[c].fillna(OPTIONAL_KEY[c]).eq(OPTIONAL_KEY[c]).all())]
-    names = [*hosts, *(f"host {i + 1}" for i in range(len(hosts), 16))]
     out: list[dict[str, Any]] = []
     for key, group in done.groupby(setting, dropna=False, sort=True):
         placed = _best_per_placement(group.to_dict("records"), chosen)
         if len({len(p.devices) for p in placed}) < 2:
             continue
+        used = max(max(p.devices) for p in placed) + 1
+        names = [hosts[i] if i < len(hosts) else f"host {i + 1}" for i in range(used)]
         values = dict(zip(setting, key if isinstance(key, tuple) else (key,)))
         out += [{**values, **row, "cuts": ",".join(map(str, row["cuts"]))}
                 for row in marginal_gains(placed, names, {o.name: o.sense for o in chosen})]

@@ -12,10 +12,9 @@ from .. import records
 from ..envfile import read_env
 from ..errors import UsageError
 from ..network.conditions import get_conditions
-from ..analysis.devices import GAIN_WORDS
+from ..analysis.devices import GAIN_WORDS, testbed_hosts
 from ..predict import subsets
 from ..predict.planner import split_blocks
-
 
 
 def print_image_subsets(profiles, conditions, args: argparse.Namespace, codec: str, out: Path | None) -> int:
@@ -102,9 +101,7 @@ def _measured_sessions(args: argparse.Namespace) -> tuple[list[tuple[list[str], 
     sessions = []
     for path in (p.strip() for p in args.validate.split(",") if p.strip()):
         session = find_session(path)
-        hosts = [h["address"] for h in ((session.read_meta() or {}).get("options", {}).get("testbed") or {})
-                 .get("hosts", [])]
-        sessions.append((hosts, session.configs().to_dict("records")))
+        sessions.append((testbed_hosts(session.read_meta()), session.configs().to_dict("records")))
     return sessions, addresses
 
 

@@ -3,8 +3,8 @@ as the sweep's options.
 
 The split (or, with ``--stages N``, a plan's N - 1 cuts over the blocks ``--splits`` allows);
 each of ``--network``, ``--backend``, ``--encrypt`` and ``--transport`` that names several
-choices, a language model's prompt lengths, and the testbed's placements of ``--stages`` hosts
-(``--placements``); and the settings ``--vary`` names: the codec, an image model's batch size and
+choices, a language model's prompt lengths, and the testbed's placements (``--placements``: of
+``--stages`` hosts, or of every number, each with a plan of its own length); and the settings ``--vary`` names: the codec, an image model's batch size and
 in-flight depth, a language model's streams."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int,
                          f"--splits all or 1-8")
     lengths = {p: len(placement_devices(p)) - 1 for p in opts.placements}
     mixed = len(set(lengths.values())) > 1  # placements of several numbers of hosts: plans of as many
-    cuts = tuple(f"cut{j}" for j in range(1, stages)) if mixed else cut_names(stages)
+    cuts = cut_names(stages)  # mixed: the largest plan's (stages > 2), which a smaller one uses the first of
     dims = [Dimension(name, positions, ordered=True) for name in cuts]
     for name, field in list_dims(opts):
         choices = tuple(getattr(opts, field))
