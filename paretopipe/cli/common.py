@@ -186,10 +186,30 @@ def network_from_args(args: argparse.Namespace, required: bool = False):
     return get_conditions(args.network, args.network_file, **adhoc)
 
 
+#: The project's own loggers (``paretopipe.*``): the only ones whose INFO lines a user sees.
+PROJECT_LOGGER = "paretopipe"
+
+
+class _ProjectOrWarning(logging.Filter):
+    """Let a library's line through only at WARNING or above: matplotlib says "generated new
+    fontManager" at INFO the first time it runs on a machine, which broke the one-line errors of
+    every new user's first command."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        own = record.name == PROJECT_LOGGER or record.name.startswith(PROJECT_LOGGER + ".")
+        return own or record.levelno >= logging.WARNING
+
+
 def setup_logging(debug: bool = False, quiet: bool = False) -> None:
+    """The project's loggers at INFO (WARNING with --quiet); every other library's at WARNING,
+    unless --debug, which shows everything."""
     level = logging.DEBUG if debug else (logging.WARNING if quiet else logging.INFO)
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s",
-                        stream=sys.stderr, force=True)
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr, force=True)
+    logging.getLogger(PROJECT_LOGGER).setLevel(level)
+    if not debug:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_ProjectOrWarning())
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
