@@ -70,7 +70,7 @@ demo: venv
 	$(PY) -m paretopipe.predict --model mobilenetv2 --validate results --device-profiles $(CPU_PROFILE),$(CPU_PROFILE)
 	@if [ "$$(ls results/*/runs.csv 2>/dev/null | wc -l)" -ge 2 ]; then \
 	  $(PY) -m paretopipe compare results --goal 0.9 --selective wifi:4,lte:4 | tail -6; \
-	else echo "reproducibility: run make demo once more to compare two sessions (goal: front+tied Jaccard >= 0.9)"; fi
+	else echo "reproducibility: run make demo once more to compare two sessions (goal: epsilon-front Jaccard >= 0.9)"; fi
 
 # A language model split at every layer boundary (tiny-lm: 4 layers, 7 cuts) under three networks
 # and two prompt lengths: time to first token against time per token, the fronts, the bound ratios.

@@ -44,8 +44,8 @@ def _front_set(frame: pd.DataFrame) -> set[str]:
     return {str(k) for k in frame.loc[frame["on_front"].astype(bool), "split_index"]}
 
 
-def _front_or_tied(frame: pd.DataFrame) -> set[str]:
-    """The splits the data cannot tell apart from the best: on the front or tied with it."""
+def _epsilon_front(frame: pd.DataFrame) -> set[str]:
+    """The splits the data cannot tell apart from the best: its epsilon-front (front or tied, pareto.front_status)."""
     if "front_status" not in frame.columns:
         return _front_set(frame)
     return {str(k) for k in frame.loc[frame["front_status"].isin(["front", "tied"]), "split_index"]}
@@ -82,12 +82,12 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.D
         sel_a = (left[GROUP].astype(str) == pd.Series(key, index=GROUP)).all(axis=1)
         sel_b = (right[GROUP].astype(str) == pd.Series(key, index=GROUP)).all(axis=1)
         fa, fb = _front_set(left[sel_a]), _front_set(right[sel_b])
-        ta, tb = _front_or_tied(left[sel_a]), _front_or_tied(right[sel_b])
+        ta, tb = _epsilon_front(left[sel_a]), _epsilon_front(right[sel_b])
         fronts.append({**dict(zip(GROUP, key)), "front_a": " ".join(ordered_splits(fa)),
                        "front_b": " ".join(ordered_splits(fb)), "joined": " ".join(ordered_splits(fb - fa)),
                        "left": " ".join(ordered_splits(fa - fb)), "jaccard": jaccard(fa, fb),
-                       "front_or_tied_a": " ".join(ordered_splits(ta)), "front_or_tied_b": " ".join(ordered_splits(tb)),
-                       "jaccard_front_or_tied": jaccard(ta, tb)})
+                       "epsilon_front_a": " ".join(ordered_splits(ta)), "epsilon_front_b": " ".join(ordered_splits(tb)),
+                       "jaccard_epsilon": jaccard(ta, tb)})
     return points, pd.DataFrame(fronts)
 
 
@@ -172,8 +172,8 @@ def _figures(ta: pd.DataFrame, tb: pd.DataFrame, out: Path, fmt: str, name_a: st
 def format_comparison(result: dict[str, Any]) -> str:
     points, fronts = result["points"], result["fronts"]
     lines = [f"A = {result['a']}", f"B = {result['b']}", "", "fronts (splits on each front, what moved):"]
-    show = fronts.rename(columns={"front_a": "front A", "front_b": "front B", "front_or_tied_a": "front+tied A",
-                                  "front_or_tied_b": "front+tied B", "jaccard_front_or_tied": "jaccard f+t"})
+    show = fronts.rename(columns={"front_a": "front A", "front_b": "front B", "epsilon_front_a": "epsilon-front A",
+                                  "epsilon_front_b": "epsilon-front B", "jaccard_epsilon": "jaccard eps"})
     lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     lines += ["", format_stage_speed(result["stage_speed"]), "", "points (B relative to A):"]
     metrics = points.attrs.get("metrics", METRICS)
@@ -205,23 +205,23 @@ def newest_two(results: str | Path) -> tuple[Path, Path]:
 
 
 def goals(result: dict[str, Any], min_jaccard: float, selective: dict[str, int]) -> tuple[list[str], bool]:
-    """Reproducibility goals of two runs of one experiment: per network the front+tied sets agree
+    """Reproducibility goals of two runs of one experiment: per network the epsilon-fronts agree
     with Jaccard >= ``min_jaccard``; on the ``selective`` networks neither set holds a split k <= the
-    given bound (the tied set must stay selective); and B's stage-1 compute is monotone in k."""
+    given bound (the epsilon-front must stay selective); and B's stage-1 compute is monotone in k."""
     lines, met = [], True
     fronts = result["fronts"]
-    worst = fronts["jaccard_front_or_tied"].min() if len(fronts) else 0.0
+    worst = fronts["jaccard_epsilon"].min() if len(fronts) else 0.0
     ok = bool(worst >= min_jaccard)
     met &= ok
-    per = ", ".join(f"{r['network']} {r['jaccard_front_or_tied']:.2f}" for _, r in fronts.iterrows())
-    lines.append(f"front+tied sets agree run to run: {per} (goal >= {min_jaccard:g}: {'met' if ok else 'NOT met'})")
+    per = ", ".join(f"{r['network']} {r['jaccard_epsilon']:.2f}" for _, r in fronts.iterrows())
+    lines.append(f"epsilon-fronts agree run to run: {per} (goal >= {min_jaccard:g}: {'met' if ok else 'NOT met'})")
     for network, kmax in selective.items():
         rows = fronts[fronts["network"] == network]
-        early = sorted({k for _, r in rows.iterrows() for col in ("front_or_tied_a", "front_or_tied_b")
+        early = sorted({k for _, r in rows.iterrows() for col in ("epsilon_front_a", "epsilon_front_b")
                         for k in str(r[col]).split() if k.isdigit() and int(k) <= kmax})
         ok = not early and not rows.empty
         met &= ok
-        lines.append(f"{network}: front+tied sets leave out k <= {kmax} ({'met' if ok else 'NOT met: ' + (' '.join(early) or 'network not in both sessions')})")
+        lines.append(f"{network}: epsilon-fronts leave out k <= {kmax} ({'met' if ok else 'NOT met: ' + (' '.join(early) or 'network not in both sessions')})")
     summary = find_session(result["b"]).configs()
     bad = monotone_violations(summary, 1, rising=True)
     ok = not bad

@@ -4,6 +4,11 @@ Objectives are columns with a sense (``min`` or ``max``). A row is on the front 
 is at least as good on every objective and strictly better on one, so weakly dominated rows are
 excluded and exact duplicates are all kept. Failed/incomplete rows and rows with NaN objectives
 never take part; how many were left out is reported in ``df.attrs``.
+
+Measured fronts are compared by their epsilon-fronts (:func:`front_status`): on a network where
+every split lies within a few percent of the others, the strict front is a crowd of near-ties whose
+membership flips with noise, so a point counts as dominated only when another beats it by more than
+the measurement's own 95% intervals on one objective and is no worse on any.
 """
 
 from __future__ import annotations
@@ -83,12 +88,46 @@ def mark_front(df: pd.DataFrame, objectives: Mapping[str, str] | None = None,
 FRONT, TIED, DOMINATED = "front", "tied", "dominated"
 
 
+def interval_epsilon(frame: pd.DataFrame, intervals: Mapping[str, tuple[str, str]],
+                     objectives: Mapping[str, str]) -> np.ndarray:
+    """Per objective, how far apart two of this group's points must be before the measurement can
+    tell them apart: the median relative half-width of its configurations' 95% intervals (0 where
+    none was measured, so that the epsilon-front is then the strict front)."""
+    out = []
+    for col in objectives:
+        lo_col, hi_col = intervals.get(col, ("", ""))
+        if lo_col not in frame or hi_col not in frame or col not in frame:
+            out.append(0.0)
+            continue
+        point = frame[col].to_numpy(dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            half = (frame[hi_col].to_numpy(dtype=float) - frame[lo_col].to_numpy(dtype=float)) / 2 / np.abs(point)
+        half = half[np.isfinite(half) & (half >= 0)]
+        out.append(float(np.median(half)) if len(half) else 0.0)
+    return np.asarray(out)
+
+
+def epsilon_front_mask(values: np.ndarray, senses: Sequence[str], epsilon: Sequence[float]) -> np.ndarray:
+    """Rows that no other row dominates by more than the noise: a row is dominated only by one that
+    is better by more than ``epsilon`` (relative, per objective) on one objective and no worse on
+    any. With epsilon 0 this is the strict front (duplicates kept); with more, a superset of it."""
+    x = np.asarray(values, dtype=float) * np.array([1.0 if s == "min" else -1.0 for s in senses])
+    if len(x) == 0:
+        return np.zeros(0, dtype=bool)
+    eps = np.asarray(epsilon, dtype=float)
+    no_worse = (x[:, None, :] <= x[None, :, :]).all(axis=2)               # [i, j]: i no worse than j anywhere
+    margin = (x[None, :, :] - x[:, None, :]) > eps * np.abs(x[None, :, :])  # [i, j, m]: i beats j by > eps on m
+    dominated = (no_worse & margin.any(axis=2)).any(axis=0)
+    return ~dominated
+
+
 def front_status(df: pd.DataFrame, intervals: Mapping[str, tuple[str, str]],
                  objectives: Mapping[str, str] | None = None, by: Sequence[str] | None = None) -> pd.Series:
-    """``front`` (not dominated), ``tied`` (dominated, but not with confidence: its intervals overlap
-    a front point's on every objective) or ``dominated``; ``dominated`` too for an infeasible
-    configuration (it missed the user's deadline); empty for rows left out (failed, NaN).
-    ``intervals`` maps each objective to its (low, high) CI columns; a missing CI is the point."""
+    """``front`` (not dominated), ``tied`` (dominated, but by no point that beats it by more than the
+    group's noise: on the epsilon-front, :func:`epsilon_front_mask` with :func:`interval_epsilon`) or
+    ``dominated``; ``dominated`` too for an infeasible configuration (it missed the user's deadline);
+    empty for rows left out (failed, NaN). ``intervals`` maps each objective to its (low, high) CI
+    columns; without them epsilon is 0 and nothing is tied."""
     objectives = dict(objectives or DEFAULT_OBJECTIVES)
     marked = mark_front(df, objectives, by)
     status = pd.Series("", index=df.index, dtype=object)
@@ -96,22 +135,11 @@ def front_status(df: pd.DataFrame, intervals: Mapping[str, tuple[str, str]],
         status[df["status"].eq("infeasible")] = DOMINATED
     usable, _, _ = _usable(df, objectives)
     groups = [c for c in (DEFAULT_GROUP if by is None else by) if c in usable.columns]
-
-    def bounds(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
-        lo_col, hi_col = intervals.get(col, (col, col))
-        point = frame[col].to_numpy(dtype=float)
-        lo = frame[lo_col].to_numpy(dtype=float) if lo_col in frame else point
-        hi = frame[hi_col].to_numpy(dtype=float) if hi_col in frame else point
-        return np.where(np.isnan(lo), point, lo), np.where(np.isnan(hi), point, hi)
-
     for _, g in (usable.groupby(groups, dropna=False, sort=False) if groups else [((), usable)]):
         on = marked.loc[g.index, "on_front"].to_numpy(dtype=bool)
-        overlap = np.ones((len(g), int(on.sum())), dtype=bool)
-        for col in objectives:
-            lo, hi = bounds(g, col)
-            overlap &= (lo[:, None] <= hi[on][None, :]) & (lo[on][None, :] <= hi[:, None])
-        tied = overlap.any(axis=1) & ~on
-        status.loc[g.index] = np.where(on, FRONT, np.where(tied, TIED, DOMINATED))
+        near = epsilon_front_mask(g[list(objectives)].to_numpy(dtype=float), list(objectives.values()),
+                                  interval_epsilon(g, intervals, objectives))
+        status.loc[g.index] = np.where(on, FRONT, np.where(near, TIED, DOMINATED))
     return status
 
 

@@ -23,10 +23,10 @@ def parser(prog: str = "paretopipe compare") -> ArgumentParser:
                              "results folder whose two newest sessions are compared")
     p.add_argument("b", nargs="?", default=None, help="session B")
     p.add_argument("--goal", type=positive_float, default=None,
-                   help="reproducibility goal: the front+tied sets of every network agree at least this well "
+                   help="reproducibility goal: the epsilon-fronts of every network agree at least this well "
                         "(Jaccard, e.g. 0.9); ends with a line saying whether every goal is met")
     p.add_argument("--selective", default=None,
-                   help="with --goal: networks whose front+tied sets must leave out the early splits, as "
+                   help="with --goal: networks whose epsilon-fronts must leave out the early splits, as "
                         "NETWORK:KMAX pairs, e.g. wifi:4,lte:4")
     flags.OUT.add_to(p, help="also write compare_points.csv, compare_fronts.csv and figures here")
     flags.FORMAT.add_to(p)

@@ -235,30 +235,37 @@ def _predict_image_model(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace, profiles: list) -> int:
     """``--validate``: predict a measured sweep's configurations and print how far off each front is."""
     # lazy for start-up: pandas
-    from ..predict.validate import GOAL_JACCARD, GOAL_MAPE, kept_line, validate, write_validation
+    from ..predict.validate import (GOAL_JACCARD, GOAL_MAPE, epsilon_jaccard_words, kept_line, validate,
+                                    write_validation)
 
     if len(profiles) != 2:
         raise UsageError("--validate compares with a 2-stage TCP sweep: give exactly 2 device profiles")
     table, summary = validate(args.validate, profiles, args.base_rate)
     out = Path(summary["session"]) / "report"
     written = write_validation(table, summary, out)
-    ceiling = summary["run_to_run_jaccard_mean"]
     print(f"{summary['configurations']} configurations: median |error| latency "
-          f"{summary['latency_median_ape']:.1%}, throughput {summary['throughput_median_ape']:.1%}; "
-          f"front agreement (Jaccard, ties count) {summary['front_jaccard_mean']:.2f}"
-          + (f" (the sweep's runs agree with each other at {ceiling:.2f})" if ceiling is not None else ""))
+          f"{summary['latency_median_ape']:.1%}, throughput {summary['throughput_median_ape']:.1%}; fronts compared "
+          f"within the measured noise (epsilon-fronts: a split is dominated only by one better by more than the "
+          f"front's median 95% half-width on one objective and no worse on any)")
     for name, v in summary["per_network"].items():
         rr = v.get("run_to_run_jaccard")
-        print(f"  {name}: latency {v['latency_mape']:.1%}, throughput {v['throughput_mape']:.1%}, Jaccard "
-              f"{v['jaccard']:.2f} (strict {v['strict_jaccard']:.2f}; measured front {v['measured_front']}, tied "
-              f"{v['measured_tied']}, predicted {v['predicted_front']}"
+        eps = ", ".join(f"{col.split('_')[0]} {e:.1%}" for col, e in v["epsilon"].items())
+        print(f"  {name}: latency {v['latency_mape']:.1%}, throughput {v['throughput_mape']:.1%}; epsilon ({eps}) "
+              f"Jaccard {v['jaccard']:.2f} (measured {v['measured_epsilon_front']}, predicted "
+              f"{v['predicted_epsilon_front']}); strict Jaccard {v['strict_jaccard']:.2f} (measured "
+              f"{v['measured_front']}, predicted {v['predicted_front']})"
               + (f"; beyond the noise: {v['beyond_noise']}" if v["beyond_noise"] else "")
-              + (f"; run to run {rr:.2f})" if rr is not None else ")"))
+              + (f"; the sweep's runs against each other {rr:.2f}" if rr is not None else ""))
         kept = kept_line(table, name)
         if kept:
             print(f"    {kept}")
-    print(f"goals (median error <= {GOAL_MAPE:.0%}, Jaccard >= {GOAL_JACCARD}): "
-          f"{'met' if summary['goals_met'] else 'NOT met'}; written: {', '.join(str(p) for p in written)}")
+    for name, rr in summary["unjudged_fronts"].items():
+        print(f"  not judged: {name}: the sweep's own runs agree on its epsilon-front at only {rr:.2f} (< "
+              f"{GOAL_JACCARD}): its splits lie within the noise of each other, so no measurement this noisy "
+              f"ranks them and no prediction can be held to one ranking")
+    print(f"goals (median error <= {GOAL_MAPE:.0%}, epsilon-front Jaccard >= {GOAL_JACCARD} on the fronts the sweep "
+          f"reproduces; {epsilon_jaccard_words(summary)}): {'met' if summary['goals_met'] else 'NOT met'}; "
+          f"written: {', '.join(str(p) for p in written)}")
     return 0
 
 

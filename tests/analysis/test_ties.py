@@ -9,7 +9,6 @@ import pytest
 
 from conftest import ROOT
 from paretopipe.analysis import pareto, report, sanity
-from paretopipe.predict.validate import tie_aware_jaccard
 
 FIXTURE = ROOT / "tests" / "analysis" / "fixtures" / "results_small"
 
@@ -24,10 +23,10 @@ def _table(rows):
 def test_front_status_by_hand():
     t = _table([
         ("m", "tcp", "lan", 1, 0, 0.10, 0.09, 0.11, 50, 48, 52),   # front
-        ("m", "tcp", "lan", 1, 1, 0.11, 0.10, 0.12, 49, 47, 51),   # dominated by 0, intervals overlap: tied
+        ("m", "tcp", "lan", 1, 1, 0.105, 0.095, 0.115, 49, 47, 51),  # dominated by 0, within the noise: tied
         ("m", "tcp", "lan", 1, 2, 0.20, 0.19, 0.21, 30, 29, 31),   # clearly dominated
         ("m", "tcp", "lan", 1, 3, 0.05, 0.04, 0.06, 20, 19, 21),   # front (fastest)
-        ("m", "tcp", "lan", 1, 4, 0.12, 0.115, 0.125, 49, 47, 51),  # latency beyond every front CI: dominated
+        ("m", "tcp", "lan", 1, 4, 0.12, 0.115, 0.125, 49, 47, 51),  # 0 is 17% faster, the noise ~9%: dominated
         ("m", "tcp", "wifi", 1, 0, 0.30, np.nan, np.nan, 10, np.nan, np.nan),  # no CI: the point itself
     ])
     status = pareto.front_status(t, report.INTERVALS, by=["network"])
@@ -78,10 +77,28 @@ def test_monotone_and_transfer_checks_by_hand():
     assert sanity.transfer_violations(shaped.assign(transfer_median_s=0.05), networks, {"slow": "none"}) == []
 
 
-def test_tie_aware_jaccard():
-    assert tie_aware_jaccard({1, 2}, {1, 2}, set()) == 1.0
-    assert tie_aware_jaccard({1, 3}, {1, 2}, {3}) == pytest.approx(2 / 3)  # 3 is tied: agreement
-    assert tie_aware_jaccard({1, 4}, {1, 2}, {3}) == pytest.approx(1 / 3)  # 4 is dominated: beyond noise
+def test_the_epsilon_front_keeps_what_the_noise_cannot_rank():
+    """The issue's lan: splits within a few percent of each other. Strictly, one point dominates the
+    rest; within a 5% noise none is beaten by more than it, and only the one 20% slower drops off."""
+    lat = [0.100, 0.102, 0.101, 0.120, 0.099]
+    thr = [50.0, 49.5, 49.8, 49.0, 48.0]
+    values = np.column_stack([lat, thr])
+    strict = pareto.epsilon_front_mask(values, ["min", "max"], [0.0, 0.0])
+    assert list(strict) == list(pareto.front_mask(values, ["min", "max"]))
+    assert list(strict) == [True, False, False, False, True]
+    near = pareto.epsilon_front_mask(values, ["min", "max"], [0.05, 0.05])
+    assert list(near) == [True, True, True, False, True]
+    # No worse on any: a point 20% slower but with more throughput stays.
+    assert pareto.epsilon_front_mask(np.array([[0.1, 50.0], [0.12, 51.0]]), ["min", "max"], [0.05, 0.05]).all()
+
+
+def test_epsilon_is_the_median_relative_half_width_of_the_intervals():
+    t = _table([("m", "tcp", "lan", 1, k, 0.1, 0.1 - w, 0.1 + w, 50, 50 - 5 * w * 100, 50 + 5 * w * 100)
+                for k, w in enumerate([0.002, 0.005, 0.010])])
+    eps = pareto.interval_epsilon(t.assign(latency_s=t["latency_s"]), report.INTERVALS, pareto.DEFAULT_OBJECTIVES)
+    assert eps == pytest.approx([0.05, 0.05])
+    assert list(pareto.interval_epsilon(t[["latency_s", "throughput_imgs_per_s"]], report.INTERVALS,
+                                        pareto.DEFAULT_OBJECTIVES)) == [0.0, 0.0]
 
 
 def test_compare_goals_on_the_same_session_twice(tmp_path):
@@ -91,10 +108,12 @@ def test_compare_goals_on_the_same_session_twice(tmp_path):
 
     shutil.copytree(FIXTURE, tmp_path / "b")
     result = compare.compare(FIXTURE, tmp_path / "b")
-    assert (result["fronts"]["jaccard_front_or_tied"] == 1.0).all()
-    lan = result["fronts"].set_index("network").loc["lan", "front_or_tied_a"].split()
-    assert lan == ["5", "8", "19"]
+    assert (result["fronts"]["jaccard_epsilon"] == 1.0).all()
+    lan = result["fronts"].set_index("network").loc["lan", "epsilon_front_a"].split()
+    # k=5's intervals overlap k=8's, but k=8 is 16% faster, beyond lan's noise (8% in latency), and
+    # as productive: k=5 is off the epsilon-front.
+    assert lan == ["8", "19"]
     lines, met = compare.goals(result, 0.9, {"lan": 4})
     assert met and "goal >= 0.9: met" in lines[0] and "leave out k <= 4 (met)" in lines[1]
-    lines, met = compare.goals(result, 0.9, {"lan": 5})  # k=5 is on lan's front: not selective enough
-    assert not met and "NOT met: 5" in lines[1]
+    lines, met = compare.goals(result, 0.9, {"lan": 8})  # k=8 is on lan's front: not selective enough
+    assert not met and "NOT met: 8" in lines[1]
