@@ -56,6 +56,16 @@ def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+BACKENDS = ("tcp", "rpc")
+
+
+def backend_list(text: str) -> list[str]:
+    """``tcp,rpc``: the backends of a sweep, a comma list like every other dimension; ``both`` is
+    ``tcp,rpc`` (the older spelling). Each backend once, in the order given."""
+    named = list_of(one_of(BACKENDS + ("both",)), "backend")(text)
+    return list(dict.fromkeys(b for name in named for b in (BACKENDS if name == "both" else (name,))))
+
+
 def watts_per_stage(text: str) -> list[float | None]:
     """``2.7,45``: watts per stage or device, 0 or more; an empty entry (``0.9,``) leaves that one
     to its host's declaration."""

@@ -21,6 +21,7 @@ from ..transport import aead, messaging
 from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, percent,
                      port_or_zero, positive_float, positive_int)
 from .report import add_objectives_flag
+from ..argtypes import backend_list
 
 if TYPE_CHECKING:
     from ..runners.sweep import SweepOptions
@@ -131,8 +132,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag.of(flags.TRACE, WHAT, help="a rate trace (Mahimahi or time_s,rate_mbit CSV) for both directions: adds a network "
          "named trace-<file stem> to --network (per-direction traces: trace_up/trace_down in a network file)",
          field="", stored=NOT_STORED),
-    Flag(("--backend",), WHAT, default="tcp", choices=("tcp", "rpc", "both"), field="",
-         stored=lambda o: "both" if len(o.backends) == 2 else o.backends[0]),
+    Flag(("--backend",), WHAT, "comma list of backends: tcp, rpc (both: tcp,rpc)", default="tcp", type=backend_list,
+         field="", stored=lambda o: ",".join(o.backends)),
     Flag.of(flags.NUM_CLASSES, WHAT),
     Flag.of(flags.WEIGHTS, WHAT),
     # -- a language model's generation -------------------------------------------------------------

@@ -88,7 +88,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
     stages = max(len(p) + 1 for p in plans) if plans else 2
     placements = parse_placements(args.placements, len(testbed.hosts)) if args.placements else []
     link = args.link or ("tc" if testbed.remote else "emulated")
-    backends = ["tcp", "rpc"] if args.backend == "both" else [args.backend]
+    backends = list(args.backend)
     default_network = None if args.trace else "lan"
     networks = [x.strip() for x in (args.network or default_network or "").split(",") if x.strip()]
     inline = dict(exp.networks) if exp else {}
@@ -164,7 +164,7 @@ def _ciphers(text: str, backends: list[str], testbed: Testbed) -> list[str]:
     sealed = [c for c in choices if c != "none"]
     if sealed and "tcp" not in backends:
         raise UsageError(f"--encrypt {sealed[0]} seals the TCP data port; the rpc backend's TensorPipe channel "
-                         f"cannot be sealed: use --backend tcp (or both, where the rpc runs stay plain)")
+                         f"cannot be sealed: use --backend tcp (or tcp,rpc, where the rpc runs stay plain)")
     return choices
 
 
@@ -177,7 +177,7 @@ def _transports(text: str, backends: list[str]) -> list[str]:
     carried = [t for t in choices if t != "tcp"]
     if carried and "tcp" not in backends:
         raise UsageError(f"--transport {carried[0]} carries the TCP backend's frames; the rpc backend has its own "
-                         f"channel: use --backend tcp (or both, where the rpc runs stay as they are)")
+                         f"channel: use --backend tcp (or tcp,rpc, where the rpc runs stay as they are)")
     return choices
 
 

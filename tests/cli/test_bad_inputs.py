@@ -193,7 +193,9 @@ def cases() -> list[tuple[str, list[str], str]]:
         add(f"{cmd}-encrypt-no-secret", [cmd, "--model", "resnet18", "--split", "2", "--encrypt", "auto",
                                          "--env-file", f"{T}/none.env"], "--encrypt auto needs PARETOPIPE_SECRET")
     add("sweep-resume-none", sweep + ["--resume", "--out", f"{T}/no-results"], "no session found")
-    add("sweep-shares-rpc", sweep + ["--stage-cpu", "0.5,1", "--backend", "rpc"], "TCP backend's stage workers")
+    add("sweep-cpu-trace-rpc", sweep + ["--stage-cpu-trace", "stage1=pi4-throttle", "--backend", "rpc"],
+        "TCP backend's stage workers")
+    add("sweep-backend-list", sweep + ["--backend", "tcp,grpc"], "'grpc' is not one of tcp, rpc, both")
     add("sweep-tc-no-iface", sweep + ["--link", "tc", "--dry-run"], "needs IFACE")
     for env, what in (("port", "PORT='99999'"), ("sshport", "SSH_PORT='abc'"), ("user", "is not a user name"),
                       ("host", "is not a host name"), ("onehost", "one host"), ("device", "'tpu'"),
