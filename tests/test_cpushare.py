@@ -149,7 +149,8 @@ def test_sweeper_refuses_shares_where_they_cannot_apply():
     from paretopipe.runners.sweep import SweepOptions, Sweeper
 
     with pytest.raises(UsageError, match="TCP backend's stage workers"):
-        Sweeper(SweepOptions(models=["mobilenetv2"], backends=["rpc"], stage_cpu=[0.5, None], dry_run=True))
+        Sweeper(SweepOptions(models=["mobilenetv2"], backends=["rpc"], stage_cpu_trace={"stage1": "pi4-throttle"},
+                             dry_run=True))
     with pytest.raises(UsageError, match="already run on real devices"):
         Sweeper(SweepOptions(models=["mobilenetv2"], stage_cpu=[0.5, None], dry_run=True,
                              testbed=Testbed([Host("10.0.0.1"), Host("10.0.0.2")])))
@@ -177,3 +178,29 @@ def test_sweep_records_the_applied_shares_and_leaves_no_cgroup(tmp_path):
     assert rec["config"]["stage_limits"]["stage1"]["cpu_period_us"] == 10_000
     assert stage1["limits"]["cgroup"].endswith(f"stage1-{stage1['pid']}")
     assert not Path(stage1["limits"]["cgroup"]).exists()  # the worker left it when it quit
+
+
+@pytest.mark.alone
+@pytest.mark.root
+@pytest.mark.skipif(_real_cgroups() is not None, reason=f"no usable cgroup cpu controller: {_real_cgroups()}")
+def test_an_rpc_sweep_holds_the_rank_of_a_slow_stage_to_its_share_and_leaves_no_cgroup(tmp_path):
+    """--stage-cpu on the RPC backend: the rank that computes stage 2 runs in a group at half a core
+    (the whole process: a rank computes in the RPC library's threads), stage 1's rank in none."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "4",
+                           "--runs", "1", "--profiles", "lan", "--batch-size", "1", "--num-batches", "3",
+                           "--warmup", "1", "--stage-cpu", "none,0.5", "--stage-threads", "1,1", "--backend", "rpc",
+                           "--out", str(tmp_path), "--session", "s", "--no-report", "--local", "--quiet"],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(next((tmp_path / "s" / "runs").glob("*.json")).read_text())
+    assert rec["status"] == "complete"
+    limits = rec["config"]["stage_limits"]
+    assert limits["stage2"]["cpu_share"] == 0.5 and limits["stage2"]["cpu_quota_us"] == 5000
+    assert limits["stage2"]["scope"] == "process" and limits["stage2"]["torch_threads"] == 1
+    assert "cpu_share" not in limits["stage1"] and limits["stage1"]["torch_threads"] == 1
+    assert not Path(limits["stage2"]["cgroup"]).exists()  # the rank left it when the group shut down

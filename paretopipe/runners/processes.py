@@ -234,7 +234,8 @@ class RpcRanks:
                                model_dir=p.model_dir, num_classes=p.num_classes, weights=p.weights,
                                device=p.device_for(stage, host), threads=p.threads_for(stage, self.stages),
                                transport=self.transport, join_timeout=max(self.timeout, p.wait_time),
-                               source=self.source, rank_devices=devices).to_argv()
+                               source=self.source, rank_devices=devices,
+                               cpu_share=self._share_of(rank) if host is None else None).to_argv()
             env = None
             if host is not None and (host.iface or tb.iface):
                 iface = host.iface or tb.iface
@@ -247,6 +248,14 @@ class RpcRanks:
                      "limits": {f"stage{j + 1}": infos[r].get("limits") for j, r in enumerate(self.layout)},
                      "devices": [p.device_for(j, h) for j, h in enumerate(self.stage_hosts)]}
         return self.info
+
+    def _share_of(self, rank: int) -> float | None:
+        """The CPU share of the stage a rank computes (--stage-cpu); none for a master that only
+        feeds the data (rpc_source master): it emulates no device's compute."""
+        if rank not in self.layout:
+            return None
+        stage = self.layout.index(rank)
+        return self.p.cpu_shares[stage] if stage < len(self.p.cpu_shares) else None
 
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
             budget: float) -> RunRecord:

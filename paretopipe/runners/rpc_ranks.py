@@ -19,6 +19,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
+from .. import cpushare
 from ..errors import ParetoPipeError, PeerError
 from . import flags
 from .commands import RunCommand, emit, serve_commands
@@ -48,6 +49,9 @@ class RankOptions(ModelProcess):
     #: The master builds every other rank's stage there: the device of each rank's, comma-separated
     #: (``cpu,cpu,cuda``; unset: the master's own device for every rank).
     rank_devices: str | None = None
+    #: A slower device emulated here: this rank held to a share of one core. The whole process, not
+    #: only its compute threads as a TCP worker's: a rank computes in the RPC library's own threads.
+    cpu_share: float | None = flags.option(flags.CPU_SHARE)
 
     def spec_of(self, rank: int) -> Any:
         """What rank ``rank`` builds when the master asks it to: this model, on that rank's device."""
@@ -103,7 +107,7 @@ def spawn_local(opts: RankOptions) -> list[subprocess.Popen]:
 
 
 def serve_rank(opts: RankOptions, one_run: Callable[[Any, Any, dict], int] | None = None,
-               procs: Sequence[subprocess.Popen] = ()) -> int:
+               procs: Sequence[subprocess.Popen] = (), share: dict[str, Any] | None = None) -> int:
     """Be rank ``opts.rank``. Every rank but the master joins and serves what the master builds on
     it until the master shuts the group down. The master builds its own model, builds every other
     rank's stage there and checks them, then takes ``run`` commands on stdin until ``quit``, or
@@ -117,7 +121,7 @@ def serve_rank(opts: RankOptions, one_run: Callable[[Any, Any, dict], int] | Non
 
     # torch's own deprecation notice from inside rpc.shutdown, on every rank: not ours to act on.
     warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
-    limits = apply_cpu_limits(opts.cpus, opts.threads)
+    limits = {**apply_cpu_limits(opts.cpus, opts.threads), **(share if share and share.get("cpu_share") else {})}
     builder = _master_model(opts) if opts.rank == 0 else None
     if one_run is None:
         emit({"event": "ready", "pid": os.getpid(), "rank": opts.rank, "limits": limits,
@@ -193,7 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "One RPC rank for the sweeper (rank 0 takes JSON lines on stdin).")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
-        return serve_rank(opts)
+        with cpushare.limited(opts.cpu_share, f"rank{opts.rank}") as share:
+            return serve_rank(opts, share=share)
     except ParetoPipeError as exc:
         emit({"event": "error", "error": str(exc)})
         return exc.exit_code

@@ -276,8 +276,8 @@ def check_cpu_emulation(opts: SweepOptions, what: str) -> None:
     if opts.testbed.remote:
         raise UsageError(f"{what} emulates slower devices on this machine; with hosts in .env the "
                          f"stages already run on real devices (use --local to emulate)")
-    if "rpc" in opts.backends:
-        raise UsageError(f"{what} applies to the TCP backend's stage workers; use --backend tcp")
+    if "rpc" in opts.backends and opts.stage_cpu_trace:
+        raise UsageError(f"{what} replays on the TCP backend's stage workers; use --backend tcp")
     if opts.plans:
         raise UsageError(f"{what} applies to the two stages of a pair; drop --split-blocks")
     cpushare.Hierarchy.detect()  # a clear error now rather than from every worker
