@@ -113,11 +113,50 @@ def _load_model_file(spec: str) -> None:
     _CUSTOM[normalize(spec)] = (spec, _checked(builder, spec), _input_size_of(builder, module))
     _SOURCE_DIGEST[normalize(spec)] = hashlib.sha256(source).hexdigest()[:16]
     transform = getattr(module, "transform", None)
-    if transform is not None and not callable(transform):
-        raise UsageError(f"model file {path_text}: transform must be a function from a PIL image to a tensor, "
-                         f"not {type(transform).__name__}")
     if transform is not None:
-        _TRANSFORMS[normalize(spec)] = transform
+        _TRANSFORMS[normalize(spec)] = checked_transform(transform, _CUSTOM[normalize(spec)][2],
+                                                         f"model file {path_text}")
+
+
+TRANSFORM_HELP = ("define transform(image) from a PIL image to a float tensor of 3 x S x S, or a factory "
+                  "transform() that returns one (as torchvision's weights.transforms())")
+
+
+def checked_transform(transform: Any, size: int, what: str) -> Callable[[Any], Any]:
+    """A model file's ``transform``, tried once on a grey image before any run: a factory (a
+    function of no arguments, as torchvision's ``weights.transforms()`` is) is called for the
+    transform it makes; anything else that does not turn an image into 3 x ``size`` x ``size`` is
+    refused in one line, which would otherwise fail every run of the sweep."""
+    import inspect
+
+    import torch
+    from PIL import Image
+
+    if not callable(transform):
+        raise UsageError(f"{what}: transform is a {type(transform).__name__}; {TRANSFORM_HELP}")
+    try:
+        takes_image = bool(inspect.signature(transform).parameters)
+    except (TypeError, ValueError):  # a builtin or C callable: it says nothing of its arguments
+        takes_image = True
+    if not takes_image:
+        transform = transform()
+        if not callable(transform):
+            raise UsageError(f"{what}: transform() takes no image and returned a {type(transform).__name__}, not a "
+                             f"transform; {TRANSFORM_HELP}")
+    probe = Image.new("RGB", (max(size, 256), max(size, 256)), (128, 128, 128))
+    try:
+        out = transform(probe)
+    except Exception as exc:
+        raise UsageError(f"{what}: transform failed on a {probe.width} x {probe.height} RGB image: "
+                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}; {TRANSFORM_HELP}")
+    if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() == 3):
+        got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UsageError(f"{what}: transform gave {got}; {TRANSFORM_HELP}")
+    if tuple(out.shape[1:]) != (size, size):
+        raise UsageError(f"{what}: transform gives {out.shape[1]} x {out.shape[2]} images but the model's input "
+                         f"size is {size} x {size}: set INPUT_SIZE = {out.shape[-1]} in the file (224 when unset), "
+                         f"or make the transform give {size} x {size}")
+    return transform
 
 
 def _checked(builder: Callable[..., Any], what: str) -> Builder:

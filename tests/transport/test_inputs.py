@@ -4,6 +4,7 @@ synthetic noise; the manifest says which were used."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -155,6 +156,47 @@ def test_a_transform_that_gives_the_wrong_shape_is_one_line(tmp_path):
     folder = tmp_path / "images"
     _image_folder(folder)
     (tmp_path / "wrong.py").write_text(MODEL_WITH_TRANSFORM.replace("Resize((40, 40))", "Resize((32, 32))"))
-    with pytest.raises(UsageError, match=r"transform\(\) gave \(3, 32, 32\) torch.float32; give a float tensor "
-                                         r"of channels x 40 x 40"):
+    # Caught once, when the model file is loaded (before any run), not in every run's first batch.
+    with pytest.raises(UsageError, match=r"transform gives 32 x 32 images but the model's input size is 40 x 40: "
+                                         r"set INPUT_SIZE = 32"):
         next(inputs.batches(f"imagefolder:{folder}", 1, 40, 1, model=f"{tmp_path}/wrong.py:build"))
+
+
+def test_a_transform_factory_is_called_once_for_the_transform_it_makes(tmp_path):
+    """torchvision's ``weights.transforms()`` is a factory: a model file that names it as its
+    transform gets the transform it makes, checked, instead of a TypeError in every run."""
+    from PIL import Image
+
+    from paretopipe.partition.names import canonical_name, input_transform
+
+    factory = MODEL_WITH_TRANSFORM.replace("def transform(image):", "def transform():").replace(
+        "transforms.Normalize([0.5] * 3, [0.5] * 3)])(image)", "transforms.Normalize([0.5] * 3, [0.5] * 3)])")
+    (tmp_path / "factory.py").write_text(factory)
+    spec = f"{tmp_path}/factory.py:build"
+    canonical_name(spec)
+    out = input_transform(spec)(Image.new("RGB", (64, 48), (10, 200, 30)))
+    assert tuple(out.shape) == (3, 40, 40) and out.dtype == torch.float32
+    assert torch.allclose(out[0], out[1]) and out.min() >= -1 and out.max() <= 1  # grey, in [-1, 1]
+
+
+@pytest.mark.parametrize("body, what", [
+    ("transform = 5", "transform is a int; define transform(image)"),
+    ("def transform():\n    return 'resize'", "transform() takes no image and returned a str"),
+    ("def transform(image):\n    return [image]", "transform gave list; define transform(image)"),
+    ("def transform(image):\n    raise ValueError('no')", "transform failed on a 256 x 256 RGB image: ValueError: no"),
+])
+def test_a_transform_that_is_not_one_is_refused_in_one_line_when_the_file_loads(tmp_path, body, what):
+    from paretopipe.partition.names import canonical_name
+
+    (tmp_path / "odd.py").write_text(MODEL_WITH_TRANSFORM.split("def transform(image):")[0] + body + "\n")
+    with pytest.raises(UsageError, match=re.escape(what)):
+        canonical_name(f"{tmp_path}/odd.py:build")
+
+
+def test_a_model_file_without_input_size_whose_transform_gives_another_size_is_refused(tmp_path):
+    from paretopipe.partition.names import canonical_name
+
+    (tmp_path / "nosize.py").write_text(MODEL_WITH_TRANSFORM.replace("INPUT_SIZE = 40\n", ""))
+    with pytest.raises(UsageError, match=r"gives 40 x 40 images but the model's input size is 224 x 224: set "
+                                         r"INPUT_SIZE = 40 in the file \(224 when unset\)"):
+        canonical_name(f"{tmp_path}/nosize.py:build")
