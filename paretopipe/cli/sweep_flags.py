@@ -230,7 +230,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--stage-threads",), WHERE, "torch threads per stage, e.g. 1,2 (overrides --threads)", field="",
          stored=lambda o: _joined(o.stage_threads)),
     Flag(("--stage-cpu",), WHERE, "CPU share per stage via cgroup quota, e.g. 0.25,1 (an edge device and a server on "
-         "one machine; local TCP only)", field="", stored=lambda o: _joined(o.stage_cpu)),
+         "one machine; local stages: a TCP worker's compute threads, an RPC rank's whole process)", field="",
+         stored=lambda o: _joined(o.stage_cpu)),
     Flag.of(flags.STAGE_CPU_TRACE, WHERE, help=flags.STAGE_CPU_TRACE.help + " (local TCP only)", field="",
             stored=lambda o: ",".join(f"{k}={v}" for k, v in sorted(o.stage_cpu_trace.items())) or None),
     Flag(("--no-optimizations",), WHERE, "do not pin stages to separate cores (the anchor's behaviour; for "
