@@ -246,7 +246,7 @@ def _validate(args: argparse.Namespace, profiles: list) -> int:
     print(f"{summary['configurations']} configurations: median |error| latency "
           f"{summary['latency_median_ape']:.1%}, throughput {summary['throughput_median_ape']:.1%}; fronts compared "
           f"within the measured noise (epsilon-fronts: a split is dominated only by one better by more than the "
-          f"front's median 95% half-width on one objective and no worse on any)")
+          f"front's median 95% half-width on one objective and no worse, beyond it, on any)")
     for name, v in summary["per_network"].items():
         rr = v.get("run_to_run_jaccard")
         eps = ", ".join(f"{col.split('_')[0]} {e:.1%}" for col, e in v["epsilon"].items())
@@ -255,14 +255,14 @@ def _validate(args: argparse.Namespace, profiles: list) -> int:
               f"{v['predicted_epsilon_front']}); strict Jaccard {v['strict_jaccard']:.2f} (measured "
               f"{v['measured_front']}, predicted {v['predicted_front']})"
               + (f"; beyond the noise: {v['beyond_noise']}" if v["beyond_noise"] else "")
-              + (f"; the sweep's runs against each other {rr:.2f}" if rr is not None else ""))
+              + (f"; the sweep against itself {rr:.2f}" if rr is not None else ""))
         kept = kept_line(table, name)
         if kept:
             print(f"    {kept}")
     for name, rr in summary["unjudged_fronts"].items():
-        print(f"  not judged: {name}: the sweep's own runs agree on its epsilon-front at only {rr:.2f} (< "
-              f"{GOAL_JACCARD}): its splits lie within the noise of each other, so no measurement this noisy "
-              f"ranks them and no prediction can be held to one ranking")
+        print(f"  not judged: {name}: two sweeps drawn from this one's own runs agree on its epsilon-front at only "
+              f"{rr:.2f} (< {GOAL_JACCARD}): its best splits lie within the noise of each other, so this "
+              f"measurement does not rank them and no prediction can be held to one ranking")
     print(f"goals (median error <= {GOAL_MAPE:.0%}, epsilon-front Jaccard >= {GOAL_JACCARD} on the fronts the sweep "
           f"reproduces; {epsilon_jaccard_words(summary)}): {'met' if summary['goals_met'] else 'NOT met'}; "
           f"written: {', '.join(str(p) for p in written)}")

@@ -9,7 +9,6 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
 from .. import records
@@ -50,34 +49,20 @@ def _with_front(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(front=[front_name(n, c, k) for n, c, k in zip(table["network"], table["cipher"], codecs)])
 
 
-def front_epsilons(configs: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Per front, each objective's noise from the sweep's per-configuration 95% intervals
-    (:func:`pareto.interval_epsilon`): the one epsilon that judges every comparison of that front."""
-    if configs.empty or "cipher" not in configs.columns:
-        return {}
-    configs = _with_front(configs[configs["backend"] == "tcp"].assign(latency_s=configs["latency_median_s"]))
-    return {name: pareto.interval_epsilon(g, INTERVALS, MEASURED) for name, g in configs.groupby("front", sort=False)}
-
-
-def run_to_run_jaccard(session: Session, epsilons: dict[str, np.ndarray] | None = None) -> dict[str, float]:
-    """Per front (network and cipher): how well the epsilon-fronts of the sweep's separate runs
-    agree with each other (mean pairwise Jaccard; ``epsilons`` per front, from the sweep's intervals
-    when not given, 0 where it has none). This is the ceiling for any prediction: measured noise moves
-    fronts too."""
+def run_to_run_jaccard(session: Session, epsilons: dict[str, Sequence[float]] | None = None) -> dict[str, float]:
+    """Per front (network and cipher): how well the sweep agrees with itself, the most any
+    prediction can agree with a measurement this noisy: the mean Jaccard of the epsilon-fronts of
+    two sweeps drawn from its own runs (:func:`pareto.resampled_front_agreement`), with ``epsilons``
+    per front (the noise of its medians; 0 where not given, the strict front)."""
     runs = session.runs()
     runs = _with_front(runs[(runs["backend"] == "tcp") & (runs["status"] == "complete")]
                        .assign(latency_s=runs["latency_median_s"]))
-    if epsilons is None:
-        epsilons = front_epsilons(session.configs()) if (session.path / "summary.csv").exists() else {}
     out = {}
     for name, g in runs.groupby("front", sort=False):
-        eps = epsilons.get(name, np.zeros(len(MEASURED)))
-        fronts = [set(r.loc[pareto.epsilon_front_mask(r[list(MEASURED)].to_numpy(dtype=float),
-                                                      list(MEASURED.values()), eps), "split_index"])
-                  for _, r in g.groupby("run")]
-        pairs = [jaccard(a, b) for a, b in combinations(fronts, 2)]
-        if pairs:
-            out[name] = float(statistics.fmean(pairs))
+        eps = (epsilons or {}).get(name, [0.0] * len(MEASURED))
+        agreement = pareto.resampled_front_agreement(g, ["split_index"], MEASURED, eps)
+        if agreement is not None:
+            out[name] = agreement
     return out
 
 
@@ -175,7 +160,7 @@ def _front_agreement(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
                              "epsilon": dict(zip(MEASURED, map(float, eps))),
                              "measured_front": sorted(m), "measured_tied": sorted(me - m), "predicted_front": sorted(p),
                              "measured_epsilon_front": sorted(me), "predicted_epsilon_front": sorted(pe),
-                             "beyond_noise": sorted(p - me), "missed": sorted(me - pe),
+                             "beyond_noise": sorted(pe - me), "missed": sorted(me - pe),
                              "latency_mape": float(g["latency_ape"].median()),
                              "throughput_mape": float(g["throughput_ape"].median())}
     return per_network
@@ -213,7 +198,7 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
     known = {name: NetworkConditions.from_dict(d) for name, d in meta.get("networks", {}).items()}
     table = pd.DataFrame(_predicted_rows(configs, profiles, known, base, opts))
     per_network = _front_agreement(table)
-    ceiling = run_to_run_jaccard(session, {n: np.array(list(v["epsilon"].values())) for n, v in per_network.items()})
+    ceiling = run_to_run_jaccard(session, {n: list(v["epsilon"].values()) for n, v in per_network.items()})
     for name, value in ceiling.items():
         per_network[name]["run_to_run_jaccard"] = value
     summary = {
@@ -232,11 +217,12 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
                 "with durations from the device profiles; measured values are the sweep's per-configuration "
                 "medians; fronts are compared within the measured noise: a split is off a front (its "
                 "epsilon-front) only when another beats it by more than epsilon on one objective and is no "
-                "worse on any, epsilon per objective and front being the median relative half-width of the "
-                "sweep's 95% intervals there, applied alike to the measurement, the prediction and the sweep's "
-                "own runs; jaccard compares the measured and predicted epsilon-fronts, strict_jaccard the strict "
+                "worse, beyond epsilon, on any; epsilon per objective and front is the median relative "
+                "half-width of the sweep's 95% intervals there, for the measured and the predicted medians "
+                "alike; jaccard compares the measured and predicted epsilon-fronts, strict_jaccard the strict "
                 "fronts; beyond_noise lists predicted front points the measurement dominates by more than the "
-                "noise; run_to_run_jaccard compares the epsilon-fronts of the sweep's own runs with each other, "
+                "noise; run_to_run_jaccard is how well two sweeps drawn from the sweep's own runs (bootstrap resamples "
+                "of each configuration's runs) agree on their epsilon-fronts, "
                 "the most any prediction can agree with a measurement this noisy; the goal is judged on the "
                 "fronts where that agreement reaches the goal (judged_fronts)",
     }

@@ -73,18 +73,32 @@ def test_validation_reports_the_chosen_errors_and_fronts_exactly(tmp_path):
     assert json.loads(written[1].read_text())["configurations"] == 3
 
 
-def test_run_to_run_jaccard_compares_the_runs_fronts(tmp_path):
-    """Two runs whose fronts share one of three splits agree at 1/3."""
+def _runs_session(tmp_path, points_per_run):
     session = tmp_path / "s"
     session.mkdir()
     rows = []
-    for run, points in ((0, {1: (0.010, 50), 2: (0.020, 80), 3: (0.030, 40)}),
-                        (1, {1: (0.010, 50), 2: (0.020, 40), 3: (0.030, 90)})):
+    for run, points in enumerate(points_per_run):
         for k, (lat, thr) in points.items():
             rows.append({"backend": "tcp", "status": "complete", "network": "lan", "run": run, "split_index": k,
                          "latency_median_s": lat, "throughput_imgs_per_s": thr, "model": "m", "batch_size": 1})
     pd.DataFrame(rows).to_csv(session / "runs.csv", index=False)
-    assert predict.run_to_run_jaccard(Session(session)) == {"lan": pytest.approx(1 / 3)}
+    return Session(session)
+
+
+def test_a_sweep_whose_runs_agree_reproduces_its_front_and_one_whose_runs_swap_the_best_does_not(tmp_path):
+    """Two sweeps drawn from the runs (bootstrap resamples of each configuration's runs): where every
+    run has the same front, every draw has it too (1.0); where the runs swap which split has the best
+    throughput, the draws' fronts disagree, and by how much depends on how often they swap."""
+    steady = _runs_session(tmp_path, [{1: (0.010, 50), 2: (0.020, 80), 3: (0.030, 40)}] * 4)
+    assert predict.run_to_run_jaccard(steady) == {"lan": 1.0}
+    swapping = tmp_path / "swap"
+    swapping.mkdir()
+    flips = _runs_session(swapping, [{1: (0.010, 50), 2: (0.020, 80), 3: (0.020, 40)},
+                                     {1: (0.010, 50), 2: (0.020, 40), 3: (0.020, 80)}] * 2)
+    agreement = predict.run_to_run_jaccard(flips)["lan"]
+    assert 0.3 < agreement < 0.9
+    # Within a noise as large as the swap, 2 and 3 cannot be told apart: every draw keeps both.
+    assert predict.run_to_run_jaccard(flips, {"lan": [0.05, 0.6]}) == {"lan": 1.0}
 
 
 def test_a_lossy_wire_is_predicted_with_its_own_codec_and_shown_with_what_it_kept(tmp_path):
