@@ -92,13 +92,19 @@ def _panel_figure(panel: pd.DataFrame, objectives: Sequence[Objective], title: s
                                    "arrayminus": (pts[o.column] - pts[o.low]).clip(lower=0).fillna(0).tolist()}
             fig.add_trace(go.Scatter(
                 x=pts[x.column].tolist(), y=pts[y.column].tolist(),
-                mode="lines+markers+text" if status == "front" and draw_line else "markers+text",
+                mode="markers+text",
                 text=[f"k={k}" for k in pts["split_index"]], textposition="top right", textfont={"size": 9},
                 name=f"{network} {status}", legendgroup=network,
                 marker={"color": colour, "size": 9 if status == "front" else 7,
                         "symbol": _STATUS_SYMBOL[status], "opacity": 1.0 if status != "dominated" else 0.45},
                 line={"color": colour}, hovertemplate="%{customdata}<extra></extra>",
                 customdata=[hover_text(r, objectives) for _, r in pts.iterrows()], **error))
+            traces_of[network].append(len(fig.data) - 1)
+        line = rows[rows["on_front"].astype(bool)].sort_values(x.column) if "on_front" in rows else rows.iloc[0:0]
+        if draw_line and len(line) >= 2:  # the strict front's line, as the static figures draw it
+            fig.add_trace(go.Scatter(x=line[x.column].tolist(), y=line[y.column].tolist(), mode="lines",
+                                     line={"color": colour}, name=f"{network} front line", legendgroup=network,
+                                     showlegend=False, hoverinfo="skip"))
             traces_of[network].append(len(fig.data) - 1)
     total = len(fig.data)
     buttons = [{"label": "all networks", "method": "update", "args": [{"visible": [True] * total}]}]

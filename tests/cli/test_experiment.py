@@ -100,7 +100,7 @@ def test_file_equals_flags_then_rerun_and_resume_refusal(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("[sweep]\nbatch_sizes = 4\n", "unknown option 'batch_sizes' in [sweep]; valid:"),
     ("[sweep]\nbatch_size = 0\n", "'0' is out of range"),
-    ("[sweep]\nbackend = \"grpc\"\n", "'grpc'; valid: tcp, rpc, both"),
+    ("[sweep]\nbackend = \"grpc\"\n", "'grpc' is not one of tcp, rpc, both"),
     ("[sweeps]\n", "unknown table [sweeps]"),
     ("[sweep\n", "is not valid TOML"),
     ("[hosts]\nlist = [{address = \"10.0.0.1\"}]\n", "names one host"),

@@ -45,7 +45,7 @@ def test_every_key_of_the_resolved_table_is_an_option_an_experiment_file_accepts
     opts = sweep_options.options_from_args(sweep.parser().parse_args(["--local", "--precision", "5%", "--deadline-ms", "100",
                                                                "--stage-threads", "1,2", "--backend", "both"]))
     table = sweep_flags.resolved_table(opts)
-    assert table["precision"] == "5%" and table["deadline_ms"] == 100.0 and table["backend"] == "both"
+    assert table["precision"] == "5%" and table["deadline_ms"] == 100.0 and table["backend"] == "tcp,rpc"
     assert table["stage_threads"] == "1,2" and table["local"] is True
     path = tmp_path / experiment.FILE_NAME
     experiment.write(path, table, {}, None)

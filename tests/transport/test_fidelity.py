@@ -126,7 +126,9 @@ def test_the_agreement_and_kl_are_what_an_independent_count_gives(digits):
         ref, got = builder.model(x).double(), second(wirequant.roundtrip(first(x), "int4")).double()
     assert f["fidelity_top1_agreement"] == float((ref.argmax(1) == got.argmax(1)).double().mean())
     kl = torch.nn.functional.kl_div(got.log_softmax(1), ref.log_softmax(1), log_target=True, reduction="batchmean")
-    assert f["fidelity_kl_mean"] == pytest.approx(float(kl), rel=1e-9)
+    # Not to the last bit: the evaluation runs its own batches, and float32 convolutions of another
+    # batch shape round differently (1.1e-8 relative on 2026-11-28); a wrong formula is off by far more.
+    assert f["fidelity_kl_mean"] == pytest.approx(float(kl), rel=1e-6)
 
 
 def test_a_run_over_tcp_records_its_evaluation_beside_its_timings(digits, tmp_path):
