@@ -108,12 +108,12 @@ def interval_epsilon(frame: pd.DataFrame, intervals: Mapping[str, tuple[str, str
 
 
 def resampled_front_agreement(runs: pd.DataFrame, config_cols: Sequence[str], objectives: Mapping[str, str],
-                              epsilon: Sequence[float], pairs: int = 100, seed: int = 0) -> float | None:
-    """How well two sweeps like this one would agree on their epsilon-front: pairs of bootstrap
-    resamples of each configuration's runs (one group's), each resample's medians' epsilon-front
-    (with ``epsilon``, the noise of the sweep's medians), and the mean Jaccard over the pairs. A
-    single run's front is no stand-in: on a 2-core machine one run's latency swings by 20%. None
-    where no configuration has two runs."""
+                              epsilon: Sequence[float], resamples: int = 100, seed: int = 0) -> float | None:
+    """How well the sweep agrees with itself on one group's epsilon-front: the mean Jaccard between
+    its front (of the runs' medians, with ``epsilon``, the noise of those medians) and the front of
+    each bootstrap resample of every configuration's runs, as a second sweep of the same size would
+    draw it. A single run's front is no stand-in: on a 2-core machine one run's latency swings by
+    20%. None where no configuration has two runs."""
     usable, _, _ = _usable(runs, objectives)
     values = [g[list(objectives)].to_numpy(dtype=float) for _, g in usable.groupby(list(config_cols), dropna=False)]
     if not values or max(len(v) for v in values) < 2:
@@ -121,14 +121,14 @@ def resampled_front_agreement(runs: pd.DataFrame, config_cols: Sequence[str], ob
     rng = np.random.default_rng(seed)
     senses = list(objectives.values())
 
-    def resampled_front() -> set[int]:
-        medians = np.array([np.median(v[rng.integers(0, len(v), len(v))], axis=0) for v in values])
+    def front_of(medians: np.ndarray) -> set[int]:
         return set(np.flatnonzero(epsilon_front_mask(medians, senses, epsilon)).tolist())
 
+    full = front_of(np.array([np.median(v, axis=0) for v in values]))
     scores = []
-    for _ in range(pairs):
-        a, b = resampled_front(), resampled_front()
-        scores.append(len(a & b) / len(a | b) if a | b else 1.0)
+    for _ in range(resamples):
+        drawn = front_of(np.array([np.median(v[rng.integers(0, len(v), len(v))], axis=0) for v in values]))
+        scores.append(len(full & drawn) / len(full | drawn) if full | drawn else 1.0)
     return float(np.mean(scores))
 
 

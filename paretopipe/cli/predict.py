@@ -260,9 +260,10 @@ def _validate(args: argparse.Namespace, profiles: list) -> int:
         if kept:
             print(f"    {kept}")
     for name, rr in summary["unjudged_fronts"].items():
-        print(f"  not judged: {name}: two sweeps drawn from this one's own runs agree on its epsilon-front at only "
-              f"{rr:.2f} (< {GOAL_JACCARD}): its best splits lie within the noise of each other, so this "
-              f"measurement does not rank them and no prediction can be held to one ranking")
+        print(f"  not judged: {name}: the sweep agrees with itself on this epsilon-front at only {rr:.2f} (< "
+              f"{GOAL_JACCARD}; its front against those of its own runs resampled): its best splits lie within "
+              f"the noise of each other, so this measurement does not rank them and no prediction can be held "
+              f"to one ranking")
     print(f"goals (median error <= {GOAL_MAPE:.0%}, epsilon-front Jaccard >= {GOAL_JACCARD} on the fronts the sweep "
           f"reproduces; {epsilon_jaccard_words(summary)}): {'met' if summary['goals_met'] else 'NOT met'}; "
           f"written: {', '.join(str(p) for p in written)}")
