@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps docs test test-fast test-gpu demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
+.PHONY: venv sysdeps docs test test-exhaustive test-fast test-gpu demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -37,6 +37,13 @@ test: venv sysdeps
 	  while kill -0 $(ARM_BUILD_PID) 2>/dev/null; do sleep 5; done; \
 	fi
 	$(PY) -m pytest -q -m "alone and not arm and not gpu" --durations=10
+
+# Every cut of the large models (ViT-B/16's 140 cuts of up to three live tensors, VGG16's, ResNet50's
+# and Inception's fine cuts), each a forward pass: make test checks a seeded sample of each
+# (tests/conftest.py exhaustive_sample), this checks them all; .ci/run runs it after make test.
+test-exhaustive: venv
+	PARETOPIPE_EXHAUSTIVE=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests/partition/test_live_sets.py \
+	  tests/partition/test_split.py -k "every_cut or every_fine_cut" --durations=5
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
 test-fast: venv

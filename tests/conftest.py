@@ -25,6 +25,23 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: make test checks a seeded sample of each exhaustive set (every cut of a large model: each is a
+#: whole forward pass); make test-exhaustive, which .ci/run runs too, sets this and checks them all.
+EXHAUSTIVE = os.environ.get("PARETOPIPE_EXHAUSTIVE") == "1"
+
+
+def exhaustive_sample(items, k: int = 12, seed: int = 0) -> list:
+    """``items`` whole under PARETOPIPE_EXHAUSTIVE=1 or when there are at most ``k``; else the first,
+    the last and ``k - 2`` of the rest drawn with ``seed`` (the same sample on every run), in order."""
+    items = list(items)
+    if EXHAUSTIVE or len(items) <= k:
+        return items
+    import random
+
+    middle = sorted(random.Random(seed).sample(range(1, len(items) - 1), k - 2))
+    return [items[0], *(items[i] for i in middle), items[-1]]
+
+
 @functools.lru_cache(maxsize=None)
 def traced(name: str, batch: int = 2, size: int | None = None):
     """(model, partitioner, inputs, other_inputs) for a zoo model at ``batch`` images of ``size``

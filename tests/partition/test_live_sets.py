@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import traced
+from conftest import exhaustive_sample, traced
 from paretopipe.errors import UsageError
 from paretopipe.partition import activation, fxcuts, tables
 
@@ -34,7 +34,9 @@ def test_every_cut_of_up_to_three_live_tensors_is_exact(name):
     assert _widths(part) == EXPECTED_WIDTHS[name]
     with torch.no_grad():
         ref = model(inputs)
-    for cut in part.candidate_cuts(3):
+    # ViT's 140 cuts are 140 forward passes of ViT-B: make test checks a seeded sample of them.
+    cuts = part.candidate_cuts(3)
+    for cut in exhaustive_sample(cuts, 16) if name == "vit_b_16" else cuts:
         first, second = part.stages([cut.name])
         with torch.no_grad():
             mid = first(inputs)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import PYTHON, ROOT, traced
+from conftest import PYTHON, ROOT, exhaustive_sample, traced
 from paretopipe.partition import fxcuts, models
 from paretopipe.errors import UsageError
 
@@ -51,7 +51,8 @@ def test_every_fine_cut_is_exact(name):
     assert _responsive(model, inputs, other) > 1000 * TOL
     with torch.no_grad():
         ref = model(inputs)
-    for cut in part.cuts:
+    # The heavy models' 32 to 39 cuts are as many forward passes: make test checks a seeded sample.
+    for cut in exhaustive_sample(part.cuts, 12) if name in HEAVY else part.cuts:
         first, second = part.stages([cut.name])
         with torch.no_grad():
             mid = first(inputs)
