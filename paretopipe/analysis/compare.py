@@ -46,7 +46,8 @@ def _front_set(frame: pd.DataFrame) -> set[str]:
 
 
 def _epsilon_front(frame: pd.DataFrame) -> set[str]:
-    """The splits the data cannot tell apart from the best: its epsilon-front (front or tied, pareto.front_status)."""
+    """The splits the data cannot tell apart from the best: the epsilon-front (front or tied,
+    :func:`pareto.front_status`)."""
     if "front_status" not in frame.columns:
         return _front_set(frame)
     return {str(k) for k in frame.loc[frame["front_status"].isin(["front", "tied"]), "split_index"]}
@@ -214,11 +215,12 @@ def self_agreement(session: Session, table: pd.DataFrame, fronts: pd.DataFrame) 
     senses, intervals = objectives_mod.senses(chosen), objectives_mod.intervals(chosen)
     runs = session.runs()
     runs = runs.assign(latency_s=runs["latency_median_s"]) if "latency_median_s" in runs else runs
+    keyed = [c for c in GROUP if c in runs]  # runs.csv of an older session may lack a key column
     out = []
     for _, row in fronts.iterrows():
         key = pd.Series([str(row[c]) for c in GROUP], index=GROUP)
         mine = table[(table[GROUP].astype(str) == key).all(axis=1)]
-        its_runs = runs[(runs[[c for c in GROUP if c in runs]].astype(str) == key[[c for c in GROUP if c in runs]]).all(axis=1)]
+        its_runs = runs[(runs[keyed].astype(str) == key[keyed]).all(axis=1)]
         eps = pareto.interval_epsilon(mine, intervals, senses)
         out.append(pareto.resampled_front_agreement(its_runs, ["split_index"], senses, eps))
     return out
@@ -238,8 +240,8 @@ def goals(result: dict[str, Any], min_jaccard: float, selective: dict[str, int])
     fronts = result["fronts"]
     # A front that either session does not reproduce against its own runs cannot be reproduced by
     # the other: it is shown, not judged (the same rule as predict --validate's).
-    judged = [all(v is None or v != v or v >= min_jaccard for v in (r.get("self_agreement_a"), r.get("self_agreement_b")))
-              for _, r in fronts.iterrows()]
+    judged = [all(v is None or v != v or v >= min_jaccard
+                  for v in (r.get("self_agreement_a"), r.get("self_agreement_b"))) for _, r in fronts.iterrows()]
     worst = fronts.loc[judged, "jaccard_epsilon"].min() if any(judged) else None
     ok = worst is None or bool(worst >= min_jaccard)
     met &= ok

@@ -239,9 +239,9 @@ def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[o
 
 
 def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
-    """The epsilon-front: the front and the points tied with it (no point beats them by more than the
-    network's measured noise, :func:`pareto.front_status`), the splits the data cannot tell apart from the best; ``columns``: the objectives' columns
-    beyond latency and throughput."""
+    """The epsilon-front: the front and the points tied with it (no point beats them by more than
+    the network's measured noise, :func:`pareto.front_status`), the splits the data cannot tell
+    apart from the best; ``columns``: the objectives' columns beyond latency and throughput."""
     main = (["ttft_median_s", "tpot_median_s", "tokens_per_s"] if objectives_mod.is_generation(table)
             else ["latency_s", "throughput_imgs_per_s"])
     cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "prompt_len", "fault",
