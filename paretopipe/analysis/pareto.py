@@ -137,8 +137,8 @@ def epsilon_front_mask(values: np.ndarray, senses: Sequence[str], epsilon: Seque
     better by more than ``epsilon`` (relative, per objective) on one objective and no worse, beyond
     the same epsilon, on any. With epsilon 0 this is the strict front (duplicates kept). A difference
     within the noise counts neither way: a 0.3% edge in latency does not keep a split on the front
-    beside one with twice its throughput. Over three objectives or more such a relation can run in a
-    circle and leave no row; the strict front stands then."""
+    beside one with twice its throughput. Such a relation is not transitive and can run in a circle
+    (epsilon differs per objective); where that leaves no row, the strict front stands."""
     x = np.asarray(values, dtype=float) * np.array([1.0 if s == "min" else -1.0 for s in senses])
     if len(x) == 0:
         return np.zeros(0, dtype=bool)
