@@ -240,8 +240,8 @@ def goals(result: dict[str, Any], min_jaccard: float, selective: dict[str, int])
     fronts = result["fronts"]
     # A front that either session does not reproduce against its own runs cannot be reproduced by
     # the other: it is shown, not judged (the same rule as predict --validate's).
-    judged = [all(v is None or v != v or v >= min_jaccard
-                  for v in (r.get("self_agreement_a"), r.get("self_agreement_b"))) for _, r in fronts.iterrows()]
+    judged = [pareto.reproduces(r.get("self_agreement_a"), min_jaccard)
+              and pareto.reproduces(r.get("self_agreement_b"), min_jaccard) for _, r in fronts.iterrows()]
     worst = fronts.loc[judged, "jaccard_epsilon"].min() if any(judged) else None
     ok = worst is None or bool(worst >= min_jaccard)
     met &= ok

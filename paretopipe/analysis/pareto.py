@@ -132,6 +132,12 @@ def resampled_front_agreement(runs: pd.DataFrame, config_cols: Sequence[str], ob
     return float(np.mean(scores))
 
 
+def reproduces(agreement: float | None, goal: float) -> bool:
+    """Whether a front is judged: its sweep agrees with itself (:func:`resampled_front_agreement`)
+    at least at ``goal``, or cannot say (no repeated runs: None or NaN)."""
+    return agreement is None or agreement != agreement or agreement >= goal
+
+
 def epsilon_front_mask(values: np.ndarray, senses: Sequence[str], epsilon: Sequence[float]) -> np.ndarray:
     """Rows that no other row dominates beyond the noise: a row is dominated only by one that is
     better by more than ``epsilon`` (relative, per objective) on one objective and no worse, beyond

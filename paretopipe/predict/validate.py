@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-from itertools import combinations
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -167,11 +166,11 @@ def _front_agreement(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
 
 
 def judge(per_network: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Which fronts the goal is stated on: those whose sweep agrees with itself (its runs'
-    epsilon-fronts at Jaccard >= the goal, or a single run that cannot say). A front the sweep cannot
-    reproduce cannot be predicted either; it is named with its figures and left out of the verdict."""
-    judged = [n for n, v in per_network.items()
-              if v.get("run_to_run_jaccard") is None or v["run_to_run_jaccard"] >= GOAL_JACCARD]
+    """Which fronts the goal is stated on: those whose sweep agrees with itself (its epsilon-front
+    against its runs resampled at Jaccard >= the goal, or a single run that cannot say). A front the
+    sweep cannot reproduce cannot be predicted either; it is named with its figures and left out of
+    the verdict."""
+    judged = [n for n, v in per_network.items() if pareto.reproduces(v.get("run_to_run_jaccard"), GOAL_JACCARD)]
     unjudged = {n: v["run_to_run_jaccard"] for n, v in per_network.items() if n not in judged}
     mean = float(statistics.fmean(per_network[n]["jaccard"] for n in judged)) if judged else None
     return {"judged_fronts": judged, "unjudged_fronts": unjudged, "front_jaccard_mean": mean}
