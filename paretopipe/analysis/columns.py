@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import faults
 from ..network.labels import link_label
-from .keys import CLOSED_LOOP, PLAIN, RAW_TCP, split_label
+from .keys import CLOSED_LOOP, DEFAULT_ENGINE, PLAIN, RAW_TCP, split_label
 
 RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
               "batch_size", "in_flight", "cipher", "transport", "codec", "scenario", "latency_median_s", "latency_mean_s", "latency_p95_s",
@@ -37,7 +37,7 @@ GENERATION = re.compile(r"^(prompt_len|gen_tokens|streams|tokens_generated|ttft_
 #: What a lossy wire cost (paretopipe.transport.fidelity): the evaluation pass after the timed
 #: batches, the same in every run of a configuration (its inputs and arithmetic are deterministic).
 FIDELITY = re.compile(r"^(fidelity_(samples|top1_agreement|kl_mean|eval_s|error)|accuracy_top1(_float32)?|"
-                      r"perplexity(_float32)?)$")
+                      r"perplexity(_float32)?|engine_max_rel_error)$")
 #: What a fault cost a run (paretopipe.faults): runs.csv keeps each, summary.csv their medians.
 FAULT = faults.COLUMNS
 #: A generation's figures that summary.csv gives a median with a 95% CI over runs (its fronts' axes):
@@ -60,6 +60,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             "scenario": (c.get("loadgen") or {}).get("scenario") or CLOSED_LOOP,
             **({"fault": faults.Fault(**c["fault"]).label} if c.get("fault") else {}),
             **({"placement": str(c["placement"])} if c.get("placement") else {}),
+            "engine": c.get("engine") or DEFAULT_ENGINE, **engine_error(rec["manifest"]),
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **({"prompt_len": prompt_len(rec), "gen_tokens": generation.get("gen_tokens")} if generation else {}),
             **{k: v for k, v in s.items() if k.startswith("loadgen_")},
@@ -91,8 +92,17 @@ def extra_columns(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _extra(column: str) -> bool:
-    return column in ("fault", "placement") or any(p.match(column) for p in (BREAKDOWN, RESOURCES, GENERATION, FIDELITY,
+    return column in ("fault", "placement", "engine") or any(p.match(column) for p in (BREAKDOWN, RESOURCES, GENERATION, FIDELITY,
                                                                             FAULT))
+
+
+def engine_error(manifest: dict[str, Any]) -> dict[str, float]:
+    """``engine_max_rel_error``: the largest of the run's engine stages' errors against their torch
+    stages (paretopipe.partition.onnxstage); none where every stage ran torch."""
+    errors = [stage["engine"]["max_rel_error"] for stage in manifest.get("stages") or []
+              if isinstance(stage, dict) and isinstance(stage.get("engine"), dict)
+              and isinstance(stage["engine"].get("max_rel_error"), (int, float))]
+    return {"engine_max_rel_error": max(errors)} if errors else {}
 
 
 def cipher_of(manifest: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
-from .. import faults, records
+from .. import engines, faults, records
 from ..loadgen.settings import CLOSED_LOOP
 from ..splits import Split, sort_key
 
@@ -23,6 +23,8 @@ NO_FAULT = faults.NONE
 #: A configuration whose stages ran on the testbed's first hosts in the order .env lists them (or
 #: on this machine): a sweep without --placements.
 NO_PLACEMENT = "in-order"
+#: A configuration whose stages computed in eager PyTorch (paretopipe.engines): every one before engines.
+DEFAULT_ENGINE = engines.TORCH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,7 @@ class ConfigKey:
     prompt_len: int = NO_PROMPT  # a generation's prompt tokens per stream (0: image batches)
     fault: str = NO_FAULT        # the fault the runs survived (paretopipe.faults), or none
     placement: str = NO_PLACEMENT  # the hosts its stages ran on, in order (placement_label), or in order
+    engine: str = DEFAULT_ENGINE   # the engine its stages computed on (one, or one per stage joined by "+")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_index", split_label(self.split_index))
@@ -59,16 +62,16 @@ class ConfigKey:
         """``model_backend_network_k03[_cipher][_transport]``: without the batch size, which one sweep fixes."""
         return config_key(self.model, self.backend, self.network, self.split_index, self.cipher, self.transport,
                           self.codec, scenario=self.scenario, prompt_len=self.prompt_len, fault=self.fault,
-                          placement=self.placement)
+                          placement=self.placement, engine=self.engine)
 
 
 CONFIG_KEY = [f.name for f in dataclasses.fields(ConfigKey)]
 #: What a row from before ciphers, transports, codecs, scenarios or prompts in the key means by their absence.
 KEY_DEFAULTS = {"cipher": PLAIN, "transport": RAW_TCP, "codec": DEFAULT_CODEC, "in_flight": 1, "scenario": CLOSED_LOOP,
-                "prompt_len": NO_PROMPT, "fault": NO_FAULT, "placement": NO_PLACEMENT}
+                "prompt_len": NO_PROMPT, "fault": NO_FAULT, "placement": NO_PLACEMENT, "engine": DEFAULT_ENGINE}
 #: Key columns a table writes only where some row has a value of its own (an image sweep's tables
 #: keep the columns they had before language models).
-OPTIONAL_KEY = {"prompt_len": NO_PROMPT, "fault": NO_FAULT, "placement": NO_PLACEMENT}
+OPTIONAL_KEY = {"prompt_len": NO_PROMPT, "fault": NO_FAULT, "placement": NO_PLACEMENT, "engine": DEFAULT_ENGINE}
 
 
 def placement_label(devices: Sequence[int]) -> str:
@@ -101,19 +104,19 @@ def table_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 #: One panel of figures: every network and split of one model, backend, cipher, transport, batch
 #: size, codec, window, load and prompt length.
 PANEL_KEY = ["model", "backend", "cipher", "transport", "batch_size", "codec", "in_flight", "scenario", "prompt_len",
-             "fault", "placement"]
+             "fault", "placement", "engine"]
 
 
 def config_key(model: str, backend: str, network: str, split: Any, cipher: str = PLAIN,
                transport: str = RAW_TCP, codec: str = DEFAULT_CODEC, batch_tag: int | None = None,
                in_flight_tag: int | None = None, scenario: str = CLOSED_LOOP, prompt_len: int | None = None,
-               fault: str = NO_FAULT, placement: str = NO_PLACEMENT) -> str:
+               fault: str = NO_FAULT, placement: str = NO_PLACEMENT, engine: str = DEFAULT_ENGINE) -> str:
     """The text form of a configuration (file names, failures.csv); a sealed one ends in its cipher,
     one over another transport than raw TCP in the transport's name, then another codec than
     float32 uncompressed (``_float16-zstd``), and a batch size and an in-flight depth where a search
     session holds several (``_b4``, ``_w2``), a LoadGen scenario (``_server``) and a generation's
-    prompt length (``_p128``), a fault (``_stage2_kill_20_2``) and a placement (``_h1-3-2``): a sweep's
-    names are what they were before codecs were in the key."""
+    prompt length (``_p128``), a fault (``_stage2_kill_20_2``), a placement (``_h1-3-2``) and an engine
+    other than torch (``_onnxruntime``): a sweep's names are what they were before codecs were in the key."""
     k = Split.of(split).key
     return records.file_label(f"{model}_{backend}_{network}_{k}" + (f"_{cipher}" if cipher != PLAIN else "")
                               + (f"_{transport}" if transport != RAW_TCP else "")
@@ -123,7 +126,8 @@ def config_key(model: str, backend: str, network: str, split: Any, cipher: str =
                               + (f"_{scenario}" if scenario != CLOSED_LOOP else "")
                               + (f"_p{int(prompt_len)}" if prompt_len else "")
                               + (f"_{fault}" if fault != NO_FAULT else "")
-                              + (f"_h{placement}" if placement != NO_PLACEMENT else ""))
+                              + (f"_h{placement}" if placement != NO_PLACEMENT else "")
+                              + (f"_{engine}" if engine != DEFAULT_ENGINE else ""))
 
 
 def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
@@ -138,6 +142,7 @@ def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
     prompt = int(rest[3]) if len(rest) > 3 and rest[3] == rest[3] and rest[3] else NO_PROMPT
     fault = rest[4] if len(rest) > 4 and isinstance(rest[4], str) else NO_FAULT
     placement = rest[5] if len(rest) > 5 and isinstance(rest[5], str) else NO_PLACEMENT
+    engine = rest[6] if len(rest) > 6 and isinstance(rest[6], str) else DEFAULT_ENGINE
     sealed = cipher not in (PLAIN, None) and cipher == cipher  # NaN: a table without the column
     carried = transport not in (RAW_TCP, None) and transport == transport
     coded = codec not in (DEFAULT_CODEC, None) and codec == codec
@@ -147,14 +152,16 @@ def panel_names(key: Sequence[Any], depths: bool = False) -> tuple[str, str]:
              + (f", {depth} in flight" if depth != 1 else "")
              + (f", under LoadGen {scenario}" if scenario != CLOSED_LOOP else "")
              + (f", fault {fault}" if fault != NO_FAULT else "")
-             + (f", on hosts {placement}" if placement != NO_PLACEMENT else ""))
+             + (f", on hosts {placement}" if placement != NO_PLACEMENT else "")
+             + (f", engine {engine}" if engine != DEFAULT_ENGINE else ""))
     return title, records.file_label(f"{model}_{backend}" + (f"_{cipher}" if sealed else "")
                                      + (f"_{transport}" if carried else "") + (f"_p{prompt}" if prompt else f"_b{batch}")
                                      + (f"_{str(codec).replace('/', '-')}" if coded else "")
                                      + (f"_w{depth}" if depth != 1 else "")
                                      + (f"_{scenario}" if scenario != CLOSED_LOOP else "")
                                      + (f"_{fault}" if fault != NO_FAULT else "")
-                                     + (f"_h{placement}" if placement != NO_PLACEMENT else ""))
+                                     + (f"_h{placement}" if placement != NO_PLACEMENT else "")
+                                     + (f"_{engine}" if engine != DEFAULT_ENGINE else ""))
 
 
 def run_key(cfg_key: str, run: int) -> str:

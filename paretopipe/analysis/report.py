@@ -17,7 +17,7 @@ import pandas as pd
 from .. import records
 from ..errors import UsageError
 from . import adaptive_comparison, loadgen_front, objectives as objectives_mod
-from . import devices, fidelity_plot, pareto, robustness
+from . import devices, engine_fronts, fidelity_plot, pareto, robustness
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
 from .session import Session, find_session
@@ -151,6 +151,7 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
         records.atomic_write_csv(out / TRANSPORT_FILE, carried.to_dict("records"), list(carried.columns))
     loadgen_front.write(configs, out, predictions, plt, fmt)
     fidelity_plot.write(configs, out, plt, fmt)
+    engine_fronts.write(table, out, plt, fmt)
     depths = table["in_flight"].nunique() > 1
     for key, panel in table.groupby(PANEL_KEY):
         _panel_figures(plt, panel, key, chosen, out, fmt, depths)
@@ -245,7 +246,7 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     main = (["ttft_median_s", "tpot_median_s", "tokens_per_s"] if objectives_mod.is_generation(table)
             else ["latency_s", "throughput_imgs_per_s"])
     cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "prompt_len", "fault",
-            "placement", "network", "split_index", "cut", "front_status", *main, *[c for c in columns if c not in main],
+            "placement", "engine", "network", "split_index", "cut", "front_status", *main, *[c for c in columns if c not in main],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]
     sealed = "cipher" in table.columns and table["cipher"].fillna("none").ne("none").any()
     carried = "transport" in table.columns and table["transport"].fillna("tcp").ne("tcp").any()
@@ -261,7 +262,7 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     else:  # a pareto.csv written before ties were reported
         shown = table[table["on_front"]]
     shown = shown[cols].sort_values([c for c in ("model", "backend", "cipher", "transport", "codec", "scenario",
-                                                 "prompt_len", "fault", "placement", "network", main[0])
+                                                 "prompt_len", "fault", "placement", "engine", "network", main[0])
                                 if c in cols])
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 

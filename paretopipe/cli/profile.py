@@ -14,7 +14,7 @@ from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
                      example_epilog, positive_int, setup_logging)
 from ..predict.device_profile import DEFAULT_CODECS
-from .. import cpushare, records
+from .. import cpushare, engines, records
 
 log = logging.getLogger("paretopipe.profile")
 
@@ -47,6 +47,9 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
     p.add_argument("--ciphers", default="chacha20,aesgcm",
                    help="data-port ciphers whose seal and open times to measure, for predict --encrypt (none: skip)")
     add_dataset_flags(p, default="photos")
+    flags.ENGINE.add_to(p, help=flags.ENGINE.help + "; under an engine each segment, the whole model and each block "
+                        "split's two stages are timed as exports of their own (an engine fuses operators across "
+                        "segments)")
     flags.MAX_LIVE.add_to(p, help="profile every cut that at most this many tensors cross (a live set: skip connections, a "
                         "detector's pyramid), so that predict --fine weighs them too; 1 is the one-tensor cuts")
     flags.NUM_CLASSES.add_to(p)
@@ -60,7 +63,8 @@ def parser(prog: str = "python -m paretopipe.profile") -> ArgumentParser:
 
 
 #: A profile's options that only one kind of model takes (their dests).
-IMAGE_ONLY = ("batch_sizes", "codecs", "ciphers", "dataset", "data_dir", "max_live", "num_classes", "weights", "device")
+IMAGE_ONLY = ("batch_sizes", "codecs", "ciphers", "dataset", "data_dir", "max_live", "num_classes", "weights", "device",
+              "engine")
 GENERATION_ONLY = ("prompt_len", "decode_steps")
 
 
@@ -91,7 +95,9 @@ def _profile_image_model(args: argparse.Namespace) -> int:
                           codecs=[c.strip() for c in args.codecs.split(",") if c.strip()],
                           ciphers=[c.strip() for c in args.ciphers.split(",") if c.strip() and c.strip() != "none"],
                           num_classes=args.num_classes, weights=args.weights,
-                          dataset=dataset_from_args(args), data_dir=args.data_dir)
+                          dataset=dataset_from_args(args), data_dir=args.data_dir, engine=args.engine)
+    if args.engine != "torch":
+        engines.require(args.engine)
     doc = measure(opts, progress=log.info)
     path = records.atomic_write_json(args.out, doc)
     for b, per in doc["by_batch"].items():

@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .. import cputrace
+from .. import cputrace, engines
 from ..errors import UsageError
 from ..splits import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth
@@ -149,6 +149,8 @@ def stage1_parser(prog: str = "partition1.py") -> ArgumentParser:
     flags.COMPRESSION.add_to(d)
     d.add_argument("--compression-level", type=positive_int, default=3)
     flags.WIRE_DTYPE.add_to(d)
+    flags.ENGINE.add_to(d, help=flags.ENGINE.help + " (stage 1 tells every stage)")
+    flags.STAGE_ENGINES.add_to(d)
     flags.EVAL_SAMPLES.add_to(d)
     flags.EVAL_TEXT.add_to(d)
     flags.FIDELITY_TARGET.add_to(d)
@@ -267,6 +269,8 @@ def _stage1_config(args: argparse.Namespace, builder: StageBuilder, cuts: list[s
                                  link_mode=args.link or ("emulated" if conditions else "none"),
                                  network_delay_ms_label=args.network_delay_ms, max_batch_s=args.max_batch_s,
                                  loadgen=loadgen, generation=generation,
+                                 engine=engines.stage_engines_label(args.stage_engines, len(cuts) + 1)
+                                 if args.stage_engines else args.engine,
                                  **_declared_powers(args, len(cuts) + 1),
                                  **adaptive_fields(args, builder.partitioner.num_blocks))
 

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import cpushare, cputrace
+from .. import cpushare, cputrace, engines
 from ..errors import UsageError
 from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices
@@ -109,6 +109,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         stage_cpu_trace=cputrace.parse_stage_traces(args.stage_cpu_trace),
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
+                        engines=_engines(args, stages),
                         dataset="synthetic" if language_model else dataset_from_args(args, args.compression,
                                                                                      local=not testbed.remote),
                         data_dir=args.data_dir, inline_networks=inline, objectives=args.objectives,
@@ -116,6 +117,15 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),
                         memory_limits=_memory_limits(args.memory_limit, stages),
                         **_treatments(args), loadgen_settings=loadgen_sweep_settings(args, args.scenario))
+
+
+def _engines(args: argparse.Namespace, stages: int) -> list[str]:
+    """The engine labels a sweep passes over: --stage-engines' one engine per stage, else --engine's list."""
+    if not args.stage_engines:
+        return list(args.engine)
+    if list(args.engine) != [engines.TORCH]:
+        raise UsageError("--stage-engines sets every stage's engine: give it or --engine, not both")
+    return [engines.stage_engines_label(args.stage_engines, stages)]
 
 
 def _treatments(args: argparse.Namespace) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import allocator
+from .. import allocator, engines
 from ..errors import UsageError
-from . import fxcuts, models
+from . import fxcuts, models, onnxstage
 from .activation import Activation, call_stage
 from .names import DEFAULT_NUM_CLASSES
 
@@ -33,6 +33,8 @@ class StageBuilder:
         self.fingerprint = models.fingerprint(self.model)
         self.device = _check_device(device)
         self._cache: dict[tuple[str, ...], list[nn.Module]] = {}
+        self._engine_stages: dict[tuple, nn.Module] = {}
+        self.engine_checks: dict[tuple, onnxstage.EngineCheck] = {}  # per (cuts, stage, engine, batch)
         self.timings: dict[tuple, dict] = {}  # this node's measured segment times, kept for the process
         self._lock = threading.Lock()
 
@@ -71,6 +73,40 @@ class StageBuilder:
                 stages = self.partitioner.stages(list(cuts))
                 self._cache[key] = [s.to(self.device) for s in stages]
             return self._cache[key][index]
+
+    def engine_stage(self, cuts: list[str], index: int, engine: str, batch: int) -> nn.Module:
+        """Stage ``index`` as ``engine`` runs it: the torch stage itself, or its ONNX export
+        (once per process and batch size, checked against the torch stage: :attr:`engine_checks`)."""
+        if engine == engines.TORCH:
+            return self.stage(cuts, index)
+        onnxstage.check_device(engine, self.device)
+        key = (tuple(cuts), index, engine, batch)
+        if key not in self._engine_stages:
+            x: Any = self.example_batch(batch)
+            with torch.no_grad():
+                for j in range(index):
+                    x = call_stage(self.stage(cuts, j), x)
+            what = f"stage {index + 1} of {self.name} split at {','.join(cuts)}"
+            export_key = {"model": self.name, "fingerprint": self.fingerprint, "cuts": list(cuts), "stage": index,
+                          "batch": batch}
+            stage, check = onnxstage.build(self.stage(cuts, index), x, engine, export_key, what)
+            self._engine_stages[key], self.engine_checks[key] = stage, check
+        return self._engine_stages[key]
+
+    def stage_for(self, cfg: Any, index: int) -> nn.Module:
+        """Stage ``index`` of a run (its cuts, its engine label and batch size: a RunConfig)."""
+        return self.engine_stage(list(cfg.cuts), index, engines.stage_engine(cfg.engine, index), cfg.batch_size)
+
+    def engine_of(self, cfg: Any, index: int) -> dict[str, Any]:
+        """The manifest's account of the engine stage ``index`` of a run computed on."""
+        engine = engines.stage_engine(cfg.engine, index)
+        check = self.engine_checks.get((tuple(cfg.cuts), index, engine, cfg.batch_size))
+        return check.manifest() if check else engines.manifest(engine, torch.get_num_threads())
+
+    def example_batch(self, batch: int) -> torch.Tensor:
+        """A seeded input batch of the model's size: what an engine stage is exported and checked on."""
+        generator = torch.Generator().manual_seed(batch)
+        return torch.randn(batch, 3, self.input_size, self.input_size, generator=generator)
 
 
 def _check_device(device: str) -> str:

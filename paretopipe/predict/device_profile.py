@@ -105,6 +105,11 @@ class DeviceProfile:
         return self.doc.get("manifest", {}).get("torch")
 
     @property
+    def engine(self) -> str:
+        """The engine the profile timed (paretopipe.engines); torch for profiles from before engines."""
+        return (self.doc.get("engine") or {}).get("engine") or "torch"
+
+    @property
     def limits(self) -> dict[str, Any]:
         return self.doc.get("manifest", {}).get("limits", {})
 
@@ -121,6 +126,9 @@ class DeviceProfile:
         if stop <= start:
             return 0.0
         per = self.batch(b)
+        ranged = (per.get("range_compute_s") or {}).get(f"{start}:{stop}")
+        if ranged is not None:  # an engine's stage, timed as one export (predict.measure._range_times)
+            return float(ranged)
         segs = per["segment_compute_s"][start:stop]
         return max(0.0, sum(segs) - (len(segs) - 1) * per.get("call_overhead_s", 0.0))
 
@@ -158,6 +166,9 @@ def average(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
     """One profile whose timings are the means of ``profiles`` (same model, cuts and batch sizes)."""
     first = profiles[0]
     for p in profiles[1:]:
+        if p.engine != first.engine:
+            raise UsageError(f"cannot average {p.path} ({p.engine}) with {first.path} ({first.engine}): they time "
+                             f"different engines")
         if p.model != first.model or p.boundaries != first.boundaries or set(p.doc["by_batch"]) != set(first.doc["by_batch"]):
             raise UsageError(f"cannot average {p.path} with {first.path}: they profile different models, cuts "
                              f"or batch sizes")

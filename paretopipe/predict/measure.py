@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import cpushare, records
+from .. import cpushare, engines, records
 from ..errors import UsageError
 from ..manifest import node_manifest
 from ..partition import fxcuts, wirequant
@@ -59,6 +59,7 @@ class ProfileOptions:
     dataset: str = "photos"
     data_dir: str | None = None
     max_live: int = 1  # boundaries: the cuts that at most this many tensors cross
+    engine: str = engines.TORCH  # paretopipe.engines: another times ONNX exports of the segments and ranges
 
 
 def parse_codec(text: str) -> wire.Codec:
@@ -176,8 +177,14 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
         limits.update(applied)
         for b in opts.batch_sizes:
             if progress:
-                progress(f"batch {b}: timing {len(stages)} segments x {opts.repetitions}")
-            doc["by_batch"][str(b)] = _measure_batch(b, builder, model, stages, timer, codecs, opts, share_mean)
+                progress(f"batch {b}: timing {len(stages)} segments x {opts.repetitions}"
+                         + (f" under {opts.engine}" if opts.engine != engines.TORCH else ""))
+            run_stages, run_model = _engine_stages(builder, boundaries, b, opts.engine, stages, model)
+            doc["by_batch"][str(b)] = _measure_batch(b, builder, run_model, run_stages, timer, codecs, opts,
+                                                     share_mean)
+            if opts.engine != engines.TORCH:
+                doc["by_batch"][str(b)]["range_compute_s"] = _range_times(builder, boundaries, b, opts, timer,
+                                                                          share_mean)
     transport = [(e["frame_bytes"], e["loopback_transfer_s"]) for per in doc["by_batch"].values()
                  for e in per["codecs"][RESULT_CODEC]]
     doc["loopback"] = _fit_transport(transport)
@@ -187,6 +194,7 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     with cpushare.limited(opts.cpu_share, "profile"):  # sealing runs on the stage's own share
         doc["ciphers"] = {c: aead.time_cipher(c) for c in opts.ciphers}
     doc["aes_instructions"] = aead.has_aes_instructions()
+    doc["engine"] = {"engine": opts.engine, "version": engines.version(opts.engine)}
     doc["method"] = {"warmup": opts.warmup, "repetitions": opts.repetitions, "max_live": opts.max_live,
                      "statistic": "mean" if share_mean else "median",
                      "why_statistic": "under a CPU quota single calls are either full speed or frozen, so only "
@@ -198,6 +206,40 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
                                     weights_fingerprint=builder.fingerprint, limits=limits)
     doc["inputs"] = inputs.describe(opts.dataset, opts.data_dir)
     return doc
+
+
+def _engine_stages(builder: StageBuilder, boundaries: list[str], b: int, engine: str, stages: list[nn.Module],
+                   model: nn.Module) -> tuple[list[nn.Module], nn.Module]:
+    """The segments and the whole model as ``engine`` runs them (torch: as they are)."""
+    if engine == engines.TORCH:
+        return stages, model
+    interior = boundaries[1:-1]
+    return ([builder.engine_stage(interior, i, engine, b) for i in range(len(interior) + 1)],
+            builder.engine_stage([], 0, engine, b))
+
+
+def _range_times(builder: StageBuilder, boundaries: list[str], b: int, opts: ProfileOptions, timer: StageTimer,
+                 mean: bool) -> dict[str, float]:
+    """Under an engine, each block split's two stages timed as one export each (``"0:j"`` and
+    ``"j:n"``, by boundary index): an engine fuses operators across segments, so a stage's time is
+    not the sum of its segments'. What a two-stage split's cost model reads."""
+    part, last = builder.partitioner, len(boundaries) - 1
+    x = next(inputs.batches(opts.dataset, b, builder.input_size, 1, opts.data_dir, seed=0, model=builder.name))
+    out: dict[str, float] = {}
+    for k in range(1, part.num_blocks):
+        cut = part.block_cut(k)
+        j = boundaries.index(cut)
+        first, rest = (builder.engine_stage([cut], i, opts.engine, b) for i in (0, 1))
+        y, _ = timer.run(first, x, builder.device)
+        for _ in range(opts.warmup):
+            timer.run(first, x, builder.device)
+            timer.run(rest, y, builder.device)
+        firsts, rests = [], []
+        for _ in range(opts.repetitions):  # interleaved, as the segments are
+            firsts.append(timer.run(first, x, builder.device)[1])
+            rests.append(timer.run(rest, y, builder.device)[1])
+        out[f"0:{j}"], out[f"{j}:{last}"] = _median_or_mean(firsts, mean), _median_or_mean(rests, mean)
+    return out
 
 
 def _measure_batch(b: int, builder: StageBuilder, model: nn.Module, stages: list[nn.Module],

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .. import records
+from .. import engines, records
 from ..analysis import pareto
 from ..analysis.report import INTERVALS
 from ..analysis.keys import DEFAULT_CODEC
@@ -48,12 +48,26 @@ def _with_front(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(front=[front_name(n, c, k) for n, c, k in zip(table["network"], table["cipher"], codecs)])
 
 
-def run_to_run_jaccard(session: Session, epsilons: dict[str, Sequence[float]] | None = None) -> dict[str, float]:
+def of_engine(table: pd.DataFrame, label: str) -> pd.DataFrame:
+    """The rows a table measured on engine ``label`` (a table from before engines: torch's)."""
+    engine = table["engine"].fillna(engines.TORCH) if "engine" in table.columns else pd.Series(engines.TORCH,
+                                                                                               index=table.index)
+    return table[engine == label]
+
+
+def profiles_engine(profiles: Sequence[DeviceProfile]) -> str:
+    """The engine label of a split whose stages the profiles time, in stage order."""
+    names = [p.engine for p in profiles]
+    return engines.JOIN.join(names) if len(set(names)) > 1 else names[0]
+
+
+def run_to_run_jaccard(session: Session, epsilons: dict[str, Sequence[float]] | None = None,
+                       engine: str = engines.TORCH) -> dict[str, float]:
     """Per front (network and cipher): how well the sweep agrees with itself, the most any
     prediction can agree with a measurement this noisy: the mean Jaccard of its epsilon-front and
     those of sweeps resampled from its own runs (:func:`pareto.resampled_front_agreement`), with
     ``epsilons`` per front (the noise of its medians; 0 where not given, the strict front)."""
-    runs = session.runs()
+    runs = of_engine(session.runs(), engine)
     runs = _with_front(runs[(runs["backend"] == "tcp") & (runs["status"] == "complete")]
                        .assign(latency_s=runs["latency_median_s"]))
     out = {}
@@ -185,10 +199,13 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
         raise UsageError(f"{session.path} has no session.json; validate a sweeper session")
     opts = meta.get("options", {})
     configs = session.configs()
-    configs = configs[configs["backend"] == "tcp"]
+    engine = profiles_engine(profiles)
+    measured = sorted(set(configs["engine"].fillna(engines.TORCH))) if "engine" in configs.columns else [engines.TORCH]
+    configs = of_engine(configs[configs["backend"] == "tcp"], engine)
     if configs.empty:
-        raise UsageError(f"{session.path} has no completed TCP configurations to compare with (the cost model "
-                         f"replays the TCP backend's protocol)")
+        raise UsageError(f"{session.path} has no completed TCP configurations on engine {engine} to compare with (the "
+                         f"cost model replays the TCP backend's protocol; the session measured "
+                         f"{', '.join(measured)}: profile each stage with paretopipe profile --engine ENGINE)")
     warnings = check_compatible(profiles, str(configs["model"].iloc[0]))
     warnings += limit_mismatches(profiles, _stage_limits(session))
     for w in warnings:
@@ -197,11 +214,11 @@ def validate(session_dir: str | Path, profiles: Sequence[DeviceProfile], base_ra
     known = {name: NetworkConditions.from_dict(d) for name, d in meta.get("networks", {}).items()}
     table = pd.DataFrame(_predicted_rows(configs, profiles, known, base, opts))
     per_network = _front_agreement(table)
-    ceiling = run_to_run_jaccard(session, {n: list(v["epsilon"].values()) for n, v in per_network.items()})
+    ceiling = run_to_run_jaccard(session, {n: list(v["epsilon"].values()) for n, v in per_network.items()}, engine)
     for name, value in ceiling.items():
         per_network[name]["run_to_run_jaccard"] = value
     summary = {
-        "session": str(session.path), "configurations": len(table),
+        "session": str(session.path), "configurations": len(table), "engine": engine,
         "latency_median_ape": float(table["latency_ape"].median()),
         "throughput_median_ape": float(table["throughput_ape"].median()),
         **judge(per_network),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import strict
+from .. import engines, strict
 from ..errors import UsageError
 from ..faults import Fault
 from ..splits import POLICIES
@@ -214,6 +214,8 @@ class RunConfig:
     # The testbed's hosts the stages ran on, in order (analysis.keys.placement_label): a sweep's
     # --placements; None: the first hosts in .env's order, or this machine.
     placement: str | None = None
+    # The engine each stage computes on (paretopipe.engines): one for all, or one per stage joined by "+".
+    engine: str = engines.TORCH
 
     def __post_init__(self) -> None:
         if self.wire_dtype not in WIRE_DTYPE_CHOICES:
@@ -243,6 +245,19 @@ class RunConfig:
             raise UsageError(f"--max-batch-s {self.max_batch_s:g}: must be positive (seconds)")
         self._check_split()
         self._check_measures()
+        self._check_engine()
+
+    def _check_engine(self) -> None:
+        """Engines other than torch run an image model's static split over the TCP backend."""
+        engines.check_label(self.engine, len(self.cuts) + 1)
+        if engines.only_torch(self.engine):
+            return
+        why = ("a language model's stages run on torch (llama.cpp is a peer of its own)" if self.generation is not None
+               else "the RPC backend's ranks run torch modules; use --backend tcp" if self.rpc is not None
+               else "the adaptive split re-partitions torch segments per batch; give a static split"
+               if self.adaptive else None)
+        if why:
+            raise UsageError(f"--engine {self.engine}: {why}, or --engine torch")
 
     def _check_split(self) -> None:
         """The link, the split and what a policy or a deadline allows of it."""

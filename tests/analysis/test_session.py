@@ -33,8 +33,8 @@ def test_consolidation_from_records_and_truncated_ones_are_skipped(tmp_path):
     assert rows[0]["config_key"] == "mobilenet_v2_tcp_lan_k00" and rows[0]["json"].startswith("runs/")
     configs = s.configs()
     assert list(configs[CONFIG_KEY].itertuples(index=False, name=None)) == [
-        ("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, 0, "float32/none", 1, "closed", 0, "none", "in-order"),
-        ("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, 3, "float32/none", 1, "closed", 0, "none", "in-order")]
+        ("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, 0, "float32/none", 1, "closed", 0, "none", "in-order", "torch"),
+        ("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, 3, "float32/none", 1, "closed", 0, "none", "in-order", "torch")]
     assert configs["runs"].tolist() == [2, 2]
     assert configs.loc[0, "latency_median_s"] == pytest.approx(0.205)
     assert s.completed("mobilenet_v2_tcp_lan_k03_r1") and not s.completed("nope")
@@ -144,7 +144,7 @@ def test_median_ci_by_hand_for_one_run_and_for_values_without_logs():
 def test_one_config_key_type_keys_the_tables_the_file_names_and_the_stopping_rules(tmp_path):
     key = ConfigKey("mobilenet_v2", "tcp", "none", "tcp", "lan", 1, "3")
     assert CONFIG_KEY == ["model", "backend", "cipher", "transport", "network", "batch_size", "split_index", "codec",
-                          "in_flight", "scenario", "prompt_len", "fault", "placement"]
+                          "in_flight", "scenario", "prompt_len", "fault", "placement", "engine"]
     assert key.split_index == 3 and key == ConfigKey.of({**dict(zip(CONFIG_KEY, key.__dict__.values())), "x": 1})
     assert key.text == config_key("mobilenet_v2", "tcp", "lan", 3) == "mobilenet_v2_tcp_lan_k03"
     assert ConfigKey("resnet18", "tcp", "aesgcm", "tcp", "lte", 8, (3, 9)).text == "resnet18_tcp_lte_k3-9_aesgcm"
@@ -175,6 +175,14 @@ def test_one_config_key_type_keys_the_tables_the_file_names_and_the_stopping_rul
         "m, tcp backend, batch 1, on hosts 1-3-2", "m_tcp_b1_h1-3-2")
     assert panel_names(("m", "tcp", "none", "tcp", 1, "float32/none", 1, "closed", 0, "none", "in-order"))[1] == \
         "m_tcp_b1"
+    # An engine other than torch ends them too (--engine; torch keeps the names they had).
+    assert ConfigKey("m", "tcp", "none", "tcp", "lan", 1, 3, engine="onnxruntime").text == "m_tcp_lan_k03_onnxruntime"
+    assert ConfigKey("m", "tcp", "none", "tcp", "lan", 1, 3, engine="onnxruntime+torch").text == \
+        "m_tcp_lan_k03_onnxruntime_torch"
+    assert panel_names(("m", "tcp", "none", "tcp", 1, "float32/none", 1, "closed", 0, "none", "in-order",
+                        "openvino")) == ("m, tcp backend, batch 1, engine openvino", "m_tcp_b1_openvino")
+    assert panel_names(("m", "tcp", "none", "tcp", 1, "float32/none", 1, "closed", 0, "none", "in-order",
+                        "torch"))[1] == "m_tcp_b1"
     # Another codec than float32 uncompressed ends the key too (a search may vary it).
     assert ConfigKey("m", "tcp", "none", "tcp", "lan", 1, 3, "float16/zstd").text == "m_tcp_lan_k03_float16-zstd"
     assert ConfigKey.of({"model": "m", "backend": "tcp", "network": "lan", "batch_size": 1, "split_index": 3}) \

@@ -317,6 +317,20 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (["sweep", "--local", "--scenario", "offline", "--splits", "0,adaptive"],
                         "drop adaptive from --splits")):
         add(f"loadgen-{len(c)}", argv, what)
+    # engines (paretopipe.engines): unknown, one per stage of the wrong length, where they cannot run
+    sweep = ["sweep", "--model", "mobilenetv2", "--local"]
+    for argv, what in ((sweep + ["--engine", "tensorrt"], "unknown engine 'tensorrt'; valid: torch, onnxruntime"),
+                       (sweep + ["--stage-engines", "onnxruntime"], "give one engine per stage (2)"),
+                       (sweep + ["--stage-engines", "onnxruntime,torch,torch"], "give one engine per stage (2)"),
+                       (sweep + ["--stage-engines", "onnxruntime,torch", "--engine", "openvino"], "not both"),
+                       (sweep + ["--engine", "onnxruntime", "--backend", "rpc"], "the rpc backend's ranks run torch"),
+                       (sweep + ["--engine", "torch,openvino", "--splits", "3,adaptive"], "drop adaptive"),
+                       (["sweep", "--model", "tiny-lm", "--local", "--engine", "onnxruntime"],
+                        "a language model's stages run on torch"),
+                       (["stage1", "--engine", "onnxruntime", "--split", "adaptive"], "give a static split"),
+                       (["profile", "--model", "mobilenetv2", "--engine", "tflite", "--out", f"{T}/p.json"],
+                        "invalid choice: 'tflite'")):
+        add(f"engine-{len(c)}", argv, what)
     # lab, doctor and the umbrella itself
     for argv, what in ((["lab", "up", "--hosts", "1"], "valid 2..8 hosts"), (["lab", "up", "--hosts", "99"], "2..8"),
                        (["lab", "up", "--name", "Bad-Name"], "lab name 'Bad-Name'"), (["lab", "up", "--subnet", "300"], "--subnet"),

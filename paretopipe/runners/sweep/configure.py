@@ -55,7 +55,7 @@ def run_config(opts: SweepOptions, info: GroupInfo, planned: PlannedRun, *, warm
                      max_batch_s=o.max_batch_s, prefetch_batches=o.prefetch_batches,
                      rpc=RpcOptions(transport=o.rpc_transport, source=o.rpc_source, use_pipelining=o.in_flight > 1,
                                     world_size=info.world_size) if rpc else None,
-                     energy_rate_hz=o.energy_rate_hz,
+                     energy_rate_hz=o.energy_rate_hz, engine=planned.engine,
                      **stage_declarations(o, len(cuts) + 1), **extra)
 
 

@@ -105,6 +105,7 @@ class GroupPass:
     fault: str = NO_FAULT
     wire_dtype: str | None = None  # one of several --wire-dtype (None: the sweep's only one)
     placement: str | None = None   # one of --placements (analysis.keys.placement_label), or none given
+    engine: str | None = None      # one of several --engine labels (None: the sweep's only one)
 
     def name(self, model: str) -> str:
         """The pass's name in session.json and its seed of the round order (a plain group over raw
@@ -116,7 +117,8 @@ class GroupPass:
                 + (f"/p{self.prompt_len}" if self.prompt_len else "")
                 + (f"/{self.fault}" if self.fault != NO_FAULT else "")
                 + (f"/{self.wire_dtype}" if self.wire_dtype else "")
-                + (f"/h{self.placement}" if self.placement else ""))
+                + (f"/h{self.placement}" if self.placement else "")
+                + (f"/{self.engine}" if self.engine else ""))
 
     @property
     def processes(self) -> tuple[str, str, str]:

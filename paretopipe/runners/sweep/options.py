@@ -7,7 +7,7 @@ import dataclasses
 import ipaddress
 from typing import Any
 
-from ... import cpushare, faults
+from ... import cpushare, engines, faults
 from ...errors import UsageError
 from ...splits import split_adaptive
 from ...analysis.keys import CLOSED_LOOP, placement_devices
@@ -99,6 +99,8 @@ class SweepOptions:
     deadline_s: float | None = None     # a TCP run's deadline before a batch is finished locally (static or adaptive)
     # The testbed's hosts each pass runs on, in order (placement labels, .placements); none: the first.
     placements: list[str] = dataclasses.field(default_factory=list)
+    # Engines (paretopipe.engines): each label a pass of its own (one engine, or one per stage joined by "+").
+    engines: list[str] = dataclasses.field(default_factory=lambda: [engines.TORCH])
     # Faults as a treatment (paretopipe.faults): each a pass of its own over the configurations.
     faults: list[str] = dataclasses.field(default_factory=lambda: [faults.NONE])
     # LoadGen scenarios, each a configuration of its own (CLOSED_LOOP: the suite's closed loop), and
@@ -138,6 +140,7 @@ def check_options(opts: SweepOptions) -> None:
     if unknown:
         raise UsageError(f"unknown backend {unknown[0]!r}; valid: tcp, rpc, both")
     check_workload(opts)
+    check_engines(opts)
     check_faults(opts)
     check_placements(opts)
     check_rpc_codec(opts)
@@ -204,6 +207,30 @@ def check_faults(opts: SweepOptions) -> None:
     if late:
         raise UsageError(f"--fault {late[0].label}: batch {late[0].at_batch} is past the run's {opts.num_batches} "
                          f"measured batches (valid 0..{opts.num_batches - 1})")
+
+
+def check_engines(opts: SweepOptions) -> None:
+    """Engines beside torch run an image model's static splits on the TCP backend; here, their
+    packages must be installed (a host's own is checked by its first run)."""
+    others = sorted({e for label in opts.engines for e in engines.label_parts(label)} - {engines.TORCH})
+    if not others:
+        return
+    why = ("a language model's stages run on torch (llama.cpp is a peer of its own)" if opts.language_model
+           else "the rpc backend's ranks run torch modules; use --backend tcp" if "rpc" in opts.backends
+           else "the adaptive split re-partitions torch segments per batch; drop adaptive from --splits"
+           if split_adaptive(opts.splits)[1] else None)
+    if why:
+        raise UsageError(f"--engine {','.join(opts.engines)}: {why}; or use --engine torch")
+    for label in opts.engines:
+        for plan in opts.plans or [()]:
+            engines.check_label(label, len(plan) + 1 if plan else 2)
+        for i, device in enumerate(opts.stage_devices):
+            if device != "cpu" and engines.stage_engine(label, i) != engines.TORCH:
+                raise UsageError(f"--engine {label}: stage {i + 1} runs on {device}, and {engines.stage_engine(label, i)} "
+                                 f"runs a stage on the CPU; give that stage torch (--stage-engines)")
+    if not opts.testbed.remote:
+        for engine in others:
+            engines.require(engine)
 
 
 def check_rpc_codec(opts: SweepOptions) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from typing import Any, Sequence
 
-from ...analysis.keys import CLOSED_LOOP, DEFAULT_CODEC, NO_FAULT, NO_PLACEMENT, config_key, run_key
+from ...analysis.keys import CLOSED_LOOP, DEFAULT_CODEC, DEFAULT_ENGINE, NO_FAULT, NO_PLACEMENT, config_key, run_key
 from ...errors import UsageError
 from ...splits import Split, parse_splits, split_adaptive, split_cuts
 from .. import rounds
@@ -36,6 +36,7 @@ class PlannedRun:
     prompt_len: int | None = None  # a language model's prompt tokens per stream (None: image batches)
     fault: str = NO_FAULT  # the fault the run survives (paretopipe.faults), or none
     placement: str = NO_PLACEMENT  # the hosts it runs on, in order (--placements), or the first ones
+    engine: str = DEFAULT_ENGINE   # the engine its stages compute on (paretopipe.engines label)
 
     @property
     def wire_dtype(self) -> str:
@@ -54,7 +55,7 @@ class PlannedRun:
     def config_key(self) -> str:
         return config_key(self.model, self.backend, self.network, self.split, self.cipher, self.transport,
                           self.codec, self.batch_tag, self.in_flight_tag, self.scenario, self.prompt_len, self.fault,
-                          self.placement)
+                          self.placement, self.engine)
 
     @property
     def run_key(self) -> str:
@@ -65,7 +66,7 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
     """The sweep-wide settings a configuration's key carries (PlannedRun's ``codec``), its batch
     size and in-flight depth where a search session holds several (``key_batch_size`` and
     ``key_in_flight``: the ones its file names leave out), and the pass's LoadGen ``scenario`` and
-    prompt length, fault and placement."""
+    prompt length, fault, placement and engine."""
     def tag(value: int, base: int | None) -> int | None:
         return value if base is not None and value != base else None
 
@@ -75,22 +76,26 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
             "in_flight_tag": tag(window, opts.key_in_flight),
             "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None,
             "fault": group.fault if group else NO_FAULT,
-            "placement": (group.placement if group else None) or NO_PLACEMENT}
+            "placement": (group.placement if group else None) or NO_PLACEMENT,
+            "engine": (group.engine if group else None) or opts.engines[0]}
 
 
 def worker_groups(opts: SweepOptions) -> list[GroupPass]:
     """The passes of each model's worker groups: the TCP backend once per transport and cipher (a
     transport and a cipher are agreed per connection), each once per LoadGen scenario (the closed
     loop when none is asked for), for a language model once per prompt length, once per fault
-    (--fault; none when it is not given), once per wire dtype where --wire-dtype lists several, and
-    once per placement of --placements (its hosts are the group's)."""
+    (--fault; none when it is not given), once per wire dtype where --wire-dtype lists several,
+    once per engine where --engine lists several (the same processes: a stage takes its engine
+    from the run), and once per placement of --placements (its hosts are the group's)."""
     prompts = opts.prompt_lens if opts.language_model else [None]
     dtypes = opts.dtypes if len(opts.dtypes) > 1 else [None]
-    return [GroupPass(backend, cipher, transport, scenario, prompt, fault, dtype, placement)
+    labels = opts.engines if len(opts.engines) > 1 else [None]
+    return [GroupPass(backend, cipher, transport, scenario, prompt, fault, dtype, placement, engine)
             for placement in (opts.placements or [None]) for backend in opts.backends
             for transport in (opts.transports if backend == "tcp" else ["tcp"])
             for cipher in (opts.ciphers if backend == "tcp" else ["none"])
-            for scenario in opts.scenarios for prompt in prompts for fault in opts.faults for dtype in dtypes]
+            for scenario in opts.scenarios for prompt in prompts for fault in opts.faults for dtype in dtypes
+            for engine in labels]
 
 
 def splits_for(opts: SweepOptions, num_blocks: int, fine_cuts: dict[str, list[int]] | None = None) -> list[Split]:
@@ -185,6 +190,8 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
         scenarios += f" x wire dtypes {', '.join(opts.dtypes)}"
     if opts.faults != [NO_FAULT]:
         scenarios += f" x faults {', '.join(opts.faults)} (deadline {opts.deadline_s * 1e3:g} ms)"
+    if opts.engines != [DEFAULT_ENGINE]:
+        scenarios += f" x engines {', '.join(opts.engines)}"
     if opts.placements:
         scenarios += f" x placements {', '.join(opts.placements)} (hosts by their place in HOSTS)"
     work = (f"{opts.streams} stream(s) of {opts.gen_tokens} tokens after a prompt of "

@@ -204,7 +204,7 @@ class Sweeper:
 
     @staticmethod
     def _warm_key(planned: PlannedRun, cuts: Sequence[str]) -> tuple:
-        return planned.model, planned.backend, tuple(cuts)
+        return planned.model, planned.backend, tuple(cuts), planned.engine
 
     # -- the sweep -----------------------------------------------------------------------------
     def run(self, keep_group: bool = False) -> SweepResult:

@@ -183,7 +183,7 @@ class _SinkRun:
                 self.gen = GenerationStage(self.builder, self.cfg, self.index)
                 self.stage, self.expected = self.gen.stage, None
             else:
-                self.stage = self.builder.stage(self.cfg.cuts, self.index)
+                self.stage = self.builder.stage_for(self.cfg, self.index)
                 self.expected = self.builder.partitioner.live_specs(self.incoming)
                 odd = [d for _, d in self.expected if d != "float32"]
                 if self.cfg.wire_dtype in wirequant.QUANTISED and odd:
@@ -436,7 +436,8 @@ class _SinkRun:
         stage's exactness check on ``sequences``, stage 1's token ids)."""
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
                     "transport": self.connection.transport_usage(),
-                    "energy_sensors": self.meter.manifest()}
+                    "energy_sensors": self.meter.manifest(),
+                    "engine": self.builder.engine_of(self.cfg, self.index) if self.gen is None else None}
         resources = self.meter.part(measured_images(list(self.seen.values()), self.cfg))
         if self.adaptive is not None:
             manifest = {**manifest, "adaptive": self.adaptive.manifest()}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ... import cputrace, records
+from ... import cputrace, engines, records
 from ...errors import ParetoPipeError, PeerError, WireError
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink, Outage
@@ -130,6 +130,11 @@ class Stage1Run(SourceEndpoint):
         if self.link is not None and self.link.trace is not None:  # where the replay is at start_s = 0
             self.link_manifest["trace_up"] = self.link.manifest(clock_zero=self.book.t0)["trace"]
 
+    def local_rest(self) -> torch.nn.Module:
+        """The rest of the model where stage 1 serves a batch itself: on stage 1's own engine."""
+        return self.builder.engine_stage([self.cuts[0]], 1, engines.stage_engine(self.cfg.engine, 0),
+                                         self.cfg.batch_size)
+
     def _serve_here(self, seq: int, gave_up: float) -> None:
         """The rest of the model on this node, from the activation already computed (all of it at
         k = K); a generation's step gets its token here and feeds it on."""
@@ -137,7 +142,7 @@ class Stage1Run(SourceEndpoint):
         if self.tail is not None:
             token["token"], local_s = self.tail.finish(self.step[0], self.feed.steps[seq].step, self.step[1])
         else:
-            result, local_s = self.timer.run(self.builder.stage([self.cuts[0]], 1), self.out, self.builder.device)
+            result, local_s = self.timer.run(self.local_rest(), self.out, self.builder.device)
             self._keep(seq, result)
         self.counts["served_locally"] += 1
         self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s,
@@ -279,7 +284,7 @@ class Stage1Run(SourceEndpoint):
             self.out, compute_s = self.timer.run(self.chain, self.x, self.builder.device)
             self.policy.observe_compute(seq, 0, self.chain.first, self.chain.times)
         else:
-            self.out, compute_s = self.timer.run(self.builder.stage(self.cuts, 0), self.x, self.builder.device)
+            self.out, compute_s = self.timer.run(self.builder.stage_for(self.cfg, 0), self.x, self.builder.device)
         self.rec["stage1_compute_s"] = compute_s
 
     def _on_sent(self, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ... import cpushare, cputrace, records
+from ... import cpushare, cputrace, engines, records
 from ...errors import ParetoPipeError
 from ...manifest import node_manifest
 from ...network.conditions import NetworkConditions
@@ -44,6 +44,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     ``on_fault`` applies the run's fault to stage 2 (:mod:`paretopipe.faults`)."""
     policy = policy or StaticPolicy(cfg.cuts)
     cfg = fidelity.chosen(builder, cfg)  # --wire-dtype auto: chosen before RUN tells stage 2
+    if not engines.only_torch(cfg.engine):  # exported and checked before the clock starts
+        builder.stage_for(cfg, 0)
     run_id = records.new_run_id(builder.name, cfg.split_index if policy.adaptive else cfg.cuts[0])
     emulated = conditions is not None and cfg.link_mode == "emulated"
     manifest1 = node_manifest(builder.device, threads, role="stage1", weights_fingerprint=builder.fingerprint,
@@ -62,7 +64,8 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     mon.stop()
     status, error = status_of(failure)
     manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before),
-                 "transport": connection.transport_usage()}
+                 "transport": connection.transport_usage(),
+                 "engine": builder.engine_of(cfg, 0) if cfg.generation is None else None}
     part1 = _part1(run, manifest1, mon)
     if failure is None and run.next is not None:
         try:

@@ -1,0 +1,149 @@
+"""A stage as an edge device runs it (paretopipe.partition.onnxstage): exported to ONNX once,
+cached, checked against the torch stage, and run by ONNX Runtime or OpenVINO. Split at any block,
+the engines' two stages give the unsplit torch model's logits within 1e-4 of their scale; a live
+set of several tensors crosses; a stage that does not export names its operator in one line; and
+a real two-stage run over TCP returns the unsplit model's outputs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+
+import pytest
+import torch
+
+from conftest import PYTHON, ROOT, exhaustive_sample
+from tcp_helpers import reference_outputs, run_in_threads
+from paretopipe.partition import onnxstage
+from paretopipe.partition.activation import call_stage, live_tensors
+from paretopipe.partition.stages import StageBuilder
+
+TOLERANCE = 1e-4  # relative to the logits' scale (the issue's bound; float32 engines reach ~1e-6)
+
+
+def _split_error(b: StageBuilder, k: int, engine: str, x: torch.Tensor) -> float:
+    cuts = [b.partitioner.block_cut(k)]
+    with torch.no_grad():
+        y = call_stage(b.engine_stage(cuts, 1, engine, x.shape[0]), b.engine_stage(cuts, 0, engine, x.shape[0])(x))
+        want = b.model(x)
+    return onnxstage.max_rel_error(live_tensors(y), live_tensors(want))
+
+
+@pytest.fixture(scope="module")
+def mobilenet() -> StageBuilder:
+    torch.set_num_threads(1)
+    return StageBuilder("mobilenetv2")
+
+
+def test_every_block_split_under_onnxruntime_gives_the_unsplit_logits(mobilenet):
+    x = mobilenet.example_batch(2)
+    ks = exhaustive_sample(range(1, mobilenet.partitioner.num_blocks), k=8)
+    errors = {k: _split_error(mobilenet, k, "onnxruntime", x) for k in ks}
+    assert max(errors.values()) < TOLERANCE, errors
+    check = mobilenet.engine_checks[(tuple([mobilenet.partitioner.block_cut(ks[0])]), 0, "onnxruntime", 2)]
+    assert check.engine == "onnxruntime" and check.version and check.threads == torch.get_num_threads()
+    assert check.opset == onnxstage.OPSET and check.onnx_bytes > 0 and check.max_rel_error < TOLERANCE
+
+
+def test_openvino_runs_the_same_exports_and_a_short_batch_runs_the_same_file(mobilenet):
+    x = mobilenet.example_batch(2)
+    assert _split_error(mobilenet, 7, "openvino", x) < TOLERANCE
+    cuts = [mobilenet.partitioner.block_cut(7)]
+    # The export the sweep made at its batch size serves a shorter batch (a fault's, a last one).
+    short = mobilenet.example_batch(3)
+    got = mobilenet.engine_stage(cuts, 0, "onnxruntime", 2)(short)
+    with torch.no_grad():
+        want = mobilenet.stage(cuts, 0)(short)
+    assert got.shape == want.shape and onnxstage.max_rel_error([got], [want]) < TOLERANCE
+
+
+def test_a_user_model_file_and_a_detectors_live_set_export():
+    """A model file with a skip connection, and a detector whose cut carries three pyramid levels
+    (both stages run under ONNX Runtime; stage 1 returns the live set as a tuple)."""
+    skip = StageBuilder("examples/models/skipnet.py:build")
+    x = skip.example_batch(2)
+    for k in range(1, skip.partitioner.num_blocks):
+        assert _split_error(skip, k, "onnxruntime", x) < TOLERANCE
+    det = StageBuilder("ssdlite320_mobilenet_v3_large")
+    cuts = [det.partitioner.block_cut(19)]
+    live = det.engine_stage(cuts, 0, "onnxruntime", 1)(det.example_batch(1))
+    assert isinstance(live, tuple) and len(live) == 3
+    det.engine_stage(cuts, 1, "onnxruntime", 1)  # the heads, from the three levels, checked on them
+    for index in (0, 1):
+        assert det.engine_checks[(tuple(cuts), index, "onnxruntime", 1)].max_rel_error < TOLERANCE
+
+
+def test_a_stage_that_does_not_export_names_its_operator_and_prints_no_graph(tmp_path, capfd):
+    model = tmp_path / "cumnet.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        INPUT_SIZE = 32
+        class Net(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU())
+                self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, n))
+            def forward(self, x):
+                return self.head(torch.cumprod(torch.sigmoid(self.stem(x)), -1))
+        def build(num_classes=10):
+            return Net(num_classes)
+    """))
+    b = StageBuilder(f"{model}:build")
+    cuts = [b.partitioner.block_cut(1)]
+    b.engine_stage(cuts, 0, "onnxruntime", 1)  # the stem exports
+    capfd.readouterr()
+    with pytest.raises(onnxstage.EngineExportError) as caught:
+        b.engine_stage(cuts, 1, "onnxruntime", 1)
+    assert str(caught.value) == (f"stage 2 of {model}:build split at {cuts[0]} does not export to ONNX (opset 17): "
+                                 f"operator aten::cumprod is not supported")
+    out, err = capfd.readouterr()
+    assert "graph" not in out + err and "%" not in out + err  # the exporter's C++ log stays out of the terminal
+
+
+def test_an_export_is_cached_beside_the_weights_and_reused_by_the_next_process(tmp_path):
+    """Two processes with the same cache folder: the first exports, the second loads the file."""
+    code = ("import json, sys, torch\n"
+            "from paretopipe.partition.stages import StageBuilder\n"
+            "b = StageBuilder('examples/models/skipnet.py:build')\n"
+            "cuts = [b.partitioner.block_cut(2)]\n"
+            "b.engine_stage(cuts, 0, 'onnxruntime', 4)\n"
+            "print(json.dumps(b.engine_checks[(tuple(cuts), 0, 'onnxruntime', 4)].manifest()))\n")
+    env = {**os.environ, "PARETOPIPE_CACHE_DIR": str(tmp_path)}
+    import json
+
+    runs = [json.loads(subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                                      timeout=300, check=True).stdout.splitlines()[-1]) for _ in range(2)]
+    assert [r["export"] for r in runs] == ["built", "cache"]
+    assert runs[0]["max_rel_error"] == runs[1]["max_rel_error"] < TOLERANCE
+    files = list((tmp_path / "engines").glob("*.onnx"))
+    assert len(files) == 1 and files[0].stat().st_size == runs[0]["onnx_bytes"]
+
+
+@pytest.mark.parametrize("engine, wire_dtype", [("onnxruntime", "float32"), ("onnxruntime+torch", "int8")])
+def test_a_real_run_over_tcp_returns_the_unsplit_models_outputs(tmp_path, engine, wire_dtype):
+    """Both stages over 127.0.0.1, stage 1 under ONNX Runtime (and stage 2 too, or torch): the
+    outputs are the unsplit torch model's (float32), or stage 2's torch on exactly what int8 made
+    of the engine's activation; each stage's manifest names its engine, version, threads and error."""
+    from paretopipe.partition import wirequant
+    from paretopipe.transport import inputs
+
+    s1, _ = run_in_threads("mobilenetv2", 5, tmp_path, batch_size=2, num_batches=2, warmup=1, engine=engine,
+                           wire_dtype=wire_dtype)
+    if wire_dtype == "float32":
+        want = reference_outputs("mobilenetv2", 2, 3)  # the warm-up batch's output is kept too
+    else:
+        b = StageBuilder("mobilenetv2")
+        cuts = b.cuts_for(5)
+        first = b.engine_stage(cuts, 0, "onnxruntime", 2)
+        with torch.no_grad():
+            want = [b.stage(cuts, 1)(wirequant.roundtrip(first(x), wire_dtype))
+                    for x in inputs.batches("synthetic", 2, 224, 3, seed=0)]
+    assert len(s1.outputs) == len(want)
+    assert all(onnxstage.max_rel_error([g], [w]) < TOLERANCE for g, w in zip(s1.outputs, want))
+    stages = s1.record["manifest"]["stages"]
+    names = [s["engine"]["engine"] for s in stages]
+    assert names == (["onnxruntime", "onnxruntime"] if engine == "onnxruntime" else ["onnxruntime", "torch"])
+    assert stages[0]["engine"]["max_rel_error"] < TOLERANCE and stages[0]["engine"]["version"]
+    assert s1.record["config"]["engine"] == engine
