@@ -46,6 +46,15 @@ SUBSETS_LINE = ("python -m paretopipe.predict --model mobilenetv2 --device-profi
 #: docs/search.md's search of a language model.
 LM_SEARCH_LINE = ("python -m paretopipe search --model tiny-lm --splits all --network lan,3g --prompt-len 8,32 "
                   "--vary codec=float32/none,int8/none --budget 6")
+#: docs/engines.md: a sweep over both engines, a profile per device under ONNX Runtime, its prediction.
+ENGINE_LINES = (
+    "python automated_split_tester.py --model mobilenetv2 --splits all --engine torch,onnxruntime --network lan,wifi,lte "
+    "--stage-cpu 0.25,1",
+    "python -m paretopipe.profile --model mobilenetv2 --engine onnxruntime --cpu-share 0.25 --out profiles/pi-ort.json",
+    "python -m paretopipe.profile --model mobilenetv2 --engine onnxruntime --out profiles/server-ort.json",
+    "python -m paretopipe.predict --model mobilenetv2 --validate results --device-profiles "
+    "profiles/pi-ort.json,profiles/server-ort.json",
+)
 #: Flags that say where a command writes, listens or runs: a reduced line may add them.
 PLACES = {"--out", "--output-dir", "--port", "--netns", "--local", "--session", "--live", "--name", "--subnet"}
 #: docs/tutorial.md, in its order: your model's cuts, its sweep on two emulated devices, its
@@ -127,6 +136,7 @@ RUN = frozenset({
     SUBSETS_LINE,
     FAULT_LINE,
     *TUTORIAL_LINES,
+    *ENGINE_LINES,
 })
 SHARED = ROOT.parent / "shared"
 SCRIPTS = ("automated_split_tester.py", "partition1.py", "partition2.py", "distributed_runner.py",
@@ -339,6 +349,32 @@ def test_profile_then_predict_as_the_readme_and_docs_show(clone):
     assert "server q/s: the Poisson rate within p99 500 ms" in out.stdout
     out = sh(reduced(SUBSETS_LINE), clone)
     assert "4 placements" in out.stdout and "what each extra device buys" in out.stdout
+
+
+def test_engines_swept_profiled_and_predicted_as_the_docs_run_them(clone):
+    """docs/engines.md: both engines over three networks (a quarter core for stage 1 where cgroups
+    allow), each engine's configurations and knees in the report, then ONNX Runtime's profiles and
+    the prediction of its configurations alone."""
+    share = {} if is_root() else {"stage_cpu": None}
+    sweep = reduced(ENGINE_LINES[0], splits="3,12", runs="1", batch_size="1", num_batches="3", warmup="1", local="")
+    if share:  # no cgroups without root: the sweep runs without the share
+        sweep = [a for i, a in enumerate(sweep) if a != "--stage-cpu" and (i == 0 or sweep[i - 1] != "--stage-cpu")]
+    sh(sweep, clone)
+    session = next((clone / "results").glob("*/runs.csv")).parent
+    knees = pd.read_csv(session / "report" / "engines.csv")
+    assert sorted(set(knees["engine"])) == ["onnxruntime", "torch"] and len(knees) == 6
+    few = {"repetitions": "2", "warmup": "1", "codecs": "float32/none", "ciphers": "none"}
+    if is_root():
+        sh(reduced(ENGINE_LINES[1], **few), clone)
+    sh(reduced(ENGINE_LINES[2], **few), clone)
+    if not is_root():
+        (clone / "profiles" / "pi-ort.json").write_bytes((clone / "profiles" / "server-ort.json").read_bytes())
+    profile = json.loads((clone / "profiles" / "server-ort.json").read_text())
+    assert profile["engine"]["engine"] == "onnxruntime" and profile["by_batch"]["1"]["range_compute_s"]
+    out = sh(reduced(ENGINE_LINES[3]), clone)
+    assert "6 configurations" in out.stdout  # ONNX Runtime's, not torch's
+    validation = json.loads((session / "report" / "prediction_validation.json").read_text())
+    assert validation["engine"] == "onnxruntime"
 
 
 def test_loadgen_scenarios_by_hand_and_in_a_sweep_as_the_docs_run_them(clone):

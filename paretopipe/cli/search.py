@@ -8,7 +8,7 @@ from ..errors import UsageError
 from ..llm.shapes import model_structure
 from ..runners import flags
 from ..runners.search import SearchOptions, SearchRun, describe, predicted_first, predicted_first_generation
-from ..runners.search_space import parse_vary, search_space, with_first_choices, with_placements_of
+from ..runners.search_space import engine_list, parse_vary, search_space, with_first_choices, with_placements_of
 from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from .common import ArgumentParser, HelpFormatter, example_epilog, positive_float, positive_int, setup_logging
 from .sweep_options import options_from_args
@@ -40,8 +40,8 @@ def parser(prog: str = "paretopipe search") -> ArgumentParser:
                              "front per network is measured first")
     search.add_argument("--vary", action="append", default=[], metavar="NAME=A,B",
                         help="a setting the space varies, beside the split and the sweep lists: codec=WIRE/COMPRESSION,..."
-                             " (e.g. codec=float32/none,float16/zstd,bfloat16/lz4), batch_size=1,4,8 or in_flight=1,2,4;"
-                             " repeat for several")
+                             " (e.g. codec=float32/none,float16/zstd,bfloat16/lz4), batch_size=1,4,8, in_flight=1,2,4 or"
+                             " engine=torch,onnxruntime (as --engine's list); repeat for several")
     flags.STUDY.add_to(search, help="share the study with other workers, each on its own testbed (its own --env-file): "
                              "journal:PATH for workers on one machine, postgresql://USER@HOST[:PORT]/DB for several; "
                              "the budget holds for the whole study and nothing is measured twice")
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
     vary = parse_vary(args.vary)
-    opts = options_from_args(args)
+    opts = engine_list(options_from_args(args), vary)
     if opts.wire_dtypes:
         raise UsageError(f"{prog}: --wire-dtype {','.join(opts.wire_dtypes)}: a search varies the wire dtype as a "
                          f"dimension: --vary codec={','.join(d + '/' + opts.compression for d in opts.wire_dtypes)}")

@@ -132,6 +132,7 @@ def build(torch_stage: nn.Module, inputs: Activation, engine: str, key: dict[str
     ``inputs`` compared with the torch stage's. ``key`` names the export (model, weights, cuts,
     stage, batch size); ``what`` names the stage in errors."""
     engines.require(engine)
+    torch_stage.eval()  # the exporter puts every child back in the module's own mode afterwards
     xs = live_tensors(inputs)
     with torch.no_grad():
         reference = torch_stage(*xs)

@@ -71,7 +71,9 @@ class StageBuilder:
         with self._lock:
             if key not in self._cache:
                 stages = self.partitioner.stages(list(cuts))
-                self._cache[key] = [s.to(self.device) for s in stages]
+                # eval() on each stage itself: a detector's wrapper was built in training mode, and the
+                # ONNX exporter restores a module's own mode to all its children after an export.
+                self._cache[key] = [s.to(self.device).eval() for s in stages]
             return self._cache[key][index]
 
     def engine_stage(self, cuts: list[str], index: int, engine: str, batch: int) -> nn.Module:
@@ -86,7 +88,7 @@ class StageBuilder:
             with torch.no_grad():
                 for j in range(index):
                     x = call_stage(self.stage(cuts, j), x)
-            what = f"stage {index + 1} of {self.name} split at {','.join(cuts)}"
+            what = f"stage {index + 1} of {self.name} split at {','.join(cuts)}" if cuts else f"the whole {self.name}"
             export_key = {"model": self.name, "fingerprint": self.fingerprint, "cuts": list(cuts), "stage": index,
                           "batch": batch}
             stage, check = onnxstage.build(self.stage(cuts, index), x, engine, export_key, what)

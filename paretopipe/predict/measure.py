@@ -168,23 +168,25 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     timer = StageTimer(builder.device)
     doc: dict[str, Any] = {"schema": SCHEMA, "created_utc": records.utc_now(), "model": builder.name,
                            "fingerprint": builder.fingerprint, "num_classes": opts.num_classes,
-                           "input_size": builder.input_size, "device": builder.device,
+                           "input_size": builder.input_size, "device": builder.device, "engine": {
+                               "engine": opts.engine, "version": engines.version(opts.engine)},
                            **_structure(part, cuts, boundaries, stages), "by_batch": {}}
     share_mean = opts.cpu_share is not None
     # Before any CPU share: the echo process stands for the other stage and must not inherit it.
     hop_s = hopprobe.hop_fixed_s() if opts.hop_probe else None
+    # An engine's exports are made (or found in the cache) at full speed, before any CPU share.
+    prepared = {b: (*_engine_stages(builder, boundaries, b, opts.engine, stages, model),
+                    _range_stages(builder, boundaries, b, opts.engine)) for b in opts.batch_sizes}
     with cpushare.limited(opts.cpu_share, "profile") as applied:
         limits.update(applied)
         for b in opts.batch_sizes:
             if progress:
-                progress(f"batch {b}: timing {len(stages)} segments x {opts.repetitions}"
-                         + (f" under {opts.engine}" if opts.engine != engines.TORCH else ""))
-            run_stages, run_model = _engine_stages(builder, boundaries, b, opts.engine, stages, model)
-            doc["by_batch"][str(b)] = _measure_batch(b, builder, run_model, run_stages, timer, codecs, opts,
-                                                     share_mean)
-            if opts.engine != engines.TORCH:
-                doc["by_batch"][str(b)]["range_compute_s"] = _range_times(builder, boundaries, b, opts, timer,
-                                                                          share_mean)
+                progress(f"batch {b}: timing {len(stages)} segments x {opts.repetitions} under {opts.engine}")
+            doc["by_batch"][str(b)] = _measure_batch(b, builder, prepared[b][1], prepared[b][0], timer, codecs,
+                                                     opts, share_mean)
+            if prepared[b][2]:
+                doc["by_batch"][str(b)]["range_compute_s"] = _range_times(builder, prepared[b][2], len(boundaries) - 1,
+                                                                          b, opts, timer, share_mean)
     transport = [(e["frame_bytes"], e["loopback_transfer_s"]) for per in doc["by_batch"].values()
                  for e in per["codecs"][RESULT_CODEC]]
     doc["loopback"] = _fit_transport(transport)
@@ -194,7 +196,6 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     with cpushare.limited(opts.cpu_share, "profile"):  # sealing runs on the stage's own share
         doc["ciphers"] = {c: aead.time_cipher(c) for c in opts.ciphers}
     doc["aes_instructions"] = aead.has_aes_instructions()
-    doc["engine"] = {"engine": opts.engine, "version": engines.version(opts.engine)}
     doc["method"] = {"warmup": opts.warmup, "repetitions": opts.repetitions, "max_live": opts.max_live,
                      "statistic": "mean" if share_mean else "median",
                      "why_statistic": "under a CPU quota single calls are either full speed or frozen, so only "
@@ -218,18 +219,26 @@ def _engine_stages(builder: StageBuilder, boundaries: list[str], b: int, engine:
             builder.engine_stage([], 0, engine, b))
 
 
-def _range_times(builder: StageBuilder, boundaries: list[str], b: int, opts: ProfileOptions, timer: StageTimer,
-                 mean: bool) -> dict[str, float]:
-    """Under an engine, each block split's two stages timed as one export each (``"0:j"`` and
-    ``"j:n"``, by boundary index): an engine fuses operators across segments, so a stage's time is
-    not the sum of its segments'. What a two-stage split's cost model reads."""
-    part, last = builder.partitioner, len(boundaries) - 1
+def _range_stages(builder: StageBuilder, boundaries: list[str], b: int, engine: str
+                  ) -> dict[str, tuple[nn.Module, nn.Module]]:
+    """Under an engine, each block split's two stages as one export each, keyed ``"j"`` by the
+    cut's boundary index (none under torch, whose stages are the sums of their segments)."""
+    if engine == engines.TORCH:
+        return {}
+    part = builder.partitioner
+    return {str(boundaries.index(part.block_cut(k))): (builder.engine_stage([part.block_cut(k)], 0, engine, b),
+                                                       builder.engine_stage([part.block_cut(k)], 1, engine, b))
+            for k in range(1, part.num_blocks)}
+
+
+def _range_times(builder: StageBuilder, ranges: dict[str, tuple[nn.Module, nn.Module]], last: int, b: int,
+                 opts: ProfileOptions, timer: StageTimer, mean: bool) -> dict[str, float]:
+    """Each block split's two stages timed as exports of their own (``"0:j"`` and ``"j:last"``, by
+    boundary index): an engine fuses operators across segments, so a stage's time is not the sum of
+    its segments'. What a two-stage split's cost model reads (DeviceProfile.stage_compute_s)."""
     x = next(inputs.batches(opts.dataset, b, builder.input_size, 1, opts.data_dir, seed=0, model=builder.name))
     out: dict[str, float] = {}
-    for k in range(1, part.num_blocks):
-        cut = part.block_cut(k)
-        j = boundaries.index(cut)
-        first, rest = (builder.engine_stage([cut], i, opts.engine, b) for i in (0, 1))
+    for j, (first, rest) in ranges.items():
         y, _ = timer.run(first, x, builder.device)
         for _ in range(opts.warmup):
             timer.run(first, x, builder.device)

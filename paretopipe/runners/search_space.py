@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from .. import engines
 from ..analysis.keys import placement_devices
+from ..engines import parse_engines
 from ..errors import UsageError
 from ..search.space import Config, Dimension, Space
 from ..transport.runconfig import COMPRESSIONS
@@ -21,7 +23,8 @@ from .sweep import SweepOptions
 from .sweep.plan import splits_for
 
 #: The sweep lists that become dimensions of the space when they name more than one choice.
-LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"))
+LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"),
+             ("engine", "engines"))
 #: A language model's sweep list that becomes a dimension too (each prompt length a pass of its own).
 GENERATION_DIMS = (("prompt_len", "prompt_lens"),)
 
@@ -70,8 +73,11 @@ def parse_vary(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip()
+        if name == "engine":  # a sweep list (--engine): ``engine_list`` makes it one
+            out[name] = tuple(parse_engines(text, "--vary engine"))
+            continue
         if not sep or name not in VARIABLE:
-            raise UsageError(f"--vary {item!r}: give NAME=A,B with NAME one of {', '.join(VARIABLE)} (threads "
+            raise UsageError(f"--vary {item!r}: give NAME=A,B with NAME one of {', '.join(VARIABLE)}, engine (threads "
                              f"are not yet in a run's key: search each count in a session of its own)")
         if name in out:
             raise UsageError(f"--vary {name} given twice: list its choices once, comma-separated")
@@ -80,6 +86,16 @@ def parse_vary(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
             raise UsageError(f"--vary {name}=: give at least one choice")
         out[name] = tuple(dict.fromkeys(_vary_value(name, v) for v in values))
     return out
+
+
+def engine_list(opts: SweepOptions, vary: dict[str, tuple[Any, ...]]) -> SweepOptions:
+    """``--vary engine=torch,onnxruntime`` as the sweep's engine list, a dimension as --engine's is;
+    removed from ``vary``."""
+    if "engine" not in vary:
+        return opts
+    if opts.engines != [engines.TORCH]:
+        raise UsageError("--vary engine and --engine name the same dimension: give one of them")
+    return dataclasses.replace(opts, engines=list(vary.pop("engine")))
 
 
 def with_first_choices(opts: SweepOptions, vary: dict[str, tuple[Any, ...]]) -> SweepOptions:

@@ -141,6 +141,26 @@ def test_a_search_may_vary_the_codec_and_the_batch_size_each_a_configuration_of_
 
 
 @pytest.mark.slow
+def test_a_search_may_vary_the_engine_and_each_trial_is_measured_on_its_own(tmp_path):
+    """--vary engine=torch,onnxruntime: the engine is a dimension as --engine's list is; each trial's
+    configuration runs on its engine (its run files and summary rows say which)."""
+    proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "examples/models/skipnet.py:build", "--budget",
+                    "all", "--splits", "1,3", "--vary", "engine=torch,onnxruntime", "--batch-size", "2", "--runs", "1",
+                    "--num-batches", "3", "--warmup", "1", "--drift-every", "0", "--local", "--out", str(tmp_path),
+                    "--session", "s", "--no-report"], timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert doc["space"] == {"split": [1, 3], "engine": ["torch", "onnxruntime"]}
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert sorted(zip(summary["split_index"], summary["engine"])) == [(1, "onnxruntime"), (1, "torch"),
+                                                                      (3, "onnxruntime"), (3, "torch")]
+    for t in doc["trials"]:
+        row = summary[(summary["split_index"] == t["config"]["split"]) & (summary["engine"] == t["config"]["engine"])]
+        assert t["values"][0] == pytest.approx(row["latency_median_s"].iloc[0])
+    assert (summary[summary.engine == "onnxruntime"]["engine_max_rel_error"] < 1e-4).all()
+
+
+@pytest.mark.slow
 def test_a_search_may_vary_the_in_flight_depth(tmp_path):
     proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", "all", "--splits",
                     "0,19", "--vary", "in_flight=1,2", "--batch-size", "1", "--runs", "1", "--num-batches", "6",
