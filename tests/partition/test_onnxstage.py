@@ -119,6 +119,13 @@ def test_an_export_is_cached_beside_the_weights_and_reused_by_the_next_process(t
     assert runs[0]["max_rel_error"] == runs[1]["max_rel_error"] < TOLERANCE
     files = list((tmp_path / "engines").glob("*.onnx"))
     assert len(files) == 1 and files[0].stat().st_size == runs[0]["onnx_bytes"]
+    # With the cache turned off, a process exports into a folder of its own and removes it at exit.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+                          env={**env, "PARETOPIPE_CACHE_DIR": "none", "TMPDIR": str(scratch)})
+    assert json.loads(done.stdout.splitlines()[-1])["export"] == "uncached"
+    assert not list(scratch.glob("paretopipe-engines-*"))  # torch leaves its own folders there
 
 
 @pytest.mark.parametrize("engine, wire_dtype", [("onnxruntime", "float32"), ("onnxruntime+torch", "int8")])
