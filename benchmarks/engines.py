@@ -9,11 +9,12 @@ weights, so a second run times without exporting.
 
     python benchmarks/engines.py                                  # mobilenetv2 resnet18 efficientnet_b0 ssdlite
     python benchmarks/engines.py --models mobilenetv2 --batch-sizes 1 --rounds 10
-    python benchmarks/engines.py --classifiers                    # every torchvision classifier's block splits
+    PARETOPIPE_CACHE_DIR=/tmp/check python benchmarks/engines.py --classifiers   # every classifier's block splits
 
 ``--classifiers`` checks, under ONNX Runtime, every block split of every torchvision classifier
-against its torch stages (the issue's 1e-4 bound) and lists the stages that do not export, with
-the operator each stops at.
+against the unsplit torch model (the issue's 1e-4 bound) and lists the stages that do not export,
+with the operator each stops at. It deletes each split's exports from the cache folder after the
+split: give it a cache folder of its own (``PARETOPIPE_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -100,18 +101,24 @@ def _checked(b: StageBuilder, cuts: list[str], index: int, engine: str, batch: i
     return check.max_rel_error if check else 0.0
 
 
-def every_classifier(engine: str) -> None:
-    """Every block split of every torchvision classifier under ``engine``: the largest error of the
-    split's two stages against the unsplit model, and the stages that do not export."""
+def every_classifier(engine: str, max_params: float | None = None) -> None:
+    """Every block split of every torchvision classifier (of at most ``max_params`` parameters)
+    under ``engine``: the largest error of the split's two stages against the unsplit model, and the
+    stages that do not export. Each split's exports are dropped after it (a large model's would fill
+    the disk)."""
     from torchvision import models as tv
 
-    names = sorted(tv.list_models(module=tv))
-    worst, refused = 0.0, []
-    for name in names:
+    worst, refused, skipped = 0.0, [], []
+    for name in sorted(tv.list_models(module=tv)):
+        params = list(tv.get_model_weights(name))[0].meta.get("num_params", 0)
+        if max_params is not None and params > max_params:
+            skipped.append(f"{name} ({params / 1e6:.0f}M)")
+            continue
+        began = time.perf_counter()
         try:
             b = StageBuilder(name)
         except Exception as exc:  # a classifier the zoo does not partition
-            print(f"{name}: not split here ({str(exc).splitlines()[0][:100]})")
+            print(f"{name}: not split here ({str(exc).splitlines()[0][:100]})", flush=True)
             continue
         x = b.example_batch(1)
         with torch.no_grad():
@@ -121,16 +128,28 @@ def every_classifier(engine: str) -> None:
             cuts = [b.partitioner.block_cut(k)]
             try:
                 got = live_tensors(call_stage(b.engine_stage(cuts, 1, engine, 1), b.engine_stage(cuts, 0, engine, 1)(x)))
+                model_worst = max(model_worst, onnxstage.max_rel_error(got, want))
             except onnxstage.EngineExportError as exc:
                 refused.append(f"{name} k={k}: {exc}")
-                continue
-            model_worst = max(model_worst, onnxstage.max_rel_error(got, want))
+            b._engine_stages.clear()
+            for path in _exports_folder().glob("*.onnx"):
+                path.unlink()
         worst = max(worst, model_worst)
-        print(f"{name}: {b.partitioner.num_blocks - 1} block splits, largest error {model_worst:.2e}", flush=True)
+        print(f"{name}: {b.partitioner.num_blocks - 1} block splits, largest error {model_worst:.2e} "
+              f"({time.perf_counter() - began:.0f} s)", flush=True)
     print(f"every classifier under {engine}: largest error {worst:.2e} (bound 1e-4)")
     print("stages that do not export:" if refused else "every stage exported")
     for line in refused:
         print(f"  {line}")
+    if skipped:
+        print(f"not checked (over --max-params): {', '.join(skipped)}")
+
+
+def _exports_folder():
+    from paretopipe.partition import weightcache
+
+    root = weightcache.cache_dir()
+    return root / "engines" if root is not None else onnxstage._scratch()
 
 
 def main() -> None:
@@ -139,12 +158,14 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--classifiers", action="store_true", help="check every torchvision classifier instead")
+    ap.add_argument("--max-params", type=float, default=None, help="with --classifiers: only those of at most this "
+                    "many parameters (e.g. 30e6)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
     if args.classifiers:
-        every_classifier(engines.ONNXRUNTIME)
+        every_classifier(engines.ONNXRUNTIME, args.max_params)
         return
     print(f"engines: {', '.join(f'{e} {engines.version(e)}' for e in ENGINES)}; one thread, core 0")
     print(f"{'model':<32}{'batch':>6}  {'engine':<12}{'whole ms':>10}{'x torch':>9}{'segments ms':>13}"
