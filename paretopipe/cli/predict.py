@@ -47,7 +47,9 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     flags.MODEL_DIR.add_to(p)
     flags.DEVICE_PROFILES.add_to(p, aliases=("--stage-profiles",), required=True,
                                  help="comma list of device profile JSONs, one per device in chain order (device 1 holds the "
-                        "data); a+b averages two profiles of one device, e.g. taken before and after a sweep")
+                        "data); a+b averages two profiles of one device, e.g. taken before and after a sweep; "
+                        "sets separated by ';', one per engine (profile --engine), compare the engines: "
+                        "pi-torch.json,server-torch.json;pi-ort.json,server-ort.json")
     p.add_argument("--links", default=None, help="N devices: one named network condition per hop, e.g. wifi,lan")
     add_network_flags(p.add_argument_group("network conditions (default lan)"), many=True)
     p.add_argument("--base-rate", default=None,
@@ -195,6 +197,8 @@ def _predict_image_model(args: argparse.Namespace) -> int:
     # lazy for start-up: pandas
     from ..predict.predictions import base_transport, predict_splits
 
+    if ";" in args.device_profiles and not args.validate:
+        return _compare_engines(args)
     paths = [x.strip() for x in args.device_profiles.split(",") if x.strip()]
     if len(paths) < 2:
         raise UsageError(f"--device-profiles needs at least 2 device profiles (one per device), got {len(paths)}")
@@ -320,3 +324,37 @@ def _print_plans(profiles, conditions, args: argparse.Namespace, codec: str, out
     return 0
 
 
+
+
+def _compare_engines(args: argparse.Namespace) -> int:
+    """One set of two device profiles per engine: per network, each engine's splits on one front,
+    and which engine and split win there."""
+    import pandas as pd
+
+    # lazy for start-up: pandas
+    from ..predict.predictions import base_transport, engines_front
+
+    sets = [[DeviceProfile.load_spec(x.strip()) for x in part.split(",") if x.strip()]
+            for part in args.device_profiles.split(";") if part.strip()]
+    if any(len(profiles) != 2 for profiles in sets):
+        raise UsageError("--device-profiles A,B;C,D compares engines on two devices: give two profiles per set, "
+                         "one set per engine")
+    for w in check_compatible([p for profiles in sets for p in profiles], args.model):
+        log.warning("%s", w)
+    codec = codec_key(args.wire_dtype, args.compression, resolve_cipher(args.encrypt, sets[0]))
+    tables = []
+    for links in _links_for(args, base_transport(sets[0], args.base_rate), 1):
+        table = engines_front(sets, links[0][0], args.batch_size, codec, links[0][1])
+        tables.append(table)
+        best = table.loc[table["predicted_latency_s"].idxmin()]
+        print(f"\n{sets[0][0].model}, network {links[0][0].name}, batch {args.batch_size}: the front over "
+              f"{', '.join(dict.fromkeys(table['engine']))} (predicted; best latency: {best['engine']} at split "
+              f"{best['split']}, {best['predicted_latency_s'] * 1e3:.2f} ms)")
+        for engine, rows in table.groupby("engine", sort=False):
+            front = rows[rows["on_front"]]
+            print(f"  {engine:<18} on the front: {' '.join(front['split']) or 'none'}; its own best latency at split "
+                  f"{rows.loc[rows['predicted_latency_s'].idxmin(), 'split']}")
+    if args.out:
+        path = records.atomic_write_csv(Path(args.out) / "predictions.csv", pd.concat(tables).to_dict("records"))
+        print(f"written: {path}")
+    return 0

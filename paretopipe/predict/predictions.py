@@ -165,3 +165,20 @@ def plot_rate_map(df: pd.DataFrame, path: Path, title: str, split_order: Sequenc
     bottom.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def engines_front(sets: Sequence[Sequence[DeviceProfile]], link: LinkModel, batch_size: int, codec: str,
+                  back: LinkModel | None = None) -> pd.DataFrame:
+    """Every split of each set of profiles (one set per engine: ``profile --engine``) on one
+    network, the set's engine label in ``engine`` and one front over them all (``on_front``): which
+    engine and split win there."""
+    tables = []
+    for profiles in sets:
+        names = [p.engine for p in profiles]
+        label = "+".join(names) if len(set(names)) > 1 else names[0]
+        tables.append(predict_splits(profiles, link, batch_size, codec, back=back).assign(engine=label))
+    table = pd.concat(tables, ignore_index=True).drop(columns=["on_front"])
+    if table["engine"].nunique() != len(sets):
+        raise UsageError(f"--device-profiles: {len(sets)} sets of profiles but {table['engine'].nunique()} engines; "
+                         f"give one set per engine (profile each device with --engine ENGINE)")
+    return pareto.mark_front(table, predicted_objectives(None, table), by=["network"])

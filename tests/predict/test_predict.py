@@ -156,3 +156,43 @@ def test_a_profile_with_live_sets_times_them_and_predict_weighs_their_bytes(tmp_
                  "--fine")
     assert table.returncode == 0, table.stderr
     assert "maxpool+layer1_0_relu" in table.stdout
+
+
+def _engine_profile(engine: str, segments: list[float], range_s: dict[str, float] | None = None):
+    from paretopipe.predict.device_profile import synthetic_profile
+
+    p = synthetic_profile(segments, [600_000, 400_000, 200_000, 40], host=engine)
+    p.doc["engine"] = {"engine": engine, "version": "x"}
+    if range_s:
+        p.doc["by_batch"]["1"]["range_compute_s"] = range_s
+    return p
+
+
+def test_a_profile_per_engine_prices_each_engine_and_one_front_says_which_wins(tmp_path):
+    """Two sets of profiles, eager torch and ONNX Runtime (whose stage times come from the ranges
+    it timed as one export each): one front per network over both engines, and the CLI's lines."""
+    from paretopipe.errors import UsageError
+    from paretopipe.network.conditions import get_conditions
+    from paretopipe.predict.costmodel import LinkModel
+    from paretopipe.predict.predictions import engines_front
+
+    slow = _engine_profile("torch", [0.03, 0.03, 0.03])
+    fast = _engine_profile("onnxruntime", [0.03, 0.03, 0.03], {"0:1": 0.004, "1:3": 0.008, "0:2": 0.007, "2:3": 0.004})
+    assert fast.stage_compute_s(1, 0, 2) == 0.007 and slow.stage_compute_s(1, 0, 2) == pytest.approx(0.06)
+    up, down = LinkModel.pair(get_conditions("wifi"))
+    table = engines_front([[slow, slow], [fast, fast]], up, 1, "float32/none", down)
+    assert set(table["engine"]) == {"torch", "onnxruntime"}
+    assert set(table.loc[table["on_front"], "engine"]) == {"onnxruntime"}  # faster at every split
+    with pytest.raises(UsageError, match="give one set per engine"):
+        engines_front([[slow, slow], [slow, slow]], up, 1, "float32/none", down)
+    paths = []
+    for name, p in (("torch", slow), ("ort", fast)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(p.doc))
+        paths.append(str(path))
+    from paretopipe.cli.predict import main
+
+    assert main(["--model", "mobilenet_v2", "--device-profiles", f"{paths[0]},{paths[0]};{paths[1]},{paths[1]}",
+                 "--network", "wifi,lte", "--out", str(tmp_path / "out")]) == 0
+    written = pd.read_csv(tmp_path / "out" / "predictions.csv")
+    assert set(written["network"]) == {"wifi", "lte"} and set(written["engine"]) == {"torch", "onnxruntime"}
