@@ -74,16 +74,23 @@ def only_torch(label: str) -> bool:
     return all(p == TORCH for p in label_parts(label))
 
 
+#: What exporting a stage to ONNX needs beside torch (torch.onnx's exporter imports it).
+EXPORTER = "onnx"
+
+
 def require(engine: str) -> object:
-    """The engine's module, imported; an engine whose package is missing is refused in one line."""
+    """The engine's module, imported; an engine whose package (or the exporter's) is missing is
+    refused in one line that names it."""
     if engine == TORCH:
         return importlib.import_module("torch")
-    package = PACKAGES[engine]
-    try:
-        return importlib.import_module(package)
-    except ImportError:
-        raise UsageError(f"--engine {engine}: the {package} package is not installed here; install it with "
-                         f"pip install 'paretopipe[engines]' (or pip install {package})") from None
+    modules = []
+    for package in (PACKAGES[engine], EXPORTER):
+        try:
+            modules.append(importlib.import_module(package))
+        except ImportError:
+            raise UsageError(f"--engine {engine}: the {package} package is not installed here; install it with "
+                             f"pip install 'paretopipe[engines]' (or pip install {package})") from None
+    return modules[0]
 
 
 def version(engine: str) -> str | None:

@@ -226,8 +226,10 @@ FLAGS: tuple[Flag, ...] = (
          stored=NOT_STORED, harmless=True),
     Flag.of(flags.STAGE_DEVICES, WHERE, help="device per stage, e.g. cpu,cuda (with hosts: overrides DEVICES/PI1_DEVICE/"
          "GPU_DEVICE)", field="", stored=lambda o: _joined(o.stage_devices)),
-    Flag.of(flags.ENGINE_LIST, WHERE, field="", stored=lambda o: list(o.engines) if o.engines != ["torch"] else None),
-    Flag.of(flags.STAGE_ENGINES, WHERE, field="", stored=NOT_STORED),
+    Flag.of(flags.ENGINE_LIST, WHERE, field="",
+            stored=lambda o: list(o.engines) if o.engines != ["torch"] and "+" not in o.engines[0] else None),
+    Flag.of(flags.STAGE_ENGINES, WHERE, field="",
+            stored=lambda o: o.engines[0].replace("+", ",") if "+" in o.engines[0] else None),
     Flag.of(flags.THREADS, WHERE, help="threads per stage, torch's and every engine's intra-op (cores / stages "
             "otherwise)"),
     Flag(("--stage-threads",), WHERE, "torch threads per stage, e.g. 1,2 (overrides --threads)", field="",

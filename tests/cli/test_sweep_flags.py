@@ -58,6 +58,21 @@ def test_every_key_of_the_resolved_table_is_an_option_an_experiment_file_accepts
     assert again == table
 
 
+@pytest.mark.parametrize("argv, stored", [(["--engine", "torch,openvino"], {"engine": ["torch", "openvino"]}),
+                                           (["--stage-engines", "onnxruntime,torch"],
+                                            {"engine": None, "stage_engines": "onnxruntime,torch"})])
+def test_engines_are_stored_and_read_back_as_given(tmp_path, argv, stored):
+    """--engine's list and --stage-engines' one per stage both survive experiment.toml (--rerun)."""
+    opts = sweep_options.options_from_args(sweep.parser().parse_args(["--local", *argv]))
+    table = sweep_flags.resolved_table(opts)
+    assert {k: table[k] for k in stored} == stored
+    path = tmp_path / experiment.FILE_NAME
+    experiment.write(path, table, {}, None)
+    p = sweep.parser()
+    p.set_defaults(**experiment.read(path, sweep.parser()).defaults)
+    assert sweep_options.options_from_args(p.parse_args([])).engines == opts.engines
+
+
 @pytest.mark.parametrize("name", sorted(experiment.INVOCATION - sweep_flags.COMMON_INVOCATION))
 def test_an_invocation_flag_is_never_taken_from_an_experiment_file(tmp_path, name):
     path = tmp_path / "exp.toml"
