@@ -138,6 +138,8 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     reqs = [Requirement(r) for r in Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []]
 print("\n".join(str(r) for r in reqs if r.name not in ("torch", "torchvision", "mlcommons-loadgen")
                 and not (r.marker and "extra" in str(r.marker))))
+# ONNX Runtime and the exporter's onnx from the engines extra: a Pi runs an --engine onnxruntime stage
+print("\n".join(f"{r.name}{r.specifier}" for r in reqs if r.name in ("onnxruntime", "onnx")))
 PY
 )
   local loadgen
@@ -172,8 +174,10 @@ PY
       --find-links /opt/wheels/loadgen "$loadgen" >&2
     printf '%s' "$loadgen" > "$WHEELS/loadgen/.complete"
   fi
+  local engines
+  mapfile -t engines < <(printf '%s\n' "$deps" | grep -E '^(onnxruntime|onnx)[<>=!~ ]' || true)
   chroot "$ROOTFS" "${qenv[@]}" "$VENV/bin/pip" install -q --disable-pip-version-check --no-index \
-    --find-links /opt/wheels/deps --find-links /opt/wheels/loadgen "/opt/wheels/project/$wheel" >&2
+    --find-links /opt/wheels/deps --find-links /opt/wheels/loadgen "/opt/wheels/project/$wheel" "${engines[@]}" >&2
   chroot "$ROOTFS" "${qenv[@]}" "$VENV/bin/pip" install -q --disable-pip-version-check --no-index --no-deps \
     --force-reinstall "/opt/wheels/project/$wheel" >&2
   mkdir -p "$(dirname "$WRAPPER")"

@@ -105,10 +105,12 @@ def test_mixed_architecture_sweep_over_ssh_with_tc_on_both_backends(arm_lab, tmp
         assert "htb" not in in_host(arm_lab, i, "tc", "qdisc", "show", "dev", "eth0").stdout
 
 
-def test_split_outputs_across_architectures_equal_the_unsplit_model(arm_lab, tmp_path):
+@pytest.mark.parametrize("engine", ["torch", "onnxruntime"])
+def test_split_outputs_across_architectures_equal_the_unsplit_model(arm_lab, tmp_path, engine):
     """partition1.py on the aarch64 host and partition2.py on x86, started over SSH as a user would
     on a Pi and a server; the logits stage 1 saves equal the unsplit model's on x86. The inputs are
-    the `photos` set, bit-identical on both architectures (torch's seeded Gaussian is not)."""
+    the `photos` set, bit-identical on both architectures (torch's seeded Gaussian is not). Under
+    ONNX Runtime each host exports its own stage and runs it on its own architecture's build."""
     from paretopipe.envfile import read_env
     from paretopipe.partition import models
     from paretopipe.runners.hosts import Testbed
@@ -124,7 +126,7 @@ def test_split_outputs_across_architectures_equal_the_unsplit_model(arm_lab, tmp
     env = {"PARETOPIPE_SECRET": secret}
     stage1 = subprocess.Popen(pi.argv("paretopipe", ["stage1", *common, "--host", pi.address, "--dataset", "photos",
                                                      "--num-batches", "2", "--warmup", "1", "--save-outputs", saved,
-                                                     "--out", "/tmp"], env), stdout=subprocess.PIPE,
+                                                     "--engine", engine, "--out", "/tmp"], env), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     stage2 = subprocess.run(server.argv("paretopipe", ["stage2", *common, "--host", pi.address,
                                                        "--output-dir", str(tmp_path)], env),
@@ -138,6 +140,12 @@ def test_split_outputs_across_architectures_equal_the_unsplit_model(arm_lab, tmp
         ref = torch.stack([model(x) for x in data.batches("photos", 2, models.input_size(MODEL), 3)]).numpy()
     assert logits.shape == ref.shape == (3, 2, 10)  # every batch, the warm-up one included
     assert np.abs(logits - ref).max() <= CROSS_ARCH_ATOL
+    if engine != "torch":  # each host ran its stage under ONNX Runtime: stage 1 on aarch64, stage 2 on x86
+        records = [json.loads(p.read_text()) for p in tmp_path.rglob("*.json")]
+        stages = next(r for r in records if "manifest" in r)["manifest"]["stages"]
+        assert [s["engine"]["engine"] for s in stages] == ["onnxruntime", "onnxruntime"]
+        assert "aarch64" in stages[0]["platform"] and "x86_64" in stages[1]["platform"]
+        assert max(s["engine"]["max_rel_error"] for s in stages) < CROSS_ARCH_ATOL
 
 
 def test_a_language_model_split_across_architectures_generates_the_unsplit_models_tokens(arm_lab, tmp_path):
