@@ -29,6 +29,12 @@ from ..predict.planner import pareto_plans, split_blocks
 log = logging.getLogger("paretopipe.predict")
 
 
+PROFILES_HELP = ("comma list of device profile JSONs, one per device in chain order (device 1 holds the data); a+b "
+                 "averages two profiles of one device, e.g. taken before and after a sweep; sets separated by ';', "
+                 "one per engine (profile --engine), compare the engines: "
+                 "pi-torch.json,server-torch.json;pi-ort.json,server-ort.json")
+
+
 def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     p = ArgumentParser(
         prog=prog, formatter_class=HelpFormatter,
@@ -46,10 +52,7 @@ def parser(prog: str = "python -m paretopipe.predict") -> ArgumentParser:
     flags.MODEL.add_to(p, default=None, help="the model the device profiles were taken of")
     flags.MODEL_DIR.add_to(p)
     flags.DEVICE_PROFILES.add_to(p, aliases=("--stage-profiles",), required=True,
-                                 help="comma list of device profile JSONs, one per device in chain order (device 1 holds the "
-                        "data); a+b averages two profiles of one device, e.g. taken before and after a sweep; "
-                        "sets separated by ';', one per engine (profile --engine), compare the engines: "
-                        "pi-torch.json,server-torch.json;pi-ort.json,server-ort.json")
+                                 help=PROFILES_HELP)
     p.add_argument("--links", default=None, help="N devices: one named network condition per hop, e.g. wifi,lan")
     add_network_flags(p.add_argument_group("network conditions (default lan)"), many=True)
     p.add_argument("--base-rate", default=None,
