@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import sys
 
 from .errors import UsageError
 
@@ -83,6 +84,12 @@ def require(engine: str) -> object:
     refused in one line that names it."""
     if engine == TORCH:
         return importlib.import_module("torch")
+    if engine == OPENVINO:
+        # Importing openvino sends usage telemetry (openvino_telemetry) from a process it forks: a
+        # stage must not reach for the network, and a child forked beside a stage worker's stdin
+        # reader hangs for ever (found as a sweep's orphaned stage-2 worker). Without the module,
+        # openvino uses its own stub, which sends nothing.
+        sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[assignment]
     modules = []
     for package in (PACKAGES[engine], EXPORTER):
         try:

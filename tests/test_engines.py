@@ -49,3 +49,18 @@ def test_an_engine_whose_package_is_missing_is_refused_in_one_line_that_names_it
     assert lines == ["error: --engine onnxruntime: the onnxruntime package is not installed here; install it with "
                      "pip install 'paretopipe[engines]' (or pip install onnxruntime)"], done.stderr
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_openvino_is_imported_without_its_telemetry_which_forks_and_reaches_for_the_network():
+    """Importing openvino sends usage telemetry from a forked process; under a stage worker that
+    child hung for ever (an orphan after every OpenVINO sweep). Through engines.require it forks
+    nothing and sends nothing."""
+    code = ("import time, psutil\n"
+            "from paretopipe import engines\n"
+            "engines.require('openvino')\n"
+            "time.sleep(2)\n"
+            "import sys\n"
+            "print(sys.modules['openvino_telemetry'], len(psutil.Process().children(recursive=True)))\n")
+    done = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "0"]

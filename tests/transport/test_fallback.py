@@ -17,13 +17,16 @@ MODEL = "mobilenetv2"
 
 
 @pytest.mark.slow
-def test_a_static_split_with_a_deadline_serves_every_batch_through_a_frozen_dead_and_returning_stage2(tmp_path):
+@pytest.mark.parametrize("engine", ["torch", "onnxruntime"])
+def test_a_static_split_with_a_deadline_serves_every_batch_through_a_frozen_dead_and_returning_stage2(tmp_path,
+                                                                                                      engine):
+    """Under ONNX Runtime too: stage 1 serves the batches it takes back on its own engine."""
     port = str(free_port())
     total = 500
     common = ["--model", MODEL, "--split", "8", "--port", port, "--threads", "1", "--connect-timeout", "90"]
     s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total),
                "--warmup", "0", "--deadline-ms", "300", "--out", str(tmp_path / "s1"),
-               "--save-outputs", str(tmp_path / "out.npz"))
+               "--save-outputs", str(tmp_path / "out.npz"), "--engine", engine)
     s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
     s2b = stage2_freezes_dies_and_returns(s1, s2, common, tmp_path / "s2b", "stage 1: run", 1.0, 0.5)
     assert s1.wait(300) == 0, s1.stderr.read()
@@ -44,7 +47,8 @@ def test_a_static_split_with_a_deadline_serves_every_batch_through_a_frozen_dead
     # The stage 2 that came back wrote the record of the run it joined, with stage 1's part.
     (path2,) = (tmp_path / "s2b").glob("*.json")
     assert json.loads(path2.read_text())["run_id"] == rec["run_id"]
-    assert_logits_equal_unsplit(tmp_path / "out.npz", MODEL, total)
+    assert [s["engine"]["engine"] for s in rec["manifest"]["stages"]] == [engine, engine]
+    assert_logits_equal_unsplit(tmp_path / "out.npz", MODEL, total, atol=1e-5 if engine == "torch" else 1e-4)
 
 
 def test_a_deadline_needs_one_batch_in_flight(tmp_path):
