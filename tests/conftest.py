@@ -43,6 +43,29 @@ def exhaustive_sample(items, k: int = 12, seed: int = 0) -> list:
 
 
 @functools.lru_cache(maxsize=None)
+def unexportable_model(folder: Path) -> str:
+    """A model file whose block after the stem holds ``torch.cumprod``, an operator torch's ONNX
+    exporter lacks at opset 17 (the engines' refusal); returns its ``--model`` name."""
+    import textwrap
+
+    path = folder / "cumnet.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        INPUT_SIZE = 32
+        class Net(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU())
+                self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, n))
+            def forward(self, x):
+                return self.head(torch.cumprod(torch.sigmoid(self.stem(x)), -1))
+        def build(num_classes=10):
+            return Net(num_classes)
+    """))
+    return f"{path}:build"
+
+
 def traced(name: str, batch: int = 2, size: int | None = None):
     """(model, partitioner, inputs, other_inputs) for a zoo model at ``batch`` images of ``size``
     pixels a side (the model's own input size unless given)."""

@@ -7,12 +7,11 @@ while the sweep goes on."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pandas as pd
 import pytest
 
-from conftest import PYTHON
+from conftest import PYTHON, unexportable_model
 import tcp_helpers as cli
 from paretopipe.analysis import engine_fronts
 
@@ -53,22 +52,8 @@ def test_a_sweep_over_engines_keys_reports_and_draws_each_engines_front(tmp_path
 
 @pytest.mark.slow
 def test_a_stage_that_does_not_export_fails_its_configuration_and_the_sweep_goes_on(tmp_path):
-    model = tmp_path / "cumnet.py"
-    model.write_text(textwrap.dedent("""
-        import torch
-        from torch import nn
-        INPUT_SIZE = 32
-        class Net(nn.Module):
-            def __init__(self, n):
-                super().__init__()
-                self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU())
-                self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, n))
-            def forward(self, x):
-                return self.head(torch.cumprod(torch.sigmoid(self.stem(x)), -1))
-        def build(num_classes=10):
-            return Net(num_classes)
-    """))
-    proc = _sweep(tmp_path, f"{model}:build", "--splits", "1", "--engine", "torch,onnxruntime")
+    model = unexportable_model(tmp_path)
+    proc = _sweep(tmp_path, model, "--splits", "1", "--engine", "torch,onnxruntime")
     session = tmp_path / "s"
     summary = pd.read_csv(session / "summary.csv")  # torch's configuration alone completed
     assert summary["status"].tolist() == ["complete"] and summary["runs"].tolist() == [2], proc.stderr[-2000:]

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import textwrap
 
 import pytest
 import torch
 
-from conftest import PYTHON, ROOT, exhaustive_sample
+from conftest import PYTHON, ROOT, exhaustive_sample, unexportable_model
 from tcp_helpers import reference_outputs, run_in_threads
 from paretopipe.partition import onnxstage
 from paretopipe.partition.activation import call_stage, live_tensors
@@ -75,28 +74,14 @@ def test_a_user_model_file_and_a_detectors_live_set_export():
 
 
 def test_a_stage_that_does_not_export_names_its_operator_and_prints_no_graph(tmp_path, capfd):
-    model = tmp_path / "cumnet.py"
-    model.write_text(textwrap.dedent("""
-        import torch
-        from torch import nn
-        INPUT_SIZE = 32
-        class Net(nn.Module):
-            def __init__(self, n):
-                super().__init__()
-                self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU())
-                self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, n))
-            def forward(self, x):
-                return self.head(torch.cumprod(torch.sigmoid(self.stem(x)), -1))
-        def build(num_classes=10):
-            return Net(num_classes)
-    """))
-    b = StageBuilder(f"{model}:build")
+    model = unexportable_model(tmp_path)
+    b = StageBuilder(model)
     cuts = [b.partitioner.block_cut(1)]
     b.engine_stage(cuts, 0, "onnxruntime", 1)  # the stem exports
     capfd.readouterr()
     with pytest.raises(onnxstage.EngineExportError) as caught:
         b.engine_stage(cuts, 1, "onnxruntime", 1)
-    assert str(caught.value) == (f"stage 2 of {model}:build split at {cuts[0]} does not export to ONNX (opset 17): "
+    assert str(caught.value) == (f"stage 2 of {model} split at {cuts[0]} does not export to ONNX (opset 17): "
                                  f"operator aten::cumprod is not supported")
     out, err = capfd.readouterr()
     assert "graph" not in out + err and "%" not in out + err  # the exporter's C++ log stays out of the terminal
