@@ -1,7 +1,7 @@
 # make test / make demo create .venv on first use and reuse it while requirements.txt is unchanged.
 PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
-REQHASH := $(shell sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
+REQHASH := $(shell sha256sum requirements.txt requirements-nodeps.txt pyproject.toml | sha256sum | cut -c1-16)
 
 .PHONY: venv sysdeps docs test test-exhaustive test-fast test-gpu demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
@@ -11,6 +11,7 @@ venv:
 	  python3 -m venv .venv && \
 	  $(PY) -m pip install -q --upgrade pip && \
 	  $(PY) -m pip install -q -r requirements.txt && \
+	  $(PY) -m pip install -q --no-deps -r requirements-nodeps.txt && \
 	  $(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null && \
 	  echo "$(REQHASH)" > $(STAMP); \
 	fi

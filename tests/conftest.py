@@ -24,6 +24,12 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# Nothing is fetched in the tests: a hub id resolves from the local Hugging Face cache only, and a
+# torchvision weight name from torch's hub cache only (each refused in one line otherwise). The
+# processes the tests start inherit both.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PARETOPIPE_OFFLINE", "1")
+
 
 #: make test checks a seeded sample of each exhaustive set (every cut of a large model: each is a
 #: whole forward pass); make test-exhaustive, which .ci/run runs too, sets this and checks them all.

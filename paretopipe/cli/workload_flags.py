@@ -18,7 +18,7 @@ from ..transport.runconfig import Generation
 IMAGE_ONLY = ("batch_size", "num_batches", "in_flight", "dataset", "data_dir", "enable_prefetch", "prefetch_batches",
               "cut", "num_classes", "weights", "models_dir", "num_test_samples", "use_pipelining")
 #: What a generation takes (its dests), refused for an image model.
-GENERATION_ONLY = ("prompt", "prompt_len", "gen_tokens", "streams", "temperature", "top_k", "check_exact")
+GENERATION_ONLY = ("prompt", "prompt_len", "gen_tokens", "streams", "temperature", "top_k", "check_exact", "chat")
 LANGUAGE_MODELS = "a language model (--model tiny-lm, smollm2-135m, ... or --model-dir DIR)"
 
 
@@ -28,6 +28,7 @@ def add_generation_flags(parser: argparse.ArgumentParser) -> None:
     for row in (flags.PROMPT, flags.PROMPT_LEN, flags.GEN_TOKENS, flags.STREAMS, flags.TEMPERATURE, flags.TOP_K):
         row.add_to(g)
     g.add_argument(*flags.CHECK_EXACT.flags, action="store_true", help=flags.CHECK_EXACT.help)
+    g.add_argument(*flags.CHAT.flags, action="store_true", help=flags.CHAT.help)
 
 
 def check_workload_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, language_model: bool,
@@ -55,7 +56,7 @@ def generation_from_args(args: argparse.Namespace) -> Generation:
     """A data source's generation from its flags (warm-up: ``--warmup`` short generations)."""
     return Generation(gen_tokens=args.gen_tokens, streams=args.streams, prompt_len=args.prompt_len,
                       prompt=args.prompt, temperature=args.temperature, top_k=args.top_k,
-                      check_exact=args.check_exact, warmup_streams=args.warmup)
+                      check_exact=args.check_exact, warmup_streams=args.warmup, chat=args.chat)
 
 
 def save_tokens(path: str, tokens: Sequence[Sequence[int]]) -> None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..partition.models import fingerprint as module_fingerprint
+from .checkpoints import check_architecture, display_name, is_real, local_folder
 from .shapes import LMShape, named, shape_from_config, stage_blocks, stage_layers
 
 GENERATOR = "portable-uniform-v1/embed0.1/gain2"
@@ -58,45 +59,34 @@ class LMSource:
 
 
 def source(model: str | None, model_dir: str | None = None) -> LMSource:
-    """A named shape, or a user's folder (config.json and safetensors; nothing is fetched)."""
-    if model_dir is not None:
-        folder = Path(model_dir)
-        config_path = folder / "config.json"
-        if not config_path.is_file():
-            raise UsageError(f"--model-dir {model_dir}: no config.json there (a folder saved by save_pretrained "
-                             f"holds config.json and model.safetensors)")
-        if not weight_files(folder):
-            raise UsageError(f"--model-dir {model_dir}: no *.safetensors weights there")
-        try:
-            config = json.loads(config_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"--model-dir {model_dir}: config.json is not readable JSON ({exc})")
-        if not isinstance(config, dict):
-            raise UsageError(f"--model-dir {model_dir}: config.json is not a JSON object")
-        _check_architecture(config, f"--model-dir {model_dir}")
-        src = LMSource(shape_from_config(config, folder.resolve().name), folder, config)
-        skeleton(src)  # the layout is checked before anything listens (the meta device: no memory)
-        return src
-    shape = named(model or "")
-    return LMSource(shape, None, {**shape.config_dict(), "initializer_range": INIT_STD})
+    """A named shape (portable weights), or trained weights: a folder (config.json and
+    safetensors), a GGUF file, a hub id from the local cache, or a named real model
+    (:mod:`paretopipe.llm.checkpoints`)."""
+    if model_dir is None and not is_real(model):
+        shape = named(model or "")
+        return LMSource(shape, None, {**shape.config_dict(), "initializer_range": INIT_STD})
+    what = f"--model-dir {model_dir}" if model_dir is not None else f"--model {model}"
+    folder = local_folder(model, model_dir)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise UsageError(f"{what}: no config.json there (a folder saved by save_pretrained holds config.json and "
+                         f"model.safetensors; or give a .gguf file or a hub id)")
+    if not weight_files(folder):
+        raise UsageError(f"{what}: no *.safetensors weights there")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{what}: config.json is not readable JSON ({exc})")
+    if not isinstance(config, dict):
+        raise UsageError(f"{what}: config.json is not a JSON object")
+    check_architecture(config, what)
+    src = LMSource(shape_from_config(config, display_name(model, model_dir)), folder, config)
+    skeleton(src)  # the layout is checked before anything listens (the meta device: no memory)
+    return src
 
 
 def weight_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
-
-
-def _check_architecture(config: dict[str, Any], what: str) -> None:
-    from transformers import AutoConfig  # lazy for start-up: transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    arch = config.get("model_type")
-    if arch not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise UsageError(f"{what}: architecture {arch!r} is not a decoder-only causal LM transformers knows "
-                         f"(for example llama, qwen2, mistral)")
-    try:
-        AutoConfig.for_model(**config)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"{what}: transformers cannot read this {arch} configuration ({exc})")
 
 
 def hf_config(src: LMSource):

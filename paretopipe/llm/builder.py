@@ -72,7 +72,7 @@ class LMBuilder:
         self.device = device
         self.input_size = None
         self.partitioner = LMPartitioner(self.shape)
-        self.tokenizer = tokenizer_for(model_dir)
+        self.tokenizer = tokenizer_for(self.src.model_dir)
         self._built: dict[tuple[tuple[int, ...], int], LMStage] = {}
         self._lock = threading.Lock()
 
@@ -102,7 +102,7 @@ class LMBuilder:
         """Each measured stream's prompt as token ids (the text's, or a seeded one per stream)."""
         g = generation
         return [prompt_ids(g.prompt, g.prompt_len, self.shape.vocab_size, self.shape.max_position_embeddings,
-                           g.gen_tokens, self.tokenizer, seed, s) for s in range(g.streams)]
+                           g.gen_tokens, self.tokenizer, seed, s, chat=g.chat) for s in range(g.streams)]
 
     def stage_memory(self, cfg: Any, index: int) -> dict[str, int]:
         """What stage ``index`` holds in a run: its parameters, and (as its activation peak) every

@@ -15,7 +15,8 @@ from typing import Any
 
 from ..errors import UsageError
 from ..partition.structure import structure
-from ..wiredtype import row_nbytes
+from ..wiredtype import token_nbytes
+from .checkpoints import REAL, display_name, is_real, local_folder
 TOKEN_ID_BYTES = 8    # split 0: the token ids cross, as int64
 
 
@@ -112,7 +113,8 @@ def is_named(name: str | None) -> bool:
 def named(name: str) -> LMShape:
     key = ALIASES.get(normalize(name), normalize(name))
     if key not in NAMED:
-        raise UsageError(f"unknown language model {name!r}; named ones: {', '.join(NAMED)} (or --model-dir DIR)")
+        raise UsageError(f"unknown language model {name!r}; named ones: {', '.join(NAMED)} (portable weights), "
+                         f"{', '.join(REAL)} (trained), or --model-dir DIR|FILE.gguf|HUB_ID")
     return NAMED[key]
 
 
@@ -154,7 +156,7 @@ def cut_bytes_per_token(shape: LMShape, split: int, cut_dtype: str = "float32") 
     check_split(shape, split)
     if split == 0:
         return TOKEN_ID_BYTES
-    return row_nbytes(shape.hidden_size, cut_dtype)
+    return token_nbytes(shape.hidden_size, cut_dtype)
 
 
 def cuts(shape: LMShape, cut_dtype: str = "float32") -> list[LMCut]:
@@ -226,26 +228,29 @@ def cut_table(shape: LMShape, cut_dtype: str = "float32") -> str:
 
 
 def is_language_model(model: str | None, model_dir: str | None = None) -> bool:
-    """Whether a stage's model is a language model: a folder (``--model-dir``) or a named shape.
-    The one test of a model's kind: it decides the workload (a generation, or image batches)."""
-    return model_dir is not None or is_named(model)
+    """Whether a stage's model is a language model: weights given by ``--model-dir``, a named real
+    one, or a named shape. The one test of a model's kind: it decides the workload (a generation,
+    or image batches)."""
+    return model_dir is not None or is_named(model) or is_real(model)
 
 
 def shape_of(model: str | None, model_dir: str | None = None) -> LMShape:
-    """A language model's shape without building it: a named one, or a folder's config.json."""
-    if model_dir is None:
+    """A language model's shape without building it: a named one, or its folder's config.json
+    (a GGUF's or a named real model's folder is made first: :mod:`paretopipe.llm.checkpoints`)."""
+    if model_dir is None and not is_real(model):
         return named(model or "")
-    path = Path(model_dir) / "config.json"
+    what = f"--model-dir {model_dir}" if model_dir is not None else f"--model {model}"
+    path = local_folder(model, model_dir) / "config.json"
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UsageError(f"--model-dir {model_dir}: no config.json there (a folder saved by save_pretrained holds "
-                         f"config.json and model.safetensors)")
+        raise UsageError(f"{what}: no config.json there (a folder saved by save_pretrained holds config.json and "
+                         f"model.safetensors; or give a .gguf file or a hub id)")
     except (OSError, ValueError) as exc:
-        raise UsageError(f"--model-dir {model_dir}: config.json is not readable JSON ({exc})")
+        raise UsageError(f"{what}: config.json is not readable JSON ({exc})")
     if not isinstance(config, dict):
-        raise UsageError(f"--model-dir {model_dir}: config.json is not a JSON object")
-    return shape_from_config(config, Path(model_dir).resolve().name)
+        raise UsageError(f"{what}: config.json is not a JSON object")
+    return shape_from_config(config, display_name(model, model_dir))
 
 
 def model_structure(model: str, num_classes: int, model_dir: str | None = None) -> dict[str, Any]:

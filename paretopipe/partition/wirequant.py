@@ -7,8 +7,10 @@ hidden state alike:
 
 - ``int8``: symmetric, one float32 scale per row: a sample's channel of an image activation
   ``(N, C, H, W)`` (the whole sample where a channel holds fewer than :data:`INT4_GROUP` values,
-  so that scales never cost more than an eighth of a byte a value), a token of a hidden state
-  ``(B, T, D)``, a sample of ``(N, F)``; crosses as the int8 tensor and its scales.
+  so that scales never cost more than an eighth of a byte a value), a sample of ``(N, F)``; a
+  hidden state ``(B, T, D)`` has one per group of :data:`INT4_GROUP` values of a token
+  (:func:`paretopipe.wiredtype.int8_token_groups`: a trained model's outlier channels); crosses
+  as the int8 tensor and its scales.
 - ``int4``: symmetric, two values per byte, one float32 scale per group of :data:`INT4_GROUP`
   consecutive values of a row (a sample of an image activation, channel after channel; a token of
   a hidden state; zero-padded to whole groups); crosses as the packed bytes, the scales and the
@@ -27,7 +29,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from ..errors import WireError
-from ..wiredtype import INT4_GROUP, QUANTISED
+from ..wiredtype import INT4_GROUP, QUANTISED, int8_token_groups
 from .activation import Activation, live_tensors
 
 CASTS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -54,8 +56,16 @@ def _rows(shape: tuple[int, ...], dtype: str) -> tuple[int, int]:
     return rows, (math.prod(shape) // rows if rows else 0)
 
 
+def _token_groups(shape: tuple[int, ...]) -> int:
+    """A hidden state's int8 groups per token (0: not a hidden state, one scale per row)."""
+    return int8_token_groups(shape[-1]) if len(shape) == 3 else 0
+
+
 def _scale_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """An int8 tensor's scales: one per row, in a shape that broadcasts over the row's values."""
+    """An int8 tensor's scales: one per row (in a shape that broadcasts over the row's values), or
+    a hidden state's one per group of a token, (B, T, groups)."""
+    if _token_groups(shape):
+        return shape[:2] + (_token_groups(shape),)
     lead = _lead(shape, "int8")
     return shape[:lead] + (1,) * (len(shape) - lead) if lead else (1,)
 
@@ -63,7 +73,8 @@ def _scale_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 def quantise(t: torch.Tensor, dtype: str) -> tuple[torch.Tensor, ...]:
     """One float32 tensor as what crosses in ``dtype`` (``int8`` or ``int4``)."""
     if dtype == "int8":
-        rows, _ = _rows(tuple(t.shape), dtype)
+        groups = _token_groups(tuple(t.shape))
+        rows = math.prod(t.shape[:2]) * groups if groups else _rows(tuple(t.shape), dtype)[0]
         flat = t.reshape(rows, -1)
         # the same operations, in the same order, as a hidden state's int8 had before images had it
         scale = flat.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127.0
@@ -102,6 +113,9 @@ def dequantise(parts: tuple[torch.Tensor, ...], dtype: str) -> torch.Tensor:
         if q.dtype != torch.int8 or scale.dtype != torch.float32 or q.dim() < 1 \
                 or tuple(scale.shape) != _scale_shape(tuple(q.shape)):
             raise WireError(f"an int8 tensor crosses with one float32 scale per row: got {_described(parts)}")
+        if _token_groups(tuple(q.shape)):
+            grouped_q = q.reshape(*scale.shape, -1).to(torch.float32)
+            return _finite((grouped_q * scale.unsqueeze(-1)).reshape(q.shape), dtype)
         return _finite(q.to(torch.float32) * scale, dtype)
     packed, scale, _ = parts
     shape = decoded_shape(parts, dtype)

@@ -70,8 +70,9 @@ class Option:
 MODEL = Option(("--model",), "zoo name (mobilenetv2, resnet50, vit_b_16, ...), a registered model, or a model file")
 NUM_CLASSES = Option(("--num-classes",), "classes of the classifier head (the shape of the default weights; a "
                      "state dict of another head needs its own)", positive_int, DEFAULT_NUM_CLASSES)
-WEIGHTS = Option(("--weights",), "state-dict .pth to load (else models/<name>.pth if present, else the "
-                 "deterministic default weights); it must exist on every host")
+WEIGHTS = Option(("--weights",), "state-dict .pth to load, or a torchvision weight name (DEFAULT, IMAGENET1K_V1, "
+                 "...: from torch's hub cache, downloaded only when online) (else models/<name>.pth if present, else "
+                 "the deterministic default weights); it must exist on every host")
 MODELS_DIR = Option(("--models-dir",), "folder searched for <name>.pth (./models when not given)")
 DEVICE = Option(("--device",), "cpu or cuda[:N]", default="cpu")
 THREADS = Option(("--threads",), "torch intra-op threads (match the stage that will run here)", positive_int)
@@ -196,8 +197,10 @@ STUDY = Option(("--study",), "a search study shared by workers, each on its own 
                "postgresql://USER@HOST/DB", metavar="URL")
 
 # Language models (paretopipe.llm): the stages, the chains and split --list.
-MODEL_DIR = Option(("--model-dir",), "a local folder of a decoder-only LM (config.json, *.safetensors, tokenizer.json "
-                                     "if any; nothing is fetched) instead of a named shape")
+MODEL_DIR = Option(("--model-dir",), "a decoder-only LM's trained weights, as from_pretrained takes them: a folder "
+                   "(config.json, *.safetensors, tokenizer.json), a Hugging Face hub id (its local cache; fetched only "
+                   "without HF_HUB_OFFLINE), or a .gguf file (dequantised once, tokenizer and chat template from the "
+                   "file)")
 PROMPT = Option(("--prompt",), "the prompt text (every stream the same; tokenizer.json, else bytes)")
 PROMPT_LEN = Option(("--prompt-len",), "a seeded prompt of N tokens per stream (default 16 without --prompt)",
                     positive_int)
@@ -208,6 +211,8 @@ TEMPERATURE = Option(("--temperature",), "0: greedy; else sampled at this temper
 TOP_K = Option(("--top-k",), "with --temperature: sample among the k largest (0: all)", nonneg_int, 0)
 CHECK_EXACT = Option(("--check-exact",), "the last stage compares its logits with the unsplit float32 model's after "
                      "the run (always for a lossy --wire-dtype); it then builds the whole model once")
+CHAT = Option(("--chat",), "put --prompt through the model's chat template as a user's turn (tokenizer_config.json "
+              "or chat_template.jinja of the model's folder or GGUF), then generate the assistant's reply")
 #: A generation's settings (a language model's workload): refused for an image model.
 GENERATION_FLAGS = (MODEL_DIR, PROMPT, PROMPT_LEN, GEN_TOKENS, STREAMS, TEMPERATURE, TOP_K)
 # Modelled energy: declared powers, one value per stage (predict, the language-model runs; the sweep's table

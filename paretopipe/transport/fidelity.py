@@ -30,6 +30,7 @@ from ..errors import ParetoPipeError, UsageError
 from ..llm.build import build_stage
 from ..llm.generate import reference_model
 from ..llm.stage import LMStage, decode_cut, encode_cut
+from ..llm.realtext import ABOUT, real_text
 from ..llm.tokens import seeded_prompt
 from ..partition import wirequant
 from ..partition.activation import Activation, call_stage, live_tensors
@@ -97,19 +98,32 @@ def text_ids(builder: Any, path: str) -> list[int]:
         raise UsageError(f"--eval-text {path}: {exc.strerror or exc}")
 
 
+def evaluation_text(builder: Any, cfg: RunConfig) -> str | None:
+    """``--eval-text``; for trained weights without one, real prose (:mod:`paretopipe.llm.realtext`)
+    where it is installed; else None (seeded ids: the portable weights have no language)."""
+    if cfg.eval_text is not None or builder.src.model_dir is None:
+        return cfg.eval_text
+    path = real_text()
+    if path is not None:
+        log.info("perplexity on %s", ABOUT)
+    return None if path is None else str(path)
+
+
 def evaluation_tokens(builder: Any, cfg: RunConfig) -> list[int]:
-    """A language model's evaluation sequence: ``eval_samples`` + 1 token ids of ``--eval-text``
-    (tokenised as the model's prompts are), or seeded ids under :data:`EVAL_SEED`; refused in one
-    line when the text is missing or too short, or the model has fewer positions."""
+    """A language model's evaluation sequence: ``eval_samples`` + 1 token ids of
+    :func:`evaluation_text` (tokenised as the model's prompts are), or seeded ids under
+    :data:`EVAL_SEED`; refused in one line when the text is missing or too short, or the model has
+    fewer positions."""
     n, shape = cfg.eval_samples + 1, builder.shape
     if n > shape.max_position_embeddings:
         raise UsageError(f"--eval-samples {cfg.eval_samples}: {builder.name} has {shape.max_position_embeddings} "
                          f"positions; give --eval-samples {shape.max_position_embeddings - 1} or fewer")
-    if cfg.eval_text is None:
+    text = evaluation_text(builder, cfg)
+    if text is None:
         return seeded_prompt(n, shape.vocab_size, EVAL_SEED)
-    ids = text_ids(builder, cfg.eval_text)
+    ids = text_ids(builder, text)
     if len(ids) < n:
-        raise UsageError(f"--eval-text {cfg.eval_text}: {len(ids)} tokens; --eval-samples {cfg.eval_samples} "
+        raise UsageError(f"--eval-text {text}: {len(ids)} tokens; --eval-samples {cfg.eval_samples} "
                          f"needs {n} (give --eval-samples {max(1, len(ids) - 1)} or a longer text)")
     return ids[:n]
 

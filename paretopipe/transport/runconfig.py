@@ -64,10 +64,13 @@ class Generation:
     top_k: int = 0
     check_exact: bool = False
     warmup_streams: int = 1
+    chat: bool = False  # the prompt goes through the model's chat template, as a user's turn
 
     def __post_init__(self) -> None:
         if self.prompt is not None and self.prompt_len is not None:
             raise UsageError("give --prompt TEXT or --prompt-len N, not both")
+        if self.chat and self.prompt is None:
+            raise UsageError("--chat applies the model's chat template to --prompt TEXT; give one")
         if self.prompt is None and self.prompt_len is None:
             object.__setattr__(self, "prompt_len", DEFAULT_PROMPT_LEN)
         for name in ("gen_tokens", "streams"):

@@ -220,7 +220,7 @@ def test_float32_logits_over_tcp_agree_with_the_unsplit_model_at_every_step(refe
 def test_an_int8_cut_records_what_it_costs_against_float32(reference, tmp_path):
     record, got, _, _ = _run_pair(tmp_path, "3", "--cut-dtype", "int8")
     s = record["summary"]
-    assert s["bytes_per_token"] == 64 + 4  # int8 values and one float32 scale per token
+    assert s["bytes_per_token"] == 64 + 2 * 4  # int8 values and one float32 scale per 32 values of a token
     assert record["config"]["wire_dtype"] == "int8" and record["config"]["generation"]["check_exact"]
     assert 0.0 <= s["token_agreement"] <= 1.0 and 0.0 < s["max_logit_diff"] < 0.5
     assert s["max_logit_diff"] == record["generation"]["exactness"]["max_logit_diff"]

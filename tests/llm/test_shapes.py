@@ -21,9 +21,9 @@ def test_named_shapes_have_the_real_models_parameter_counts(name):
     assert total == PUBLISHED_PARAMS[name]
 
 
-# Bytes a token: 576 values, and the scales: one float32 a token for int8, one per 32 values for int4.
+# Bytes a token: 576 values, and the scales: one float32 per 32 values for int8 (a trained model's outlier channels) and int4.
 @pytest.mark.parametrize("dtype,nbytes", [("float32", 2304), ("float16", 1152), ("bfloat16", 1152),
-                                          ("int8", 576 + 4), ("int4", 288 + 4 * 18)])
+                                          ("int8", 576 + 4 * 18), ("int4", 288 + 4 * 18)])
 def test_bytes_per_token_is_hidden_size_times_dtype_bytes_at_every_cut(dtype, nbytes):
     shape = shapes.named("smollm2-135m")
     cuts = shapes.cuts(shape, dtype)

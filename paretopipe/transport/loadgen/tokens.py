@@ -51,7 +51,7 @@ def library_prompts(builder: Any, cfg: RunConfig, count: int) -> list[list[int]]
     g, shape = cfg.generation, builder.shape
     if cfg.eval_text is None or g.prompt is not None:
         return [prompt_ids(g.prompt, g.prompt_len, shape.vocab_size, shape.max_position_embeddings, g.gen_tokens,
-                           builder.tokenizer, cfg.seed, i) for i in range(count)]
+                           builder.tokenizer, cfg.seed, i, chat=g.chat) for i in range(count)]
     ids = text_ids(builder, cfg.eval_text)
     length = g.prompt_len
     if len(ids) < length:
