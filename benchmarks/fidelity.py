@@ -14,6 +14,13 @@ weights are untrained: agreement and KL, no accuracy.
 
 After each cut, the dtype ``--wire-dtype auto`` picks there at ``--target`` (0.99) and what each
 dtype it tried kept.
+
+Trained weights: ``--model efficientnet_lite0 --dataset photos`` (ImageNet's EfficientNet-Lite0 on
+scikit-image's photographs), or a language model, ``--model smollm2-135m-instruct``: teacher-forced
+on ``--samples`` tokens of real prose (gensim's Lee corpus, or ``--eval-text``), each cut and dtype
+gives bytes per token, next-token agreement, KL and perplexity beside the unsplit float32 model's.
+
+    python benchmarks/fidelity.py --model smollm2-135m-instruct --splits 0,5,10,15,20,25,30 --samples 512
 """
 
 from __future__ import annotations
@@ -33,7 +40,13 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--target", type=float, default=0.99,
                    help="also print the dtype --wire-dtype auto picks per cut at this target (0: none)")
+    p.add_argument("--eval-text", default=None, help="a language model's text (default: real prose, for trained weights)")
     args = p.parse_args()
+
+    from paretopipe.llm.shapes import is_language_model
+
+    if is_language_model(args.model):
+        return language_model(args)
 
     import torch
 
@@ -76,6 +89,44 @@ def main() -> int:
             tried = ", ".join(f"{d} {v['kept']:.4f}" for d, v in auto.wire_choice["tried"].items())
             print(f"{'':>3} {'':<22} auto at {args.target:g}: {auto.wire_dtype} ({auto.wire_choice['measure']}: "
                   f"{tried})", flush=True)
+    return 0
+
+
+def language_model(args: argparse.Namespace) -> int:
+    """Per cut and dtype: the hidden state's bytes per token, and the split's next-token agreement,
+    KL and perplexity against the unsplit float32 model's, teacher-forced on real text."""
+    import torch
+
+    from paretopipe.llm.builder import LMBuilder
+    from paretopipe.llm.shapes import cut_bytes_per_token
+    from paretopipe.splits import parse_splits
+    from paretopipe.transport import fidelity
+    from paretopipe.transport.runconfig import Generation, RunConfig
+
+    torch.set_num_threads(args.threads)
+    builder = LMBuilder(args.model)
+    dtypes = ["float32", *(d.strip() for d in args.dtypes.split(",") if d.strip() and d.strip() != "float32")]
+    text = fidelity.evaluation_text(builder, RunConfig(model=builder.name, cuts=builder.cuts_for(1), split_index=1,
+                                                       generation=Generation(), eval_text=args.eval_text))
+    print(f"{builder.name}: {args.samples} tokens of {text or 'seeded ids (untrained weights)'}, {args.threads} thread(s)")
+    print(f"{'k':>3} {'dtype':<9} {'B/token':>8} {'vs f32':>7} {'agreement':>9} {'KL':>10} {'perplexity':>11} {'f32':>9} {'change':>8}")
+    for k in parse_splits(args.splits, builder.shape.last_split):
+        if k == 0:
+            continue  # token ids cross: nothing to round
+        cfg = lambda dtype, **kw: RunConfig(model=builder.name, cuts=builder.cuts_for(k), split_index=k,  # noqa: E731
+                                            generation=Generation(), eval_samples=args.samples, wire_dtype=dtype,
+                                            eval_text=args.eval_text, **kw)
+        f32_bytes = cut_bytes_per_token(builder.shape, k, "float32")
+        for dtype in dtypes:
+            f = fidelity.evaluate_generation(builder, cfg(dtype))
+            sent = cut_bytes_per_token(builder.shape, k, dtype)
+            print(f"{k:>3} {dtype:<9} {sent:>8} {sent / f32_bytes:>7.3f} {f['fidelity_top1_agreement']:>9.4f} "
+                  f"{f['fidelity_kl_mean']:>10.2e} {f['perplexity']:>11.3f} {f['perplexity_float32']:>9.3f} "
+                  f"{f['perplexity'] / f['perplexity_float32'] - 1:>+8.2%}", flush=True)
+        if args.target:
+            auto = fidelity.chosen(builder, cfg("auto", fidelity_target=args.target))
+            tried = ", ".join(f"{d} {v['kept']:.4f}" for d, v in auto.wire_choice["tried"].items())
+            print(f"{'':>3} auto at {args.target:g}: {auto.wire_dtype} ({auto.wire_choice['measure']}: {tried})", flush=True)
     return 0
 
 

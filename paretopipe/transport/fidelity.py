@@ -60,7 +60,7 @@ def evaluate(builder: StageBuilder, cfg: RunConfig, seed: int = EVAL_SEED) -> di
     """The run's fidelity figures (none for an adaptive run, whose cut changes, or a model whose
     output is not one tensor of class scores)."""
     if cfg.generation is not None:
-        return evaluate_generation(builder, cfg) if cfg.eval_samples else {}
+        return evaluate_generation(builder, cfg, seed) if cfg.eval_samples else {}
     if not cfg.eval_samples or cfg.adaptive:
         return {}
     adopt_torch_threads()
@@ -109,33 +109,34 @@ def evaluation_text(builder: Any, cfg: RunConfig) -> str | None:
     return None if path is None else str(path)
 
 
-def evaluation_tokens(builder: Any, cfg: RunConfig) -> list[int]:
+def evaluation_tokens(builder: Any, cfg: RunConfig, seed: int = EVAL_SEED) -> list[int]:
     """A language model's evaluation sequence: ``eval_samples`` + 1 token ids of
-    :func:`evaluation_text` (tokenised as the model's prompts are), or seeded ids under
-    :data:`EVAL_SEED`; refused in one line when the text is missing or too short, or the model has
-    fewer positions."""
+    :func:`evaluation_text` (tokenised as the model's prompts are: its first tokens, or its last
+    for ``--wire-dtype auto``'s calibration, apart from them where the text is long enough), or
+    seeded ids under ``seed``; refused in one line when the text is missing or too short, or the
+    model has fewer positions."""
     n, shape = cfg.eval_samples + 1, builder.shape
     if n > shape.max_position_embeddings:
         raise UsageError(f"--eval-samples {cfg.eval_samples}: {builder.name} has {shape.max_position_embeddings} "
                          f"positions; give --eval-samples {shape.max_position_embeddings - 1} or fewer")
     text = evaluation_text(builder, cfg)
     if text is None:
-        return seeded_prompt(n, shape.vocab_size, EVAL_SEED)
+        return seeded_prompt(n, shape.vocab_size, seed)
     ids = text_ids(builder, text)
     if len(ids) < n:
         raise UsageError(f"--eval-text {text}: {len(ids)} tokens; --eval-samples {cfg.eval_samples} "
                          f"needs {n} (give --eval-samples {max(1, len(ids) - 1)} or a longer text)")
-    return ids[:n]
+    return ids[:n] if seed == EVAL_SEED else ids[-n:]
 
 
-def evaluate_generation(builder: Any, cfg: RunConfig) -> dict[str, Any]:
+def evaluate_generation(builder: Any, cfg: RunConfig, seed: int = EVAL_SEED) -> dict[str, Any]:
     """A language model's figures, teacher-forced on :func:`evaluation_tokens`: each position's
     next-token prediction through the split (every cut's hidden state sent as the run's wire dtype
     sends it) against the unsplit float32 model's: top-1 agreement, mean KL, and each one's
     perplexity on the sequence's real next tokens. Stages of their own, so the run's are untouched."""
     adopt_torch_threads()
     t0 = time.perf_counter()
-    ids = evaluation_tokens(builder, cfg)
+    ids = evaluation_tokens(builder, cfg, seed)
     splits = builder.plan(list(cfg.cuts))
     stages = [LMStage(build_stage(builder.src, splits, i)) for i in range(len(splits) + 1)]
     given = torch.tensor([ids[:-1]])

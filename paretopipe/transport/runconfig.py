@@ -327,9 +327,8 @@ class RunConfig:
         """A generation's batches are its steps, one token of one stream each: the batch size, the
         window, the measured and warm-up batches follow from it (set once here, never patched)."""
         g = self.generation
-        if self.adaptive or self.dataset != "synthetic" or self.wire_dtype == AUTO:
-            what = ("--split " + str(self.split_index) if self.adaptive
-                    else "--wire-dtype auto" if self.wire_dtype == AUTO else f"--dataset {self.dataset}")
+        if self.adaptive or self.dataset != "synthetic":
+            what = "--split " + str(self.split_index) if self.adaptive else f"--dataset {self.dataset}"
             raise UsageError(f"{what} applies to an image model's batches; a language model runs a static split "
                              f"over its prompts")
         if self.deadline_s is not None and (g.streams != 1 or self.loadgen is not None):

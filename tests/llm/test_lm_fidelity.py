@@ -73,3 +73,21 @@ def test_float32_perplexity_is_the_unsplit_models_at_every_cut_and_quantised_cut
             for dtype in ("int8", "int4"):
                 lossy = fidelity.evaluate(builder, cfg.replace(wire_dtype=dtype))
                 assert lossy["perplexity_float32"] == exact["perplexity_float32"] and lossy["perplexity"] > 0
+
+
+@pytest.mark.parametrize("target", [0.5, 1.0])
+def test_auto_picks_a_language_models_cut_dtype_by_next_token_agreement_on_tokens_apart(tiny, tmp_path, target):
+    text = tmp_path / "eval.txt"
+    text.write_text("".join(chr(32 + (i * 37) % 90) for i in range(400)))
+    cfg = _cfg(tiny, "auto", eval_samples=64, eval_text=str(text), fidelity_target=target)
+    chose = fidelity.chosen(tiny, cfg)
+    tried = chose.wire_choice["tried"]
+    # The fewest bytes first; the pick is the first whose agreement reaches the target (float32 if none).
+    assert list(tried) == ["int4", "int8", "float16", "bfloat16"][:len(tried)]
+    kept = [d for d, v in tried.items() if v["kept"] >= target]
+    assert chose.wire_dtype == (kept[0] if kept else "float32") and chose.wire_choice["measure"] == "top-1 agreement"
+    assert all(tried[d]["kept"] < target for d in list(tried)[:-1])
+    # Calibrated on the text's last tokens, the evaluation pass takes its first ones.
+    ids = tiny.tokenizer.encode(text.read_text())
+    assert fidelity.evaluation_tokens(tiny, cfg, fidelity.CALIBRATION_SEED) == ids[-65:]
+    assert fidelity.evaluation_tokens(tiny, cfg) == ids[:65]

@@ -47,6 +47,13 @@ def test_a_sweep_measures_every_configuration_and_reports_its_fronts(swept):
     for path in records:
         rec = json.loads(path.read_text())
         assert rec["status"] == "complete" and [len(t) for t in rec["generation"]["tokens"]] == [4]
+    # A stage process holds one plan's blocks at a time: a run whose group ran another plan just
+    # before builds its blocks again, so it warms up first (its TTFT would pay for the build).
+    measured = [*records, *(session / "reference").glob("*.json")]  # the drift check's runs use the stages too
+    ordered = sorted((json.loads(p.read_text()) for p in measured), key=lambda r: r["created_utc"])
+    for before, rec in zip(ordered, ordered[1:]):
+        same_plan = before["config"]["cuts"] == rec["config"]["cuts"]
+        assert (rec["config"]["generation"]["warmup_streams"] == 0) == same_plan, rec["config"]["run_key"]
     runs = _rows(session / "runs.csv")
     assert {"ttft_median_s", "tpot_median_s", "tokens_per_s", "prompt_len"} <= set(runs[0])
     for r in (r for r in rows if r["network"] == "slow"):  # the link's figures come from the record's manifest

@@ -249,13 +249,11 @@ def check_rpc_codec(opts: SweepOptions) -> None:
 
 
 def check_wire_choice(opts: SweepOptions) -> None:
-    """``--wire-dtype auto`` chooses an image model's dtype per cut, to a target."""
+    """``--wire-dtype auto`` chooses a cut's dtype to a target (a language model's by its
+    next-token agreement)."""
     if "auto" in opts.dtypes and opts.fidelity_target is None:
         raise UsageError("--wire-dtype auto needs --fidelity-target, the share of the unsplit model's top-1 (or "
                          "accuracy) to keep, e.g. 0.99")
-    if "auto" in opts.dtypes and opts.language_model:
-        raise UsageError("--wire-dtype auto chooses an image model's cut dtype; a language model's must be named: "
-                         "valid float32, float16, bfloat16, int8, int4")
 
 
 def check_eval_samples(opts: SweepOptions) -> None:

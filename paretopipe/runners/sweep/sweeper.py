@@ -197,6 +197,10 @@ class Sweeper:
             return record
         if record.status != COMPLETE:
             raise PeerError(record.error or "run incomplete")
+        if planned.prompt_len is not None:
+            # A language model's stage process holds one plan's blocks at a time (LMBuilder.stage):
+            # a plan it ran before, then left, is built again, so only the last plan is warm.
+            self.warmed.clear()
         self.warmed.add(self._warm_key(planned, cfg.cuts))
         self.cipher_used = cipher_of(record.manifest)
         self.compute_s = max(self.compute_s, sum(v or 0.0 for v in record.summary.stages("compute_median_s")))

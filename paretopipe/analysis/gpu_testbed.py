@@ -1,0 +1,101 @@
+"""The one-page summary of ``scripts/gpu_testbed.sh``: the emulated Pi's calibration, each model's
+knee split per network, the server's (stage 2's) share of each split's time, energy where NVML
+measured it, and the language model's time to first token and per token at each cut.
+
+    python -m paretopipe.analysis.gpu_testbed OUTDIR      # prints the summary (Markdown)"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from ..errors import UsageError
+
+
+def _sessions(root: Path) -> list[Path]:
+    return sorted(p.parent.parent for p in root.rglob("report/pareto.csv"))
+
+
+def _ms(value: float) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value * 1e3:.1f}"
+
+
+def image_section(table: pd.DataFrame) -> list[str]:
+    """Knees per model and network, then every split's server share (stage 2's compute over the
+    latency) and energy per image."""
+    lines = ["| model | network | knee split | latency at the knee (ms) | server's share there |", "|---|---|---|---|---|"]
+    for (model, network), g in table.groupby(["model", "network"]):
+        knee = g[g["knee"].astype(bool)]
+        for _, row in knee.iterrows():
+            share = row["stage2_compute_median_s"] / row["latency_median_s"] if row["latency_median_s"] else float("nan")
+            lines.append(f"| {model} | {network} | {int(row['split_index'])} | {_ms(row['latency_median_s'])} | "
+                         f"{share:.0%} |")
+    lines += ["", "Every split, lan (the server's share of the latency; energy per image where NVML measured it):", "",
+              "| model | split | latency (ms) | server's share | energy per image (J) |", "|---|---|---|---|---|"]
+    lan = table[table["network"] == table["network"].iloc[0]] if "lan" not in set(table["network"]) else \
+        table[table["network"] == "lan"]
+    for _, row in lan.sort_values(["model", "split_index"]).iterrows():
+        share = row["stage2_compute_median_s"] / row["latency_median_s"]
+        energy = row.get("energy_per_image_j", float("nan"))
+        lines.append(f"| {row['model']} | {int(row['split_index'])} | {_ms(row['latency_median_s'])} | {share:.0%} | "
+                     f"{'n/a (no NVML)' if pd.isna(energy) else format(energy, '.3f')} |")
+    return lines
+
+
+def generation_section(table: pd.DataFrame) -> list[str]:
+    lines = ["| model | network | cut | time to first token (ms) | time per token (ms) | knee |", "|---|---|---|---|---|---|"]
+    for _, row in table.sort_values(["model", "network", "split_index"]).iterrows():
+        lines.append(f"| {row['model']} | {row['network']} | {int(row['split_index'])} | {_ms(row['ttft_median_s'])} | "
+                     f"{_ms(row['tpot_median_s'])} | {'knee' if bool(row['knee']) else ''} |")
+    return lines
+
+
+def _devices(session: Path) -> str:
+    """Where each stage computed, from a run's manifest (a GPU's name where it had one)."""
+    run = next(iter(sorted((session / "runs").glob("*.json"))), None)
+    if run is None:
+        return "no run records"
+    stages = json.loads(run.read_text())["manifest"]["stages"]
+    return "stages on " + ", ".join(f"{s.get('role', i + 1)}: {s.get('gpu_name') or s.get('device')}"
+                                    for i, s in enumerate(stages))
+
+
+def summary(root: Path) -> str:
+    """The summary of every session under ``root`` (and its calibration.json)."""
+    sessions = _sessions(root)
+    if not sessions:
+        raise UsageError(f"{root}: no sweep sessions with a report under it (scripts/gpu_testbed.sh writes them)")
+    out = ["# The testbed in one box", ""]
+    calibration = root / "calibration.json"
+    if calibration.is_file():
+        c = json.loads(calibration.read_text())
+        out += [f"Stage 1 is an emulated Raspberry Pi 4: one core held to a CPU share of {c['share']:.3f}, at which "
+                f"ResNet-18 takes {_ms(c['emulated_resnet18_s'])} ms, the Pi's published figure "
+                f"({c['source']}); MobileNetV2 then takes {_ms(c['emulated_mobilenet_v2_s'])} ms.", ""]
+    for session in sessions:
+        table = pd.read_csv(session / "report" / "pareto.csv")
+        out += [f"## {session.relative_to(root)}", "", f"{len(table)} configurations; {_devices(session)}.", ""]
+        out += generation_section(table) if "tpot_median_s" in table.columns else image_section(table)
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        raise UsageError("usage: python -m paretopipe.analysis.gpu_testbed OUTDIR")
+    print(summary(Path(args[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2)

@@ -1,0 +1,59 @@
+"""scripts/gpu_testbed.sh --rehearse, the GPU testbed's script run here with stage 2 on the CPU: an
+emulated Raspberry Pi 4 calibrated from a published figure, image and real language-model sweeps,
+and the one-page summary (paretopipe.analysis.gpu_testbed, paretopipe.runners.pi_calibration)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from paretopipe.errors import UsageError
+from paretopipe.analysis import gpu_testbed
+
+
+def _cgroups_missing() -> str | None:
+    from paretopipe import cpushare
+
+    try:
+        cpushare.Hierarchy.detect()
+        cpushare.check_writable()
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.skipif(_cgroups_missing() is not None, reason=f"no usable cgroup cpu controller: {_cgroups_missing()}")
+def test_the_rehearsal_calibrates_a_pi_sweeps_both_workloads_and_summarises(tmp_path):
+    out = tmp_path / "testbed"
+    proc = subprocess.run(["bash", "scripts/gpu_testbed.sh", str(out), "--rehearse"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calibration = json.loads((out / "calibration.json").read_text())
+    assert 0.02 <= calibration["share"] <= 1 and "realtime_rpi" in calibration["source"]
+    if calibration["share"] < 1:  # the share makes ResNet-18 take the Pi's 100.3 ms
+        assert calibration["emulated_resnet18_s"] == pytest.approx(0.1003, rel=1e-3)
+    images = pd.read_csv(next(out.glob("images/*/report/pareto.csv")))
+    assert set(images["split_index"]) == {0, 6, 12, 19} and set(images["network"]) == {"lan", "lte"}
+    assert images.groupby("network")["knee"].sum().eq(1).all()  # one knee per network
+    llm = pd.read_csv(next(out.glob("llm/*/report/pareto.csv")))
+    assert set(llm["split_index"]) == {0, 15, 30} and llm["tpot_median_s"].gt(0).all()
+    summary = (out / "summary.md").read_text()
+    assert f"held to a CPU share of {calibration['share']:.3f}" in summary
+    assert "| mobilenet_v2 | lan |" in summary and "| smollm2-135m-instruct | lan | 15 |" in summary
+    assert "n/a (no NVML)" in summary  # no GPU here: nothing measured, and the summary says so
+    assert f"stage 1 held to {calibration['share']} of a core" in proc.stdout
+
+
+def test_a_folder_without_sessions_is_one_line(tmp_path, capsys):
+    with pytest.raises(UsageError, match="no sweep sessions with a report"):
+        gpu_testbed.summary(tmp_path)
+    bad = subprocess.run(["bash", "scripts/gpu_testbed.sh", str(tmp_path), "--fast"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --fast: the only option is --rehearse (stage 2 on " \
+                                                        "CPU, fewer splits)"
