@@ -35,6 +35,10 @@ from .activation import Activation, live_tensors
 log = logging.getLogger("paretopipe.engines")
 
 OPSET = 17
+#: Part of an export's cache key: bumped whenever export_onnx writes a different file for the same
+#: stage (version 2: the batch axis left free; a file of version 1 fixed it at the export's batch,
+#: and a cache that still held one refused LoadGen's single-sample queries).
+EXPORT_VERSION = 2
 #: An engine stage whose outputs differ from the torch stage's by more than this share of the
 #: outputs' scale computes another function, and is refused (float32 engines agree to ~1e-6).
 REFUSE_ABOVE = 1e-2
@@ -164,7 +168,7 @@ def _exported(stage: nn.Module, xs: tuple[torch.Tensor, ...], outputs: int, key:
               what: str) -> tuple[Path, str]:
     """The stage's ONNX file: from the cache (``engines/`` beside ``weights/``), else exported
     into it under a lock, written to a temporary name and renamed."""
-    full = {**key, "torch": torch.__version__, "opset": OPSET}
+    full = {**key, "torch": torch.__version__, "opset": OPSET, "export": EXPORT_VERSION}
     digest = hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:20]
     safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in str(key.get("model", "stage")))[-40:]
     root = weightcache.cache_dir()

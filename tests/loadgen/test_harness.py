@@ -140,3 +140,16 @@ def test_the_server_search_finds_a_rate_within_ten_percent_of_the_links_capacity
     assert all(st["passed"] == (st["loadgen_latency_p99_s"] <= 1.0 and server_search.kept_up(st, 1.0)) for st in steps)
     folder = srv.path.with_name(srv.path.stem + ".mlperf")
     assert len(list((folder / "steps").iterdir())) == len(steps)
+
+
+def test_loadgen_drives_stages_that_compute_under_onnx_runtime(tmp_path):
+    pytest.importorskip("onnxruntime", reason="the engines extra (make installs it)")
+    ss, s2 = _run(tmp_path / "ort", LoadgenOptions(scenario="singlestream", min_duration_s=0.5, min_query_count=24,
+                                                   sample_count=8), batch_size=2, warmup=1, engine="onnxruntime")
+    rec = json.loads(ss.path.read_text())
+    assert rec["config"]["engine"] == "onnxruntime" and rec["summary"]["loadgen_queries"] >= 24
+    for stage in (rec["manifest"]["stages"][0], s2.record["manifest"]["stages"][1]):
+        assert stage["engine"]["engine"] == "onnxruntime" and stage["engine"]["max_rel_error"] < 1e-4
+    # LoadGen's queries went through the exported stages: every measured batch answered, as under torch.
+    measured = [b for b in rec["batches"] if not b["warmup"]]
+    assert len(measured) == rec["summary"]["loadgen_queries"] == s2.record["summary"]["batches_measured"]
