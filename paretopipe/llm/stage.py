@@ -106,7 +106,7 @@ class LMStage:
 
 def encode_cut(h: torch.Tensor, cut_dtype: str) -> tuple[torch.Tensor, ...]:
     """What crosses a cut for a hidden state: itself (token ids, float32), a cast, or its int8 or
-    int4 parts (one float32 scale per token, or per 32 values: paretopipe.partition.wirequant)."""
+    int4 parts (one float32 scale per 32 values of a token: paretopipe.partition.wirequant)."""
     if h.dtype == torch.int64 or cut_dtype == "float32":
         return (h.contiguous(),)
     if cut_dtype in wirequant.QUANTISED:
