@@ -5,8 +5,8 @@ A generation's batch is one step of one stream: a prefill (the stream's prompt) 
 (one token). What crosses a cut is the hidden state (``--wire-dtype``: float32, float16, bfloat16,
 or int8 with one float32 scale per 32 values of a token), or token ids at split 0, with the step's
 place in its meta (``stream``, ``start``: the position its tokens begin at, ``step``). Each stage
-keeps the KV cache of its own layers for every stream. The last stage chooses the token and returns it in the
-result's meta; stage 1 feeds it into the stream's next step (the schedule's feedback edge,
+keeps the KV cache of its own layers for every stream. The last stage chooses the token and returns
+it in the result's meta; stage 1 feeds it into the stream's next step (the schedule's feedback edge,
 :func:`paretopipe.transport.pipeline.generation_actions`).
 
 :class:`GenerationStage` is any stage's part of a run (checking what arrives, computing, encoding,
