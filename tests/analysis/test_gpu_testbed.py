@@ -57,3 +57,12 @@ def test_a_folder_without_sessions_is_one_line(tmp_path, capsys):
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --fast: the only option is --rehearse (stage 2 on " \
                                                         "CPU, fewer splits)"
+
+
+def test_the_calibration_line_says_when_this_core_is_no_faster_than_the_pi():
+    base = {"pi4_resnet18_s": 0.1003, "source": "the tutorial", "emulated_mobilenet_v2_s": 0.033}
+    held = gpu_testbed._calibration_line({**base, "share": 0.5, "emulated_resnet18_s": 0.1003})
+    assert "held to a CPU share of 0.500, at which ResNet-18 takes 100.3 ms, the Pi's published 100.3 ms" in held
+    slow = gpu_testbed._calibration_line({**base, "share": 1.0, "emulated_resnet18_s": 0.1412})
+    assert "no faster than a Pi 4 (ResNet-18 takes 141.2 ms here against the Pi's published 100.3 ms)" in slow
+    assert "MobileNetV2 then takes 33.0 ms" in slow
