@@ -111,7 +111,8 @@ def hub_folder(repo_id: str) -> Path:
     except (LocalEntryNotFoundError, HFValidationError, OSError) as exc:
         where = constants.HF_HUB_CACHE
         why = "HF_HUB_OFFLINE is set" if offline else " ".join(str(exc).split())[:120]
-        raise UsageError(f"--model-dir {repo_id}: not in the Hugging Face cache ({where}) and {why}; download it "
+        raise UsageError(f"--model-dir {repo_id}: no such folder here, and as a hub id not in the Hugging Face cache "
+                         f"({where}) and {why}; download it "
                          f"once online (huggingface-cli download {repo_id}) or give a folder saved by save_pretrained")
 
 
