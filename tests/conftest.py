@@ -113,6 +113,21 @@ def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+@functools.lru_cache(maxsize=None)
+def cgroups_missing() -> str | None:
+    """Why no cgroup cpu controller can hold a stage to a share here (None: one can), for a
+    ``--stage-cpu`` test's skip."""
+    from paretopipe import cpushare
+    from paretopipe.errors import UsageError
+
+    try:
+        cpushare.Hierarchy.detect()
+        cpushare.check_writable()
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _no_orphans():
     """Whatever a test started is killed afterwards, pass or fail: no orphan ever eats the CPU."""

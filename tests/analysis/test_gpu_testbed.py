@@ -10,25 +10,14 @@ import subprocess
 import pandas as pd
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cgroups_missing
 from paretopipe.errors import UsageError
 from paretopipe.analysis import gpu_testbed
 
 
-def _cgroups_missing() -> str | None:
-    from paretopipe import cpushare
-
-    try:
-        cpushare.Hierarchy.detect()
-        cpushare.check_writable()
-    except UsageError as exc:
-        return str(exc)
-    return None
-
-
 @pytest.mark.root
 @pytest.mark.slow
-@pytest.mark.skipif(_cgroups_missing() is not None, reason=f"no usable cgroup cpu controller: {_cgroups_missing()}")
+@pytest.mark.skipif(cgroups_missing() is not None, reason=f"no usable cgroup cpu controller: {cgroups_missing()}")
 def test_the_rehearsal_calibrates_a_pi_sweeps_both_workloads_and_summarises(tmp_path):
     out = tmp_path / "testbed"
     proc = subprocess.run(["bash", "scripts/gpu_testbed.sh", str(out), "--rehearse"], cwd=ROOT, capture_output=True,

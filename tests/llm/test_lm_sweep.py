@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import PYTHON
+from conftest import PYTHON, cgroups_missing
 from paretopipe import faults
 from paretopipe.llm import shapes
 from paretopipe.llm.builder import LMBuilder
@@ -153,20 +153,8 @@ def test_three_stage_plans_on_both_backends_generate_the_unsplit_models_tokens(t
         assert record["generation"]["tokens"] == _unsplit_tokens_of(record)
 
 
-def _cgroups_missing() -> str | None:
-    from paretopipe import cpushare
-    from paretopipe.errors import UsageError
-
-    try:
-        cpushare.Hierarchy.detect()
-        cpushare.check_writable()
-    except UsageError as exc:
-        return str(exc)
-    return None
-
-
 @pytest.mark.root
-@pytest.mark.skipif(_cgroups_missing() is not None, reason=f"no usable cgroup cpu controller: {_cgroups_missing()}")
+@pytest.mark.skipif(cgroups_missing() is not None, reason=f"no usable cgroup cpu controller: {cgroups_missing()}")
 def test_an_emulated_edge_device_measured_to_a_precision_keeps_the_unsplit_models_tokens(tmp_path):
     res = run([PYTHON, "automated_split_tester.py", "--model", "tiny-lm", "--splits", "0,3,6", "--network", "lan",
                "--prompt-len", "12", "--gen-tokens", "6", "--runs", "2", "--precision", "10%", "--max-runs", "3",
