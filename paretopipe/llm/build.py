@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..partition.models import fingerprint as module_fingerprint
-from .checkpoints import check_architecture, display_name, is_real, local_folder
+from .checkpoints import check_architecture, display_name, folder_config, is_real
 from .shapes import LMShape, named, shape_from_config, stage_blocks, stage_layers
 
 GENERATOR = "portable-uniform-v1/embed0.1/gain2"
@@ -65,20 +65,9 @@ def source(model: str | None, model_dir: str | None = None) -> LMSource:
     if model_dir is None and not is_real(model):
         shape = named(model or "")
         return LMSource(shape, None, {**shape.config_dict(), "initializer_range": INIT_STD})
-    what = f"--model-dir {model_dir}" if model_dir is not None else f"--model {model}"
-    folder = local_folder(model, model_dir)
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise UsageError(f"{what}: no config.json there (a folder saved by save_pretrained holds config.json and "
-                         f"model.safetensors; or give a .gguf file or a hub id)")
+    folder, config, what = folder_config(model, model_dir)
     if not weight_files(folder):
         raise UsageError(f"{what}: no *.safetensors weights there")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{what}: config.json is not readable JSON ({exc})")
-    if not isinstance(config, dict):
-        raise UsageError(f"{what}: config.json is not a JSON object")
     check_architecture(config, what)
     src = LMSource(shape_from_config(config, display_name(model, model_dir)), folder, config)
     skeleton(src)  # the layout is checked before anything listens (the meta device: no memory)

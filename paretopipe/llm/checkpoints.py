@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..partition.weightcache import cache_dir
+from ..partition.weightcache import cache_dir, process_scratch
 
 GGUF_VERSION = 1  # bump when the conversion below changes what it writes
 
@@ -98,6 +98,23 @@ def local_folder(model: str | None, model_dir: str | None) -> Path:
     return Path(model_dir)
 
 
+def folder_config(model: str | None, model_dir: str | None) -> tuple[Path, dict[str, Any], str]:
+    """The model's local folder, its config.json as a dict, and how the user named it (for the
+    lines that refuse); a missing, unreadable or non-object config.json is refused in one line."""
+    what = f"--model-dir {model_dir}" if model_dir is not None else f"--model {model}"
+    folder = local_folder(model, model_dir)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{what}: no config.json there (a folder saved by save_pretrained holds config.json and "
+                         f"model.safetensors; or give a .gguf file or a hub id)")
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{what}: config.json is not readable JSON ({exc})")
+    if not isinstance(config, dict):
+        raise UsageError(f"{what}: config.json is not a JSON object")
+    return folder, config, what
+
+
 def hub_folder(repo_id: str) -> Path:
     """A hub id's snapshot in the Hugging Face cache (``HF_HOME``); fetched only when
     ``HF_HUB_OFFLINE`` is unset, as ``from_pretrained`` would."""
@@ -130,13 +147,13 @@ def gguf_folder(path: Path, what: str) -> Path:
 
     if not path.is_file():
         raise UsageError(f"{what}: no such file")
-    root = cache_dir()
+    digest, root = _file_digest(path), cache_dir()
     if root is None:  # the cache turned off: one conversion per process
-        scratch = Path(_scratch.name if _scratch else _new_scratch()) / _file_digest(path)
+        scratch = process_scratch("gguf") / digest
         if not (scratch / "config.json").is_file():
-            _convert(path, scratch, what)
+            _convert(path, digest, scratch, what)
         return scratch
-    target = root / "gguf" / f"{_file_digest(path)}-v{GGUF_VERSION}"
+    target = root / "gguf" / f"{digest}-v{GGUF_VERSION}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -144,23 +161,14 @@ def gguf_folder(path: Path, what: str) -> Path:
         if not (target / "config.json").is_file():
             partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
             try:
-                _convert(path, partial, what)
+                _convert(path, digest, partial, what)
                 os.replace(partial, target)
             finally:
                 shutil.rmtree(partial, ignore_errors=True)
     return target
 
 
-_scratch: tempfile.TemporaryDirectory | None = None
-
-
-def _new_scratch() -> str:
-    global _scratch
-    _scratch = tempfile.TemporaryDirectory(prefix="paretopipe-gguf-")
-    return _scratch.name
-
-
-def _convert(path: Path, out: Path, what: str) -> None:
+def _convert(path: Path, digest: str, out: Path, what: str) -> None:
     """transformers' GGUF reader (``gguf`` dequantises), then the float32 weights as safetensors
     (the tied head once), the configuration without its quantisation note, and the tokenizer with
     its chat template."""
@@ -185,7 +193,7 @@ def _convert(path: Path, out: Path, what: str) -> None:
         quiet.level = level
     config = model.config.to_dict()
     config.pop("quantization_config", None)
-    config["gguf_source"] = {"file": path.name, "sha256_16": _file_digest(path), "conversion": GGUF_VERSION}
+    config["gguf_source"] = {"file": path.name, "sha256_16": digest, "conversion": GGUF_VERSION}
     check_architecture(config, what)
     out.mkdir(parents=True, exist_ok=True)
     tied = bool(config.get("tie_word_embeddings"))

@@ -9,14 +9,12 @@ hidden state. The last stage always holds the LM head, because it chooses the ne
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from ..partition.structure import structure
 from ..wiredtype import token_nbytes
-from .checkpoints import REAL, display_name, is_real, local_folder
+from .checkpoints import REAL, display_name, folder_config, is_real
 TOKEN_ID_BYTES = 8    # split 0: the token ids cross, as int64
 
 
@@ -239,17 +237,7 @@ def shape_of(model: str | None, model_dir: str | None = None) -> LMShape:
     (a GGUF's or a named real model's folder is made first: :mod:`paretopipe.llm.checkpoints`)."""
     if model_dir is None and not is_real(model):
         return named(model or "")
-    what = f"--model-dir {model_dir}" if model_dir is not None else f"--model {model}"
-    path = local_folder(model, model_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{what}: no config.json there (a folder saved by save_pretrained holds config.json and "
-                         f"model.safetensors; or give a .gguf file or a hub id)")
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{what}: config.json is not readable JSON ({exc})")
-    if not isinstance(config, dict):
-        raise UsageError(f"{what}: config.json is not a JSON object")
+    _, config, _ = folder_config(model, model_dir)
     return shape_from_config(config, display_name(model, model_dir))
 
 

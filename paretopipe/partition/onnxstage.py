@@ -172,7 +172,8 @@ def _exported(stage: nn.Module, xs: tuple[torch.Tensor, ...], outputs: int, key:
     digest = hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:20]
     safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in str(key.get("model", "stage")))[-40:]
     root = weightcache.cache_dir()
-    folder, how = (root / "engines", "built") if root is not None else (_scratch(), "uncached")
+    folder, how = ((root / "engines", "built") if root is not None
+                   else (weightcache.process_scratch("engines"), "uncached"))
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{safe}-{digest}.onnx"
     if path.is_file():
@@ -189,18 +190,6 @@ def _exported(stage: nn.Module, xs: tuple[torch.Tensor, ...], outputs: int, key:
         finally:
             tmp.unlink(missing_ok=True)
     return path, how
-
-
-_SCRATCH: list[Any] = []
-
-
-def _scratch() -> Path:
-    """Where exports go with the cache turned off: one folder per process, removed at its exit."""
-    import tempfile
-
-    if not _SCRATCH:
-        _SCRATCH.append(tempfile.TemporaryDirectory(prefix="paretopipe-engines-"))
-    return Path(_SCRATCH[0].name)
 
 
 def export_onnx(stage: nn.Module, xs: tuple[torch.Tensor, ...], outputs: int, path: Path, what: str) -> None:

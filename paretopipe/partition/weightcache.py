@@ -42,6 +42,19 @@ def cache_dir() -> Path | None:
     return Path(platformdirs.user_cache_dir("paretopipe"))
 
 
+_SCRATCH: dict[str, Any] = {}
+
+
+def process_scratch(kind: str) -> Path:
+    """Where files that would be cached go when the cache is turned off: one folder per process and
+    ``kind`` (``engines``, ``gguf``), removed at the process's exit."""
+    import tempfile
+
+    if kind not in _SCRATCH:
+        _SCRATCH[kind] = tempfile.TemporaryDirectory(prefix=f"paretopipe-{kind}-")
+    return Path(_SCRATCH[kind].name)
+
+
 def cache_key(canonical: str, num_classes: int, seed: int, source_digest: str | None = None) -> dict[str, Any]:
     import torch
 
