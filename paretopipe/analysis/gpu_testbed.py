@@ -15,6 +15,7 @@ from typing import Sequence
 import pandas as pd
 
 from ..errors import UsageError
+from .objectives import is_generation
 
 
 def _sessions(root: Path) -> list[Path]:
@@ -25,6 +26,11 @@ def _ms(value: float) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value * 1e3:.1f}"
 
 
+def _server_share(row: pd.Series) -> float:
+    """Stage 2's compute over the latency: how much of a split's time the server takes."""
+    return row["stage2_compute_median_s"] / row["latency_median_s"] if row["latency_median_s"] else float("nan")
+
+
 def image_section(table: pd.DataFrame) -> list[str]:
     """Knees per model and network, then every split's server share (stage 2's compute over the
     latency) and energy per image."""
@@ -32,17 +38,15 @@ def image_section(table: pd.DataFrame) -> list[str]:
     for (model, network), g in table.groupby(["model", "network"]):
         knee = g[g["knee"].astype(bool)]
         for _, row in knee.iterrows():
-            share = row["stage2_compute_median_s"] / row["latency_median_s"] if row["latency_median_s"] else float("nan")
             lines.append(f"| {model} | {network} | {int(row['split_index'])} | {_ms(row['latency_median_s'])} | "
-                         f"{share:.0%} |")
+                         f"{_server_share(row):.0%} |")
     lines += ["", "Every split, lan (the server's share of the latency; energy per image where NVML measured it):", "",
               "| model | split | latency (ms) | server's share | energy per image (J) |", "|---|---|---|---|---|"]
-    lan = table[table["network"] == table["network"].iloc[0]] if "lan" not in set(table["network"]) else \
-        table[table["network"] == "lan"]
-    for _, row in lan.sort_values(["model", "split_index"]).iterrows():
-        share = row["stage2_compute_median_s"] / row["latency_median_s"]
+    shown = "lan" if "lan" in set(table["network"]) else table["network"].iloc[0]
+    for _, row in table[table["network"] == shown].sort_values(["model", "split_index"]).iterrows():
         energy = row.get("energy_per_image_j", float("nan"))
-        lines.append(f"| {row['model']} | {int(row['split_index'])} | {_ms(row['latency_median_s'])} | {share:.0%} | "
+        lines.append(f"| {row['model']} | {int(row['split_index'])} | {_ms(row['latency_median_s'])} | "
+                     f"{_server_share(row):.0%} | "
                      f"{'n/a (no NVML)' if pd.isna(energy) else format(energy, '.3f')} |")
     return lines
 
@@ -90,7 +94,7 @@ def summary(root: Path) -> str:
     for session in sessions:
         table = pd.read_csv(session / "report" / "pareto.csv")
         out += [f"## {session.relative_to(root)}", "", f"{len(table)} configurations; {_devices(session)}.", ""]
-        out += generation_section(table) if "tpot_median_s" in table.columns else image_section(table)
+        out += generation_section(table) if is_generation(table) else image_section(table)
         out.append("")
     return "\n".join(out)
 
