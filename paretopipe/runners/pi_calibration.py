@@ -32,15 +32,15 @@ def whole_model_s(model: str, repetitions: int = 12, warmup: int = 3) -> float:
     """The median time of one 224 x 224 image through the whole model, on this thread."""
     import torch
 
-    from ..partition.stages import StageBuilder  # lazy for start-up: torch
+    from ..partition import models  # lazy for start-up: torch
 
-    builder = StageBuilder(model)
-    x = torch.zeros(1, 3, builder.input_size, builder.input_size)
+    net, size = models.build(model), models.input_size(model)  # the model alone: no tracing for cuts
+    x = torch.zeros(1, 3, size, size)
     times = []
     with torch.inference_mode():
         for i in range(warmup + repetitions):
             t0 = time.perf_counter()
-            builder.model(x)
+            net(x)
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times)
