@@ -27,7 +27,7 @@ from torch import nn
 from .. import cpushare, engines, records
 from ..errors import UsageError
 from ..manifest import node_manifest
-from ..partition import fxcuts, wirequant
+from ..partition import fxcuts, onnxstage, wirequant
 from ..partition.activation import Activation, to_host
 from ..partition.stages import StageBuilder, StageTimer, apply_cpu_limits
 from ..transport import aead, inputs, wire
@@ -177,6 +177,9 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     # An engine's exports are made (or found in the cache) at full speed, before any CPU share.
     prepared = {b: (*_engine_stages(builder, boundaries, b, opts.engine, stages, model),
                     _range_stages(builder, boundaries, b, opts.engine)) for b in opts.batch_sizes}
+    for module in (m for b in prepared.values() for m in _modules(b)):
+        if isinstance(module, onnxstage.EngineStage):  # its session too (a process-wide share holds its threads)
+            module.open()
     with cpushare.limited(opts.cpu_share, "profile") as applied:
         limits.update(applied)
         for b in opts.batch_sizes:
@@ -207,6 +210,12 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
                                     weights_fingerprint=builder.fingerprint, limits=limits)
     doc["inputs"] = inputs.describe(opts.dataset, opts.data_dir)
     return doc
+
+
+def _modules(prepared: tuple[list[nn.Module], nn.Module, dict[str, tuple[nn.Module, nn.Module]]]
+             ) -> list[nn.Module]:
+    segments, whole, ranges = prepared
+    return [*segments, whole, *(m for pair in ranges.values() for m in pair)]
 
 
 def _engine_stages(builder: StageBuilder, boundaries: list[str], b: int, engine: str, stages: list[nn.Module],

@@ -57,6 +57,20 @@ def test_openvino_runs_the_same_exports_and_a_short_batch_runs_the_same_file(mob
     assert got.shape == want.shape and onnxstage.max_rel_error([got], [want]) < TOLERANCE
 
 
+def test_onnxruntimes_threads_wait_without_spinning_so_a_cpu_share_is_not_spent_on_waiting(mobilenet):
+    """A pool that spins between operators spends a quota's budget waiting: a quarter core with two
+    threads ran mobilenet_v2 in 2.5 s a batch (docs/engines.md). The session the stage opens says
+    its threads do not spin, and still gives the torch stage's outputs."""
+    cuts = [mobilenet.partitioner.block_cut(7)]
+    stage = mobilenet.engine_stage(cuts, 0, "onnxruntime", 2).open()
+    session = onnxstage.onnxruntime_session(stage.path, 2)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    x = mobilenet.example_batch(2)
+    with torch.no_grad():
+        want = mobilenet.stage(cuts, 0)(x)
+    assert onnxstage.max_rel_error([stage(x)], [want]) < TOLERANCE
+
+
 def test_a_user_model_file_and_a_detectors_live_set_export():
     """A model file with a skip connection, and a detector whose cut carries three pyramid levels
     (both stages run under ONNX Runtime; stage 1 returns the live set as a tuple)."""
