@@ -365,7 +365,7 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
     # batches; a run's batch takes longer than the model alone, so the run spans more). 450 fixed
     # batches spanned it on the machine this test was written on; 5 s on today's.
     batches = min(5000, max(450, math.ceil(16.0 / _whole_model_s())))
-    done = cli.run([cli.PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "0,18,adaptive,sciot",
+    done = cli.run([cli.PYTHON, "automated_split_tester.py", "--model", MODEL, "--splits", "adaptive,sciot",
                     "--runs", "1", "--batch-size", "1", "--num-batches", str(batches), "--threads", "1",
                     "--stage-cpu", "1,0.6", "--stage-cpu-trace", f"stage1={trace}", "--out", str(tmp_path / "out"),
                     "--session", "s", "--no-report"], timeout=1200)
