@@ -18,7 +18,7 @@ import socket
 import statistics
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -177,9 +177,7 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     # An engine's exports are made (or found in the cache) at full speed, before any CPU share.
     prepared = {b: (*_engine_stages(builder, boundaries, b, opts.engine, stages, model),
                     _range_stages(builder, boundaries, b, opts.engine)) for b in opts.batch_sizes}
-    for module in (m for b in prepared.values() for m in _modules(b)):
-        if isinstance(module, onnxstage.EngineStage):  # its session too (a process-wide share holds its threads)
-            module.open()
+    _open_sessions(prepared.values())
     with cpushare.limited(opts.cpu_share, "profile") as applied:
         limits.update(applied)
         for b in opts.batch_sizes:
@@ -212,10 +210,14 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     return doc
 
 
-def _modules(prepared: tuple[list[nn.Module], nn.Module, dict[str, tuple[nn.Module, nn.Module]]]
-             ) -> list[nn.Module]:
-    segments, whole, ranges = prepared
-    return [*segments, whole, *(m for pair in ranges.values() for m in pair)]
+def _open_sessions(prepared: Iterable[tuple[list[nn.Module], nn.Module, dict[str, tuple[nn.Module, nn.Module]]]]
+                   ) -> None:
+    """Open every engine stage's session at full speed (a process-wide share holds its threads
+    later all the same)."""
+    for segments, whole, ranges in prepared:
+        for module in (*segments, whole, *(m for pair in ranges.values() for m in pair)):
+            if isinstance(module, onnxstage.EngineStage):
+                module.open()
 
 
 def _engine_stages(builder: StageBuilder, boundaries: list[str], b: int, engine: str, stages: list[nn.Module],
