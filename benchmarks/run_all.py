@@ -7,6 +7,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 for name in ("transport.py", "pipelining.py", "rpc_vs_tcp.py", "sweep_overhead.py", "planner.py", "noise_floor.py",
-             "prefetch.py", "llm_bound.py", "search.py", "search_trials.py", "engines.py"):
+             "prefetch.py", "llm_bound.py", "search.py", "search_trials.py", "engines.py", "relay.py"):
     print(f"== {name}", flush=True)
     subprocess.run([sys.executable, str(HERE / name)], check=True)

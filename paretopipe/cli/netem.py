@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,7 +16,8 @@ from ..runners import flags
 from ..network import probe, tc, tracecontrol
 from ..network.conditions import Direction, load_conditions
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
-                     network_from_args, positive_float, positive_int, setup_logging)
+                     network_from_args, positive_float, positive_int, setup_logging,
+                     signals_as_interrupt)
 
 log = logging.getLogger("paretopipe.netem")
 
@@ -25,6 +28,24 @@ def _target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssh-key", default=None, help="private key for --ssh (ssh's own when not given)")
     p.add_argument("--sudo", action="store_true", help="prefix commands with sudo -n (for a non-root SSH user)")
     p.add_argument("--netns", default=None, help="run inside this network namespace (a lab host's)")
+
+
+def _duration(p: argparse.ArgumentParser, help_: str) -> None:
+    p.add_argument("--duration", type=positive_float, default=None, help=help_)
+
+
+def _relay_parser(sub: Any) -> None:
+    """``netem relay``: a foreign peer's connections over the emulated link (network/relay.py)."""
+    relay = sub.add_parser("relay", help="carry another program's TCP connections over the emulated link, and "
+                                         "count their bytes and round trips", formatter_class=HelpFormatter)
+    add_network_flags(relay)
+    relay.add_argument("--to", required=True, metavar="HOST:PORT",
+                       help="the peer the relay forwards to (a numeric address: nothing is looked up)")
+    flags.HOST.add_to(relay, default="127.0.0.1", help="address the relay listens on")
+    flags.PORT.add_to(relay, required=True, help="port the relay listens on (the client connects here)")
+    _duration(relay, "stop after this many seconds (default: at Ctrl-C or SIGTERM)")
+    flags.SEED.add_to(relay, help="seed of the link's jitter, loss and a trace's start")
+    flags.OUT.add_to(relay, help="write the counts here as JSON when the relay stops")
 
 
 def parser(prog: str = "network_delay.py") -> ArgumentParser:
@@ -49,8 +70,7 @@ def parser(prog: str = "network_delay.py") -> ArgumentParser:
                     help="shape incoming traffic too, with the down direction (through an ifb device)")
     flags.PORT.add_to(ap, help="shape only TCP traffic to/from this port (SSH stays untouched)")
     flags.DRY_RUN.add_to(ap, help="print the commands, change nothing (no root needed)")
-    ap.add_argument("--duration", type=positive_float, default=None,
-                    help="hold the conditions this many seconds (or until Ctrl-C), then clear them")
+    _duration(ap, "hold the conditions this many seconds (or until Ctrl-C), then clear them")
     ap.add_argument("--trace-interval", type=positive_float, default=tracecontrol.DEFAULT_INTERVAL_S,
                     help="with --trace: seconds between the controller's rate changes")
     ap.add_argument("--trace-offset", type=float, default=None,
@@ -74,6 +94,7 @@ def parser(prog: str = "network_delay.py") -> ArgumentParser:
     flags.HOST.add_to(se, default="0.0.0.0", help="address to listen on")
     flags.PORT.add_to(se, default=5201, help="port to listen on")
     se.add_argument("--max-clients", type=positive_int, default=64, help="connections served at once")
+    _relay_parser(sub)
     sub.add_parser("networks", aliases=["profiles"], help="list the named network conditions")
     for p in {id(p): p for p in sub.choices.values()}.values():
         add_common_flags(p)
@@ -97,6 +118,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> i
             records.atomic_write_json(args.out, result)
         print(json.dumps(result, indent=1))
         return 0
+    if args.cmd == "relay":
+        return _relay(args)
     runner = tc.Runner(args.ssh, args.ssh_key, args.sudo, args.netns)
     if args.cmd == "show":
         qdiscs = tc.show(args.dev, runner)
@@ -147,4 +170,40 @@ def _hold(args: argparse.Namespace, conditions: Any, direction: Direction, ingre
                   f"from offset {s['offset_s']:g}s, median {1e3 * (s['late_median_s'] or 0):.1f} ms late"
                   + (f"; stopped early: {s['error']}" if s['error'] else ""))
     print(f"cleared {args.dev}")
+    return 0
+
+
+def _relay(args: argparse.Namespace) -> int:
+    """Forward to ``--to`` through the conditions' two directions until the duration or a signal."""
+    from ..network.relay import LinkRelay  # lazy: the other subcommands need no relay
+
+    host, _, port = args.to.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise UsageError(f"--to {args.to!r}: give a numeric HOST:PORT, e.g. 127.0.0.1:50052 (a name would be "
+                         f"looked up)") from None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--to {args.to!r}: the port must be 1 to 65535")
+    conditions = network_from_args(args)
+    up, down = (conditions.up, conditions.down) if conditions else (None, None)
+    relay = LinkRelay((host, int(port)), up, down, (args.host, args.port), args.seed)
+    try:
+        relay.start()
+    except OSError as exc:
+        raise UsageError(f"--host {args.host} --port {args.port}: cannot listen there ({exc.strerror})") from None
+    what = conditions.describe() if conditions else "an unshaped link"
+    log.info("relaying %s:%d -> %s over %s (Ctrl-C to stop)", args.host, args.port, args.to, what)
+    signals_as_interrupt()
+    try:
+        threading.Event().wait(args.duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        relay.close()
+        counts = relay.counts().to_dict()
+        if args.out:
+            records.atomic_write_json(args.out, {"to": args.to, "conditions": what, **counts})
+        print("relayed " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
     return 0
