@@ -51,7 +51,7 @@ def _turns(port: int, size: int, turns: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--turns", type=int, default=200)
+    p.add_argument("--turns", type=int, default=1000)
     args = p.parse_args()
     ports: multiprocessing.Queue = multiprocessing.Queue()
     server = multiprocessing.Process(target=_echo, args=(ports,), daemon=True)

@@ -17,7 +17,7 @@ from conftest import ROOT, sshd_env_file
 def test_partition_sh_is_shellcheck_clean():
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck not installed (make test installs it as root)")
-    for script in ("partition.sh", "netem/lab.sh", "scripts/install_sysdeps.sh"):
+    for script in ("partition.sh", "netem/lab.sh", "scripts/install_sysdeps.sh", "scripts/build_llamacpp.sh"):
         out = subprocess.run(["shellcheck", str(ROOT / script)], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout
 
