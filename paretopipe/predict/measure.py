@@ -18,7 +18,7 @@ import socket
 import statistics
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -175,9 +175,8 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     # Before any CPU share: the echo process stands for the other stage and must not inherit it.
     hop_s = hopprobe.hop_fixed_s() if opts.hop_probe else None
     # An engine's exports are made (or found in the cache) at full speed, before any CPU share.
-    prepared = {b: (*_engine_stages(builder, boundaries, b, opts.engine, stages, model),
-                    _range_stages(builder, boundaries, b, opts.engine)) for b in opts.batch_sizes}
-    _open_sessions(prepared.values())
+    prepared = _opened({b: (*_engine_stages(builder, boundaries, b, opts.engine, stages, model),
+                            _range_stages(builder, boundaries, b, opts.engine)) for b in opts.batch_sizes})
     with cpushare.limited(opts.cpu_share, "profile") as applied:
         limits.update(applied)
         for b in opts.batch_sizes:
@@ -210,14 +209,17 @@ def measure(opts: ProfileOptions, progress: Callable[[str], None] | None = None)
     return doc
 
 
-def _open_sessions(prepared: Iterable[tuple[list[nn.Module], nn.Module, dict[str, tuple[nn.Module, nn.Module]]]]
-                   ) -> None:
-    """Open every engine stage's session at full speed (a process-wide share holds its threads
-    later all the same)."""
-    for segments, whole, ranges in prepared:
+Prepared = dict[int, tuple[list[nn.Module], nn.Module, dict[str, tuple[nn.Module, nn.Module]]]]
+
+
+def _opened(prepared: Prepared) -> Prepared:
+    """``prepared`` with every engine stage's session opened at full speed (a process-wide share
+    holds its threads later all the same)."""
+    for segments, whole, ranges in prepared.values():
         for module in (*segments, whole, *(m for pair in ranges.values() for m in pair)):
             if isinstance(module, onnxstage.EngineStage):
                 module.open()
+    return prepared
 
 
 def _engine_stages(builder: StageBuilder, boundaries: list[str], b: int, engine: str, stages: list[nn.Module],
