@@ -117,6 +117,8 @@ class LinkRelay:
             t.start()
         for t in ends:
             t.join()
+        with self._lock:  # a long run's connections come and go: keep only the open ones
+            self._sockets = [s for s in self._sockets if s not in (client, server)]
         for s in (client, server):
             with contextlib.suppress(OSError):
                 s.close()
