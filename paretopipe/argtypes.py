@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
+from .errors import UsageError
+
 
 def _typed(name: str, convert: Callable[[str], Any], ok: Callable[[Any], bool], valid: str):
     def parse(text: str) -> Any:
@@ -80,3 +82,12 @@ def watts_per_stage(text: str) -> list[float | None]:
             raise argparse.ArgumentTypeError(f"{text!r}: watts must be 0 or more")
         values.append(value)
     return values
+
+
+def host_port(text: str, where: str, example: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets or not) as (host, port); ``where`` names the value in
+    the one-line refusal (``MQTT_BROKER='x'``, ``--to 'x'``), ``example`` shows a valid one."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise UsageError(f"{where}: give HOST:PORT, e.g. {example}")
+    return host.strip("[]"), int(port)

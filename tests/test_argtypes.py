@@ -26,3 +26,17 @@ def test_valid_texts_parse(parse, text, value):
 def test_invalid_texts_are_refused_naming_what_is_valid(parse, text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         parse(text)
+
+
+@pytest.mark.parametrize("text,want", [("127.0.0.1:1883", ("127.0.0.1", 1883)), ("[::1]:50052", ("::1", 50052)),
+                                       (" 10.0.0.2:65535 ", ("10.0.0.2", 65535))])
+def test_host_port_splits_at_the_last_colon_and_unbrackets_ipv6(text, want):
+    assert argtypes.host_port(text, "--to", "127.0.0.1:50052") == want
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1", ":80", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:http"])
+def test_host_port_refuses_in_one_line_naming_the_value_and_an_example(text):
+    from paretopipe.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^--to 'x': give HOST:PORT, e\.g\. 127\.0\.0\.1:50052$"):
+        argtypes.host_port(text, "--to 'x'", "127.0.0.1:50052")

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from .. import records
 from ..errors import UsageError
+from ..argtypes import host_port
 from ..runners import flags
 from ..network import probe, tc, tracecontrol
 from ..network.conditions import Direction, load_conditions
@@ -177,18 +178,15 @@ def _relay(args: argparse.Namespace) -> int:
     """Forward to ``--to`` through the conditions' two directions until the duration or a signal."""
     from ..network.relay import LinkRelay  # lazy: the other subcommands need no relay
 
-    host, _, port = args.to.rpartition(":")
-    host = host.strip("[]")
+    host, port = host_port(args.to, f"--to {args.to!r}", "127.0.0.1:50052")
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        raise UsageError(f"--to {args.to!r}: give a numeric HOST:PORT, e.g. 127.0.0.1:50052 (a name would be "
+        raise UsageError(f"--to {args.to!r}: give a numeric address, e.g. 127.0.0.1:50052 (a name would be "
                          f"looked up)") from None
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--to {args.to!r}: the port must be 1 to 65535")
     conditions = network_from_args(args)
     up, down = (conditions.up, conditions.down) if conditions else (None, None)
-    relay = LinkRelay((host, int(port)), up, down, (args.host, args.port), args.seed)
+    relay = LinkRelay((host, port), up, down, (args.host, args.port), args.seed)
     try:
         relay.start()
     except OSError as exc:

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+from ...argtypes import host_port
 from ...errors import PeerError, UsageError
 from .stream import MessageListener, MessageSocket
 
@@ -63,10 +64,7 @@ class MqttSettings:
 
 
 def parse_broker(text: str) -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise UsageError(f"MQTT_BROKER={text!r}: give HOST:PORT, e.g. 127.0.0.1:1883")
-    return host.strip("[]"), int(port)
+    return host_port(text, f"MQTT_BROKER={text!r}", "127.0.0.1:1883")
 
 
 def check_namespace(ns: str) -> str:
