@@ -58,7 +58,7 @@ def main() -> None:
     server.start()
     port = ports.get(timeout=30)
     with LinkRelay(("127.0.0.1", port)) as relay:
-        relayed = relay._server.getsockname()[1]
+        relayed = relay.port
         print(f"{'frame':<22} {'direct':>10} {'relayed':>10} {'added per turn':>15}")
         for name, size in SIZES.items():
             added, direct_s, relay_s = [], [], []

@@ -59,14 +59,16 @@ class LinkRelay:
         self._last_direction: str | None = None
         self._lock = threading.Lock()
         self._server: socket.socket | None = None
+        self.port: int | None = None  # where it listens, once started
         self._sockets: list[socket.socket] = []
         self._closed = threading.Event()
 
     def start(self) -> int:
         """Listen and serve in the background; returns the port."""
         self._server = socket.create_server(self.listen_at, reuse_port=False)
+        self.port = self._server.getsockname()[1]
         threading.Thread(target=self._accept_loop, name="relay-accept", daemon=True).start()
-        return self._server.getsockname()[1]
+        return self.port
 
     def counts(self) -> RelayCounts:
         with self._lock:

@@ -61,7 +61,7 @@ def test_every_byte_crosses_intact_each_turn_counts_once_and_the_links_delay_is_
     with server, LinkRelay(("127.0.0.1", port), up=delay, down=delay) as relay:
         payload = bytes(range(256)) * 40  # 10,240 bytes: several reads on the way
         start = time.monotonic()
-        replies = _ping(relay._server.getsockname()[1], payload, 10)
+        replies = _ping(relay.port, payload, 10)
         elapsed = time.monotonic() - start
         time.sleep(0.1)  # the close travels the link too
         counts = relay.counts()
@@ -75,7 +75,7 @@ def test_a_rate_limited_direction_takes_at_least_its_serialisation_time():
     server, port = _echo_server()
     with server, LinkRelay(("127.0.0.1", port), up=Direction(rate_bps=4e6)) as relay:
         start = time.monotonic()
-        (reply,) = _ping(relay._server.getsockname()[1], b"x" * 200_000, 1)
+        (reply,) = _ping(relay.port, b"x" * 200_000, 1)
         elapsed = time.monotonic() - start
     assert reply == b"x" * 200_000
     assert elapsed >= 200_000 * 8 / 4e6  # 0.4 s at 4 Mbit/s
@@ -84,7 +84,7 @@ def test_a_rate_limited_direction_takes_at_least_its_serialisation_time():
 def test_a_dead_peer_closes_the_client_and_the_relay_serves_the_next_once_the_peer_is_up():
     port = free_port()
     with LinkRelay(("127.0.0.1", port)) as relay:
-        relay_port = relay._server.getsockname()[1]
+        relay_port = relay.port
         with socket.create_connection(("127.0.0.1", relay_port), timeout=10) as s:
             assert s.recv(1) == b""  # closed at once: nothing listens behind the relay
         assert relay.counts().refused == 1
