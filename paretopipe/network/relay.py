@@ -7,8 +7,11 @@ through an :class:`~.emulated.EmulatedLink` of the same conditions (rate, delay,
 traces) that a sweep gives our own stages. The relay also counts what crossed: bytes each way and
 round trips, which is what a foreign engine's cost per token is made of.
 
-A round trip is a turn of the conversation: bytes towards the server, then bytes back. A request
-split over many reads, or a reply over many writes, is still one. The relay's own cost (its
+A round trip is a turn of one connection's conversation: bytes towards the server, then bytes
+back. A request split over many reads, or a reply over many writes, is still one; turns are counted
+per connection, since a client that talks over several connections at once interleaves them.
+:meth:`LinkRelay.shape` changes the conditions of connections already open (a sweep moves a
+long-lived peer from one network to the next without reconnecting it). The relay's own cost (its
 threads, its copies) is what ``benchmarks/relay.py`` measures on an unshaped link.
 """
 
@@ -53,11 +56,11 @@ class LinkRelay:
     def __init__(self, target: tuple[str, int], up: Direction | None = None, down: Direction | None = None,
                  listen: tuple[str, int] = ("127.0.0.1", 0), seed: int = 0) -> None:
         self.target, self.listen_at = target, listen
-        self.links = {"up": EmulatedLink(up, seed, which="up") if up and up.is_shaped else None,
-                      "down": EmulatedLink(down, seed + 1, which="down") if down and down.is_shaped else None}
         self._counts = RelayCounts()
-        self._last_direction: str | None = None
         self._lock = threading.Lock()
+        self._senders: list[tuple[str, LinkSender]] = []  # every open connection's, by direction
+        self.links: dict[str, EmulatedLink | None] = {}
+        self.shape(up, down, seed)
         self._server: socket.socket | None = None
         self.port: int | None = None  # where it listens, once started
         self._sockets: list[socket.socket] = []
@@ -69,6 +72,16 @@ class LinkRelay:
         self.port = self._server.getsockname()[1]
         threading.Thread(target=self._accept_loop, name="relay-accept", daemon=True).start()
         return self.port
+
+    def shape(self, up: Direction | None, down: Direction | None, seed: int = 0) -> None:
+        """The conditions of each direction from now on, for new and open connections alike (their
+        queued bytes keep the schedule they were given)."""
+        links = {"up": EmulatedLink(up, seed, which="up") if up and up.is_shaped else None,
+                 "down": EmulatedLink(down, seed + 1, which="down") if down and down.is_shaped else None}
+        with self._lock:
+            self.links = links
+            for direction, sender in self._senders:
+                sender.link = links[direction]
 
     def counts(self) -> RelayCounts:
         with self._lock:
@@ -113,8 +126,9 @@ class LinkRelay:
         with self._lock:
             self._counts.connections += 1
             self._sockets += [client, server]
-        ends = [threading.Thread(target=self._pump, args=(client, server, "up"), daemon=True),
-                threading.Thread(target=self._pump, args=(server, client, "down"), daemon=True)]
+        turns = _Turns()
+        ends = [threading.Thread(target=self._pump, args=(client, server, "up", turns), daemon=True),
+                threading.Thread(target=self._pump, args=(server, client, "down", turns), daemon=True)]
         for t in ends:
             t.start()
         for t in ends:
@@ -125,10 +139,12 @@ class LinkRelay:
             with contextlib.suppress(OSError):
                 s.close()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, direction: str, turns: "_Turns") -> None:
         """Carry one direction until its sender closes it, then close it at the other end once the
         link has delivered everything before."""
-        sender = LinkSender(self.links[direction], f"relay-{direction}")
+        with self._lock:
+            sender = LinkSender(self.links[direction], f"relay-{direction}")
+            self._senders.append((direction, sender))
         try:
             while sender.error is None:
                 try:
@@ -137,7 +153,7 @@ class LinkRelay:
                     break
                 if not data:
                     break
-                self._record(direction, len(data))
+                self._record(direction, len(data), turns)
                 try:
                     sender.submit(len(data), functools.partial(dst.sendall, data))
                 except Exception:  # noqa: BLE001 - the other end is gone: what its send raised
@@ -146,16 +162,25 @@ class LinkRelay:
                 sender.submit(0, functools.partial(_shut_write, dst))
         finally:
             sender.close(timeout=60.0)
+            with self._lock:
+                self._senders = [(d, s) for d, s in self._senders if s is not sender]
 
-    def _record(self, direction: str, nbytes: int) -> None:
+    def _record(self, direction: str, nbytes: int, turns: "_Turns") -> None:
         with self._lock:
             if direction == "up":
                 self._counts.up_bytes += nbytes
             else:
                 self._counts.down_bytes += nbytes
-                if self._last_direction == "up":
+                if turns.last == "up":
                     self._counts.round_trips += 1
-            self._last_direction = direction
+            turns.last = direction
+
+
+@dataclasses.dataclass
+class _Turns:
+    """One connection's last direction (a turn is counted when it changes from up to down)."""
+
+    last: str | None = None
 
 
 def _shut_write(s: socket.socket) -> None:

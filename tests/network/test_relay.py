@@ -71,6 +71,42 @@ def test_every_byte_crosses_intact_each_turn_counts_once_and_the_links_delay_is_
     assert elapsed >= 10 * 2 * 0.02  # a lower bound from the link, whatever this machine's speed
 
 
+def test_new_conditions_reach_a_connection_already_open():
+    """A sweep moves a long-lived peer from lan to a 40 ms network without reconnecting it."""
+    server, port = _echo_server()
+    with server, LinkRelay(("127.0.0.1", port)) as relay, \
+            socket.create_connection(("127.0.0.1", relay.port), timeout=30) as s:
+        def turn() -> float:
+            start = time.monotonic()
+            s.sendall(b"ping")
+            assert s.recv(16) == b"ping"
+            return time.monotonic() - start
+        turn()
+        relay.shape(Direction(delay_s=0.02), Direction(delay_s=0.02))
+        shaped = turn()
+        relay.shape(None, None)
+        turn()
+    assert shaped >= 0.04  # both directions' delay, on the connection opened before
+
+
+def test_round_trips_are_counted_per_connection_when_two_interleave():
+    """Two clients whose requests alternate: each turn of each connection is one round trip, not
+    every change of direction across them."""
+    server, port = _echo_server()
+    # The up link's delay orders the events: both requests are read before either reply.
+    with server, LinkRelay(("127.0.0.1", port), up=Direction(delay_s=0.02)) as relay:
+        a, b = (socket.create_connection(("127.0.0.1", relay.port), timeout=30) for _ in range(2))
+        with a, b:
+            a.sendall(b"a1")
+            b.sendall(b"b1")   # up on b before a's reply: a global count would miss a turn
+            assert a.recv(8) == b"a1" and b.recv(8) == b"b1"
+            a.sendall(b"a2")
+            assert a.recv(8) == b"a2"
+        time.sleep(0.05)
+        counts = relay.counts()
+    assert counts.round_trips == 3 and counts.connections == 2
+
+
 def test_a_rate_limited_direction_takes_at_least_its_serialisation_time():
     server, port = _echo_server()
     with server, LinkRelay(("127.0.0.1", port), up=Direction(rate_bps=4e6)) as relay:
