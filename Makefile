@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt requirements-nodeps.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps docs test test-exhaustive test-fast test-gpu demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
+.PHONY: venv sysdeps docs test test-exhaustive test-fast test-gpu test-peers llamacpp demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -28,16 +28,27 @@ sysdeps:
 # workers on two cores: many tests wait on an emulated link or a peer's timeout, and the others
 # use the cores meanwhile; nothing in the parallel pass depends on how busy the machine is.
 PYTEST_PARALLEL := -n 4 --dist worksteal
-# ARM_BUILD_PID: a process building the aarch64 sysroot beside the tests (.ci/run starts one at the
-# lowest priority): the parallel pass shares the machine with it, the "alone" pass waits for it to end.
+# BUILD_PIDS: processes building beside the tests (.ci/run starts the aarch64 sysroot's and
+# llama.cpp's at the lowest priority): the parallel pass shares the machine with them, the "alone"
+# pass waits for them to end.
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm and not gpu" --durations=25
-	@if [ -n "$(ARM_BUILD_PID)" ] && kill -0 $(ARM_BUILD_PID) 2>/dev/null; then \
-	  echo "waiting for the aarch64 sysroot build (pid $(ARM_BUILD_PID)) before the alone pass"; \
-	  while kill -0 $(ARM_BUILD_PID) 2>/dev/null; do sleep 5; done; \
-	fi
-	$(PY) -m pytest -q -m "alone and not arm and not gpu" --durations=10
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm and not gpu and not peers" --durations=25
+	@for pid in $(BUILD_PIDS); do \
+	  if kill -0 $$pid 2>/dev/null; then echo "waiting for the build beside the tests (pid $$pid) before the alone pass"; fi; \
+	  while kill -0 $$pid 2>/dev/null; do sleep 5; done; \
+	done
+	$(PY) -m pytest -q -m "alone and not arm and not gpu and not peers" --durations=10
+
+# llama.cpp's ggml-rpc-server, llama-server and llama-bench, built once per machine and pin into a
+# cache (scripts/build_llamacpp.sh: about 11 minutes on 2 cores, then instant).
+llamacpp:
+	bash scripts/build_llamacpp.sh >/dev/null
+
+# The peer systems run beside ours (tests marked peers): llama.cpp's RPC split of the real
+# SmolLM2-135M-Instruct in a sweep with our engine, through the relay. .ci/run runs it after make test.
+test-peers: venv llamacpp
+	$(PY) -m pytest -q -m peers --durations=5
 
 # Every cut of the large models (ViT-B/16's 140 cuts of up to three live tensors, VGG16's, ResNet50's
 # and Inception's fine cuts), each a forward pass: make test checks a seeded sample of each
@@ -48,7 +59,7 @@ test-exhaustive: venv
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
 test-fast: venv
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not root and not lab and not gpu" --durations=10
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not root and not lab and not gpu and not peers" --durations=10
 
 # On a GPU machine: the tests marked gpu (a CUDA stage beside a CPU one, CUDA event times, NVML
 # energy, a language model's stage, a sweep, profile and predict), each skipped with its reason

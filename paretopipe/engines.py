@@ -1,7 +1,8 @@
 """The engines a stage can run on, by name: eager PyTorch, or an ONNX export of the same stage run
-by ONNX Runtime or OpenVINO, as edge devices run a CNN. One ``engine`` dimension: a run's engine is
-a label, one engine for every stage (``onnxruntime``) or one per stage joined by ``+``
-(``onnxruntime+torch``, from ``--stage-engines``).
+by ONNX Runtime or OpenVINO, as edge devices run a CNN; or, for a language model given as a GGUF,
+llama.cpp's RPC split as a peer system (``llamacpp``: its own two processes, both stages). One
+``engine`` dimension: a run's engine is a label, one engine for every stage (``onnxruntime``) or
+one per stage joined by ``+`` (``onnxruntime+torch``, from ``--stage-engines``).
 
 Torch-free, so ``--help``, the run configuration and the sweep's options read it without torch;
 :mod:`paretopipe.partition.onnxstage` exports, checks and runs the stages.
@@ -18,7 +19,10 @@ from .errors import UsageError
 TORCH = "torch"
 ONNXRUNTIME = "onnxruntime"
 OPENVINO = "openvino"
-ENGINES = (TORCH, ONNXRUNTIME, OPENVINO)
+LLAMACPP = "llamacpp"
+ENGINES = (TORCH, ONNXRUNTIME, OPENVINO, LLAMACPP)
+#: Engines that run every stage as a system of their own (a peer): never one stage of a mix.
+PEERS = (LLAMACPP,)
 #: The package each engine beyond torch needs (``pip install 'paretopipe[engines]'`` brings both).
 PACKAGES = {ONNXRUNTIME: "onnxruntime", OPENVINO: "openvino"}
 #: Where a label joins the engines of its stages.
@@ -43,6 +47,9 @@ def stage_engines_label(text: str, stages: int | None = None) -> str:
     for name in names:
         if name not in ENGINES:
             raise UsageError(f"--stage-engines {text!r}: unknown engine {name!r}; valid: {', '.join(ENGINES)}")
+        if name in PEERS:
+            raise UsageError(f"--stage-engines {text!r}: {name} runs both stages as a system of its own; give "
+                             f"--engine {name}")
     if stages is not None and len(names) != stages:
         raise UsageError(f"--stage-engines {text!r}: give one engine per stage ({stages}), e.g. "
                          f"{','.join([ONNXRUNTIME] + [TORCH] * (stages - 1))}")
@@ -63,6 +70,8 @@ def check_label(label: str, stages: int) -> None:
     if len(parts) not in (1, stages):
         raise UsageError(f"engine {label!r} names {len(parts)} engines for a {stages}-stage split; give one, "
                          f"or one per stage")
+    if len(parts) > 1 and any(p in PEERS for p in parts):
+        raise UsageError(f"engine {label!r}: {', '.join(PEERS)} runs every stage itself; give it alone")
 
 
 def stage_engine(label: str, index: int) -> str:
@@ -73,6 +82,11 @@ def stage_engine(label: str, index: int) -> str:
 
 def only_torch(label: str) -> bool:
     return all(p == TORCH for p in label_parts(label))
+
+
+def is_peer(label: str | None) -> bool:
+    """Whether a run's engine is a peer system (llama.cpp), not our stages on some engine."""
+    return label in PEERS
 
 
 #: What exporting a stage to ONNX needs beside torch (torch.onnx's exporter imports it).

@@ -15,9 +15,19 @@
 set -euo pipefail
 
 PIN=0.3.36
+# What a sweep (paretopipe/llm/llamacpp.py, PIN and RECIPE there too) takes from the cache: a build
+# of this pin and recipe for this machine. Bump RECIPE when the flags change what runs.
+RECIPE=2
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF)
+if [ "$(uname -m)" = x86_64 ]; then
+  # Not -march=native on x86: a native build on a CPU with AMX runs AMX tile kernels that a VM
+  # without AMX state enabled kills with SIGILL (llama-server died so at its first batch), and a
+  # cache shared by machines of one architecture must run on all of them. AVX2 and FMA are what
+  # every x86 server and laptop of the last decade has. A Pi builds natively (its own CPU).
+  FLAGS+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+fi
 TARGETS=(ggml-rpc-server llama-server llama-bench)
 
 for tool in cmake c++ sha256sum tar; do
@@ -54,8 +64,8 @@ mkdir -p "$root"
 staged=$(mktemp -d "$root/.building.XXXXXX")
 mkdir -p "$staged/bin"
 for t in "${TARGETS[@]}"; do cp "$work/build/bin/$t" "$staged/bin/"; done
-printf '{"llama_cpp_python": "%s", "sdist_sha256": "%s", "flags": "%s", "machine": "%s", "compiler": "%s", "build_s": %d}\n' \
-  "$PIN" "$SHA256" "${FLAGS[*]}" "$(uname -m)" "$compiler" "$(( $(date +%s) - start ))" > "$staged/build.json"
+printf '{"llama_cpp_python": "%s", "recipe": %d, "sdist_sha256": "%s", "flags": "%s", "machine": "%s", "compiler": "%s", "build_s": %d}\n' \
+  "$PIN" "$RECIPE" "$SHA256" "${FLAGS[*]}" "$(uname -m)" "$compiler" "$(( $(date +%s) - start ))" > "$staged/build.json"
 rm -rf "$dest"
 mv "$staged" "$dest"
 echo "built in $(( $(date +%s) - start )) s" >&2

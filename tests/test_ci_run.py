@@ -1,6 +1,6 @@
 """.ci/run, CI's entry point, with `make` replaced by a script that plays each target: a failing
-`make test` ends the script, and with it the aarch64 sysroot build it started in the background
-(make, and whatever that started), instead of leaving it running."""
+`make test` ends the script, and with it the builds it started in the background (the aarch64
+sysroot's and llama.cpp's: make, and whatever that started), instead of leaving them running."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from conftest import ROOT
 FAKE_MAKE = """#!/bin/sh
 case "$1" in
   lab-arm) echo $$ > "$MARK/build.pid"; sleep 300 & echo $! > "$MARK/child.pid"; wait ;;
-  test) while [ ! -s "$MARK/child.pid" ]; do sleep 0.05; done; exit "$TEST_RC" ;;  # fails while the build runs
+  llamacpp) echo $$ > "$MARK/peers.pid"; sleep 300 & echo $! > "$MARK/peers_child.pid"; wait ;;
+  test) while [ ! -s "$MARK/child.pid" ] || [ ! -s "$MARK/peers_child.pid" ]; do sleep 0.05; done
+        exit "$TEST_RC" ;;  # fails while the builds run
   *) exit 0 ;;
 esac
 """
@@ -30,7 +32,8 @@ def _run_ci(tmp_path, test_rc: int) -> tuple[subprocess.CompletedProcess, list[i
     proc = subprocess.Popen(["bash", str(ROOT / ".ci" / "run")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=60)
-    pids = [int((tmp_path / name).read_text()) for name in ("build.pid", "child.pid") if (tmp_path / name).exists()]
+    pids = [int((tmp_path / name).read_text()) for name in ("build.pid", "child.pid", "peers.pid", "peers_child.pid")
+            if (tmp_path / name).exists()]
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), pids
 
 
@@ -46,8 +49,8 @@ def _gone(pid: int, within: float = 10.0) -> bool:
     return False
 
 
-def test_a_failing_make_test_ends_the_background_sysroot_build_with_it(tmp_path):
+def test_a_failing_make_test_ends_the_background_builds_with_it(tmp_path):
     done, pids = _run_ci(tmp_path, test_rc=2)
     assert done.returncode != 0
-    assert len(pids) == 2, "the fake build never started"
+    assert len(pids) == 4, "a fake build never started"
     assert all(_gone(pid) for pid in pids), f"the background build outlived .ci/run: {pids}"

@@ -29,9 +29,11 @@ RESOURCES = re.compile(r"^(stage\d+_|link_)?(energy_\w+|idle_power_w|cpu_s|peak_
 RESOURCE_OBJECTIVE = re.compile(r"^((stage\d+_)?energy(_modelled)?_per_(image|token)_j|(stage\d+_)?(peak_rss|model)_bytes|"
                                 r"memory_(peak|model)_bytes)$")
 #: A generation's figures (paretopipe.llm.summary): its workload, its token times and rates, each
-#: stage's compute per phase and KV cache, each cut's bytes, and what a lossy wire cost.
+#: stage's compute per phase and KV cache, each cut's bytes, what comes back and in how many round
+#: trips, a peer engine's own timings (llama-server's), and what a lossy wire cost.
 GENERATION = re.compile(r"^(prompt_len|gen_tokens|streams|tokens_generated|ttft_(median|p90|max)_s|"
-                        r"tpot_(median|p90|p99)_s|(decode_)?tokens_per_s|bytes_per_token|prefill_bytes|"
+                        r"tpot_(median|p90|p99)_s|(decode_)?tokens_per_s|(down_)?bytes_per_token|prefill_bytes|"
+                        r"round_trips_per_token|server_(ttft|tpot)_median_s|"
                         r"token_agreement|max_logit_diff|tpot_bound_s|tpot_over_bound|"
                         r"stage\d+_(prefill|decode)_compute_median_s|stage\d+_kv_bytes|hop\d+_(prefill_bytes|bytes_per_token))$")
 #: What a lossy wire cost (paretopipe.transport.fidelity): the evaluation pass after the timed

@@ -17,7 +17,7 @@ import pandas as pd
 from .. import records
 from ..errors import UsageError
 from . import adaptive_comparison, loadgen_front, objectives as objectives_mod
-from . import devices, engine_fronts, fidelity_plot, pareto, robustness
+from . import devices, engine_fronts, fidelity_plot, pareto, peer_gap, robustness
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
                        plot_vs_split, pyplot, save_figure)
 from .session import Session, find_session
@@ -152,6 +152,7 @@ def write_report(results: str | Path, out: str | Path | None = None, fmt: str = 
     loadgen_front.write(configs, out, predictions, plt, fmt)
     fidelity_plot.write(configs, out, plt, fmt)
     engine_fronts.write(table, out, plt, fmt)
+    peer_gap.write(session, out, plt, fmt)
     depths = table["in_flight"].nunique() > 1
     for key, panel in table.groupby(PANEL_KEY):
         _panel_figures(plt, panel, key, chosen, out, fmt, depths)

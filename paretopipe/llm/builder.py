@@ -15,22 +15,11 @@ import torch
 
 from ..errors import UsageError
 from .build import LMSource, build_stage, source
+from .shapes import cut_name, split_of
 from .shapes import LMShape, check_plan, check_split, cut_bytes_per_token, stage_layers, block_params, stage_blocks
 from .stage import LMStage
 from .tokens import prompt_ids, tokenizer_for
 
-CUT_PREFIX = "lm"
-
-
-def cut_name(split: int) -> str:
-    return f"{CUT_PREFIX}{split}"
-
-
-def split_of(cut: str) -> int:
-    """The split a cut's name holds (``lm3`` -> 3)."""
-    if not (isinstance(cut, str) and cut.startswith(CUT_PREFIX) and cut[len(CUT_PREFIX):].isdigit()):
-        raise UsageError(f"cut {str(cut)[:40]!r} is not a language model's (lm0, lm1, ...)")
-    return int(cut[len(CUT_PREFIX):])
 
 
 class LMPartitioner:

@@ -133,7 +133,7 @@ def hub_folder(repo_id: str) -> Path:
                          f"once online (huggingface-cli download {repo_id}) or give a folder saved by save_pretrained")
 
 
-def _file_digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 24), b""):
@@ -147,7 +147,7 @@ def gguf_folder(path: Path, what: str) -> Path:
 
     if not path.is_file():
         raise UsageError(f"{what}: no such file")
-    digest, root = _file_digest(path), cache_dir()
+    digest, root = file_digest(path), cache_dir()
     if root is None:  # the cache turned off: one conversion per process
         scratch = process_scratch("gguf") / digest
         if not (scratch / "config.json").is_file():

@@ -16,6 +16,18 @@ from ..partition.structure import structure
 from ..wiredtype import token_nbytes
 from .checkpoints import REAL, display_name, folder_config, is_real
 TOKEN_ID_BYTES = 8    # split 0: the token ids cross, as int64
+CUT_PREFIX = "lm"
+
+
+def cut_name(split: int) -> str:
+    return f"{CUT_PREFIX}{split}"
+
+
+def split_of(cut: str) -> int:
+    """The split a cut's name holds (``lm3`` -> 3)."""
+    if not (isinstance(cut, str) and cut.startswith(CUT_PREFIX) and cut[len(CUT_PREFIX):].isdigit()):
+        raise UsageError(f"cut {str(cut)[:40]!r} is not a language model's (lm0, lm1, ...)")
+    return int(cut[len(CUT_PREFIX):])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ import numpy as np
 #: The figures a generation's summary adds (besides the per-stage and per-hop ones).
 FIGURES = ("streams", "tokens_generated", "ttft_median_s", "ttft_p90_s", "ttft_max_s", "tpot_median_s",
            "tpot_p90_s", "tpot_p99_s", "tokens_per_s", "decode_tokens_per_s", "bytes_per_token", "prefill_bytes",
-           "token_agreement", "max_logit_diff", "tpot_bound_s", "tpot_over_bound")
+           "down_bytes_per_token", "round_trips_per_token", "token_agreement", "max_logit_diff", "tpot_bound_s",
+           "tpot_over_bound")
 
 
 def _pct(xs: Sequence[float], q: float) -> float | None:
@@ -88,6 +89,17 @@ def bound_figures(out: dict[str, Any], stages: int, link: dict[str, Any]) -> dic
     return {"tpot_bound_s": bound, "tpot_over_bound": out["tpot_median_s"] / bound if bound > 0 else None}
 
 
+def exchange_figures(decode: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """What comes back per decode step and how many round trips a step takes. A peer's steps
+    carry the relay's counts (``round_trips``); one of our steps is one exchange by construction
+    (a hidden state out, its token back), and what comes back is its result's payload (the token
+    id rides in the frame's header: 0 bytes of payload)."""
+    if not decode:
+        return {"down_bytes_per_token": None, "round_trips_per_token": None}
+    return {"down_bytes_per_token": statistics.fmean(float(s.get("result_wire_bytes") or 0) for s in decode),
+            "round_trips_per_token": statistics.fmean(float(s.get("round_trips", 1)) for s in decode)}
+
+
 def summarize(batches: Sequence[dict[str, Any]], generation: dict[str, Any],
               link: dict[str, Any] | None = None) -> dict[str, Any]:
     """The generation's summary figures from its batch records, its ``generation`` part and its
@@ -115,6 +127,7 @@ def summarize(batches: Sequence[dict[str, Any]], generation: dict[str, Any],
     for j, (prefill, per_token) in enumerate(hop_bytes(steps, max(1, len(stages) - 1)), start=1):
         out[f"hop{j}_prefill_bytes"], out[f"hop{j}_bytes_per_token"] = prefill, per_token
     out["bytes_per_token"], out["prefill_bytes"] = out.get("hop1_bytes_per_token"), out.get("hop1_prefill_bytes")
+    out.update(exchange_figures([s for s in steps if s["step"] > 0]))
     exact = generation.get("exactness") or {}
     out["token_agreement"] = exact.get("token_agreement")
     out["max_logit_diff"] = exact.get("max_logit_diff")
@@ -128,3 +141,23 @@ def per_token_energy(summary: dict[str, Any]) -> None:
     token, named so (an image's figure does not apply)."""
     for key in [k for k in summary if "energy" in k and k.endswith("per_image_j")]:
         summary[key.replace("per_image", "per_token")] = summary.pop(key)
+
+
+def finish_record(record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """A generation's record: its ``generation`` part from the stages' (stage 1's prompts and
+    tokens, each stage's blocks and KV cache, the last stage's exactness check) and the figures
+    its summary adds (:func:`paretopipe.llm.summary.summarize`)."""
+    own = [dict((p or {}).get("generation") or {}) for p in parts]
+    first = dict(own[0]) if own else {}
+    exactness = next((s.pop("exactness") for s in own if s.get("exactness")), None)
+    for s in own:
+        for key in ("prompt_tokens", "tokens", "sequences", "streams", "queries", "samples"):
+            s.pop(key, None)
+    record["generation"] = {"prompt_tokens": first.get("prompt_tokens"), "tokens": first.get("tokens"),
+                            "stages": own, "exactness": exactness}
+    if first.get("queries") is not None:  # LoadGen's queries, taking the streams' slots in turn
+        record["generation"].update({k: first[k] for k in ("streams", "queries", "samples")})
+    record["summary"].update(summarize(record["batches"], record["generation"],
+                                                   record["manifest"].get("link")))
+    per_token_energy(record["summary"])
+    return record

@@ -23,7 +23,7 @@ from ..partition.names import DEFAULT_NUM_CLASSES
 from ..transport import aead
 from ..transport.messaging import TRANSPORTS
 from ..transport.runconfig import COMPRESSIONS, LINK_MODES, OBJECTIVES, RPC_SOURCES, RPC_TRANSPORTS
-from ..engines import ENGINES, parse_engines
+from ..engines import ENGINES, PEERS, parse_engines
 from ..wiredtype import WIRE_DTYPE_CHOICES
 
 @dataclasses.dataclass(frozen=True)
@@ -161,13 +161,15 @@ ENCRYPT = Option(("--encrypt",), "seal every frame of the data port after the ha
                  default="none", choices=aead.CHOICES)
 DEVICE_PROFILES = Option(("--device-profiles",), "comma list of device profile JSONs (paretopipe profile), one per "
                          "stage in chain order (stage 1 holds the data)")
-ENGINE = Option(("--engine",), f"engine each stage computes on ({', '.join(ENGINES)}): eager PyTorch, or the "
-                "stage exported once to ONNX and run by ONNX Runtime or OpenVINO, as edge devices run a CNN",
-                default="torch", choices=ENGINES)
+STAGE_ENGINE_NAMES = tuple(e for e in ENGINES if e not in PEERS)
+ENGINE = Option(("--engine",), f"engine each stage computes on ({', '.join(STAGE_ENGINE_NAMES)}): eager PyTorch, or "
+                "the stage exported once to ONNX and run by ONNX Runtime or OpenVINO, as edge devices run a CNN",
+                default="torch", choices=STAGE_ENGINE_NAMES)
 ENGINE_LIST = ENGINE.variant(help=f"comma list of engines ({', '.join(ENGINES)}), each a pass of its own over the "
                              "configurations: eager PyTorch, or each stage exported once to ONNX (cached, checked "
-                             "against torch) and run by ONNX Runtime or OpenVINO", type=parse_engines,
-                             default=["torch"], choices=None)
+                             "against torch) and run by ONNX Runtime or OpenVINO; llamacpp: a GGUF language model's "
+                             "split run by llama.cpp's RPC (scripts/build_llamacpp.sh) through the relay",
+                             type=parse_engines, default=["torch"], choices=None)
 STAGE_ENGINES = Option(("--stage-engines",), "engine per stage, e.g. onnxruntime,torch (a Pi running ONNX Runtime "
                        "beside a server running PyTorch); overrides --engine")
 STAGE_DEVICES = Option(("--stage-devices",), "device per stage, e.g. cpu,cuda")

@@ -79,7 +79,7 @@ def received_record(event: dict[str, Any], who: str) -> RunRecord:
         raise PeerError(str(exc))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -226,7 +226,7 @@ class RpcRanks:
         p, tb = self.p, self.p.testbed
         remote = self.stage_hosts[0] is not None
         addr = self.stage_hosts[0].address if remote else "127.0.0.1"
-        port = tb.rpc_port if remote else _free_port()
+        port = tb.rpc_port if remote else free_port()
         devices = ",".join(p.device_for(stage, host) for host, stage in map(self._rank_host, range(self.world)))
         for rank in range(self.world):
             host, stage = self._rank_host(rank)

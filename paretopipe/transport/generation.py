@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -28,7 +28,6 @@ from ..llm.builder import LMBuilder
 from ..partition import wirequant
 from ..partition.stages import adopt_torch_threads
 from ..llm.generate import Sampling, reference_model
-from ..llm import summary as llm_summary
 from ..llm.shapes import stage_blocks, stage_layers
 from ..llm.stage import decode_cut, encode_cut
 from . import pipeline
@@ -291,23 +290,3 @@ class LocalTail:
     def stage2_served(self, stream: int) -> None:
         """Stage 2 finished the stream's latest step: this tail's cache of it is behind now."""
         self.cached.pop(stream, None)
-
-
-def finish_record(record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
-    """A generation's record: its ``generation`` part from the stages' (stage 1's prompts and
-    tokens, each stage's blocks and KV cache, the last stage's exactness check) and the figures
-    its summary adds (:func:`paretopipe.llm.summary.summarize`)."""
-    own = [dict((p or {}).get("generation") or {}) for p in parts]
-    first = dict(own[0]) if own else {}
-    exactness = next((s.pop("exactness") for s in own if s.get("exactness")), None)
-    for s in own:
-        for key in ("prompt_tokens", "tokens", "sequences", "streams", "queries", "samples"):
-            s.pop(key, None)
-    record["generation"] = {"prompt_tokens": first.get("prompt_tokens"), "tokens": first.get("tokens"),
-                            "stages": own, "exactness": exactness}
-    if first.get("queries") is not None:  # LoadGen's queries, taking the streams' slots in turn
-        record["generation"].update({k: first[k] for k in ("streams", "queries", "samples")})
-    record["summary"].update(llm_summary.summarize(record["batches"], record["generation"],
-                                                   record["manifest"].get("link")))
-    llm_summary.per_token_energy(record["summary"])
-    return record

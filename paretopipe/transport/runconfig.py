@@ -251,16 +251,25 @@ class RunConfig:
         self._check_engine()
 
     def _check_engine(self) -> None:
-        """Engines other than torch run an image model's static split over the TCP backend."""
+        """Engines other than torch run an image model's static split over the TCP backend; the
+        llama.cpp peer a language model's static split of two stages."""
         engines.check_label(self.engine, len(self.cuts) + 1)
         if engines.only_torch(self.engine):
             return
-        why = ("a language model's stages run on torch (llama.cpp is a peer of its own)" if self.generation is not None
-               else "the RPC backend's ranks run torch modules; use --backend tcp" if self.rpc is not None
-               else "the adaptive split re-partitions torch segments per batch; give a static split"
-               if self.adaptive else None)
+        why = self._peer_refusal() if engines.is_peer(self.engine) else \
+            "a language model's stages run on torch or as llama.cpp (--engine llamacpp)" \
+            if self.generation is not None else "the RPC backend's ranks run torch modules; use --backend tcp" if self.rpc is not None \
+            else "the adaptive split re-partitions torch segments per batch; give a static split" if self.adaptive \
+            else None
         if why:
             raise UsageError(f"--engine {self.engine}: {why}, or --engine torch")
+
+    def _peer_refusal(self) -> str | None:
+        return ("llama.cpp runs a language model, not image batches" if self.generation is None
+                else "llama.cpp's RPC split has one cut" if len(self.cuts) != 1
+                else "llama.cpp's peer is its own RPC, not the rpc backend's ranks" if self.rpc is not None
+                else "llama.cpp's split is fixed when its client loads; give a static split" if self.adaptive
+                else None)
 
     def _check_split(self) -> None:
         """The link, the split and what a policy or a deadline allows of it."""

@@ -8,7 +8,8 @@ import pytest
 
 from paretopipe.errors import UsageError
 from paretopipe.llm import shapes
-from paretopipe.llm.builder import LMBuilder, cut_name, split_of
+from paretopipe.llm.builder import LMBuilder
+from paretopipe.llm.shapes import cut_name, split_of
 from paretopipe.transport.stagemodel import stage_builder
 
 

@@ -10,7 +10,8 @@ import torch
 from paretopipe.errors import PeerError, WireError
 from paretopipe.llm import generate
 from paretopipe.llm.builder import LMBuilder
-from paretopipe.transport.generation import GenerationStage, PromptFeed, finish_record
+from paretopipe.llm.summary import finish_record
+from paretopipe.transport.generation import GenerationStage, PromptFeed
 from paretopipe.transport.runconfig import Generation, RunConfig
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol
 
-from ... import strict
+from ... import engines, strict
 from ...analysis.keys import CLOSED_LOOP, NO_FAULT
 from ...analysis.session import GroupMeta
 from ...errors import PeerError
@@ -18,6 +18,7 @@ from ...records import RunRecord
 from ...splits import is_cut_name
 from ...transport.runconfig import RunConfig
 from .. import rounds
+from ..llamacpp_peer import LlamaCppPeer
 from ..processes import Placement, RpcRanks, TcpStages
 from .options import SweepOptions, stage_count
 
@@ -78,6 +79,7 @@ class GroupOwner(Protocol):
     opts: SweepOptions
     cipher: str
     transport: str
+    group_pass: GroupPass
 
     def traced_stages(self) -> set[str]: ...
 
@@ -166,8 +168,11 @@ def placement(opts: SweepOptions, cipher: str, traced: set[str] = frozenset(), t
 
 
 def process_group(sweeper: GroupOwner, model: str, backend: str) -> StageGroup:
-    """The default :data:`GroupFactory`: real stage processes, here or on the testbed's hosts."""
+    """The default :data:`GroupFactory`: real stage processes, here or on the testbed's hosts; for
+    a pass of the llama.cpp peer, its own two processes and the relay between them."""
     o = sweeper.opts
+    if engines.is_peer(sweeper.group_pass.engine or o.engines[0]):
+        return LlamaCppPeer(placement(o, "none"), model, o.seed)
     where = placement(o, sweeper.cipher, sweeper.traced_stages(), sweeper.transport,
                       sweeper.mqtt_users(max(2, stage_count(o))) if backend == "tcp" else None)
     if backend == "tcp":

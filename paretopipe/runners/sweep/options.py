@@ -9,8 +9,9 @@ from typing import Any
 
 from ... import cpushare, engines, faults
 from ...errors import UsageError
-from ...splits import split_adaptive
+from ...splits import parse_splits, split_adaptive
 from ...analysis.keys import CLOSED_LOOP, placement_devices
+from ...llm import llamacpp
 from ...llm.shapes import is_language_model
 from ...network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ...loadgen.settings import LoadgenOptions
@@ -215,7 +216,12 @@ def check_engines(opts: SweepOptions) -> None:
     others = sorted({e for label in opts.engines for e in engines.label_parts(label)} - {engines.TORCH})
     if not others:
         return
-    why = ("a language model's stages run on torch (llama.cpp is a peer of its own)" if opts.language_model
+    if engines.LLAMACPP in others:
+        check_peer(opts)
+        others.remove(engines.LLAMACPP)
+        if not others:
+            return
+    why = ("a language model's stages run on torch or as llama.cpp (--engine llamacpp)" if opts.language_model
            else "the rpc backend's ranks run torch modules; use --backend tcp" if "rpc" in opts.backends
            else "the adaptive split re-partitions torch segments per batch; drop adaptive from --splits"
            if split_adaptive(opts.splits)[1] else None)
@@ -231,6 +237,34 @@ def check_engines(opts: SweepOptions) -> None:
     if not opts.testbed.remote:
         for engine in others:
             engines.require(engine)
+
+
+def check_peer(opts: SweepOptions) -> None:
+    """llama.cpp's RPC split (--engine llamacpp): a GGUF language model's static splits that its
+    client can make, on this machine, over a link the relay emulates; its binaries built."""
+    engine = engines.LLAMACPP
+    why = ("it runs a language model given as a GGUF (--model-dir FILE.gguf or a named real model)"
+           if not opts.language_model else "its RPC is a TCP protocol of its own: drop --backend rpc"
+           if "rpc" in opts.backends else "its client and server run here, their link is the relay's: drop the "
+           "hosts of .env (a testbed run of llama.cpp is not built yet)" if opts.testbed.remote
+           else "the relay carries its traffic over the emulated link: use --link emulated or none"
+           if opts.link == "tc" else "its stages run at full speed here: drop --stage-cpu"
+           if any(x is not None for x in opts.stage_cpu) or opts.stage_cpu_trace
+           else "it has one cut: give --splits, not --split-blocks" if opts.plans
+           else "it has no fault injection here: drop --fault" if opts.faults != [faults.NONE]
+           else "LoadGen drives our engine's stages: drop --scenario" if opts.scenarios != [CLOSED_LOOP]
+           else None)
+    if why:
+        raise UsageError(f"--engine {engine}: {why}")
+    facts = llamacpp.gguf_facts(llamacpp.gguf_of(opts.models[0], opts.model_dir))
+    static, policies = split_adaptive(opts.splits)
+    if policies or static.strip().lower() == "all":
+        raise UsageError(f"--engine {engine} --splits {opts.splits}: llama.cpp's client keeps the embedding, the final "
+                         f"norm and the output layer, so its splits are 1..{facts.layers + 1}; give --splits "
+                         f"1-{facts.layers + 1} or a list of them")
+    for k in parse_splits(static, facts.layers + 2):
+        llamacpp.offloaded_layers(k, facts.layers)
+    llamacpp.binaries()
 
 
 def check_rpc_codec(opts: SweepOptions) -> None:

@@ -20,7 +20,8 @@ from ...network.emulated import EmulatedLink, LinkSender
 from ...partition.activation import activation_nbytes, to_host
 from ...partition.stages import StageTimer
 from ...sysmon import SystemMonitor
-from .. import generation, inputs
+from .. import inputs
+from ...llm.summary import finish_record
 from ..bookkeeping import BatchBook, measured_images, status_of
 from ..endpoint import SourceEndpoint
 from ..resources import ResourceMeter, stage_meter
@@ -260,7 +261,7 @@ def run_master(cfg: RunConfig, builder: Any, group: RankGroup, *, source: str = 
         timing={"written_by": "master"}, loadgen=src.harness,
         resources={f"stage{j + 1}": p["resources"] for j, p in enumerate(parts) if p and p.get("resources")})
     if cfg.generation is not None:
-        generation.finish_record(record, parts)
+        finish_record(record, parts)
     outputs = ran.results.outputs
     return record, ([outputs[s] for s in sorted(outputs)] if keep_outputs else None)
 

@@ -14,7 +14,8 @@ from ... import records
 from ...errors import WireError
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink
-from .. import generation, inputs
+from .. import inputs
+from ...llm.summary import finish_record
 from ..runconfig import RunConfig
 from .messages import check_part, safe_run_id
 
@@ -102,4 +103,4 @@ def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
         for extra in ("fidelity", "fault"):
             if part and part.get(extra):
                 record["summary"].update(part[extra])
-    return generation.finish_record(record, parts) if cfg.generation is not None else record
+    return finish_record(record, parts) if cfg.generation is not None else record

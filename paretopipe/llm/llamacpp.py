@@ -1,0 +1,235 @@
+"""llama.cpp as a peer engine (``--engine llamacpp``): where its binaries are, what a GGUF holds,
+how the suite's split maps onto ``-ngl``, the command lines of its two processes, and one streamed
+generation from ``llama-server``, timed on the client's clock. No torch here.
+
+llama.cpp's RPC split: the client (``llama-server --rpc HOST:PORT``) keeps the token embedding,
+the first layers, the final norm and the output layer, and samples; ``-ngl N`` puts the last N
+layers on ``ggml-rpc-server``. So the suite's split k (the first k blocks on stage 1: the embedding
+and k-1 layers) is ``-ngl L+1-k``, for k in 1..L+1. Split 0 (the embedding elsewhere) and L+2
+(the norm elsewhere) are not expressible: llama.cpp's client always holds both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..errors import PeerError, UsageError
+from . import checkpoints
+
+ENGINE = "llamacpp"
+#: The llama-cpp-python sdist whose llama.cpp is built, and the build's recipe (its flags' version):
+#: the same as scripts/build_llamacpp.sh's PIN and RECIPE (tests/llm/test_llamacpp.py checks).
+PIN, RECIPE = "0.3.36", 2
+PROGRAMS = ("ggml-rpc-server", "llama-server")
+#: A streamed event's size limit: one token's text and ids, or the last event's timings.
+MAX_EVENT_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Binaries:
+    """The built ``ggml-rpc-server`` and ``llama-server``, and how they were built (build.json)."""
+
+    folder: Path
+    build: dict[str, Any]
+
+    @property
+    def rpc_server(self) -> str:
+        return str(self.folder / "ggml-rpc-server")
+
+    @property
+    def server(self) -> str:
+        return str(self.folder / "llama-server")
+
+
+def cache_root() -> Path:
+    """Where ``scripts/build_llamacpp.sh`` puts its builds (``PARETOPIPE_LLAMACPP_DIR`` overrides)."""
+    given = os.environ.get("PARETOPIPE_LLAMACPP_DIR")
+    if given:
+        return Path(given)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paretopipe" / "llamacpp"
+
+
+def binaries(root: Path | None = None) -> Binaries:
+    """The newest cached build of ``scripts/build_llamacpp.sh`` of this pin and recipe for this
+    machine; refused in one line that names the script when there is none (a sweep never compiles
+    for 11 minutes). Read from the cache, not from the script: an installed paretopipe has no
+    ``scripts/``, and a build of other flags (an older recipe) must not be taken for this one."""
+    root = root or cache_root()
+    found = []
+    for build in root.glob(f"{PIN}-*/build.json"):
+        try:
+            meta = json.loads(build.read_text())
+        except (OSError, ValueError):
+            continue
+        folder = build.parent / "bin"
+        if isinstance(meta, dict) and meta.get("recipe") == RECIPE and meta.get("machine") == platform.machine() \
+                and all(os.access(folder / name, os.X_OK) for name in PROGRAMS):
+            found.append((build.stat().st_mtime, folder, meta))
+    if not found:
+        raise UsageError(f"--engine {ENGINE}: llama.cpp {PIN} is not built on this machine (nothing in {root}); "
+                         f"build it once with bash scripts/build_llamacpp.sh (about 11 minutes on 2 cores)")
+    _, folder, meta = max(found, key=lambda f: f[0])
+    return Binaries(folder, meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class GgufFacts:
+    """What the manifest and the split need of a GGUF file, read from its header."""
+
+    path: str
+    architecture: str
+    layers: int
+    vocab: int
+    quantisation: str
+
+    def manifest(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def gguf_facts(path: str) -> GgufFacts:
+    """The GGUF's architecture, layer count and quantisation; a file that is not a readable GGUF
+    is refused in one line."""
+    try:
+        import gguf  # lazy: only a llama.cpp sweep reads a GGUF's header here
+    except ImportError:
+        raise UsageError(f"--engine {ENGINE}: reading {path} needs the gguf package (pip install 'paretopipe[real]')")
+    try:
+        reader = gguf.GGUFReader(path)
+        arch = str(reader.get_field("general.architecture").contents())
+        layers = int(reader.get_field(f"{arch}.block_count").contents())
+        vocab = len(reader.get_field("tokenizer.ggml.tokens").data)
+        kind = reader.get_field("general.file_type")
+        quant = gguf.LlamaFileType(kind.contents()).name if kind is not None else "unknown"
+    except (OSError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        raise UsageError(f"--engine {ENGINE}: {path} is not a GGUF llama.cpp reads ({str(exc)[:80]})")
+    return GgufFacts(path, arch, layers, vocab, quant.removeprefix("MOSTLY_"))
+
+
+def gguf_of(model: str, model_dir: str | None) -> str:
+    """The GGUF llama.cpp loads: ``--model-dir FILE.gguf`` or a named real model's file."""
+    if model_dir is not None and model_dir.endswith(".gguf"):
+        return model_dir
+    if model_dir is None and checkpoints.is_real(model):
+        return str(checkpoints.real_file(model))
+    raise UsageError(f"--engine {ENGINE} runs a GGUF: give --model-dir FILE.gguf or --model "
+                     f"{', '.join(checkpoints.REAL)}")
+
+
+def offloaded_layers(split: int, layers: int) -> int:
+    """``-ngl`` for the suite's split ``split`` of a model of ``layers`` layers; a split llama.cpp
+    cannot express is refused in one line that gives the valid ones."""
+    if not 1 <= split <= layers + 1:
+        raise UsageError(f"--engine {ENGINE}: split {split} is not one llama.cpp can make (its client keeps the "
+                         f"embedding, the final norm and the output layer); valid: 1..{layers + 1}, e.g. "
+                         f"--splits 1-{layers + 1}")
+    return layers + 1 - split
+
+
+def rpc_server_argv(bins: Binaries, host: str, port: int, threads: int) -> list[str]:
+    return [bins.rpc_server, "-H", host, "-p", str(port), "-t", str(threads)]
+
+
+def server_argv(bins: Binaries, gguf: str, rpc: str, ngl: int, port: int, threads: int, slots: int,
+                context: int) -> list[str]:
+    """``llama-server`` as stage 1: ``-fit off`` so that ``-ngl`` is the split asked for, no web UI,
+    no warm-up batch (the run warms up with its own streams), one slot per stream."""
+    return [bins.server, "-m", gguf, "--rpc", rpc, "-ngl", str(ngl), "-t", str(threads), "-tb", str(threads),
+            "-c", str(context), "-np", str(slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui",
+            "-fit", "off", "--no-warmup"]
+
+
+def healthy(port: int, timeout_s: float = 2.0) -> bool:
+    """Whether ``llama-server`` on ``port`` has loaded its model and takes requests."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+@dataclasses.dataclass
+class Streamed:
+    """One stream's generation as the client saw it: its request's time and each event's arrival
+    with the tokens it brought (several where ``llama-server`` held tokens back), on this process's
+    monotonic clock; the token ids; and ``llama-server``'s own timings."""
+
+    sent_s: float
+    tokens: list[int | None] = dataclasses.field(default_factory=list)
+    events: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    timings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(n for _, n in self.events)
+
+
+def sampling(temperature: float, top_k: int, seed: int) -> dict[str, Any]:
+    """The request's sampler: greedy (top-1) at temperature 0, as our engine's, else its own."""
+    if temperature <= 0:
+        return {"samplers": ["top_k"], "top_k": 1}
+    return {"temperature": temperature, "top_k": top_k, "seed": seed}
+
+
+def generate(port: int, prompt: list[int], tokens: int, sampler: dict[str, Any], timeout_s: float,
+             on_token: Callable[[float], None] | None = None) -> Streamed:
+    """One generation of ``tokens`` tokens from ``prompt`` (token ids, no template), streamed;
+    ``on_token`` is called at each event's arrival. The end-of-text token does not stop it (a
+    benchmark's length is fixed), and no earlier prompt's cache is reused.
+
+    ``llama-server`` holds back a token whose text ends inside a UTF-8 character and sends it with
+    the next, naming only the last one's id: its count (``tokens_predicted``) says how many came, and
+    the ids of such a stream come from the same request again, unstreamed (deterministic: greedy,
+    or seeded), after the measurement."""
+    request = {"prompt": prompt, "n_predict": tokens, "cache_prompt": False, "return_tokens": True,
+               "ignore_eos": True, **sampler}
+    out = Streamed(time.monotonic())
+    for event in _events(port, {**request, "stream": True}, timeout_s):
+        now, came = time.monotonic(), int(event.get("tokens_predicted") or 0) - out.count
+        ids = [int(t) for t in event.get("tokens") or []]
+        if came > 0:
+            out.tokens += [None] * (came - len(ids)) + ids[-came:]
+            out.events.append((now, came))
+            if on_token is not None:
+                on_token(now)
+        if event.get("stop"):
+            out.timings = dict(event.get("timings") or {})
+    if out.count != tokens:
+        raise PeerError(f"llama-server generated {out.count} tokens, not the {tokens} asked for")
+    if None in out.tokens:
+        (whole,) = _events(port, {**request, "stream": False}, timeout_s)
+        out.tokens = [int(t) for t in whole.get("tokens") or []]
+    return out
+
+
+def _events(port: int, request: dict[str, Any], timeout_s: float) -> Iterator[dict[str, Any]]:
+    """The JSON events of one ``/completion`` request as they arrive: each ``data:`` line of a
+    stream, or the one reply; a refusal or a broken connection is a :class:`PeerError`."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("POST", "/completion", body=json.dumps(request), headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        if reply.status != 200:
+            raise PeerError(f"llama-server answered {reply.status}: {reply.read(300).decode(errors='replace')}")
+        if not request["stream"]:
+            yield json.loads(reply.read())
+            return
+        while (line := reply.readline(MAX_EVENT_BYTES)):
+            if line.startswith(b"data: "):
+                event = json.loads(line[6:])
+                yield event
+                if event.get("stop"):
+                    return
+    except (OSError, ValueError) as exc:
+        raise PeerError(f"llama-server on port {port}: {exc}") from None
+    finally:
+        conn.close()

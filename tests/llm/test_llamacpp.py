@@ -1,0 +1,134 @@
+"""llama.cpp as a peer engine, without its binaries: the split's mapping onto -ngl, a real GGUF's
+header, the lines that refuse what llama.cpp cannot run, and how a run's steps take the relay's
+counts. The runs themselves are tests/peers (make test-peers builds llama.cpp first)."""
+
+from __future__ import annotations
+
+import json
+import platform
+
+import pytest
+
+from conftest import ROOT
+from paretopipe import engines
+from paretopipe.errors import UsageError
+from paretopipe.llm import checkpoints, llamacpp
+from paretopipe.network.relay import RelayCounts
+from paretopipe.runners.llamacpp_peer import _Marks, _steps
+from paretopipe.runners.sweep.options import SweepOptions, check_options
+
+REAL = "smollm2-135m-instruct"
+
+
+def test_the_suites_split_k_offloads_the_layers_after_its_first_k_minus_one():
+    # split k: the embedding and k-1 layers on stage 1, so the server holds the other L+1-k
+    assert llamacpp.offloaded_layers(1, 30) == 30
+    assert llamacpp.offloaded_layers(16, 30) == 15
+    assert llamacpp.offloaded_layers(31, 30) == 0
+
+
+@pytest.mark.parametrize("split", [0, 32])
+def test_a_split_llamacpp_cannot_make_is_refused_with_the_valid_ones(split):
+    with pytest.raises(UsageError, match=r"split %d is not one llama.cpp can make .*valid: 1\.\.31" % split):
+        llamacpp.offloaded_layers(split, 30)
+
+
+def test_the_real_models_gguf_header_gives_its_layers_vocabulary_and_quantisation():
+    facts = llamacpp.gguf_facts(str(checkpoints.real_file(REAL)))
+    assert (facts.architecture, facts.layers, facts.vocab, facts.quantisation) == ("llama", 30, 49152, "Q4_1")
+
+
+def test_a_file_that_is_not_a_gguf_is_refused_in_one_line(tmp_path):
+    junk = tmp_path / "model.gguf"
+    junk.write_bytes(b"not a gguf at all" * 10)
+    with pytest.raises(UsageError, match=r"model.gguf is not a GGUF llama.cpp reads") as err:
+        llamacpp.gguf_facts(str(junk))
+    assert "\n" not in str(err.value)
+
+
+def test_missing_binaries_are_refused_naming_the_build_script(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARETOPIPE_LLAMACPP_DIR", str(tmp_path / "empty"))
+    with pytest.raises(UsageError, match=r"--engine llamacpp: llama.cpp 0.3.36 is not built on this machine .*"
+                                         r"bash scripts/build_llamacpp.sh"):
+        llamacpp.binaries()
+
+
+def _fake_build(root, name: str, recipe: int, machine: str) -> None:
+    folder = root / name / "bin"
+    folder.mkdir(parents=True)
+    for program in llamacpp.PROGRAMS:
+        (folder / program).write_text("#!/bin/sh\n")
+        (folder / program).chmod(0o755)
+    (root / name / "build.json").write_text(json.dumps({"llama_cpp_python": llamacpp.PIN, "recipe": recipe,
+                                                        "machine": machine, "flags": name}))
+
+
+def test_only_a_build_of_this_recipe_for_this_machine_is_taken(tmp_path):
+    """An older recipe's build (a native one that ran AMX kernels a VM refused) or another
+    machine's is never run; the newest of this recipe is."""
+    _fake_build(tmp_path, f"{llamacpp.PIN}-old", llamacpp.RECIPE - 1, platform.machine())
+    _fake_build(tmp_path, f"{llamacpp.PIN}-arm", llamacpp.RECIPE, "not-" + platform.machine())
+    with pytest.raises(UsageError, match="not built on this machine"):
+        llamacpp.binaries(tmp_path)
+    _fake_build(tmp_path, f"{llamacpp.PIN}-this", llamacpp.RECIPE, platform.machine())
+    assert llamacpp.binaries(tmp_path).build["flags"] == f"{llamacpp.PIN}-this"
+
+
+def test_the_pin_and_recipe_are_the_build_scripts():
+    script = (ROOT / "scripts" / "build_llamacpp.sh").read_text()
+    assert f"PIN={llamacpp.PIN}\n" in script and f"RECIPE={llamacpp.RECIPE}\n" in script
+
+
+@pytest.mark.parametrize("options, why", [
+    (dict(models=["mobilenetv2"]), "runs a language model given as a GGUF"),
+    (dict(models=["tiny-lm"]), "runs a GGUF: give --model-dir FILE.gguf"),
+    (dict(models=[REAL], backends=["rpc"]), "drop --backend rpc"),
+    (dict(models=[REAL], splits="all"), r"its splits are 1\.\.31; give --splits 1-31"),
+    (dict(models=[REAL], splits="0,15"), r"split 0 is not one llama.cpp can make"),
+    (dict(models=[REAL], stage_cpu=[0.25, None]), "drop --stage-cpu"),
+])
+def test_a_sweep_llamacpp_cannot_run_is_refused_before_anything_starts(options, why):
+    with pytest.raises(UsageError, match=why):
+        check_options(SweepOptions(engines=[engines.LLAMACPP], **{"splits": "15", **options}))
+
+
+def test_llamacpp_runs_both_stages_so_it_is_never_one_stage_of_a_mix():
+    with pytest.raises(UsageError, match="runs both stages as a system of its own"):
+        engines.stage_engines_label("llamacpp,torch", 2)
+    with pytest.raises(UsageError, match="give it alone"):
+        engines.check_label("llamacpp+torch", 2)
+
+
+def test_each_step_takes_the_relays_counts_since_the_token_before():
+    """Two streams in one batch: the first token to arrive at a mark carries its bytes, the other
+    none, so the mean over steps is the batch's bytes per token."""
+    a = llamacpp.Streamed(sent_s=10.0, tokens=[5, 6, 7], events=[(10.5, 1), (10.6, 1), (10.7, 1)])
+    b = llamacpp.Streamed(sent_s=10.0, tokens=[8, 9], events=[(10.55, 1), (10.6, 1)])
+    marks = _Marks()
+    marks.seen = [(10.5, RelayCounts(up_bytes=1000, down_bytes=200_000, round_trips=3)),
+                  (10.55, RelayCounts(up_bytes=1100, down_bytes=400_000, round_trips=4)),
+                  (10.6, RelayCounts(up_bytes=1200, down_bytes=600_000, round_trips=5)),
+                  (10.7, RelayCounts(up_bytes=1300, down_bytes=800_000, round_trips=6))]
+    steps = _steps([a, b], marks, RelayCounts())
+    assert [(s["stream"], s["step"], s["wire_bytes"], s["result_wire_bytes"], s["round_trips"]) for s in steps] == [
+        (0, 0, 1000, 200_000, 3), (0, 1, 100, 200_000, 1), (0, 2, 100, 200_000, 1),
+        (1, 0, 100, 200_000, 1), (1, 1, 0, 0, 0)]
+    assert steps[1]["start_s"] == pytest.approx(0.5) and steps[1]["latency_s"] == pytest.approx(0.1)
+    assert steps[0]["latency_s"] == pytest.approx(0.5)  # the first token: time to first token
+
+
+def test_tokens_held_back_share_their_events_time_and_counts_and_keep_the_totals():
+    """llama-server holds a token that ends inside a UTF-8 character and sends it with the next:
+    the event's interval and counts are shared, the first event's held token takes the run's
+    per-token figures, and nothing is lost or counted twice."""
+    s = llamacpp.Streamed(sent_s=0.0, tokens=[1, 2, 3, 4, 5], events=[(0.30, 2), (0.40, 1), (0.60, 2)])
+    marks = _Marks()
+    marks.seen = [(0.30, RelayCounts(up_bytes=50_000, down_bytes=400_000, round_trips=2)),
+                  (0.40, RelayCounts(up_bytes=51_000, down_bytes=600_000, round_trips=3)),
+                  (0.60, RelayCounts(up_bytes=53_000, down_bytes=1_000_000, round_trips=5))]
+    steps = _steps([s], marks, RelayCounts())
+    assert [st["end_s"] for st in steps] == pytest.approx([0.20, 0.30, 0.40, 0.50, 0.60])
+    assert [st["wire_bytes"] for st in steps] == pytest.approx([49_000, 1000, 1000, 1000, 1000])
+    assert [st["result_wire_bytes"] for st in steps[1:]] == pytest.approx([200_000] * 4)
+    assert sum(st["round_trips"] for st in steps) == pytest.approx(5)
+    assert [st["token"] for st in steps] == [1, 2, 3, 4, 5]

@@ -1,0 +1,119 @@
+"""llama.cpp's RPC split as a peer of our engine, for real: the built ``llama-server`` and
+``ggml-rpc-server`` (make test-peers builds them first: scripts/build_llamacpp.sh), the real
+SmolLM2-135M-Instruct GGUF, its traffic through the relay, and one sweep over both engines at the
+same cut. What crosses per token is counted on the link, and what llama.cpp is known to send (the
+whole logits vector back each token) must show there."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from conftest import PYTHON
+from paretopipe.errors import PeerError
+from paretopipe.llm import checkpoints
+from paretopipe.runners.llamacpp_peer import LlamaCppPeer
+from paretopipe.runners import hosts
+from paretopipe.runners.processes import Placement
+from paretopipe.transport.runconfig import Generation, RunConfig
+from tcp_helpers import run
+
+pytestmark = pytest.mark.peers
+MODEL = "smollm2-135m-instruct"
+HIDDEN, VOCAB, LAYERS = 576, 49152, 30
+SPLIT = 16  # the embedding and 15 layers on stage 1: -ngl 15
+
+
+def _rows(path) -> list[dict]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """Both engines at one cut on an unshaped link and behind a 20 ms one-way delay."""
+    tmp = tmp_path_factory.mktemp("peer-sweep")
+    nets = tmp / "nets.toml"
+    nets.write_text('[lan]\n[delay20]\ndelay = "20ms"\n')
+    res = run([PYTHON, "-m", "paretopipe", "sweep", "--model", MODEL, "--engine", "torch,llamacpp", "--splits",
+               str(SPLIT), "--network", "lan,delay20", "--network-file", str(nets), "--prompt-len", "16",
+               "--gen-tokens", "12", "--runs", "1", "--threads", "1", "--out", str(tmp / "res"), "--session", "s"],
+              timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return tmp / "res" / "s"
+
+
+def test_both_engines_are_measured_at_the_same_cut_with_their_counts_per_token(swept):
+    rows = {(r["engine"], r["network"]): r for r in _rows(swept / "summary.csv")}
+    assert set(rows) == {(e, n) for e in ("torch", "llamacpp") for n in ("lan", "delay20")}
+    for network in ("lan", "delay20"):
+        ours, theirs = rows[("torch", network)], rows[("llamacpp", network)]
+        assert float(ours["bytes_per_token"]) == HIDDEN * 4  # our hidden state at float32, one way
+        assert float(ours["round_trips_per_token"]) == 1.0
+        # llama.cpp sends the logits of the whole vocabulary back each token (float32), then its
+        # graph and hidden state up: counted on the link by the relay
+        assert VOCAB * 4 <= float(theirs["down_bytes_per_token"]) < VOCAB * 4 * 1.1
+        assert HIDDEN * 4 < float(theirs["bytes_per_token"]) < 64_000
+        assert 0.9 <= float(theirs["round_trips_per_token"]) <= 3.0
+    # a lower bound from the link, whatever this machine's speed: a round trip per token at 2 x 20 ms
+    assert float(rows[("llamacpp", "delay20")]["tpot_median_s"]) >= 0.040
+
+
+def test_the_record_names_the_build_the_gguf_and_the_split_as_ngl(swept):
+    rec = json.loads(next((swept / "runs").glob("*llamacpp*.json")).read_text())
+    engine = rec["manifest"]["stages"][0]["engine"]
+    assert engine["ngl"] == LAYERS + 1 - SPLIT
+    assert engine["gguf"]["quantisation"] == "Q4_1" and engine["gguf"]["layers"] == LAYERS
+    assert "-DGGML_RPC=ON" in engine["build"]["flags"] and engine["version"] == "0.3.36"
+    assert rec["generation"]["stages"][0]["layers"] == [0, SPLIT - 1]
+    assert [len(t) for t in rec["generation"]["tokens"]] == [12]
+    assert rec["summary"]["server_tpot_median_s"] > 0
+
+
+def test_the_report_sets_llamacpp_beside_ours_with_the_cost_models_prediction(swept):
+    res = run([PYTHON, "-m", "paretopipe", "report", str(swept)], timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    table = {(r["engine"], r["network"]): r for r in _rows(swept / "report" / "peer_llamacpp.csv")}
+    predicted = table[("llamacpp", "delay20")]
+    assert float(predicted["tpot_predicted_s"]) > 0.040 and predicted["tpot_prediction_error"] != ""
+    # the same dequantised weights, greedy: the two engines' first tokens agree on a real model
+    assert float(predicted["tokens_agree_with_torch"]) > 0
+    assert (swept / "report" / "peer_llamacpp_bytes.png").stat().st_size > 10_000
+
+
+def test_a_gguf_llamacpp_refuses_fails_the_run_with_its_reason(tmp_path):
+    """A GGUF whose header reads but whose tensors are not there: llama-server exits, and the run
+    fails in one line that carries llama.cpp's own reason."""
+    import gguf  # the real extra's, as the conversion's
+
+    path = tmp_path / "hollow.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([b"a", b"b", b"c"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    peer = LlamaCppPeer(Placement(hosts.Testbed(), ["cpu", "cpu"], [1, 1], [None, None], wait_time=60,
+                                  model_dir=str(path)), "hollow")
+    try:
+        peer.start()
+        cfg = RunConfig(model="hollow", cuts=["lm2"], split_index=2, batch_size=1, num_batches=1, warmup=0,
+                        engine="llamacpp", generation=Generation(gen_tokens=2, prompt_len=2, warmup_streams=0))
+        with pytest.raises(PeerError, match=r"llama-server exited \(1\): .*error loading model") as err:
+            peer.run(cfg, None, None, 60.0)
+        assert "\n" not in str(err.value)
+    finally:
+        peer.stop()
+    assert not peer.dir.exists()
+
+
+def test_the_real_model_is_known_to_both_engines():
+    assert checkpoints.real_file(MODEL).suffix == ".gguf"
