@@ -13,7 +13,8 @@ bytes at the link's rate each way::
 network being predicted. The error is (predicted - measured) / measured.
 
 Agreement: each llama.cpp run's tokens against our engine's on the same prompts (the same seeded
-ids; greedy decoding): the share of each stream's tokens before the first that differs.
+ids: the same prompt length and seed, which is the run's index; greedy decoding): the share of each
+stream's tokens before the first that differs.
 """
 
 from __future__ import annotations
@@ -91,18 +92,19 @@ def gap_table(configs: pd.DataFrame, conditions: dict[str, dict[str, Any] | None
 
 def agreement(session: Session, runs: pd.DataFrame) -> pd.DataFrame:
     """Per llama.cpp run: the share of its greedy tokens that match our engine's on the same
-    prompts before the first that differs (module docstring)."""
-    def tokens(rows: pd.DataFrame) -> list[tuple[Any, list[list[int]]]]:
+    prompts (the same prompt length and seed: a run's seeded prompts) before the first that differs
+    (module docstring)."""
+    def tokens(rows: pd.DataFrame) -> list[tuple[Any, tuple, list[list[int]]]]:
         out = []
         for _, row in rows.iterrows():
             rec = session.read_run(session.path / str(row["json"])) if pd.notna(row.get("json")) else None
             if rec and rec.get("generation") and rec["config"]["generation"]["temperature"] == 0:
-                out.append((row, rec["generation"]["tokens"]))
+                out.append((row, (row["prompt_len"], rec["config"].get("seed")), rec["generation"]["tokens"]))
         return out
-    ours = {(r["prompt_len"]): t for r, t in tokens(runs[runs["engine"] == engines.TORCH])}
+    ours = {key: t for _, key, t in tokens(runs[runs["engine"] == engines.TORCH])}
     rows = []
-    for row, theirs in tokens(runs[runs["engine"] == engines.LLAMACPP]):
-        reference = ours.get(row["prompt_len"])
+    for row, key, theirs in tokens(runs[runs["engine"] == engines.LLAMACPP]):
+        reference = ours.get(key)
         if reference is None:
             continue
         shares = [_prefix(a, b) / max(1, len(b)) for a, b in zip(theirs, reference)]

@@ -139,10 +139,13 @@ def rpc_server_argv(bins: Binaries, host: str, port: int, threads: int) -> list[
 def server_argv(bins: Binaries, gguf: str, rpc: str, ngl: int, port: int, threads: int, slots: int,
                 context: int) -> list[str]:
     """``llama-server`` as stage 1: ``-fit off`` so that ``-ngl`` is the split asked for, no web UI,
-    no warm-up batch (the run warms up with its own streams), one slot per stream."""
+    no warm-up batch (the run warms up with its own streams), one slot per stream, and no prompt
+    cache in RAM (``-cram 0``): with it, a new prompt first copies the slot's old KV cache back from
+    the RPC server, two round trips and the cache's bytes per offloaded layer, which made a run's
+    time to first token depend on whether the prompt before it was the same."""
     return [bins.server, "-m", gguf, "--rpc", rpc, "-ngl", str(ngl), "-t", str(threads), "-tb", str(threads),
             "-c", str(context), "-np", str(slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui",
-            "-fit", "off", "--no-warmup"]
+            "-fit", "off", "--no-warmup", "-cram", "0"]
 
 
 def healthy(port: int, timeout_s: float = 2.0) -> bool:

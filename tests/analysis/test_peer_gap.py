@@ -56,10 +56,15 @@ def test_agreement_is_the_share_of_tokens_before_the_first_that_differs(tmp_path
     runs = tmp_path / "runs"
     runs.mkdir()
     rows = []
-    for engine, tokens in (("torch", [[1, 2, 3, 4], [5, 6, 7, 8]]), ("llamacpp", [[1, 2, 9, 4], [5, 6, 7, 8]])):
-        name = f"runs/{engine}.json"
-        (tmp_path / name).write_text(json.dumps({"summary": {}, "config": {"generation": {"temperature": 0.0}},
-                                                 "generation": {"tokens": tokens}}))
-        rows.append({"engine": engine, "prompt_len": 16, "network": "lan", "split_index": 16, "run": 0, "json": name})
+    # run 1 has other seeded prompts (the seed is the run's index): compared with ours of run 1 only
+    for engine, run, tokens in (("torch", 0, [[1, 2, 3, 4], [5, 6, 7, 8]]), ("torch", 1, [[7, 7, 7, 7], [8, 8, 8, 8]]),
+                                ("llamacpp", 0, [[1, 2, 9, 4], [5, 6, 7, 8]]),
+                                ("llamacpp", 1, [[7, 7, 7, 7], [8, 0, 8, 8]])):
+        name = f"runs/{engine}{run}.json"
+        record = {"summary": {}, "config": {"seed": run, "generation": {"temperature": 0.0}},
+                  "generation": {"tokens": tokens}}
+        (tmp_path / name).write_text(json.dumps(record))
+        rows.append({"engine": engine, "prompt_len": 16, "network": "lan", "split_index": 16, "run": run, "json": name})
     agree = peer_gap.agreement(Session(tmp_path), pd.DataFrame(rows))
-    assert agree["tokens_agree_with_torch"].tolist() == [pytest.approx((2 / 4 + 4 / 4) / 2)]
+    assert agree["tokens_agree_with_torch"].tolist() == [pytest.approx((2 / 4 + 4 / 4) / 2),
+                                                         pytest.approx((4 / 4 + 1 / 4) / 2)]
