@@ -101,15 +101,15 @@ def _checked(b: StageBuilder, cuts: list[str], index: int, engine: str, batch: i
     return check.max_rel_error if check else 0.0
 
 
-def every_classifier(engine: str, max_params: float | None = None) -> None:
+def every_classifier(engine: str, max_params: float | None = None, only: list[str] | None = None) -> None:
     """Every block split of every torchvision classifier (of at most ``max_params`` parameters)
     under ``engine``: the largest error of the split's two stages against the unsplit model, and the
-    stages that do not export. Each split's exports are dropped after it (a large model's would fill
-    the disk)."""
+    stages that do not export; ``only``: those classifiers alone. Each split's exports are dropped
+    after it (a large model's would fill the disk)."""
     from torchvision import models as tv
 
     worst, refused, skipped = 0.0, [], []
-    for name in sorted(tv.list_models(module=tv)):
+    for name in only or sorted(tv.list_models(module=tv)):
         params = list(tv.get_model_weights(name))[0].meta.get("num_params", 0)
         if max_params is not None and params > max_params:
             skipped.append(f"{name} ({params / 1e6:.0f}M)")
@@ -160,12 +160,13 @@ def main() -> None:
     ap.add_argument("--classifiers", action="store_true", help="check every torchvision classifier instead")
     ap.add_argument("--max-params", type=float, default=None, help="with --classifiers: only those of at most this "
                     "many parameters (e.g. 30e6)")
+    ap.add_argument("--only", default=None, help="with --classifiers: these classifiers alone (comma list)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
     if args.classifiers:
-        every_classifier(engines.ONNXRUNTIME, args.max_params)
+        every_classifier(engines.ONNXRUNTIME, args.max_params, args.only.split(",") if args.only else None)
         return
     print(f"engines: {', '.join(f'{e} {engines.version(e)}' for e in ENGINES)}; one thread, core 0")
     print(f"{'model':<32}{'batch':>6}  {'engine':<12}{'whole ms':>10}{'x torch':>9}{'segments ms':>13}"

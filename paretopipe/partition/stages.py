@@ -100,8 +100,13 @@ class StageBuilder:
         return self.engine_stage(list(cfg.cuts), index, engines.stage_engine(cfg.engine, index), cfg.batch_size)
 
     def engine_of(self, cfg: Any, index: int) -> dict[str, Any]:
-        """The manifest's account of the engine stage ``index`` of a run computed on."""
+        """The manifest's account of the engine stage ``index`` of a run computed on (an adaptive
+        run's: over the segments between its boundaries, which it ran)."""
         engine = engines.stage_engine(cfg.engine, index)
+        if cfg.adaptive:
+            named = [c for c in ((cfg.adaptive_split.candidates if cfg.adaptive_split else None) or [])
+                     if isinstance(c, str)]
+            return SegmentChains(self, self.partitioner.boundary_cuts(named), engine, cfg.batch_size).engine_manifest()
         check = self.engine_checks.get((tuple(cfg.cuts), index, engine, cfg.batch_size))
         return check.manifest() if check else engines.manifest(engine, torch.get_num_threads())
 
@@ -191,16 +196,30 @@ class TimedChain(nn.Module):
 
 class SegmentChains:
     """The segments between an adaptive run's boundaries (``boundaries``: every cut it may split
-    at, the model's input and output included), and the chain each stage runs for a split."""
+    at, the model's input and output included), and the chain each stage runs for a split. Under
+    an engine each segment is its own export (checked against the torch segment), so that a
+    stage times each one and may switch between cuts per batch: an engine does not fuse across
+    a boundary the run may split at."""
 
-    def __init__(self, builder: StageBuilder, boundaries: list[str]) -> None:
+    def __init__(self, builder: StageBuilder, boundaries: list[str], engine: str = engines.TORCH,
+                 batch: int = 1) -> None:
         self.builder, self.boundaries = builder, list(boundaries)
+        self.engine, self.batch = engine, batch
         self.interior = self.boundaries[1:-1]
         self.count = len(self.boundaries) - 1
         self._chains: dict[tuple[str, int], TimedChain] = {}
 
     def segment(self, j: int) -> nn.Module:
-        return self.builder.stage(self.interior, j)
+        return self.builder.engine_stage(self.interior, j, self.engine, self.batch)
+
+    def engine_manifest(self) -> dict[str, Any]:
+        """The engine the segments ran on, and (an export's) the largest error of those exported."""
+        checks = [c for (cuts, _, engine, batch), c in self.builder.engine_checks.items()
+                  if cuts == tuple(self.interior) and engine == self.engine and batch == self.batch]
+        if not checks:
+            return engines.manifest(self.engine, torch.get_num_threads())
+        worst = max(checks, key=lambda c: c.max_rel_error)
+        return {**worst.manifest(), "segments_exported": len(checks)}
 
     def chain(self, cut: str, side: int, keep_inputs: bool = False) -> TimedChain:
         """Stage 1's part (``side`` 0: the segments before ``cut``) or stage 2's (1: from it on)."""
@@ -229,16 +248,17 @@ class SegmentChains:
 
 
 def time_segments(builder: StageBuilder, cuts: list[str], x: torch.Tensor, repetitions: int = 8,
-                  warmup: int = 2) -> dict[str, float | list[float]]:
+                  warmup: int = 2, engine: str = engines.TORCH) -> dict[str, float | list[float]]:
     """Each segment's compute between consecutive ``cuts`` (interior cuts, in order) and the whole
-    model's, as means of interleaved repetitions on this node: the brief self-profile an adaptive
-    run starts with. Means, because under a CPU quota single calls are either full speed or frozen
-    and only means add up across segments (as in ``paretopipe profile --cpu-share``).
-    ``call_overhead_s`` is what chaining costs beyond one call, as in a full profile."""
+    model's, as means of interleaved repetitions on this node, under ``engine``: the brief
+    self-profile an adaptive run starts with. Means, because under a CPU quota single calls are
+    either full speed or frozen and only means add up across segments (as in ``paretopipe profile
+    --cpu-share``). ``call_overhead_s`` is what chaining costs beyond one call, as in a full profile."""
     import statistics
 
-    segments = builder.partitioner.stages(list(cuts))
-    segments = [s.to(builder.device) for s in segments]
+    chains = SegmentChains(builder, ["input", *cuts, "output"], engine, int(x.shape[0]))
+    segments = [chains.segment(j) for j in range(chains.count)]
+    whole_model = builder.model if engine == engines.TORCH else builder.engine_stage([], 0, engine, int(x.shape[0]))
     timer = StageTimer(builder.device)
     x = x.to(builder.device)
     runs, whole = [], []
@@ -247,7 +267,7 @@ def time_segments(builder: StageBuilder, cuts: list[str], x: torch.Tensor, repet
         for seg in segments:
             y, t = timer.run(seg, y, builder.device)
             times.append(t)
-        _, t_whole = timer.run(builder.model, x, builder.device)
+        _, t_whole = timer.run(whole_model, x, builder.device)
         if rep >= warmup:  # interleaved, so drift hits segments and the whole model alike
             runs.append(times)
             whole.append(t_whole)

@@ -251,16 +251,15 @@ class RunConfig:
         self._check_engine()
 
     def _check_engine(self) -> None:
-        """Engines other than torch run an image model's static split over the TCP backend; the
-        llama.cpp peer a language model's static split of two stages."""
+        """Engines other than torch run an image model's split, static or adaptive, over the TCP
+        backend; the llama.cpp peer a language model's static split of two stages."""
         engines.check_label(self.engine, len(self.cuts) + 1)
         if engines.only_torch(self.engine):
             return
         why = self._peer_refusal() if engines.is_peer(self.engine) else \
             "a language model's stages run on torch or as llama.cpp (--engine llamacpp)" \
-            if self.generation is not None else "the RPC backend's ranks run torch modules; use --backend tcp" if self.rpc is not None \
-            else "the adaptive split re-partitions torch segments per batch; give a static split" if self.adaptive \
-            else None
+            if self.generation is not None else \
+            "the RPC backend's ranks run torch modules; use --backend tcp" if self.rpc is not None else None
         if why:
             raise UsageError(f"--engine {self.engine}: {why}, or --engine torch")
 

@@ -330,10 +330,10 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (sweep + ["--stage-engines", "onnxruntime,torch,torch"], "give one engine per stage (2)"),
                        (sweep + ["--stage-engines", "onnxruntime,torch", "--engine", "openvino"], "not both"),
                        (sweep + ["--engine", "onnxruntime", "--backend", "rpc"], "the rpc backend's ranks run torch"),
-                       (sweep + ["--engine", "torch,openvino", "--splits", "3,adaptive"], "drop adaptive"),
+                       (sweep + ["--engine", "llamacpp"], "runs a language model given as a GGUF"),
                        (["sweep", "--model", "tiny-lm", "--local", "--engine", "onnxruntime"],
                         "a language model's stages run on torch"),
-                       (["stage1", "--engine", "onnxruntime", "--split", "adaptive"], "give a static split"),
+                       (["stage1", "--engine", "llamacpp"], "invalid choice: 'llamacpp'"),
                        (["profile", "--model", "mobilenetv2", "--engine", "tflite", "--out", f"{T}/p.json"],
                         "invalid choice: 'tflite'")):
         add(f"engine-{len(c)}", argv, what)

@@ -180,6 +180,30 @@ def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outpu
 
 
 @pytest.mark.slow
+def test_an_adaptive_run_on_onnx_runtime_computes_every_segment_there_with_the_unsplit_outputs(tmp_path):
+    """Both stages on ONNX Runtime: each runs its part as a chain of exported segments (timed one
+    by one, as the policy needs), and the logits equal the unsplit torch model's within the
+    engine's tolerance, whichever split each batch took."""
+    port = str(free_port())
+    total = 24
+    common = ["--model", MODEL, "--split", "adaptive", "--port", port, "--threads", "1", "--connect-timeout", "120",
+              "--engine", "onnxruntime"]
+    s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total),
+               "--warmup", "0", "--device-profiles", _write_profiles(tmp_path), "--out", str(tmp_path / "s1"),
+               "--save-outputs", str(tmp_path / "out.npz"))
+    s2 = start("partition2.py", *common[:-2], "--out", str(tmp_path / "s2"))  # stage 1 tells it the engine
+    assert s1.wait(300) == 0, s1.stderr.read()
+    assert s2.wait(60) == 0, s2.stderr.read()
+    rec = _record(tmp_path / "s1")
+    assert rec["status"] == "complete" and len(rec["batches"]) == total
+    accounts = [stage["engine"] for stage in rec["manifest"]["stages"]]
+    assert [a["engine"] for a in accounts] == ["onnxruntime", "onnxruntime"]
+    checked = [a["max_rel_error"] for a in accounts if "max_rel_error" in a]  # a stage that ran a segment
+    assert checked and max(checked) < 1e-4
+    assert_logits_equal_unsplit(tmp_path / "out.npz", MODEL, total, atol=1e-4)
+
+
+@pytest.mark.slow
 def test_fallback_serves_every_batch_when_stage2_freezes_dies_and_returns(tmp_path):
     port = str(free_port())
     total = 500

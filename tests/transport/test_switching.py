@@ -63,3 +63,26 @@ def test_a_compute_probe_times_the_first_segments_and_a_malformed_one_is_a_proto
     for bad in ([1, 2], [0, 0], [0, side.chains.count + 1], [0, True], "0,4", [0]):
         with pytest.raises(WireError, match="a compute probe names"):
             side.retime_request(3, {"retime": bad})
+
+
+def test_under_onnx_runtime_each_segment_is_an_export_and_a_switch_still_finishes_the_model(builder):
+    """An adaptive stage 2 on ONNX Runtime: its self-profile and every part a SWITCH asks for are
+    chains of exported segments (each checked against its torch segment), and the part finishes
+    the model as the unsplit torch model does, within the engine's tolerance."""
+    from paretopipe.partition.onnxstage import EngineStage
+
+    blocks = builder.partitioner.block_cuts()
+    cfg = _cfg(builder, blocks[-1])
+    cfg = RunConfig(**{**cfg.to_dict(), "engine": "onnxruntime", "adaptive_split": AdaptiveOptions()})
+    side = SwitchingStage(builder, cfg)
+    profile = side.run_ok_meta()["profile"]
+    assert len(profile["segment_compute_s"]) == len(blocks) - 1 and profile["whole_model_s"] > 0
+    stage, _ = side.switch({"cuts": [blocks[3]]})
+    assert all(isinstance(seg, EngineStage) for seg in stage.segments)
+    x = torch.randn(1, 3, builder.input_size, builder.input_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, want = stage(builder.stage([blocks[3]], 0)(x)), builder.model.eval()(x)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+    account = builder.engine_of(cfg, 1)
+    assert account["engine"] == "onnxruntime" and account["max_rel_error"] < 1e-4
+    assert account["segments_exported"] == len(blocks) - 1

@@ -211,8 +211,8 @@ def check_faults(opts: SweepOptions) -> None:
 
 
 def check_engines(opts: SweepOptions) -> None:
-    """Engines beside torch run an image model's static splits on the TCP backend; here, their
-    packages must be installed (a host's own is checked by its first run)."""
+    """Engines beside torch run an image model's splits (static or adaptive) on the TCP backend;
+    here, their packages must be installed (a host's own is checked by its first run)."""
     others = sorted({e for label in opts.engines for e in engines.label_parts(label)} - {engines.TORCH})
     if not others:
         return
@@ -222,9 +222,7 @@ def check_engines(opts: SweepOptions) -> None:
         if not others:
             return
     why = ("a language model's stages run on torch or as llama.cpp (--engine llamacpp)" if opts.language_model
-           else "the rpc backend's ranks run torch modules; use --backend tcp" if "rpc" in opts.backends
-           else "the adaptive split re-partitions torch segments per batch; drop adaptive from --splits"
-           if split_adaptive(opts.splits)[1] else None)
+           else "the rpc backend's ranks run torch modules; use --backend tcp" if "rpc" in opts.backends else None)
     if why:
         raise UsageError(f"--engine {','.join(opts.engines)}: {why}; or use --engine torch")
     for label in opts.engines:

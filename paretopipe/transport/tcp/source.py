@@ -91,7 +91,8 @@ class Stage1Run(SourceEndpoint):
         # A guarded generation finishes a step here whose token does not come in time.
         self.tail = LocalTail(builder, cfg) if self.feed is not None and self.guarded else None
         # A policy that watches compute: this stage runs its part segment by segment, each timed.
-        self.chains = SegmentChains(builder, policy.segments) if policy.segments else None
+        self.chains = SegmentChains(builder, policy.segments, engines.stage_engine(cfg.engine, 0),
+                                    cfg.batch_size) if policy.segments else None
         self.chain = None
 
     # -- the next stage ------------------------------------------------------------------------

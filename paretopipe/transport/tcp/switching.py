@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 
-from ... import cpushare
+from ... import cpushare, engines
 from ...errors import UsageError, WireError
 from ...partition.stages import SegmentChains, StageBuilder, TimedChain, time_segments
 from .. import inputs, wire
@@ -26,17 +26,18 @@ def self_profile_cuts(builder: StageBuilder, cfg: RunConfig) -> list[str]:
     return builder.partitioner.boundary_cuts([c for c in named if isinstance(c, str)])
 
 
-def self_profile_timings(builder: StageBuilder, cfg: RunConfig) -> dict[str, Any]:
+def self_profile_timings(builder: StageBuilder, cfg: RunConfig, index: int = 0) -> dict[str, Any]:
     """This node's segment times between the self-profile's boundaries at the run's batch size,
-    measured once per process, batch size and boundaries (a sweep's later adaptive runs reuse
-    it; each run records it)."""
+    under the engine stage ``index`` of the run computes on, measured once per process, batch
+    size, boundaries and engine (a sweep's later adaptive runs reuse it; each run records it)."""
     cuts = self_profile_cuts(builder, cfg)
-    key = ("self_profile", cfg.batch_size, tuple(cuts))
+    engine = engines.stage_engine(cfg.engine, index)
+    key = ("self_profile", cfg.batch_size, tuple(cuts), engine)
     cache = builder.timings
     if key not in cache:
         cpushare.join_compute_thread()  # under the same CPU share as the stage's compute
         x = next(inputs.batches("synthetic", cfg.batch_size, builder.input_size, 1, None, cfg.seed))
-        cache[key] = time_segments(builder, cuts[1:-1], x)
+        cache[key] = time_segments(builder, cuts[1:-1], x, engine=engine)
     return cache[key]
 
 
@@ -63,7 +64,7 @@ class SwitchingStage:
         self.switches = 0
         self.profile: dict[str, Any] | None = None
         # Stage 2 runs its part segment by segment, each timed, and reports the times with each result.
-        self.chains = SegmentChains(builder, self.switchable)
+        self.chains = SegmentChains(builder, self.switchable, engines.stage_engine(cfg.engine, 1), cfg.batch_size)
         self.probes = 0
         self._probe_input = None
 
@@ -75,7 +76,7 @@ class SwitchingStage:
         """RUN_OK's meta: this node's self-profile, or nothing when the run carries device profiles."""
         if self.cfg.adaptive_split.device_profiles:
             return None
-        self.profile = self_profile_timings(self.builder, self.cfg)
+        self.profile = self_profile_timings(self.builder, self.cfg, index=1)
         return {"profile": self.profile}
 
     def switch(self, meta: dict[str, Any]) -> tuple[TimedChain, str]:
