@@ -89,9 +89,11 @@ def lab(name: str, hosts: int = 2, subnet: int = 50, arches: list[str] | None = 
         yield made
     finally:
         labs.down(name)
-        stages = [p for p in psutil.process_iter(["cmdline"]) if any(
-            m in " ".join(p.info["cmdline"] or []) for m in ("paretopipe.runners.worker", "paretopipe.runners.rpc_ranks"))
-            and _net_namespace(p.pid) in namespaces]
+        programs = ("paretopipe.runners.worker", "paretopipe.runners.rpc_ranks", "paretopipe.runners.llamacpp_worker",
+                    "llama-server", "ggml-rpc-server")
+        stages = [p for p in psutil.process_iter(["cmdline"])
+                  if any(m in " ".join(p.info["cmdline"] or []) for m in programs)
+                  and _net_namespace(p.pid) in namespaces]
         for p in stages:  # a stage a failed test could not stop: kill it, and fail below
             p.kill()
         left = leftovers(name) + [f"stage process {p.pid}" for p in stages]

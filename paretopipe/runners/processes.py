@@ -64,7 +64,9 @@ class Placement:
         return self.devices[stage] if stage < len(self.devices) else "cpu"
 
 
-def _spawn(role: str, module: str, args: list[str], host: Host | None, env: dict[str, str] | None = None) -> StageProcess:
+def spawn_process(role: str, module: str, args: list[str], host: Host | None,
+                  env: dict[str, str] | None = None) -> StageProcess:
+    """``python -m module args`` as a sweep's process speaking JSON lines: here, or on ``host`` over SSH."""
     if host is None:
         return StageProcess(role, [sys.executable, "-m", module, *args], env=env)
     return StageProcess(f"{role} on {host.address}", host.argv(module, args, env), ssh=host.ssh())
@@ -108,7 +110,7 @@ class TcpStages:
                              weights=p.weights, device=p.device_for(j, host), threads=p.threads_for(j, self.stages),
                              cpus=p.local_cpus(j, self.stages) if local else None,
                              cpu_share=p.cpu_shares[j] if local and j < len(p.cpu_shares) else None).to_argv()
-        return _spawn(f"stage{j + 1}", WORKER, args, host)
+        return spawn_process(f"stage{j + 1}", WORKER, args, host)
 
     def start(self) -> dict[str, Any]:
         p = self.p
@@ -240,7 +242,7 @@ class RpcRanks:
             if host is not None and (host.iface or tb.iface):
                 iface = host.iface or tb.iface
                 env = {"TP_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
-            self.procs.append(_spawn("rpc master" if rank == 0 else f"rpc rank {rank}", RANKS, args, host, env))
+            self.procs.append(spawn_process("rpc master" if rank == 0 else f"rpc rank {rank}", RANKS, args, host, env))
         infos = [proc.ready(p.wait_time) for proc in self.procs]
         # The master builds every other rank's stage there and checks its weights before it joins.
         self.procs[0].expect("joined", timeout=p.wait_time)

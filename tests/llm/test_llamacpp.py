@@ -1,6 +1,7 @@
 """llama.cpp as a peer engine, without its binaries: the split's mapping onto -ngl, a real GGUF's
 header, the lines that refuse what llama.cpp cannot run, and how a run's steps take the relay's
-counts. The runs themselves are tests/peers (make test-peers builds llama.cpp first)."""
+counts (tests/runners/test_llamacpp_worker.py). The runs themselves are tests/peers (make test-peers
+builds llama.cpp first)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from conftest import ROOT
 from paretopipe import engines
 from paretopipe.errors import UsageError
 from paretopipe.llm import checkpoints, llamacpp
-from paretopipe.network.relay import RelayCounts
-from paretopipe.runners.llamacpp_peer import _Marks, _steps
 from paretopipe.runners.sweep.options import SweepOptions, check_options
 
 REAL = "smollm2-135m-instruct"
@@ -97,38 +96,3 @@ def test_llamacpp_runs_both_stages_so_it_is_never_one_stage_of_a_mix():
         engines.stage_engines_label("llamacpp,torch", 2)
     with pytest.raises(UsageError, match="give it alone"):
         engines.check_label("llamacpp+torch", 2)
-
-
-def test_each_step_takes_the_relays_counts_since_the_token_before():
-    """Two streams in one batch: the first token to arrive at a mark carries its bytes, the other
-    none, so the mean over steps is the batch's bytes per token."""
-    a = llamacpp.Streamed(sent_s=10.0, tokens=[5, 6, 7], events=[(10.5, 1), (10.6, 1), (10.7, 1)])
-    b = llamacpp.Streamed(sent_s=10.0, tokens=[8, 9], events=[(10.55, 1), (10.6, 1)])
-    marks = _Marks()
-    marks.seen = [(10.5, RelayCounts(up_bytes=1000, down_bytes=200_000, round_trips=3)),
-                  (10.55, RelayCounts(up_bytes=1100, down_bytes=400_000, round_trips=4)),
-                  (10.6, RelayCounts(up_bytes=1200, down_bytes=600_000, round_trips=5)),
-                  (10.7, RelayCounts(up_bytes=1300, down_bytes=800_000, round_trips=6))]
-    steps = _steps([a, b], marks, RelayCounts())
-    assert [(s["stream"], s["step"], s["wire_bytes"], s["result_wire_bytes"], s["round_trips"]) for s in steps] == [
-        (0, 0, 1000, 200_000, 3), (0, 1, 100, 200_000, 1), (0, 2, 100, 200_000, 1),
-        (1, 0, 100, 200_000, 1), (1, 1, 0, 0, 0)]
-    assert steps[1]["start_s"] == pytest.approx(0.5) and steps[1]["latency_s"] == pytest.approx(0.1)
-    assert steps[0]["latency_s"] == pytest.approx(0.5)  # the first token: time to first token
-
-
-def test_tokens_held_back_share_their_events_time_and_counts_and_keep_the_totals():
-    """llama-server holds a token that ends inside a UTF-8 character and sends it with the next:
-    the event's interval and counts are shared, the first event's held token takes the run's
-    per-token figures, and nothing is lost or counted twice."""
-    s = llamacpp.Streamed(sent_s=0.0, tokens=[1, 2, 3, 4, 5], events=[(0.30, 2), (0.40, 1), (0.60, 2)])
-    marks = _Marks()
-    marks.seen = [(0.30, RelayCounts(up_bytes=50_000, down_bytes=400_000, round_trips=2)),
-                  (0.40, RelayCounts(up_bytes=51_000, down_bytes=600_000, round_trips=3)),
-                  (0.60, RelayCounts(up_bytes=53_000, down_bytes=1_000_000, round_trips=5))]
-    steps = _steps([s], marks, RelayCounts())
-    assert [st["end_s"] for st in steps] == pytest.approx([0.20, 0.30, 0.40, 0.50, 0.60])
-    assert [st["wire_bytes"] for st in steps] == pytest.approx([49_000, 1000, 1000, 1000, 1000])
-    assert [st["result_wire_bytes"] for st in steps[1:]] == pytest.approx([200_000] * 4)
-    assert sum(st["round_trips"] for st in steps) == pytest.approx(5)
-    assert [st["token"] for st in steps] == [1, 2, 3, 4, 5]

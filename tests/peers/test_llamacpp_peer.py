@@ -110,9 +110,36 @@ def test_a_gguf_llamacpp_refuses_fails_the_run_with_its_reason(tmp_path):
         with pytest.raises(PeerError, match=r"llama-server exited \(1\): .*error loading model") as err:
             peer.run(cfg, None, None, 60.0)
         assert "\n" not in str(err.value)
+        assert peer.alive()  # its workers stay up for the sweep's next configuration
     finally:
         peer.stop()
-    assert not peer.dir.exists()
+
+
+@pytest.mark.root
+@pytest.mark.lab
+def test_on_a_two_host_lab_llamacpp_runs_on_the_hosts_over_a_link_tc_shapes(tmp_path):
+    """Hosts from the lab's .env: ggml-rpc-server's worker on host 2 listens on the data port,
+    which tc shapes (rate only: htb on any kernel); llama-server, the relay and the runs on host 1,
+    over SSH. What crosses is still counted by the relay, and the rate bounds the time per token."""
+    from lab_helpers import lab
+
+    nets = tmp_path / "nets.toml"
+    nets.write_text('[slow]\nrate = "20mbit"\ncomment = "rate only: htb shapes it on any kernel"\n')
+    with lab("ppll", 2, subnet=71) as made:
+        done = run([PYTHON, "-m", "paretopipe", "sweep", "--env-file", str(made.env_file), "--model", MODEL,
+                    "--engine", "llamacpp", "--splits", str(SPLIT), "--network-file", str(nets), "--network", "slow",
+                    "--prompt-len", "16", "--gen-tokens", "8", "--runs", "1", "--threads", "1",
+                    "--out", str(tmp_path / "res"), "--session", "s"], timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = _rows(tmp_path / "res" / "s" / "summary.csv")
+    assert row["engine"] == "llamacpp" and row["status"] == "complete"
+    assert VOCAB * 4 <= float(row["down_bytes_per_token"]) < VOCAB * 4 * 1.1
+    up, down = float(row["bytes_per_token"]), float(row["down_bytes_per_token"])
+    assert float(row["tpot_median_s"]) >= (up + down) * 8 / 20e6  # the shaped rate, whatever this machine's speed
+    rec = json.loads(next((tmp_path / "res" / "s" / "runs").glob("*.json")).read_text())
+    assert rec["config"]["link_mode"] == "tc" and "tc" in rec["manifest"]["link"]["note"]
+    assert [s["program"] for s in rec["manifest"]["stages"]] == ["llama-server", "ggml-rpc-server"]
+    assert rec["manifest"]["stages"][1]["hostname"] and rec["manifest"]["stages"][1]["pid"] > 1
 
 
 def test_the_real_model_is_known_to_both_engines():

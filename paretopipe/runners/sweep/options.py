@@ -239,30 +239,33 @@ def check_engines(opts: SweepOptions) -> None:
 
 def check_peer(opts: SweepOptions) -> None:
     """llama.cpp's RPC split (--engine llamacpp): a GGUF language model's static splits that its
-    client can make, on this machine, over a link the relay emulates; its binaries built."""
-    engine = engines.LLAMACPP
+    client can make, over a link the relay emulates or, on hosts, tc; its binaries built (here; a
+    host's own are checked when its worker starts)."""
+    engine, remote = engines.LLAMACPP, opts.testbed.remote
     why = ("it runs a language model given as a GGUF (--model-dir FILE.gguf or a named real model)"
            if not opts.language_model else "its RPC is a TCP protocol of its own: drop --backend rpc"
-           if "rpc" in opts.backends else "its client and server run here, their link is the relay's: drop the "
-           "hosts of .env (a testbed run of llama.cpp is not built yet)" if opts.testbed.remote
-           else "the relay carries its traffic over the emulated link: use --link emulated or none"
-           if opts.link == "tc" else "its stages run at full speed here: drop --stage-cpu"
+           if "rpc" in opts.backends else "on this machine the relay carries its traffic over the emulated link: use "
+           "--link emulated or none (tc shapes it between hosts)" if opts.link == "tc" and not remote
+           else "its stages run at full speed: drop --stage-cpu"
            if any(x is not None for x in opts.stage_cpu) or opts.stage_cpu_trace
            else "it has one cut: give --splits, not --split-blocks" if opts.plans
-           else "it has no fault injection here: drop --fault" if opts.faults != [faults.NONE]
+           else "it has no fault injection: drop --fault" if opts.faults != [faults.NONE]
            else "LoadGen drives our engine's stages: drop --scenario" if opts.scenarios != [CLOSED_LOOP]
+           else "it runs on the first two hosts: drop --placements" if opts.placements
            else None)
     if why:
         raise UsageError(f"--engine {engine}: {why}")
-    facts = llamacpp.gguf_facts(llamacpp.gguf_of(opts.models[0], opts.model_dir))
     static, policies = split_adaptive(opts.splits)
+    layers = None if remote else llamacpp.gguf_facts(llamacpp.gguf_of(opts.models[0], opts.model_dir)).layers
     if policies or static.strip().lower() == "all":
+        valid = f"1..{layers + 1}; give --splits 1-{layers + 1}" if layers else \
+            "1..L+1 of a model of L layers; give them"
         raise UsageError(f"--engine {engine} --splits {opts.splits}: llama.cpp's client keeps the embedding, the final "
-                         f"norm and the output layer, so its splits are 1..{facts.layers + 1}; give --splits "
-                         f"1-{facts.layers + 1} or a list of them")
-    for k in parse_splits(static, facts.layers + 2):
-        llamacpp.offloaded_layers(k, facts.layers)
-    llamacpp.binaries()
+                         f"norm and the output layer, so its splits are {valid} or a list of them")
+    if layers is not None:  # on hosts, the GGUF is the host's: its worker refuses a split it cannot make
+        for k in parse_splits(static, layers + 2):
+            llamacpp.offloaded_layers(k, layers)
+        llamacpp.binaries()
 
 
 def check_rpc_codec(opts: SweepOptions) -> None:
