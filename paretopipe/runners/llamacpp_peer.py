@@ -35,9 +35,10 @@ class LlamaCppPeer:
 
     def _options(self, j: int, **side: Any) -> list[str]:
         local = self.hosts[j] is None
+        share = self.p.cpu_shares[j] if local and j < len(self.p.cpu_shares) else None
         return PeerOptions(model=self.model, model_dir=self.p.model_dir, threads=self.p.threads_for(j, 2),
-                           cpus=self.p.local_cpus(j, 2) if local else None, wait_time=self.p.wait_time,
-                           **side).to_argv()
+                           cpus=self.p.local_cpus(j, 2) if local else None, cpu_share=share,
+                           wait_time=self.p.wait_time, **side).to_argv()
 
     def start(self) -> dict[str, Any]:
         remote = self.hosts[1] is not None

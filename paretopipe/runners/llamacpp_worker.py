@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import records
+from .. import cpushare, records
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..llm import checkpoints, llamacpp
 from ..llm.shapes import cut_name, split_of
@@ -60,6 +60,7 @@ class PeerOptions(flags.CommandLine):
     model_dir: str | None = flags.option(flags.MODEL_DIR)
     threads: int | None = flags.option(flags.THREADS)
     cpus: str | None = flags.option(flags.CPUS)
+    cpu_share: float | None = flags.option(flags.CPU_SHARE)  # the program's share of a core (a slower device)
     host: str = "127.0.0.1"              # the server's address to listen on
     port: int = 0                        # the server's port (0: a free one)
     rpc: str | None = None               # the client's server, HOST:PORT
@@ -75,20 +76,42 @@ class _Marks:
 
 
 class _Programs:
-    """The llama.cpp programs this worker started, pinned and logged in its own folder."""
+    """The llama.cpp programs this worker started, pinned, held to its CPU share and logged in its
+    own folder."""
 
     def __init__(self, opts: PeerOptions) -> None:
         self.opts = opts
         self.bins = llamacpp.binaries()
         self.dir = Path(tempfile.mkdtemp(prefix="paretopipe-llamacpp-"))
+        self.shares: dict[int, dict[str, Any]] = {}  # pid -> the cgroup its program runs in
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        """A program on this worker's cores (taskset: its threads start after the pinning)."""
+        """A program on this worker's cores (taskset: its threads start after the pinning), in a
+        group of its CPU share (all its threads: llama.cpp's network and compute threads are one
+        pool, unlike our stages', whose compute threads alone join theirs)."""
         if self.opts.cpus and shutil.which("taskset"):
             argv = ["taskset", "-c", self.opts.cpus, *argv]
         with open(self.dir / f"{name}.log", "ab") as out:
-            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
+        if self.opts.cpu_share is not None:
+            try:
+                self.shares[proc.pid] = cpushare.limit(proc.pid, self.opts.cpu_share, f"llamacpp-{name}")
+            except ParetoPipeError:
+                _end(proc)
+                raise
+        return proc
+
+    def limits(self) -> dict[str, Any]:
+        """What the manifest says of this worker's cores and share."""
+        share = next(iter(self.shares.values()), None)
+        return {"cpus": self.opts.cpus, **({k: share[k] for k in ("cpu_share", "cgroup", "scope")} if share else {})}
+
+    def end(self, proc: subprocess.Popen) -> None:
+        _end(proc)
+        applied = self.shares.pop(proc.pid, None)
+        if applied is not None:
+            cpushare.release(applied, proc.pid)
 
     def wait(self, ready: Callable[[], bool], proc: subprocess.Popen, name: str) -> None:
         deadline = time.monotonic() + self.opts.wait_time
@@ -117,14 +140,14 @@ class ServerSide:
         argv = llamacpp.rpc_server_argv(self.programs.bins, self.opts.host, port, self.opts.threads or 1)
         self.proc = self.programs.spawn("ggml-rpc-server", argv)
         self.programs.wait(lambda: _accepts("127.0.0.1", port), self.proc, "ggml-rpc-server")
-        return {"port": port, "manifest": node_manifest("cpu", self.opts.threads, limits={"cpus": self.opts.cpus})}
+        return {"port": port, "manifest": node_manifest("cpu", self.opts.threads, limits=self.programs.limits())}
 
     def handle(self, cmd: Any) -> None:
         raise UsageError("ggml-rpc-server's worker takes no command but quit")
 
     def close(self) -> None:
         if self.proc is not None:
-            _end(self.proc)
+            self.programs.end(self.proc)
             self.proc = None
         self.programs.close()
 
@@ -169,7 +192,7 @@ class ClientSide:
 
     def _stop_server(self) -> None:
         if self.server is not None:
-            _end(self.server)
+            self.programs.end(self.server)
         self.server, self.server_key = None, None
 
     def close(self) -> None:
@@ -256,7 +279,7 @@ class ClientSide:
         engine = {"engine": llamacpp.ENGINE, "version": self.programs.bins.build.get("llama_cpp_python"),
                   "build": self.programs.bins.build, "gguf": self.facts.manifest(), "ngl": ngl}
         stages = [node_manifest("cpu", self.opts.threads, role="stage1", program="llama-server",
-                                engine={**engine, "threads": self.opts.threads}, limits={"cpus": self.opts.cpus}),
+                                engine={**engine, "threads": self.opts.threads}, limits=self.programs.limits()),
                   {"role": "stage2", "program": "ggml-rpc-server", "engine": engine}]
         shaped = "each direction through the emulated link" if conditions is not None else \
             "the link shaped by tc" if cfg.link_mode == "tc" else "unshaped"

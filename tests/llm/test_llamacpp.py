@@ -84,7 +84,7 @@ def test_the_pin_and_recipe_are_the_build_scripts():
     (dict(models=[REAL], backends=["rpc"]), "drop --backend rpc"),
     (dict(models=[REAL], splits="all"), r"its splits are 1\.\.31; give --splits 1-31"),
     (dict(models=[REAL], splits="0,15"), r"split 0 is not one llama.cpp can make"),
-    (dict(models=[REAL], stage_cpu=[0.25, None]), "drop --stage-cpu"),
+    (dict(models=[REAL], stage_cpu_trace={"stage1": "trace.csv"}), "drop --stage-cpu-trace"),
 ])
 def test_a_sweep_llamacpp_cannot_run_is_refused_before_anything_starts(options, why):
     with pytest.raises(UsageError, match=why):

@@ -33,14 +33,15 @@ def _rows(path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    """Both engines at one cut on an unshaped link and behind a 20 ms one-way delay."""
+    """Both engines at one cut on an unshaped link and behind a 20 ms one-way delay, stage 1 on
+    half a core (a slower device, for both engines)."""
     tmp = tmp_path_factory.mktemp("peer-sweep")
     nets = tmp / "nets.toml"
     nets.write_text('[lan]\n[delay20]\ndelay = "20ms"\n')
     res = run([PYTHON, "-m", "paretopipe", "sweep", "--model", MODEL, "--engine", "torch,llamacpp", "--splits",
                str(SPLIT), "--network", "lan,delay20", "--network-file", str(nets), "--prompt-len", "16",
-               "--gen-tokens", "12", "--runs", "1", "--threads", "1", "--out", str(tmp / "res"), "--session", "s"],
-              timeout=900)
+               "--gen-tokens", "12", "--runs", "1", "--threads", "1", "--stage-cpu", "0.5,none",
+               "--out", str(tmp / "res"), "--session", "s"], timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     return tmp / "res" / "s"
 
@@ -68,6 +69,10 @@ def test_the_record_names_the_build_the_gguf_and_the_split_as_ngl(swept):
     assert engine["gguf"]["quantisation"] == "Q4_1" and engine["gguf"]["layers"] == LAYERS
     assert "-DGGML_RPC=ON" in engine["build"]["flags"] and engine["version"] == "0.3.36"
     assert rec["generation"]["stages"][0]["layers"] == [0, SPLIT - 1]
+    # --stage-cpu 0.5,none: llama-server ran in a cgroup of half a core, ggml-rpc-server in none
+    stage1, stage2 = (s["limits"] for s in rec["manifest"]["stages"])
+    assert stage1["cpu_share"] == 0.5 and "paretopipe-llamacpp-llama-server" in stage1["cgroup"]
+    assert "cpu_share" not in stage2
     assert [len(t) for t in rec["generation"]["tokens"]] == [12]
     assert rec["summary"]["server_tpot_median_s"] > 0
 

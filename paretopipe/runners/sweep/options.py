@@ -246,8 +246,8 @@ def check_peer(opts: SweepOptions) -> None:
            if not opts.language_model else "its RPC is a TCP protocol of its own: drop --backend rpc"
            if "rpc" in opts.backends else "on this machine the relay carries its traffic over the emulated link: use "
            "--link emulated or none (tc shapes it between hosts)" if opts.link == "tc" and not remote
-           else "its stages run at full speed: drop --stage-cpu"
-           if any(x is not None for x in opts.stage_cpu) or opts.stage_cpu_trace
+           else "its programs take a fixed CPU share (--stage-cpu), not a trace's: drop --stage-cpu-trace and "
+           "networks' cpu_trace" if opts.stage_cpu_trace or any(opts.conditions(n).cpu_traces for n in opts.networks)
            else "it has one cut: give --splits, not --split-blocks" if opts.plans
            else "it has no fault injection: drop --fault" if opts.faults != [faults.NONE]
            else "LoadGen drives our engine's stages: drop --scenario" if opts.scenarios != [CLOSED_LOOP]
