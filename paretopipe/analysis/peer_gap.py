@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from .. import engines, records
+from ..llm import summary as llm_summary
 from .keys import split_sort_key
 from .plotting import PALETTE, save_figure
 from .session import Session
@@ -35,13 +36,9 @@ COLUMNS = ["model", "prompt_len", "network", "split_index", "engine", "ttft_medi
 
 
 def link_terms(conditions: dict[str, Any] | None) -> tuple[float, float | None, float | None]:
-    """(round trip in s, up and down rates in bytes/s, None unlimited) of a record's conditions."""
-    conditions = conditions or {}
-    up, down = conditions.get("up") or {}, conditions.get("down") or {}
-
-    def rate(d: dict[str, Any]) -> float | None:
-        return float(d["rate_mbit_per_s"]) * 1e6 / 8 if d.get("rate_mbit_per_s") else None
-    return (float(up.get("delay_ms") or 0) + float(down.get("delay_ms") or 0)) / 1e3, rate(up), rate(down)
+    """(round trip in s, up and down rates in bytes/s, None unlimited) of a record's conditions;
+    none applied is an unshaped link."""
+    return llm_summary.link_terms({"conditions": conditions}) or (0.0, None, None)
 
 
 def predicted_tpot(compute_s: float, rtt_s: float, round_trips: float, up_bytes: float, down_bytes: float,

@@ -15,11 +15,10 @@ import torch
 
 from ..errors import UsageError
 from .build import LMSource, build_stage, source
-from .shapes import cut_name, split_of
-from .shapes import LMShape, check_plan, check_split, cut_bytes_per_token, stage_layers, block_params, stage_blocks
+from .shapes import (LMShape, block_params, check_plan, check_split, cut_bytes_per_token, cut_name, split_of,
+                     stage_blocks, stage_layers)
 from .stage import LMStage
 from .tokens import prompt_ids, tokenizer_for
-
 
 
 class LMPartitioner:

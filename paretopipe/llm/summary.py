@@ -67,16 +67,25 @@ def decode_bound_s(stage_decode_s: Sequence[float], bytes_per_token: float, rtt_
     return float(sum(stage_decode_s)) + rtt_s + wire_s
 
 
-def link_figures(link: dict[str, Any]) -> tuple[float, float | None] | None:
-    """A record's link as (round trip: both directions' delays, up rate in bytes/s; None
+def link_terms(link: dict[str, Any]) -> tuple[float, float | None, float | None] | None:
+    """A record's link as (round trip: both directions' delays, up and down rates in bytes/s; None
     unlimited), or None where the run applied no conditions it knows."""
     conditions = link.get("conditions") or link.get("conditions_requested") or {}
     if not conditions:
         return None
     up, down = conditions.get("up") or {}, conditions.get("down") or {}
-    rate = up.get("rate_mbit_per_s")
-    return (float(up.get("delay_ms") or 0) + float(down.get("delay_ms") or 0)) / 1e3, \
-        (float(rate) * 1e6 / 8 if rate else None)
+
+    def rate(direction: dict[str, Any]) -> float | None:
+        value = direction.get("rate_mbit_per_s")
+        return float(value) * 1e6 / 8 if value else None
+    return (float(up.get("delay_ms") or 0) + float(down.get("delay_ms") or 0)) / 1e3, rate(up), rate(down)
+
+
+def link_figures(link: dict[str, Any]) -> tuple[float, float | None] | None:
+    """A record's link as (round trip, up rate in bytes/s; None unlimited): :func:`link_terms`
+    without the way back, which a decode step's bound leaves out (a token id)."""
+    terms = link_terms(link)
+    return None if terms is None else terms[:2]
 
 
 def bound_figures(out: dict[str, Any], stages: int, link: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +166,6 @@ def finish_record(record: dict[str, Any], parts: Sequence[dict[str, Any] | None]
                             "stages": own, "exactness": exactness}
     if first.get("queries") is not None:  # LoadGen's queries, taking the streams' slots in turn
         record["generation"].update({k: first[k] for k in ("streams", "queries", "samples")})
-    record["summary"].update(summarize(record["batches"], record["generation"],
-                                                   record["manifest"].get("link")))
+    record["summary"].update(summarize(record["batches"], record["generation"], record["manifest"].get("link")))
     per_token_energy(record["summary"])
     return record

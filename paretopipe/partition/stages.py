@@ -99,14 +99,18 @@ class StageBuilder:
         """Stage ``index`` of a run (its cuts, its engine label and batch size: a RunConfig)."""
         return self.engine_stage(list(cfg.cuts), index, engines.stage_engine(cfg.engine, index), cfg.batch_size)
 
+    def adaptive_boundaries(self, cfg: Any) -> list[str]:
+        """The cuts an adaptive run may split at, the model's input and output included: every
+        block cut and the run's candidates named by cut (both stages derive them from the RUN)."""
+        named = (cfg.adaptive_split.candidates if cfg.adaptive_split else None) or []
+        return self.partitioner.boundary_cuts([c for c in named if isinstance(c, str)])
+
     def engine_of(self, cfg: Any, index: int) -> dict[str, Any]:
         """The manifest's account of the engine stage ``index`` of a run computed on (an adaptive
         run's: over the segments between its boundaries, which it ran)."""
         engine = engines.stage_engine(cfg.engine, index)
         if cfg.adaptive:
-            named = [c for c in ((cfg.adaptive_split.candidates if cfg.adaptive_split else None) or [])
-                     if isinstance(c, str)]
-            return SegmentChains(self, self.partitioner.boundary_cuts(named), engine, cfg.batch_size).engine_manifest()
+            return SegmentChains(self, self.adaptive_boundaries(cfg), engine, cfg.batch_size).engine_manifest()
         check = self.engine_checks.get((tuple(cfg.cuts), index, engine, cfg.batch_size))
         return check.manifest() if check else engines.manifest(engine, torch.get_num_threads())
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .. import cpushare, records
+from ..argtypes import host_port
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..llm import checkpoints, llamacpp
 from ..llm.shapes import cut_name, split_of
@@ -44,6 +45,7 @@ from ..network.relay import LinkRelay, RelayCounts
 from ..transport.runconfig import RunConfig
 from . import flags
 from .commands import RunCommand, emit, serve_commands
+from .processes import free_port
 
 log = logging.getLogger("paretopipe.llamacpp")
 MODULE = "paretopipe.runners.llamacpp_worker"
@@ -136,7 +138,7 @@ class ServerSide:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> dict[str, Any]:
-        port = self.opts.port or _free_port()
+        port = self.opts.port or free_port()
         argv = llamacpp.rpc_server_argv(self.programs.bins, self.opts.host, port, self.opts.threads or 1)
         self.proc = self.programs.spawn("ggml-rpc-server", argv)
         self.programs.wait(lambda: _accepts("127.0.0.1", port), self.proc, "ggml-rpc-server")
@@ -166,10 +168,7 @@ class ClientSide:
 
     def start(self) -> dict[str, Any]:
         """The relay in front of the server; the model as a stage group reports it (:class:`GroupInfo`)."""
-        host, _, port = (self.opts.rpc or "").rpartition(":")
-        if not host or not port.isdigit():
-            raise UsageError(f"--rpc {self.opts.rpc!r}: give the server's HOST:PORT")
-        self.relay = LinkRelay((host, int(port)))
+        self.relay = LinkRelay(host_port(self.opts.rpc or "", f"--rpc {self.opts.rpc!r}", "127.0.0.1:50052"))
         self.relay.start()
         splits = self.facts.layers + 2  # the suite's largest split of this model (its head stays last)
         return {"model": checkpoints.display_name(self.opts.model, self.opts.model_dir),
@@ -183,7 +182,7 @@ class ClientSide:
         self._stop_server()
         assert self.relay is not None and self.relay.port is not None
         self.relay.shape(None, None)
-        self.http_port = _free_port()
+        self.http_port = free_port()
         argv = llamacpp.server_argv(self.programs.bins, self.gguf, f"127.0.0.1:{self.relay.port}", ngl,
                                     self.http_port, self.opts.threads or 1, slots, context)
         self.server = self.programs.spawn("llama-server", argv)
@@ -352,15 +351,9 @@ def _shared(s: llamacpp.Streamed, delta: dict[float, tuple], gap: float,
 def _server_figures(streamed: list[llamacpp.Streamed]) -> dict[str, float | None]:
     """``llama-server``'s own clock: its median prompt time (TTFT without HTTP) and time per token."""
     def median(key: str) -> float | None:
-        xs = sorted(float(s.timings[key]) / 1e3 for s in streamed if isinstance(s.timings.get(key), (int, float)))
-        return xs[len(xs) // 2] if xs else None
+        xs = [float(s.timings[key]) / 1e3 for s in streamed if isinstance(s.timings.get(key), (int, float))]
+        return statistics.median(xs) if xs else None
     return {"server_ttft_median_s": median("prompt_ms"), "server_tpot_median_s": median("predicted_per_token_ms")}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -50,7 +50,7 @@ def test_tokens_held_back_share_their_events_time_and_counts_and_keep_the_totals
 def test_a_client_without_a_servers_address_is_refused_in_one_line(monkeypatch):
     side = ClientSide.__new__(ClientSide)  # the address is checked before anything starts
     side.opts = PeerOptions(side="client", model="smollm2-135m-instruct", rpc="no-port")
-    with pytest.raises(UsageError, match=r"--rpc 'no-port': give the server's HOST:PORT"):
+    with pytest.raises(UsageError, match=r"--rpc 'no-port': give HOST:PORT"):
         side.start()
 
 

@@ -22,8 +22,7 @@ KINDS = (wire.SWITCH, wire.PROBE)
 def self_profile_cuts(builder: StageBuilder, cfg: RunConfig) -> list[str]:
     """The boundaries of an adaptive run's self-profile, and the cuts it may switch to: every
     block cut and the run's candidates named by cut (both stages derive them from the RUN)."""
-    named = (cfg.adaptive_split.candidates if cfg.adaptive_split else None) or []
-    return builder.partitioner.boundary_cuts([c for c in named if isinstance(c, str)])
+    return builder.adaptive_boundaries(cfg)
 
 
 def self_profile_timings(builder: StageBuilder, cfg: RunConfig, index: int = 0) -> dict[str, Any]:
