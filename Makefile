@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt requirements-nodeps.txt pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv sysdeps docs test test-exhaustive test-fast test-gpu test-peers llamacpp demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
+.PHONY: venv sysdeps docs test test-cpu test-exhaustive test-fast test-gpu test-peers llamacpp demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
 venv:
 	@if [ ! -x $(PY) ] || [ "$$(cat $(STAMP) 2>/dev/null)" != "$(REQHASH)" ]; then \
@@ -40,6 +40,15 @@ test: venv sysdeps
 	done
 	$(PY) -m pytest -q -m "alone and not arm and not gpu and not peers" --durations=10
 
+# Where the parallel pass's time goes: it keeps both cores busy, so it lasts about the suite's CPU
+# time over two, and a test's wall time there says more about its neighbours than about itself.
+# This runs it with each test's CPU recorded, its processes' included (tests/cpu_accounting.py: a
+# cgroup per pytest process; needs root), then prints the total and the 25 tests that took most.
+test-cpu: venv sysdeps
+	rm -rf .test-cpu
+	PARETOPIPE_TEST_CPU=.test-cpu $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm and not gpu and not peers"
+	$(PY) tests/cpu_accounting.py .test-cpu
+
 # llama.cpp's ggml-rpc-server, llama-server and llama-bench, built once per machine and pin into a
 # cache (scripts/build_llamacpp.sh: about 11 minutes on 2 cores, then instant).
 llamacpp:
@@ -51,11 +60,14 @@ test-peers: venv llamacpp
 	$(PY) -m pytest -q -m peers --durations=5
 
 # Every cut of the large models (ViT-B/16's 140 cuts of up to three live tensors, VGG16's, ResNet50's
-# and Inception's fine cuts), each a forward pass: make test checks a seeded sample of each
-# (tests/conftest.py exhaustive_sample), this checks them all; .ci/run runs it after make test.
+# and Inception's fine cuts, MobileNetV2's block splits under ONNX Runtime, the real
+# SmolLM2-135M-Instruct's 33 cuts generating 8 tokens), each a forward pass: make test checks a
+# seeded sample of each (tests/conftest.py exhaustive_sample), this checks them all; .ci/run runs it
+# after make test.
 test-exhaustive: venv
 	PARETOPIPE_EXHAUSTIVE=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests/partition/test_live_sets.py \
-	  tests/partition/test_split.py -k "every_cut or every_fine_cut" --durations=5
+	  tests/partition/test_split.py tests/partition/test_onnxstage.py tests/llm/test_checkpoints.py \
+	  -k "every_cut or every_fine_cut or every_block_split" --durations=5
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
 test-fast: venv

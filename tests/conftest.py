@@ -86,6 +86,13 @@ def traced(name: str, batch: int = 2, size: int | None = None):
     return model, part, inputs, other
 
 
+def pytest_configure(config) -> None:
+    """Each test's CPU, its processes' included, when PARETOPIPE_TEST_CPU names a folder (make test-cpu)."""
+    import cpu_accounting
+
+    config.pluginmanager.register(cpu_accounting, "cpu_accounting")
+
+
 #: Fixtures that need root (namespaces, sshd on a port, mounts) or a namespace lab: their tests
 #: carry the ``root``/``lab`` markers, so ``make test-fast`` leaves them out without a list to keep.
 ROOT_FIXTURES = {"sshd", "small_disk", "namespace", "lab"}
