@@ -31,6 +31,7 @@ from typing import Any
 
 from .. import cpushare
 from ..errors import NetemError, UsageError
+from ..sshcmd import close_shared
 
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_HOSTS = 8
@@ -373,6 +374,9 @@ def down(name: str = "pplab") -> list[str]:
     _check_name(name)
     removed = []
     lab = Lab.load(name)
+    for i in range(1, lab.hosts + 1) if lab else ():  # before its sshd: no shared connection outlives the lab
+        if close_shared(f"root@{lab.address(i)}", str(lab.key), None, str(lab.known_hosts)):
+            removed.append(f"shared ssh connection to {lab.address(i)}")
     # The recorded PIDs, and any sshd still started with one of this lab's configs (a half-made lab's
     # last one): never someone else's process.
     for program, marker, known in ((b"sshd", f"{state_dir(name)}/sshd".encode(), lab.sshd_pids if lab else []),

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from conftest import PYTHON, ROOT
+from paretopipe import sshcmd
 import tcp_helpers as cli
 from lab_helpers import in_host, lab
 
@@ -49,6 +50,14 @@ def test_lab_hosts_take_keys_only_and_the_env_points_at_them(tmp_path):
                                  f"UserKnownHostsFile={made.known_hosts}", "--", f"root@{made.address(1)}", "true"],
                                 capture_output=True, text=True, timeout=30)
         assert no_key.returncode != 0 and "Permission denied" in no_key.stderr
+        for _ in range(3):  # the commands to a host ride one connection, which the lab's down ends
+            subprocess.run(tb.hosts[0].ssh() + ["true"], check=True, timeout=30)
+        established = subprocess.run(["ss", "-Htn", "state", "established", "dst", made.address(1)],
+                                     capture_output=True, text=True).stdout.splitlines()
+        assert len(established) == 1, established
+        shared = sshcmd.control_path(tb.hosts[0].target, tb.hosts[0].key, tb.hosts[0].ssh_port, tb.hosts[0].known_hosts)
+        assert Path(shared).is_socket()
+    assert not Path(shared).exists()
 
 
 @pytest.mark.alone
