@@ -15,6 +15,7 @@ the figures are a floor for those tests.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -40,26 +41,52 @@ def _own_group(name: str) -> Path:
     root = V1 if (V1 / "cpuacct.usage").is_file() else V2
     if not (root / "cgroup.procs").is_file():
         raise OSError(f"no cgroup hierarchy at {root}")
+    for stale in root.glob("paretopipe-test-cpu-*"):  # an earlier run's, left once its last process ended
+        try:
+            stale.rmdir()
+        except OSError:
+            pass  # a group with a process in it is another run's, still going: the kernel refuses
     group = root / f"paretopipe-test-cpu-{name}-{os.getpid()}"
-    group.mkdir(exist_ok=True)
-    (group / "cgroup.procs").write_text(str(os.getpid()))
+    for attempt in (1, 2):  # another worker's sweep above may take the group between its mkdir and our move
+        group.mkdir(exist_ok=True)
+        try:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    atexit.register(_leave, group)  # after what this process started and stops at its exit (a zygote)
     return group
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    global _group
-    if not os.environ.get(ENV):
-        return
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+def _leave(group: Path) -> None:
+    """Back to the root group, and the group removed; where a process it started still runs in
+    it, the group stays until the next run's first test removes it."""
     try:
-        _group = _own_group(worker)
-    except OSError as exc:
-        print(f"{ENV}: cannot account CPU per test here ({exc}); running without it", file=sys.stderr)
+        (group.parent / "cgroup.procs").write_text(str(os.getpid()))
+        group.rmdir()
+    except OSError:
+        pass
+
+
+_tried = False
+
+
+def _group_for_tests() -> Path | None:
+    """This process's group, made at its first test (an xdist controller, which runs none, makes none)."""
+    global _group, _tried
+    if not _tried and os.environ.get(ENV):
+        _tried = True
+        try:
+            _group = _own_group(os.environ.get("PYTEST_XDIST_WORKER", "main"))
+        except OSError as exc:
+            print(f"{ENV}: cannot account CPU per test here ({exc}); running without it", file=sys.stderr)
+    return _group
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    if _group is None:
+    if _group_for_tests() is None:
         yield
         return
     cpu0, wall0 = _usage_s(_group), time.monotonic()
@@ -69,17 +96,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.csv", "a") as fh:
         fh.write(f"{cpu:.2f},{wall:.2f},{item.nodeid}\n")
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The group goes once this process leaves it (the root hierarchy takes it back)."""
-    if _group is None:
-        return
-    try:
-        ((_group.parent) / "cgroup.procs").write_text(str(os.getpid()))
-        _group.rmdir()
-    except OSError:
-        pass  # a process this one started still runs in it: the kernel keeps the group until it ends
 
 
 def summary(folder: Path, top: int = 25) -> str:

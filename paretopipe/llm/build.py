@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..partition.models import fingerprint as module_fingerprint
+from . import blockcache
 from .checkpoints import check_architecture, display_name, folder_config, is_real
 from .shapes import LMShape, named, shape_from_config, stage_blocks, stage_layers
 
@@ -186,14 +187,19 @@ def _fill(src: LMSource, prefix: str, module: nn.Module) -> None:
     if src.model_dir is not None:
         _fill_from_folder(src, prefix, module, tensors)
         return
-    for name, p in sorted(tensors.items()):
+
+    def draw(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         full = f"{prefix}.{name}"
         if name.endswith("norm.weight") or name == "weight" and prefix.endswith("norm"):
-            p.fill_(1.0)  # RMSNorm's scale: transformers' init, exact everywhere
-            continue
+            return torch.ones(shape)  # RMSNorm's scale: transformers' init, exact everywhere
         if full == "lm_head.weight" and src.shape.tie_word_embeddings:
             full = "model.embed_tokens.weight"
-        p.copy_(portable_values(p.shape, src.name, full) * _bound(full, p))
+        return portable_values(shape, src.name, full) * _bound(full, tensors[name])
+
+    shapes = {name: tuple(p.shape) for name, p in tensors.items()}
+    values = blockcache.block_values(src.name, src.identity(), prefix, shapes, draw)
+    for name, p in tensors.items():
+        p.copy_(values[name])
 
 
 def _bound(full: str, p: torch.Tensor) -> float:

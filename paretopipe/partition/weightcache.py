@@ -71,7 +71,7 @@ def _entry(root: Path, key: dict[str, Any]) -> Path:
     return root / f"{safe}-c{key['num_classes']}-{digest}"
 
 
-def _atomic_save(obj: Any, path: Path, writer: Callable[[Any, Path], None]) -> None:
+def atomic_save(obj: Any, path: Path, writer: Callable[[Any, Path], None]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         writer(obj, tmp)
@@ -134,8 +134,8 @@ def cached_build(key: dict[str, Any], skeleton: Callable[[], nn.Module], build: 
                 return model, "cache"
             model = build()
             fp = fingerprint(model)
-            _atomic_save(model.state_dict(), entry.with_suffix(".pt"), lambda obj, p: torch.save(obj, p))
-            _atomic_save({**key, "fingerprint": fp}, entry.with_suffix(".json"),
+            atomic_save(model.state_dict(), entry.with_suffix(".pt"), lambda obj, p: torch.save(obj, p))
+            atomic_save({**key, "fingerprint": fp}, entry.with_suffix(".json"),
                          lambda obj, p: p.write_text(json.dumps(obj, indent=1)))
             return model, "built"
     except (Timeout, OSError) as exc:
