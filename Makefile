@@ -3,6 +3,12 @@ PY      := .venv/bin/python
 STAMP   := .venv/.requirements.sha256
 REQHASH := $(shell sha256sum requirements.txt requirements-nodeps.txt pyproject.toml | sha256sum | cut -c1-16)
 
+# Bytecode is written (into the git-ignored __pycache__ folders) even where the environment sets
+# PYTHONDONTWRITEBYTECODE=1, as this machine's does: otherwise every interpreter the tests start,
+# several hundred, compiles the package again (1 s of CPU each for a sweep's imports), and every
+# pytest worker rewrites every test module again (collection 16 s of CPU instead of 8).
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: venv sysdeps docs test test-cpu test-exhaustive test-fast test-gpu test-peers llamacpp demo demo-llm demo-edge lab-demo lab-arm test-arm bench arm-fingerprints clean
 
 venv:
