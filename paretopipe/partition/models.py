@@ -308,6 +308,5 @@ def fingerprint_tensors(named: dict[str, torch.Tensor]) -> str:
     for key, tensor in sorted(named.items()):
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        # A view of the tensor's own bytes, not a copy: hashing a large model's weights halves.
-        digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b"")
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()[:16]
