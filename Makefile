@@ -34,12 +34,13 @@ sysdeps:
 # workers on two cores: many tests wait on an emulated link or a peer's timeout, and the others
 # use the cores meanwhile; nothing in the parallel pass depends on how busy the machine is.
 PYTEST_PARALLEL := -n 4 --dist worksteal
+PARALLEL_MARKS  := not alone and not arm and not gpu and not peers
 # BUILD_PIDS: processes building beside the tests (.ci/run starts the aarch64 sysroot's and
 # llama.cpp's at the lowest priority): the parallel pass shares the machine with them, the "alone"
 # pass waits for them to end.
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm and not gpu and not peers" --durations=25
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "$(PARALLEL_MARKS)" --durations=25
 	@for pid in $(BUILD_PIDS); do \
 	  if kill -0 $$pid 2>/dev/null; then echo "waiting for the build beside the tests (pid $$pid) before the alone pass"; fi; \
 	  while kill -0 $$pid 2>/dev/null; do sleep 5; done; \
@@ -52,7 +53,7 @@ test: venv sysdeps
 # cgroup per pytest process; needs root), then prints the total and the 25 tests that took most.
 test-cpu: venv sysdeps
 	rm -rf .test-cpu
-	PARETOPIPE_TEST_CPU=.test-cpu $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not alone and not arm and not gpu and not peers"
+	PARETOPIPE_TEST_CPU=.test-cpu $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "$(PARALLEL_MARKS)"
 	$(PY) tests/cpu_accounting.py .test-cpu
 
 # llama.cpp's ggml-rpc-server, llama-server and llama-bench, built once per machine and pin into a

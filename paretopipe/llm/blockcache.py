@@ -34,10 +34,8 @@ def _entry(model: str, identity: str, prefix: str, shapes: dict[str, tuple[int, 
     root = weightcache.cache_dir()
     if root is None:
         return None
-    key = json.dumps([identity, prefix, sorted(shapes.items())])
-    # No dots in the name: its suffix is the file's kind (.safetensors, .json, .lock).
-    safe = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in f"{model}-{prefix}")[-80:]
-    return root / "lm-blocks" / f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    digest = hashlib.sha256(json.dumps([identity, prefix, sorted(shapes.items())]).encode()).hexdigest()[:16]
+    return root / "lm-blocks" / weightcache.entry_stem(f"{model}-{prefix}", digest, 80)
 
 
 def _load(entry: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor] | None:

@@ -185,12 +185,11 @@ def _exported(stage: nn.Module, xs: tuple[torch.Tensor, ...], outputs: int, key:
     into it under a lock, written to a temporary name and renamed."""
     full = {**key, "torch": torch.__version__, "opset": OPSET, "export": EXPORT_VERSION}
     digest = hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in str(key.get("model", "stage")))[-40:]
     root = weightcache.cache_dir()
     folder, how = ((root / "engines", "built") if root is not None
                    else (weightcache.process_scratch("engines"), "uncached"))
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{safe}-{digest}.onnx"
+    path = folder / f"{weightcache.entry_stem(str(key.get('model', 'stage')), digest, 40)}.onnx"
     if path.is_file():
         return path, "cache"
     from filelock import FileLock

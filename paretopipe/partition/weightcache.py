@@ -65,10 +65,18 @@ def cache_key(canonical: str, num_classes: int, seed: int, source_digest: str | 
     return key
 
 
+def entry_stem(label: str, tail: str, limit: int = 60) -> str:
+    """A cache file's name before its suffix: the last ``limit`` characters of ``label`` with
+    anything but letters, digits, ``_`` and ``-`` made ``_``, then ``tail`` (the key's digest). No
+    dots: the suffix names the file's kind (``.pt``, ``.json``, ``.lock``), and ``with_suffix`` on a
+    dotted stem (a model file's ``mymodel.py:build``) cut the digest off, so such entries shared files."""
+    safe = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in label)[-limit:]
+    return f"{safe}-{tail}"
+
+
 def _entry(root: Path, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in key["model"])[-60:]
-    return root / f"{safe}-c{key['num_classes']}-{digest}"
+    return root / entry_stem(key["model"], f"c{key['num_classes']}-{digest}")
 
 
 def atomic_save(obj: Any, path: Path, writer: Callable[[Any, Path], None]) -> None:

@@ -39,6 +39,11 @@ def test_keys_separate_what_differs():
     names = {weightcache._entry(weightcache.Path("/c"), k).name for k in (
         a, {**a, "num_classes": 4}, {**a, "seed": 2}, {**a, "torch": "0.0"}, {**a, "init_version": -1})}
     assert len(names) == 5
+    # A model file's name has dots: its entries' files still differ by key, digest and all.
+    user = weightcache.cache_key("mymodel.py:build", 10, 1, "abc")
+    files = {weightcache._entry(weightcache.Path("/c"), k).with_suffix(".pt").name for k in (
+        user, {**user, "num_classes": 4}, {**user, "source": "def"})}
+    assert len(files) == 3 and all(f.startswith("mymodel_py_build-c") for f in files), files
 
 
 @pytest.mark.slow
