@@ -21,7 +21,10 @@ speed, observed on the segments it does run (throttling slows every layer alike)
 segment's last estimate and refreshes it only when it forces a whole inference onto the device.
 The speed is an EMA (in log space, so a slowdown and a recovery are followed alike) of each
 batch's observed-over-profiled time, each sample weighted by the compute it spans up to
-``PROBE_SPAN_S``: a 2 ms classifier head says little about a device under a 10 ms CPU quota.
+``PROBE_SPAN_S``. A span shorter than that (or than half the stage's compute, on a model too small
+to fill it) is no sample at all: under a 10 ms CPU quota a 2 ms classifier head runs at full
+speed on the quota saved while the stage waited, and a sample that is wrong the same way every
+batch pulls the estimate there however little it weighs.
 
 Observations and profiles need not share units. With self-profiles (measured by the stages at
 the run's start) they do. With ``--device-profiles`` (say, a real Pi's profile while this machine
@@ -99,7 +102,7 @@ class ComputeTracker:
         if not times or first < 0 or first + len(times) > len(segs):
             return  # no segment ran there (or not this run's): nothing to learn from it
         flagged: list[tuple[int, float]] = []
-        observed = baseline = 0.0
+        observed = baseline = profiled = 0.0
         for j, t in enumerate(times, first):
             s = segs[j]
             s.window.append(float(t))
@@ -110,11 +113,12 @@ class ComputeTracker:
                 continue
             s.ema_s = (1 - self.alpha) * s.ema_s + self.alpha * float(t)
             observed, baseline = observed + float(t), baseline + s.baseline_s
+            profiled += s.profiled_s
             cv = self._cv(s)
             if cv is not None and cv > self.cv_threshold:
                 flagged.append((j, cv))
         self._news(stage, seq)
-        self._speed_sample(stage, observed, baseline)
+        self._speed_sample(stage, observed, baseline, profiled)
         for j, cv in flagged:
             why = f"cv {cv:.2f} > {self.cv_threshold:g}"
             for k in (j, j + 1):  # the segment and its successor (SCIoT's cascade)
@@ -127,8 +131,13 @@ class ComputeTracker:
                 self.reprofiled(seq, p.stage, p.segment, [s.window[-1]], [p.why], "stage 2's newest batch")
             self.pending.remove(p)
 
-    def _speed_sample(self, stage: int, observed_s: float, baseline_s: float) -> None:
-        if observed_s <= 0 or baseline_s <= 0:
+    def _speed_sample(self, stage: int, observed_s: float, baseline_s: float, profiled_s: float) -> None:
+        # Weighting a short span down only slowed the drift: batch after batch of a 5 ms tail on
+        # stage 2 (60% of a core) led its speed to a full core's, and the chooser offloaded to it
+        # at full speed (tests/runners/test_adaptive.py's throttled test). Stage 1's compute
+        # probes and the longer spans carry the speed instead.
+        shortest = min(PROBE_SPAN_S, 0.5 * sum(s.profiled_s for s in self.stages[stage]))
+        if observed_s <= 0 or baseline_s <= 0 or profiled_s < shortest:
             return
         weight = self.alpha * min(1.0, baseline_s / PROBE_SPAN_S)
         self.speed[stage] = (1 - weight) * self.speed[stage] + weight * math.log(observed_s / baseline_s)
@@ -171,7 +180,7 @@ class ComputeTracker:
         segs = self.stages[stage]
         if first < 0 or first + len(times) > len(segs) or not times:
             return
-        observed = baseline = 0.0
+        observed = baseline = profiled = 0.0
         for j, (seconds, why) in enumerate(zip(times, whys), first):
             s = segs[j]
             old = self.estimate(stage, j)
@@ -182,6 +191,7 @@ class ComputeTracker:
             if s.baseline_s is None:
                 s.baseline_s = float(seconds)
             observed, baseline = observed + float(seconds), baseline + s.baseline_s
+            profiled += s.profiled_s
             self.reprofiles += 1
             self.events.append({"seq": seq, "stage": f"stage{stage + 1}", "segment": j, "why": why, "how": how,
                                 "old_s": round(old, 7), "new_s": round(s.estimate(), 7)})
@@ -190,7 +200,7 @@ class ComputeTracker:
             if observed > 0 and baseline > 0:
                 self.speed[stage] = (1 - PROBE_WEIGHT) * self.speed[stage] + PROBE_WEIGHT * math.log(observed / baseline)
         else:
-            self._speed_sample(stage, observed, baseline)
+            self._speed_sample(stage, observed, baseline, profiled)
 
     # -- what the chooser uses ------------------------------------------------------------------
     def estimate(self, stage: int, segment: int) -> float:

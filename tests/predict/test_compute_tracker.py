@@ -71,10 +71,18 @@ def test_ours_scales_the_segments_a_stage_does_not_run_and_sciots_does_not():
     assert sciot.estimate(0, 5) == 0.01  # never run: the profile, until a local batch refreshes it
 
 
-def test_a_short_span_moves_the_speed_little():
+def test_a_span_shorter_than_a_quota_period_leaves_the_speed_and_a_longer_one_moves_it():
     t = _tracker()
-    t.observe(0, 1, 5, [0.02])  # one 10 ms segment twice as slow, under PROBE_SPAN_S
-    assert t.ratio(1) == pytest.approx(2 ** (0.2 * 0.01 / PROBE_SPAN_S))
+    for seq in range(50):  # a 10 ms tail, twice as fast, every batch: what a quota's burst shows
+        t.observe(seq, 1, 5, [0.005])
+    assert t.ratio(1) == 1
+    t.observe(50, 1, 3, [0.02] * 3)  # 30 ms, twice as slow: one sample at weight alpha
+    assert PROBE_SPAN_S <= 0.03 and t.ratio(1) == pytest.approx(2 ** 0.2)
+    small = ComputeTracker([[0.001] * SEGMENTS, [0.001] * SEGMENTS])  # 6 ms in all: half of it is enough
+    small.observe(0, 1, 3, [0.002] * 3)
+    assert small.ratio(1) == pytest.approx(2 ** (0.2 * 0.003 / PROBE_SPAN_S))
+    small.observe(1, 1, 4, [0.002] * 2)
+    assert small.ratio(1) == pytest.approx(2 ** (0.2 * 0.003 / PROBE_SPAN_S))
 
 
 def test_a_stage_1_that_ran_nothing_is_probed_over_one_quota_period():
