@@ -40,6 +40,7 @@ PARALLEL_MARKS  := not alone and not arm and not gpu and not peers
 # pass waits for them to end.
 test: venv sysdeps
 	.venv/bin/lint-imports --no-logo --no-cache
+	$(PY) scripts/house_metrics.py
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "$(PARALLEL_MARKS)" --durations=25
 	@for pid in $(BUILD_PIDS); do \
 	  if kill -0 $$pid 2>/dev/null; then echo "waiting for the build beside the tests (pid $$pid) before the alone pass"; fi; \

@@ -5,6 +5,10 @@ cycles among the package's modules (imports inside functions count), the options
 than one place, how many modules have a test module of their own name, and how many package
 imports sit inside functions. Reads files only; run it on two checkouts to compare.
 
+It is also the house's gate (issue 68), run by ``make test``: it exits 1 at a module over 500
+lines, a function over 60, an import cycle or an option declared twice, and warns (exit 0) from
+400 lines and 50, so a module is split along a seam before the limit forces a cut.
+
     python scripts/house_metrics.py [CHECKOUT]   # default: this one
 """
 
@@ -17,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
+WARN_MODULE_LINES, WARN_FUNCTION_LINES = 400, 50
 #: A declaration of an option: argparse's add_argument, or a catalogue row (runners/flags.py's
 #: Option, the sweep's Flag), with the flag's first name.
 _DECLARED = re.compile(r"""(?:add_argument|\bOption|\bFlag)\(\s*\(?\s*["'](--[a-z0-9-]+)["']""")
@@ -112,7 +117,8 @@ def options_declared_twice(modules: dict[str, Path], root: Path) -> dict[str, li
     return {flag: where for flag, where in sorted(places.items()) if len(where) > 1}
 
 
-def main(root: Path) -> None:
+def main(root: Path) -> int:
+    """Print the counts; 1 when a limit is broken (each named on a line starting "error:")."""
     modules = module_names(root)
     paths = sorted(modules.values())
     lines = {p: p.read_text().count("\n") for p in paths}
@@ -129,16 +135,16 @@ def main(root: Path) -> None:
                 lazy += sum(isinstance(s, ast.ImportFrom) and s.level > 0 for s in ast.walk(node))
     print("largest functions:", ", ".join(f"{n} {name}" for n, name in sorted(spans, reverse=True)[:10]))
     print("largest classes:", ", ".join(f"{n} {name}" for n, name in sorted(classes, reverse=True)[:5]))
-    big = [f"{n} {p.relative_to(root)}" for p, n in sorted(lines.items(), key=lambda kv: -kv[1]) if n > MAX_MODULE_LINES]
-    long = [f"{n} {name}" for n, name in sorted(spans, reverse=True) if n > MAX_FUNCTION_LINES]
-    print(f"modules over {MAX_MODULE_LINES} lines: {len(big)}" + (f" ({', '.join(big)})" if big else ""))
-    print(f"functions over {MAX_FUNCTION_LINES} lines: {len(long)}" + (f" ({', '.join(long)})" if long else ""))
+    sized = [(n, str(p.relative_to(root))) for p, n in lines.items()]
+    errors = _over(sized, MAX_MODULE_LINES, "modules", "lines") + _over(spans, MAX_FUNCTION_LINES, "functions", "lines")
     found = cycles(import_graph(modules), sorted(modules))
     print(f"import cycles (imports inside functions count): {len(found)}"
           + (f" ({'; '.join(' <-> '.join(c) for c in found)})" if found else ""))
+    errors += [f"an import cycle: {' <-> '.join(c)}" for c in found]
     twice = options_declared_twice(modules, root)
     print(f"options declared in more than one place: {len(twice)}"
           + (f" ({'; '.join(f'{flag}: ' + ', '.join(where) for flag, where in twice.items())})" if twice else ""))
+    errors += [f"option {flag} declared in {len(where)} places: {', '.join(where)}" for flag, where in twice.items()]
     source = "\n".join(p.read_text() for p in paths)
     print('"closed" spelled as a string:', len(re.findall(r"""["']closed["']""", source)))
     tested = {p.stem[len("test_"):] for p in (root / "tests").rglob("test_*.py")}
@@ -146,7 +152,22 @@ def main(root: Path) -> None:
     own = [p for p in named if p.stem in tested]
     print(f"modules: {len(named)}, with a test module of their own name: {len(own)}")
     print("package imports inside functions:", lazy)
+    for warn, limit, what in ((WARN_MODULE_LINES, MAX_MODULE_LINES, "module"), (WARN_FUNCTION_LINES, MAX_FUNCTION_LINES, "function")):
+        near = sorted((n, name) for n, name in (sized if what == "module" else spans) if warn <= n <= limit)
+        if near:
+            print(f"warning: {len(near)} {what}s within {limit - warn} lines of the {limit}-line limit: "
+                  + ", ".join(f"{name} {n}" for n, name in reversed(near)))
+    for line in errors:
+        print(f"error: {line}")
+    return 1 if errors else 0
+
+
+def _over(sized: list[tuple[int, str]], limit: int, what: str, unit: str) -> list[str]:
+    """Print how many of ``sized`` exceed ``limit``; each one as an error line."""
+    over = sorted((n, name) for n, name in sized if n > limit)
+    print(f"{what} over {limit} {unit}: {len(over)}" + (f" ({', '.join(f'{n} {name}' for n, name in over)})" if over else ""))
+    return [f"{name} has {n} {unit}, over the {limit}-{unit[:-1]} limit" for n, name in over]
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]))
