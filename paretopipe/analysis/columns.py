@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .. import faults
+from .. import faults, workload
 from ..network.labels import link_label
 from .keys import CLOSED_LOOP, DEFAULT_ENGINE, PLAIN, RAW_TCP, split_label
 
-RUN_FIELDS = ["run_key", "config_key", "model", "backend", "network", "split_index", "cut", "run", "status",
+RUN_FIELDS = ["run_key", "config_key", "model", "workload", "backend", "network", "split_index", "cut", "run", "status",
               "batch_size", "in_flight", "cipher", "transport", "codec", "scenario", "latency_median_s", "latency_mean_s", "latency_p95_s",
               "throughput_imgs_per_s", "transfer_median_s", "stage1_compute_median_s",
               "stage2_compute_median_s", "stage2_queue_median_s", "payload_bytes_mean", "wire_bytes_mean",
@@ -63,6 +63,7 @@ def run_row(rec: dict[str, Any], name: str) -> dict[str, Any]:
             **({"fault": faults.Fault(**c["fault"]).label} if c.get("fault") else {}),
             **({"placement": str(c["placement"])} if c.get("placement") else {}),
             "engine": c.get("engine") or DEFAULT_ENGINE, **engine_error(rec["manifest"]),
+            workload.FIELD: workload.of_record(rec).name,
             **{k: s.get(k) for k in RUN_FIELDS if k in s},
             **({"prompt_len": prompt_len(rec), "gen_tokens": generation.get("gen_tokens")} if generation else {}),
             **{k: v for k, v in s.items() if k.startswith("loadgen_")},

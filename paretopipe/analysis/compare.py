@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import records
+from .. import records, workload
 from ..errors import UsageError
-from .objectives import is_generation
+from ..workload import GENERATION, IMAGES
 from .plotting import front_axes, front_line, front_plot_data, pyplot, save_figure
 from .report import GROUP, pareto_table
 from . import objectives as objectives_mod, pareto
@@ -36,7 +36,8 @@ GENERATION_STAGE_COMPUTE = ("stage1_decode_compute_median_s", "stage2_decode_com
 
 def metrics_of(table: pd.DataFrame) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the fronts' two columns, each stage's compute column) of a session's table."""
-    return (GENERATION_METRICS, GENERATION_STAGE_COMPUTE) if is_generation(table) else (METRICS, STAGE_COMPUTE)
+    return {IMAGES: (METRICS, STAGE_COMPUTE),
+            GENERATION: (GENERATION_METRICS, GENERATION_STAGE_COMPUTE)}[workload.of_table(table)]
 #: Stages computing less than this in A (an empty stage 1 at k = 0) say nothing about its speed.
 MIN_STAGE_S = 1e-3
 

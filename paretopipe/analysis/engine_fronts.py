@@ -10,9 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from .. import records
+from .. import records, workload
 from .keys import DEFAULT_ENGINE, PANEL_KEY, panel_names, split_sort_key
-from .objectives import is_generation, throughput_column
+from .objectives import throughput_column
 from .plotting import PALETTE, plain_log_ticks, save_figure
 
 ENGINES_FILE = "engines.csv"
@@ -56,7 +56,7 @@ def _figure(plt: Any, panel: pd.DataFrame, key: tuple, out: Path, fmt: str) -> N
     networks = list(dict.fromkeys(panel["network"]))
     fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 4.5), squeeze=False)
     title, stem = panel_names((*key, DEFAULT_ENGINE))
-    rate, tokens = throughput_column(panel), is_generation(panel)
+    rate, tokens = throughput_column(panel), workload.of_table(panel).generates
     for ax, network in zip(axes[0], networks):
         for i, (engine, rows) in enumerate(panel[panel["network"] == network].groupby("engine", sort=True)):
             colour = PALETTE[i % len(PALETTE)]

@@ -14,8 +14,8 @@ from typing import Sequence
 
 import pandas as pd
 
+from .. import workload
 from ..errors import UsageError
-from .objectives import is_generation
 
 
 def _sessions(root: Path) -> list[Path]:
@@ -94,7 +94,7 @@ def summary(root: Path) -> str:
     for session in sessions:
         table = pd.read_csv(session / "report" / "pareto.csv")
         out += [f"## {session.relative_to(root)}", "", f"{len(table)} configurations; {_devices(session)}.", ""]
-        out += generation_section(table) if is_generation(table) else image_section(table)
+        out += generation_section(table) if workload.of_table(table).generates else image_section(table)
         out.append("")
     return "\n".join(out)
 

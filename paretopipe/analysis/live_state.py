@@ -22,8 +22,9 @@ from typing import Any
 
 import pandas as pd
 
+from .. import workload
 from ..splits import POLICIES
-from . import objectives, pareto
+from . import pareto
 from .session import Session
 from .summarize import summarize_runs
 
@@ -117,7 +118,7 @@ def axes_of(table: pd.DataFrame) -> dict[str, Any]:
     def axis(column: str, low: str, high: str, label: str, scale: float, sense: str) -> dict[str, Any]:
         return {"column": column, "low": low, "high": high, "label": label, "scale": scale, "sense": sense}
 
-    if objectives.is_generation(table):
+    if workload.of_table(table).generates:
         return {"x": axis("ttft_median_s", "ttft_ci95_low_s", "ttft_ci95_high_s", "time to first token (ms)", 1e3,
                           "min"),
                 "y": axis("tpot_median_s", "tpot_ci95_low_s", "tpot_ci95_high_s", "time per token (ms)", 1e3, "min")}

@@ -20,11 +20,10 @@ from typing import Any
 
 import pandas as pd
 
-from .. import records
+from .. import records, workload
 from ..errors import UsageError
 from . import pareto
 from .keys import CLOSED_LOOP, CONFIG_KEY, KEY_DEFAULTS
-from .objectives import is_generation
 from .plotting import plain_log_ticks
 
 FILE = "loadgen_front.csv"
@@ -59,7 +58,7 @@ def per_split(table: pd.DataFrame) -> pd.DataFrame:
     loop's where the session measured it (empty without any scenario)."""
     if "scenario" not in table.columns or not table["scenario"].ne(CLOSED_LOOP).any():
         return pd.DataFrame()
-    tokens = is_generation(table)
+    tokens = workload.of_table(table).generates
     objectives = scenario_objectives(tokens)
     keys = SPLIT_GROUP + ["split_index"]
     rows: dict[tuple, dict[str, Any]] = {}

@@ -30,11 +30,13 @@ from typing import Sequence
 
 import pandas as pd
 
+from .. import workload
 from ..errors import UsageError
+from ..workload import GENERATION, IMAGES, Workload
 
-DEFAULT = ("latency", "throughput")
+DEFAULT = IMAGES.default_objectives
 #: A language model's session: time to first token against time per output token.
-GENERATION_DEFAULT = ("ttft", "tpot")
+GENERATION_DEFAULT = GENERATION.default_objectives
 #: MLPerf LoadGen's figures as objectives: name -> (summary column, sense, label).
 LOADGEN = {"loadgen_p90": ("loadgen_latency_p90_s", "min", "LoadGen p90 latency (s)"),
            "loadgen_p99": ("loadgen_latency_p99_s", "min", "LoadGen p99 latency (s)"),
@@ -79,31 +81,37 @@ FIDELITY = Objective("fidelity", "fidelity_top1_agreement", "max",
                      "top-1 agreement with the unsplit float32 model (evaluation pass)")
 ACCURACY = Objective("accuracy", "accuracy_top1", "max", "top-1 accuracy (evaluation pass, labelled data)")
 #: A generation's latency is per step (a prefill or one token), not per batch of images.
-STEP_LATENCY = dataclasses.replace(LATENCY, label="latency per step, median (s)")
+STEP_LATENCY = dataclasses.replace(LATENCY, label=GENERATION.latency_label)
+#: The objectives whose column depends on the workload, by workload: a name missing from one is
+#: another workload's objective.
+BY_WORKLOAD: dict[Workload, dict[str, Objective]] = {
+    IMAGES: {"latency": LATENCY, "throughput": THROUGHPUT},
+    GENERATION: {"ttft": TTFT, "tpot": TPOT, "latency": STEP_LATENCY, "throughput": TOKENS}}
 
 
 def _has(table: pd.DataFrame, column: str) -> bool:
     return column in table.columns and pd.to_numeric(table[column], errors="coerce").notna().any()
 
 
-def is_generation(table: pd.DataFrame) -> bool:
-    """Whether ``table`` is a language model's session (its configurations have a time per token)."""
-    return _has(table, "tpot_median_s")
-
-
 def throughput_column(table: pd.DataFrame) -> str:
     """A table's throughput: images/s, or a language model's tokens/s."""
-    return TOKENS.column if is_generation(table) else THROUGHPUT.column
+    return workload.of_table(table).throughput_column
 
 
 def defaults(table: pd.DataFrame) -> tuple[str, ...]:
     """The objectives a table's fronts are drawn over unless named: latency and throughput, or a
     generation's time to first token and time per token."""
-    return GENERATION_DEFAULT if is_generation(table) else DEFAULT
+    return workload.of_table(table).default_objectives
+
+
+def main_pair(table: pd.DataFrame) -> tuple[Objective, Objective]:
+    """The two objectives of a table's first front (its workload's defaults)."""
+    first, second = (resolve(name, table) for name in defaults(table))
+    return first, second
 
 
 def _energy(name: str, prefix: str, table: pd.DataFrame, who: str) -> Objective:
-    item = "token" if is_generation(table) else "image"
+    item = workload.of_table(table).item
     for modelled in (False, True):
         stem = f"{prefix}energy{'_modelled' if modelled else ''}_per_{item}"
         if _has(table, f"{stem}_j"):
@@ -125,16 +133,12 @@ def _memory(name: str, column: str, table: pd.DataFrame, who: str) -> Objective:
 
 def resolve(name: str, table: pd.DataFrame) -> Objective:
     """One objective by name, against the table it will be computed on."""
-    generation = is_generation(table)
-    if name == "latency":
-        return STEP_LATENCY if generation else LATENCY
-    if name == "throughput":
-        return TOKENS if generation else THROUGHPUT
-    if name in ("ttft", "tpot"):
-        if not generation:
-            raise UsageError(f"--objectives {name}: a language model's objective; this session measured image "
-                             f"batches (valid here: {', '.join(available(table))})")
-        return TTFT if name == "ttft" else TPOT
+    own = BY_WORKLOAD[workload.of_table(table)]
+    if name in own:
+        return own[name]
+    if any(name in others for others in BY_WORKLOAD.values()):
+        raise UsageError(f"--objectives {name}: not an objective of this session's workload, "
+                         f"{workload.of_table(table)} (valid here: {', '.join(available(table))})")
     if name == "energy":
         return _energy(name, "", table, "the pipeline")
     if name == "memory":
@@ -198,7 +202,7 @@ def check_names(text: str | None) -> str | None:
 
 def available(table: pd.DataFrame) -> list[str]:
     """The objectives ``table`` can be computed on."""
-    out = (["ttft", "tpot"] if is_generation(table) else []) + ["latency", "throughput"]
+    out = list(BY_WORKLOAD[workload.of_table(table)])
     if any(_has(table, f"energy{m}_per_{item}_j") for m in ("", "_modelled") for item in ("image", "token")):
         out.append("energy")
     if _has(table, "memory_model_bytes"):

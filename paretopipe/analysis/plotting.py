@@ -9,8 +9,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from .. import workload
 from .keys import split_sort_key
-from .objectives import LATENCY, THROUGHPUT, TPOT, TTFT, is_generation
+from .objectives import LATENCY, THROUGHPUT, main_pair
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
@@ -63,7 +64,7 @@ def _error_bars(frame: pd.DataFrame, value: str, low: str, high: str, scale: flo
 def front_axes(table: pd.DataFrame) -> tuple[Any, Any]:
     """The two objectives a table's fronts are drawn on: latency and throughput, or a language
     model's time to first token and time per token."""
-    return (TTFT, TPOT) if is_generation(table) else (LATENCY, THROUGHPUT)
+    return main_pair(table)
 
 
 def plot_fronts(table: pd.DataFrame, ax, title: str, line: bool = True, x: Any = None, y: Any = None
@@ -169,8 +170,9 @@ def plot_breakdown(table: pd.DataFrame, fig, title: str) -> None:
 def plot_vs_split(table: pd.DataFrame, fig, title: str, objectives: Sequence[Any] = ()) -> None:
     """Two objectives against the split, a 95% CI band each (by default latency and throughput, or a
     language model's time to first token and time per token)."""
-    first, second = objectives or ((TTFT, TPOT) if is_generation(table) else
-                                   (dataclasses.replace(LATENCY, column="latency_median_s"), THROUGHPUT))
+    first, second = objectives or main_pair(table)
+    if first is LATENCY:  # summary.csv's median latency, which the CI band is of
+        first = dataclasses.replace(LATENCY, column="latency_median_s")
     axes = fig.subplots(1, 2)
     order = [str(k) for k in _by_split(table.drop_duplicates("split_index"))["split_index"]]
     for i, (network, grp) in enumerate(table.groupby("network", sort=False)):
@@ -198,14 +200,14 @@ def plot_vs_split(table: pd.DataFrame, fig, title: str, objectives: Sequence[Any
 
 def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
     """What crosses the first cut per image (a language model: per token, a decode step's)."""
-    per_token = is_generation(table)
+    item = workload.of_table(table).item
     grp = _by_split(table.drop_duplicates("split_index"))
     x = np.arange(len(grp))
-    values = grp["bytes_per_token"] if per_token else grp["payload_bytes_mean"] / grp["batch_size"]
+    values = grp["bytes_per_token"] if item == "token" else grp["payload_bytes_mean"] / grp["batch_size"]
     ax.bar(x, values, color=PALETTE[0])
     ax.set_xticks(x, [str(k) for k in grp["split_index"]], fontsize=7)
     ax.set_yscale("log")
-    ax.set(xlabel="split index k", ylabel=f"bytes sent stage 1 -> 2 per {'token' if per_token else 'image'} (log)",
+    ax.set(xlabel="split index k", ylabel=f"bytes sent stage 1 -> 2 per {item} (log)",
            title=title)
     ax.grid(True, axis="y", alpha=0.3)
 

@@ -14,8 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .. import records
+from .. import records, workload
 from ..errors import UsageError
+from ..workload import GENERATION, IMAGES, Workload
 from . import adaptive_comparison, loadgen_front, objectives as objectives_mod
 from . import devices, engine_fronts, fidelity_plot, pareto, peer_gap, robustness
 from .plotting import (nothing_to_draw, plot_breakdown, plot_fronts, plot_objective_matrix, plot_payload,
@@ -38,6 +39,9 @@ GROUP = [k for k in CONFIG_KEY if k != "split_index"]  # one front per model, ba
 #: The 95% CI columns of latency and throughput in summary.csv (records.median_ci over runs).
 INTERVALS = {"latency_s": ("latency_median_ci95_low_s", "latency_median_ci95_high_s"),
              "throughput_imgs_per_s": ("throughput_ci95_low_imgs_per_s", "throughput_ci95_high_imgs_per_s")}
+#: The front table's figures before the chosen objectives', by workload.
+FRONT_TABLE_MAIN = {IMAGES: ["latency_s", "throughput_imgs_per_s"],
+                    GENERATION: ["ttft_median_s", "tpot_median_s", "tokens_per_s"]}
 
 
 def pareto_table(session: Session | str | Path, resamples: int = 200,
@@ -173,8 +177,8 @@ class _PanelFigures:
     chosen: Sequence[objectives_mod.Objective]
 
     @property
-    def generation(self) -> bool:
-        return objectives_mod.is_generation(self.panel)
+    def workload(self) -> Workload:
+        return workload.of_table(self.panel)
 
     @property
     def default(self) -> bool:
@@ -182,7 +186,7 @@ class _PanelFigures:
 
     def front(self) -> Any:
         fig, ax = self.plt.subplots(figsize=(8, 5.5))
-        drawn = "time to first token and per token" if self.generation else "latency and throughput"
+        drawn = "time to first token and per token" if self.workload.generates else "latency and throughput"
         plot_fronts(self.panel, ax, f"Pareto fronts: {self.title}" + ("" if self.default else
                     f" (front over {', '.join(o.name for o in self.chosen)}; drawn on {drawn})"), line=self.default)
         return fig
@@ -205,19 +209,19 @@ class _PanelFigures:
 
     def breakdown(self) -> Any:
         fig = self.plt.figure(figsize=(4 * self.panel["network"].nunique() + 1, 4.5))
-        plot_breakdown(self.panel, fig, f"Where the time goes per {'step' if self.generation else 'split'}: "
+        plot_breakdown(self.panel, fig, f"Where the time goes per {'step' if self.workload.generates else 'split'}: "
                                         f"{self.title}")
         return fig
 
     def vs_split(self) -> Any:
         fig = self.plt.figure(figsize=(11, 4.5))
-        what = "Time to first token and per token" if self.generation else "Latency and throughput"
+        what = "Time to first token and per token" if self.workload.generates else "Latency and throughput"
         plot_vs_split(self.panel, fig, f"{what} vs split: {self.title}")
         return fig
 
     def payload(self) -> Any:
         fig, ax = self.plt.subplots(figsize=(7, 4))
-        plot_payload(self.panel, ax, f"Payload per {'token' if self.generation else 'image'} vs split: {self.key[0]}")
+        plot_payload(self.panel, ax, f"Payload per {self.workload.item} vs split: {self.key[0]}")
         return fig
 
 
@@ -227,11 +231,11 @@ def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[o
     (``depths``: the session holds several in-flight depths, named in the files)."""
     title, stem = panel_names(key, depths)
     figures = _PanelFigures(plt, panel, key, title, chosen)
-    names = ["front"] + (["tokens_memory"] if figures.generation else []) + \
+    names = ["front"] + (["tokens_memory"] if figures.workload.generates else []) + \
         ([] if figures.default else ["objectives"]) + ["breakdown", "vs_split", "payload"]
     for name in names:
         path = out / (f"payload_{records.file_label(key[0])}.{fmt}" if name == "payload" else f"{name}_{stem}.{fmt}")
-        why = nothing_to_draw(panel, name, figures.generation)
+        why = nothing_to_draw(panel, name, figures.workload.generates)
         if why is not None:
             log.warning("report: %s not drawn: %s", path.name, why)
             continue
@@ -244,8 +248,7 @@ def format_front_table(table: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     """The epsilon-front: the front and the points tied with it (no point beats them by more than
     the network's measured noise, :func:`pareto.front_status`), the splits the data cannot tell
     apart from the best; ``columns``: the objectives' columns beyond latency and throughput."""
-    main = (["ttft_median_s", "tpot_median_s", "tokens_per_s"] if objectives_mod.is_generation(table)
-            else ["latency_s", "throughput_imgs_per_s"])
+    main = FRONT_TABLE_MAIN[workload.of_table(table)]
     cols = ["model", "backend", "cipher", "transport", "codec", "in_flight", "scenario", "prompt_len", "fault",
             "placement", "engine", "network", "split_index", "cut", "front_status", *main, *[c for c in columns if c not in main],
             "front_robustness", "knee", "hypervolume", "hypervolume_ci95_low", "hypervolume_ci95_high"]

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import records
+from .. import records, workload
 from .columns import BREAKDOWN, FAULT, FIDELITY, GENERATION, GENERATION_OBJECTIVES, RESOURCE_OBJECTIVE, RESOURCES
 from .keys import CONFIG_KEY, key_values
 
@@ -86,6 +86,12 @@ def _sort_key(key: tuple) -> tuple:
     return tuple((0, x, "") if isinstance(x, (int, np.integer)) else (1, 0, str(x)) for x in key)
 
 
+def _workload(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A configuration's workload, as its runs said (absent from a table that predates it)."""
+    name = members[0].get(workload.FIELD)
+    return {workload.FIELD: name} if isinstance(name, str) else {}
+
+
 def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per configuration: median, p95 and a 95% CI of the median over its runs (``records.median_ci``).
 
@@ -100,12 +106,12 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             groups.setdefault(key, []).append(row)
         elif row["status"] == "infeasible":
             infeasible.setdefault(key, []).append(row)
-    out = [{**dict(zip(CONFIG_KEY, key)), "cut": members[0]["cut"], "status": "infeasible", "runs": 0,
+    out = [{**dict(zip(CONFIG_KEY, key)), **_workload(members), "cut": members[0]["cut"], "status": "infeasible", "runs": 0,
             "infeasible_runs": len(members), "batches_completed": max(m.get("batches_measured") or 0 for m in members),
             "infeasible_reason": members[-1].get("error")}
            for key, members in infeasible.items() if key not in groups]
     for key, members in sorted(groups.items(), key=lambda kv: _sort_key(kv[0])):
-        entry = dict(zip(CONFIG_KEY, key))
+        entry = {**dict(zip(CONFIG_KEY, key)), **_workload(members)}
         entry["cut"] = members[0]["cut"]
         entry["status"] = "complete"
         entry["runs"] = len(members)

@@ -56,6 +56,7 @@ def test_a_sweep_measures_every_configuration_and_reports_its_fronts(swept):
         assert (rec["config"]["generation"]["warmup_streams"] == 0) == same_plan, rec["config"]["run_key"]
     runs = _rows(session / "runs.csv")
     assert {"ttft_median_s", "tpot_median_s", "tokens_per_s", "prompt_len"} <= set(runs[0])
+    assert {r["workload"] for r in runs} == {r["workload"] for r in rows} == {"generation"}  # the rows say it
     for r in (r for r in rows if r["network"] == "slow"):  # the link's figures come from the record's manifest
         k = int(r["split_index"])
         assert float(r["bytes_per_token"]) == shapes.cut_bytes_per_token(shapes.named("tiny-lm"), k)

@@ -46,6 +46,7 @@ def test_a_sweep_of_a_detector_measures_cuts_across_its_pyramid_like_any_split(t
     session = tmp_path / "out" / "s"
     runs = pd.read_csv(session / "runs.csv")
     assert sorted(runs["split_index"]) == [0, 15, 22] and set(runs["status"]) == {"complete"}
+    assert set(runs["workload"]) == set(pd.read_csv(session / "summary.csv")["workload"]) == {"images"}
     _, part = tables.partitioner_for("ssdlite320_mobilenet_v3_large", batch=1, structure_only=True)
     inside = runs[runs.split_index == 15].iloc[0]
     cut = part.cut(part.block_cut(15))

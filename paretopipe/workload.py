@@ -1,0 +1,76 @@
+"""What a run computes, as one value: image batches, or a language model's generation (issue 68).
+
+The kind used to be asked five ways (a configuration's ``generation is not None``, a model's
+``is_language_model``, an options object's ``language_model``, whether a table had a time-per-token
+column). A :class:`Workload` answers what those branches wanted: the item a rate, an energy or a
+cost is per, a table's throughput column and default objectives, and its name. A run record says
+it by its configuration (a generation's settings, or none); every runs.csv and summary.csv row
+carries its name as ``workload``, so a table read back from disk knows its workload from what its
+runs said, not from which columns happen to exist.
+No torch and no pandas at import: the base layer, below everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from .errors import UsageError
+
+#: The field a record, a runs.csv row and a summary.csv row carry.
+FIELD = "workload"
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str                           # a record's and a table's ``workload`` value
+    item: str                           # what a rate, an energy per item and a cost per item count
+    generates: bool                     # a language model generating tokens
+    default_objectives: tuple[str, str]  # a table's fronts unless ``--objectives`` names others
+    throughput_column: str              # summary.csv's rate: images/s or tokens/s
+    latency_label: str                  # what one latency sample is
+
+    def __str__(self) -> str:
+        return self.name
+
+
+IMAGES = Workload("images", "image", False, ("latency", "throughput"), "throughput_imgs_per_s",
+                  "latency per batch, median (s)")
+GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), "tokens_per_s",
+                      "latency per step, median (s)")
+BY_NAME = {w.name: w for w in (IMAGES, GENERATION)}
+
+
+def named(name: str) -> Workload:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise UsageError(f"unknown workload {name!r}: valid {', '.join(BY_NAME)}") from None
+
+
+def of_generation(generation: Any) -> Workload:
+    """A configuration's workload from its generation settings (None: image batches)."""
+    return IMAGES if generation is None else GENERATION
+
+
+def of_record(record: Mapping[str, Any]) -> Workload:
+    """A run record's, from its configuration's generation settings."""
+    return of_generation((record.get("config") or {}).get("generation") or None)
+
+
+def of_table(table: Any) -> Workload:
+    """A runs.csv or summary.csv table's (a pandas DataFrame): its rows' ``workload``. A table with
+    no such column is from before the rows carried it (or built by hand): a generation's has a time
+    per output token, the one place that is still read from a column's presence."""
+    if FIELD in getattr(table, "columns", ()):
+        names = {str(v) for v in table[FIELD].dropna().unique()}
+        if len(names) > 1:
+            raise UsageError(f"this table mixes workloads ({', '.join(sorted(names))}): report each session alone")
+        if names:
+            return named(names.pop())
+    column = "tpot_median_s"
+    if column in getattr(table, "columns", ()):
+        import pandas as pd  # only for a table, which is pandas already
+
+        return GENERATION if pd.to_numeric(table[column], errors="coerce").notna().any() else IMAGES
+    return IMAGES
