@@ -58,9 +58,9 @@ def main() -> int:
         args.model, args.weights, test = train_on_mnist(args.mnist)
         args.dataset, args.target = f"imagefolder:{test}", 0.0
 
-    from paretopipe.llm.shapes import is_language_model
+    from paretopipe.llm.shapes import workload_of
 
-    if is_language_model(args.model):
+    if workload_of(args.model).generates:
         return language_model(args)
 
     import torch

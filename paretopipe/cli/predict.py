@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 from ..runners import flags
 from ..errors import UsageError
-from ..llm.shapes import is_language_model, shape_of
+from ..workload import GENERATION, IMAGES
+from ..llm.shapes import shape_of, workload_of
 from ..loadgen.settings import LoadgenOptions
 from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
@@ -149,9 +150,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     if args.wire_dtype == "auto":
         raise UsageError("--wire-dtype auto is chosen per cut at run time from measured fidelity; predict prices "
                          "a named dtype: valid float32, float16, bfloat16, int8, int4")
-    language_model = is_language_model(args.model, args.model_dir)
-    check_workload_flags(p, args, language_model, IMAGE_ONLY, GENERATION_ONLY)
-    return (_predict_language_model if language_model else _predict_image_model)(args)
+    kind = workload_of(args.model, args.model_dir)
+    check_workload_flags(p, args, kind, IMAGE_ONLY, GENERATION_ONLY)
+    return {IMAGES: _predict_image_model, GENERATION: _predict_language_model}[kind](args)
 
 
 def _predict_language_model(args: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ from typing import Sequence
 
 from ..runners import flags
 from ..errors import UsageError
-from ..llm.shapes import is_language_model
+from ..workload import GENERATION, IMAGES
+from ..llm.shapes import workload_of
 from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
                      example_epilog, positive_int, setup_logging)
@@ -74,11 +75,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     setup_logging(args.debug, args.quiet)
     if args.model is None and args.model_dir is None:
         raise UsageError("give --model NAME (or --model-dir DIR for a language model's folder)")
-    language_model = is_language_model(args.model, args.model_dir)
-    check_workload_flags(p, args, language_model, IMAGE_ONLY, GENERATION_ONLY)
+    kind = workload_of(args.model, args.model_dir)
+    check_workload_flags(p, args, kind, IMAGE_ONLY, GENERATION_ONLY)
     if args.cpu_share is not None:
         cpushare.check_share(args.cpu_share)
-    return (_profile_language_model if language_model else _profile_image_model)(args)
+    return {IMAGES: _profile_image_model, GENERATION: _profile_language_model}[kind](args)
 
 
 def _profile_image_model(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..runners import flags, rpc_ranks
-from ..llm.shapes import is_language_model, model_structure
+from ..llm.shapes import model_structure, workload_of
 from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,
                              loadgen_line, save_tokens)
 from ..errors import PeerError, UsageError
@@ -226,7 +226,7 @@ class _MasterRun:
         in_flight = args.in_flight if args.use_pipelining else 1
         rpc = RpcOptions(transport=args.rpc_transport, source=args.rpc_source, use_pipelining=args.use_pipelining,
                          world_size=args.world_size)
-        if is_language_model(args.model, args.model_dir):
+        if workload_of(args.model, args.model_dir).generates:
             generation = generation_from_args(args)
             up = max(part.payload_nbytes(c, max(map(len, builder.prompts(generation, args.seed)))) for c in cuts)
             timeout_s = args.timeout or deadlines.run_timeout_s(self.conditions, up, 64, generation.streams)
@@ -272,7 +272,7 @@ class _MasterRun:
             print(f"error: {record['error']} (incomplete record written to {path})", file=sys.stderr, flush=True)
             rpc_ranks.hard_exit(procs, 1)
         if args.save_outputs:
-            save_tokens(args.save_outputs, record["generation"]["tokens"]) if cfg.generation is not None \
+            save_tokens(args.save_outputs, record["generation"]["tokens"]) if cfg.workload.generates \
                 else save_outputs(args.save_outputs, outputs)
         backend.rpc.shutdown()
         for proc in procs:
@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "distributed_runner.py")
     p = parser(prog)
     args = p.parse_args(argv)
     setup_logging(args.debug, args.quiet)
-    check_workload_flags(p, args, is_language_model(args.model, args.model_dir))
+    check_workload_flags(p, args, workload_of(args.model, args.model_dir))
     for flag, note in DEPRECATED.items():
         if getattr(args, flag.lstrip("-").replace("-", "_")):
             log.warning("%s is deprecated and ignored: %s", flag, note)

@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "paretopipe search") -> 
                          f"several (--placements {','.join(opts.placements)}) measures without it, or give --stages "
                          f"(predict --subsets prices every placement)")
     predicted = () if not profiles else \
-        predicted_first_generation(profiles, opts, space, args.budget) if opts.language_model else \
+        predicted_first_generation(profiles, opts, space, args.budget) if opts.workload.generates else \
         predicted_first(profiles, opts, space, args.stages, args.budget)
     if opts.dry_run:
         print(f"search space: {space.size()} configurations ("

@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.sp
     if args.list_models:
         print(model_catalogue())
         return 0
-    if shapes.is_language_model(args.model, args.model_dir):
+    if shapes.workload_of(args.model, args.model_dir).generates:
         # lazy for start-up: transformers (reading a folder's config checks its architecture)
         from ..llm.build import source
 

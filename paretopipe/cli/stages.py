@@ -13,7 +13,7 @@ from ..transport import aead, auth
 from ..runners import flags
 from ..splits import POLICIES
 from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD, Generation, RunConfig, eval_samples_for
-from ..llm.shapes import is_language_model
+from ..llm.shapes import workload_of
 from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,
                              loadgen_line, save_tokens)
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_loadgen_flags,
@@ -217,7 +217,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     signals_as_interrupt()
     secret = stage_secret(args)
     aead.check_choice(args.encrypt, secret)
-    check_workload_flags(parser, args, is_language_model(args.model, args.model_dir))
+    check_workload_flags(parser, args, workload_of(args.model, args.model_dir))
     traced = cputrace.parse_stage_traces(args.stage_cpu_trace, stages=("stage1",))
     loadgen = loadgen_from_args(args)  # refused before the model is built
     builder, cuts = _builder(args)
@@ -226,7 +226,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     if cfg.eval_samples:  # refused before anything listens, not after the timed batches
         from ..transport.fidelity import evaluation_tokens, sample_set  # lazy for start-up: torch
 
-        evaluation_tokens(builder, cfg) if cfg.generation is not None else sample_set(cfg, builder.input_size)
+        evaluation_tokens(builder, cfg) if cfg.workload.generates else sample_set(cfg, builder.input_size)
     observed = _observed_link(args)
     policy = None
     if cfg.adaptive:  # its candidates are checked before anything listens
@@ -256,7 +256,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
 def _stage1_config(args: argparse.Namespace, builder: StageBuilder, cuts: list[str], conditions: Any,
                    loadgen: Any) -> RunConfig:
     """Stage 1's run configuration from its flags: image batches, or a language model's generation."""
-    generation = generation_from_args(args) if is_language_model(args.model, args.model_dir) else None
+    generation = generation_from_args(args) if workload_of(args.model, args.model_dir).generates else None
     return run_config_from_flags(args, builder.name, cuts, args.split_index, conditions,
                                  args.timeout or _link_timeout_s(args, builder, cuts, conditions, generation),
                                  num_batches=args.num_batches, in_flight=args.in_flight,
@@ -292,7 +292,7 @@ def _stage1_line(args: argparse.Namespace, builder: StageBuilder, cfg: RunConfig
     text, or the batches' latency and throughput, an adaptive run's choices and LoadGen's verdict."""
     record, s = outcome.record, outcome.record["summary"]
     written = f", written {outcome.path}" if outcome.path else ""
-    if cfg.generation is not None:
+    if cfg.workload.generates:
         tokens = record["generation"]["tokens"]
         if args.save_outputs:
             save_tokens(args.save_outputs, tokens)

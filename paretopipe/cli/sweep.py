@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         p.set_defaults(**exp.defaults)
         args = p.parse_args(argv)
     opts = options_from_args(args, exp)
-    check_workload_flags(p, args, opts.language_model)
+    check_workload_flags(p, args, opts.workload.generates)
     sweeper = Sweeper(opts)
     table = resolved_table(opts)
     _check_resume(sweeper, exp, table, args.force_resume)
@@ -178,7 +178,7 @@ def _print_report(report: Path, opts: SweepOptions) -> None:
     from ..analysis.sanity import format_sanity
 
     print("Pareto-optimal splits and those tied with them within 95% CIs (" + (
-        "time to first token and per token: medians, s; throughput in tokens/s):" if opts.language_model else
+        "time to first token and per token: medians, s; throughput in tokens/s):" if opts.workload.generates else
         "latency_s: median per batch; throughput in images/s):"))
     print_front_table(report, opts.objectives)
     if (report / "sanity.csv").is_file():

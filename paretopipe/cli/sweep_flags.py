@@ -96,7 +96,7 @@ WHAT, GENERATE, ORDER, RUN, LOADGEN, MEASURE, WHERE, FILES, OUTPUT = (
 
 def _generation(field: str) -> Callable[[SweepOptions], Any]:
     """How the resolved table stores a generation's setting: a language model's sweep only."""
-    return lambda o: getattr(o, field) if o.language_model else None
+    return lambda o: getattr(o, field) if o.workload.generates else None
 
 
 def _loadgen_value(field: str) -> Callable[[SweepOptions], Any]:

@@ -28,7 +28,7 @@ from .common import ArgumentParser, dataset_from_args, loadgen_sweep_settings, p
 from .sweep_flags import simple_fields
 from ..partition.names import canonical_name
 from ..energy.memory import parse_limits
-from ..llm.shapes import is_language_model, shape_of
+from ..llm.shapes import shape_of, workload_of
 
 
 def _per_stage_ints(text: str | None, flag: str) -> list[int | None]:
@@ -52,14 +52,14 @@ def _models(args: argparse.Namespace) -> list[str]:
     if not models:
         raise UsageError("--models names no model")
     for model in models:
-        if not is_language_model(model):
+        if not workload_of(model).generates:
             canonical_name(model)
     return models
 
 
 def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | None = None) -> SweepOptions:
     models = _models(args)
-    language_model = is_language_model(models[0], args.model_dir)
+    kind = workload_of(models[0], args.model_dir)
     devices = [d.strip() for d in args.stage_devices.split(",")] if args.stage_devices else []
     env = read_env(args.env_file)
     if args.local:
@@ -110,7 +110,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
                         engines=_engines(args, stages),
-                        dataset="synthetic" if language_model else dataset_from_args(args, args.compression,
+                        dataset="synthetic" if kind.generates else dataset_from_args(args, args.compression,
                                                                                      local=not testbed.remote),
                         data_dir=args.data_dir, inline_networks=inline, objectives=args.objectives,
                         power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),

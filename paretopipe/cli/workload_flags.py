@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import UsageError
+from ..workload import Workload
 from ..loadgen import logs as loadgen_logs
 from ..runners import flags
 from ..transport.runconfig import Generation
@@ -31,14 +32,14 @@ def add_generation_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(*flags.CHAT.flags, action="store_true", help=flags.CHAT.help)
 
 
-def check_workload_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, language_model: bool,
+def check_workload_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: Workload,
                          image_only: Sequence[str] = IMAGE_ONLY, generation_only: Sequence[str] = GENERATION_ONLY) -> None:
     """Refuse a flag given a value of its own that the model's workload does not take."""
     actions = {a.dest: a for a in parser._actions}
-    for dest in image_only if language_model else generation_only:
+    for dest in image_only if kind.generates else generation_only:
         if dest in actions and getattr(args, dest) != _default(actions[dest]):
             flag = actions[dest].option_strings[0]
-            if language_model:
+            if kind.generates:
                 raise UsageError(f"{flag} applies to an image model; {args.model_dir or args.model} is a language "
                                  f"model (its own options are --help's language-model group)")
             raise UsageError(f"{flag} applies to {LANGUAGE_MODELS}; {args.model} is an image model")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .. import workload
 from ..errors import UsageError
+from ..workload import Workload
 from ..partition.structure import structure
 from ..wiredtype import token_nbytes
 from .checkpoints import REAL, display_name, folder_config, is_real
@@ -237,11 +239,11 @@ def cut_table(shape: LMShape, cut_dtype: str = "float32") -> str:
     return "\n".join(rows)
 
 
-def is_language_model(model: str | None, model_dir: str | None = None) -> bool:
-    """Whether a stage's model is a language model: weights given by ``--model-dir``, a named real
-    one, or a named shape. The one test of a model's kind: it decides the workload (a generation,
-    or image batches)."""
-    return model_dir is not None or is_named(model) or is_real(model)
+def workload_of(model: str | None, model_dir: str | None = None) -> Workload:
+    """A stage's model's workload: a generation for a language model (weights given by
+    ``--model-dir``, a named real one, or a named shape), else image batches. The one test of a
+    model's kind."""
+    return workload.of_generation(True if model_dir is not None or is_named(model) or is_real(model) else None)
 
 
 def shape_of(model: str | None, model_dir: str | None = None) -> LMShape:
@@ -256,7 +258,7 @@ def shape_of(model: str | None, model_dir: str | None = None) -> LMShape:
 def model_structure(model: str, num_classes: int, model_dir: str | None = None) -> dict[str, Any]:
     """What a controller needs of a model's splits, without torch: its name, its largest split
     (``num_blocks``) and its fine cuts (a language model has none: it is cut between blocks)."""
-    if is_language_model(model, model_dir):
+    if workload_of(model, model_dir).generates:
         shape = shape_of(model, model_dir)
         return {"model": shape.name, "num_blocks": shape.last_split, "fine_cuts": {}}
     return structure(model, num_classes)

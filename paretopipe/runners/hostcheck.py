@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from . import flags
 from .. import __version__
-from ..llm.shapes import cut_table, is_language_model, shape_of
+from ..llm.shapes import cut_table, shape_of, workload_of
 from ..manifest import _git_commit, source_digest
 
 
@@ -72,7 +72,7 @@ def model_fingerprint(model: str, num_classes: int, model_dir: str | None = None
     """The weights a stage of ``model`` holds: an image model's whole fingerprint; a language
     model's identity (its configuration and weights' source) with its first layer's weights as
     drawn or read here (a whole model of a billion parameters is not built for a check)."""
-    if is_language_model(model, model_dir):
+    if workload_of(model, model_dir).generates:
         # lazy for start-up: torch, transformers
         from ..llm.build import block_weights, source
         # lazy for start-up: torch
@@ -90,7 +90,7 @@ def cut_digest(model: str, num_classes: int, model_dir: str | None = None) -> st
     """A digest of ``model``'s cut points (names, shapes, dtypes) and block cuts: what two hosts with
     different torch versions must agree on to split the model the same way (a language model's:
     its shape's cut table)."""
-    if is_language_model(model, model_dir):
+    if workload_of(model, model_dir).generates:
         text = cut_table(shape_of(model, model_dir))
     else:
         # lazy for start-up: torch

@@ -63,7 +63,7 @@ class SearchOptions:
 
 def model_name(model: str, opts: SweepOptions) -> str:
     """The model as its records name it (a language model by its shape's name)."""
-    return shape_of(model, opts.model_dir).name if opts.language_model else canonical_name(model)
+    return shape_of(model, opts.model_dir).name if opts.workload.generates else canonical_name(model)
 
 
 def objective_values(summary: pd.DataFrame, opts: SweepOptions, space: Space, config: Config, model: str
@@ -109,7 +109,7 @@ class SearchRun:
         self.trials: list[dict[str, Any]] = []
         self.started = time.monotonic()
         chosen = objective_names.check_names(opts.objectives) or ",".join(
-            objective_names.GENERATION_DEFAULT if opts.language_model else objective_names.DEFAULT)
+            opts.workload.default_objectives)
         self.objective_names = [n.strip() for n in chosen.split(",")]
         self.seeds = self.predicted_configs()
         self.testbed = search.testbed or opts.testbed.label()

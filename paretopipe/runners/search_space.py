@@ -32,7 +32,7 @@ GENERATION_DIMS = (("prompt_len", "prompt_lens"),)
 def list_dims(opts: SweepOptions) -> tuple[tuple[str, str], ...]:
     """The sweep lists a search of ``opts`` turns into dimensions (a language model's prompt lengths
     too, and the testbed's placements where --placements names them)."""
-    return LIST_DIMS + (GENERATION_DIMS if opts.language_model else ()) + \
+    return LIST_DIMS + (GENERATION_DIMS if opts.workload.generates else ()) + \
         ((("placement", "placements"),) if opts.placements else ())
 
 
@@ -64,7 +64,7 @@ COLUMN_OF = {"streams": "in_flight"}
 def variables(opts: SweepOptions) -> tuple[str, ...]:
     """The settings a search of ``opts``'s model may vary: a language model's steps are one token
     of each stream, so its batch is 1 and its window the streams."""
-    return ("codec", "streams") if opts.language_model else ("codec", "batch_size", "in_flight")
+    return ("codec", "streams") if opts.workload.generates else ("codec", "batch_size", "in_flight")
 
 
 def parse_vary(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
@@ -158,15 +158,15 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int,
     if unfit:
         raise UsageError(f"--vary {unfit[0]}: " + (
             "a language model's steps are one token of each stream; its window is its streams: --vary streams=1,2,4"
-            if opts.language_model else "streams are a language model's; an image model's window is --vary in_flight"))
+            if opts.workload.generates else "streams are a language model's; an image model's window is --vary in_flight"))
     for name, choices in (vary or {}).items():
         if len(choices) > 1:
             dims.append(Dimension(name, tuple(choices), ordered=name != "codec"))
     # A language model's chain runs a block at least on every stage: its plans' cuts differ.
     if mixed:
         return Space(tuple(dims), cuts, length_dim="placement", plan_lengths=tuple(lengths.items()),
-                     distinct=opts.language_model)
-    return Space(tuple(dims), cuts if stages > 2 else (), distinct=opts.language_model and stages > 2)
+                     distinct=opts.workload.generates)
+    return Space(tuple(dims), cuts if stages > 2 else (), distinct=opts.workload.generates and stages > 2)
 
 
 def base_value(opts: SweepOptions, name: str) -> Any:
@@ -174,7 +174,7 @@ def base_value(opts: SweepOptions, name: str) -> Any:
     it): a language model's runs record batch 1 and their streams as the window."""
     if name == "codec":
         return f"{opts.wire_dtype}/{opts.compression}"
-    if opts.language_model and name in ("batch_size", "in_flight"):
+    if opts.workload.generates and name in ("batch_size", "in_flight"):
         return 1 if name == "batch_size" else opts.streams
     return getattr(opts, name)
 

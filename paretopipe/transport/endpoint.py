@@ -34,7 +34,7 @@ class SourceEndpoint:
         # A generation: the prompts, the tokens fed back, and the step between load and send.
         self.feed: PromptFeed | None = None
         self.step: tuple[int, int] = (0, 0)  # (stream, start)
-        if cfg.generation is not None:
+        if cfg.workload.generates:
             # lazy for start-up: transformers (a language model's run only)
             from .generation import PromptFeed
 

@@ -59,7 +59,7 @@ def sample_set(cfg: RunConfig, size: int, seed: int = EVAL_SEED) -> SampleSet:
 def evaluate(builder: StageBuilder, cfg: RunConfig, seed: int = EVAL_SEED) -> dict[str, Any]:
     """The run's fidelity figures (none for an adaptive run, whose cut changes, or a model whose
     output is not one tensor of class scores)."""
-    if cfg.generation is not None:
+    if cfg.workload.generates:
         return evaluate_generation(builder, cfg, seed) if cfg.eval_samples else {}
     if not cfg.eval_samples or cfg.adaptive:
         return {}

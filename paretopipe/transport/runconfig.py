@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import engines, strict
+from .. import engines, strict, workload
 from ..errors import UsageError
 from ..faults import Fault
 from ..splits import POLICIES
+from ..workload import Workload
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..loadgen.settings import LoadgenOptions
 from ..wiredtype import AUTO, WIRE_DTYPE_CHOICES, WIRE_DTYPE_NAMES
@@ -228,7 +229,7 @@ class RunConfig:
         if self.wire_dtype == AUTO and self.fidelity_target is None:
             raise UsageError("--wire-dtype auto needs --fidelity-target, the share of the unsplit model's top-1 "
                              "(or accuracy) to keep, e.g. 0.99")
-        if self.generation is not None:
+        if self.workload.generates:
             self._derive_generation()
         if self.eval_samples < 0:
             raise UsageError(f"--eval-samples {self.eval_samples}: must be 0 or more")
@@ -258,13 +259,13 @@ class RunConfig:
             return
         why = self._peer_refusal() if engines.is_peer(self.engine) else \
             "a language model's stages run on torch or as llama.cpp (--engine llamacpp)" \
-            if self.generation is not None else \
+            if self.workload.generates else \
             "the RPC backend's ranks run torch modules; use --backend tcp" if self.rpc is not None else None
         if why:
             raise UsageError(f"--engine {self.engine}: {why}, or --engine torch")
 
     def _peer_refusal(self) -> str | None:
-        return ("llama.cpp runs a language model, not image batches" if self.generation is None
+        return ("llama.cpp runs a language model, not image batches" if not self.workload.generates
                 else "llama.cpp's RPC split has one cut" if len(self.cuts) != 1
                 else "llama.cpp's peer is its own RPC, not the rpc backend's ranks" if self.rpc is not None
                 else "llama.cpp's split is fixed when its client loads; give a static split" if self.adaptive
@@ -318,7 +319,7 @@ class RunConfig:
             raise UsageError(f"--scenario {self.loadgen.scenario} with "
                              f"{'--split ' + str(self.split_index) if self.adaptive else '--deadline-ms'}: a LoadGen "
                              f"run keeps a static split and waits for every result; give a block split")
-        if self.loadgen is not None and self.generation is None and \
+        if self.loadgen is not None and not self.workload.generates and \
                 (self.loadgen.ttft_bound_s is not None or self.loadgen.tpot_bound_s is not None):
             raise UsageError("--ttft-ms and --tpot-ms bound a language model's tokens; an image model's Server "
                              "takes --latency-bound-ms")
@@ -327,7 +328,7 @@ class RunConfig:
             raise UsageError(f"--loadgen-mode accuracy needs labelled inputs: give --dataset imagefolder:PATH or "
                              f"cifar10:PATH, not {self.dataset}")
         check_dataset(self.dataset)
-        if self.eval_text is not None and self.generation is None:
+        if self.eval_text is not None and not self.workload.generates:
             raise UsageError("--eval-text is a language model's evaluation text; an image model's evaluation takes "
                              "--eval-samples of its --dataset")
 
@@ -360,6 +361,11 @@ class RunConfig:
             object.__setattr__(self, "generation", dataclasses.replace(g, check_exact=False))
         elif self.wire_dtype != "float32" and not g.check_exact:
             object.__setattr__(self, "generation", dataclasses.replace(g, check_exact=True))
+
+    @property
+    def workload(self) -> Workload:
+        """Image batches, or a language model's generation (its ``generation`` settings)."""
+        return workload.of_generation(self.generation)
 
     @property
     def adaptive(self) -> bool:

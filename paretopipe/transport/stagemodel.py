@@ -6,7 +6,7 @@ what crosses each cut; the model's name (or a ``--model-dir``) decides which."""
 from __future__ import annotations
 
 from ..llm.builder import LMBuilder
-from ..llm.shapes import is_language_model
+from ..llm.shapes import workload_of
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..partition.stages import StageBuilder
 
@@ -16,6 +16,6 @@ def stage_builder(model: str | None, *, num_classes: int | None = None, weights:
                   model_dir: str | None = None) -> StageBuilder | LMBuilder:
     """Build the stages' model once per process: a language model's from its shape or folder (its
     head is its vocabulary: ``num_classes`` and ``weights`` are an image model's), else an image model's."""
-    if is_language_model(model, model_dir):
+    if workload_of(model, model_dir).generates:
         return LMBuilder(model, model_dir, device)
     return StageBuilder(model, num_classes or DEFAULT_NUM_CLASSES, weights, models_dir, device)

@@ -278,7 +278,7 @@ def test_a_language_models_predicted_layers_cover_its_splits_prompts_and_dtypes(
     from paretopipe.runners.search import predicted_first_generation
 
     opts = SweepOptions(models=["tiny-lm"], splits="all", networks=["lan", "3g"], prompt_lens=[8, 32])
-    assert opts.language_model
+    assert opts.workload.generates
     space = search_space(opts, 6, 2, {"codec": ("float32/none", "int8/none")})
     assert space.names == ["split", "network", "prompt_len", "codec"] and space.size() == 7 * 2 * 2 * 2
     everything = predicted_first_generation(_lm_profiles(tmp_path), opts, space, budget=2 * space.size())

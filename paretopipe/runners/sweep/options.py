@@ -9,10 +9,11 @@ from typing import Any
 
 from ... import cpushare, engines, faults
 from ...errors import UsageError
+from ...workload import Workload
 from ...splits import parse_splits, split_adaptive
 from ...analysis.keys import CLOSED_LOOP, placement_devices
 from ...llm import llamacpp
-from ...llm.shapes import is_language_model
+from ...llm.shapes import workload_of
 from ...network.conditions import NetworkConditions, conditions_from_values, get_conditions
 from ...loadgen.settings import LoadgenOptions
 from ...transport.runconfig import DEFAULT_PROMPT_LEN, LABELLED_DATASETS, LINK_MODES, eval_samples_for
@@ -123,9 +124,9 @@ class SweepOptions:
         return list(self.wire_dtypes or [self.wire_dtype])
 
     @property
-    def language_model(self) -> bool:
-        """The sweep's models are language models (a sweep's models are all of one kind)."""
-        return is_language_model(self.models[0] if self.models else None, self.model_dir)
+    def workload(self) -> Workload:
+        """The sweep's workload (a sweep's models are all of one kind: :func:`check_workload`)."""
+        return workload_of(self.models[0] if self.models else None, self.model_dir)
 
     def conditions(self, name: str) -> NetworkConditions:
         """A network the sweep names: defined inline (``--rate``/``--delay`` ...), or a profile by name."""
@@ -195,7 +196,7 @@ def check_faults(opts: SweepOptions) -> None:
         return
     why = ("the rpc backend cannot yet recover a lost stage; use --backend tcp" if "rpc" in opts.backends else
            f"--streams {opts.streams}: stage 1 settles one step at a time; use --streams 1"
-           if opts.language_model and opts.streams != 1 else
+           if opts.workload.generates and opts.streams != 1 else
            f"--in-flight {opts.in_flight}: stage 1 settles one batch at a time; use --in-flight 1"
            if opts.in_flight != 1 else
            "LoadGen waits for every result; drop --scenario" if opts.scenarios != [CLOSED_LOOP] else
@@ -221,7 +222,7 @@ def check_engines(opts: SweepOptions) -> None:
         others.remove(engines.LLAMACPP)
         if not others:
             return
-    why = ("a language model's stages run on torch or as llama.cpp (--engine llamacpp)" if opts.language_model
+    why = ("a language model's stages run on torch or as llama.cpp (--engine llamacpp)" if opts.workload.generates
            else "the rpc backend's ranks run torch modules; use --backend tcp" if "rpc" in opts.backends else None)
     if why:
         raise UsageError(f"--engine {','.join(opts.engines)}: {why}; or use --engine torch")
@@ -243,7 +244,7 @@ def check_peer(opts: SweepOptions) -> None:
     host's own are checked when its worker starts)."""
     engine, remote = engines.LLAMACPP, opts.testbed.remote
     why = ("it runs a language model given as a GGUF (--model-dir FILE.gguf or a named real model)"
-           if not opts.language_model else "its RPC is a TCP protocol of its own: drop --backend rpc"
+           if not opts.workload.generates else "its RPC is a TCP protocol of its own: drop --backend rpc"
            if "rpc" in opts.backends else "on this machine the relay carries its traffic over the emulated link: use "
            "--link emulated or none (tc shapes it between hosts)" if opts.link == "tc" and not remote
            else "its programs take a fixed CPU share (--stage-cpu), not a trace's: drop --stage-cpu-trace and "
@@ -278,7 +279,7 @@ def check_rpc_codec(opts: SweepOptions) -> None:
         raise UsageError(f"--compression {opts.compression} with the rpc backend: its activations cross as "
                          f"computed, uncompressed; use --backend tcp")
     lossy = [d for d in opts.dtypes if d != "float32"]
-    if lossy and not opts.language_model:
+    if lossy and not opts.workload.generates:
         raise UsageError(f"--wire-dtype {lossy[0]} with the rpc backend: an image model's activations cross "
                          f"as computed (float32); use --backend tcp")
 
@@ -294,7 +295,7 @@ def check_wire_choice(opts: SweepOptions) -> None:
 def check_eval_samples(opts: SweepOptions) -> None:
     """A local folder smaller than the evaluation asked of it (``--eval-samples``, 64 where a wire
     dtype is lossy) is refused now, not in every run's record after its timed batches."""
-    if opts.testbed.remote or opts.language_model or opts.dataset.split(":")[0] not in LABELLED_DATASETS:
+    if opts.testbed.remote or opts.workload.generates or opts.dataset.split(":")[0] not in LABELLED_DATASETS:
         return
     wanted = max(eval_samples_for(opts.eval_samples, d) for d in opts.dtypes)
     if not wanted:
@@ -310,11 +311,11 @@ def check_eval_samples(opts: SweepOptions) -> None:
 
 def check_workload(opts: SweepOptions) -> None:
     """A sweep's models are of one kind, and a language model's sweep asks nothing of image batches."""
-    kinds = {is_language_model(m, opts.model_dir) for m in opts.models}
+    kinds = {workload_of(m, opts.model_dir) for m in opts.models}
     if len(kinds) > 1:
         raise UsageError(f"--models {','.join(opts.models)}: a sweep measures language models or image models; "
                          f"sweep each kind in a session of its own")
-    if not opts.language_model:
+    if not opts.workload.generates:
         if any(opts.loadgen_settings.get(f) is not None for f in ("ttft_bound_s", "tpot_bound_s")):
             raise UsageError("--ttft-ms and --tpot-ms bound a language model's tokens; an image model's Server "
                              "takes --latency-bound-ms")

@@ -71,7 +71,7 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
         return value if base is not None and value != base else None
 
     dtype = (group.wire_dtype if group else None) or opts.wire_dtype
-    window = opts.streams if opts.language_model else opts.in_flight  # the key's in_flight
+    window = opts.streams if opts.workload.generates else opts.in_flight  # the key's in_flight
     return {"codec": f"{dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
             "in_flight_tag": tag(window, opts.key_in_flight),
             "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None,
@@ -87,7 +87,7 @@ def worker_groups(opts: SweepOptions) -> list[GroupPass]:
     (--fault; none when it is not given), once per wire dtype where --wire-dtype lists several,
     once per engine where --engine lists several (the same processes: a stage takes its engine
     from the run), and once per placement of --placements (its hosts are the group's)."""
-    prompts = opts.prompt_lens if opts.language_model else [None]
+    prompts = opts.prompt_lens if opts.workload.generates else [None]
     dtypes = opts.dtypes if len(opts.dtypes) > 1 else [None]
     labels = opts.engines if len(opts.engines) > 1 else [None]
     return [GroupPass(backend, cipher, transport, scenario, prompt, fault, dtype, placement, engine)
@@ -196,11 +196,11 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
         scenarios += f" x placements {', '.join(opts.placements)} (hosts by their place in HOSTS)"
     work = (f"{opts.streams} stream(s) of {opts.gen_tokens} tokens after a prompt of "
             f"{'/'.join(map(str, opts.prompt_lens))} tokens each ({opts.warmup} warm-up generation(s)"
-            if opts.language_model else f"{per} batches of {opts.batch_size} each ({opts.warmup} warm-up")
+            if opts.workload.generates else f"{per} batches of {opts.batch_size} each ({opts.warmup} warm-up")
     lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)}"
              f"{transports}{ciphers}{scenarios} x "
              f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
-             + (f"prompts {', '.join(map(str, opts.prompt_lens))} x " if opts.language_model else "")
+             + (f"prompts {', '.join(map(str, opts.prompt_lens))} x " if opts.workload.generates else "")
              + f"{opts.runs} runs; {work}"
              + (")" if opts.warmup_every_run or not opts.warmup else ", on a cut's first run in each worker group)"),
              f"order: {opts.order}" + (f" (seed {opts.seed}), one round per run" if opts.order == "random" else "")

@@ -47,7 +47,7 @@ class Harness:
         self.cfg, self.book = cfg, book
         self.opts: LoadgenOptions = cfg.loadgen
         self.feed: QueryFeed | TokenFeed
-        if cfg.generation is not None:
+        if cfg.workload.generates:
             self.feed = TokenFeed(builder, cfg)
         else:
             samples = SampleSet(cfg.dataset, builder.input_size, self.opts.sample_count, cfg.data_dir, cfg.seed,

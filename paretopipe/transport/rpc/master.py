@@ -260,7 +260,7 @@ def run_master(cfg: RunConfig, builder: Any, group: RankGroup, *, source: str = 
         config=cfg.to_dict(), manifest=manifest, batches=src.book.records(), sysmon={"master": mon.summary()},
         timing={"written_by": "master"}, loadgen=src.harness,
         resources={f"stage{j + 1}": p["resources"] for j, p in enumerate(parts) if p and p.get("resources")})
-    if cfg.generation is not None:
+    if cfg.workload.generates:
         finish_record(record, parts)
     outputs = ran.results.outputs
     return record, ([outputs[s] for s in sorted(outputs)] if keep_outputs else None)

@@ -55,7 +55,7 @@ class _RankRun:
 
     def __init__(self, builder: Any, cfg: RunConfig, index: int, target: RRef, direction: dict | None) -> None:
         self.builder, self.cfg, self.index, self.target = builder, cfg, index, target
-        self.gen = GenerationStage(builder, cfg, index) if cfg.generation is not None else None
+        self.gen = GenerationStage(builder, cfg, index) if cfg.workload.generates else None
         self.stage = None if self.gen is not None else builder.stage(list(cfg.cuts), index)
         link = EmulatedLink(Direction.from_dict(direction), seed=cfg.seed + index) if direction else None
         self.sender = LinkSender(link, f"rpc-send-{index}")

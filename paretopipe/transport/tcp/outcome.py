@@ -103,4 +103,4 @@ def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
         for extra in ("fidelity", "fault"):
             if part and part.get(extra):
                 record["summary"].update(part[extra])
-    return finish_record(record, parts) if cfg.generation is not None else record
+    return finish_record(record, parts) if cfg.workload.generates else record

@@ -144,7 +144,7 @@ class _SinkRun:
             self.forward = FrameSender(self.next.writer, EmulatedLink(forward, seed=cfg.seed) if forward else None,
                                        f"{self.name}-forward")
             self.codec = wire.Codec(cfg.compression, cfg.compression_level,
-                                    "float32" if cfg.generation is not None else cfg.wire_dtype)
+                                    "float32" if cfg.workload.generates else cfg.wire_dtype)
         self.work: queue.Queue = queue.Queue()
         self.seen: dict[int, dict[str, Any]] = {}
         self.compute_error: list[BaseException] = []
@@ -179,7 +179,7 @@ class _SinkRun:
             forward = Direction.from_dict(self.start.forward_link) if self.start.forward_link else None
             self.incoming = self.cfg.cuts[self.index - 1]
             self.gen = None
-            if self.cfg.generation is not None:  # a language model's steps: checked and computed by it
+            if self.cfg.workload.generates:  # a language model's steps: checked and computed by it
                 self.gen = GenerationStage(self.builder, self.cfg, self.index)
                 self.stage, self.expected = self.gen.stage, None
             else:

@@ -68,7 +68,7 @@ class Stage1Run(SourceEndpoint):
         self.timer = StageTimer(builder.device)
         # A generation's hidden state is cast (or quantised) to its wire dtype before the codec.
         self.codec = wire.Codec(cfg.compression, cfg.compression_level,
-                                "float32" if cfg.generation is not None else cfg.wire_dtype)
+                                "float32" if cfg.workload.generates else cfg.wire_dtype)
         # The energy window: the first measured batch's start to the last one's result.
         book.on_measured_start, book.on_measured_complete = meter.begin, meter.end
         self.outputs: dict[int, Any] = {}
