@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "automated_split_tester.
         p.set_defaults(**exp.defaults)
         args = p.parse_args(argv)
     opts = options_from_args(args, exp)
-    check_workload_flags(p, args, opts.workload.generates)
+    check_workload_flags(p, args, opts.workload)
     sweeper = Sweeper(opts)
     table = resolved_table(opts)
     _check_resume(sweeper, exp, table, args.force_resume)

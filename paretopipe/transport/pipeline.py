@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 OPS = ("load", "admit", "compute", "send", "settle", "drain", "recv", "feedback")
 #: What an endpoint's ``recv`` returns when its upstream has finished the run (no more batches).
@@ -117,14 +117,50 @@ def stage_actions(total: int | None) -> Iterable[Action]:
     return (Action(op, i) for i in seqs for op in ("recv", "compute", "send"))
 
 
-def drive(actions: Iterable[Action], endpoint: object) -> int:
-    """Run ``actions`` in order over ``endpoint``, a stage's side of a run with one method per
-    action it takes part in (``endpoint.compute(batch)``, ...); returns how many batches were
-    computed. Stops early when a ``recv`` returns :data:`STOP` (the source sent fewer batches: an
-    adaptive stage 2 that joined mid-run); an endpoint's exception ends the schedule."""
+@runtime_checkable
+class Endpoint(Protocol):
+    """A stage's side of a run, as :func:`drive` runs a schedule over it: one method per action it
+    takes part in, each given the action's batch. Every stage computes its part and sends it on."""
+
+    def compute(self, batch: int) -> None: ...
+
+    def send(self, batch: int) -> None: ...
+
+
+@runtime_checkable
+class SourceSteps(Endpoint, Protocol):
+    """The data source's (:func:`source_actions`, :func:`generation_actions`): a guarded run's
+    source also ``settle``s each batch (:func:`source_actions` with ``settle``), which only TCP's
+    stage 1 takes."""
+
+    def load(self, batch: int) -> None: ...
+
+    def admit(self, batch: int) -> None: ...
+
+    def feedback(self, batch: int) -> None: ...
+
+    def drain(self, batch: None) -> None: ...
+
+
+@runtime_checkable
+class StageSteps(Endpoint, Protocol):
+    """A later stage's (:func:`stage_actions`): ``recv`` returns :data:`STOP` once upstream has no
+    more batches."""
+
+    def recv(self, batch: int) -> object: ...
+
+
+def drive(actions: Iterable[Action], endpoint: SourceSteps | StageSteps) -> int:
+    """Run ``actions`` in order over ``endpoint`` (``endpoint.compute(batch)``, ...); returns how
+    many batches were computed. Stops early when a ``recv`` returns :data:`STOP` (the source sent
+    fewer batches: an adaptive stage 2 that joined mid-run); an endpoint's exception ends the
+    schedule, and so does an action the endpoint takes no part in, by name."""
     computed = 0
     for action in actions:
-        result = getattr(endpoint, action.op)(action.batch)
+        step = getattr(endpoint, action.op, None)
+        if step is None:
+            raise TypeError(f"{type(endpoint).__name__} takes no {action.op!r} step, which its schedule asks for")
+        result = step(action.batch)
         if action.op == "recv" and result is STOP:
             break
         computed += action.op == "compute"

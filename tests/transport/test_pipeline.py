@@ -180,3 +180,25 @@ def test_the_driver_runs_a_generation_over_an_endpoint_that_answers_each_step():
     source = Source()
     assert drive(pipeline.generation_actions(steps), source) == 6
     assert source.fed == [(0, 0, None), (1, 0, None), (0, 1, 0), (1, 1, 100), (0, 2, 1), (1, 2, 101)]
+
+
+def test_every_endpoint_the_runtime_drives_has_the_steps_of_its_schedule():
+    from paretopipe.transport.rpc.master import _MasterSource
+    from paretopipe.transport.tcp.sink import _SinkRun
+    from paretopipe.transport.tcp.source import Stage1Run
+
+    assert issubclass(Stage1Run, pipeline.SourceSteps) and issubclass(_MasterSource, pipeline.SourceSteps)
+    assert hasattr(Stage1Run, "settle")  # the one source a guarded schedule runs over
+    assert issubclass(_SinkRun, pipeline.StageSteps) and not issubclass(_SinkRun, pipeline.SourceSteps)
+
+
+def test_an_action_the_endpoint_takes_no_part_in_is_refused_by_name():
+    class ComputeOnly:
+        def compute(self, batch):
+            pass
+
+        def send(self, batch):
+            pass
+
+    with pytest.raises(TypeError, match="ComputeOnly takes no 'recv' step, which its schedule asks for"):
+        drive(stage_actions(1), ComputeOnly())
