@@ -3,7 +3,7 @@ stage's endpoint can be driven frame by frame from a test, without a socket: wha
 the other receives, in order, and closing or shutting down one end ends the other's reads.
 
 A fake by necessity of the test, not of the machine: the stages' own tests run over real sockets
-(tests/transport/test_tcp.py); these drive one endpoint through exact sequences of frames."""
+(tests/transport/tcp/test_tcp.py); these drive one endpoint through exact sequences of frames."""
 
 from __future__ import annotations
 

@@ -79,15 +79,19 @@ def test_every_module_has_its_test_module_or_names_where_it_is_tested():
     exist (a module observable only where it is used: a CLI face, a backend's side of a socket)."""
     import re
 
-    tested = {p.stem[len("test_"):] for p in (ROOT / "tests").rglob("test_*.py")}
     rows = {m: re.findall(r"`(tests/[^`]+\.py)`", rest) for m, rest in
             re.findall(r"^\| `(paretopipe/[^`]+\.py)` \|(.*)$", (ROOT / "tests" / "README.md").read_text(), re.M)}
     modules = [p for p in (ROOT / "paretopipe").rglob("*.py") if p.stem not in ("__init__", "__main__")]
+
+    def mirror(module: Path) -> Path:  # paretopipe/x/y.py -> tests/x/test_y.py
+        return ROOT / "tests" / module.parent.relative_to(ROOT / "paretopipe") / f"test_{module.stem}.py"
+
     missing = [str(p.relative_to(ROOT)) for p in modules
-               if p.stem not in tested and str(p.relative_to(ROOT)) not in rows]
+               if not mirror(p).is_file() and str(p.relative_to(ROOT)) not in rows]
     assert not missing, f"no test module and no row in tests/README.md: {missing}"
     for module, files in rows.items():
         assert (ROOT / module).is_file(), f"tests/README.md names {module}, which is gone"
+        assert not mirror(ROOT / module).is_file(), f"{module} has its own test module: drop its row"
         assert files and all((ROOT / f).is_file() for f in files), f"{module}: {files} must exist"
 
 
