@@ -1,5 +1,5 @@
 """Drift checks while a group runs: the reference configuration is re-measured every
---drift-every-s (:class:`paretopipe.runners.rounds.DriftMonitor` decides), and when its speed
+--drift-every-s (:class:`paretopipe.runners.sweep.rounds.DriftMonitor` decides), and when its speed
 moved, the runs measured since the last check are set aside and planned again."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Protocol
 from ...analysis.session import GroupMeta, Session
 from ... import records
 from ...records import COMPLETE, INFEASIBLE, RunRecord, RunSummary
-from .. import rounds
+from . import rounds
 from .group import GroupPass, GroupProgress
 from .options import SweepOptions
 from .plan import PlannedRun, settings_of

@@ -17,7 +17,7 @@ from ...network.linkdown import LinkDown
 from ...records import RunRecord
 from ...splits import is_cut_name
 from ...transport.runconfig import RunConfig
-from .. import rounds
+from . import rounds
 from ..llamacpp_peer import LlamaCppPeer
 from ..processes import Placement, RpcRanks, TcpStages
 from .options import SweepOptions, stage_count

@@ -18,7 +18,7 @@ from ...network.conditions import NetworkConditions, conditions_from_values, get
 from ...loadgen.settings import LoadgenOptions
 from ...transport.runconfig import DEFAULT_PROMPT_LEN, LABELLED_DATASETS, LINK_MODES, eval_samples_for
 from ...partition.names import DEFAULT_NUM_CLASSES
-from .. import rounds
+from . import rounds
 from ..hosts import Testbed
 
 BACKENDS = ("tcp", "rpc")

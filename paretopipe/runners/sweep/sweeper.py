@@ -23,7 +23,8 @@ from ...records import COMPLETE, INFEASIBLE, RunRecord
 from ...transport import messaging
 from ...transport.messaging.broker import Broker
 from ...transport.runconfig import RunConfig
-from .. import rounds, zygote
+from .. import zygote
+from . import rounds
 from . import configure
 from .drift import drift_check, requeue_drifted
 from .group import GroupFactory, GroupInfo, GroupPass, GroupProgress, StageGroup, process_group

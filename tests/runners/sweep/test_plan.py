@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from paretopipe.errors import UsageError
-from paretopipe.runners import rounds
+from paretopipe.runners.sweep import rounds
 from paretopipe.runners.sweep import SweepOptions
 from paretopipe.runners.sweep.group import GroupPass, GroupProgress
 from paretopipe.runners.sweep.plan import (PlannedRun, describe_plan, plan_runs, round_plan, segments,

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import PYTHON, ROOT, sshd_env_file
 import tcp_helpers as cli
-from paretopipe.runners import rounds, sweep
+from paretopipe.runners import sweep
+from paretopipe.runners.sweep import rounds
 from paretopipe.transport.messaging.broker import mosquitto_binary
 from paretopipe.errors import PeerError
 
@@ -360,7 +361,7 @@ def _speed(k: int) -> float:
 
 
 def test_scripted_rounds_run_in_the_planned_order_and_stop_when_precise(tmp_path):
-    from paretopipe.runners import rounds
+    from paretopipe.runners.sweep import rounds
 
     sweeper = _scripted(tmp_path, lambda cfg, i: _speed(cfg["split_index"]), precision=0.05, max_runs=4,
                         drift_every_s=0)

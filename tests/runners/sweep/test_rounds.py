@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from paretopipe.runners import rounds
+from paretopipe.runners.sweep import rounds
 
 CONFIGS = [(n, k) for n in ("lan", "wifi", "lte") for k in range(6)]
 

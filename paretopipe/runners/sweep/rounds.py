@@ -16,7 +16,7 @@ import random
 import statistics
 from typing import Any, Hashable, Sequence
 
-from .. import records
+from ... import records
 
 ORDERS = ("random", "sequential")
 #: Reasons a configuration stopped being measured (summary.csv's ``stop_reason``).
