@@ -119,3 +119,36 @@ def test_test_modules_have_unique_basenames():
     in different folders make a collection error that ends the whole run."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+#: File names that more than one module of the package has, and why each is kept (issue 68): the
+#: same role in sibling places, never two unrelated things under one name.
+SHARED_NAMES = {
+    # A command's face in cli/ is named for the command, beside what it runs.
+    "broker.py": ("cli/broker.py", "transport/messaging/broker.py"),
+    "compare.py": ("cli/compare.py", "analysis/compare.py"),
+    "doctor.py": ("cli/doctor.py", "runners/doctor.py"),
+    "lab.py": ("cli/lab.py", "runners/lab.py"),
+    "search.py": ("cli/search.py", "runners/search.py"),
+    "subsets.py": ("cli/subsets.py", "predict/subsets.py"),
+    "stages.py": ("cli/stages.py", "partition/stages.py"),
+    # The anchor's documented faces, `python -m paretopipe.<x>` and `import paretopipe.models`, beside
+    # the command or the code they face.
+    "split.py": ("split.py", "cli/split.py"),
+    "profile.py": ("profile.py", "cli/profile.py"),
+    "report.py": ("report.py", "cli/report.py", "analysis/report.py"),
+    "models.py": ("models.py", "partition/models.py"),
+    # Each package's figures for a run's summary: energy's and a generation's.
+    "summary.py": ("energy/summary.py", "llm/summary.py"),
+}
+
+
+def test_no_two_modules_share_a_file_name_but_the_kept_ones():
+    package = ROOT / "paretopipe"
+    by_name: dict[str, list[str]] = {}
+    for path in package.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py") and "__pycache__" not in path.parts:
+            by_name.setdefault(path.name, []).append(str(path.relative_to(package)))
+    shared = {name: tuple(sorted(where)) for name, where in by_name.items() if len(where) > 1}
+    assert shared == {name: tuple(sorted(where)) for name, where in SHARED_NAMES.items()}, (
+        "a module's file name is another's: rename it for what it holds, or keep it in SHARED_NAMES with why")

@@ -114,7 +114,7 @@ def _profile_language_model(args: argparse.Namespace) -> int:
     # lazy for start-up: torch, transformers
     from ..llm.build import source
     # lazy for start-up: torch
-    from ..llm.profile import profile
+    from ..llm.phase_profile import profile
     # lazy for start-up: torch
     from ..partition.stages import apply_cpu_limits
 

@@ -18,7 +18,7 @@ from .build import LMSource, build_stage, source
 from .shapes import (LMShape, block_params, check_plan, check_split, cut_bytes_per_token, cut_name, split_of,
                      stage_blocks, stage_layers)
 from .stage import LMStage
-from .tokens import prompt_ids, tokenizer_for
+from .prompts import prompt_ids, tokenizer_for
 
 
 class LMPartitioner:

@@ -38,7 +38,7 @@ from ..errors import ParetoPipeError, PeerError, UsageError
 from ..llm import checkpoints, llamacpp
 from ..llm.shapes import cut_name, split_of
 from ..llm.summary import per_token_energy, summarize
-from ..llm.tokens import seeded_prompt
+from ..llm.prompts import seeded_prompt
 from ..manifest import node_manifest
 from ..network.conditions import NetworkConditions
 from ..network.relay import LinkRelay, RelayCounts
@@ -286,7 +286,7 @@ class ClientSide:
                 "note": f"llama.cpp's RPC connections carried by paretopipe's relay (network/relay.py), {shaped}; "
                         f"bytes and round trips counted there"}
         return {"stages": stages, "link": link, "relay_before_run": before.to_dict(),
-                "inputs": {"prompts": "seeded token ids (llm.tokens.seeded_prompt), the same as our engine's"}}
+                "inputs": {"prompts": "seeded token ids (llm.prompts.seeded_prompt), the same as our engine's"}}
 
 
 def _accepts(host: str, port: int) -> bool:

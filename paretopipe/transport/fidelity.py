@@ -31,7 +31,7 @@ from ..llm.build import build_stage
 from ..llm.generate import reference_model
 from ..llm.stage import LMStage, decode_cut, encode_cut
 from ..llm.realtext import ABOUT, real_text
-from ..llm.tokens import seeded_prompt
+from ..llm.prompts import seeded_prompt
 from ..partition import wirequant
 from ..partition.activation import Activation, call_stage, live_tensors
 from ..partition.stages import StageBuilder, adopt_torch_threads

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from paretopipe.errors import UsageError
-from paretopipe.llm import build, generate, shapes, tokens
+from paretopipe.llm import build, generate, prompts, shapes
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111]
 GEN = 10
@@ -94,7 +94,7 @@ def test_a_model_folder_made_by_save_pretrained_splits_exactly(tiny, tmp_path):
     folder = _save_folder(tmp_path, src, with_tokenizer=False)
     mine = build.source(None, str(folder))
     assert mine.shape.num_hidden_layers == 4 and mine.model_dir == folder
-    assert isinstance(tokens.tokenizer_for(folder), tokens.ByteTokenizer)
+    assert isinstance(prompts.tokenizer_for(folder), prompts.ByteTokenizer)
     got, _ = generate.generate_split(generate.build_plan(mine, [2]), PROMPT, GEN)
     assert got == want
 
@@ -102,8 +102,8 @@ def test_a_model_folder_made_by_save_pretrained_splits_exactly(tiny, tmp_path):
 def test_a_folder_tokenizer_json_is_used(tiny, tmp_path):
     src, _, _ = tiny
     folder = _save_folder(tmp_path, src, with_tokenizer=True)
-    tok = tokens.tokenizer_for(folder)
-    assert isinstance(tok, tokens.FileTokenizer) and tok.encode("AB") == [33, 34]
+    tok = prompts.tokenizer_for(folder)
+    assert isinstance(tok, prompts.FileTokenizer) and tok.encode("AB") == [33, 34]
 
 
 def test_bad_model_folders_are_refused_in_one_line(tiny, tmp_path):
@@ -125,5 +125,5 @@ def test_bad_model_folders_are_refused_in_one_line(tiny, tmp_path):
 
 def test_a_prompt_longer_than_the_positions_is_refused():
     with pytest.raises(UsageError, match="the model has 512"):
-        tokens.prompt_ids(None, 500, 260, 512, 16, tokens.ByteTokenizer(), 0, 0)
-    assert tokens.seeded_prompt(8, 260, 1, 0) == tokens.seeded_prompt(8, 260, 1, 0) != tokens.seeded_prompt(8, 260, 1, 1)
+        prompts.prompt_ids(None, 500, 260, 512, 16, prompts.ByteTokenizer(), 0, 0)
+    assert prompts.seeded_prompt(8, 260, 1, 0) == prompts.seeded_prompt(8, 260, 1, 0) != prompts.seeded_prompt(8, 260, 1, 1)

@@ -15,7 +15,7 @@ import torch
 
 from conftest import PYTHON
 from paretopipe.errors import WireError
-from paretopipe.llm import build, generate, shapes, tokens
+from paretopipe.llm import build, generate, prompts, shapes
 from paretopipe.llm.builder import LMBuilder
 from paretopipe.transport import tcp, wire
 from paretopipe.transport.runconfig import Generation, RunConfig
@@ -34,7 +34,7 @@ def reference():
 
 def _want(reference, stream: int, prompt_len: int = 12, seed: int = 0) -> list[int]:
     src, model = reference
-    prompt = tokens.seeded_prompt(prompt_len, src.shape.vocab_size, seed, stream)
+    prompt = prompts.seeded_prompt(prompt_len, src.shape.vocab_size, seed, stream)
     return generate.generate_unsplit(model, prompt, GEN)[0]
 
 

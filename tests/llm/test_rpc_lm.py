@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import PYTHON
-from paretopipe.llm import build, generate, tokens
+from paretopipe.llm import build, generate, prompts
 from tcp_helpers import run
 
 
@@ -29,7 +29,7 @@ def test_tokens_over_rpc_equal_the_unsplit_model_through_three_stages(reference,
                "--gen-tokens", "6", "--streams", "2", "--network", "wifi", "--out", str(tmp_path), "--save-outputs",
                str(tmp_path / "t.npz"), "--rpc-transport", "uv", "--threads", "1"], timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    want = [generate.generate_unsplit(model, tokens.seeded_prompt(10, 260, 0, s), 6)[0] for s in (0, 1)]
+    want = [generate.generate_unsplit(model, prompts.seeded_prompt(10, 260, 0, s), 6)[0] for s in (0, 1)]
     assert np.load(tmp_path / "t.npz")["tokens"].tolist() == want
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert record["backend"] == "rpc" and record["status"] == "complete" and record["generation"]["tokens"] == want

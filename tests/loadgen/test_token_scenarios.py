@@ -14,7 +14,7 @@ import pytest
 
 import tcp_helpers as cli
 from conftest import PYTHON
-from paretopipe.llm import build, generate, tokens
+from paretopipe.llm import build, generate, prompts
 from paretopipe.loadgen import logs
 
 pytest.importorskip("mlperf_loadgen")
@@ -29,7 +29,7 @@ def unsplit():
 
     def tokens_of(sample: int) -> list[int]:
         if sample not in cache:
-            prompt = tokens.seeded_prompt(PROMPT, src.shape.vocab_size, 0, sample)
+            prompt = prompts.seeded_prompt(PROMPT, src.shape.vocab_size, 0, sample)
             cache[sample] = generate.generate_unsplit(model, prompt, GEN)[0]
         return cache[sample]
     return tokens_of

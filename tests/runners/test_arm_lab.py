@@ -153,7 +153,7 @@ def test_a_language_model_split_across_architectures_generates_the_unsplit_model
     as a user would start them: the greedy tokens equal the unsplit model's on x86, and both
     stages built their own blocks from the same portable generator (the handshake compares it)."""
     from paretopipe.envfile import read_env
-    from paretopipe.llm import build, generate, tokens
+    from paretopipe.llm import build, generate, prompts
     from paretopipe.runners.hosts import Testbed
 
     env_file = read_env(str(arm_lab.env_file))
@@ -175,7 +175,7 @@ def test_a_language_model_split_across_architectures_generates_the_unsplit_model
     got = np.load(_rootfs_path(saved), allow_pickle=False)["tokens"].tolist()
     _rootfs_path(saved).unlink()
     src = build.source("tiny-lm")
-    want = generate.generate_unsplit(generate.reference_model(src), tokens.seeded_prompt(12, 260, 0, 0), 6)[0]
+    want = generate.generate_unsplit(generate.reference_model(src), prompts.seeded_prompt(12, 260, 0, 0), 6)[0]
     assert got == [want]
 
 

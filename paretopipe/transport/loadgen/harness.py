@@ -5,7 +5,7 @@ the endpoint's schedule takes its batches from the harness's feed instead of a f
 the harness's thread warms the pipeline up, runs LoadGen's test (whose SUT is the whole pipeline:
 a query is issued to the source and completes when its result is back there, on the source's
 clock), and ends the feed. A language model's queries are prompts, answered token by token
-(:class:`~paretopipe.transport.loadgen.tokens.TokenFeed`); an image model's are batches of
+(:class:`~paretopipe.transport.loadgen.generations.TokenFeed`); an image model's are batches of
 images (:class:`~paretopipe.transport.loadgen.feed.QueryFeed`). LoadGen writes its logs into a
 temporary folder; their text goes into the record's ``loadgen`` part, and whoever writes the
 record puts them beside it as files.
@@ -28,7 +28,7 @@ from ..bookkeeping import BatchBook
 from ..inputs import SampleSet
 from ..runconfig import RunConfig
 from .feed import QueryFeed
-from .tokens import TokenFeed
+from .generations import TokenFeed
 
 log = logging.getLogger("paretopipe.loadgen")
 #: LoadGen's seeds for a compliant run, from its mlperf.conf (a short run draws its own from --seed).

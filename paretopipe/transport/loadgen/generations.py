@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ...errors import UsageError
-from ...llm.tokens import prompt_ids
+from ...llm.prompts import prompt_ids
 from .. import pipeline
 from ..fidelity import text_ids
 from ..generation import PromptFeed

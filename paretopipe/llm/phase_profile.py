@@ -14,7 +14,7 @@ from ..manifest import node_manifest
 from .build import LMSource, build_stage
 from .shapes import block_names
 from .stage import StageCache
-from .tokens import seeded_prompt
+from .prompts import seeded_prompt
 
 PROFILE_KIND = "llm-profile"
 
