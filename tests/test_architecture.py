@@ -129,7 +129,6 @@ SHARED_NAMES = {
     "compare.py": ("cli/compare.py", "analysis/compare.py"),
     "doctor.py": ("cli/doctor.py", "runners/doctor.py"),
     "lab.py": ("cli/lab.py", "runners/lab.py"),
-    "search.py": ("cli/search.py", "runners/search.py"),
     "subsets.py": ("cli/subsets.py", "predict/subsets.py"),
     "stages.py": ("cli/stages.py", "partition/stages.py"),
     # The anchor's documented faces, `python -m paretopipe.<x>` and `import paretopipe.models`, beside

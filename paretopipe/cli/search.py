@@ -7,8 +7,8 @@ from typing import Sequence
 from ..errors import UsageError
 from ..llm.shapes import model_structure
 from ..runners import flags
-from ..runners.search import SearchOptions, SearchRun, describe, predicted_first, predicted_first_generation
-from ..runners.search_space import engine_list, parse_vary, search_space, with_first_choices, with_placements_of
+from ..search.run import SearchOptions, SearchRun, describe, predicted_first, predicted_first_generation
+from ..search.sweep_space import engine_list, parse_vary, search_space, with_first_choices, with_placements_of
 from ..search.samplers import DEFAULT_SAMPLER, SAMPLERS
 from .common import ArgumentParser, HelpFormatter, example_epilog, positive_float, positive_int, setup_logging
 from .sweep_options import options_from_args

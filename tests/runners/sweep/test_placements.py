@@ -20,7 +20,7 @@ from paretopipe.errors import UsageError
 from paretopipe.predict import subsets
 from paretopipe.runners import sweep
 from paretopipe.runners import hosts
-from paretopipe.runners.search_space import search_space, trial_options, with_placements_of
+from paretopipe.search.sweep_space import search_space, trial_options, with_placements_of
 from paretopipe.runners.sweep.options import check_placements
 from paretopipe.runners.sweep.placements import parse_placements, pass_options
 
@@ -151,7 +151,7 @@ def test_a_search_over_every_placement_gives_each_a_plan_of_its_own_number_of_st
     assert trial.plans == [(4,)] and trial.placements == ["1-3"]
     assert pass_options(trial, "1-3").plans == [(4,)]
     assert trial_options(searched, space, chain, "s").plans == [(3, 5)]
-    from paretopipe.runners.search_space import split_label
+    from paretopipe.search.sweep_space import split_label
 
     assert split_label(space, pair[0]) == "4" and split_label(space, chain) == "3,5"
 

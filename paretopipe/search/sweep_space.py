@@ -16,11 +16,11 @@ from .. import engines
 from ..analysis.keys import placement_devices
 from ..engines import parse_engines
 from ..errors import UsageError
-from ..search.space import Config, Dimension, Space
+from .space import Config, Dimension, Space
 from ..transport.runconfig import COMPRESSIONS
 from ..wiredtype import AUTO, WIRE_DTYPE_CHOICES
-from .sweep import SweepOptions
-from .sweep.plan import splits_for
+from ..runners.sweep import SweepOptions
+from ..runners.sweep.plan import splits_for
 
 #: The sweep lists that become dimensions of the space when they name more than one choice.
 LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"),

@@ -14,8 +14,8 @@ import pytest
 from conftest import PYTHON, ROOT
 from paretopipe.errors import UsageError
 from paretopipe.predict.device_profile import synthetic_profile
-from paretopipe.runners.search import predicted_first
-from paretopipe.runners.search_space import search_space
+from paretopipe.search.run import predicted_first
+from paretopipe.search.sweep_space import search_space
 from paretopipe.runners.sweep import SweepOptions
 import tcp_helpers as cli
 
@@ -97,7 +97,7 @@ def test_the_closing_lines_give_a_front_per_network():
     """lte's best is slower than lan's worst: one front over both would hide lte's."""
     import types
 
-    from paretopipe.runners.search import describe
+    from paretopipe.search.run import describe
     from paretopipe.search.loop import SearchResult, Trial
 
     opts = SweepOptions(models=["mobilenetv2"], splits="0,6,12,19", networks=["lan", "lte"], batch_size=1)
@@ -275,7 +275,7 @@ def _lm_profiles(tmp: Path) -> list[str]:
 
 
 def test_a_language_models_predicted_layers_cover_its_splits_prompts_and_dtypes(tmp_path):
-    from paretopipe.runners.search import predicted_first_generation
+    from paretopipe.search.run import predicted_first_generation
 
     opts = SweepOptions(models=["tiny-lm"], splits="all", networks=["lan", "3g"], prompt_lens=[8, 32])
     assert opts.workload.generates

@@ -31,12 +31,12 @@ from ..partition.names import canonical_name
 from ..predict.costmodel import LinkModel, chain_terms
 from ..predict import lm_costmodel
 from ..predict.device_profile import DeviceProfile, codec_key
-from ..search import loop
-from ..search.space import Config, Space
-from ..search.study import GRACE_S, StudySpec, check_url, identity as study_identity, redacted
+from . import loop
+from .space import Config, Space
+from .study import GRACE_S, StudySpec, check_url, identity as study_identity, redacted
 from ..wiredtype import AUTO
-from .sweep import SweepOptions, Sweeper
-from .search_space import (base_value, cut_names, key_value, list_dims, search_space, split_label, trial_options,
+from ..runners.sweep import SweepOptions, Sweeper
+from .sweep_space import (base_value, cut_names, key_value, list_dims, search_space, split_label, trial_options,
                            variables)
 
 log = logging.getLogger("paretopipe.search")
