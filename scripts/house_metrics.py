@@ -22,7 +22,7 @@ from pathlib import Path
 
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
 WARN_MODULE_LINES, WARN_FUNCTION_LINES = 400, 50
-#: A declaration of an option: argparse's add_argument, or a catalogue row (runners/flags.py's
+#: A declaration of an option: argparse's add_argument, or a catalogue row (options/flags.py's
 #: Option, the sweep's Flag), with the flag's first name.
 _DECLARED = re.compile(r"""(?:add_argument|\bOption|\bFlag)\(\s*\(?\s*["'](--[a-z0-9-]+)["']""")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..runners import flags
+from ..options import flags
 from ..transport.messaging.broker import Broker
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
 

@@ -16,7 +16,7 @@ from ..errors import ParetoPipeError, UsageError
 from ..transport import auth, inputs
 from ..transport.messaging import MqttSettings, TransportSpec
 from ..loadgen.settings import CLOSED_LOOP, LoadgenOptions, require_loadgen
-from ..runners import flags
+from ..options import flags
 from ..transport.runconfig import RunConfig
 from ..network.conditions import get_conditions
 

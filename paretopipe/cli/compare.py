@@ -6,7 +6,7 @@ from typing import Sequence
 
 from ..errors import UsageError
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_float, setup_logging
-from ..runners import flags
+from ..options import flags
 from .report import add_objectives_flag
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..llm.shapes import shape_of
-from ..runners import flags
+from ..options import flags
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, read_env, setup_logging
 from ..runners.doctor import check_testbed, deploy, format_checks
 from ..runners.hosts import Testbed

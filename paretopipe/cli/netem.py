@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from .. import records
 from ..errors import UsageError
 from ..argtypes import host_port
-from ..runners import flags
+from ..options import flags
 from ..network import probe, tc, tracecontrol
 from ..network.conditions import Direction, load_conditions
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,

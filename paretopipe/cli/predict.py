@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..runners import flags
+from ..options import flags
 from ..errors import UsageError
 from ..workload import GENERATION, IMAGES
 from ..llm.shapes import shape_of, workload_of

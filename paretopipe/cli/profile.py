@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-from ..runners import flags
+from ..options import flags
 from ..errors import UsageError
 from ..workload import GENERATION, IMAGES
 from ..llm.shapes import workload_of

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from ..runners import flags
+from ..options import flags
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, setup_logging
 
 def add_objectives_flag(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..runners import flags, rpc_ranks
+from ..options import flags
+from ..runners import rpc_ranks
 from ..llm.shapes import model_structure, workload_of
 from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,
                              loadgen_line, save_tokens)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..runners import flags
+from ..options import flags
 from ..errors import UsageError
 from ..llm import shapes
 from ..llm.checkpoints import REAL

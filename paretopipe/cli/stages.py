@@ -10,7 +10,7 @@ from .. import cputrace, engines
 from ..errors import UsageError
 from ..splits import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth
-from ..runners import flags
+from ..options import flags
 from ..splits import POLICIES
 from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD, Generation, RunConfig, eval_samples_for
 from ..llm.shapes import workload_of

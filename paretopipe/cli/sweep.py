@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import UsageError
-from ..runners import flags
+from ..options import flags
 from ..runners.sweep import SweepOptions, Sweeper, describe_plan
 from ..runners.sweep.plan import plan_runs, splits_for
 from . import experiment

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..analysis.keys import NO_FAULT
 from ..loadgen.settings import CLOSED_LOOP
-from ..runners import flags
+from ..options import flags
 from ..runners.sweep.options import FAULT_DEADLINE_S
 from ..transport import aead, messaging
 from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, percent,
@@ -58,7 +58,7 @@ class Flag:
 
     @classmethod
     def of(cls, row: flags.Option, group: str, aliases: tuple[str, ...] = (), **kw: Any) -> "Flag":
-        """The sweep's flag for a catalogue row (:mod:`paretopipe.runners.flags`): its flags, type,
+        """The sweep's flag for a catalogue row (:mod:`paretopipe.options.flags`): its flags, type,
         default, choices and help, with the sweep's own group, ``aliases`` and (``kw``) the rest."""
         base = dict(help=row.help, type=row.type, default=row.default, choices=row.choices, metavar=row.metavar,
                     store_true=row.action == "store_true")

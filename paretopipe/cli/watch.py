@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import UsageError
-from ..runners import flags
+from ..options import flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, example_epilog, port_or_zero, setup_logging,
                      signals_as_interrupt)
 

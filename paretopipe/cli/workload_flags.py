@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import UsageError
 from ..workload import Workload
 from ..loadgen import logs as loadgen_logs
-from ..runners import flags
+from ..options import flags
 from ..transport.runconfig import Generation
 
 #: What an image model's batches take and a language model's steps do not (their dests).

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import flags
+from ..options import flags
 from .. import __version__
 from ..llm.shapes import cut_table, shape_of, workload_of
 from ..manifest import _git_commit, source_digest

@@ -43,7 +43,7 @@ from ..manifest import node_manifest
 from ..network.conditions import NetworkConditions
 from ..network.relay import LinkRelay, RelayCounts
 from ..transport.runconfig import RunConfig
-from . import flags
+from ..options import flags
 from .commands import RunCommand, emit, serve_commands
 from .processes import free_port
 

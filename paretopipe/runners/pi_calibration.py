@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import flags
+from ..options import flags
 
 PI4_RESNET18_S = 0.1003
 SOURCE = ("PyTorch tutorial 'Real Time Inference on Raspberry Pi 4' (pytorch/tutorials, intermediate_source/"

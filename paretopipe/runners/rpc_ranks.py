@@ -21,10 +21,10 @@ from typing import Any, Callable, Sequence
 
 from .. import cpushare
 from ..errors import ParetoPipeError, PeerError
-from . import flags
+from ..options import flags
 from .commands import RunCommand, emit, serve_commands
 from .worker import model_report
-from .flags import ModelProcess
+from ..options.flags import ModelProcess
 from ..network import deadlines
 from ..network.conditions import NetworkConditions
 from ..transport.runconfig import RunConfig

@@ -20,10 +20,10 @@ from typing import Any, Sequence
 
 from .. import cpushare, cputrace, strict
 from ..errors import ParetoPipeError, UsageError
-from . import flags
+from ..options import flags
 from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands
 from .faultinject import ask_the_sweep
-from .flags import ModelProcess
+from ..options.flags import ModelProcess
 from ..network.conditions import NetworkConditions
 from ..transport import messaging
 from ..transport.runconfig import DEFAULT_MAX_PAYLOAD, RunConfig

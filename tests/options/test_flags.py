@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import PYTHON, ROOT
-from paretopipe.runners import flags
+from paretopipe.options import flags
 from paretopipe.runners.rpc_ranks import RankOptions
 from paretopipe.runners.worker import WorkerOptions
 from paretopipe import wiredtype
@@ -30,7 +30,7 @@ def test_no_parser_declares_a_catalogued_option_again():
 
 
 def test_every_option_is_declared_in_one_place_across_the_package():
-    # house_metrics counts add_argument calls and catalogue rows (runners/flags.Option, the sweep's
+    # house_metrics counts add_argument calls and catalogue rows (options/flags.Option, the sweep's
     # Flag) by their first flag: a command that means something more particular by an option gives
     # the row its own help or default, and a sweep's comma list is a variant of the row.
     proc = subprocess.run([PYTHON, "scripts/house_metrics.py"], capture_output=True, text=True, cwd=ROOT, timeout=120)
