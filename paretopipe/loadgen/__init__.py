@@ -9,5 +9,5 @@ and Server scenarios.
 - :mod:`.queueing`: that rate predicted from the cost model's service times.
 
 These are torch-free and below the transport; the harness that runs LoadGen over a pipeline is
-``paretopipe.transport.loadgen``. ``mlperf_loadgen`` is loaded only by a run that uses it.
+``paretopipe.transport.sut``. ``mlperf_loadgen`` is loaded only by a run that uses it.
 """

@@ -16,7 +16,7 @@ from .bookkeeping import BatchBook
 
 if TYPE_CHECKING:
     from .generation import PromptFeed
-    from .loadgen.harness import Harness
+    from .sut.harness import Harness
 
 
 class SourceEndpoint:
@@ -43,7 +43,7 @@ class SourceEndpoint:
         self.harness: Harness | None = None
         if cfg.loadgen is not None:
             # lazy for start-up: mlperf_loadgen (only a scenario's run loads LoadGen)
-            from .loadgen.harness import Harness
+            from .sut.harness import Harness
 
             self.harness = Harness(cfg, builder, book)
             if self.feed is not None:  # a generation's queries: prompts, answered as their tokens land

@@ -5,8 +5,8 @@ the endpoint's schedule takes its batches from the harness's feed instead of a f
 the harness's thread warms the pipeline up, runs LoadGen's test (whose SUT is the whole pipeline:
 a query is issued to the source and completes when its result is back there, on the source's
 clock), and ends the feed. A language model's queries are prompts, answered token by token
-(:class:`~paretopipe.transport.loadgen.generations.TokenFeed`); an image model's are batches of
-images (:class:`~paretopipe.transport.loadgen.feed.QueryFeed`). LoadGen writes its logs into a
+(:class:`~paretopipe.transport.sut.generations.TokenFeed`); an image model's are batches of
+images (:class:`~paretopipe.transport.sut.feed.QueryFeed`). LoadGen writes its logs into a
 temporary folder; their text goes into the record's ``loadgen`` part, and whoever writes the
 record puts them beside it as files.
 """

@@ -1,5 +1,5 @@
 """LoadGen's queries through the feed, with a consumer thread standing in for the pipeline (the
-real pipeline is tests/transport/loadgen/test_harness.py): Offline's one query cut into batches of the run's
+real pipeline is tests/transport/sut/test_harness.py): Offline's one query cut into batches of the run's
 size, each sample answered once with its top-1 class, and a pipeline that dies answered empty so
 that LoadGen's test returns instead of waiting forever."""
 
@@ -13,7 +13,7 @@ import torch
 
 from paretopipe.loadgen.settings import LoadgenOptions, make_test_settings
 from paretopipe.transport.inputs import SampleSet
-from paretopipe.transport.loadgen.feed import QueryFeed
+from paretopipe.transport.sut.feed import QueryFeed
 
 lg = pytest.importorskip("mlperf_loadgen")
 
