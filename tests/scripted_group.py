@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from paretopipe import records
+from paretopipe import records, runrecord
 from paretopipe.errors import PeerError
 from paretopipe.network.conditions import NetworkConditions
 from paretopipe.transport.runconfig import RunConfig
@@ -42,7 +42,7 @@ class ScriptedGroup:
                 "limits": {}}
 
     def run(self, config: RunConfig, conditions: NetworkConditions | None, observed: dict | None,
-            budget: float) -> records.RunRecord:
+            budget: float) -> runrecord.RunRecord:
         cfg = config.to_dict()  # what the script reads, as a process would receive it
         outcome = self.script(cfg, len(self.calls))
         self.calls.append(cfg)
@@ -55,7 +55,7 @@ class ScriptedGroup:
                     "payload_bytes": 1000, "wire_bytes": 1000, "result_wire_bytes": 40}
                    for i in range(cfg["warmup"] + cfg["num_batches"])]
         # As the real groups return it: the record its process wrote, read back as the type.
-        return records.RunRecord.of(records.build_run_record(
+        return runrecord.RunRecord.of(records.build_run_record(
             backend=self.backend, run_id=f"scripted-{len(self.calls)}", status="complete", error=None, config=cfg,
             manifest={"link": {"mode": "scripted"}}, batches=batches, sysmon={}))
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import PeerError
 from ..network.conditions import NetworkConditions
-from ..records import RunRecord
+from ..runrecord import RunRecord
 from ..transport.runconfig import RunConfig
 from .commands import RunCommand, encode
 from .hosts import Host, StageProcess, stop_all

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import PeerError, UsageError
 from ..network.conditions import NetworkConditions
 from ..network.linkdown import LinkDown
-from ..records import RunRecord
+from ..runrecord import RunRecord
 from ..transport.runconfig import RunConfig
 from ..partition.names import DEFAULT_NUM_CLASSES
 from .commands import ConnectCommand, ListenCommand, RunCommand, Stage1RunCommand, encode

@@ -10,7 +10,8 @@ from typing import Protocol
 
 from ...analysis.session import GroupMeta, Session
 from ... import records
-from ...records import COMPLETE, INFEASIBLE, RunRecord, RunSummary
+from ...records import COMPLETE, INFEASIBLE
+from ...runrecord import RunRecord, RunSummary
 from . import rounds
 from .group import GroupPass, GroupProgress
 from .options import SweepOptions

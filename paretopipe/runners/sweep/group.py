@@ -14,7 +14,7 @@ from ...errors import PeerError
 from ...network import deadlines
 from ...network.conditions import NetworkConditions
 from ...network.linkdown import LinkDown
-from ...records import RunRecord
+from ...runrecord import RunRecord
 from ...splits import is_cut_name
 from ...transport.runconfig import RunConfig
 from . import rounds

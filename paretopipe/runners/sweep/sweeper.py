@@ -19,7 +19,8 @@ from ...analysis.columns import cipher_of
 from ...errors import ParetoPipeError, PeerError, UsageError
 from ...manifest import node_manifest
 from ...network.linkdown import LinkDown
-from ...records import COMPLETE, INFEASIBLE, RunRecord
+from ...records import COMPLETE, INFEASIBLE
+from ...runrecord import RunRecord
 from ...transport import messaging
 from ...transport.messaging.broker import Broker
 from ...transport.runconfig import RunConfig
