@@ -14,7 +14,7 @@ from .. import records
 from ..errors import UsageError
 from ..argtypes import host_port
 from ..options import flags
-from ..network import probe, tc, tracecontrol
+from ..network import probe, tc, tctree, tracecontrol
 from ..network.conditions import Direction, load_conditions
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_network_flags, example_epilog,
                      network_from_args, positive_float, positive_int, setup_logging,
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> i
         return 0
     if args.cmd == "clear":
         if args.dry_run:
-            print("\n".join(map(str, tc.clear_commands(args.dev))))
+            print("\n".join(map(str, tctree.clear_commands(args.dev))))
             return 0
         tc.clear(args.dev, runner=runner)
         print(f"cleared {args.dev}")
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "network_delay.py") -> i
     ingress = conditions.down if args.ingress else False
     if args.dry_run:
         print(f"# {conditions.describe()}")
-        print("\n".join(map(str, tc.apply_commands(direction, args.dev, ingress, args.port))))
+        print("\n".join(map(str, tctree.apply_commands(direction, args.dev, ingress, args.port))))
         return 0
     traced = direction.trace or (ingress and ingress.trace)
     if traced and args.duration is None and not args.dry_run:
@@ -159,7 +159,7 @@ def _hold(args: argparse.Namespace, conditions: Any, direction: Direction, ingre
     with tc.applied(direction, args.dev, ingress, args.port, runner) as held, \
             tracecontrol.following(direction, args.dev, runner, args.trace_offset, args.seed, "up",
                                    args.trace_interval, log_path) as up, \
-            tracecontrol.following(ingress or Direction(), tc.ifb_name(args.dev), runner, args.trace_offset,
+            tracecontrol.following(ingress or Direction(), tctree.ifb_name(args.dev), runner, args.trace_offset,
                                    args.seed, "down", args.trace_interval,
                                    None if log_path is None else log_path.with_suffix(".down.csv")) as down:
         print(f"applied {conditions.describe()} on {args.dev} for {args.duration:g}s (Ctrl-C clears it early)", flush=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..units import format_duration, format_rate, parse_rate
-from .tc import OPEN_RATE
+from .tctree import OPEN_RATE
 
 #: A run on the link as it is: no shaping by the run, nothing read back.
 UNSHAPED = "unshaped"

@@ -11,20 +11,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from . import tc
+from . import tc, tctree
 from .conditions import Direction
 
 
 def down_commands(dev: str, p: Direction, port: int | None = None, peers: Sequence[str] = (),
-                  ssh_port: int = 22) -> list[tc.Cmd]:
+                  ssh_port: int = 22) -> list[tctree.Cmd]:
     """Take down the link that ``p`` shapes on ``dev``'s egress (matched as :func:`tc.apply` matches it)."""
-    tree = [] if p.is_shaped else tc.egress_commands(dev, p, tc.Match(port, tuple(peers), ssh_port))
-    return tree + [tc.leaf_command(dev, None)]
+    tree = [] if p.is_shaped else tctree.egress_commands(dev, p, tctree.Match(port, tuple(peers), ssh_port))
+    return tree + [tctree.leaf_command(dev, None)]
 
 
-def up_commands(dev: str, p: Direction) -> list[tc.Cmd]:
+def up_commands(dev: str, p: Direction) -> list[tctree.Cmd]:
     """Bring it back as it was: the shaped class's own queue, or no tree on an unshaped network."""
-    return [tc.leaf_command(dev, p)] if p.is_shaped else tc.clear_commands(dev, ingress=False)
+    return [tctree.leaf_command(dev, p)] if p.is_shaped else tctree.clear_commands(dev, ingress=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +58,6 @@ class LinkDown:
                 self._run(e, up_commands(e.dev, e.direction))
 
     @staticmethod
-    def _run(e: ShapedEgress, cmds: list[tc.Cmd]) -> None:
+    def _run(e: ShapedEgress, cmds: list[tctree.Cmd]) -> None:
         for cmd in cmds:
             e.runner.run(cmd.argv, check=not cmd.tolerant)

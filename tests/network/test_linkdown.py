@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import PYTHON
-from paretopipe.network import tc
+from paretopipe.network import tc, tctree
 from paretopipe.network.conditions import get_conditions, load_conditions
 from paretopipe.network.linkdown import LinkDown, ShapedEgress, down_commands, up_commands
 
@@ -21,16 +21,16 @@ def test_a_shaped_link_goes_down_by_its_leaf_queue_and_comes_back_as_it_was():
     assert [str(c) for c in up_commands("eth0", p)] == [
         "tc qdisc replace dev eth0 parent 1:2 handle 20: pfifo limit 10000"]
     lte = load_conditions()["lte"].up  # delay too: its queue is netem's, as apply made it
-    assert [str(c) for c in up_commands("eth0", lte)] == [str(tc.apply_commands(lte, "eth0", port=5299)[4])]
+    assert [str(c) for c in up_commands("eth0", lte)] == [str(tctree.apply_commands(lte, "eth0", port=5299)[4])]
 
 
 def test_an_unshaped_link_gets_a_tree_to_go_down_and_loses_it_when_back():
     lan = load_conditions()["lan"].up
     got = [str(c) for c in down_commands("eth0", lan, port=5299)]
-    assert got[:4] == [str(c) for c in tc.egress_commands("eth0", lan, tc.Match(5299))][:4]
+    assert got[:4] == [str(c) for c in tctree.egress_commands("eth0", lan, tctree.Match(5299))][:4]
     assert "dport 5299 0xffff flowid 1:2" in " ".join(got) and "sport 5299 0xffff flowid 1:2" in " ".join(got)
     assert got[-1] == "tc qdisc replace dev eth0 parent 1:2 handle 20: pfifo limit 0"
-    assert [str(c) for c in up_commands("eth0", lan)] == [str(c) for c in tc.clear_commands("eth0", ingress=False)]
+    assert [str(c) for c in up_commands("eth0", lan)] == [str(c) for c in tctree.clear_commands("eth0", ingress=False)]
 
 
 ECHO = '''

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import PYTHON, ROOT
 from lab_helpers import LAB_SKIP, in_host, lab
-from paretopipe.network import tc
+from paretopipe.network import tc, tctree
 
 # Named per process: pytest-xdist may run two of these tests at once.
 NS, DEV, PEER = f"ppsig{os.getpid()}", f"pps{os.getpid() % 100000}a", f"pps{os.getpid() % 100000}b"
@@ -58,7 +58,7 @@ def test_a_signal_clears_the_shaping(namespace, signals, gap):
                              "--ingress", "--duration", "120"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _wait(lambda: "htb" in _state() and tc.ifb_name(DEV) in _state(), "the profile was applied")
+        _wait(lambda: "htb" in _state() and tctree.ifb_name(DEV) in _state(), "the profile was applied")
         for i, sig in enumerate(signals):
             if i:
                 time.sleep(gap)  # the second signal lands while the first one's handler or clean-up runs

@@ -13,7 +13,7 @@ import pytest
 from conftest import PYTHON, ROOT, is_root
 from paretopipe import units
 from paretopipe.errors import NetemError, UsageError
-from paretopipe.network import tc as netem
+from paretopipe.network import tc as netem, tctree
 from paretopipe.network.conditions import get_conditions, load_conditions
 from paretopipe.network.emulated import EmulatedLink
 from paretopipe.transport import wire
@@ -34,21 +34,21 @@ def test_profiles_file_has_the_required_profiles_with_sources():
 def test_golden_tc_commands(key):
     """The exact trees for every shipped condition; real netem runs need a kernel with sch_netem."""
     if key == "clear":
-        got = netem.clear_commands("eth0")
+        got = tctree.clear_commands("eth0")
     elif key == "change-rate":
-        got = netem.change_rate_commands("eth0", 12e6)
+        got = tctree.change_rate_commands("eth0", 12e6)
     else:
         name, label = key.split("/")
         c = load_conditions()[name]
         kw = {"port": 5555} if "port" in label else {}
         kw.update({"ingress": c.down} if "ingress" in label else {})
         kw.update({"peers": ["10.0.0.2", "fd00::2"]} if label == "peers" else {})
-        got = netem.apply_commands(c.up, "eth0", **kw)
+        got = tctree.apply_commands(c.up, "eth0", **kw)
     assert [str(c) for c in got] == GOLDEN[key]
 
 
 def test_delay_and_rate_combine_in_one_htb_tree():
-    cmds = [c.argv for c in netem.apply_commands(get_conditions(None, delay="50ms", rate="10mbit").up, "eth0")]
+    cmds = [c.argv for c in tctree.apply_commands(get_conditions(None, delay="50ms", rate="10mbit").up, "eth0")]
     assert cmds == [
         ("tc", "qdisc", "del", "dev", "eth0", "root"),
         ("tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "2"),
@@ -65,13 +65,13 @@ def test_delay_and_rate_combine_in_one_htb_tree():
 
 
 def test_rate_only_conditions_need_no_netem():
-    cmds = [c.argv for c in netem.apply_commands(get_conditions(None, rate="20mbit").up, "eth0", port=5555)]
+    cmds = [c.argv for c in tctree.apply_commands(get_conditions(None, rate="20mbit").up, "eth0", port=5555)]
     assert not any("netem" in c for c in cmds)
     assert ("tc", "qdisc", "replace", "dev", "eth0", "parent", "1:2", "handle", "20:", "pfifo", "limit", "10000") in cmds
 
 
 def test_port_mode_leaves_other_traffic_in_the_unshaped_class():
-    cmds = [c.argv for c in netem.apply_commands(get_conditions("lte").up, "eth0", port=5555)]
+    cmds = [c.argv for c in tctree.apply_commands(get_conditions("lte").up, "eth0", port=5555)]
     assert cmds[1][-2:] == ("default", "1")  # whatever no filter matches is unshaped
     filters = [c for c in cmds if c[1] == "filter" and c[2] == "add"]
     assert {(c[c.index("protocol") + 1], c[-5]) for c in filters} == {
@@ -80,7 +80,7 @@ def test_port_mode_leaves_other_traffic_in_the_unshaped_class():
 
 
 def test_peer_mode_shapes_the_peers_but_never_ssh():
-    cmds = [c.argv for c in netem.apply_commands(get_conditions("wifi").up, "eth0", peers=["10.0.0.2"], ssh_port=2222)]
+    cmds = [c.argv for c in tctree.apply_commands(get_conditions("wifi").up, "eth0", peers=["10.0.0.2"], ssh_port=2222)]
     filters = [c for c in cmds if c[1] == "filter" and c[2] == "add"]
     ssh = [c for c in filters if "2222" in c]
     assert len(ssh) == 4 and all(c[-2:] == ("flowid", "1:1") for c in ssh)
@@ -88,19 +88,19 @@ def test_peer_mode_shapes_the_peers_but_never_ssh():
     assert peer[-2:] == ("flowid", "1:2") and int(peer[peer.index("prio") + 1]) > max(
         int(c[c.index("prio") + 1]) for c in ssh)  # SSH matches first
     with pytest.raises(UsageError, match="not an IP address"):
-        netem.apply_commands(get_conditions("wifi").up, "eth0", peers=["pi.local"])
+        tctree.apply_commands(get_conditions("wifi").up, "eth0", peers=["pi.local"])
 
 
 def test_asymmetric_conditions_shape_each_direction():
     c = get_conditions("3g")
     assert (c.up.rate_bps, c.down.rate_bps) == (768e3, 1.6e6)
-    cmds = [str(x) for x in netem.apply_commands(c.up, "eth0", ingress=c.down)]
+    cmds = [str(x) for x in tctree.apply_commands(c.up, "eth0", ingress=c.down)]
     assert any("dev eth0 parent 1: classid 1:2 htb rate 768kbit" in x for x in cmds)
     assert any("dev ifb-eth0 parent 1: classid 1:2 htb rate 1600kbit" in x for x in cmds)
 
 
 def test_unshaped_profile_applies_as_a_clear():
-    assert netem.apply_commands(get_conditions("lan").up, "eth0") == netem.clear_commands("eth0", False)
+    assert tctree.apply_commands(get_conditions("lan").up, "eth0") == tctree.clear_commands("eth0", False)
 
 
 def test_bad_input_gives_clear_errors(monkeypatch):
