@@ -15,14 +15,12 @@ at Pis (SSH_USER=root, the lab's key and known_hosts, IFACE=eth0, a fresh shared
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +30,7 @@ from typing import Any
 from .. import cpushare
 from ..errors import NetemError, UsageError
 from ..sshcmd import close_shared
+from .lab_processes import stop_marked
 
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_HOSTS = 8
@@ -321,54 +320,6 @@ PARETOPIPE_SECRET={secrets.token_hex(16)}
         out.write_text(text)
 
 
-def _cmdline(proc: Path) -> bytes:
-    try:
-        return (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-    except OSError:
-        return b""
-
-
-def _is_marked(pid: int | str, program: bytes, marker: bytes) -> bool:
-    """Whether ``pid`` runs ``program`` started with one of this lab's files (``marker``)."""
-    line = _cmdline(Path(f"/proc/{pid}"))
-    return program in line.split(b" ")[0] and marker in line
-
-
-def _stop_marked(program: bytes, marker: bytes, known: list[int]) -> list[str]:
-    """SIGTERM to the ``known`` PIDs, and to any ``program`` started with one of this lab's files
-    (``marker``: a half-made lab's last one), never to someone else's process; returns once they
-    are gone (:func:`_wait_gone`)."""
-    pids = set(known) | {int(p.name) for p in Path("/proc").iterdir()
-                         if p.name.isdigit() and _is_marked(p.name, program, marker)}
-    signalled = []
-    for pid in sorted(pids):
-        if _is_marked(pid, program, marker):
-            try:
-                os.kill(pid, signal.SIGTERM)
-                signalled.append(pid)
-            except ProcessLookupError:
-                pass
-    _wait_gone(program, marker, signalled)
-    return [f"{program.decode()} {pid}" for pid in signalled]
-
-
-def _wait_gone(program: bytes, marker: bytes, pids: list[int], timeout: float = 5.0) -> None:
-    """Return once the stopped processes are gone (a broker under load takes its time to end), and
-    SIGKILL what is still there after ``timeout``: a lab that is down holds nothing."""
-    def alive() -> list[int]:
-        return [pid for pid in pids if _is_marked(pid, program, marker)]
-
-    deadline = time.monotonic() + timeout
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in alive():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 2.0
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 def down(name: str = "pplab") -> list[str]:
     """Remove what ``up`` made: sshd (by PID), namespaces (with their qdiscs), veths, bridge, files."""
     _check_name(name)
@@ -382,7 +333,7 @@ def down(name: str = "pplab") -> list[str]:
     for program, marker, known in ((b"sshd", f"{state_dir(name)}/sshd".encode(), lab.sshd_pids if lab else []),
                                    (b"mosquitto", f"{state_dir(name)}/mqtt/".encode(),
                                     [lab.broker_pid] if lab and lab.broker_pid else [])):
-        removed += _stop_marked(program, marker, known)
+        removed += stop_marked(program, marker, known)
     for group in lab.cgroups if lab else []:  # a host's CPU share: what is left in it goes back to the root
         cpushare.remove_group(group)
         removed.append(f"cgroup {Path(group).name}")
