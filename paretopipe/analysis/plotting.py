@@ -171,7 +171,7 @@ def plot_vs_split(table: pd.DataFrame, fig, title: str, objectives: Sequence[Any
     """Two objectives against the split, a 95% CI band each (by default latency and throughput, or a
     language model's time to first token and time per token)."""
     first, second = objectives or main_pair(table)
-    if first is LATENCY:  # summary.csv's median latency, which the CI band is of
+    if not objectives and first is LATENCY:  # by default summary.csv's median latency, which the band is of
         first = dataclasses.replace(LATENCY, column="latency_median_s")
     axes = fig.subplots(1, 2)
     order = [str(k) for k in _by_split(table.drop_duplicates("split_index"))["split_index"]]
