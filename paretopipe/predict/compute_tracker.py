@@ -91,6 +91,9 @@ class ComputeTracker:
         self.latest: list[int | None] = [None] * len(self.stages)  # the newest batch with news of the stage
         self.observed_at: list[float | None] = [None] * len(self.stages)  # when (monotonic s)
         self.speed = [0.0] * len(self.stages)  # log of each stage's time against its profile
+        # The shortest span (profiled seconds) that is a sample of a stage's speed: a quota period,
+        # or half the stage on a model too small to fill one.
+        self.shortest_sample_s = [min(PROBE_SPAN_S, 0.5 * sum(times)) for times in profiled]
         self.events: list[dict[str, Any]] = []
         self.pending: list[Reprofile] = []
         self.reprofiles = 0
@@ -136,8 +139,7 @@ class ComputeTracker:
         # stage 2 (60% of a core) led its speed to a full core's, and the chooser offloaded to it
         # at full speed (tests/runners/test_adaptive.py's throttled test). Stage 1's compute
         # probes and the longer spans carry the speed instead.
-        shortest = min(PROBE_SPAN_S, 0.5 * sum(s.profiled_s for s in self.stages[stage]))
-        if observed_s <= 0 or baseline_s <= 0 or profiled_s < shortest:
+        if observed_s <= 0 or baseline_s <= 0 or profiled_s < self.shortest_sample_s[stage]:
             return
         weight = self.alpha * min(1.0, baseline_s / PROBE_SPAN_S)
         self.speed[stage] = (1 - weight) * self.speed[stage] + weight * math.log(observed_s / baseline_s)
