@@ -3,7 +3,8 @@
 The kind used to be asked five ways (a configuration's ``generation is not None``, a model's
 ``is_language_model``, an options object's ``language_model``, whether a table had a time-per-token
 column). A :class:`Workload` answers what those branches wanted: the item a rate, an energy or a
-cost is per, a table's throughput column and default objectives, and its name. A run record says
+cost is per, a table's default objectives, and its name (each objective's column, by
+workload, is :data:`paretopipe.analysis.objectives.BY_WORKLOAD`). A run record says
 it by its configuration (a generation's settings, or none); every runs.csv and summary.csv row
 carries its name as ``workload``, so a table read back from disk knows its workload from what its
 runs said, not from which columns happen to exist.
@@ -27,17 +28,13 @@ class Workload:
     item: str                           # what a rate, an energy per item and a cost per item count
     generates: bool                     # a language model generating tokens
     default_objectives: tuple[str, str]  # a table's fronts unless ``--objectives`` names others
-    throughput_column: str              # summary.csv's rate: images/s or tokens/s
-    latency_label: str                  # what one latency sample is
 
     def __str__(self) -> str:
         return self.name
 
 
-IMAGES = Workload("images", "image", False, ("latency", "throughput"), "throughput_imgs_per_s",
-                  "latency per batch, median (s)")
-GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), "tokens_per_s",
-                      "latency per step, median (s)")
+IMAGES = Workload("images", "image", False, ("latency", "throughput"))
+GENERATION = Workload("generation", "token", True, ("ttft", "tpot"))
 BY_NAME = {w.name: w for w in (IMAGES, GENERATION)}
 
 

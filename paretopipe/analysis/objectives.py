@@ -81,7 +81,7 @@ FIDELITY = Objective("fidelity", "fidelity_top1_agreement", "max",
                      "top-1 agreement with the unsplit float32 model (evaluation pass)")
 ACCURACY = Objective("accuracy", "accuracy_top1", "max", "top-1 accuracy (evaluation pass, labelled data)")
 #: A generation's latency is per step (a prefill or one token), not per batch of images.
-STEP_LATENCY = dataclasses.replace(LATENCY, label=GENERATION.latency_label)
+STEP_LATENCY = dataclasses.replace(LATENCY, label="latency per step, median (s)")
 #: The objectives whose column depends on the workload, by workload: a name missing from one is
 #: another workload's objective.
 BY_WORKLOAD: dict[Workload, dict[str, Objective]] = {
@@ -95,7 +95,7 @@ def _has(table: pd.DataFrame, column: str) -> bool:
 
 def throughput_column(table: pd.DataFrame) -> str:
     """A table's throughput: images/s, or a language model's tokens/s."""
-    return workload.of_table(table).throughput_column
+    return BY_WORKLOAD[workload.of_table(table)]["throughput"].column
 
 
 def defaults(table: pd.DataFrame) -> tuple[str, ...]:
@@ -133,12 +133,12 @@ def _memory(name: str, column: str, table: pd.DataFrame, who: str) -> Objective:
 
 def resolve(name: str, table: pd.DataFrame) -> Objective:
     """One objective by name, against the table it will be computed on."""
-    own = BY_WORKLOAD[workload.of_table(table)]
-    if name in own:
-        return own[name]
+    kind = workload.of_table(table)
+    if name in BY_WORKLOAD[kind]:
+        return BY_WORKLOAD[kind][name]
     if any(name in others for others in BY_WORKLOAD.values()):
         raise UsageError(f"--objectives {name}: not an objective of this session's workload, "
-                         f"{workload.of_table(table)} (valid here: {', '.join(available(table))})")
+                         f"{kind} (valid here: {', '.join(available(table))})")
     if name == "energy":
         return _energy(name, "", table, "the pipeline")
     if name == "memory":

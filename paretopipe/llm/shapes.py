@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import workload
 from ..errors import UsageError
-from ..workload import Workload
+from ..workload import GENERATION, IMAGES, Workload
 from ..partition.structure import structure
 from ..wiredtype import token_nbytes
 from .checkpoints import REAL, display_name, folder_config, is_real
@@ -243,7 +242,7 @@ def workload_of(model: str | None, model_dir: str | None = None) -> Workload:
     """A stage's model's workload: a generation for a language model (weights given by
     ``--model-dir``, a named real one, or a named shape), else image batches. The one test of a
     model's kind."""
-    return workload.of_generation(True if model_dir is not None or is_named(model) or is_real(model) else None)
+    return GENERATION if model_dir is not None or is_named(model) or is_real(model) else IMAGES
 
 
 def shape_of(model: str | None, model_dir: str | None = None) -> LMShape:
