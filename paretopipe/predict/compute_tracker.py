@@ -89,7 +89,9 @@ class ComputeTracker:
         self.stages = [[_Segment(float(t), None if relative else float(t), float(t), collections.deque(maxlen=window))
                         for t in times] for times in profiled]
         self.latest: list[int | None] = [None] * len(self.stages)  # the newest batch with news of the stage
-        self.observed_at: list[float | None] = [None] * len(self.stages)  # when (monotonic s)
+        # When each stage's speed was last sampled (monotonic s): a stage that runs only short spans
+        # (stage 1 at an early split, stage 2 a short tail) gives no sample, so it is probed as if idle.
+        self.sampled_at: list[float | None] = [None] * len(self.stages)
         self.speed = [0.0] * len(self.stages)  # log of each stage's time against its profile
         # The shortest span (profiled seconds) that is a sample of a stage's speed: a quota period,
         # or half the stage on a model too small to fill one.
@@ -141,19 +143,19 @@ class ComputeTracker:
         # probes and the longer spans carry the speed instead.
         if observed_s <= 0 or baseline_s <= 0 or profiled_s < self.shortest_sample_s[stage]:
             return
+        self.sampled_at[stage] = time.monotonic()
         weight = self.alpha * min(1.0, baseline_s / PROBE_SPAN_S)
         self.speed[stage] = (1 - weight) * self.speed[stage] + weight * math.log(observed_s / baseline_s)
 
     def _news(self, stage: int, seq: int) -> None:
         self.latest[stage] = seq if self.latest[stage] is None else max(self.latest[stage], seq)
-        self.observed_at[stage] = time.monotonic()
 
     def due(self, probe_after_s: float | None = None) -> list[Reprofile]:
         """Stage-1 segments to re-time before the next batch (handed out once). With
-        ``probe_after_s``, a stage 1 that ran no segment for that long re-times its first ones:
-        a compute probe, as a link probe refreshes a link the frames no longer show."""
+        ``probe_after_s``, a stage 1 whose speed no span sampled for that long re-times its first
+        ones: a compute probe, as a link probe refreshes a link the frames no longer show."""
         if probe_after_s is not None and not any(p.stage == 0 for p in self.pending):
-            why = f"compute probe: stage 1 ran no segment for {probe_after_s:g} s"
+            why = f"compute probe: no span of stage 1 sampled its speed for {probe_after_s:g} s"
             self.pending += [Reprofile(0, j, why, probe=True) for j in range(self.probe_due(0, probe_after_s))]
         out = [p for p in self.pending if p.stage == 0]
         self.pending = [p for p in self.pending if p.stage != 0]
@@ -161,11 +163,12 @@ class ComputeTracker:
 
     def probe_due(self, stage: int, after_s: float) -> int:
         """How many of ``stage``'s first segments a compute probe should time now (0: none due):
-        those up to ``PROBE_SPAN_S`` of profiled compute, once the stage ran none for ``after_s``."""
-        seen = self.observed_at[stage]
+        those up to ``PROBE_SPAN_S`` of profiled compute, once no span sampled its speed for
+        ``after_s`` (it ran none, or only short ones)."""
+        seen = self.sampled_at[stage]
         if seen is not None and time.monotonic() - seen < after_s:
             return 0
-        self.observed_at[stage] = time.monotonic()  # one probe per interval, answered or not
+        self.sampled_at[stage] = time.monotonic()  # one probe per interval, answered or not
         span = 0.0
         for j, s in enumerate(self.stages[stage]):
             span += s.profiled_s
@@ -200,6 +203,7 @@ class ComputeTracker:
         self._news(stage, seq)
         if probe:
             if observed > 0 and baseline > 0:
+                self.sampled_at[stage] = time.monotonic()
                 self.speed[stage] = (1 - PROBE_WEIGHT) * self.speed[stage] + PROBE_WEIGHT * math.log(observed / baseline)
         else:
             self._speed_sample(stage, observed, baseline, profiled)

@@ -9,7 +9,7 @@ import pytest
 
 from paretopipe.predict import adaptive_policy
 from paretopipe.predict.adaptive_policy import AdaptivePolicy, LinkEstimate, SciotPolicy, VarianceSettings
-from paretopipe.predict.compute_tracker import PROBE_SPAN_S, ComputeTracker
+from paretopipe.predict.compute_tracker import PROBE_SPAN_S, PROBE_WEIGHT, ComputeTracker
 from paretopipe.predict.device_profile import synthetic_profile
 
 SEGMENTS = 6
@@ -90,6 +90,24 @@ def test_a_stage_1_that_ran_nothing_is_probed_over_one_quota_period():
     due = t.due(probe_after_s=0.0)
     assert [r.segment for r in due] == [0, 1] and "compute probe" in due[0].why  # 2 x 10 ms = PROBE_SPAN_S
     assert t.due(probe_after_s=None) == []
+
+
+def test_a_stage_that_runs_only_short_spans_is_probed_and_one_that_runs_long_spans_is_not():
+    """Stage 1 at an early split runs a few ms a batch: no sample of its speed, so without a probe a
+    throttle's estimate would stay through the recovery (the throttled lab test's CI failure: split
+    3 kept for a whole full-speed phase at a ratio of 3.4)."""
+    t = _tracker()
+    t.reprofiled(0, 0, 0, [0.04, 0.04], ["throttled"], probe=True)  # 4x slow: the throttle's estimate
+    slow = t.ratio(0)
+    assert slow > 2 and t.due(probe_after_s=0.5) == []  # the probe just sampled it
+    for seq in range(1, 40):
+        t.observe(seq, 0, 0, [0.01])  # 10 ms a batch at full speed: below a quota period, no sample
+    assert t.ratio(0) == slow and [r.segment for r in t.due(probe_after_s=0.0)] == [0, 1]
+    t.reprofiled(40, 0, 0, [0.01, 0.01], ["compute probe"], probe=True)
+    assert t.ratio(0) == pytest.approx(slow ** (1 - PROBE_WEIGHT))  # the probe moves it
+    long = _tracker()
+    long.observe(0, 0, 0, [0.01] * 3)  # 30 ms: a sample, so nothing is due within the interval
+    assert long.due(probe_after_s=60.0) == [] and long.probe_due(1, 60.0) > 0  # stage 2: never sampled
 
 
 def test_device_profiles_from_another_machine_are_followed_relative_to_the_runs_start():

@@ -374,7 +374,13 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
     rule saw only 1.45x between its two choices, and a CI run whose stage 2 measured slow for a
     moment kept everything local: with no hysteresis and no compute probe, the stage-2 times it
     saw last stay until it runs those segments again (its documented rule). 25% against 60%
-    gives about 1.5x for local at full speed and 2x for offloading while throttled."""
+    gives about 1.5x for local at full speed and 2x for offloading while throttled.
+
+    While throttled, "off stage 1" means stage 1 keeps at most half of the model's compute (by its
+    own profile), not k = 0. Under a quota the early splits tie: k = 0, 2 and 3 each measured 19 ms
+    a batch here, and both policies move among them. Which partial split wins also depends on how a
+    10 ms quota period cuts a short span: k = 5 was predicted at 21 ms and measured 28 ms. A real
+    device throttles its clock, so that quantisation is this emulation's, not a choice to test."""
     from paretopipe import cpushare
 
     try:
@@ -401,8 +407,11 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
         throttled, full = phases[0.25], phases[1.0]
         adaptive = rec["manifest"]["stages"][0]["adaptive"]
         why = (policy, "speed against the profiles at the end", adaptive["compute"]["ratios"])
-        # Offloaded (k = 0) while throttled; local (18, or SCIoT's forced 19) at full speed.
-        assert sum(k == 0 for k in throttled) >= 0.6 * len(throttled), (why, throttled)
+        stage1 = adaptive["self_profiles"]["stage1"]["segment_compute_s"]
+        kept = [sum(stage1[:k]) / sum(stage1) for k in throttled]  # stage 1's part of the model
+        # At most half of the model on stage 1 while throttled; local (18, or SCIoT's forced 19) at
+        # full speed.
+        assert sum(part <= 0.5 for part in kept) >= 0.6 * len(kept), (why, throttled)
         assert sum(k >= 18 for k in full) >= 0.6 * len(full), (why, full)
         assert adaptive["policy"] == policy and adaptive["switches"] >= 2
         events = adaptive["compute"]["reprofile_events"]
