@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from paretopipe import cputrace
+from paretopipe.compute import cputrace
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "paretopipe" / "network" / "traces"

@@ -124,7 +124,7 @@ def is_root() -> bool:
 def cgroups_missing() -> str | None:
     """Why no cgroup cpu controller can hold a stage to a share here (None: one can), for a
     ``--stage-cpu`` test's skip."""
-    from paretopipe import cpushare
+    from paretopipe.compute import cpushare
     from paretopipe.errors import UsageError
 
     try:

@@ -6,7 +6,7 @@ import json
 from typing import Sequence
 
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
-from .. import cpushare
+from ..compute import cpushare
 from ..runners import lab
 
 

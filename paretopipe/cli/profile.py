@@ -15,7 +15,8 @@ from .workload_flags import LANGUAGE_MODELS, check_workload_flags
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, dataset_from_args,
                      example_epilog, positive_int, setup_logging)
 from ..predict.device_profile import DEFAULT_CODECS
-from .. import cpushare, engines, records
+from .. import engines, records
+from ..compute import cpushare
 
 log = logging.getLogger("paretopipe.profile")
 

@@ -6,7 +6,8 @@ import argparse
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .. import cputrace, engines
+from .. import engines
+from ..compute import cputrace
 from ..errors import UsageError
 from ..splits import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth

@@ -9,7 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import cpushare, cputrace, engines
+from .. import engines
+from ..compute import cpushare, cputrace
 from ..errors import UsageError
 from ..runners.hosts import Testbed
 from ..runners.processes import check_stage_devices

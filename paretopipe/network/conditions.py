@@ -18,7 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .. import cputrace, records
+from .. import records
+from ..compute import cputrace
 from ..errors import UsageError
 from ..units import format_duration, format_rate, parse_duration, parse_percent, parse_rate
 

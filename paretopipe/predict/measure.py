@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import cpushare, engines, records
+from .. import engines, records
+from ..compute import cpushare
 from ..errors import UsageError
 from ..manifest import node_manifest
 from ..partition import fxcuts, onnxstage, wirequant

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import cpushare
+from ..compute import cpushare
 from ..errors import NetemError, UsageError
 from ..sshcmd import close_shared
 from .lab_processes import stop_marked

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import cpushare, records
+from .. import records
+from ..compute import cpushare
 from ..argtypes import host_port
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..llm import checkpoints, llamacpp

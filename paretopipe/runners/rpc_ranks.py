@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-from .. import cpushare
+from ..compute import cpushare
 from ..errors import ParetoPipeError, PeerError
 from ..options import flags
 from .commands import RunCommand, emit, serve_commands

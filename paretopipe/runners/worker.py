@@ -18,7 +18,8 @@ import sys
 import threading
 from typing import Any, Sequence
 
-from .. import cpushare, cputrace, strict
+from .. import strict
+from ..compute import cpushare, cputrace
 from ..errors import ParetoPipeError, UsageError
 from ..options import flags
 from .commands import ConnectCommand, ListenCommand, Stage1RunCommand, emit, serve_commands

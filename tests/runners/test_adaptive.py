@@ -385,7 +385,7 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
     a batch here, and both policies move among them. Which partial split wins also depends on how a
     10 ms quota period cuts a short span: k = 5 was predicted at 21 ms and measured 28 ms. A real
     device throttles its clock, so that quantisation is this emulation's, not a choice to test."""
-    from paretopipe import cpushare
+    from paretopipe.compute import cpushare
 
     try:
         cpushare.check_writable()

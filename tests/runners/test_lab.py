@@ -227,7 +227,7 @@ def test_a_language_model_sweep_over_ssh_with_tc_pays_its_hidden_state_at_the_li
 def test_a_lab_host_with_a_cpu_share_holds_every_process_started_there_over_ssh():
     """--host-cpu: a cgroup around the host's sshd, inherited by every session and what it starts
     (a stage worker, a profile); the other hosts are not held; the lab's down removes the group."""
-    from paretopipe import cpushare
+    from paretopipe.compute import cpushare
     from paretopipe.envfile import read_env
     from paretopipe.runners.hosts import Testbed
 

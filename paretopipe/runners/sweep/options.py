@@ -7,7 +7,8 @@ import dataclasses
 import ipaddress
 from typing import Any
 
-from ... import cpushare, engines, faults
+from ... import engines, faults
+from ...compute import cpushare
 from ...errors import UsageError
 from ...workload import Workload
 from ...splits import parse_splits, split_adaptive

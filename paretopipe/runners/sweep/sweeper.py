@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ... import cpushare, records
+from ... import records
+from ...compute import cpushare
 from ...analysis.session import Session, SessionMeta, sweep_session_dir
 from ...analysis.keys import CLOSED_LOOP, NO_FAULT, NO_PLACEMENT, NO_PROMPT, ConfigKey
 from ...analysis.columns import cipher_of

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from ... import cpushare
+from ...compute import cpushare
 from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...manifest import node_manifest
 from ...network.conditions import Direction

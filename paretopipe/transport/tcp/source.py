@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ... import cputrace, engines, records
+from ... import engines, records
+from ...compute import cputrace
 from ...errors import ParetoPipeError, PeerError, WireError
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink, Outage

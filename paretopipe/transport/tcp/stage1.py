@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ... import cpushare, cputrace, engines, records
+from ... import engines, records
+from ...compute import cpushare, cputrace
 from ...errors import ParetoPipeError
 from ...manifest import node_manifest
 from ...network.conditions import NetworkConditions

@@ -9,7 +9,8 @@ import dataclasses
 from typing import Any
 
 
-from ... import cpushare, engines
+from ... import engines
+from ...compute import cpushare
 from ...errors import UsageError, WireError
 from ...partition.stages import SegmentChains, StageBuilder, TimedChain, time_segments
 from .. import inputs, wire

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import UsageError
+from ..errors import UsageError
 
 V1_ROOT = Path("/sys/fs/cgroup/cpu")
 V2_ROOT = Path("/sys/fs/cgroup")

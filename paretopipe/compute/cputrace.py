@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from . import cpushare, records, strict
-from .errors import UsageError
+from .. import records, strict
+from ..errors import UsageError
+from . import cpushare
 
 MAX_TRACE_BYTES = 4 * 1024 * 1024
 STAGE_NAMES = ("stage1", "stage2")

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from paretopipe import cpushare, cputrace
+from paretopipe.compute import cpushare, cputrace
 from paretopipe.errors import UsageError
 from paretopipe.network.conditions import NetworkConditions, conditions_from_values
 
 from test_cpushare import _real_cgroups
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = cputrace.shipped_dir()
 NO_CGROUPS = _real_cgroups()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from paretopipe import cpushare
+from paretopipe.compute import cpushare
 from paretopipe.errors import UsageError
 
 
@@ -164,7 +164,7 @@ def test_sweep_records_the_applied_shares_and_leaves_no_cgroup(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "19",
                            "--runs", "1", "--profiles", "lan", "--batch-size", "1", "--num-batches", "3",
                            "--warmup", "1", "--stage-cpu", "0.5,none", "--out", str(tmp_path), "--session", "s",
@@ -190,7 +190,7 @@ def test_an_rpc_sweep_holds_the_rank_of_a_slow_stage_to_its_share_and_leaves_no_
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "automated_split_tester.py", "--model", "mobilenetv2", "--splits", "4",
                            "--runs", "1", "--profiles", "lan", "--batch-size", "1", "--num-batches", "3",
                            "--warmup", "1", "--stage-cpu", "none,0.5", "--stage-threads", "1,1", "--backend", "rpc",
