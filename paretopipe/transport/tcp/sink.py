@@ -22,9 +22,8 @@ from ...errors import ParetoPipeError, PeerError, UsageError, WireError
 from ...manifest import node_manifest
 from ...network.conditions import Direction
 from ...network.emulated import EmulatedLink
-from ...partition import wirequant
-from ...partition.activation import Activation, live_tensors
-from ...partition.stages import StageBuilder, StageTimer, TimedChain
+from ...partition.activation import live_tensors
+from ...partition.stages import StageBuilder, TimedChain
 from ...sysmon import SystemMonitor
 from .. import pipeline, wire
 from ..resources import stage_meter
@@ -34,8 +33,8 @@ from .connection import Connection, FrameSender
 from .handshake import StageListener
 from .messages import RunStart, check_part, json_payload, message, read_result_meta, result_meta_fields, safe_run_id
 from .outcome import RunOutcome, assemble_record, cipher_usage, later_parts, merge_peer_seals, write_record
+from .stageitems import StageItems, stage_items
 from .switching import KINDS as SWITCHING_KINDS, Retime, SwitchingStage
-from ..generation import STEP_META, GenerationStage
 
 log = logging.getLogger("paretopipe.tcp")
 
@@ -134,7 +133,6 @@ class _SinkRun:
         # Before RUN_OK: a first run measures idle power while stage 1 waits, idle too.
         self.meter = stage_meter(builder, cfg, self.index)
         connection.send(wire.RUN_OK, meta=ok_meta)
-        self.timer = StageTimer(builder.device)
         self.manifest = node_manifest(builder.device, threads, role=self.name, weights_fingerprint=builder.fingerprint,
                                       limits=limits)
         self.sender = FrameSender(connection.writer, EmulatedLink(back, seed=cfg.seed, which="down") if back else None,
@@ -143,8 +141,7 @@ class _SinkRun:
         if self.next is not None:
             self.forward = FrameSender(self.next.writer, EmulatedLink(forward, seed=cfg.seed) if forward else None,
                                        f"{self.name}-forward")
-            self.codec = wire.Codec(cfg.compression, cfg.compression_level,
-                                    "float32" if cfg.workload.generates else cfg.wire_dtype)
+            self.codec = wire.Codec(cfg.compression, cfg.compression_level, self.items.codec_dtype)
         self.work: queue.Queue = queue.Queue()
         self.seen: dict[int, dict[str, Any]] = {}
         self.compute_error: list[BaseException] = []
@@ -154,7 +151,7 @@ class _SinkRun:
         self.out: Any = None
         self.relayed: queue.Queue = queue.Queue()  # the next stage's RECORDS, or why they never came
         self.segment_times: dict[str, Any] = {}  # the batch's per-segment compute, for an adaptive stage 1
-        self.steps: dict[int, Any] = {}  # a generation's decoded inputs, by batch, until computed
+        self.steps: dict[int, Any] = {}  # inputs decoded on arrival (dequantised, a step's), until computed
 
     def _accept(self, meta: dict[str, Any], timeout_s: float | None,
                 downstream: Downstream | None) -> tuple[Direction | None, Direction | None]:
@@ -177,18 +174,8 @@ class _SinkRun:
             self.fields = result_meta_fields(self.index + 1) + ((f"{self.name}_open_s",) if self.sealed else ())
             back = Direction.from_dict(self.start.return_link) if self.start.return_link else None
             forward = Direction.from_dict(self.start.forward_link) if self.start.forward_link else None
-            self.incoming = self.cfg.cuts[self.index - 1]
-            self.gen = None
-            if self.cfg.workload.generates:  # a language model's steps: checked and computed by it
-                self.gen = GenerationStage(self.builder, self.cfg, self.index)
-                self.stage, self.expected = self.gen.stage, None
-            else:
-                self.stage = self.builder.stage_for(self.cfg, self.index)
-                self.expected = self.builder.partitioner.live_specs(self.incoming)
-                odd = [d for _, d in self.expected if d != "float32"]
-                if self.cfg.wire_dtype in wirequant.QUANTISED and odd:
-                    raise UsageError(f"--wire-dtype {self.cfg.wire_dtype} quantises float32 activations; the cut "
-                                     f"{self.incoming} also carries {', '.join(odd)}: use float32, float16 or bfloat16")
+            self.items: StageItems = stage_items(self.builder, self.cfg, self.index)
+            self.stage = self.items.stage
             self.adaptive = SwitchingStage(self.builder, self.cfg) if self.cfg.adaptive else None
             if self.adaptive is not None:
                 self.stage = self.adaptive.initial()
@@ -248,12 +235,7 @@ class _SinkRun:
     def compute(self, _slot: int) -> None:
         f, arrived = self.current
         began = time.monotonic()
-        if self.gen is not None:
-            stream, start, _ = self.gen.step_of(f.seq, f.meta)
-            self.out, compute_s = self.gen.forward(f.seq, stream, self.steps.pop(f.seq), start)
-        else:
-            x = self.steps.pop(f.seq) if f.seq in self.steps else f.tensor  # dequantised, or the frame's own
-            self.out, compute_s = self.timer.run(self.stage, x, self.builder.device)
+        self.out, compute_s = self.items.forward(f, self.steps.pop(f.seq, None), self.stage)
         self.seen[f.seq].update({f"{self.name}_queue_s": began - arrived, f"{self.name}_compute_s": compute_s})
         if isinstance(self.stage, TimedChain):  # an adaptive run's policy watches each segment
             self.segment_times = {"stage2_segment_first": self.stage.first, "stage2_segment_s": list(self.stage.times)}
@@ -262,30 +244,18 @@ class _SinkRun:
         f, _ = self.current
         rec = self.seen[f.seq]
         if self.forward is not None:
-            if self.gen is not None:  # the step's place goes on with its hidden state
-                enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(self.gen.encode(self.out), self.codec),
-                                 {k: f.meta[k] for k in STEP_META})
-            else:
-                enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(
-                    wirequant.encode_activation(self.out, self.cfg.wire_dtype), self.codec))
+            tensors, meta = self.items.onward(f, self.out)
+            enc = wire.frame(wire.TENSOR, f.seq, wire.encode_payload(tensors, self.codec), meta)
             rec.update({f"{self.name}_encode_s": enc.encode_s, f"{self.name}_wire_bytes": enc.wire_nbytes})
             self.forward.submit(enc, on_sent=lambda _s: f.release())
             return
-        payload, extra = self._result()
+        payload, extra = self.items.result(f, self.out)
         rec[f"{self.name}_encode_s"] = wire.encode_seconds(payload)
         # The activation's buffer goes back to the pool once the result is on the wire: an empty
         # last stage (k = K) returns its input itself, sent straight from that buffer.
         enc = wire.frame(wire.RESULT, f.seq, payload, {**{k: rec[k] for k in self.fields}, **self.segment_times,
                                                        **extra})
         self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
-
-    def _result(self) -> tuple[wire.Payload, dict[str, Any]]:
-        """The last stage's result: the output itself, or a generation's token (in the meta)."""
-        if self.gen is None:
-            return wire.encode_payload(self.out), {}
-        f, _ = self.current
-        stream, _, step = self.gen.step_of(f.seq, f.meta)
-        return wire.encode_payload(None), {"stream": stream, "token": self.gen.choose(self.out, stream, step)}
 
     def _on_sent(self, f: wire.Frame, rec: dict[str, Any], enc: wire.Encoded) -> Callable[[float], None]:
         measured = rec["seq"] >= self.cfg.warmup
@@ -314,8 +284,7 @@ class _SinkRun:
                 meta = read_result_meta(f.meta, later, self.next.channel is not None, first=self.index + 2)
                 meta.update({k: rec.get(k) for k in self.fields})
                 meta[f"{self.name}_wire_bytes"] = rec[f"{self.name}_wire_bytes"]
-                if self.gen is not None:  # the token goes back as it came (stage 1 checks it)
-                    meta.update({k: f.meta.get(k) for k in ("stream", "token")})
+                meta.update(self.items.relayed(f.meta))
                 enc = wire.frame(wire.RESULT, f.seq, wire.encode_payload(f.tensor), meta)
                 self.sender.submit(enc, on_sent=self._on_sent(f, rec, enc))
         except BaseException as exc:
@@ -383,9 +352,9 @@ class _SinkRun:
             if f.kind == wire.RECORDS:
                 return check_part(json_payload(f), "stage 1", True)
             if f.kind == wire.SWITCH:
-                stage, self.incoming = self.adaptive.switch(f.meta)
+                stage, incoming = self.adaptive.switch(f.meta)
                 self.work.put(stage)
-                self.expected = self.builder.partitioner.live_specs(self.incoming)
+                self.items.switched(incoming)
                 continue
             if f.kind == wire.PROBE:
                 retime = self.adaptive.retime_request(f.seq, f.meta)
@@ -399,15 +368,10 @@ class _SinkRun:
                 raise WireError(f"batch {f.seq} sent twice or out of range 0..{'' if total is None else total - 1}")
             if f.tensor is None:
                 raise WireError(f"batch {f.seq} carries no tensor")
-            decode_s = f.decode_s
-            if self.gen is not None:  # checked and decoded here, before the compute thread sees it
-                self.steps[f.seq] = self.gen.stage_input(f.seq, f.tensor, self.gen.step_of(f.seq, f.meta)[1])
-            elif cfg.wire_dtype in wirequant.QUANTISED:
-                self.steps[f.seq], dequantise_s = wirequant.timed(self._image_input, f)
-                decode_s += dequantise_s
-            else:
-                self._image_input(f)
-            self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": decode_s,
+            x, decode_s = self.items.decode(f)  # checked here, before the compute thread sees it
+            if x is not None:
+                self.steps[f.seq] = x
+            self.seen[f.seq] = {"seq": f.seq, "warmup": f.seq < cfg.warmup, f"{self.name}_decode_s": f.decode_s + decode_s,
                                 "payload_bytes": f.raw_nbytes, "wire_bytes": f.wire_nbytes}
             live = live_tensors(self.steps.get(f.seq, f.tensor))
             if cfg.loadgen is not None and live:  # a LoadGen batch is a query of its own size
@@ -418,18 +382,6 @@ class _SinkRun:
                 self.seen[f.seq][f"{self.name}_open_s"] = f.open_s
             self.work.put((f, time.monotonic()))
 
-    def _image_input(self, f: wire.Frame) -> Activation:
-        """A batch's activation, its shapes checked against what crosses the cut before anything of
-        it is decoded; int8 and int4 parts are dequantised here, off the compute thread."""
-        dtype = self.cfg.wire_dtype
-        groups = wirequant.grouped(f.tensor, dtype)
-        got = [(wirequant.decoded_shape(g, dtype)[1:], str(g[0].dtype).removeprefix("torch.")
-                if dtype not in wirequant.QUANTISED else "float32") for g in groups]
-        if got != self.expected:
-            raise WireError(f"batch {f.seq} carries {_described(got)}; what crosses {self.incoming} is "
-                            f"{_described(self.expected)}")
-        return wirequant.decode_activation(groups, dtype)
-
     def own_parts(self, sequences: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """This stage's part of the record, and the smaller one it sends on (its manifest, system
         metrics and resources; sealed, its seal times per batch; a generation's part, the last
@@ -437,7 +389,7 @@ class _SinkRun:
         manifest = {**self.manifest, "cipher": cipher_usage(self.connection, self.sealed_before),
                     "transport": self.connection.transport_usage(),
                     "energy_sensors": self.meter.manifest(),
-                    "engine": self.builder.engine_of(self.cfg, self.index) if self.gen is None else None}
+                    "engine": self.items.engine()}
         resources = self.meter.part(measured_images(list(self.seen.values()), self.cfg))
         if self.adaptive is not None:
             manifest = {**manifest, "adaptive": self.adaptive.manifest()}
@@ -446,10 +398,9 @@ class _SinkRun:
         if self.sealed:
             seal = f"{self.name}_seal_s"
             sent["batches"] = [{"seq": b["seq"], "warmup": b["warmup"], seal: b.get(seal)} for b in batches]
-        own = {"manifest": manifest, "sysmon": self.sysmon, "batches": batches, "resources": resources}
-        if self.gen is not None:
-            own["generation"] = sent["generation"] = self.gen.part(sequences)
-        return own, sent
+        extra = self.items.part(sequences)  # a generation's part, the last stage's exactness check
+        own = {"manifest": manifest, "sysmon": self.sysmon, "batches": batches, "resources": resources, **extra}
+        return own, {**sent, **extra}
 
     def exchange_parts(self, part1: dict[str, Any] | None) -> list[dict[str, Any] | None]:
         """Every stage's part in stage order, for the record. Stage 1's part came with its RECORDS
@@ -489,10 +440,3 @@ def _stage_named(meta: Any) -> str:
     stage = meta.get("stage", 1) if isinstance(meta, dict) else 1
     ok = isinstance(stage, int) and not isinstance(stage, bool) and 1 <= stage < 64
     return f"stage {stage + 1 if ok else 2}"
-
-
-def _described(specs: list[tuple[tuple[int, ...], str]]) -> str:
-    """Tensors as a line names them: ``2 tensors: Bx64x56x56 float32, Bx64x56x56 float32``."""
-    shapes = ", ".join("x".join(["B", *map(str, shape)]) + f" {dtype}" for shape, dtype in specs[:4])
-    more = f", ... ({len(specs)} in all)" if len(specs) > 4 else ""
-    return f"{len(specs)} tensor{'s' if len(specs) != 1 else ''}: {shapes}{more}"
