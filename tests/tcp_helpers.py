@@ -299,3 +299,17 @@ def assert_logits_equal_unsplit(npz: Path, model_name: str, count: int, batch_si
         ref = torch.stack([model(x) for x in inputs.batches("synthetic", batch_size, 224, count, seed=0)]).numpy()
     assert logits.shape == ref.shape
     assert np.allclose(logits, ref, atol=atol)
+
+
+def block_profiles(name: str, stage1_block_s: float, stage2_block_s: float) -> list:
+    """Two device profiles of ``name`` at block granularity, with the real bytes that cross each
+    block cut and a chosen time per block on each stage (a slow edge device and a fast server:
+    numbers chosen, not measured, so that a choice depends on the link alone)."""
+    from paretopipe.predict.adaptive_policy import self_profile
+
+    part = builder(name).partitioner
+    bpi = [part.payload_nbytes(part.block_cut(k), 1) for k in range(part.num_blocks + 1)]
+    n = len(bpi) - 1
+    return [self_profile(builder(name).name, 1, {"segment_compute_s": [s] * n, "whole_model_s": s * n,
+                                                 "call_overhead_s": 0.0}, bpi, role)
+            for role, s in (("stage1", stage1_block_s), ("stage2", stage2_block_s))]

@@ -1,16 +1,13 @@
-"""The per-segment compute tracker and the two policies that use it: a change is flagged by its
-coefficient of variation, re-profiled with its successor, recorded, and moves the choice; ours
-follows a stage's speed on the segments it does not run, SCIoT's does not and forces local
-batches instead. Arithmetic only: the runtime end to end is in tests/runners/test_adaptive.py."""
+"""The per-segment compute tracker: a change is flagged by its coefficient of variation,
+re-profiled with its successor and recorded; ours follows a stage's speed on the segments it does
+not run, sampled only by spans long enough to show a CPU quota, and probes a stage whose speed no
+span sampled. The policies that use it: tests/predict/test_adaptive_policy.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from paretopipe.predict import adaptive_policy
-from paretopipe.predict.adaptive_policy import AdaptivePolicy, LinkEstimate, SciotPolicy, VarianceSettings
 from paretopipe.predict.compute_tracker import PROBE_SPAN_S, PROBE_WEIGHT, ComputeTracker
-from paretopipe.predict.device_profile import synthetic_profile
 
 SEGMENTS = 6
 
@@ -118,71 +115,3 @@ def test_device_profiles_from_another_machine_are_followed_relative_to_the_runs_
     for seq in range(10, 40):  # then it halves its speed
         t.observe(seq, 0, 0, [0.02, 0.02])
     assert t.estimate(0, 0) == pytest.approx(0.2, rel=0.05) and t.ratio(0) == pytest.approx(2, rel=0.1)
-
-
-# -- the two policies ------------------------------------------------------------------------------
-def _policy(cls, **kw) -> AdaptivePolicy:
-    bpi = [600_000] + [100_000] * (SEGMENTS - 1) + [4_000]
-    segments = [f"k{k}" for k in range(SEGMENTS + 1)]
-    profiles = [synthetic_profile([0.01] * SEGMENTS, bpi), synthetic_profile([0.014] * SEGMENTS, bpi)]
-    cut_of = {k: f"k{k}" for k in range(SEGMENTS + 1)}
-    policy = cls(cut_of, list(range(SEGMENTS + 1)), SEGMENTS, lambda meta: profiles, batch_size=1,
-                 segments=segments, variance=VarianceSettings(), seed=3, **kw)
-    policy.start({})
-    policy.estimator.estimate = LinkEstimate(rtt_s=0.001, s_per_byte=8 / 1e9, samples=10)  # a 1 Gbit/s LAN
-    return policy
-
-
-def _run(policy: AdaptivePolicy, batches: int, stage1_s: float, stage2_s: float, first_seq: int = 0) -> list:
-    """Feed ``batches`` decisions, each stage observing its segments at the given per-segment time."""
-    chosen = []
-    current = [policy.cut_of[SEGMENTS]]
-    for seq in range(first_seq, first_seq + batches):
-        cuts, fields = policy.cuts_for(seq, current)
-        k = int(cuts[0][1:])
-        chosen.append(k)
-        policy.observe_compute(seq, 0, 0, [stage1_s] * k)
-        policy.observe_compute(seq, 1, k, [stage2_s] * (SEGMENTS - k))
-        due = policy.reprofiles_due()
-        for segment, why in due:
-            policy.reprofiled(seq, segment, [stage1_s], [why])
-        for first, count in policy.stage2_probes_due():
-            policy.stage2_probed(seq, first, [stage2_s] * count)
-        current = cuts
-    return chosen
-
-
-def test_ours_moves_work_off_a_throttled_stage_1_and_back_after_it_recovers(monkeypatch):
-    monkeypatch.setattr(adaptive_policy, "COMPUTE_PROBE_INTERVAL_S", 0.0)  # a probe per batch: no clock here
-    policy = _policy(AdaptivePolicy)
-    fast = _run(policy, 30, 0.01, 0.014)
-    assert fast[-1] == SEGMENTS  # stage 1 is the faster device: all of it there
-    throttled = _run(policy, 40, 0.025, 0.014, 30)
-    assert throttled[-1] == 0 and throttled.index(0) <= 15
-    recovered = _run(policy, 60, 0.01, 0.014, 70)
-    assert recovered[-1] == SEGMENTS
-    summary = policy.summary()
-    assert summary["policy"] == "adaptive" and summary["compute"]["reprofiles"] > 0
-    assert summary["compute"]["reprofile_events"][0]["why"]
-
-
-def test_sciots_rule_has_no_hysteresis_and_forces_local_batches_at_its_rate():
-    policy = _policy(SciotPolicy, local_probability=0.25)
-    chosen = _run(policy, 400, 0.025, 0.014)  # stage 1 slow throughout: SCIoT offloads, except when forced
-    forced = policy.summary()["forced_local"]
-    assert 70 <= forced <= 130  # 25% of 400, seeded
-    assert chosen.count(SEGMENTS) >= forced and chosen[-50:].count(0) >= 25
-    assert policy.summary()["policy"] == "sciot" and policy.summary()["local_probability"] == 0.25
-
-
-def test_ours_follows_a_busy_stage_2_even_while_it_runs_nothing(monkeypatch):
-    """Stage 1 at half a server's speed offloads; a neighbour takes stage 2's core, so the work comes
-    home (k = K, stage 2 runs no segment); only stage 2's compute probes show that it is free again."""
-    monkeypatch.setattr(adaptive_policy, "COMPUTE_PROBE_INTERVAL_S", 0.0)
-    policy = _policy(AdaptivePolicy)
-    assert _run(policy, 30, 0.02, 0.01)[-1] == 0          # the server is faster: all of it there
-    assert _run(policy, 40, 0.02, 0.06, 30)[-1] == SEGMENTS  # its core taken: all of it here
-    back = _run(policy, 40, 0.02, 0.01, 70)
-    assert back[-1] == 0 and back.index(0) <= 10
-    hows = {e["how"] for e in policy.summary()["compute"]["reprofile_events"]}
-    assert "compute probe on stage 2" in hows

@@ -1,4 +1,4 @@
-"""The adaptive split: its arithmetic (estimator, chooser, hysteresis) and the runtime end to end
+"""The adaptive split's runtime end to end (its arithmetic: tests/predict/test_adaptive_policy.py),
 with real processes, real sockets and an emulated trace: it follows a step in the link with outputs
 equal to the unsplit model, and it keeps serving every batch when stage 2 freezes, dies and returns."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
 
-from paretopipe.predict.adaptive_policy import (LARGE_FRAME_BYTES, PROBE_ALPHA, PROBE_BYTES, PROBE_INTERVAL_S, LinkEstimate,
-                                         LinkEstimator, SplitChooser, self_profile)
+from paretopipe.predict.adaptive_policy import (PROBE_ALPHA, PROBE_BYTES, PROBE_INTERVAL_S, LinkEstimate, LinkEstimator,
+                                                SplitChooser)
 from paretopipe.analysis.adaptive_comparison import trace_time_at_clock_zero
 import tcp_helpers as cli
-from tcp_helpers import assert_logits_equal_unsplit, builder, free_port, stage2_freezes_dies_and_returns, start
+from tcp_helpers import (assert_logits_equal_unsplit, block_profiles, builder, free_port, stage2_freezes_dies_and_returns,
+                         start)
 
 MODEL = "mobilenetv2"
 # The step test's link: STEP_S fast (40 Mbit/s), STEP_S slow (SLOW_MBIT), repeating. While it keeps
@@ -31,69 +31,11 @@ SLOW_MBIT = 2
 SETTLE_S = PROBE_INTERVAL_S + 1.0
 
 
-def _bytes_per_image() -> list[int]:
-    part = builder(MODEL).partitioner
-    return [part.payload_nbytes(part.block_cut(k), 1) for k in range(part.num_blocks + 1)]
-
-
 def _profiles(stage1_block_s: float, stage2_block_s: float):
-    """Profiles of a slow edge device and a fast server (numbers chosen, not measured: the
-    runtime's choices then depend on the measured link alone)."""
-    bpi = _bytes_per_image()
-    n = len(bpi) - 1
-    return [self_profile(builder(MODEL).name, 1, {"segment_compute_s": [s] * n, "whole_model_s": s * n,
-                                                  "call_overhead_s": 0.0}, bpi, role)
-            for role, s in (("stage1", stage1_block_s), ("stage2", stage2_block_s))]
+    return block_profiles(MODEL, stage1_block_s, stage2_block_s)
 
 
-# -- arithmetic ------------------------------------------------------------------------------------
-def test_estimator_follows_a_tenfold_step_both_ways_equally_fast():
-    def steps_to_reach(start_rate, end_rate):
-        est = LinkEstimator(alpha=0.5)
-        est.observe(40, 0.002)
-        nbytes = 100_000
-        for _ in range(20):
-            est.observe(nbytes, 0.002 + nbytes * 8 / start_rate)
-        for i in range(1, 50):
-            est.observe(nbytes, 0.002 + nbytes * 8 / end_rate)
-            if abs(math.log(est.estimate.goodput_bps / end_rate)) < math.log(1.25):
-                return i
-        return None
-
-    down, up = steps_to_reach(40e6, 4e6), steps_to_reach(4e6, 40e6)
-    assert down is not None and down == up  # log-space smoothing: symmetric
-    est = LinkEstimator()
-    for rtt in (0.012, 0.003, 0.009):  # scheduling delay only ever adds: the minimum is the RTT
-        est.observe(40, rtt)
-    assert est.estimate.rtt_s == pytest.approx(0.003)
-    est.observe(LARGE_FRAME_BYTES * 4, 0.003 + LARGE_FRAME_BYTES * 4 * 8 / 20e6)
-    assert est.estimate.goodput_bps == pytest.approx(20e6, rel=1e-6)
-
-
-def test_chooser_offloads_on_a_fast_link_keeps_work_local_on_a_slow_one_and_does_not_flap():
-    chooser = SplitChooser(_profiles(0.005, 0.0005), 1, range(0, 20))
-    fast = LinkEstimate(rtt_s=0.002, s_per_byte=8 / 40e6)
-    slow = LinkEstimate(rtt_s=0.002, s_per_byte=8 / 1e6)
-    k_fast = chooser.choose(None, fast).split
-    assert k_fast < 19 and chooser.choose(None, slow).split == 19
-    # From the fast split, a slow link must be seen twice (patience) before it switches.
-    first = chooser.choose(k_fast, slow)
-    assert not first.switched and first.split == k_fast
-    second = chooser.choose(k_fast, slow)
-    assert second.switched and second.split == 19
-    # An estimate that wobbles around the point where two splits cost the same never switches.
-    lo = None
-    for rate in np.geomspace(1e6, 40e6, 200):
-        picks = chooser.choose(None, LinkEstimate(rtt_s=0.002, s_per_byte=8 / rate)).split
-        if picks != 19 and lo is None:
-            lo = rate
-    wobble = [LinkEstimate(rtt_s=0.002, s_per_byte=8 / (lo * f)) for f in (0.97, 1.03) * 20]
-    current = chooser.choose(None, wobble[0]).split
-    assert all(not chooser.choose(current, e).switched for e in wobble)
-    throughput = SplitChooser(_profiles(0.005, 0.0005), 1, range(0, 20), objective="throughput")
-    assert throughput.choose(None, fast).predicted[k_fast] > 0
-
-
+# -- arithmetic the step test rests on (the rest: tests/predict/test_adaptive_policy.py) ------------
 def test_one_rate_probe_after_a_step_up_is_enough_to_offload_again():
     """The step test's bound rests on this: after a long slow (SLOW_MBIT) spell kept local, one rate
     probe on the 40 Mbit/s link, plus the chooser's patience, brings the work back to the server."""
