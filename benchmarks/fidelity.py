@@ -69,7 +69,7 @@ def main() -> int:
     from paretopipe.partition import wirequant
     from paretopipe.partition.activation import live_tensors
     from paretopipe.partition.stages import StageBuilder
-    from paretopipe.splits import parse_splits
+    from paretopipe.splitspec import parse_splits
     from paretopipe.transport import fidelity
     from paretopipe.transport.inputs import synthetic_batch
     from paretopipe.transport.runconfig import RunConfig
@@ -121,7 +121,7 @@ def language_model(args: argparse.Namespace) -> int:
 
     from paretopipe.llm.builder import LMBuilder
     from paretopipe.llm.shapes import cut_bytes_per_token
-    from paretopipe.splits import parse_splits
+    from paretopipe.splitspec import parse_splits
     from paretopipe.transport import fidelity
     from paretopipe.transport.runconfig import Generation, RunConfig
 

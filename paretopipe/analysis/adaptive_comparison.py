@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..network import traces
-from ..splits import ADAPTIVE, POLICIES
+from ..splitspec import ADAPTIVE, POLICIES
 from .session import Session
 from .keys import split_sort_key
 from .. import records

@@ -20,7 +20,7 @@ from typing import Any, Protocol, Sequence
 import pandas as pd
 
 from .. import records
-from ..splits import Split
+from ..splitspec import Split
 from .keys import CONFIG_KEY, NO_PLACEMENT, OPTIONAL_KEY, placement_devices
 from .objectives import Objective
 

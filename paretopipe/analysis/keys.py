@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .. import engines, faults, records
 from ..loadgen.settings import CLOSED_LOOP
-from ..splits import Split, sort_key
+from ..splitspec import Split, sort_key
 
 #: A configuration's cipher when its record (or a table from before encryption) names none.
 PLAIN = "none"
@@ -40,7 +40,7 @@ class ConfigKey:
     transport: str
     network: str
     batch_size: int
-    split_index: Any  # the split's label (:attr:`paretopipe.splits.Split.label`): 3, "3,9", a cut, "adaptive"
+    split_index: Any  # the split's label (:attr:`paretopipe.splitspec.Split.label`): 3, "3,9", a cut, "adaptive"
     codec: str = DEFAULT_CODEC   # how activations travel: --wire-dtype/--compression (a search may vary it)
     in_flight: int = 1           # --in-flight (a search may vary it); a generation's streams
     scenario: str = CLOSED_LOOP  # the LoadGen scenario (paretopipe.loadgen), or the closed loop

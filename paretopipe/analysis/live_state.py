@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from .. import workload
-from ..splits import POLICIES
+from ..splitspec import POLICIES
 from . import pareto
 from .session import Session
 from .summarize import summarize_runs

@@ -18,7 +18,7 @@ from ..errors import PeerError, UsageError
 from .common import (ArgumentParser, HelpFormatter, add_common_flags, add_dataset_flags, add_loadgen_flags,
                      add_network_flags, add_prefetch_flags, dataset_from_args, loadgen_from_args, example_epilog, network_from_args, nonneg_int, port_number,
                      positive_float, positive_int, read_env, run_config_from_flags, save_outputs, setup_logging)
-from ..splits import check_splits
+from ..splitspec import check_splits
 from ..network import deadlines
 from ..transport.runconfig import RpcOptions
 from .. import records

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import engines
 from ..compute import cputrace
 from ..errors import UsageError
-from ..splits import check_splits, parse_splits, Split, split_cuts
+from ..splitspec import check_splits, parse_splits, Split, split_cuts
 from ..transport import aead, auth
 from ..options import flags
-from ..splits import POLICIES
+from ..splitspec import POLICIES
 from ..transport.runconfig import AdaptiveOptions, DEFAULT_MAX_PAYLOAD, Generation, RunConfig, eval_samples_for
 from ..llm.shapes import workload_of
 from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,

@@ -20,7 +20,7 @@ from ..runners.sweep.options import FAULT_DEADLINE_S
 from ..analysis.keys import NO_FAULT
 from ..faults import parse_faults
 from ..runners.sweep.placements import parse_placements
-from ..splits import parse_plans
+from ..splitspec import parse_plans
 from ..network import traces
 from ..transport import aead, messaging
 from ..transport.auth import load_secret

@@ -24,7 +24,7 @@ from torch import fx, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import UsageError
-from ..splits import check_splits
+from ..splitspec import check_splits
 from .activation import Activation, call_stage, live_tensors
 from .detection import Detector, FirstStage, LastStage
 

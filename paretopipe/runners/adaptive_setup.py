@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import UsageError, WireError
 from ..partition.stages import StageBuilder
-from ..splits import SCIOT, check_splits, is_cut_name
+from ..splitspec import SCIOT, check_splits, is_cut_name
 from ..predict.adaptive_policy import AdaptivePolicy, Candidate, SciotPolicy, VarianceSettings, self_profile
 from ..predict.device_profile import DeviceProfile, check_compatible, codec_key
 from ..transport import tcp

@@ -13,7 +13,7 @@ from typing import Any
 from .. import engines, strict, workload
 from ..errors import UsageError
 from ..faults import Fault
-from ..splits import POLICIES
+from ..splitspec import POLICIES
 from ..workload import Workload
 from ..partition.names import DEFAULT_NUM_CLASSES
 from ..loadgen.settings import LoadgenOptions

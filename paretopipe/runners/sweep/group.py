@@ -15,7 +15,7 @@ from ...network import deadlines
 from ...network.conditions import NetworkConditions
 from ...network.linkdown import LinkDown
 from ...runrecord import RunRecord
-from ...splits import is_cut_name
+from ...splitspec import is_cut_name
 from ...transport.runconfig import RunConfig
 from . import rounds
 from ..llamacpp_peer import LlamaCppPeer

@@ -11,7 +11,7 @@ from ... import engines, faults
 from ...compute import cpushare
 from ...errors import UsageError
 from ...workload import Workload
-from ...splits import parse_splits, split_adaptive
+from ...splitspec import parse_splits, split_adaptive
 from ...analysis.keys import CLOSED_LOOP, placement_devices
 from ...llm import llamacpp
 from ...llm.shapes import workload_of

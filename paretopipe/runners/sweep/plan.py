@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from ...analysis.keys import CLOSED_LOOP, DEFAULT_CODEC, DEFAULT_ENGINE, NO_FAULT, NO_PLACEMENT, config_key, run_key
 from ...errors import UsageError
-from ...splits import Split, parse_splits, split_adaptive, split_cuts
+from ...splitspec import Split, parse_splits, split_adaptive, split_cuts
 from . import rounds
 from .group import GroupPass, GroupProgress
 from .options import SweepOptions

@@ -11,7 +11,7 @@ from paretopipe.runners.sweep import SweepOptions
 from paretopipe.runners.sweep.configure import run_blocks, run_config, run_cuts, stage_declarations, timeout_s
 from paretopipe.runners.sweep.group import GroupInfo
 from paretopipe.runners.sweep.plan import PlannedRun
-from paretopipe.splits import Split
+from paretopipe.splitspec import Split
 
 INFO = GroupInfo(model="mobilenet_v2", fingerprint="f", num_blocks=3, block_cuts=["input", "b1", "b2", "output"],
                  payload_bytes_per_image=[400, 800, 200, 40], fine_cuts={"x+y": [2, 1000]},

@@ -11,7 +11,7 @@ from paretopipe.runners.sweep import SweepOptions
 from paretopipe.runners.sweep.group import GroupPass, GroupProgress
 from paretopipe.runners.sweep.plan import (PlannedRun, describe_plan, plan_runs, round_plan, segments,
                                            splits_for, worker_groups)
-from paretopipe.splits import Split
+from paretopipe.splitspec import Split
 
 CUTS = {"a+b": [2, 100], "c+d+e": [3, 50], "f": [1, 10]}
 

@@ -8,7 +8,7 @@ import pytest
 
 from paretopipe.analysis.keys import config_key, split_label, split_sort_key
 from paretopipe.errors import UsageError
-from paretopipe.splits import ADAPTIVE, Split, parse_plans, parse_splits, sort_key
+from paretopipe.splitspec import ADAPTIVE, Split, parse_plans, parse_splits, sort_key
 
 
 @pytest.mark.parametrize("written,label,key,config,stages", [
@@ -64,7 +64,7 @@ def test_parse_splits():
 
 
 def test_parse_plans_and_the_members_of_splits_text():
-    from paretopipe.splits import split_adaptive, split_cuts
+    from paretopipe.splitspec import split_adaptive, split_cuts
 
     assert parse_plans("3,9; 5,12;") == [(3, 9), (5, 12)]
     for text, match in (("9,3", "must be increasing"), ("3,9;5", "same number of stages"), (";", "names no plan"),
