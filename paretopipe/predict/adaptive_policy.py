@@ -290,12 +290,13 @@ class AdaptivePolicy:
 
     def stage2_probed(self, seq: int, first: int, times: Sequence[float]) -> None:
         if self.tracker is not None:
-            why = f"compute probe: stage 2 ran no segment for {COMPUTE_PROBE_INTERVAL_S:g} s"
+            why = f"compute probe: no span of stage 2 sampled its speed for {COMPUTE_PROBE_INTERVAL_S:g} s"
             self.tracker.reprofiled(seq, 1, first, times, [why] * len(times), "compute probe on stage 2", probe=True)
 
     def stage2_probes_due(self) -> Sequence[tuple[int, int]]:
-        """Ours: a stage 2 that ran no segment for a second times its first ones (from the model's
-        input, on a synthetic batch), so its speed is known while all work stays on stage 1."""
+        """Ours: a stage 2 whose speed no span sampled for a second (it ran nothing, or only a short
+        tail) times its first ones (from the model's input, on a synthetic batch), so its speed is
+        known while all or most of the work stays on stage 1."""
         if self.tracker is None or not self.speed_ratio:
             return ()
         due = self.tracker.probe_due(1, COMPUTE_PROBE_INTERVAL_S)
