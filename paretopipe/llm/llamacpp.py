@@ -2,11 +2,16 @@
 how the suite's split maps onto ``-ngl``, the command lines of its two processes, and one streamed
 generation from ``llama-server``, timed on the client's clock. No torch here.
 
-llama.cpp's RPC split: the client (``llama-server --rpc HOST:PORT``) keeps the token embedding,
-the first layers, the final norm and the output layer, and samples; ``-ngl N`` puts the last N
-layers on ``ggml-rpc-server``. So the suite's split k (the first k blocks on stage 1: the embedding
-and k-1 layers) is ``-ngl L+1-k``, for k in 1..L+1. Split 0 (the embedding elsewhere) and L+2
-(the norm elsewhere) are not expressible: llama.cpp's client always holds both.
+llama.cpp's RPC split: the client (``llama-server --rpc A[,B...]``) keeps the token embedding
+and the first layers, and samples; ``-ngl N`` puts the last N-1 layers and the output "layer" (the
+final norm and the LM head) on the servers, which is why the whole logits vector comes back each
+token. So the suite's split k (the first k blocks on stage 1: the embedding and k-1 layers) is
+``-ngl L+2-k``, for k in 1..L+1 (``llama-server``'s own log says how many layers it offloaded; the
+worker checks it, :func:`loaded_layers`). Split 0 (the embedding elsewhere) and L+2 (the head
+here) are not expressible: llama.cpp's client always holds the embedding, and ``-ngl 0`` leaves the
+server nothing. Several servers (a plan of several cuts, ``--split-blocks``) share the offloaded
+layers in ``--rpc`` order by ``--tensor-split``, each the layers up to the next cut, the last also
+the head.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -127,25 +133,75 @@ def offloaded_layers(split: int, layers: int) -> int:
     cannot express is refused in one line that gives the valid ones."""
     if not 1 <= split <= layers + 1:
         raise UsageError(f"--engine {ENGINE}: split {split} is not one llama.cpp can make (its client keeps the "
-                         f"embedding, the final norm and the output layer); valid: 1..{layers + 1}, e.g. "
-                         f"--splits 1-{layers + 1}")
-    return layers + 1 - split
+                         f"embedding, and the head goes to the server with the last layers); valid: 1..{layers + 1}, "
+                         f"e.g. --splits 1-{layers + 1}")
+    return layers + 2 - split
+
+
+@dataclasses.dataclass(frozen=True)
+class Offload:
+    """How ``llama-server`` spreads a plan's stages over its RPC servers: ``-ngl`` and, for several
+    servers, ``--tensor-split`` (each server's share of the offloaded layers, the head counted as
+    one, in ``--rpc`` order), and the layers each stage holds (``[first, end)``; the last server's
+    end is ``layers``, and it also holds the head)."""
+
+    ngl: int
+    tensor_split: tuple[int, ...]
+    stage_layers: tuple[tuple[int, int], ...]
+
+    def argv(self) -> list[str]:
+        return ["-ngl", str(self.ngl)] + (["--tensor-split", ",".join(map(str, self.tensor_split))]
+                                          if len(self.tensor_split) > 1 else [])
+
+
+def offload(splits: list[int], layers: int) -> Offload:
+    """The :class:`Offload` of the suite's cuts ``splits`` (one per RPC server, increasing). A
+    server of no layers is refused: llama.cpp would skip it and the plan would not be what ran."""
+    ngl = offloaded_layers(splits[0], layers)
+    for k in splits[1:]:
+        offloaded_layers(k, layers)
+    if any(b <= a for a, b in zip(splits, splits[1:])):
+        raise UsageError(f"--engine {ENGINE}: plan {','.join(map(str, splits))} gives a server no layers; give "
+                         f"increasing cuts, e.g. --split-blocks 10,20")
+    bounds = [0, *(k - 1 for k in splits), layers]
+    stages = tuple(zip(bounds, bounds[1:]))
+    shares = tuple(end - first for first, end in stages[1:-1]) + (stages[-1][1] - stages[-1][0] + 1,)
+    return Offload(ngl, shares, stages)
+
+
+_KV_TOTAL = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *\d+ cells, +(\d+) layers")
+_KV_DEVICE = re.compile(r"llama_kv_cache: +(\S+?)(?:\[([^\]]+)\])? KV buffer size = +([\d.]+) MiB")
+
+
+def loaded_layers(log: str) -> dict[str, Any] | None:
+    """The layers ``llama-server`` (at ``-lv 4``) says it put on each device, from its log: each
+    layer has a KV cache of the same size, so a device's KV buffer over one layer's gives its
+    layers (``CPU``, or an RPC server's ``HOST:PORT``), and whether it offloaded the output layer.
+    None where the log does not say (another version's wording)."""
+    total = _KV_TOTAL.search(log)
+    devices = _KV_DEVICE.findall(log)
+    if total is None or not devices or float(total.group(1)) <= 0:
+        return None
+    per_layer = float(total.group(1)) / int(total.group(2))
+    return {"layers": {(address or name): round(float(mib) / per_layer) for name, address, mib in devices},
+            "output_offloaded": "offloading output layer to GPU" in log}
 
 
 def rpc_server_argv(bins: Binaries, host: str, port: int, threads: int) -> list[str]:
     return [bins.rpc_server, "-H", host, "-p", str(port), "-t", str(threads)]
 
 
-def server_argv(bins: Binaries, gguf: str, rpc: str, ngl: int, port: int, threads: int, slots: int,
+def server_argv(bins: Binaries, gguf: str, rpc: list[str], placed: Offload, port: int, threads: int, slots: int,
                 context: int) -> list[str]:
     """``llama-server`` as stage 1: ``-fit off`` so that ``-ngl`` is the split asked for, no web UI,
     no warm-up batch (the run warms up with its own streams), one slot per stream, and no prompt
     cache in RAM (``-cram 0``): with it, a new prompt first copies the slot's old KV cache back from
     the RPC server, two round trips and the cache's bytes per offloaded layer, which made a run's
-    time to first token depend on whether the prompt before it was the same."""
-    return [bins.server, "-m", gguf, "--rpc", rpc, "-ngl", str(ngl), "-t", str(threads), "-tb", str(threads),
+    time to first token depend on whether the prompt before it was the same. ``-lv 4`` logs where
+    each layer went (:func:`loaded_layers`); nothing more per token."""
+    return [bins.server, "-m", gguf, "--rpc", ",".join(rpc), *placed.argv(), "-t", str(threads), "-tb", str(threads),
             "-c", str(context), "-np", str(slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui",
-            "-fit", "off", "--no-warmup", "-cram", "0"]
+            "-fit", "off", "--no-warmup", "-cram", "0", "-lv", "4"]
 
 
 def healthy(port: int, timeout_s: float = 2.0) -> bool:

@@ -23,7 +23,7 @@ import functools
 import logging
 import socket
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 from .conditions import Direction
 from .emulated import EmulatedLink, LinkSender
@@ -46,6 +46,14 @@ class RelayCounts:
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+def sum_counts(counts: Iterable[RelayCounts]) -> RelayCounts:
+    """What crossed several relays (one per server of a client that talks to each)."""
+    total = RelayCounts()
+    for c in counts:
+        total = RelayCounts(*(a + b for a, b in zip(dataclasses.astuple(total), dataclasses.astuple(c))))
+    return total
 
 
 class LinkRelay:

@@ -1,11 +1,12 @@
-"""llama.cpp's RPC split as a sweep's stage group (``--engine llamacpp``): its two workers
-(:mod:`.llamacpp_worker`), here or on the testbed's first two hosts, started as our engine's stage
-workers are. Stage 2's worker runs ``ggml-rpc-server``; stage 1's runs the relay in front of it,
-``llama-server`` through the relay, and each configuration, and answers with the run's record, to
-which this group adds stage 2's node.
+"""llama.cpp's RPC split as a sweep's stage group (``--engine llamacpp``): its workers
+(:mod:`.llamacpp_worker`), here or on the testbed's hosts, started as our engine's stage workers
+are. Each stage after the first is a worker running ``ggml-rpc-server`` (a plan of several cuts,
+``--split-blocks``, has several); stage 1's runs a relay in front of each, ``llama-server``
+through them, and each configuration, and answers with the run's record, to which this group adds
+each server's node.
 
-On hosts the server listens on the testbed's data port, so that ``--link tc`` shapes llama.cpp's
-traffic as it shapes ours; the relay on stage 1's host then only counts."""
+On hosts each server listens on the testbed's data port, so that ``--link tc`` shapes llama.cpp's
+traffic as it shapes ours; the relays on stage 1's host then only count."""
 
 from __future__ import annotations
 
@@ -22,34 +23,36 @@ from .processes import Placement, received_record, spawn_process
 
 
 class LlamaCppPeer:
-    """The two llama.cpp workers of a sweep (a :class:`StageGroup`)."""
+    """The llama.cpp workers of a sweep (a :class:`StageGroup`): ``llama-server``'s and one per RPC server."""
 
     backend = "tcp"
 
-    def __init__(self, placement: Placement, model: str) -> None:
-        self.p, self.model = placement, model
+    def __init__(self, placement: Placement, model: str, stages: int = 2) -> None:
+        self.p, self.model, self.stages = placement, model, stages
         tb = placement.testbed
-        self.hosts: list[Host | None] = list(tb.stage_hosts(2)) if tb.remote else [None, None]
+        self.hosts: list[Host | None] = list(tb.stage_hosts(stages)) if tb.remote else [None] * stages
         self.procs: list[StageProcess] = []
-        self.server: dict[str, Any] = {}
+        self.servers: list[dict[str, Any]] = []  # each server worker's ready event
 
     def _options(self, j: int, **side: Any) -> list[str]:
         local = self.hosts[j] is None
         share = self.p.cpu_shares[j] if local and j < len(self.p.cpu_shares) else None
-        return PeerOptions(model=self.model, model_dir=self.p.model_dir, threads=self.p.threads_for(j, 2),
-                           cpus=self.p.local_cpus(j, 2) if local else None, cpu_share=share,
+        return PeerOptions(model=self.model, model_dir=self.p.model_dir, threads=self.p.threads_for(j, self.stages),
+                           cpus=self.p.local_cpus(j, self.stages) if local else None, cpu_share=share,
                            wait_time=self.p.wait_time, **side).to_argv()
 
     def start(self) -> dict[str, Any]:
-        remote = self.hosts[1] is not None
-        server = spawn_process("llama.cpp stage 2", MODULE, self._options(
-            1, side="server", host="0.0.0.0" if remote else "127.0.0.1",
-            port=self.p.testbed.data_port if remote else 0), self.hosts[1])
-        self.procs = [server]
-        self.server = server.ready(self.p.wait_time)
-        address = self.hosts[1].address if remote else "127.0.0.1"
-        client = spawn_process("llama.cpp stage 1", MODULE, self._options(0, side="client", rpc=f"{address}:"
-                                                                   f"{int(self.server['port'])}"), self.hosts[0])
+        addresses = []
+        for j in range(1, self.stages):
+            host = self.hosts[j]
+            server = spawn_process(f"llama.cpp stage {j + 1}", MODULE, self._options(
+                j, side="server", host="0.0.0.0" if host else "127.0.0.1",
+                port=self.p.testbed.data_port if host else 0), host)
+            self.procs.append(server)
+            self.servers.append(server.ready(self.p.wait_time))
+            addresses.append(f"{host.address if host else '127.0.0.1'}:{int(self.servers[-1]['port'])}")
+        client = spawn_process("llama.cpp stage 1", MODULE, self._options(0, side="client", rpc=",".join(addresses)),
+                               self.hosts[0])
         self.procs.insert(0, client)
         return {k: v for k, v in client.ready(self.p.wait_time).items() if k != "pid"}
 
@@ -63,8 +66,9 @@ class LlamaCppPeer:
         event = client.expect("done", timeout=budget)
         record = event.get("record")
         stages = (record or {}).get("manifest", {}).get("stages") if isinstance(record, dict) else None
-        if isinstance(stages, list) and len(stages) == 2 and isinstance(stages[1], dict):
-            stages[1] = {**dict(self.server.get("manifest") or {}), **stages[1], "pid": self.server.get("pid")}
+        if isinstance(stages, list) and len(stages) == self.stages and all(isinstance(s, dict) for s in stages):
+            for j, server in enumerate(self.servers, start=1):
+                stages[j] = {**dict(server.get("manifest") or {}), **stages[j], "pid": server.get("pid")}
         return received_record(event, "llama.cpp's stage 1")
 
     def alive(self) -> bool:
@@ -72,4 +76,4 @@ class LlamaCppPeer:
 
     def stop(self) -> None:
         stop_all(self.procs)
-        self.procs = []
+        self.procs, self.servers = [], []

@@ -1,12 +1,14 @@
 """The two processes of llama.cpp's peer (``--engine llamacpp``), each a worker the sweep drives
 by JSON lines, here or on a host over SSH (``python -m paretopipe.runners.llamacpp_worker``):
 
-- ``--side server`` (stage 2) runs ``ggml-rpc-server`` and reports its port;
-- ``--side client`` (stage 1) holds a :class:`~paretopipe.network.relay.LinkRelay` in front of the
-  server and runs ``llama-server --rpc`` through it, and runs each configuration: a generation of
-  the run's streams, its prompts the same token ids our engine gets, timed on this process's clock
-  as each token streams in. The record has our engine's columns, each step carrying the bytes each
-  way and the round trips the relay counted since the step before.
+- ``--side server`` (stage 2, or each later stage of a plan) runs ``ggml-rpc-server`` and reports
+  its port;
+- ``--side client`` (stage 1) holds a :class:`~paretopipe.network.relay.LinkRelay` in front of
+  each server and runs ``llama-server --rpc`` through them, and runs each configuration: a
+  generation of the run's streams, its prompts the same token ids our engine gets, timed on this
+  process's clock as each token streams in. The record has our engine's columns, each step carrying
+  the bytes each way and the round trips the relays counted since the step before (llama.cpp's
+  client talks to each server itself: a plan of three stages is a star around stage 1, not a chain).
 
 ``llama-server`` starts again for each split (``-ngl`` is fixed at load), with the relay unshaped
 while it loads (its offloaded weights cross once, not per token). With the emulated link the relay
@@ -23,7 +25,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,12 +38,13 @@ from ..compute import cpushare
 from ..argtypes import host_port
 from ..errors import ParetoPipeError, PeerError, UsageError
 from ..llm import checkpoints, llamacpp
+from ..llm.llamacpp_steps import TokenMarks, server_figures, token_steps
 from ..llm.shapes import cut_name, split_of
 from ..llm.summary import per_token_energy, summarize
 from ..llm.prompts import seeded_prompt
 from ..manifest import node_manifest
 from ..network.conditions import NetworkConditions
-from ..network.relay import LinkRelay, RelayCounts
+from ..network.relay import LinkRelay, RelayCounts, sum_counts
 from ..transport.runconfig import RunConfig
 from ..options import flags
 from .commands import RunCommand, emit, serve_commands
@@ -66,16 +68,8 @@ class PeerOptions(flags.CommandLine):
     cpu_share: float | None = flags.option(flags.CPU_SHARE)  # the program's share of a core (a slower device)
     host: str = "127.0.0.1"              # the server's address to listen on
     port: int = 0                        # the server's port (0: a free one)
-    rpc: str | None = None               # the client's server, HOST:PORT
+    rpc: str | None = None               # the client's servers in stage order, HOST:PORT[,HOST:PORT...]
     wait_time: float = 120.0
-
-
-@dataclasses.dataclass
-class _Marks:
-    """The relay's counts at each token's arrival, in arrival order."""
-
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    seen: list[tuple[float, RelayCounts]] = dataclasses.field(default_factory=list)
 
 
 class _Programs:
@@ -156,39 +150,62 @@ class ServerSide:
 
 
 class ClientSide:
-    """Stage 1: the relay in front of the server, ``llama-server`` through it, and the runs."""
+    """Stage 1: a relay in front of each server, ``llama-server`` through them, and the runs."""
 
     def __init__(self, opts: PeerOptions) -> None:
         self.opts, self.programs = opts, _Programs(opts)
         self.gguf = llamacpp.gguf_of(opts.model, opts.model_dir)
         self.facts = llamacpp.gguf_facts(self.gguf)
         self.server: subprocess.Popen | None = None
-        self.server_key: tuple[int, int, int] | None = None  # (ngl, slots, context) of the running llama-server
+        self.server_key: tuple[llamacpp.Offload, int, int] | None = None  # the running llama-server's
         self.http_port = 0
-        self.relay: LinkRelay | None = None
+        self.relays: list[LinkRelay] = []
+        self.loaded: dict[str, Any] | None = None  # where llama-server says it put the layers
 
     def start(self) -> dict[str, Any]:
-        """The relay in front of the server; the model as a stage group reports it (:class:`GroupInfo`)."""
-        self.relay = LinkRelay(host_port(self.opts.rpc or "", f"--rpc {self.opts.rpc!r}", "127.0.0.1:50052"))
-        self.relay.start()
+        """A relay in front of each server; the model as a stage group reports it (:class:`GroupInfo`)."""
+        servers = [host_port(address, f"--rpc {self.opts.rpc!r}", "127.0.0.1:50052")
+                   for address in (self.opts.rpc or "").split(",")]
+        for server in servers:
+            self.relays.append(LinkRelay(server))
+            self.relays[-1].start()
         splits = self.facts.layers + 2  # the suite's largest split of this model (its head stays last)
         return {"model": checkpoints.display_name(self.opts.model, self.opts.model_dir),
                 "fingerprint": checkpoints.file_digest(Path(self.gguf)), "num_blocks": splits,
-                "block_cuts": [cut_name(k) for k in range(splits + 1)], "devices": ["cpu", "cpu"]}
+                "block_cuts": [cut_name(k) for k in range(splits + 1)], "devices": ["cpu"] * (len(self.relays) + 1)}
 
-    def _serve(self, ngl: int, slots: int, context: int) -> None:
-        """``llama-server`` holding all but ``ngl`` layers, loaded over an unshaped link."""
-        if self.server_key == (ngl, slots, context) and self.server is not None and self.server.poll() is None:
+    def counts(self) -> list[RelayCounts]:
+        """What crossed each server's relay, in stage order."""
+        return [relay.counts() for relay in self.relays]
+
+    def _serve(self, placed: llamacpp.Offload, slots: int, context: int) -> None:
+        """``llama-server`` holding the first layers and the servers the rest, loaded over unshaped
+        links; where it says it put each layer must be the plan's."""
+        if self.server_key == (placed, slots, context) and self.server is not None and self.server.poll() is None:
             return
         self._stop_server()
-        assert self.relay is not None and self.relay.port is not None
-        self.relay.shape(None, None)
+        for relay in self.relays:
+            relay.shape(None, None)
         self.http_port = free_port()
-        argv = llamacpp.server_argv(self.programs.bins, self.gguf, f"127.0.0.1:{self.relay.port}", ngl,
-                                    self.http_port, self.opts.threads or 1, slots, context)
+        argv = llamacpp.server_argv(self.programs.bins, self.gguf, [f"127.0.0.1:{r.port}" for r in self.relays],
+                                    placed, self.http_port, self.opts.threads or 1, slots, context)
         self.server = self.programs.spawn("llama-server", argv)
         self.programs.wait(lambda: llamacpp.healthy(self.http_port), self.server, "llama-server")
-        self.server_key = (ngl, slots, context)
+        self.server_key = (placed, slots, context)
+        self.loaded = llamacpp.loaded_layers((self.programs.dir / "llama-server.log").read_text(errors="replace"))
+        self._check_loaded(placed)
+
+    def _check_loaded(self, placed: llamacpp.Offload) -> None:
+        """The layers llama-server's log gives each device are the plan's (None: a log that does not say)."""
+        if self.loaded is None:
+            return
+        want = {"CPU": placed.stage_layers[0][1] - placed.stage_layers[0][0],
+                **{f"127.0.0.1:{r.port}": end - first for r, (first, end) in zip(self.relays, placed.stage_layers[1:])}}
+        want = {device: n for device, n in want.items() if n}  # a device of no layers has no KV cache to log
+        got = {device: n for device, n in self.loaded["layers"].items() if n}
+        if got != want or not self.loaded["output_offloaded"]:
+            raise PeerError(f"llama-server placed layers {got} (head offloaded: {self.loaded['output_offloaded']}), "
+                            f"not the plan's {want}")
 
     def _stop_server(self) -> None:
         if self.server is not None:
@@ -197,9 +214,9 @@ class ClientSide:
 
     def close(self) -> None:
         self._stop_server()
-        if self.relay is not None:
-            self.relay.close()
-            self.relay = None
+        for relay in self.relays:
+            relay.close()
+        self.relays = []
         self.programs.close()
 
     def handle(self, cmd: RunCommand) -> None:
@@ -211,45 +228,42 @@ class ClientSide:
     # -- one run ------------------------------------------------------------------------------
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, budget: float) -> dict[str, Any]:
         g = cfg.generation
-        if g is None or len(cfg.cuts) != 1 or g.prompt is not None:
-            raise UsageError(f"--engine {llamacpp.ENGINE} runs a language model's two-stage split on seeded prompts "
-                             f"(--prompt-len)")
-        split = split_of(cfg.cuts[0])
-        ngl = llamacpp.offloaded_layers(split, self.facts.layers)
+        if g is None or len(cfg.cuts) != len(self.relays) or g.prompt is not None:
+            raise UsageError(f"--engine {llamacpp.ENGINE} runs a language model's split over its {len(self.relays)} "
+                             f"server(s) ({len(self.relays)} cut(s), not {len(cfg.cuts)}) on seeded prompts (--prompt-len)")
+        placed = llamacpp.offload([split_of(cut) for cut in cfg.cuts], self.facts.layers)
         prompts = [seeded_prompt(g.prompt_len, self.facts.vocab, cfg.seed, s)
                    for s in range(g.streams + g.warmup_streams)]
-        self._serve(ngl, g.streams, g.streams * (max(map(len, prompts)) + g.gen_tokens + CONTEXT_SPARE))
-        assert self.relay is not None
-        self.relay.shape(*((conditions.up, conditions.down) if conditions is not None else (None, None)),
-                         seed=cfg.seed)
+        self._serve(placed, g.streams, g.streams * (max(map(len, prompts)) + g.gen_tokens + CONTEXT_SPARE))
+        for hop, relay in enumerate(self.relays):  # each server's link, as each hop of our chain has one
+            relay.shape(*((conditions.up, conditions.down) if conditions is not None else (None, None)),
+                        seed=cfg.seed + hop)
         sampler = llamacpp.sampling(g.temperature, g.top_k, cfg.seed)
         for prompt in prompts[g.streams:]:  # warm-up streams: one at a time, not measured
             llamacpp.generate(self.http_port, prompt, g.gen_tokens, sampler, budget)
-        before = self.relay.counts()
+        before = self.counts()
         streamed, marks = self._measure(prompts[:g.streams], g.gen_tokens, sampler, budget)
         record = records.build_run_record(
-            backend="tcp", run_id=records.new_run_id(cfg.model, cfg.cuts[0]), status=records.COMPLETE,
-            error=None, config=cfg.to_dict(), manifest=self._manifest(cfg, ngl, conditions, before),
-            batches=_steps(streamed, marks, before), sysmon={})
+            backend="tcp", run_id=records.new_run_id(cfg.model, "-".join(cfg.cuts)), status=records.COMPLETE,
+            error=None, config=cfg.to_dict(), manifest=self._manifest(cfg, placed, conditions, before),
+            batches=token_steps(streamed, marks, before), sysmon={})
         record["generation"] = {"prompt_tokens": [len(p) for p in prompts[:g.streams]],
-                                "tokens": [s.tokens for s in streamed], "stages": self._stages(ngl),
+                                "tokens": [s.tokens for s in streamed], "stages": self._stages(placed),
                                 "exactness": None, "server_timings": [s.timings for s in streamed]}
         record["summary"].update(summarize(record["batches"], record["generation"], record["manifest"]["link"]))
         per_token_energy(record["summary"])
-        record["summary"].update(_server_figures(streamed))
+        record["summary"].update(server_figures(streamed))
         return record
 
     def _measure(self, prompts: list[list[int]], tokens: int, sampler: dict[str, Any],
-                 budget: float) -> tuple[list[llamacpp.Streamed], _Marks]:
+                 budget: float) -> tuple[list[llamacpp.Streamed], TokenMarks]:
         """Every measured stream at once (one slot each), each token's arrival marked with the
         relay's counts."""
-        marks = _Marks()
-        relay = self.relay
-        assert relay is not None
+        marks = TokenMarks()
 
         def mark(now: float) -> None:
             with marks.lock:
-                marks.seen.append((now, relay.counts()))
+                marks.seen.append((now, self.counts()))
 
         out: list[Any] = [None] * len(prompts)
 
@@ -268,25 +282,29 @@ class ClientSide:
             raise PeerError(f"llama.cpp's run: {failed or 'a stream did not finish in time'}")
         return out, marks
 
-    def _stages(self, ngl: int) -> list[dict[str, Any]]:
-        here = self.facts.layers - ngl
-        return [{"program": "llama-server", "layers": [0, here], "kv_bytes": None},
-                {"program": "ggml-rpc-server", "layers": [here, self.facts.layers], "kv_bytes": None}]
+    def _stages(self, placed: llamacpp.Offload) -> list[dict[str, Any]]:
+        """Each stage's program and layers (``[first, end)``; the last also holds the head), as
+        llama-server's log confirmed them (:meth:`_check_loaded`)."""
+        programs = ["llama-server"] + ["ggml-rpc-server"] * len(self.relays)
+        return [{"program": program, "layers": list(layers), "kv_bytes": None}
+                for program, layers in zip(programs, placed.stage_layers)]
 
-    def _manifest(self, cfg: RunConfig, ngl: int, conditions: NetworkConditions | None,
-                  before: RelayCounts) -> dict[str, Any]:
-        """Stage 1's node and both stages' engine; the sweep adds stage 2's node (its worker's)."""
+    def _manifest(self, cfg: RunConfig, placed: llamacpp.Offload, conditions: NetworkConditions | None,
+                  before: list[RelayCounts]) -> dict[str, Any]:
+        """Stage 1's node and every stage's engine; the sweep adds each server's node (its worker's)."""
         engine = {"engine": llamacpp.ENGINE, "version": self.programs.bins.build.get("llama_cpp_python"),
-                  "build": self.programs.bins.build, "gguf": self.facts.manifest(), "ngl": ngl}
+                  "build": self.programs.bins.build, "gguf": self.facts.manifest(), "ngl": placed.ngl,
+                  "tensor_split": list(placed.tensor_split), "loaded": self.loaded}
         stages = [node_manifest("cpu", self.opts.threads, role="stage1", program="llama-server",
-                                engine={**engine, "threads": self.opts.threads}, limits=self.programs.limits()),
-                  {"role": "stage2", "program": "ggml-rpc-server", "engine": engine}]
+                                engine={**engine, "threads": self.opts.threads}, limits=self.programs.limits())]
+        stages += [{"role": f"stage{j + 2}", "program": "ggml-rpc-server", "engine": engine,
+                    "rpc": "%s:%d" % relay.target} for j, relay in enumerate(self.relays)]
         shaped = "each direction through the emulated link" if conditions is not None else \
             "the link shaped by tc" if cfg.link_mode == "tc" else "unshaped"
         link = {"mode": cfg.link_mode, "conditions": conditions.to_dict() if conditions is not None else None,
                 "note": f"llama.cpp's RPC connections carried by paretopipe's relay (network/relay.py), {shaped}; "
                         f"bytes and round trips counted there"}
-        return {"stages": stages, "link": link, "relay_before_run": before.to_dict(),
+        return {"stages": stages, "link": link, "relay_before_run": sum_counts(before).to_dict(),
                 "inputs": {"prompts": "seeded token ids (llm.prompts.seeded_prompt), the same as our engine's"}}
 
 
@@ -305,56 +323,6 @@ def _end(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
         proc.wait(10)
-
-
-def _steps(streamed: list[llamacpp.Streamed], marks: _Marks, before: RelayCounts) -> list[dict[str, Any]]:
-    """The batch records of a run's steps, one per token of each stream, with the relay's counts
-    (up bytes, down bytes, round trips) since the mark before. Tokens of several streams that
-    arrive at one mark: the first stream's carries its counts."""
-    zero = min(s.sent_s for s in streamed)
-    delta, last = {}, (before.up_bytes, before.down_bytes, before.round_trips)
-    for when, c in sorted(marks.seen, key=lambda m: m[0]):
-        now = (c.up_bytes, c.down_bytes, c.round_trips)
-        delta[when], last = tuple(a - b for a, b in zip(now, last)), now
-    later = [(delta.get(t, (0, 0, 0)), n, t - p) for s in streamed for (p, _), (t, n) in zip(s.events, s.events[1:])]
-    tokens = sum(n for _, n, _ in later) or 1
-    mean = tuple(sum(d[i] for d, _, _ in later) / tokens for i in range(3))
-    gap = statistics.median([g / n for _, n, g in later for _ in range(n)]) if later else 0.0
-    steps: list[dict[str, Any]] = []
-    for stream, s in enumerate(streamed):
-        shared = _shared(s, delta, gap, mean)
-        for step, ((start, end, counts), token) in enumerate(zip(shared, s.tokens)):
-            steps.append({"seq": len(steps), "warmup": False, "stream": stream, "step": step, "start_s": start - zero,
-                          "end_s": end - zero, "latency_s": end - start, "token": token, "payload_bytes": counts[0],
-                          "wire_bytes": counts[0], "result_wire_bytes": counts[1], "round_trips": counts[2]})
-    return steps
-
-
-def _shared(s: llamacpp.Streamed, delta: dict[float, tuple], gap: float,
-            mean: tuple) -> list[tuple[float, float, tuple]]:
-    """Each token's (start, end, counts) of one stream. An event that brought n tokens (held back by
-    ``llama-server``) shares its interval and counts evenly among them; the stream's first event
-    gives its held tokens the run's median time and mean counts per token, and its prefill the rest."""
-    out, start = [], s.sent_s
-    for j, (arrival, n) in enumerate(s.events):
-        counts = delta.pop(arrival, (0, 0, 0))
-        for i in range(n):
-            if j == 0:
-                end = max(start, arrival - (n - 1 - i) * gap)
-                share = tuple(max(0.0, c - (n - 1) * m) for c, m in zip(counts, mean)) if i == 0 else mean
-            else:
-                end, share = start + (arrival - start) / (n - i), tuple(c / n for c in counts)
-            out.append((start, end, share))
-            start = end
-    return out
-
-
-def _server_figures(streamed: list[llamacpp.Streamed]) -> dict[str, float | None]:
-    """``llama-server``'s own clock: its median prompt time (TTFT without HTTP) and time per token."""
-    def median(key: str) -> float | None:
-        xs = [float(s.timings[key]) / 1e3 for s in streamed if isinstance(s.timings.get(key), (int, float))]
-        return statistics.median(xs) if xs else None
-    return {"server_ttft_median_s": median("prompt_ms"), "server_tpot_median_s": median("predicted_per_token_ms")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -253,7 +253,7 @@ class RunConfig:
 
     def _check_engine(self) -> None:
         """Engines other than torch run an image model's split, static or adaptive, over the TCP
-        backend; the llama.cpp peer a language model's static split of two stages."""
+        backend; the llama.cpp peer a language model's static split (a server per stage after the first)."""
         engines.check_label(self.engine, len(self.cuts) + 1)
         if engines.only_torch(self.engine):
             return
@@ -266,7 +266,6 @@ class RunConfig:
 
     def _peer_refusal(self) -> str | None:
         return ("llama.cpp runs a language model, not image batches" if not self.workload.generates
-                else "llama.cpp's RPC split has one cut" if len(self.cuts) != 1
                 else "llama.cpp's peer is its own RPC, not the rpc backend's ranks" if self.rpc is not None
                 else "llama.cpp's split is fixed when its client loads; give a static split" if self.adaptive
                 else None)

@@ -1,7 +1,6 @@
 """llama.cpp as a peer engine, without its binaries: the split's mapping onto -ngl, a real GGUF's
-header, the lines that refuse what llama.cpp cannot run, and how a run's steps take the relay's
-counts (tests/runners/test_llamacpp_worker.py). The runs themselves are tests/peers (make test-peers
-builds llama.cpp first)."""
+header, where llama-server's log says it put the layers, and the lines that refuse what llama.cpp
+cannot run. The runs themselves are tests/peers (make test-peers builds llama.cpp first)."""
 
 from __future__ import annotations
 
@@ -19,11 +18,46 @@ from paretopipe.runners.sweep.options import SweepOptions, check_options
 REAL = "smollm2-135m-instruct"
 
 
-def test_the_suites_split_k_offloads_the_layers_after_its_first_k_minus_one():
-    # split k: the embedding and k-1 layers on stage 1, so the server holds the other L+1-k
-    assert llamacpp.offloaded_layers(1, 30) == 30
-    assert llamacpp.offloaded_layers(16, 30) == 15
-    assert llamacpp.offloaded_layers(31, 30) == 0
+def test_the_suites_split_k_offloads_the_layers_after_its_first_k_minus_one_and_the_head():
+    # split k: the embedding and k-1 layers on stage 1. llama.cpp's -ngl counts the output layer (the
+    # final norm and the head) as one: -ngl N offloads it and the last N-1 layers (llama-model.cpp's
+    # i_gpu_start = n_layer + 1 - n_gpu_layers), so the server's L+1-k layers and the head are L+2-k
+    assert llamacpp.offloaded_layers(1, 30) == 31
+    assert llamacpp.offloaded_layers(16, 30) == 16
+    assert llamacpp.offloaded_layers(31, 30) == 1  # the head alone: the logits still come back
+
+
+def test_a_plan_spreads_its_servers_layers_by_tensor_split_in_rpc_order():
+    two = llamacpp.offload([16], 30)
+    assert (two.ngl, two.stage_layers) == (16, ((0, 15), (15, 30))) and two.argv() == ["-ngl", "16"]
+    three = llamacpp.offload([10, 20], 30)
+    assert three.stage_layers == ((0, 9), (9, 19), (19, 30))
+    # llama.cpp gives device d the offloaded layers j (from 0) with j/ngl below its cumulative share:
+    # 10 layers to the first server, the last 11 and the head to the second
+    assert three.argv() == ["-ngl", "22", "--tensor-split", "10,12"]
+    with pytest.raises(UsageError, match=r"plan 10,10 gives a server no layers"):
+        llamacpp.offload([10, 10], 30)
+    with pytest.raises(UsageError, match=r"split 32 is not one"):
+        llamacpp.offload([10, 32], 30)
+
+
+#: What llama-server 0.3.36 logged at -lv 4 for -ngl 22 --tensor-split 10,12 over two servers
+#: (SmolLM2-135M, 30 layers; trimmed to the lines read, and one that must not be).
+LOADED_LOG = """\
+0.00.427.919 I load_tensors: offloading output layer to GPU
+0.00.427.933 I load_tensors: offloading 21 repeating layers to GPU
+0.00.677.397 I llama_kv_cache:        CPU KV buffer size =     3.38 MiB
+0.00.699.157 I llama_kv_cache: RPC0[127.0.0.1:50071] KV buffer size =     3.75 MiB
+0.00.711.156 I llama_kv_cache: RPC0[127.0.0.1:50072] KV buffer size =     4.12 MiB
+0.00.712.317 I llama_kv_cache: size =   11.25 MiB (   512 cells,  30 layers,  1/1 seqs), K (f16):    5.62 MiB
+0.00.717.265 I sched_reserve:        CPU compute buffer size =    14.01 MiB
+"""
+
+
+def test_where_llama_server_put_each_layer_is_read_from_its_kv_buffers():
+    assert llamacpp.loaded_layers(LOADED_LOG) == {
+        "layers": {"CPU": 9, "127.0.0.1:50071": 10, "127.0.0.1:50072": 11}, "output_offloaded": True}
+    assert llamacpp.loaded_layers("0.00.1 I llama_server: model loaded\n") is None  # a log that does not say
 
 
 @pytest.mark.parametrize("split", [0, 32])
@@ -83,6 +117,8 @@ def test_the_pin_and_recipe_are_the_build_scripts():
     (dict(models=["tiny-lm"]), "runs a GGUF: give --model-dir FILE.gguf"),
     (dict(models=[REAL], backends=["rpc"]), "drop --backend rpc"),
     (dict(models=[REAL], splits="all"), r"its splits are 1\.\.31; give --splits 1-31"),
+    (dict(models=[REAL], plans=[(10, 32)]), r"split 32 is not one llama.cpp can make"),
+    (dict(models=[REAL], plans=[(20, 10)]), r"plan 20,10 gives a server no layers"),
     (dict(models=[REAL], splits="0,15"), r"split 0 is not one llama.cpp can make"),
     (dict(models=[REAL], stage_cpu_trace={"stage1": "trace.csv"}), "drop --stage-cpu-trace"),
 ])

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from conftest import PYTHON
+from paretopipe.envfile import read_env
 from paretopipe.errors import PeerError
 from paretopipe.llm import checkpoints
 from paretopipe.runners.llamacpp_peer import LlamaCppPeer
@@ -23,7 +24,8 @@ from tcp_helpers import run
 pytestmark = pytest.mark.peers
 MODEL = "smollm2-135m-instruct"
 HIDDEN, VOCAB, LAYERS = 576, 49152, 30
-SPLIT = 16  # the embedding and 15 layers on stage 1: -ngl 15
+SPLIT = 16  # the embedding and 15 layers on stage 1: -ngl 16 (the 15 others and the head)
+PLAN = (10, 20)  # three stages: 9 layers on stage 1, 10 on the first server, 11 and the head on the second
 
 
 def _rows(path) -> list[dict]:
@@ -65,7 +67,10 @@ def test_both_engines_are_measured_at_the_same_cut_with_their_counts_per_token(s
 def test_the_record_names_the_build_the_gguf_and_the_split_as_ngl(swept):
     rec = json.loads(next((swept / "runs").glob("*llamacpp*.json")).read_text())
     engine = rec["manifest"]["stages"][0]["engine"]
-    assert engine["ngl"] == LAYERS + 1 - SPLIT
+    assert engine["ngl"] == LAYERS + 2 - SPLIT  # -ngl counts the head as a layer
+    # llama-server's own account of where the layers went (its KV buffers), checked against the split
+    assert engine["loaded"]["layers"]["CPU"] == SPLIT - 1 and engine["loaded"]["output_offloaded"]
+    assert sorted(engine["loaded"]["layers"].values()) == sorted([SPLIT - 1, LAYERS + 1 - SPLIT])
     assert engine["gguf"]["quantisation"] == "Q4_1" and engine["gguf"]["layers"] == LAYERS
     assert "-DGGML_RPC=ON" in engine["build"]["flags"] and engine["version"] == "0.3.36"
     assert rec["generation"]["stages"][0]["layers"] == [0, SPLIT - 1]
@@ -86,6 +91,41 @@ def test_the_report_sets_llamacpp_beside_ours_with_the_cost_models_prediction(sw
     # the same dequantised weights, greedy: the two engines' first tokens agree on a real model
     assert float(predicted["tokens_agree_with_torch"]) > 0
     assert (swept / "report" / "peer_llamacpp_bytes.png").stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory):
+    """Both engines on a plan of three stages (--split-blocks): ours a chain, llama.cpp's client
+    and two ggml-rpc-servers, each behind a relay of its own."""
+    tmp = tmp_path_factory.mktemp("peer-plan")
+    res = run([PYTHON, "-m", "paretopipe", "sweep", "--model", MODEL, "--engine", "torch,llamacpp", "--split-blocks",
+               ",".join(map(str, PLAN)), "--network", "lan", "--prompt-len", "16", "--gen-tokens", "12", "--runs", "1",
+               "--threads", "1", "--out", str(tmp / "res"), "--session", "s"], timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return tmp / "res" / "s"
+
+
+def test_a_plan_of_three_stages_runs_llamacpp_on_two_servers_as_a_star(chained, swept):
+    rows = {r["engine"]: r for r in _rows(chained / "summary.csv")}
+    ours, theirs = rows["torch"], rows["llamacpp"]
+    assert float(ours["hop1_bytes_per_token"]) == float(ours["hop2_bytes_per_token"]) == HIDDEN * 4
+    # llama.cpp's client talks to each server itself: a turn with each per token, its graph and the
+    # hidden state up to each, and back the first server's hidden state as well as the logits
+    assert float(theirs["round_trips_per_token"]) == pytest.approx(2.0, abs=0.3)
+    assert float(theirs["hop1_bytes_per_token"]) > HIDDEN * 4 and float(theirs["hop2_bytes_per_token"]) > HIDDEN * 4
+    assert VOCAB * 4 + HIDDEN * 4 <= float(theirs["down_bytes_per_token"]) < VOCAB * 4 * 1.1
+    rec = json.loads(next((chained / "runs").glob("*llamacpp*.json")).read_text())
+    stages = rec["manifest"]["stages"]
+    assert [s["program"] for s in stages] == ["llama-server", "ggml-rpc-server", "ggml-rpc-server"]
+    assert len({s["pid"] for s in stages}) == 3
+    engine = stages[0]["engine"]
+    assert engine["ngl"] == LAYERS + 2 - PLAN[0] and engine["tensor_split"] == [10, 12]
+    assert sorted(engine["loaded"]["layers"].values()) == [9, 10, 11]  # llama-server's own account
+    assert [s["layers"] for s in rec["generation"]["stages"]] == [[0, 9], [9, 19], [19, 30]]
+    # the same weights and prompt, greedy, on the same CPU kernels: two servers or one, the same tokens
+    two = next(json.loads(p.read_text()) for p in (swept / "runs").glob("*llamacpp*.json")
+               if json.loads(p.read_text())["config"]["network"] == "lan")
+    assert rec["generation"]["tokens"] == two["generation"]["tokens"]
 
 
 def test_a_gguf_llamacpp_refuses_fails_the_run_with_its_reason(tmp_path):
@@ -122,29 +162,42 @@ def test_a_gguf_llamacpp_refuses_fails_the_run_with_its_reason(tmp_path):
 
 @pytest.mark.root
 @pytest.mark.lab
-def test_on_a_two_host_lab_llamacpp_runs_on_the_hosts_over_a_link_tc_shapes(tmp_path):
-    """Hosts from the lab's .env: ggml-rpc-server's worker on host 2 listens on the data port,
-    which tc shapes (rate only: htb on any kernel); llama-server, the relay and the runs on host 1,
-    over SSH. What crosses is still counted by the relay, and the rate bounds the time per token."""
+def test_on_a_three_host_lab_llamacpp_runs_each_placement_over_a_link_tc_shapes(tmp_path):
+    """Hosts from the lab's .env, in each placement's order: ggml-rpc-server's workers listen on
+    the data port, which tc shapes (rate only: htb on any kernel); llama-server, the relays and
+    the runs on host 1, over SSH. --placements 1-2 runs the split 16 on two hosts, 1-3-2 the plan with
+    its first server on host 3 (--split-blocks gives each as many stages as it has hosts). What crosses is still counted by the relays, and the rate bounds
+    the time per token."""
     from lab_helpers import lab
 
     nets = tmp_path / "nets.toml"
     nets.write_text('[slow]\nrate = "20mbit"\ncomment = "rate only: htb shapes it on any kernel"\n')
-    with lab("ppll", 2, subnet=71) as made:
+    with lab("ppll", 3, subnet=71) as made:
         done = run([PYTHON, "-m", "paretopipe", "sweep", "--env-file", str(made.env_file), "--model", MODEL,
-                    "--engine", "llamacpp", "--splits", str(SPLIT), "--network-file", str(nets), "--network", "slow",
+                    "--engine", "llamacpp", "--split-blocks", f"{SPLIT};{PLAN[0]},{PLAN[1]}",
+                    "--placements", "1-2,1-3-2", "--network-file", str(nets), "--network", "slow",
                     "--prompt-len", "16", "--gen-tokens", "8", "--runs", "1", "--threads", "1",
                     "--out", str(tmp_path / "res"), "--session", "s"], timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
-    (row,) = _rows(tmp_path / "res" / "s" / "summary.csv")
-    assert row["engine"] == "llamacpp" and row["status"] == "complete"
-    assert VOCAB * 4 <= float(row["down_bytes_per_token"]) < VOCAB * 4 * 1.1
-    up, down = float(row["bytes_per_token"]), float(row["down_bytes_per_token"])
-    assert float(row["tpot_median_s"]) >= (up + down) * 8 / 20e6  # the shaped rate, whatever this machine's speed
-    rec = json.loads(next((tmp_path / "res" / "s" / "runs").glob("*.json")).read_text())
-    assert rec["config"]["link_mode"] == "tc" and "tc" in rec["manifest"]["link"]["note"]
-    assert [s["program"] for s in rec["manifest"]["stages"]] == ["llama-server", "ggml-rpc-server"]
-    assert rec["manifest"]["stages"][1]["hostname"] and rec["manifest"]["stages"][1]["pid"] > 1
+    rows = {r["placement"]: r for r in _rows(tmp_path / "res" / "s" / "summary.csv")}
+    assert set(rows) == {"1-2", "1-3-2"} and {r["status"] for r in rows.values()} == {"complete"}
+    for row in rows.values():
+        assert row["engine"] == "llamacpp"
+        assert VOCAB * 4 <= float(row["down_bytes_per_token"]) < VOCAB * 4 * 1.1
+        up = sum(float(row[f"hop{j}_bytes_per_token"] or 0) for j in (1, 2))
+        assert float(row["tpot_median_s"]) >= (up + float(row["down_bytes_per_token"])) * 8 / 20e6  # the shaped rate
+    assert float(rows["1-3-2"]["round_trips_per_token"]) == pytest.approx(2.0, abs=0.3)
+    recs = {r["config"]["placement"]: r for r in (json.loads(p.read_text())
+                                                  for p in (tmp_path / "res" / "s" / "runs").glob("*.json"))}
+    chain = recs["1-3-2"]
+    assert chain["config"]["link_mode"] == "tc" and "tc" in chain["manifest"]["link"]["note"]
+    stages = chain["manifest"]["stages"]
+    assert [s["program"] for s in stages] == ["llama-server", "ggml-rpc-server", "ggml-rpc-server"]
+    # 1-3-2: the first server on host 3, the second on host 2 (each at the data port tc shapes)
+    host, port = made.addresses(), hosts.Testbed.from_env(read_env(str(made.env_file))).data_port
+    assert [s["rpc"] for s in stages[1:]] == [f"{host[2]}:{port}", f"{host[1]}:{port}"]
+    assert recs["1-2"]["manifest"]["stages"][1]["rpc"] == f"{host[1]}:{port}"
+    assert sorted(stages[0]["engine"]["loaded"]["layers"].values()) == [9, 10, 11]
 
 
 def test_the_real_model_is_known_to_both_engines():

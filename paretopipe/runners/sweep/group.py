@@ -172,7 +172,7 @@ def process_group(sweeper: GroupOwner, model: str, backend: str) -> StageGroup:
     a pass of the llama.cpp peer, its own two processes and the relay between them."""
     o = sweeper.opts
     if engines.is_peer(sweeper.group_pass.engine or o.engines[0]):
-        return LlamaCppPeer(placement(o, "none"), model)
+        return LlamaCppPeer(placement(o, "none"), model, max(2, stage_count(o)))
     where = placement(o, sweeper.cipher, sweeper.traced_stages(), sweeper.transport,
                       sweeper.mqtt_users(max(2, stage_count(o))) if backend == "tcp" else None)
     if backend == "tcp":

@@ -240,9 +240,9 @@ def check_engines(opts: SweepOptions) -> None:
 
 
 def check_peer(opts: SweepOptions) -> None:
-    """llama.cpp's RPC split (--engine llamacpp): a GGUF language model's static splits that its
-    client can make, over a link the relay emulates or, on hosts, tc; its binaries built (here; a
-    host's own are checked when its worker starts)."""
+    """llama.cpp's RPC split (--engine llamacpp): a GGUF language model's static splits (or plans,
+    one RPC server per later stage) that its client can make, over a link the relay emulates or, on
+    hosts, tc; its binaries built (here; a host's own are checked when its worker starts)."""
     engine, remote = engines.LLAMACPP, opts.testbed.remote
     why = ("it runs a language model given as a GGUF (--model-dir FILE.gguf or a named real model)"
            if not opts.workload.generates else "its RPC is a TCP protocol of its own: drop --backend rpc"
@@ -250,24 +250,31 @@ def check_peer(opts: SweepOptions) -> None:
            "--link emulated or none (tc shapes it between hosts)" if opts.link == "tc" and not remote
            else "its programs take a fixed CPU share (--stage-cpu), not a trace's: drop --stage-cpu-trace and "
            "networks' cpu_trace" if opts.stage_cpu_trace or any(opts.conditions(n).cpu_traces for n in opts.networks)
-           else "it has one cut: give --splits, not --split-blocks" if opts.plans
            else "it has no fault injection: drop --fault" if opts.faults != [faults.NONE]
            else "LoadGen drives our engine's stages: drop --scenario" if opts.scenarios != [CLOSED_LOOP]
-           else "it runs on the first two hosts: drop --placements" if opts.placements
            else None)
     if why:
         raise UsageError(f"--engine {engine}: {why}")
-    static, policies = split_adaptive(opts.splits)
     layers = None if remote else llamacpp.gguf_facts(llamacpp.gguf_of(opts.models[0], opts.model_dir)).layers
+    if not opts.plans or any(len(placement_devices(p)) == 2 and not plans_of(opts, 2) for p in opts.placements):
+        _check_peer_splits(opts, layers)
+    if layers is not None:  # on hosts, the GGUF is the host's: its worker refuses a split it cannot make
+        for plan in opts.plans or []:
+            llamacpp.offload(list(plan), layers)
+        llamacpp.binaries()
+
+
+def _check_peer_splits(opts: SweepOptions, layers: int | None) -> None:
+    """--splits, where llama.cpp runs them: static splits its client can make."""
+    static, policies = split_adaptive(opts.splits)
     if policies or static.strip().lower() == "all":
         valid = f"1..{layers + 1}; give --splits 1-{layers + 1}" if layers else \
             "1..L+1 of a model of L layers; give them"
-        raise UsageError(f"--engine {engine} --splits {opts.splits}: llama.cpp's client keeps the embedding, the final "
-                         f"norm and the output layer, so its splits are {valid} or a list of them")
-    if layers is not None:  # on hosts, the GGUF is the host's: its worker refuses a split it cannot make
+        raise UsageError(f"--engine {engines.LLAMACPP} --splits {opts.splits}: llama.cpp's client keeps the embedding "
+                         f"and its servers the head, so its splits are {valid} or a list of them")
+    if layers is not None:
         for k in parse_splits(static, layers + 2):
             llamacpp.offloaded_layers(k, layers)
-        llamacpp.binaries()
 
 
 def check_rpc_codec(opts: SweepOptions) -> None:
