@@ -10,7 +10,9 @@ bytes at the link's rate each way::
 
 ``compute`` is the time per token measured at the same split on the session's unshaped network
 (no delay, no rate: lan), where the link costs nothing; the counts are the relay's, measured on the
-network being predicted. The error is (predicted - measured) / measured.
+network being predicted. With several servers (a plan) ``up_bytes`` is what went up to all of them
+(``hop<j>_bytes_per_token``: llama.cpp's client sends each its share in turn), and the round trips
+are a server each. The error is (predicted - measured) / measured.
 
 Agreement: each llama.cpp run's tokens against our engine's on the same prompts (the same seeded
 ids: the same prompt length and seed, which is the run's index; greedy decoding): the share of each
@@ -66,7 +68,10 @@ def gap_table(configs: pd.DataFrame, conditions: dict[str, dict[str, Any] | None
     if "engine" not in configs.columns or not (configs["engine"] == engines.LLAMACPP).any():
         return pd.DataFrame(columns=COLUMNS)
     table = configs[configs["engine"].isin([engines.TORCH, engines.LLAMACPP])]
+    hops = [c for c in table.columns if c.startswith("hop") and c.endswith("_bytes_per_token")]
+    up_total = table[hops].sum(axis=1, min_count=1) if hops else table["bytes_per_token"]
     table = table[[c for c in COLUMNS if c in table.columns]].copy()
+    table["up_bytes_per_token"] = up_total.fillna(table["bytes_per_token"])
     terms = {n: link_terms(c) for n, c in conditions.items()}
     unshaped = [n for n, (rtt, up, down) in terms.items() if rtt == 0 and up is None and down is None]
     predicted, error = [], []
@@ -78,7 +83,7 @@ def gap_table(configs: pd.DataFrame, conditions: dict[str, dict[str, Any] | None
             error.append(None)
             continue
         value = predicted_tpot(float(base["tpot_median_s"].iloc[0]), terms[row["network"]][0],
-                               float(row["round_trips_per_token"]), float(row["bytes_per_token"]),
+                               float(row["round_trips_per_token"]), float(row["up_bytes_per_token"]),
                                float(row["down_bytes_per_token"]), *terms[row["network"]][1:])
         predicted.append(value)
         error.append((value - row["tpot_median_s"]) / row["tpot_median_s"])

@@ -50,12 +50,16 @@ def cut_bytes(step: dict[str, Any], cut: int) -> float:
 
 
 def hop_bytes(steps: Sequence[dict[str, Any]], cuts: int) -> list[tuple[int, float | None]]:
-    """Each cut's (prefill bytes over every stream, mean bytes per decode step) of the measured steps."""
+    """Each cut's (prefill bytes over every stream, a decode step's bytes) of the measured steps.
+    A decode step's is the median step's: ours are all one size (a compressed one varies a little),
+    while llama.cpp's first decode steps after a prompt re-send their graph's buffers (about 130 KB
+    once per stream, SmolLM2-135M), which a mean over a short run would spread over every token,
+    and which the relay's marks give to the prompt or to the first decode steps by timing alone."""
     out = []
     for cut in range(1, cuts + 1):
         decode = [cut_bytes(s, cut) for s in steps if s["step"] > 0]
         out.append((int(sum(cut_bytes(s, cut) for s in steps if s["step"] == 0)),
-                    statistics.fmean(decode) if decode else None))
+                    statistics.median(decode) if decode else None))
     return out
 
 
@@ -102,11 +106,12 @@ def exchange_figures(decode: Sequence[dict[str, Any]]) -> dict[str, float | None
     """What comes back per decode step and how many round trips a step takes. A peer's steps
     carry the relay's counts (``round_trips``); one of our steps is one exchange by construction
     (a hidden state out, its token back), and what comes back is its result's payload (the token
-    id rides in the frame's header: 0 bytes of payload)."""
+    id rides in the frame's header: 0 bytes of payload). Medians over the steps, as
+    :func:`hop_bytes`'s."""
     if not decode:
         return {"down_bytes_per_token": None, "round_trips_per_token": None}
-    return {"down_bytes_per_token": statistics.fmean(float(s.get("result_wire_bytes") or 0) for s in decode),
-            "round_trips_per_token": statistics.fmean(float(s.get("round_trips", 1)) for s in decode)}
+    return {"down_bytes_per_token": statistics.median(float(s.get("result_wire_bytes") or 0) for s in decode),
+            "round_trips_per_token": statistics.median(float(s.get("round_trips", 1)) for s in decode)}
 
 
 def summarize(batches: Sequence[dict[str, Any]], generation: dict[str, Any],
