@@ -210,7 +210,7 @@ def export_onnx(stage: nn.Module, xs: tuple[torch.Tensor, ...], outputs: int, pa
     """``stage`` on ``xs`` as an ONNX file at :data:`OPSET`; an operator the exporter lacks is
     refused in one line that names the stage and the operator."""
     try:
-        with warnings.catch_warnings(), _quiet_native_output():
+        with warnings.catch_warnings(), _quiet_native_output(), _mha_decomposed():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice, once per stage
             names = [f"input{i}" for i in range(len(xs))] + [f"output{i}" for i in range(outputs)]
             # The batch axis stays free: a stage that finishes a short last batch, or one a fault
@@ -224,6 +224,20 @@ def export_onnx(stage: nn.Module, xs: tuple[torch.Tensor, ...], outputs: int, pa
         operator = found.group(1) if found else None
         raise EngineExportError(f"{what} does not export to ONNX (opset {OPSET})"
                                 + (f": operator {operator} is not supported" if operator else f": {text[:200]}")) from exc
+
+
+@contextlib.contextmanager
+def _mha_decomposed() -> Iterator[None]:
+    """``nn.MultiheadAttention`` as its plain operators while a stage is traced: in eval mode
+    without grad it takes torch's fused fast path, ``aten::_native_multi_head_attention``, which
+    the TorchScript exporter has no ONNX form of (every stage of a ViT refused to export with it).
+    The eager torch stage keeps the fast path; the check before first use compares the two."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
 
 
 @contextlib.contextmanager

@@ -87,6 +87,25 @@ def test_a_user_model_file_and_a_detectors_live_set_export():
         assert det.engine_checks[(tuple(cuts), index, "onnxruntime", 1)].max_rel_error < TOLERANCE
 
 
+def test_attention_stages_export_as_plain_operators_and_agree(tmp_path):
+    """nn.MultiheadAttention in eval mode takes torch's fused fast path, which the exporter has no
+    ONNX form of (every stage of a ViT was refused on aten::_native_multi_head_attention): the
+    export traces it as plain operators, and the eager torch stage it is checked against keeps
+    the fast path."""
+    path = tmp_path / "tinyvit.py"
+    path.write_text("from torchvision.models.vision_transformer import VisionTransformer\n"
+                    "INPUT_SIZE = 32\n"
+                    "def build(num_classes=10):\n"
+                    "    return VisionTransformer(image_size=32, patch_size=8, num_layers=3, num_heads=2,\n"
+                    "                             hidden_dim=16, mlp_dim=32, num_classes=num_classes)\n")
+    vit = StageBuilder(f"{path}:build")
+    x = vit.example_batch(2)
+    assert torch.backends.mha.get_fastpath_enabled()
+    for k in range(1, vit.partitioner.num_blocks):
+        assert _split_error(vit, k, "onnxruntime", x) < TOLERANCE
+    assert torch.backends.mha.get_fastpath_enabled()  # restored after each export
+
+
 def test_a_stage_that_does_not_export_names_its_operator_and_prints_no_graph(tmp_path, capfd):
     model = unexportable_model(tmp_path)
     b = StageBuilder(model)
