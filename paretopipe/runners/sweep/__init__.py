@@ -16,13 +16,16 @@ One module per concern, in the order a sweep uses them:
 - :mod:`.configure`: one planned run's typed configuration and its deadline (pure);
 - :mod:`.shaping`: ``--link tc`` on the hosts for a stretch of runs of one network;
 - :mod:`.drift`: the reference re-measured while a group runs, and the runs measured again;
-- :mod:`.sweeper`: the loop (rounds, retries, resuming, writing, consolidating).
+- :mod:`.ledger`: what the sweep keeps (every record written atomically, failures, stopping
+  decisions, time measured, runs.csv and session.json consolidated);
+- :mod:`.sweeper`: the loop (rounds, retries, resuming).
 """
 
 from .group import GroupFactory, GroupInfo, GroupPass, StageGroup
 from .options import BACKENDS, LINKS, SweepOptions, check_options
 from .plan import PlannedRun, describe_plan
-from .sweeper import INFEASIBLE, DiskFullError, Sweeper, SweepResult
+from .ledger import DiskFullError
+from .sweeper import INFEASIBLE, Sweeper, SweepResult
 
 __all__ = ["BACKENDS", "INFEASIBLE", "LINKS", "DiskFullError", "GroupFactory", "GroupInfo", "PlannedRun",
            "StageGroup", "SweepOptions", "SweepResult", "Sweeper", "check_options", "describe_plan", "GroupPass"]

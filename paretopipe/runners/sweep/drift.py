@@ -13,6 +13,7 @@ from ... import records
 from ...records import COMPLETE, INFEASIBLE
 from ...runrecord import RunRecord, RunSummary
 from . import rounds
+from .ledger import SweepLedger
 from .group import GroupPass, GroupProgress
 from .options import SweepOptions
 from .plan import PlannedRun, settings_of
@@ -21,15 +22,15 @@ log = logging.getLogger("paretopipe.sweep")
 
 
 class Measurer(Protocol):
-    """What the drift checks use of the sweeper: its options, clock, session, the current group's
-    cipher, and how it measures one run (a reference run's time is added to ``reference_s``)."""
+    """What the drift checks use of the sweeper: its options, ledger (its clock; a reference run's
+    time is added to its ``reference_s``), session, the current group's cipher, and how it
+    measures one run."""
 
     opts: SweepOptions
-    started: float
+    ledger: SweepLedger
     session: Session
     cipher: str
     transport: str
-    reference_s: float
     group_pass: GroupPass
 
     def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> RunRecord | None: ...
@@ -38,7 +39,7 @@ class Measurer(Protocol):
 def drift_check(sweeper: Measurer, drift: rounds.DriftMonitor, reference: tuple, network: str,
                 observed: dict | None, model: str, backend: str, group_meta: GroupMeta) -> list:
     """Measure the reference when due; returns the runs to measure again after a drift."""
-    now = time.monotonic() - sweeper.started
+    now = time.monotonic() - sweeper.ledger.started
     if not (drift.needs_baseline(network) or drift.due(now)):
         return []
     ref_network = network if sweeper.opts.link == "tc" else reference[0]
@@ -58,7 +59,7 @@ def drift_check(sweeper: Measurer, drift: rounds.DriftMonitor, reference: tuple,
         summaries = summaries + more if more else []  # None (infeasible now) counts as a failure
     if not summaries:
         return []
-    now = time.monotonic() - sweeper.started
+    now = time.monotonic() - sweeper.ledger.started
     if baseline:
         drift.set_baseline(ref_network, summaries, now)
         return []
@@ -87,7 +88,7 @@ def reference_runs(sweeper: Measurer, count: int, network: str, reference: tuple
         if record.status == INFEASIBLE:
             return None
         group_meta.reference_runs.append(planned.run_key)
-        sweeper.reference_s += record.summary.measuring_s
+        sweeper.ledger.reference_s += record.summary.measuring_s
         summaries.append(record.summary)
     return summaries
 

@@ -1,11 +1,11 @@
 """The sweep's loop: worker groups started in turn, rounds of runs, retries on fresh processes,
-resuming, atomic writes (a full disk stops the sweep), consolidation and the closing report."""
+resuming, and the closing report; what it measured is kept by its ledger (:mod:`.ledger`: atomic
+writes, a full disk stopping the sweep, consolidation)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import logging
 import shutil
 import time
@@ -17,8 +17,7 @@ from ...compute import cpushare
 from ...analysis.session import Session, SessionMeta, sweep_session_dir
 from ...analysis.keys import CLOSED_LOOP, NO_FAULT, NO_PLACEMENT, NO_PROMPT, ConfigKey
 from ...analysis.columns import cipher_of
-from ...errors import ParetoPipeError, PeerError, UsageError
-from ...manifest import node_manifest
+from ...errors import ParetoPipeError, PeerError
 from ...network.linkdown import LinkDown
 from ...records import COMPLETE, INFEASIBLE
 from ...runrecord import RunRecord
@@ -29,6 +28,7 @@ from .. import zygote
 from . import rounds
 from . import configure
 from .drift import drift_check, requeue_drifted
+from .ledger import DiskFullError, SweepLedger
 from .group import GroupFactory, GroupInfo, GroupPass, GroupProgress, StageGroup, process_group
 from .options import SweepOptions, check_cpu_emulation, check_options
 from .placements import pass_options
@@ -39,10 +39,6 @@ log = logging.getLogger("paretopipe.sweep")
 #: runs.csv and session.json are rebuilt at most this often during a sweep (and at its end); the
 #: run records, written after every run, are the source of truth either way.
 CONSOLIDATE_EVERY_S = 5.0
-
-
-class DiskFullError(ParetoPipeError):
-    """No room left to write results: the sweep stops, nothing is retried."""
 
 
 @dataclasses.dataclass
@@ -62,6 +58,7 @@ class Sweeper:
         self.retarget(opts)
         self.session = Session(sweep_session_dir(opts.out, opts.session, opts.resume))
         self.dir = self.session.path
+        self.ledger = SweepLedger(self.session)
         self.group: StageGroup | None = None
         self.info: GroupInfo | None = None  # the current group's report (start)
         # (model, backend, cuts) this worker group has already run: their one-time costs (lazy
@@ -69,11 +66,6 @@ class Sweeper:
         # same cut skip the warm-up unless --warmup-every-run (without it the demo's 1 warm-up
         # batch per 10 measured was 0.04 s of a run's 0.06 s overhead).
         self.warmed: set[tuple] = set()
-        self.failures: list[dict[str, Any]] = []
-        self.stopping: dict[ConfigKey, dict[str, Any]] = {}
-        self.started = time.monotonic()
-        self.measured_s = self.reference_s = 0.0
-        self.consolidated = float("-inf")
         self.compute_s = 0.0  # the slowest batch compute (all stages) measured in this worker group
         self.cipher = "none"  # the current worker group's --encrypt choice
         self.transport = "tcp"  # ...and its --transport
@@ -219,12 +211,12 @@ class Sweeper:
         (and broker) running for the next :meth:`retarget` (a search's trials; :meth:`close` ends
         them), unless the sweep failed or was interrupted."""
         o = self.opts
-        self.started = time.monotonic()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        meta = self._load_session()
+        self.ledger.begin()
+        opts = dataclasses.asdict(o)
+        opts["testbed"] = o.testbed.describe()
+        meta = self.ledger.load_meta(opts, {n: c.to_dict() for n, c in self.networks.items()})
         if not o.testbed.remote and self.group_factory is process_group:
             zygote.prestart()
-        self.measured_s = self.reference_s = 0.0
         interrupted = ended = False
         total = 0
         failed: list[PlannedRun] = []
@@ -246,7 +238,7 @@ class Sweeper:
                 self.close()
             meta.interrupted = interrupted
             try:
-                self.consolidate(meta, final=True)
+                self.ledger.consolidate(meta, final=True)
             except DiskFullError as exc:
                 log.error("%s", exc)
         if interrupted:
@@ -299,8 +291,8 @@ class Sweeper:
                                               observed, model, backend, group.meta)
                         requeue_drifted(self, drifted, group, model, backend)
                         group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]  # live: the page's alerts
-                        if time.monotonic() - self.consolidated >= CONSOLIDATE_EVERY_S:
-                            self.consolidate(meta, final=False)
+                        if time.monotonic() - self.ledger.consolidated >= CONSOLIDATE_EVERY_S:
+                            self.ledger.consolidate(meta, final=False)
             r += 1
             for c in active:
                 if group.progress[c].stopped is None and not group.rerun[c]:
@@ -314,7 +306,7 @@ class Sweeper:
         # Keyed as summary.csv keys a configuration: by the cipher its runs used, and what its runs
         # recorded of their batches and window (a generation's: one token of each of its streams).
         batch, window = (1, o.streams) if o.workload.generates else (o.batch_size, o.in_flight)
-        self.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
+        self.ledger.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
                                         batch, k.label, settings_of(o, self.group_pass)["codec"], window, self.scenario,
                                         self.group_pass.prompt_len or NO_PROMPT, self.group_pass.fault,
                                         self.group_pass.placement or NO_PLACEMENT): p.describe()
@@ -332,7 +324,7 @@ class Sweeper:
         meta.progress = {"groups": groups, "groups_started": started, "planned_started": planned,
                          "planned_runs": planned + group_runs * max(0, groups - started),
                          "estimated": started < groups}
-        self._write(lambda: self.session.write_meta(meta), self.session.meta_path)
+        self.ledger.write_meta(meta)
 
     def _group_state(self, model: str, backend: str, meta: SessionMeta) -> GroupProgress:
         """A group's configurations, their progress, the drift reference and the session's record of it."""
@@ -358,7 +350,7 @@ class Sweeper:
         o = self.opts
         cfg = (one.network, one.split)
         progress = group.progress[cfg]
-        record = self._resumed(one) or self.attempt(one, observed, one.model, one.backend)
+        record = self.ledger.resumed(one.run_key, self.opts.resume) or self.attempt(one, observed, one.model, one.backend)
         progress.attempts += 1
         group.meta.executed.append(one.run_key)
         if record is None:
@@ -373,17 +365,6 @@ class Sweeper:
         if o.order == "sequential" and progress.stopped is None:
             progress.stopped = progress.decide(o.runs, o.precision, group.max_runs)
 
-    def _resumed(self, planned: PlannedRun) -> RunRecord | None:
-        """With --resume, a run already complete is taken as it is, not measured again."""
-        if not self.opts.resume or not self.session.completed(planned.run_key):
-            return None
-        path = self.session.run_path(planned.run_key)
-        try:
-            return RunRecord.of(self.session.read_run(path), str(path))
-        except UsageError as exc:  # a record this version cannot read: measured again, not trusted
-            log.warning("%s: measuring it again (%s)", path, exc)
-            return None
-
     def attempt(self, planned: PlannedRun, observed: dict | None, model: str, backend: str) -> RunRecord | None:
         """Run ``planned`` and write its record; a failure is recorded and tried once more on fresh
         processes. Returns the record, or None when both attempts failed."""
@@ -392,79 +373,22 @@ class Sweeper:
                 if self.group is None or not self.group.alive():
                     self.start(model, backend, planned.cipher, planned.transport)
                 record = self.run_one(planned, observed)
-                if planned.reference:  # kept apart: a reference run is not a run of the sweep
-                    self._write(lambda: self.session.write_reference(planned.run_key, record.to_dict()),
-                                self.session.reference_path(planned.run_key))
-                else:
-                    self._write(lambda: self.session.write_run(planned.run_key, record.to_dict()),
-                                self.session.run_path(planned.run_key))
-                    self.measured_s += record.summary.measuring_s
+                self.ledger.keep(planned, record)
                 return record
             except DiskFullError:
                 raise
             except (ParetoPipeError, OSError) as exc:
-                self.failures.append({"run_key": planned.run_key, "attempt": attempt, "error": str(exc),
-                                      "time_utc": records.utc_now()})
+                self.ledger.failed(planned.run_key, attempt, str(exc))
                 log.warning("%s attempt %d failed: %s", planned.run_key, attempt, exc)
                 # A half-finished exchange leaves the processes in an unknown state: start them afresh.
                 self.stop()
                 try:
                     self.start(model, backend, planned.cipher, planned.transport)
                 except ParetoPipeError as exc2:
-                    self.failures.append({"run_key": planned.run_key, "attempt": attempt,
-                                          "error": f"restart failed: {exc2}", "time_utc": records.utc_now()})
+                    self.ledger.failed(planned.run_key, attempt, f"restart failed: {exc2}")
                     if attempt == 2:
                         raise
         return None
-
-    def _write(self, write, path: Path):
-        """Run a write; a full disk becomes one DiskFullError naming the path and the space left."""
-        try:
-            return write()
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = shutil.disk_usage(self.dir).free if self.dir.exists() else 0
-                raise DiskFullError(f"disk full: cannot write {path} ({free} bytes free on that file system); "
-                                    f"free some space and run the sweep again with --resume")
-            raise
-
-    def _load_session(self) -> SessionMeta:
-        opts = dataclasses.asdict(self.opts)
-        opts["testbed"] = self.opts.testbed.describe()
-        meta = SessionMeta(schema_version=records.SCHEMA_VERSION, created_utc=records.utc_now(), options=opts,
-                           manifest=node_manifest(role="controller"),
-                           networks={n: c.to_dict() for n, c in self.networks.items()})
-        try:
-            old = self.session.read_meta()
-        except UsageError as exc:
-            log.warning("%s: starting the session file afresh", exc)
-            old = None
-        if old is not None:
-            meta.created_utc = old.get("created_utc", meta.created_utc)
-            meta.resumed_utc = list(old.get("resumed_utc") or []) + [records.utc_now()]
-            self.failures = list(old.get("failures") or [])
-        return meta
-
-    # -- consolidation -------------------------------------------------------------------------
-    def consolidate(self, meta: SessionMeta, final: bool) -> None:
-        """runs.csv and session.json after every run; summary.csv (CIs of the medians over runs) at the end.
-        The run records are the source of truth: a later consolidation rebuilds everything else."""
-        rows, skipped = self._write(lambda: self.session.consolidate(self.failures, final, self.stopping),
-                                    self.dir / "runs.csv")
-        self.consolidated = time.monotonic()
-        wall, measured_s = time.monotonic() - self.started, self.measured_s
-        meta.updated_utc, meta.complete = records.utc_now(), final and not meta.interrupted
-        meta.runs_complete = sum(r["status"] == COMPLETE for r in rows)
-        meta.runs_infeasible = sum(r["status"] == INFEASIBLE for r in rows)
-        meta.unreadable_runs, meta.failures = skipped, self.failures
-        meta.timing = {"wall_s": wall, "measured_s": measured_s, "reference_s": self.reference_s,
-                       "overhead_s": wall - measured_s,
-                       "overhead_ratio": (wall - measured_s) / measured_s if measured_s else None,
-                       "note": "measured_s sums the measured spans of this invocation's runs (first measured "
-                               "batch's start to last completion); overhead is everything else (start-up, model "
-                               "builds, warm-up, handshakes, writing, and the drift checks' reference runs, "
-                               "reference_s of measuring)"}
-        self._write(lambda: self.session.write_meta(meta), self.session.meta_path)
 
     def _report(self) -> None:
         # lazy for start-up: pandas and matplotlib load only when a sweep ends with its report
