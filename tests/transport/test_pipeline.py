@@ -184,12 +184,12 @@ def test_the_driver_runs_a_generation_over_an_endpoint_that_answers_each_step():
 
 def test_every_endpoint_the_runtime_drives_has_the_steps_of_its_schedule():
     from paretopipe.transport.rpc.master import _MasterSource
-    from paretopipe.transport.tcp.sink import _SinkRun
+    from paretopipe.transport.tcp.sink import SinkRun
     from paretopipe.transport.tcp.source import Stage1Run
 
     assert issubclass(Stage1Run, pipeline.SourceSteps) and issubclass(_MasterSource, pipeline.SourceSteps)
     assert hasattr(Stage1Run, "settle")  # the one source a guarded schedule runs over
-    assert issubclass(_SinkRun, pipeline.StageSteps) and not issubclass(_SinkRun, pipeline.SourceSteps)
+    assert issubclass(SinkRun, pipeline.StageSteps) and not issubclass(SinkRun, pipeline.SourceSteps)
 
 
 def test_an_action_the_endpoint_takes_no_part_in_is_refused_by_name():

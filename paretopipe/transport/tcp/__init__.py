@@ -58,8 +58,10 @@ nor crash it; a refused stranger costs the real peer nothing.
 
 One concept per module: ``messages`` (typed frames and their JSON), ``connection`` (sockets, the
 connection, the ordered sender), ``handshake`` (the listener and both halves of the handshake),
-``source`` (stage 1's endpoint and run), ``sink`` (every later stage's endpoint and runs, a middle
-stage's forwarding included), ``switching`` (a later stage's half of an adaptive run: its
+``source`` (stage 1's endpoint and run; ``sourceprobes`` what it measures for its split policy
+between batches), ``sink`` (a later stage's endpoint and run, a middle stage's forwarding included),
+``serving`` (a later stage's runs on a connection until BYE; ``downstream`` a middle stage's way on),
+``switching`` (a later stage's half of an adaptive run: its
 self-profile and the SWITCHes it obeys) and ``outcome`` (the run record). Both endpoints are driven by
 :func:`paretopipe.transport.pipeline.drive`, the one driver of every backend.
 """
@@ -69,7 +71,8 @@ from .connection import Connection, FrameSender, is_loopback
 from .handshake import HANDSHAKE_TIMEOUT_S, MAX_PENDING_HANDSHAKES, StageListener, identity_of, open_connection
 from .messages import RESULT_META_FIELDS, check_part, json_payload, result_duration, safe_run_id
 from .outcome import RunOutcome, assemble_record, link_manifest_of, write_record
-from .sink import Downstream, serve_connection
+from .downstream import Downstream
+from .serving import serve_connection
 from .stage1 import run_on_connection, run_stage1
 from .switching import self_profile_cuts, self_profile_timings
 

@@ -1,5 +1,5 @@
-"""The later stages of a TCP run: each serves the runs that reach it on a connection until BYE and
-computes its part of each batch on one thread. The last stage returns results with its own
+"""One run at a later stage of a TCP run (:mod:`.serving` serves a connection's runs until BYE):
+it computes its part of each batch on one thread. The last stage returns results with its own
 durations; a middle stage (a chain of more than two: Pi -> Pi -> server) sends its part on to the
 next stage and relays the results back, adding its own. An adaptive run (two stages) adds SWITCH
 (the split moves between two batches) and PROBE (answered at once), through ``tcp.switching``."""
@@ -12,7 +12,6 @@ import queue
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from torch import nn
@@ -28,94 +27,18 @@ from ...sysmon import SystemMonitor
 from .. import pipeline, wire
 from ..resources import stage_meter
 from ..runconfig import RunConfig
-from ..bookkeeping import measured_images, status_of
+from ..bookkeeping import measured_images
 from .connection import Connection, FrameSender
-from .handshake import StageListener
+from .downstream import Downstream
 from .messages import RunStart, check_part, json_payload, message, read_result_meta, result_meta_fields, safe_run_id
-from .outcome import RunOutcome, assemble_record, cipher_usage, later_parts, merge_peer_seals, write_record
+from .outcome import cipher_usage, later_parts
 from .stageitems import StageItems, stage_items
 from .switching import KINDS as SWITCHING_KINDS, Retime, SwitchingStage
 
 log = logging.getLogger("paretopipe.tcp")
 
 
-class Downstream:
-    """A middle stage's way to the next stage: the listener the next stage connects to, and the
-    connection it keeps across runs (as stage 1 keeps its own), ended with BYE when upstream ends."""
-
-    def __init__(self, listener: StageListener, connect_timeout: float = 60.0) -> None:
-        self.listener, self.connect_timeout = listener, connect_timeout
-        self.connection: Connection | None = None
-
-    def connect(self, cuts: list[str]) -> Connection:
-        """The newest authenticated next stage (the current one if none newer came), whose cuts fit:
-        a next stage may connect before the first RUN says what the plan is, so what it insisted on
-        in its HELLO is checked here, not only by the listener."""
-        self.listener.expected_cuts = list(cuts)
-        self.connection = self.listener.connection(self.connect_timeout, current=self.connection)
-        insisted = self.connection.peer.cuts if self.connection.peer is not None else None
-        if insisted is not None and list(insisted) != list(cuts):
-            self.connection.close()
-            self.connection = None
-            raise UsageError(f"the next stage insists on cuts {list(insisted)!r}, the plan has {list(cuts)!r}")
-        return self.connection
-
-    def close(self, bye: bool) -> None:
-        if self.connection is not None:
-            self.connection.close(bye=bye)
-
-
-def serve_connection(connection: Connection, builder: StageBuilder, *, output_dir: str | Path | None = None,
-                     observed_link: dict | None = None, threads: int | None = None,
-                     limits: dict[str, Any] | None = None, timeout_s: float | None = None,
-                     on_run: Callable[[RunOutcome], None] | None = None,
-                     downstream: Downstream | None = None) -> list[RunOutcome]:
-    """Serve runs on a connection until the stage before says goodbye; returns their outcomes. A
-    failed run raises (after writing its incomplete record); the connection is closed either way.
-    With ``downstream`` this is a middle stage: each run's frames go on to the next stage, whose
-    results come back through here."""
-    outcomes = []
-    bye = False
-    try:
-        while True:
-            connection.sock.settimeout(None)  # between runs stage 1 may take as long as it likes
-            sealed_before = connection.channel.usage() if connection.channel else None  # a run's share from RUN on
-            connection.mark_transport()
-            f = connection.reader.read()
-            if f.kind == wire.BYE:
-                bye = True
-                return outcomes
-            outcome = _stage_run(connection, builder, wire.expect(f, wire.RUN).meta, output_dir=output_dir,
-                                 observed_link=observed_link, threads=threads, limits=limits, timeout_s=timeout_s,
-                                 sealed_before=sealed_before, downstream=downstream)
-            outcomes.append(outcome)
-            if on_run is not None:
-                on_run(outcome)
-    finally:
-        connection.close()
-        if downstream is not None:
-            downstream.close(bye)
-
-
-def _stage_run(connection: Connection, builder: StageBuilder, meta: dict[str, Any], *, output_dir, observed_link,
-               threads, limits, timeout_s: float | None, sealed_before: dict[str, Any] | None = None,
-               downstream: Downstream | None = None) -> RunOutcome:
-    run = _SinkRun(connection, builder, meta, timeout_s, threads=threads, limits=limits, sealed_before=sealed_before,
-                   downstream=downstream)
-    started = time.monotonic()
-    part1, failure = run.serve()
-    status, error = status_of(failure)
-    parts = run.exchange_parts(part1)
-    merge_peer_seals(parts)
-    record = assemble_record(run.run_id, status, error, run.cfg, parts, observed_link or run.start.link,
-                             {"run_wall_s": time.monotonic() - started, "written_by": run.name})
-    path = write_record(record, output_dir)
-    if failure is not None:
-        raise failure
-    return RunOutcome(record, path)
-
-
-class _SinkRun:
+class SinkRun:
     """One run as a later stage: this thread reads the previous stage's frames while a compute
     thread drives :func:`pipeline.stage_actions` over this endpoint (``recv`` takes the batches in
     arrival order, a SWITCH taking its turn between two of them; ``send`` returns the result, or

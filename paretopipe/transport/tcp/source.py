@@ -22,7 +22,7 @@ import torch
 
 from ... import engines, records
 from ...compute import cputrace
-from ...errors import ParetoPipeError, PeerError, WireError
+from ...errors import ParetoPipeError, PeerError
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink, Outage
 from ...partition import wirequant
@@ -37,8 +37,9 @@ from ..bookkeeping import BatchBook
 from .connection import Connection, FrameSender
 from .faultrun import MAX_EXTRA_BATCHES, FaultRun
 from .handshake import StageListener
-from .messages import check_part, json_payload, read_result_meta, read_segment_times
-from .nextstage import NextStage, consecutive, run_start
+from .messages import check_part, json_payload, read_result_meta
+from .nextstage import NextStage, run_start
+from .sourceprobes import PolicyProbes
 from .outcome import later_parts, link_manifest_of, merge_peer_seals
 
 log = logging.getLogger("paretopipe.tcp")
@@ -47,7 +48,7 @@ COUNTS = ("switches", "served_locally", "deadline_misses", "peer_losses", "recon
           "probes", "probe_bytes")
 
 
-class Stage1Run(SourceEndpoint):
+class Stage1Run(PolicyProbes, SourceEndpoint):
     """Stage 1's endpoint: starts the run on the next stage, computes its part with the cuts the
     policy gives, sends it, and takes every result off the connection as it arrives (a guarded
     run settles each batch before the next: the result, or the rest of the model here)."""
@@ -175,42 +176,6 @@ class Stage1Run(SourceEndpoint):
             return
         self.counts["reconnects"] += 1
         self.events.append({"seq": seq, "event": "reconnected", "address": connection.address})
-
-    def _probe(self, nbytes: int) -> None:
-        """Time one PROBE round trip through the link (between batches) for the policy."""
-        payload = torch.zeros(nbytes, dtype=torch.uint8) if nbytes else None
-        enc = wire.encode(wire.PROBE, self._probe_seq, payload)
-        sent = time.monotonic()
-        self.next.sender.submit(enc)
-        f, arrived, why = self.next.await_frame(wire.PROBE_ACK, self._probe_seq, sent + self.cfg.timeout_s,
-                                                self._late)
-        self._probe_seq += 1
-        if f is None:
-            raise PeerError(f"probe unanswered ({why})")
-        f.release()
-        self.policy.observe(enc.wire_nbytes, arrived - sent, "probe" if nbytes else "ping")
-        self.counts["probes"] += 1
-        self.counts["probe_bytes"] += enc.total_nbytes
-
-    def _compute_probe(self, seq: int, first: int, count: int) -> None:
-        """Ask stage 2 to time segments ``first``.. on itself (between batches: its speed while it
-        runs none of them); its times go to the policy, not to the link estimate."""
-        enc = wire.encode(wire.PROBE, self._probe_seq, meta={"retime": [first, count]})
-        self.next.sender.submit(enc)
-        f, _, why = self.next.await_frame(wire.PROBE_ACK, self._probe_seq, time.monotonic() + self.cfg.timeout_s,
-                                          self._late)
-        self._probe_seq += 1
-        if f is None:
-            raise PeerError(f"compute probe unanswered ({why})")
-        meta = f.meta
-        f.release()
-        try:
-            got_first, times = read_segment_times(meta or {}, self.chains.count)
-        except WireError as exc:
-            log.warning("stage 1: %s", exc)
-            return
-        self.policy.stage2_probed(seq, got_first, times)
-        self.counts["compute_probes"] = self.counts.get("compute_probes", 0) + 1
 
     def _late(self) -> None:
         self.counts["late_results_dropped"] += 1  # an earlier batch's result, after its deadline
@@ -363,46 +328,7 @@ class Stage1Run(SourceEndpoint):
                 self.fault.settled(seq, True, arrived)
         if seq >= self.book.total - 1 and self.fault is None:
             return  # the run's last batch: stage 2's compute loop has ended, and nothing is decided after it
-        self._reprofile(seq)
-        for first, count in self.policy.stage2_probes_due() if self.next is not None else ():
-            try:
-                self._compute_probe(seq, first, count)
-            except (ParetoPipeError, OSError) as exc:
-                self._lose_next(str(exc), seq)
-                break
-        for size in self.policy.probes_due(time.monotonic()) if self.next is not None else ():
-            try:
-                self._probe(size)
-            except (ParetoPipeError, OSError) as exc:
-                self._lose_next(str(exc), seq)
-                break
-
-    def _observe_stage2(self, seq: int, meta: dict[str, Any] | None) -> None:
-        """Stage 2's per-segment times of this batch (checked: they come from the peer)."""
-        try:
-            first, times = read_segment_times(meta or {}, self.chains.count)
-        except WireError as exc:
-            log.warning("stage 1: %s", exc)
-            return
-        if times:
-            self.policy.observe_compute(seq, 1, first, times)
-
-    def _reprofile(self, seq: int) -> None:
-        """Re-time on this stage the segments the policy asks for, each run of consecutive ones
-        chained from the activation this batch had at its start (between batches: outside every
-        batch's latency, inside the run's wall time)."""
-        due = list(self.policy.reprofiles_due())
-        chain = self.chain
-        if not due or chain is None:
-            return
-        started = time.monotonic()
-        for run in consecutive(due):
-            at = run[0][0] - chain.first
-            if not 0 <= at < len(chain.inputs):
-                continue  # its input never passed through this stage this batch
-            times = self.chains.retime(run[0][0], chain.inputs[at], len(run), repetitions=1 if len(run) > 2 else 3)
-            self.policy.reprofiled(seq, run[0][0], times, [why for _, why in run])
-        self.counts["reprofile_s"] = round(self.counts.get("reprofile_s", 0.0) + time.monotonic() - started, 6)
+        self.measure_for_policy(seq)
 
     def run(self) -> None:
         try:
