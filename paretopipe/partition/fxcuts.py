@@ -26,38 +26,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import UsageError
 from ..splitspec import check_splits
 from .activation import Activation, call_stage, live_tensors
+from .blocks import Block, find_blocks
 from .detection import Detector, FirstStage, LastStage
 
 
 INPUT = "input"   # pseudo-cut: everything on the later stage (k = 0 baseline)
 OUTPUT = "output"  # pseudo-cut: everything on the earlier stage (k = K baseline)
-
-# Anchor block lists: split_index k = "the first k blocks run on stage 1". Each entry names the
-# module whose last graph node ends block k (k = 1..len). k = 0 and k = len + 1 are baselines.
-_ANCHOR_BLOCKS: dict[str, list[str]] = {
-    "mobilenet_v2": [f"features.{i}" for i in range(18)],
-    "alexnet": [f"features.{i}" for i in range(12)],
-    "vgg16": [f"features.{i}" for i in range(30)],
-    "resnet18": [f"layer{s}.{b}" for s in range(1, 5) for b in range(2)],
-    "resnet50": ["maxpool"] + [f"layer{s}.{b}" for s, n in ((1, 3), (2, 4), (3, 6), (4, 6))
-                               for b in range(n)][:15],
-    "inception_v3": ["Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3", "maxpool1",
-                     "Conv2d_3b_1x1", "Conv2d_4a_3x3", "maxpool2", "Mixed_5b", "Mixed_5c",
-                     "Mixed_5d", "Mixed_6a", "Mixed_6b", "Mixed_6c", "Mixed_6d", "Mixed_6e",
-                     "Mixed_7a", "Mixed_7b", "Mixed_7c", "avgpool"],
-}
-
-
-#: Detectors' blocks (paths in their traced body; ``X.*`` is each child of X). A detector's block cut
-#: may carry several tensors: the features its pyramid takes from the backbone cross with it.
-_DETECTOR_BLOCKS: dict[str, list[str]] = {
-    "ssdlite320_mobilenet_v3_large": ["backbone.features.0.*", "backbone.features.1.*", "backbone.extra.*"],
-    "fasterrcnn_mobilenet_v3_large_fpn": ["backbone.body.*"],
-    "yolox_n": ["backbone.stem", "backbone.dark2", "backbone.dark3", "backbone.dark4", "backbone.dark5",
-                "lateral_conv0", "C3_p4", "reduce_conv1", "C3_p3", "bu_conv2", "C3_n3", "bu_conv1", "C3_n4"],
-}
-_DETECTOR_BLOCKS["yolox_s"] = _DETECTOR_BLOCKS["yolox_n"]
-
 
 @dataclasses.dataclass(frozen=True)
 class LiveTensor:
@@ -89,15 +63,6 @@ class CutPoint:
     def width(self) -> int:
         """How many tensors cross this cut."""
         return len(self.live)
-
-
-@dataclasses.dataclass(frozen=True)
-class Block:
-    """Anchor-compatible block boundary: split_index ``k`` puts blocks 1..k on stage 1."""
-
-    k: int
-    module: str
-    cut: CutPoint
 
 
 def _trace(model: nn.Module) -> fx.GraphModule:
@@ -132,14 +97,6 @@ class _Recorder(fx.Interpreter):
         return out
 
 
-def _module_path(node: fx.Node) -> list[str]:
-    stack = node.meta.get("nn_module_stack") or {}
-    paths = [v[0] if isinstance(v, tuple) else k for k, v in stack.items()]
-    if node.op == "call_module":
-        paths.append(str(node.target))
-    return paths
-
-
 class Partitioner:
     """Traces a model once; answers cut-point questions and builds stages for any cut list."""
 
@@ -169,7 +126,8 @@ class Partitioner:
         self.cuts = [dataclasses.replace(c, index=i) for i, c in enumerate(c for c in self.fine_cuts if c.width == 1)]
         self._by_name = {c.name: c for c in self.fine_cuts} | {c.name: c for c in self.cuts}
         self._node = {n.name: n for n in self.nodes}
-        self.blocks = self._find_blocks()
+        self.blocks: list[Block] = find_blocks(model_name, self.traced, self.nodes, self.cuts, self._cut_at,
+                                               self._by_name)
 
     # -- cut discovery -------------------------------------------------------------------------
     def _find_cuts(self) -> list[CutPoint]:
@@ -213,76 +171,6 @@ class Partitioner:
         if max_live < 1:
             raise UsageError(f"--max-live {max_live}: give 1 or more tensors a cut may carry")
         return [c for c in self.fine_cuts if c.width <= max_live]
-
-    def _find_blocks(self) -> list[Block]:
-        canonical = self.model_name
-        if canonical in _DETECTOR_BLOCKS:
-            return self._detector_blocks(_DETECTOR_BLOCKS[canonical])
-        names = _ANCHOR_BLOCKS.get(canonical or "") or self._generic_block_modules()
-        last_node_of = self._last_node_of()
-        by_position = {c.position: c for c in self.cuts}
-        # A cut's position may sit after trailing no-output nodes; map positions back to cuts.
-        blocks: list[Block] = []
-        for module in names:
-            pos = last_node_of.get(module)
-            cut = self._cut_at_or_after(pos, by_position) if pos is not None else None
-            if cut is None:
-                if canonical in _ANCHOR_BLOCKS:
-                    raise RuntimeError(f"block {module} of {canonical} is not a valid cut")
-                continue
-            if blocks and blocks[-1].cut.name == cut.name:
-                continue
-            blocks.append(Block(len(blocks) + 1, module, cut))
-        return blocks
-
-    def _detector_blocks(self, paths: list[str]) -> list[Block]:
-        modules: list[str] = []
-        for path in paths:
-            if path.endswith(".*"):
-                parent = path[:-2]
-                modules += [f"{parent}.{child}" for child, _ in self.traced.get_submodule(parent).named_children()]
-            else:
-                modules.append(path)
-        last_node_of = self._last_node_of()
-        blocks: list[Block] = []
-        for module in modules:
-            cut = self._cut_at.get(last_node_of.get(module, -1))
-            if cut is not None and not (blocks and blocks[-1].cut.name == cut.name):
-                blocks.append(Block(len(blocks) + 1, module, cut))
-        return blocks
-
-    def _last_node_of(self) -> dict[str, int]:
-        """Each module path's last node in graph order: where the module's work ends."""
-        last: dict[str, int] = {}
-        for pos, node in enumerate(self.nodes):
-            for path in _module_path(node):
-                last[path] = pos
-        return last
-
-    def _cut_at_or_after(self, pos: int, by_position: dict[int, CutPoint]) -> CutPoint | None:
-        if pos in by_position:
-            return by_position[pos]
-        value = self.nodes[pos]
-        return self._by_name.get(value.name)
-
-    def _generic_block_modules(self) -> list[str]:
-        """Top-level children, with Sequential/ModuleList containers (one level deep) expanded."""
-        names: list[str] = []
-        for name, child in self.traced.named_children():
-            if isinstance(child, (nn.Sequential, nn.ModuleList)):
-                names += [f"{name}.{sub}" for sub, _ in child.named_children()]
-                continue
-            seqs = [(n, c) for n, c in child.named_children()
-                    if isinstance(c, (nn.Sequential, nn.ModuleList)) and len(c) >= 4]
-            if len(seqs) == 1:
-                for sub, grand in child.named_children():
-                    if sub == seqs[0][0]:
-                        names += [f"{name}.{sub}.{g}" for g, _ in grand.named_children()]
-                    else:
-                        names.append(f"{name}.{sub}")
-            else:
-                names.append(name)
-        return names
 
     # -- lookups -------------------------------------------------------------------------------
     @property
