@@ -25,6 +25,10 @@ WARN_MODULE_LINES, WARN_FUNCTION_LINES = 400, 50
 #: A declaration of an option: argparse's add_argument, or a catalogue row (options/flags.py's
 #: Option, the sweep's Flag), with the flag's first name.
 _DECLARED = re.compile(r"""(?:add_argument|\bOption|\bFlag)\(\s*\(?\s*["'](--[a-z0-9-]+)["']""")
+#: The ways a module asks which workload it has (issue 68): the Workload's own flag, a generation's
+#: parts tested for None, and the older helpers that looked for a language model or a column.
+_ASKS_WORKLOAD = re.compile(r"\.generates\b|\b(?:gen|feed|generation|g) is (?:not )?None|is_language_model\(|"
+                            r"\.language_model\b|is_generation\(")
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -152,6 +156,7 @@ def main(root: Path) -> int:
     own = [p for p in named if p.stem in tested]
     print(f"modules: {len(named)}, with a test module of their own name: {len(own)}")
     print("package imports inside functions:", lazy)
+    print(workload_branches(paths, root))
     for warn, limit, what in ((WARN_MODULE_LINES, MAX_MODULE_LINES, "module"), (WARN_FUNCTION_LINES, MAX_FUNCTION_LINES, "function")):
         near = sorted((n, name) for n, name in (sized if what == "module" else spans) if warn <= n <= limit)
         if near:
@@ -160,6 +165,16 @@ def main(root: Path) -> int:
     for line in errors:
         print(f"error: {line}")
     return 1 if errors else 0
+
+
+def workload_branches(paths: list[Path], root: Path) -> str:
+    """How often the package asks which workload it has (:data:`_ASKS_WORKLOAD`), outside the
+    module that answers (workload.py), with the modules that ask most."""
+    per = {str(p.relative_to(root)): len(_ASKS_WORKLOAD.findall(p.read_text())) for p in paths
+           if p.name != "workload.py"}
+    asking = sorted(((n, m) for m, n in per.items() if n), reverse=True)
+    return (f"workload asked: {sum(n for n, _ in asking)} times in {len(asking)} modules (most: "
+            + ", ".join(f"{m} {n}" for n, m in asking[:6]) + ")")
 
 
 def _over(sized: list[tuple[int, str]], limit: int, what: str, unit: str) -> list[str]:
