@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import exhaustive_sample
 from paretopipe.partition import models
 from paretopipe.partition import weightcache
 from paretopipe.partition.weightcache import INIT_VERSION
@@ -29,11 +30,14 @@ def test_the_golden_file_comes_from_a_pi_core_with_this_initialisation():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", models.NAMED_MODELS)
+@pytest.mark.parametrize("name", exhaustive_sample(models.NAMED_MODELS, k=3))
 def test_default_weights_fingerprint_equals_aarch64(name, monkeypatch):
     """Built here and now (a cached copy proves nothing), in this process, with two threads: the golden
     file was built in another process with one thread, so this also proves that neither the process
-    nor the thread count (which changes float summation order in calibration) moves a bit."""
+    nor the thread count (which changes float summation order in calibration) moves a bit. Each
+    build takes 5-14 s of CPU: ``make test`` builds a seeded sample (mobilenetv2, alexnet and
+    vit_b_16: depthwise convolutions with batch norm, plain convolutions and linear layers,
+    attention), ``make test-exhaustive`` all eight."""
     monkeypatch.setenv(weightcache.CACHE_ENV, "none")
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
