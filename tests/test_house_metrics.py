@@ -57,3 +57,15 @@ def test_this_checkout_passes_the_gate():
     done = _run(ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "modules over 500 lines: 0" in done.stdout and "functions over 60 lines: 0" in done.stdout
+
+
+def test_every_way_of_asking_which_workload_is_counted_outside_the_module_that_answers(tmp_path):
+    root = _checkout(tmp_path, {
+        "paretopipe/workload.py": "def generates(w):\n    return w.generates\n",  # the answer: not counted
+        "paretopipe/a.py": ("def f(cfg, gen, feed):\n    if cfg.workload.generates or gen is None:\n"
+                            "        return feed is not None\n    return is_language_model(cfg)\n"),
+        "paretopipe/b.py": "def g(t):\n    return is_generation(t) and t.language_model\n",
+        "paretopipe/c.py": "def h(general):\n    return general is None\n",  # another name: not a workload's
+    })
+    out = _run(root).stdout
+    assert "workload asked: 6 times in 2 modules (most: paretopipe/a.py 4, paretopipe/b.py 2)" in out
