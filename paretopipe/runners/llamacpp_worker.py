@@ -178,6 +178,10 @@ class ClientSide:
         """What crossed each server's relay, in stage order."""
         return [relay.counts() for relay in self.relays]
 
+    def _rpc(self) -> list[str]:
+        """The relays' addresses as ``llama-server --rpc`` takes them, and its log names the devices."""
+        return [f"127.0.0.1:{relay.port}" for relay in self.relays]
+
     def _serve(self, placed: llamacpp.Offload, slots: int, context: int) -> None:
         """``llama-server`` holding the first layers and the servers the rest, loaded over unshaped
         links; where it says it put each layer must be the plan's."""
@@ -187,8 +191,8 @@ class ClientSide:
         for relay in self.relays:
             relay.shape(None, None)
         self.http_port = free_port()
-        argv = llamacpp.server_argv(self.programs.bins, self.gguf, [f"127.0.0.1:{r.port}" for r in self.relays],
-                                    placed, self.http_port, self.opts.threads or 1, slots, context)
+        argv = llamacpp.server_argv(self.programs.bins, self.gguf, self._rpc(), placed, self.http_port,
+                                    self.opts.threads or 1, slots, context)
         self.server = self.programs.spawn("llama-server", argv)
         self.programs.wait(lambda: llamacpp.healthy(self.http_port), self.server, "llama-server")
         self.server_key = (placed, slots, context)
@@ -200,7 +204,7 @@ class ClientSide:
         if self.loaded is None:
             return
         want = {"CPU": placed.stage_layers[0][1] - placed.stage_layers[0][0],
-                **{f"127.0.0.1:{r.port}": end - first for r, (first, end) in zip(self.relays, placed.stage_layers[1:])}}
+                **{rpc: end - first for rpc, (first, end) in zip(self._rpc(), placed.stage_layers[1:])}}
         want = {device: n for device, n in want.items() if n}  # a device of no layers has no KV cache to log
         got = {device: n for device, n in self.loaded["layers"].items() if n}
         if got != want or not self.loaded["output_offloaded"]:
