@@ -129,17 +129,21 @@ class Endpoint(Protocol):
 
 @runtime_checkable
 class SourceSteps(Endpoint, Protocol):
-    """The data source's (:func:`source_actions`, :func:`generation_actions`): a guarded run's
-    source also ``settle``s each batch (:func:`source_actions` with ``settle``), which only TCP's
-    stage 1 takes."""
+    """The data source's (:func:`source_actions`): a guarded run's source also ``settle``s each
+    batch (:func:`source_actions` with ``settle``), which only TCP's stage 1 takes."""
 
     def load(self, batch: int) -> None: ...
 
     def admit(self, batch: int) -> None: ...
 
-    def feedback(self, batch: int) -> None: ...
-
     def drain(self, batch: None) -> None: ...
+
+
+@runtime_checkable
+class PromptSteps(SourceSteps, Protocol):
+    """A generation's source (:func:`generation_actions`): a step waits for the token it feeds on."""
+
+    def feedback(self, batch: int) -> None: ...
 
 
 @runtime_checkable

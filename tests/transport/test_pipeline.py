@@ -183,11 +183,15 @@ def test_the_driver_runs_a_generation_over_an_endpoint_that_answers_each_step():
 
 
 def test_every_endpoint_the_runtime_drives_has_the_steps_of_its_schedule():
-    from paretopipe.transport.rpc.master import _MasterSource
+    from paretopipe.transport.rpc.master import _MasterPrompts, _MasterSource
+    from paretopipe.transport.tcp.promptrun import PromptStage1Run
     from paretopipe.transport.tcp.sink import SinkRun
     from paretopipe.transport.tcp.source import Stage1Run
 
     assert issubclass(Stage1Run, pipeline.SourceSteps) and issubclass(_MasterSource, pipeline.SourceSteps)
+    # A generation's sources wait for the token a step feeds on; an image source has no such step.
+    assert issubclass(PromptStage1Run, pipeline.PromptSteps) and issubclass(_MasterPrompts, pipeline.PromptSteps)
+    assert not issubclass(Stage1Run, pipeline.PromptSteps) and not issubclass(_MasterSource, pipeline.PromptSteps)
     assert hasattr(Stage1Run, "settle")  # the one source a guarded schedule runs over
     assert issubclass(SinkRun, pipeline.StageSteps) and not issubclass(SinkRun, pipeline.SourceSteps)
 

@@ -23,7 +23,7 @@ from ...sysmon import SystemMonitor
 from .. import inputs
 from ...llm.summary import finish_record
 from ..bookkeeping import BatchBook, measured_images, status_of
-from ..endpoint import SourceEndpoint
+from ..endpoint import PromptSource, SourceEndpoint
 from ..resources import ResourceMeter, stage_meter
 from ..runconfig import RunConfig
 from .agent import NO_RPC_TIMEOUT, layout, worker_name
@@ -75,7 +75,7 @@ class _MasterSource(SourceEndpoint):
                  first: Any, collector: Collector, check_alive: Callable[[], None] | None) -> None:
         super().__init__(cfg, builder, book, cfg.timeout_s * cfg.in_flight)
         self.builder, self.sender, self.first, self.collector = builder, sender, first, collector
-        self.local_stage = builder.stage(list(cfg.cuts), 0) if local and self.feed is None else None
+        self.local_stage = self._local_stage() if local else None
         self.local = local
         self.check_alive = check_alive
         self.timer = StageTimer(builder.device)
@@ -88,26 +88,45 @@ class _MasterSource(SourceEndpoint):
         if self.check_alive is not None:
             self.check_alive()
 
+    def _local_stage(self) -> torch.nn.Module | None:
+        return self.builder.stage(list(self.cfg.cuts), 0)
+
     def start_fields(self, x: torch.Tensor) -> dict[str, Any]:
         return {"input_bytes": x.numel() * x.element_size()}
 
     def compute(self, seq: int) -> None:
-        if not self.local:
-            return
-        if self.feed is not None:
-            stream, start = self.step
-            h, self.rec["stage1_compute_s"] = self.feed.stage.forward(seq, stream, self.x, start)
-            self.x = self.feed.stage.encode(h)
-            return
-        out, self.rec["stage1_compute_s"] = self.timer.run(self.local_stage, self.x, self.builder.device)
-        self.x = to_host(out)
+        if self.local:
+            self.x, self.rec["stage1_compute_s"] = self._compute_here(seq)
+
+    def _compute_here(self, seq: int) -> tuple[Any, float]:
+        out, compute_s = self.timer.run(self.local_stage, self.x, self.builder.device)
+        return to_host(out), compute_s
+
+    def _meta(self, seq: int) -> dict[str, int] | None:
+        """What travels with a batch beside its tensor (a generation's step: its place)."""
+        return None
 
     def send(self, seq: int) -> None:
-        x, first = self.x, self.first
-        meta = self.feed.meta(seq, self.step[1]) if self.feed is not None else None
+        x, first, meta = self.x, self.first, self._meta(seq)
         self.sender.submit(activation_nbytes(x),
                            lambda: first.rpc_async(timeout=NO_RPC_TIMEOUT).receive(seq, x, [], meta)
                            .add_done_callback(_check))
+
+
+class _MasterPrompts(_MasterSource, PromptSource):
+    """The master's endpoint for a generation: stage 1, where the master computes it, is the
+    feed's own generation stage (its hidden state encoded as the wire carries it)."""
+
+    def _local_stage(self) -> None:
+        return None  # the feed's stage computes it
+
+    def _compute_here(self, seq: int) -> tuple[Any, float]:
+        stream, start = self.step
+        h, compute_s = self.feed.stage.forward(seq, stream, self.x, start)
+        return self.feed.stage.encode(h), compute_s
+
+    def _meta(self, seq: int) -> dict[str, int]:
+        return self.feed.meta(seq, self.step[1])
 
 
 def _configure_ranks(cfg: RunConfig, builder: Any, group: RankGroup, ranks: list[int],
@@ -172,12 +191,9 @@ class _Results:
         fields["payload_bytes"] = fields["wire_bytes"] = cut[1] if self.stages > 1 else None
         fields.update({f"stage{j}_wire_bytes": cut[j] for j in range(2, self.stages)})
         fields["result_wire_bytes"] = cut[-1]
-        feed = self.source.feed
-        if feed is not None:
-            fields["token"] = feed.token_of(seq, meta)
+        fields.update(self.source.result_fields(seq, meta))
         self.book.complete(seq, now, output=result, **fields)
-        if feed is not None:
-            feed.landed(seq, fields["token"])
+        self.source.result_landed(seq, fields)
         if self.keep and result is not None:
             self.outputs[seq] = result
 
@@ -206,7 +222,8 @@ def _run_on_group(cfg: RunConfig, builder: Any, group: RankGroup, ranks: list[in
     up = EmulatedLink(conditions.up, seed=cfg.seed) if conditions is not None else None
     sender = LinkSender(up, "rpc-send-master")
     first = group.stages[ranks[1] if local else ranks[0]]
-    source = _MasterSource(cfg, builder, book, local, sender, first, group.collector, check_alive)
+    endpoint = _MasterPrompts if cfg.workload.generates else _MasterSource
+    source = endpoint(cfg, builder, book, local, sender, first, group.collector, check_alive)
     results = _Results(book, source, len(ranks), keep_outputs)
     group.collector.error, group.collector.on_result, group.collector.unblock = None, results, book.unblock
     failure: BaseException | None = None
@@ -240,15 +257,15 @@ def run_master(cfg: RunConfig, builder: Any, group: RankGroup, *, source: str = 
     src, local_meter = ran.source, ran.meter
     status, error = status_of(ran.failure)
     images = measured_images(src.book.records(), cfg)
-    feed_part = src.feed.part() if src.feed is not None else None
-    remote = _finish_ranks(group, ranks, images, cfg.timeout_s, (feed_part or {}).get("sequences"))
+    generation = src.generation_part()
+    remote = _finish_ranks(group, ranks, images, cfg.timeout_s, (generation or {}).get("sequences"))
     parts: list[dict[str, Any] | None] = [remote.get(j) for j in range(n)]
     if local_meter is not None:
         local_meter.stop()
         parts[0] = {"resources": local_meter.part(images)}
-    if feed_part is not None:  # stage 1's prompts and tokens beside its blocks (the master's own, or rank 1's)
+    if generation is not None:  # stage 1's prompts and tokens beside its blocks (the master's own, or rank 1's)
         own = src.feed.stage.part() if src.local else (parts[0] or {}).get("generation") or {}
-        parts[0] = {**(parts[0] or {}), "generation": {**feed_part, **own}}
+        parts[0] = {**(parts[0] or {}), "generation": {**generation, **own}}
     master = node_manifest(builder.device, role="master" if not src.local else "master+stage1",
                            weights_fingerprint=builder.fingerprint, limits=limits)
     manifest = {"stages": [master] + [i["manifest"] for i in infos],

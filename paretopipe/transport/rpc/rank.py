@@ -50,29 +50,26 @@ def _nbytes(x: Any) -> int:
 
 
 class _RankRun:
-    """One run of one rank's stage: its place in the plan, its stage (an image model's, or a
-    generation's with KV caches), the emulated link its output takes and its energy meter."""
+    """One run of one rank's stage: its place in the plan, its stage (an image model's here; a
+    generation's, with KV caches, in :class:`_RankSteps`), the emulated link its output takes and
+    its energy meter."""
 
     def __init__(self, builder: Any, cfg: RunConfig, index: int, target: RRef, direction: dict | None) -> None:
         self.builder, self.cfg, self.index, self.target = builder, cfg, index, target
-        self.gen = GenerationStage(builder, cfg, index) if cfg.workload.generates else None
-        self.stage = None if self.gen is not None else builder.stage(list(cfg.cuts), index)
+        self._build_stage()
         link = EmulatedLink(Direction.from_dict(direction), seed=cfg.seed + index) if direction else None
         self.sender = LinkSender(link, f"rpc-send-{index}")
         self.meter = stage_meter(builder, cfg, index).start()
         self.timer = StageTimer(builder.device)
         self.lock = threading.Lock()
 
+    def _build_stage(self) -> None:
+        self.stage = self.builder.stage(list(self.cfg.cuts), self.index)
+
     def compute(self, seq: int, x: Any, meta: dict | None) -> tuple[Any, float, dict | None]:
         """This stage's part of a batch: (what goes on, its compute seconds, the meta it carries)."""
-        if self.gen is None:
-            out, compute_s = self.timer.run(self.stage, x, self.builder.device)
-            return to_host(out), compute_s, None
-        stream, start, step = self.gen.step_of(seq, meta)
-        h, compute_s = self.gen.forward(seq, stream, self.gen.stage_input(seq, x, start), start)
-        if self.gen.last:  # the token goes back to the master in the meta
-            return None, compute_s, {"stream": stream, "token": self.gen.choose(h, stream, step)}
-        return self.gen.encode(h), compute_s, dict(meta)
+        out, compute_s = self.timer.run(self.stage, x, self.builder.device)
+        return to_host(out), compute_s, None
 
     def receive(self, seq: int, x: Activation, hops: list[list[float]], meta: dict | None) -> None:
         arrived = time.monotonic()
@@ -91,6 +88,28 @@ class _RankRun:
     def close(self) -> None:
         self.sender.close()
         self.meter.stop()
+
+    def part(self, images: int, sequences: list[list[int]] | None) -> dict[str, Any]:
+        """This stage's energy and memory over the run."""
+        return {"resources": self.meter.part(images)}
+
+
+class _RankSteps(_RankRun):
+    """One run of a generation's stage: each batch is a stream's step, its place in the meta."""
+
+    def _build_stage(self) -> None:
+        self.gen = GenerationStage(self.builder, self.cfg, self.index)
+
+    def compute(self, seq: int, x: Any, meta: dict | None) -> tuple[Any, float, dict | None]:
+        stream, start, step = self.gen.step_of(seq, meta)
+        h, compute_s = self.gen.forward(seq, stream, self.gen.stage_input(seq, x, start), start)
+        if self.gen.last:  # the token goes back to the master in the meta
+            return None, compute_s, {"stream": stream, "token": self.gen.choose(h, stream, step)}
+        return self.gen.encode(h), compute_s, dict(meta)
+
+    def part(self, images: int, sequences: list[list[int]] | None) -> dict[str, Any]:
+        """Also the generation's part (the last stage's exactness check on ``sequences``, stage 1's token ids)."""
+        return {**super().part(images, sequences), "generation": self.gen.part(sequences)}
 
 
 def _check(fut) -> None:
@@ -124,7 +143,7 @@ class RankStage:
         if self.run is not None:
             self.run.close()
         cfg = RunConfig.from_dict(config, "the master's run configuration")
-        self.run = _RankRun(self.builder, cfg, index, target, direction)
+        self.run = (_RankSteps if cfg.workload.generates else _RankRun)(self.builder, cfg, index, target, direction)
         return {"model": self.builder.name, "fingerprint": self.builder.fingerprint, "cuts": list(cfg.cuts),
                 "stage": index, "manifest": {**self.manifest, "role": f"stage{index + 1}",
                                              "energy_sensors": self.run.meter.manifest()}}
@@ -138,10 +157,7 @@ class RankStage:
         stage's exactness check on ``sequences``, stage 1's token ids)."""
         run, self.run = self.run, None
         run.close()
-        out: dict[str, Any] = {"resources": run.meter.part(images)}
-        if run.gen is not None:
-            out["generation"] = run.gen.part(sequences)
-        return out
+        return run.part(images, sequences)
 
 
 class Collector:

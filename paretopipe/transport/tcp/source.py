@@ -29,7 +29,6 @@ from ...partition import wirequant
 from ...partition.stages import SegmentChains, StageBuilder, StageTimer
 from .. import pipeline, wire
 from ..endpoint import SourceEndpoint
-from ..generation import LocalTail
 from ..policy import SplitPolicy
 from ..resources import ResourceMeter
 from ..runconfig import RunConfig
@@ -68,9 +67,7 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
         self.link: EmulatedLink | None = None
         self.next: NextStage | None = None
         self.timer = StageTimer(builder.device)
-        # A generation's hidden state is cast (or quantised) to its wire dtype before the codec.
-        self.codec = wire.Codec(cfg.compression, cfg.compression_level,
-                                "float32" if cfg.workload.generates else cfg.wire_dtype)
+        self.codec = wire.Codec(cfg.compression, cfg.compression_level, cfg.wire_dtype)
         # The energy window: the first measured batch's start to the last one's result.
         book.on_measured_start, book.on_measured_complete = meter.begin, meter.end
         self.outputs: dict[int, Any] = {}
@@ -90,8 +87,6 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
             if cfg.fault is not None else None
         if self.fault is not None:
             self.spare_batches = MAX_EXTRA_BATCHES
-        # A guarded generation finishes a step here whose token does not come in time.
-        self.tail = LocalTail(builder, cfg) if self.feed is not None and self.guarded else None
         # A policy that watches compute: this stage runs its part segment by segment, each timed.
         self.chains = SegmentChains(builder, policy.segments, engines.stage_engine(cfg.engine, 0),
                                     cfg.batch_size) if policy.segments else None
@@ -139,19 +134,16 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
                                          self.cfg.batch_size)
 
     def _serve_here(self, seq: int, gave_up: float) -> None:
-        """The rest of the model on this node, from the activation already computed (all of it at
-        k = K); a generation's step gets its token here and feeds it on."""
-        token: dict[str, int] = {}
-        if self.tail is not None:
-            token["token"], local_s = self.tail.finish(self.step[0], self.feed.steps[seq].step, self.step[1])
-        else:
-            result, local_s = self.timer.run(self.local_rest(), self.out, self.builder.device)
-            self._keep(seq, result)
+        """The rest of the model on this node, from the activation already computed (all of it at k = K)."""
+        result, local_s = self.timer.run(self.local_rest(), self.out, self.builder.device)
+        self._keep(seq, result)
+        self._served_here(seq, gave_up, local_s, {})
+
+    def _served_here(self, seq: int, gave_up: float, local_s: float, fields: dict[str, Any]) -> None:
         self.counts["served_locally"] += 1
         self.book.complete(seq, time.monotonic(), served_locally=True, local_compute_s=local_s,
-                           gave_up_s=round(gave_up - self.book.t0, 6), **token)
-        if token:
-            self.feed.landed(seq, token["token"])
+                           gave_up_s=round(gave_up - self.book.t0, 6), **fields)
+        self.result_landed(seq, fields)
 
     def _lose_next(self, why: str, seq: int) -> None:
         log.warning("stage 1: stage 2 lost at batch %d (%s); serving locally until one connects", seq, why)
@@ -202,13 +194,11 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
 
     def _complete(self, f: wire.Frame, now: float, fields: dict[str, Any]) -> None:
         """A batch served by the next stages: its record, and a generation's token fed on."""
-        if self.feed is not None:
-            fields["token"] = self.feed.token_of(f.seq, f.meta)
+        fields.update(self.result_fields(f.seq, f.meta))
         self._keep(f.seq, f.tensor)
         self.book.complete(f.seq, now, output=f.tensor if self.harness is not None else None, **fields)
         f.release()
-        if self.feed is not None:
-            self.feed.landed(f.seq, fields["token"])
+        self.result_landed(f.seq, fields)
 
     def _failed(self, exc: BaseException) -> None:
         self.error = exc
@@ -240,12 +230,6 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
         self.rec = self.book.start(seq, **fields, **self.workload_fields(seq))
 
     def compute(self, seq: int) -> None:
-        if self.feed is not None:
-            stream, start = self.step
-            self.out, self.rec["stage1_compute_s"] = self.feed.stage.forward(seq, stream, self.x, start)
-            if self.tail is not None:
-                self.tail.computed(stream, start, self.out)
-            return
         if self.chains is not None:
             self.chain = self.chains.chain(self.cuts[0], 0, keep_inputs=True)
             self.out, compute_s = self.timer.run(self.chain, self.x, self.builder.device)
@@ -279,21 +263,11 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
             self._lose_next(str(exc), seq)
 
     def _tensor_frame(self, seq: int) -> wire.Encoded:
-        """The batch's TENSOR: the activation; a generation's hidden state (or ids) with its step's place."""
-        if self.feed is None:
-            sent, quantise_s = wirequant.timed(wirequant.encode_activation, self.out, self.cfg.wire_dtype)
-            enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(sent, self.codec))
-            enc.encode_s += quantise_s  # int8 and int4 are quantised before the codec: part of encoding
-            return enc
-        stream, start = self.step
-        out, at = self.out, start
-        if self.tail is not None:
-            # A stage 2 without the stream's earlier positions (a new one, after a kill) gets them too.
-            at = self.next.positions.get(stream, 0)
-            out = out if at == start else self.tail.since(stream, at)
-            self.next.positions[stream] = start + self.out.shape[1]
-        return wire.frame(wire.TENSOR, seq, wire.encode_payload(self.feed.stage.encode(out), self.codec),
-                          self.feed.meta(seq, at))
+        """The batch's TENSOR: the activation, in the run's wire dtype."""
+        sent, quantise_s = wirequant.timed(wirequant.encode_activation, self.out, self.cfg.wire_dtype)
+        enc = wire.frame(wire.TENSOR, seq, wire.encode_payload(sent, self.codec))
+        enc.encode_s += quantise_s  # int8 and int4 are quantised before the codec: part of encoding
+        return enc
 
     def settle(self, seq: int) -> None:
         """A guarded run's batch ends here: its result within the deadline, else the rest of the
@@ -310,8 +284,7 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
             # Network time: the wait, less every stage's reported work and this stage's receiving.
             work = sum(fields[k] or 0.0 for k in records.work_fields(fields))
             self.policy.observe(rec["wire_bytes"], arrived - self.sent_at - work, "result")
-            if self.tail is not None:
-                self.tail.stage2_served(self.step[0])
+            self._stage2_served()
             self._complete(f, arrived, fields)
             if self.fault is not None:
                 self.fault.settled(seq, False, arrived)
@@ -330,6 +303,9 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
             return  # the run's last batch: stage 2's compute loop has ended, and nothing is decided after it
         self.measure_for_policy(seq)
 
+    def _stage2_served(self) -> None:
+        """A guarded batch that stage 2 served (a generation's tail then drops what it kept)."""
+
     def run(self) -> None:
         try:
             super().run()
@@ -340,9 +316,7 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
                 self.next.sender.close()
 
     def actions(self) -> Iterable[pipeline.Action]:
-        if self.feed is not None and self.guarded:  # a generation's steps are its schedule: none beyond them
-            return pipeline.generation_actions(self.feed.steps, settle=True)
-        if self.harness is not None or self.feed is not None:
+        if self.harness is not None:
             return super().actions()
         planned = pipeline.source_actions(self.book.total, settle=self.guarded)
         if self.fault is None:
@@ -350,6 +324,10 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
         return itertools.chain(planned[:-1], self.fault.more(), planned[-1:])
 
     # -- after the run ---------------------------------------------------------------------------
+    def workload_part(self) -> dict[str, Any]:
+        """What stage 1's part of the record adds for its workload (image batches: nothing)."""
+        return {}
+
     def manifest_part(self) -> dict[str, Any]:
         """The stage-1 manifest's account of a guarded run's decisions, under ``adaptive`` or
         ``fallback`` (nothing for a streaming run)."""

@@ -24,6 +24,7 @@ from ..bookkeeping import measured_images, status_of
 from .connection import Connection
 from .handshake import StageListener
 from .outcome import RunOutcome, assemble_record, cipher_usage, link_manifest_of, write_record
+from .promptrun import PromptStage1Run
 from .source import Stage1Run
 
 log = logging.getLogger("paretopipe.tcp")
@@ -57,9 +58,10 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     sealed_before = connection.channel.usage() if connection.channel else None
     connection.mark_transport()
     meter = stage_meter(builder, cfg, 0)  # before RUN: a first run measures idle power while stage 2 is idle too
-    run = Stage1Run(connection, builder, cfg, policy, run_id=run_id, conditions=conditions if emulated else None,
-                    link_manifest=link_manifest, listener=listener, keep_outputs=keep_outputs, meter=meter,
-                    cpu_traces=cputrace.Replays(cpu_traces, cfg.seed) if cpu_traces else None, on_fault=on_fault)
+    endpoint = PromptStage1Run if cfg.workload.generates else Stage1Run
+    run = endpoint(connection, builder, cfg, policy, run_id=run_id, conditions=conditions if emulated else None,
+                   link_manifest=link_manifest, listener=listener, keep_outputs=keep_outputs, meter=meter,
+                   cpu_traces=cputrace.Replays(cpu_traces, cfg.seed) if cpu_traces else None, on_fault=on_fault)
     with SystemMonitor(gpu=builder.device.startswith("cuda")) as mon, meter:
         failure = _drive(run, run_id)
     mon.stop()
@@ -107,8 +109,7 @@ def _part1(run: Stage1Run, manifest: dict[str, Any], mon: SystemMonitor) -> dict
     batches = run.book.records()
     part = {"manifest": {**manifest, "energy_sensors": run.meter.manifest(), **run.manifest_part()},
             "sysmon": mon.summary(), "batches": batches, "resources": run.meter.part(measured_images(batches, run.cfg))}
-    if run.feed is not None:
-        part["generation"] = {**run.feed.part(), **run.feed.stage.part()}
+    part.update(run.workload_part())
     if run.fault is not None:
         part["fault"] = run.fault.figures([b for b in batches if not b.get("warmup")], run.cfg.num_batches)
     return part
