@@ -28,13 +28,30 @@ class Workload:
     item: str                           # what a rate, an energy per item and a cost per item count
     generates: bool                     # a language model generating tokens
     default_objectives: tuple[str, str]  # a table's fronts unless ``--objectives`` names others
+    #: The sweep option that is a configuration key's ``in_flight`` (a generation's window is its streams).
+    window: str
+    #: The sweep's settings a search may vary (``--vary``): a generation's steps are one token of
+    #: each stream, so its batch is 1 and its window the streams.
+    variables: tuple[str, ...]
+    #: Sweep lists of this workload's own that are passes of a sweep and dimensions of a search
+    #: (a generation's prompt lengths), as (key column, option).
+    sweep_lists: tuple[tuple[str, str], ...]
+    #: Whether a plan's cuts must differ (a language model's chain runs a block at least on every stage).
+    distinct_cuts: bool
+    #: What ``--vary`` of a setting this workload does not have is told to vary instead.
+    vary_hint: str
 
     def __str__(self) -> str:
         return self.name
 
 
-IMAGES = Workload("images", "image", False, ("latency", "throughput"))
-GENERATION = Workload("generation", "token", True, ("ttft", "tpot"))
+IMAGES = Workload("images", "image", False, ("latency", "throughput"), window="in_flight",
+                  variables=("codec", "batch_size", "in_flight"), sweep_lists=(), distinct_cuts=False,
+                  vary_hint="streams are a language model's; an image model's window is --vary in_flight")
+GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), window="streams", variables=("codec", "streams"),
+                      sweep_lists=(("prompt_len", "prompt_lens"),), distinct_cuts=True,
+                      vary_hint="a language model's steps are one token of each stream; its window is its streams: "
+                                "--vary streams=1,2,4")
 BY_NAME = {w.name: w for w in (IMAGES, GENERATION)}
 
 

@@ -25,15 +25,12 @@ from ..runners.sweep.plan import splits_for
 #: The sweep lists that become dimensions of the space when they name more than one choice.
 LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"),
              ("engine", "engines"))
-#: A language model's sweep list that becomes a dimension too (each prompt length a pass of its own).
-GENERATION_DIMS = (("prompt_len", "prompt_lens"),)
 
 
 def list_dims(opts: SweepOptions) -> tuple[tuple[str, str], ...]:
-    """The sweep lists a search of ``opts`` turns into dimensions (a language model's prompt lengths
-    too, and the testbed's placements where --placements names them)."""
-    return LIST_DIMS + (GENERATION_DIMS if opts.workload.generates else ()) + \
-        ((("placement", "placements"),) if opts.placements else ())
+    """The sweep lists a search of ``opts`` turns into dimensions (its workload's own too, a
+    language model's prompt lengths, and the testbed's placements where --placements names them)."""
+    return LIST_DIMS + opts.workload.sweep_lists + ((("placement", "placements"),) if opts.placements else ())
 
 
 def with_placements_of(opts: SweepOptions, stages: int | None) -> tuple[SweepOptions, int]:
@@ -62,9 +59,8 @@ COLUMN_OF = {"streams": "in_flight"}
 
 
 def variables(opts: SweepOptions) -> tuple[str, ...]:
-    """The settings a search of ``opts``'s model may vary: a language model's steps are one token
-    of each stream, so its batch is 1 and its window the streams."""
-    return ("codec", "streams") if opts.workload.generates else ("codec", "batch_size", "in_flight")
+    """The settings a search of ``opts``'s model may vary (:attr:`Workload.variables`)."""
+    return opts.workload.variables
 
 
 def parse_vary(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
@@ -156,17 +152,15 @@ def search_space(opts: SweepOptions, num_blocks: int, stages: int,
             dims.append(Dimension(name, choices, ordered=name == "prompt_len"))
     unfit = sorted(set(vary or {}) - set(variables(opts)))
     if unfit:
-        raise UsageError(f"--vary {unfit[0]}: " + (
-            "a language model's steps are one token of each stream; its window is its streams: --vary streams=1,2,4"
-            if opts.workload.generates else "streams are a language model's; an image model's window is --vary in_flight"))
+        raise UsageError(f"--vary {unfit[0]}: {opts.workload.vary_hint}")
     for name, choices in (vary or {}).items():
         if len(choices) > 1:
             dims.append(Dimension(name, tuple(choices), ordered=name != "codec"))
     # A language model's chain runs a block at least on every stage: its plans' cuts differ.
     if mixed:
         return Space(tuple(dims), cuts, length_dim="placement", plan_lengths=tuple(lengths.items()),
-                     distinct=opts.workload.generates)
-    return Space(tuple(dims), cuts if stages > 2 else (), distinct=opts.workload.generates and stages > 2)
+                     distinct=opts.workload.distinct_cuts)
+    return Space(tuple(dims), cuts if stages > 2 else (), distinct=opts.workload.distinct_cuts and stages > 2)
 
 
 def base_value(opts: SweepOptions, name: str) -> Any:
@@ -174,8 +168,10 @@ def base_value(opts: SweepOptions, name: str) -> Any:
     it): a language model's runs record batch 1 and their streams as the window."""
     if name == "codec":
         return f"{opts.wire_dtype}/{opts.compression}"
-    if opts.workload.generates and name in ("batch_size", "in_flight"):
-        return 1 if name == "batch_size" else opts.streams
+    if name == "in_flight":
+        return getattr(opts, opts.workload.window)
+    if name == "batch_size" and name not in opts.workload.variables:  # a language model's: one token of each stream
+        return 1
     return getattr(opts, name)
 
 

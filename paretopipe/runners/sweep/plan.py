@@ -71,7 +71,7 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
         return value if base is not None and value != base else None
 
     dtype = (group.wire_dtype if group else None) or opts.wire_dtype
-    window = opts.streams if opts.workload.generates else opts.in_flight  # the key's in_flight
+    window = getattr(opts, opts.workload.window)  # the key's in_flight
     return {"codec": f"{dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
             "in_flight_tag": tag(window, opts.key_in_flight),
             "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None,
