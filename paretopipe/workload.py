@@ -40,6 +40,12 @@ class Workload:
     distinct_cuts: bool
     #: What ``--vary`` of a setting this workload does not have is told to vary instead.
     vary_hint: str
+    #: What a panel's default front and its curves are drawn on, in words.
+    drawn_on: str
+    #: What a panel's time breakdown has a bar for.
+    breakdown_unit: str
+    #: A panel's figures beyond those every workload has (a generation's tokens/s against memory).
+    figures: tuple[str, ...]
 
     def __str__(self) -> str:
         return self.name
@@ -47,11 +53,13 @@ class Workload:
 
 IMAGES = Workload("images", "image", False, ("latency", "throughput"), window="in_flight",
                   variables=("codec", "batch_size", "in_flight"), sweep_lists=(), distinct_cuts=False,
-                  vary_hint="streams are a language model's; an image model's window is --vary in_flight")
+                  vary_hint="streams are a language model's; an image model's window is --vary in_flight",
+                  drawn_on="latency and throughput", breakdown_unit="split", figures=())
 GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), window="streams", variables=("codec", "streams"),
                       sweep_lists=(("prompt_len", "prompt_lens"),), distinct_cuts=True,
                       vary_hint="a language model's steps are one token of each stream; its window is its streams: "
-                                "--vary streams=1,2,4")
+                                "--vary streams=1,2,4",
+                      drawn_on="time to first token and per token", breakdown_unit="step", figures=("tokens_memory",))
 BY_NAME = {w.name: w for w in (IMAGES, GENERATION)}
 
 

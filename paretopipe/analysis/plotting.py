@@ -221,12 +221,13 @@ FIGURE_NEEDS = {"front": ("latency_s", "throughput_imgs_per_s"), "objectives": (
 GENERATION_NEEDS = {"front": ("ttft_median_s", "tpot_median_s"), "objectives": ("ttft_median_s", "tpot_median_s"),
                     "tokens_memory": ("tokens_per_s", "memory_model_bytes"), "breakdown": ("latency_s",),
                     "vs_split": ("ttft_median_s", "tpot_median_s"), "payload": ("bytes_per_token",)}
+#: Each workload's (by its name).
+NEEDS = {workload.IMAGES.name: FIGURE_NEEDS, workload.GENERATION.name: GENERATION_NEEDS}
 
 
-def nothing_to_draw(table: pd.DataFrame, figure: str, generation: bool = False) -> str | None:
-    """Why ``figure`` (a key of :data:`FIGURE_NEEDS`, or of :data:`GENERATION_NEEDS` for a
-    language model's panel) has nothing to draw from ``table``, or None."""
-    needs = (GENERATION_NEEDS if generation else FIGURE_NEEDS)[figure]
+def nothing_to_draw(table: pd.DataFrame, figure: str, kind: workload.Workload = workload.IMAGES) -> str | None:
+    """Why ``figure`` (a key of ``kind``'s :data:`NEEDS`) has nothing to draw from ``table``, or None."""
+    needs = NEEDS[kind.name][figure]
     missing = [c for c in needs if c not in table.columns]
     if missing:
         return f"the table has no {missing[0]} column"

@@ -186,9 +186,9 @@ class _PanelFigures:
 
     def front(self) -> Any:
         fig, ax = self.plt.subplots(figsize=(8, 5.5))
-        drawn = "time to first token and per token" if self.workload.generates else "latency and throughput"
         plot_fronts(self.panel, ax, f"Pareto fronts: {self.title}" + ("" if self.default else
-                    f" (front over {', '.join(o.name for o in self.chosen)}; drawn on {drawn})"), line=self.default)
+                    f" (front over {', '.join(o.name for o in self.chosen)}; drawn on {self.workload.drawn_on})"),
+                    line=self.default)
         return fig
 
     def tokens_memory(self) -> Any:
@@ -209,14 +209,12 @@ class _PanelFigures:
 
     def breakdown(self) -> Any:
         fig = self.plt.figure(figsize=(4 * self.panel["network"].nunique() + 1, 4.5))
-        plot_breakdown(self.panel, fig, f"Where the time goes per {'step' if self.workload.generates else 'split'}: "
-                                        f"{self.title}")
+        plot_breakdown(self.panel, fig, f"Where the time goes per {self.workload.breakdown_unit}: {self.title}")
         return fig
 
     def vs_split(self) -> Any:
         fig = self.plt.figure(figsize=(11, 4.5))
-        what = "Time to first token and per token" if self.workload.generates else "Latency and throughput"
-        plot_vs_split(self.panel, fig, f"{what} vs split: {self.title}")
+        plot_vs_split(self.panel, fig, f"{self.workload.drawn_on.capitalize()} vs split: {self.title}")
         return fig
 
     def payload(self) -> Any:
@@ -231,11 +229,11 @@ def _panel_figures(plt: Any, panel: pd.DataFrame, key: tuple, chosen: Sequence[o
     (``depths``: the session holds several in-flight depths, named in the files)."""
     title, stem = panel_names(key, depths)
     figures = _PanelFigures(plt, panel, key, title, chosen)
-    names = ["front"] + (["tokens_memory"] if figures.workload.generates else []) + \
+    names = ["front", *figures.workload.figures] + \
         ([] if figures.default else ["objectives"]) + ["breakdown", "vs_split", "payload"]
     for name in names:
         path = out / (f"payload_{records.file_label(key[0])}.{fmt}" if name == "payload" else f"{name}_{stem}.{fmt}")
-        why = nothing_to_draw(panel, name, figures.workload.generates)
+        why = nothing_to_draw(panel, name, figures.workload)
         if why is not None:
             log.warning("report: %s not drawn: %s", path.name, why)
             continue
