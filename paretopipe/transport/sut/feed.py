@@ -90,6 +90,24 @@ class QueryFeed:
             self._queue.put(Query((), tuple((b * size + j) % len(self.samples) for j in range(size))))
         return batches
 
+    def expected(self, records: list[dict[str, Any]], in_flight: int, scenario: str) -> tuple[float, float]:
+        """(a sample's expected latency, the expected rate) from the warm-up batches."""
+        done = [b for b in records if b.get("latency_s") is not None]
+        # Queries are generated for the minimum duration at the expected latency: a low guess
+        # only generates more than are issued (a test ends once its minimums are met).
+        fastest = min(b["latency_s"] for b in done) if done else 0.02
+        size = self.batch_size if self.query_size is None else self.query_size
+        rate = in_flight * size / fastest if fastest > 0 else 100.0
+        if len(done) >= 2:
+            span = max(b["end_s"] for b in done) - min(b["start_s"] for b in done)
+            rate = sum(b.get("images", size) for b in done) / span if span > 0 else rate
+        return fastest / 2 / max(1, size if scenario == "multistream" else 1), rate
+
+    @staticmethod
+    def server_bounds(opts: Any) -> tuple[float, None]:
+        """A Server step's bound: each query's latency."""
+        return opts.latency_bound_s, None
+
     def end(self) -> None:
         """No more batches: the source's schedule ends after the ones already queued."""
         self._queue.put(None)

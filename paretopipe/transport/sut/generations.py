@@ -103,20 +103,29 @@ class TokenFeed(PromptFeed):
         """LoadGen's UnloadSamplesFromRam: nothing to release."""
 
     # -- the harness's side ---------------------------------------------------------------------
-    def warm_up(self, queries: int) -> int:
-        """``queries`` warm-up generations before LoadGen starts; returns the batches they make."""
+    def warm_up(self, batches: int) -> int:
+        """The warm-up generations that ``batches`` warm-up steps make (whole queries:
+        :meth:`RunConfig._derive_generation` counts their steps), before LoadGen starts; returns
+        the batches they make."""
+        queries = batches // self.g.gen_tokens
         with self._cond:
             for q in range(queries):
                 self._add(None, q % len(self.library))
             self._cond.notify_all()
         return queries * self.g.gen_tokens
 
-    def expected(self, steps: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    def server_bounds(self, opts: Any) -> tuple[float, tuple[float | None, float | None]]:
+        """A Server step's bounds: a whole query's, and the time to first token and per token."""
+        return opts.query_bound_s(self.g.gen_tokens), (opts.ttft_bound_s, opts.tpot_bound_s)
+
+    def expected(self, steps: Sequence[dict[str, Any]], in_flight: int = 1,
+                 scenario: str = "") -> tuple[float, float]:
         """LoadGen's expectations from the warm-up's steps: a query's latency from its fastest
         prefill and decode steps (halved: a low guess only makes LoadGen generate more queries than
         it issues), and the rate of ``--streams`` queries at a time, each of ``--gen-tokens`` steps
         at the median step's latency (the warm-up ran that many queries at once, so its steps
-        waited as a loaded run's do; its first steps, cold, are only a few of them)."""
+        waited as a loaded run's do; its first steps, cold, are only a few of them).
+        ``in_flight`` and ``scenario`` are an image feed's: a generation's window is its streams."""
         latencies = [b["latency_s"] for b in steps if b.get("latency_s") is not None]
         fastest = {first: min((b["latency_s"] for b in steps if (b.get("step") == 0) == first
                                and b.get("latency_s") is not None), default=None) for first in (True, False)}

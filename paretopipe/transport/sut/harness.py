@@ -103,18 +103,13 @@ class Harness:
 
     def _passes(self, fig: dict[str, Any]) -> bool:
         """A Server step held its bound (a generation's: both token bounds, its queries kept up)."""
-        g = self.cfg.generation
-        if g is None:
-            return server_search.passes(fig, self.opts.latency_bound_s)
-        return server_search.passes(fig, self.opts.query_bound_s(g.gen_tokens),
-                                    (self.opts.ttft_bound_s, self.opts.tpot_bound_s))
+        return server_search.passes(fig, *self.feed.server_bounds(self.opts))
 
     def _warm_up(self) -> None:
         """The run's warm-up batches, closed loop, before LoadGen's clock starts (a generation's:
         whole queries, :meth:`RunConfig._derive_generation` counts their steps); their latency and
         rate size LoadGen's expectations (SingleStream's latency, Offline's and Server's rate)."""
-        g = self.cfg.generation
-        n = self.feed.warm_up(self.cfg.warmup // g.gen_tokens if g is not None else self.cfg.warmup)
+        n = self.feed.warm_up(self.cfg.warmup)
         deadline = time.monotonic() + self.cfg.timeout_s * max(1, n)
         while self.book.completed < n and not self.feed.dead:
             if time.monotonic() > deadline:
@@ -122,22 +117,9 @@ class Harness:
                                       f"{self.cfg.timeout_s:g} s each")
             time.sleep(0.01)
         done = self.book.records()
-        latency, rate = self.feed.expected(done) if isinstance(self.feed, TokenFeed) else self._image_expected(done)
+        latency, rate = self.feed.expected(done, self.cfg.in_flight, self.opts.scenario)
         self.expected = {"latency_s": latency,
                          "qps": self.opts.expected_qps or rate * (OFFLINE_SLACK if self.opts.scenario == "offline" else 1)}
-
-    def _image_expected(self, records: list[dict[str, Any]]) -> tuple[float, float]:
-        """(a sample's expected latency, the expected rate) from image warm-up batches."""
-        done = [b for b in records if b.get("latency_s") is not None]
-        # Queries are generated for the minimum duration at the expected latency: a low guess
-        # only generates more than are issued (a test ends once its minimums are met).
-        fastest = min(b["latency_s"] for b in done) if done else 0.02
-        size = self.cfg.batch_size if self.opts.scenario == "offline" else self.opts.query_size
-        rate = self.cfg.in_flight * size / fastest if fastest > 0 else 100.0
-        if len(done) >= 2:
-            span = max(b["end_s"] for b in done) - min(b["start_s"] for b in done)
-            rate = sum(b.get("images", size) for b in done) / span if span > 0 else rate
-        return fastest / 2 / max(1, size if self.opts.scenario == "multistream" else 1), rate
 
     def _test(self, server_qps: float | None) -> tuple[dict[str, Any], dict[str, str]]:
         """One LoadGen test; its figures and the text of the logs it wrote."""
