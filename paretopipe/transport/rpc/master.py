@@ -106,6 +106,16 @@ class _MasterSource(SourceEndpoint):
         """What travels with a batch beside its tensor (a generation's step: its place)."""
         return None
 
+    def sequences(self) -> list[list[int]] | None:
+        """Stage 1's token ids, which the last rank checks its own against (a generation's)."""
+        return None
+
+    def add_stage1_part(self, parts: list[dict[str, Any] | None]) -> None:
+        """What stage 1's part of the record holds beyond its resources (a generation's prompts)."""
+
+    def finish_record(self, record: dict[str, Any], parts: list[dict[str, Any] | None]) -> None:
+        """The record's workload figures once it is built (a generation's token figures)."""
+
     def send(self, seq: int) -> None:
         x, first, meta = self.x, self.first, self._meta(seq)
         self.sender.submit(activation_nbytes(x),
@@ -127,6 +137,17 @@ class _MasterPrompts(_MasterSource, PromptSource):
 
     def _meta(self, seq: int) -> dict[str, int]:
         return self.feed.meta(seq, self.step[1])
+
+    def sequences(self) -> list[list[int]] | None:
+        return self.generation_part().get("sequences")
+
+    def add_stage1_part(self, parts: list[dict[str, Any] | None]) -> None:
+        """Stage 1's prompts and tokens beside its blocks' figures (the master's own, or rank 1's)."""
+        own = self.feed.stage.part() if self.local else (parts[0] or {}).get("generation") or {}
+        parts[0] = {**(parts[0] or {}), "generation": {**self.generation_part(), **own}}
+
+    def finish_record(self, record: dict[str, Any], parts: list[dict[str, Any] | None]) -> None:
+        finish_record(record, parts)
 
 
 def _configure_ranks(cfg: RunConfig, builder: Any, group: RankGroup, ranks: list[int],
@@ -257,15 +278,12 @@ def run_master(cfg: RunConfig, builder: Any, group: RankGroup, *, source: str = 
     src, local_meter = ran.source, ran.meter
     status, error = status_of(ran.failure)
     images = measured_images(src.book.records(), cfg)
-    generation = src.generation_part()
-    remote = _finish_ranks(group, ranks, images, cfg.timeout_s, (generation or {}).get("sequences"))
+    remote = _finish_ranks(group, ranks, images, cfg.timeout_s, src.sequences())
     parts: list[dict[str, Any] | None] = [remote.get(j) for j in range(n)]
     if local_meter is not None:
         local_meter.stop()
         parts[0] = {"resources": local_meter.part(images)}
-    if generation is not None:  # stage 1's prompts and tokens beside its blocks (the master's own, or rank 1's)
-        own = src.feed.stage.part() if src.local else (parts[0] or {}).get("generation") or {}
-        parts[0] = {**(parts[0] or {}), "generation": {**generation, **own}}
+    src.add_stage1_part(parts)
     master = node_manifest(builder.device, role="master" if not src.local else "master+stage1",
                            weights_fingerprint=builder.fingerprint, limits=limits)
     manifest = {"stages": [master] + [i["manifest"] for i in infos],
@@ -277,8 +295,7 @@ def run_master(cfg: RunConfig, builder: Any, group: RankGroup, *, source: str = 
         config=cfg.to_dict(), manifest=manifest, batches=src.book.records(), sysmon={"master": mon.summary()},
         timing={"written_by": "master"}, loadgen=src.harness,
         resources={f"stage{j + 1}": p["resources"] for j, p in enumerate(parts) if p and p.get("resources")})
-    if cfg.workload.generates:
-        finish_record(record, parts)
+    src.finish_record(record, parts)
     outputs = ran.results.outputs
     return record, ([outputs[s] for s in sorted(outputs)] if keep_outputs else None)
 

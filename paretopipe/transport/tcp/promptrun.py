@@ -61,3 +61,7 @@ class PromptStage1Run(Stage1Run, PromptSource):
     def workload_part(self) -> dict[str, Any]:
         """The streams' prompts and tokens, and the stage's own figures."""
         return {"generation": {**self.feed.part(), **self.feed.stage.part()}}
+
+    def stage_engine(self) -> None:
+        """None: a language model's stage runs on torch (llama.cpp is a peer system of its own)."""
+        return None

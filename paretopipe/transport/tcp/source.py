@@ -328,6 +328,10 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
         """What stage 1's part of the record adds for its workload (image batches: nothing)."""
         return {}
 
+    def stage_engine(self) -> dict[str, Any] | None:
+        """The engine stage 1 ran its part on, for its manifest."""
+        return self.builder.engine_of(self.cfg, 0)
+
     def manifest_part(self) -> dict[str, Any]:
         """The stage-1 manifest's account of a guarded run's decisions, under ``adaptive`` or
         ``fallback`` (nothing for a streaming run)."""

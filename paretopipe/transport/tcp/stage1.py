@@ -68,7 +68,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
     status, error = status_of(failure)
     manifest1 = {**manifest1, "cipher": cipher_usage(connection, sealed_before),
                  "transport": connection.transport_usage(),
-                 "engine": builder.engine_of(cfg, 0) if not cfg.workload.generates else None}
+                 "engine": run.stage_engine()}
     part1 = _part1(run, manifest1, mon)
     if failure is None and run.next is not None:
         try:
