@@ -66,11 +66,13 @@ def run_in_threads(name: str, split_index: int, tmp: Path, conditions=None, secr
 
     th = threading.Thread(target=stage1)
     th.start()
-    sock = messaging.connect(spec2, "127.0.0.1", listener.port, 10, DEFAULT_MAX_PAYLOAD)
-    connection = tcp.open_connection(sock, b, cuts=cuts, secret=secret, encrypt=encrypt)
-    (s2,) = tcp.serve_connection(connection, b, output_dir=tmp, timeout_s=60)
-    th.join(60)
-    listener.close()
+    try:  # stage 1 ends and the listener closes even where stage 2 fails (a stage 1 that failed first)
+        sock = messaging.connect(spec2, "127.0.0.1", listener.port, 10, DEFAULT_MAX_PAYLOAD)
+        connection = tcp.open_connection(sock, b, cuts=cuts, secret=secret, encrypt=encrypt)
+        (s2,) = tcp.serve_connection(connection, b, output_dir=tmp, timeout_s=60)
+    finally:
+        th.join(60)
+        listener.close()
     if "s1_error" in out:
         raise out["s1_error"]
     return out["s1"], s2

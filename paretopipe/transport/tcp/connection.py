@@ -71,10 +71,14 @@ class Connection:
                 self.send(wire.BYE)
             except (ParetoPipeError, OSError):
                 pass
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        # Shut down before closing: close alone neither wakes a thread blocked reading the socket
+        # (a run's reader, after the run failed) nor, while that thread holds it, ends the
+        # connection, so the peer would wait for its timeout (as tcp.sink's _end_upstream does).
+        for end in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                end()
+            except OSError:
+                pass
 
 
 class FrameSender(LinkSender):
