@@ -89,10 +89,6 @@ class SourceEndpoint:
     def result_landed(self, seq: int, fields: dict[str, Any]) -> None:
         """After a batch's record is complete (a generation feeds its token on)."""
 
-    def generation_part(self) -> dict[str, Any] | None:
-        """Stage 1's account of a generation (prompts, tokens), or None for image batches."""
-        return None
-
     def admit(self, seq: int) -> None:
         self.book.acquire(self.check)
         self.rec = self.book.start(seq, **self.start_fields(self.x), **self.workload_fields(seq))
@@ -129,6 +125,7 @@ class SourceEndpoint:
             failed = False
         finally:
             self.harness.stop(failed)
+        self.harness.check()
 
 
 class PromptSource(SourceEndpoint):
@@ -169,9 +166,6 @@ class PromptSource(SourceEndpoint):
 
     def result_landed(self, seq: int, fields: dict[str, Any]) -> None:
         self.feed.landed(seq, fields["token"])
-
-    def generation_part(self) -> dict[str, Any]:
-        return self.feed.part()
 
     def run(self) -> None:
         if self.harness is not None:

@@ -112,6 +112,27 @@ def test_accuracy_mode_scores_every_labelled_sample_once_through_the_split(tmp_p
     assert len(entries) == 6 and got == sorted(top)
 
 
+def test_a_failure_on_loadgens_thread_fails_the_run_instead_of_leaving_it_complete(tmp_path, monkeypatch):
+    """LoadGen's thread ends the schedule when it fails; the source then raises what ended it, so
+    the record is incomplete and names it (a run that stopped early is not reported complete
+    without LoadGen's figures), and stage 2 hears at once that the run is over, not at its
+    timeout (it would time out waiting for a frame instead). The failure is injected into LoadGen's test; the pipeline is real."""
+    from paretopipe.errors import ParetoPipeError, PeerError
+    from paretopipe.transport.sut.harness import Harness
+
+    def failing_test(self, server_qps):
+        raise ParetoPipeError("loadgen: injected failure of its test")
+
+    monkeypatch.setattr(Harness, "_test", failing_test)
+    with pytest.raises(PeerError, match="peer closed the connection"):
+        tcp_helpers.run_in_threads(MODEL, 8, tmp_path, loadgen=LoadgenOptions(
+            scenario="singlestream", min_duration_s=0.5, min_query_count=8, sample_count=8), batch_size=1, warmup=1)
+    (path,) = (tmp_path / "s1").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "incomplete"
+    assert "injected failure of its test" in record["error"], record["error"]
+
+
 def test_accuracy_mode_refuses_unlabelled_inputs_in_one_line(tmp_path):
     with pytest.raises(UsageError, match="accuracy needs labelled inputs: give --dataset imagefolder:PATH"):
         tcp_helpers.run_in_threads(MODEL, 8, tmp_path, loadgen=LoadgenOptions(scenario="offline", mode="accuracy"))
