@@ -74,7 +74,7 @@ class _MasterSource(SourceEndpoint):
     def __init__(self, cfg: RunConfig, builder: Any, book: BatchBook, local: bool, sender: LinkSender,
                  first: Any, collector: Collector, check_alive: Callable[[], None] | None) -> None:
         super().__init__(cfg, builder, book, cfg.timeout_s * cfg.in_flight)
-        self.builder, self.sender, self.first, self.collector = builder, sender, first, collector
+        self.sender, self.first, self.collector = sender, first, collector
         self.local_stage = self._local_stage() if local else None
         self.local = local
         self.check_alive = check_alive
@@ -139,12 +139,12 @@ class _MasterPrompts(_MasterSource, PromptSource):
         return self.feed.meta(seq, self.step[1])
 
     def sequences(self) -> list[list[int]] | None:
-        return self.generation_part().get("sequences")
+        return self.feed.part().get("sequences")
 
     def add_stage1_part(self, parts: list[dict[str, Any] | None]) -> None:
         """Stage 1's prompts and tokens beside its blocks' figures (the master's own, or rank 1's)."""
         own = self.feed.stage.part() if self.local else (parts[0] or {}).get("generation") or {}
-        parts[0] = {**(parts[0] or {}), "generation": {**self.generation_part(), **own}}
+        parts[0] = {**(parts[0] or {}), "generation": {**self.feed.part(), **own}}
 
     def finish_record(self, record: dict[str, Any], parts: list[dict[str, Any] | None]) -> None:
         finish_record(record, parts)

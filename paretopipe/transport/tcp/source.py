@@ -59,7 +59,7 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
                  on_fault: Callable[[dict[str, Any]], None] | None = None) -> None:
         book = BatchBook(cfg)
         super().__init__(cfg, builder, book, cfg.timeout_s * (1 + book.total))
-        self.builder, self.policy, self.run_id = builder, policy, run_id
+        self.policy, self.run_id = policy, run_id
         self.conditions, self.link_manifest, self.listener = conditions, link_manifest, listener
         self.keep_outputs, self.meter = keep_outputs, meter
         self.guarded = policy.adaptive or cfg.deadline_s is not None
