@@ -326,7 +326,12 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
     own profile), not k = 0. Under a quota the early splits tie: k = 0, 2 and 3 each measured 19 ms
     a batch here, and both policies move among them. Which partial split wins also depends on how a
     10 ms quota period cuts a short span: k = 5 was predicted at 21 ms and measured 28 ms. A real
-    device throttles its clock, so that quantisation is this emulation's, not a choice to test."""
+    device throttles its clock, so that quantisation is this emulation's, not a choice to test.
+
+    At full speed, "back" means stage 1 keeps at least 70% of the model, not k = 18 or 19: the late
+    splits tie there too. Over three runs here local measured 14.1 ms a batch and k = 15, 16 and 17
+    14.4 to 14.7 (k = 0: 19.1), inside the chooser's 10% margin, so a run may sit at k = 17 for
+    seconds (a CI run kept 61% of its full-speed batches below k = 18)."""
     from paretopipe.compute import cpushare
 
     try:
@@ -355,10 +360,11 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
         why = (policy, "speed against the profiles at the end", adaptive["compute"]["ratios"])
         stage1 = adaptive["self_profiles"]["stage1"]["segment_compute_s"]
         kept = [sum(stage1[:k]) / sum(stage1) for k in throttled]  # stage 1's part of the model
-        # At most half of the model on stage 1 while throttled; local (18, or SCIoT's forced 19) at
-        # full speed.
+        # At most half of the model on stage 1 while throttled; at least 70% of it (local, or a late
+        # split that ties with it) at full speed.
+        kept_at_full = [sum(stage1[:k]) / sum(stage1) for k in full]
         assert sum(part <= 0.5 for part in kept) >= 0.6 * len(kept), (why, throttled)
-        assert sum(k >= 18 for k in full) >= 0.6 * len(full), (why, full)
+        assert sum(part >= 0.7 for part in kept_at_full) >= 0.6 * len(full), (why, full)
         assert adaptive["policy"] == policy and adaptive["switches"] >= 2
         events = adaptive["compute"]["reprofile_events"]
         assert events and {"seq", "stage", "segment", "why", "old_s", "new_s"} <= set(events[0])
