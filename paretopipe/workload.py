@@ -46,20 +46,52 @@ class Workload:
     breakdown_unit: str
     #: A panel's figures beyond those every workload has (a generation's tokens/s against memory).
     figures: tuple[str, ...]
+    #: The settings this workload does not take, each with why (:meth:`refusal`).
+    refusals: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def __str__(self) -> str:
         return self.name
+
+    def refusal(self, setting: str) -> str | None:
+        """Why this workload does not take ``setting`` (a key of :data:`SETTINGS`), or None when
+        it does: a sweep's checks, a run's and a data source's ask this, not which kind they have."""
+        if setting not in SETTINGS:
+            raise KeyError(f"no workload setting {setting!r}: valid {', '.join(SETTINGS)}")
+        return self.refusals.get(setting)
+
+    def refuse(self, *given: str) -> None:
+        """Refuse, in one line (:meth:`refusal`), the first of ``given`` (the settings a sweep or a
+        run has) that this workload does not take."""
+        for setting in given:
+            why = self.refusal(setting)
+            if why:
+                raise UsageError(why)
+
+
+#: The settings only one workload takes, which the other's :meth:`Workload.refusal` explains.
+SETTINGS = ("token_bounds", "eval_text", "llamacpp", "rpc_wire_dtype", "engines", "adaptive")
 
 
 IMAGES = Workload("images", "image", False, ("latency", "throughput"), window="in_flight",
                   variables=("codec", "batch_size", "in_flight"), sweep_lists=(), distinct_cuts=False,
                   vary_hint="streams are a language model's; an image model's window is --vary in_flight",
-                  drawn_on="latency and throughput", breakdown_unit="split", figures=())
+                  drawn_on="latency and throughput", breakdown_unit="split", figures=(),
+                  refusals={"token_bounds": "--ttft-ms and --tpot-ms bound a language model's tokens; an image model's "
+                                            "Server takes --latency-bound-ms",
+                            "eval_text": "--eval-text is a language model's evaluation text; for an image "
+                                         "model's, use --eval-samples of its --dataset",
+                            "llamacpp": "it runs a language model given as a GGUF (--model-dir FILE.gguf or a named "
+                                        "real model), not image batches",
+                            "rpc_wire_dtype": "an image model's activations cross as computed (float32); use "
+                                              "--backend tcp"})
 GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), window="streams", variables=("codec", "streams"),
                       sweep_lists=(("prompt_len", "prompt_lens"),), distinct_cuts=True,
                       vary_hint="a language model's steps are one token of each stream; its window is its streams: "
                                 "--vary streams=1,2,4",
-                      drawn_on="time to first token and per token", breakdown_unit="step", figures=("tokens_memory",))
+                      drawn_on="time to first token and per token", breakdown_unit="step", figures=("tokens_memory",),
+                      refusals={"engines": "a language model's stages run on torch or as llama.cpp (--engine llamacpp)",
+                                "adaptive": "a language model runs static splits over its prompts: drop adaptive "
+                                            "from --splits"})
 BY_NAME = {w.name: w for w in (IMAGES, GENERATION)}
 
 

@@ -50,3 +50,17 @@ def test_summary_rows_carry_their_runs_workload():
            "workload": "generation"}
     (summary,) = summarize_runs([row, {**row, "latency_median_s": 0.12}])
     assert summary["workload"] == "generation" and summary["runs"] == 2
+
+
+def test_each_workload_refuses_the_others_settings_and_names_them_all():
+    """The checks of a sweep, a run and a data source ask a workload why, not which kind it is."""
+    assert IMAGES.refusal("adaptive") is None and GENERATION.refusal("token_bounds") is None
+    assert "--latency-bound-ms" in IMAGES.refusal("token_bounds")
+    assert "drop adaptive from --splits" in GENERATION.refusal("adaptive")
+    # every setting is one workload's own: refused by exactly one of the two
+    assert all((IMAGES.refusal(s) is None) != (GENERATION.refusal(s) is None) for s in workload.SETTINGS)
+    with pytest.raises(UsageError, match="^a language model's stages run on torch"):
+        GENERATION.refuse("token_bounds", "engines")
+    IMAGES.refuse("adaptive", "engines")  # an image model takes both
+    with pytest.raises(KeyError, match="no workload setting 'batch'"):
+        IMAGES.refusal("batch")

@@ -257,16 +257,14 @@ class RunConfig:
         engines.check_label(self.engine, len(self.cuts) + 1)
         if engines.only_torch(self.engine):
             return
-        why = self._peer_refusal() if engines.is_peer(self.engine) else \
-            "a language model's stages run on torch or as llama.cpp (--engine llamacpp)" \
-            if self.workload.generates else \
-            "the RPC backend's ranks run torch modules; use --backend tcp" if self.rpc is not None else None
+        why = self._peer_refusal() if engines.is_peer(self.engine) else self.workload.refusal("engines") or \
+            ("the RPC backend's ranks run torch modules; use --backend tcp" if self.rpc is not None else None)
         if why:
             raise UsageError(f"--engine {self.engine}: {why}, or --engine torch")
 
     def _peer_refusal(self) -> str | None:
-        return ("llama.cpp runs a language model, not image batches" if not self.workload.generates
-                else "llama.cpp's peer is its own RPC, not the rpc backend's ranks" if self.rpc is not None
+        return self.workload.refusal("llamacpp") or (
+                "llama.cpp's peer is its own RPC, not the rpc backend's ranks" if self.rpc is not None
                 else "llama.cpp's split is fixed when its client loads; give a static split" if self.adaptive
                 else None)
 
@@ -318,18 +316,15 @@ class RunConfig:
             raise UsageError(f"--scenario {self.loadgen.scenario} with "
                              f"{'--split ' + str(self.split_index) if self.adaptive else '--deadline-ms'}: a LoadGen "
                              f"run keeps a static split and waits for every result; give a block split")
-        if self.loadgen is not None and not self.workload.generates and \
-                (self.loadgen.ttft_bound_s is not None or self.loadgen.tpot_bound_s is not None):
-            raise UsageError("--ttft-ms and --tpot-ms bound a language model's tokens; an image model's Server "
-                             "takes --latency-bound-ms")
+        bounds = self.loadgen is not None and (self.loadgen.ttft_bound_s is not None or
+                                                self.loadgen.tpot_bound_s is not None)
+        self.workload.refuse(*[setting for setting, given in (("token_bounds", bounds),
+                                                              ("eval_text", self.eval_text is not None)) if given])
         if self.loadgen is not None and self.loadgen.mode == "accuracy" and \
                 self.dataset.split(":")[0] not in LABELLED_DATASETS:
             raise UsageError(f"--loadgen-mode accuracy needs labelled inputs: give --dataset imagefolder:PATH or "
                              f"cifar10:PATH, not {self.dataset}")
         check_dataset(self.dataset)
-        if self.eval_text is not None and not self.workload.generates:
-            raise UsageError("--eval-text is a language model's evaluation text; an image model's evaluation takes "
-                             "--eval-samples of its --dataset")
 
     def _derive_generation(self) -> None:
         """A generation's batches are its steps, one token of one stream each: the batch size, the

@@ -331,6 +331,8 @@ def cases() -> list[tuple[str, list[str], str]]:
                        (sweep + ["--stage-engines", "onnxruntime,torch", "--engine", "openvino"], "not both"),
                        (sweep + ["--engine", "onnxruntime", "--backend", "rpc"], "the rpc backend's ranks run torch"),
                        (sweep + ["--engine", "llamacpp"], "runs a language model given as a GGUF"),
+                       # refused before any run, not in every run's failure (each workload's refusals)
+                       (sweep + ["--eval-text", f"{T}/afile"], "--eval-text is a language model's evaluation text"),
                        (["sweep", "--model", "tiny-lm", "--local", "--engine", "onnxruntime"],
                         "a language model's stages run on torch"),
                        (["stage1", "--engine", "llamacpp"], "invalid choice: 'llamacpp'"),

@@ -197,7 +197,7 @@ def check_faults(opts: SweepOptions) -> None:
         return
     why = ("the rpc backend cannot yet recover a lost stage; use --backend tcp" if "rpc" in opts.backends else
            f"--streams {opts.streams}: stage 1 settles one step at a time; use --streams 1"
-           if opts.workload.generates and opts.streams != 1 else
+           if opts.streams != 1 else
            f"--in-flight {opts.in_flight}: stage 1 settles one batch at a time; use --in-flight 1"
            if opts.in_flight != 1 else
            "LoadGen waits for every result; drop --scenario" if opts.scenarios != [CLOSED_LOOP] else
@@ -223,8 +223,8 @@ def check_engines(opts: SweepOptions) -> None:
         others.remove(engines.LLAMACPP)
         if not others:
             return
-    why = ("a language model's stages run on torch or as llama.cpp (--engine llamacpp)" if opts.workload.generates
-           else "the rpc backend's ranks run torch modules; use --backend tcp" if "rpc" in opts.backends else None)
+    why = opts.workload.refusal("engines") or \
+        ("the rpc backend's ranks run torch modules; use --backend tcp" if "rpc" in opts.backends else None)
     if why:
         raise UsageError(f"--engine {','.join(opts.engines)}: {why}; or use --engine torch")
     for label in opts.engines:
@@ -244,8 +244,8 @@ def check_peer(opts: SweepOptions) -> None:
     one RPC server per later stage) that its client can make, over a link the relay emulates or, on
     hosts, tc; its binaries built (here; a host's own are checked when its worker starts)."""
     engine, remote = engines.LLAMACPP, opts.testbed.remote
-    why = ("it runs a language model given as a GGUF (--model-dir FILE.gguf or a named real model)"
-           if not opts.workload.generates else "its RPC is a TCP protocol of its own: drop --backend rpc"
+    why = opts.workload.refusal("llamacpp") or (
+           "its RPC is a TCP protocol of its own: drop --backend rpc"
            if "rpc" in opts.backends else "on this machine the relay carries its traffic over the emulated link: use "
            "--link emulated or none (tc shapes it between hosts)" if opts.link == "tc" and not remote
            else "its programs take a fixed CPU share (--stage-cpu), not a trace's: drop --stage-cpu-trace and "
@@ -287,9 +287,9 @@ def check_rpc_codec(opts: SweepOptions) -> None:
         raise UsageError(f"--compression {opts.compression} with the rpc backend: its activations cross as "
                          f"computed, uncompressed; use --backend tcp")
     lossy = [d for d in opts.dtypes if d != "float32"]
-    if lossy and not opts.workload.generates:
-        raise UsageError(f"--wire-dtype {lossy[0]} with the rpc backend: an image model's activations cross "
-                         f"as computed (float32); use --backend tcp")
+    why = opts.workload.refusal("rpc_wire_dtype")
+    if lossy and why:
+        raise UsageError(f"--wire-dtype {lossy[0]} with the rpc backend: {why}")
 
 
 def check_wire_choice(opts: SweepOptions) -> None:
@@ -303,7 +303,7 @@ def check_wire_choice(opts: SweepOptions) -> None:
 def check_eval_samples(opts: SweepOptions) -> None:
     """A local folder smaller than the evaluation asked of it (``--eval-samples``, 64 where a wire
     dtype is lossy) is refused now, not in every run's record after its timed batches."""
-    if opts.testbed.remote or opts.workload.generates or opts.dataset.split(":")[0] not in LABELLED_DATASETS:
+    if opts.testbed.remote or opts.dataset.split(":")[0] not in LABELLED_DATASETS:  # a generation's is synthetic
         return
     wanted = max(eval_samples_for(opts.eval_samples, d) for d in opts.dtypes)
     if not wanted:
@@ -318,26 +318,25 @@ def check_eval_samples(opts: SweepOptions) -> None:
 
 
 def check_workload(opts: SweepOptions) -> None:
-    """A sweep's models are of one kind, and a language model's sweep asks nothing of image batches."""
+    """A sweep's models are of one kind, and a setting of the other kind's is refused in one line
+    (``Workload.refusal``): a language model's sweep asks nothing of image batches, nor an image
+    model's of tokens."""
     kinds = {workload_of(m, opts.model_dir) for m in opts.models}
     if len(kinds) > 1:
         raise UsageError(f"--models {','.join(opts.models)}: a sweep measures language models or image models; "
                          f"sweep each kind in a session of its own")
-    if not opts.workload.generates:
-        if any(opts.loadgen_settings.get(f) is not None for f in ("ttft_bound_s", "tpot_bound_s")):
-            raise UsageError("--ttft-ms and --tpot-ms bound a language model's tokens; an image model's Server "
-                             "takes --latency-bound-ms")
-        return
+    bounds = any(opts.loadgen_settings.get(f) is not None for f in ("ttft_bound_s", "tpot_bound_s"))
+    opts.workload.refuse(*[setting for setting, given in (("token_bounds", bounds), ("eval_text", opts.eval_text),
+                                                          ("adaptive", split_adaptive(opts.splits)[1])) if given])
     if opts.model_dir is not None and len(opts.models) > 1:
         raise UsageError("--model-dir names one model: give no --models beside it")
-    if split_adaptive(opts.splits)[1]:
-        raise UsageError("a language model runs static splits over its prompts: drop adaptive from --splits")
     if opts.deadline_s is not None and opts.streams != 1:
         raise UsageError(f"--deadline-ms with --streams {opts.streams}: a deadline settles one step at a time; "
                          f"use --streams 1")
-    for scenario in opts.scenarios:  # a language model's queries are prompts: its scenarios and settings now
-        if scenario != CLOSED_LOOP:
-            LoadgenOptions.of_flags(scenario, **opts.loadgen_settings).for_tokens()
+    if opts.workload.generates:  # a language model's queries are prompts: its scenarios and settings now
+        for scenario in opts.scenarios:
+            if scenario != CLOSED_LOOP:
+                LoadgenOptions.of_flags(scenario, **opts.loadgen_settings).for_tokens()
 
 
 def check_cpu_emulation(opts: SweepOptions, what: str) -> None:

@@ -25,6 +25,10 @@ def test_the_sweeps_workload_is_its_models():
      "--ttft-ms and --tpot-ms bound a language model's tokens; an image model's Server takes --latency-bound-ms"),
     (SweepOptions(models=["tiny-lm"], splits="2,adaptive"),
      "a language model runs static splits over its prompts: drop adaptive from --splits"),
+    # each run refused it, after the sweep had started: "every run of 1 configuration failed twice"
+    (SweepOptions(models=["mobilenet_v2"], eval_text="notes.txt"),
+     "--eval-text is a language model's evaluation text; for an image model's, use --eval-samples of its "
+     "--dataset"),
 ])
 def test_the_other_workloads_options_are_refused_in_one_line(opts, why):
     with pytest.raises(UsageError) as caught:
