@@ -4,9 +4,11 @@ the screenshot is not blank."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -22,8 +24,11 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--virtual-time-budget=8000", *args], capture_output=True, text=True, timeout=timeout)
+    # Its profile and scratch folders in one of its own, removed after (not left under /tmp).
+    with tempfile.TemporaryDirectory(prefix="pp-browser-") as home:
+        return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                               f"--user-data-dir={home}/profile", "--virtual-time-budget=8000", *args],
+                              capture_output=True, text=True, timeout=timeout, env={**os.environ, "TMPDIR": home})
 
 
 def _png_pixels(path: Path) -> tuple[int, int, bytes]:

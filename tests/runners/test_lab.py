@@ -128,6 +128,7 @@ def test_three_host_rpc_sweep_of_a_three_stage_plan(tmp_path):
             assert "htb" not in _qdisc(made, i)
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.lab
 def test_doctor_catches_a_host_with_other_code_and_deploy_ships_the_tree(tmp_path):

@@ -138,6 +138,7 @@ def test_accuracy_mode_refuses_unlabelled_inputs_in_one_line(tmp_path):
         tcp_helpers.run_in_threads(MODEL, 8, tmp_path, loadgen=LoadgenOptions(scenario="offline", mode="accuracy"))
 
 
+@pytest.mark.slow  # 90 s of waiting on a shaped link: started first, not left for the pass's end
 def test_the_server_search_finds_a_rate_within_ten_percent_of_the_links_capacity(tmp_path):
     """A link of 5 Mbit/s carries one 12 kB activation in about 20 ms: the pipeline's capacity is
     the link's, about 50 samples/s, while each stage holds a sample 4.5 ms (a scripted sleep, not
