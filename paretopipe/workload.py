@@ -46,6 +46,8 @@ class Workload:
     breakdown_unit: str
     #: A panel's figures beyond those every workload has (a generation's tokens/s against memory).
     figures: tuple[str, ...]
+    #: What the sweep's closing front table's columns are, in words.
+    front_units: str
     #: The settings this workload does not take, each with why (:meth:`refusal`).
     refusals: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
@@ -76,6 +78,7 @@ IMAGES = Workload("images", "image", False, ("latency", "throughput"), window="i
                   variables=("codec", "batch_size", "in_flight"), sweep_lists=(), distinct_cuts=False,
                   vary_hint="streams are a language model's; an image model's window is --vary in_flight",
                   drawn_on="latency and throughput", breakdown_unit="split", figures=(),
+                  front_units="latency_s: median per batch; throughput in images/s",
                   refusals={"token_bounds": "--ttft-ms and --tpot-ms bound a language model's tokens; an image model's "
                                             "Server takes --latency-bound-ms",
                             "eval_text": "--eval-text is a language model's evaluation text; for an image "
@@ -89,6 +92,7 @@ GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), window="str
                       vary_hint="a language model's steps are one token of each stream; its window is its streams: "
                                 "--vary streams=1,2,4",
                       drawn_on="time to first token and per token", breakdown_unit="step", figures=("tokens_memory",),
+                      front_units="time to first token and per token: medians, s; throughput in tokens/s",
                       refusals={"engines": "a language model's stages run on torch or as llama.cpp (--engine llamacpp)",
                                 "adaptive": "a language model runs static splits over its prompts: drop adaptive "
                                             "from --splits"})

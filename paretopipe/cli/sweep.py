@@ -177,9 +177,7 @@ def _print_report(report: Path, opts: SweepOptions) -> None:
     # lazy for start-up: pandas
     from ..analysis.sanity import format_sanity
 
-    print("Pareto-optimal splits and those tied with them within 95% CIs (" + (
-        "time to first token and per token: medians, s; throughput in tokens/s):" if opts.workload.generates else
-        "latency_s: median per batch; throughput in images/s):"))
+    print(f"Pareto-optimal splits and those tied with them within 95% CIs ({opts.workload.front_units}):")
     print_front_table(report, opts.objectives)
     if (report / "sanity.csv").is_file():
         print(format_sanity(pd.read_csv(report / "sanity.csv")))

@@ -94,7 +94,8 @@ def test_max_live_adds_cuts_of_several_tensors_to_a_sweep_on_both_backends(tmp_p
 def test_small_sweep_end_to_end_both_backends(tmp_path):
     proc = cli.run(_sweep_cmd(tmp_path, "--backend", "both", "--drift-every", "0"), timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Pareto-optimal splits" in proc.stdout
+    assert "Pareto-optimal splits and those tied with them within 95% CIs (latency_s: median per batch; " \
+           "throughput in images/s):" in proc.stdout
     session = tmp_path / "out" / "s"
     runs = pd.read_csv(session / "runs.csv")
     assert len(runs) == 2 * 3 * 2 * 2 and set(runs["status"]) == {"complete"}
