@@ -56,7 +56,7 @@ class Workload:
 
     def refusal(self, setting: str) -> str | None:
         """Why this workload does not take ``setting`` (a key of :data:`SETTINGS`), or None when
-        it does: a sweep's checks, a run's and a data source's ask this, not which kind they have."""
+        it does: the sweep's checks and ``RunConfig``'s ask this, not which kind they have."""
         if setting not in SETTINGS:
             raise KeyError(f"no workload setting {setting!r}: valid {', '.join(SETTINGS)}")
         return self.refusals.get(setting)
