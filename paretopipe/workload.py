@@ -61,12 +61,12 @@ class Workload:
             raise KeyError(f"no workload setting {setting!r}: valid {', '.join(SETTINGS)}")
         return self.refusals.get(setting)
 
-    def refuse(self, *given: str) -> None:
-        """Refuse, in one line (:meth:`refusal`), the first of ``given`` (the settings a sweep or a
-        run has) that this workload does not take."""
-        for setting in given:
+    def refuse(self, **given: Any) -> None:
+        """Refuse, in one line (:meth:`refusal`), the first setting in ``given`` that a sweep or a
+        run has (a true value: ``refuse(eval_text=cfg.eval_text)``) and this workload does not take."""
+        for setting, value in given.items():
             why = self.refusal(setting)
-            if why:
+            if value and why:
                 raise UsageError(why)
 
 

@@ -60,7 +60,8 @@ def test_each_workload_refuses_the_others_settings_and_names_them_all():
     # every setting is one workload's own: refused by exactly one of the two
     assert all((IMAGES.refusal(s) is None) != (GENERATION.refusal(s) is None) for s in workload.SETTINGS)
     with pytest.raises(UsageError, match="^a language model's stages run on torch"):
-        GENERATION.refuse("token_bounds", "engines")
-    IMAGES.refuse("adaptive", "engines")  # an image model takes both
+        GENERATION.refuse(token_bounds=True, engines=True)
+    IMAGES.refuse(adaptive=True, engines=True)  # an image model takes both
+    IMAGES.refuse(eval_text=None, token_bounds=False)  # settings not given are not refused
     with pytest.raises(KeyError, match="no workload setting 'batch'"):
         IMAGES.refusal("batch")

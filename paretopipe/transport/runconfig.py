@@ -318,8 +318,7 @@ class RunConfig:
                              f"run keeps a static split and waits for every result; give a block split")
         bounds = self.loadgen is not None and (self.loadgen.ttft_bound_s is not None or
                                                 self.loadgen.tpot_bound_s is not None)
-        self.workload.refuse(*[setting for setting, given in (("token_bounds", bounds),
-                                                              ("eval_text", self.eval_text is not None)) if given])
+        self.workload.refuse(token_bounds=bounds, eval_text=self.eval_text is not None)
         if self.loadgen is not None and self.loadgen.mode == "accuracy" and \
                 self.dataset.split(":")[0] not in LABELLED_DATASETS:
             raise UsageError(f"--loadgen-mode accuracy needs labelled inputs: give --dataset imagefolder:PATH or "

@@ -326,8 +326,7 @@ def check_workload(opts: SweepOptions) -> None:
         raise UsageError(f"--models {','.join(opts.models)}: a sweep measures language models or image models; "
                          f"sweep each kind in a session of its own")
     bounds = any(opts.loadgen_settings.get(f) is not None for f in ("ttft_bound_s", "tpot_bound_s"))
-    opts.workload.refuse(*[setting for setting, given in (("token_bounds", bounds), ("eval_text", opts.eval_text),
-                                                          ("adaptive", split_adaptive(opts.splits)[1])) if given])
+    opts.workload.refuse(token_bounds=bounds, eval_text=opts.eval_text, adaptive=split_adaptive(opts.splits)[1])
     if opts.model_dir is not None and len(opts.models) > 1:
         raise UsageError("--model-dir names one model: give no --models beside it")
     if opts.deadline_s is not None and opts.streams != 1:
