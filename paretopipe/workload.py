@@ -30,6 +30,12 @@ class Workload:
     default_objectives: tuple[str, str]  # a table's fronts unless ``--objectives`` names others
     #: The sweep option that is a configuration key's ``in_flight`` (a generation's window is its streams).
     window: str
+    #: The sweep option that is a configuration key's batch size, or None where a step is one item
+    #: of each stream (a generation's: one token).
+    batch: str | None
+    #: A sweep's runs, in words, as a template of the sweep options ``o``, the batches a run sends
+    #: ``per`` and the prompt lengths ``prompts`` (:func:`paretopipe.runners.sweep.plan.describe_plan`).
+    work: str
     #: The sweep's settings a search may vary (``--vary``): a generation's steps are one token of
     #: each stream, so its batch is 1 and its window the streams.
     variables: tuple[str, ...]
@@ -48,11 +54,22 @@ class Workload:
     figures: tuple[str, ...]
     #: What the sweep's closing front table's columns are, in words.
     front_units: str
+    #: The dataset every run reads, or None where ``--dataset`` names it (a generation's prompts
+    #: are seeded token ids: its dataset is always synthetic).
+    dataset: str | None = None
     #: The settings this workload does not take, each with why (:meth:`refusal`).
     refusals: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def __str__(self) -> str:
         return self.name
+
+    def batch_of(self, opts: Any) -> int:
+        """The batch size a configuration of the sweep ``opts`` is keyed by."""
+        return getattr(opts, self.batch) if self.batch else 1
+
+    def window_of(self, opts: Any) -> int:
+        """The window (a key's ``in_flight``) a configuration of the sweep ``opts`` is keyed by."""
+        return getattr(opts, self.window)
 
     def refusal(self, setting: str) -> str | None:
         """Why this workload does not take ``setting`` (a key of :data:`SETTINGS`), or None when
@@ -74,7 +91,8 @@ class Workload:
 SETTINGS = ("token_bounds", "eval_text", "llamacpp", "rpc_wire_dtype", "engines", "adaptive")
 
 
-IMAGES = Workload("images", "image", False, ("latency", "throughput"), window="in_flight",
+IMAGES = Workload("images", "image", False, ("latency", "throughput"), window="in_flight", batch="batch_size",
+                  work="{per} batches of {o.batch_size} each ({o.warmup} warm-up",
                   variables=("codec", "batch_size", "in_flight"), sweep_lists=(), distinct_cuts=False,
                   vary_hint="streams are a language model's; an image model's window is --vary in_flight",
                   drawn_on="latency and throughput", breakdown_unit="split", figures=(),
@@ -87,12 +105,16 @@ IMAGES = Workload("images", "image", False, ("latency", "throughput"), window="i
                                         "real model), not image batches",
                             "rpc_wire_dtype": "an image model's activations cross as computed (float32); use "
                                               "--backend tcp"})
-GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), window="streams", variables=("codec", "streams"),
+GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), window="streams", batch=None,
+                      work="{o.streams} stream(s) of {o.gen_tokens} tokens after a prompt of {prompts} tokens each "
+                           "({o.warmup} warm-up generation(s)",
+                      variables=("codec", "streams"),
                       sweep_lists=(("prompt_len", "prompt_lens"),), distinct_cuts=True,
                       vary_hint="a language model's steps are one token of each stream; its window is its streams: "
                                 "--vary streams=1,2,4",
                       drawn_on="time to first token and per token", breakdown_unit="step", figures=("tokens_memory",),
                       front_units="time to first token and per token: medians, s; throughput in tokens/s",
+                      dataset="synthetic",
                       refusals={"engines": "a language model's stages run on torch or as llama.cpp (--engine llamacpp)",
                                 "adaptive": "a language model runs static splits over its prompts: drop adaptive "
                                             "from --splits"})

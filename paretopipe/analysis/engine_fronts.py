@@ -1,7 +1,8 @@
 """Each engine's front on one figure per network (``engines_<panel>.png``) and the knee split each
 engine reaches on each network (``engines.csv``): where a session measured several engines
 (paretopipe.engines), whether the split the suite calls best moves with the engine. A language
-model's fronts are time per output token against tokens/s (our engine beside llama.cpp's)."""
+model's fronts are its latency per step (a prefill, or one token of each stream) against tokens/s
+(our engine beside llama.cpp's)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from .. import records, workload
+from .. import records
 from .keys import DEFAULT_ENGINE, PANEL_KEY, panel_names, split_sort_key
-from .objectives import throughput_column
+from .objectives import resolve, throughput_column
 from .plotting import PALETTE, plain_log_ticks, save_figure
 
 ENGINES_FILE = "engines.csv"
@@ -56,23 +57,25 @@ def _figure(plt: Any, panel: pd.DataFrame, key: tuple, out: Path, fmt: str) -> N
     networks = list(dict.fromkeys(panel["network"]))
     fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 4.5), squeeze=False)
     title, stem = panel_names((*key, DEFAULT_ENGINE))
-    rate, tokens = throughput_column(panel), workload.of_table(panel).generates
+    # The workload's own latency (per batch, or per step of a generation) and throughput.
+    latency, throughput = resolve("latency", panel), resolve("throughput", panel)
+    rate = throughput.column
     for ax, network in zip(axes[0], networks):
         for i, (engine, rows) in enumerate(panel[panel["network"] == network].groupby("engine", sort=True)):
             colour = PALETTE[i % len(PALETTE)]
-            ax.scatter(rows["latency_s"] * 1e3, rows[rate], color=colour, alpha=0.3, s=18)
-            front = rows[rows["on_front"]].sort_values("latency_s")
-            ax.plot(front["latency_s"] * 1e3, front[rate], "-o", color=colour, ms=5, label=f"{engine} front")
+            ax.scatter(rows[latency.column] * 1e3, rows[rate], color=colour, alpha=0.3, s=18)
+            front = rows[rows["on_front"]].sort_values(latency.column)
+            ax.plot(front[latency.column] * 1e3, front[rate], "-o", color=colour, ms=5, label=f"{engine} front")
             for _, row in front.iterrows():
                 knee = bool(row.get("knee", False))
                 ax.annotate(f"k={row['split_index']}" + (" (knee)" if knee else ""),
-                            (row["latency_s"] * 1e3, row[rate]), fontsize=7, color=colour,
+                            (row[latency.column] * 1e3, row[rate]), fontsize=7, color=colour,
                             fontweight="bold" if knee else "normal", xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
         plain_log_ticks(ax.xaxis)
         ax.set_title(network)
-        ax.set_xlabel(("time per output token" if tokens else "latency per batch") + ", median (ms, log scale)")
-        ax.set_ylabel("tokens/s" if tokens else "throughput (images/s)")
+        ax.set_xlabel(latency.label.replace("(s)", "(ms, log scale)"))
+        ax.set_ylabel(throughput.label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"Each engine's front: {title}")

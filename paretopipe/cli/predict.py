@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
         raise UsageError("--wire-dtype auto is chosen per cut at run time from measured fidelity; predict prices "
                          "a named dtype: valid float32, float16, bfloat16, int8, int4")
     kind = workload_of(args.model, args.model_dir)
-    check_workload_flags(p, args, kind, IMAGE_ONLY, GENERATION_ONLY)
+    check_workload_flags(p, args, kind, {IMAGES.name: IMAGE_ONLY, GENERATION.name: GENERATION_ONLY})
     return {IMAGES: _predict_image_model, GENERATION: _predict_language_model}[kind](args)
 
 

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     if args.model is None and args.model_dir is None:
         raise UsageError("give --model NAME (or --model-dir DIR for a language model's folder)")
     kind = workload_of(args.model, args.model_dir)
-    check_workload_flags(p, args, kind, IMAGE_ONLY, GENERATION_ONLY)
+    check_workload_flags(p, args, kind, {IMAGES.name: IMAGE_ONLY, GENERATION.name: GENERATION_ONLY})
     if args.cpu_share is not None:
         cpushare.check_share(args.cpu_share)
     return {IMAGES: _profile_image_model, GENERATION: _profile_language_model}[kind](args)

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 
 from ..options import flags
 from ..runners import rpc_ranks
-from ..llm.shapes import model_structure, workload_of
+from ..llm.families import model_structure
+from ..llm.shapes import workload_of
 from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,
                              loadgen_line, save_tokens)
 from ..errors import PeerError, UsageError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import UsageError
-from ..llm.shapes import model_structure
+from ..llm.families import model_structure
 from ..options import flags
 from ..search.run import SearchOptions, SearchRun, describe, predicted_first, predicted_first_generation
 from ..search.sweep_space import engine_list, parse_vary, search_space, with_first_choices, with_placements_of

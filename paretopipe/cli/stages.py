@@ -257,11 +257,12 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
 def _stage1_config(args: argparse.Namespace, builder: StageBuilder, cuts: list[str], conditions: Any,
                    loadgen: Any) -> RunConfig:
     """Stage 1's run configuration from its flags: image batches, or a language model's generation."""
-    generation = generation_from_args(args) if workload_of(args.model, args.model_dir).generates else None
+    kind = workload_of(args.model, args.model_dir)
+    generation = generation_from_args(args) if kind.generates else None
     return run_config_from_flags(args, builder.name, cuts, args.split_index, conditions,
                                  args.timeout or _link_timeout_s(args, builder, cuts, conditions, generation),
                                  num_batches=args.num_batches, in_flight=args.in_flight,
-                                 dataset="synthetic" if generation else dataset_from_args(args, args.compression),
+                                 dataset=kind.dataset or dataset_from_args(args, args.compression),
                                  wire_dtype=args.wire_dtype, compression=args.compression,
                                  eval_samples=eval_samples_for(args.eval_samples, args.wire_dtype),
                                  eval_text=args.eval_text,

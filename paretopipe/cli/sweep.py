@@ -18,7 +18,7 @@ from .common import ArgumentParser, HelpFormatter, example_epilog, setup_logging
 from .sweep_flags import add_flags, resolved_table
 from .sweep_options import experiment_of, options_from_args
 from ..partition.names import is_model_file
-from ..llm.shapes import model_structure
+from ..llm.families import model_structure
 from ..runners.doctor import check_testbed, format_checks
 
 log = logging.getLogger("paretopipe.sweep")

@@ -27,8 +27,8 @@ from ..transport.auth import load_secret
 from . import experiment
 from .common import ArgumentParser, dataset_from_args, loadgen_sweep_settings, prefetch_from_args, read_env
 from .sweep_flags import simple_fields
-from ..partition.names import canonical_name
 from ..energy.memory import parse_limits
+from ..llm.families import family_of
 from ..llm.shapes import shape_of, workload_of
 
 
@@ -53,8 +53,7 @@ def _models(args: argparse.Namespace) -> list[str]:
     if not models:
         raise UsageError("--models names no model")
     for model in models:
-        if not workload_of(model).generates:
-            canonical_name(model)
+        family_of(model).check_name(model)
     return models
 
 
@@ -111,8 +110,7 @@ def options_from_args(args: argparse.Namespace, exp: experiment.Experiment | Non
                         stage_threads=_per_stage_ints(args.stage_threads, "--stage-threads"),
                         stage_devices=check_stage_devices(devices, stages) if not testbed.remote else [],
                         engines=_engines(args, stages),
-                        dataset="synthetic" if kind.generates else dataset_from_args(args, args.compression,
-                                                                                     local=not testbed.remote),
+                        dataset=kind.dataset or dataset_from_args(args, args.compression, local=not testbed.remote),
                         data_dir=args.data_dir, inline_networks=inline, objectives=args.objectives,
                         power_idle_w=_per_stage_floats(args.power_idle_w, "--power-idle-w", stages),
                         power_core_w=_per_stage_floats(args.power_core_w, "--power-core-w", stages),

@@ -5,12 +5,12 @@ that refuses, in one line, a flag of the other kind of workload."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import UsageError
-from ..workload import Workload
+from ..workload import GENERATION, IMAGES, Workload
 from ..loadgen import logs as loadgen_logs
 from ..options import flags
 from ..transport.runconfig import Generation
@@ -21,6 +21,12 @@ IMAGE_ONLY = ("batch_size", "num_batches", "in_flight", "dataset", "data_dir", "
 #: What a generation takes (its dests), refused for an image model.
 GENERATION_ONLY = ("prompt", "prompt_len", "gen_tokens", "streams", "temperature", "top_k", "check_exact", "chat")
 LANGUAGE_MODELS = "a language model (--model tiny-lm, smollm2-135m, ... or --model-dir DIR)"
+#: The flags each workload alone takes (by its name), which the other refuses.
+OWN_FLAGS = {IMAGES.name: IMAGE_ONLY, GENERATION.name: GENERATION_ONLY}
+#: Whose flag a refused one is, and what the model given is instead, by workload.
+_WHOSE = {IMAGES.name: "an image model", GENERATION.name: LANGUAGE_MODELS}
+_IS_A = {IMAGES.name: "an image model",
+         GENERATION.name: "a language model (its own options are --help's language-model group)"}
 
 
 def add_generation_flags(parser: argparse.ArgumentParser) -> None:
@@ -33,16 +39,15 @@ def add_generation_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def check_workload_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, kind: Workload,
-                         image_only: Sequence[str] = IMAGE_ONLY, generation_only: Sequence[str] = GENERATION_ONLY) -> None:
-    """Refuse a flag given a value of its own that the model's workload does not take."""
+                         own_flags: Mapping[str, Sequence[str]] = OWN_FLAGS) -> None:
+    """Refuse a flag given a value of its own that belongs to another workload than the model's
+    (``own_flags``: each workload's own flags, by its name; a command's own table where it has one)."""
     actions = {a.dest: a for a in parser._actions}
-    for dest in image_only if kind.generates else generation_only:
-        if dest in actions and getattr(args, dest) != _default(actions[dest]):
-            flag = actions[dest].option_strings[0]
-            if kind.generates:
-                raise UsageError(f"{flag} applies to an image model; {args.model_dir or args.model} is a language "
-                                 f"model (its own options are --help's language-model group)")
-            raise UsageError(f"{flag} applies to {LANGUAGE_MODELS}; {args.model} is an image model")
+    for other, dests in own_flags.items():
+        for dest in dests if other != kind.name else ():
+            if dest in actions and getattr(args, dest) != _default(actions[dest]):
+                raise UsageError(f"{actions[dest].option_strings[0]} applies to {_WHOSE[other]}; "
+                                 f"{args.model_dir or args.model} is {_IS_A[kind.name]}")
 
 
 def _default(action: argparse.Action) -> Any:

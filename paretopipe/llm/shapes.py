@@ -13,7 +13,6 @@ from typing import Any
 
 from ..errors import UsageError
 from ..workload import GENERATION, IMAGES, Workload
-from ..partition.structure import structure
 from ..wiredtype import token_nbytes
 from .checkpoints import REAL, display_name, folder_config, is_real
 TOKEN_ID_BYTES = 8    # split 0: the token ids cross, as int64
@@ -252,12 +251,3 @@ def shape_of(model: str | None, model_dir: str | None = None) -> LMShape:
         return named(model or "")
     _, config, _ = folder_config(model, model_dir)
     return shape_from_config(config, display_name(model, model_dir))
-
-
-def model_structure(model: str, num_classes: int, model_dir: str | None = None) -> dict[str, Any]:
-    """What a controller needs of a model's splits, without torch: its name, its largest split
-    (``num_blocks``) and its fine cuts (a language model has none: it is cut between blocks)."""
-    if workload_of(model, model_dir).generates:
-        shape = shape_of(model, model_dir)
-        return {"model": shape.name, "num_blocks": shape.last_split, "fine_cuts": {}}
-    return structure(model, num_classes)

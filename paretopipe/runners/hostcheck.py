@@ -6,7 +6,6 @@ on every host over SSH and compares the answers with this machine's."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import platform
@@ -19,7 +18,7 @@ from typing import Any, Sequence
 
 from ..options import flags
 from .. import __version__
-from ..llm.shapes import cut_table, shape_of, workload_of
+from ..llm.families import family_of
 from ..manifest import _git_commit, source_digest
 
 
@@ -69,37 +68,15 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
 
 
 def model_fingerprint(model: str, num_classes: int, model_dir: str | None = None) -> str:
-    """The weights a stage of ``model`` holds: an image model's whole fingerprint; a language
-    model's identity (its configuration and weights' source) with its first layer's weights as
-    drawn or read here (a whole model of a billion parameters is not built for a check)."""
-    if workload_of(model, model_dir).generates:
-        # lazy for start-up: torch, transformers
-        from ..llm.build import block_weights, source
-        # lazy for start-up: torch
-        from ..partition.models import fingerprint_tensors
-
-        src = source(None if model_dir else model, model_dir)
-        return f"{src.identity()}/{fingerprint_tensors(block_weights(src, 'model.layers.0'))}"
-    # lazy for start-up: torch
-    from ..partition import models as zoo
-
-    return zoo.fingerprint(zoo.build(model, num_classes=num_classes))
+    """The weights a stage of ``model`` holds, as its family fingerprints them (a language model's
+    by its identity and first layer: a whole model of a billion parameters is not built for a check)."""
+    return family_of(model, model_dir).fingerprint(model, num_classes, model_dir)
 
 
 def cut_digest(model: str, num_classes: int, model_dir: str | None = None) -> str:
-    """A digest of ``model``'s cut points (names, shapes, dtypes) and block cuts: what two hosts with
-    different torch versions must agree on to split the model the same way (a language model's:
-    its shape's cut table)."""
-    if workload_of(model, model_dir).generates:
-        text = cut_table(shape_of(model, model_dir))
-    else:
-        # lazy for start-up: torch
-        from ..partition.tables import partitioner_for
-
-        _, part = partitioner_for(model, num_classes=num_classes, structure_only=True)
-        cuts = [[c.name, list(c.shape), c.dtype] for c in part.cuts]
-        text = json.dumps({"cuts": cuts, "blocks": part.block_cuts()}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """A digest of ``model``'s cuts (an image model's cut points and block cuts, a language model's
+    cut table): what two hosts with different torch versions must agree on to split it the same way."""
+    return family_of(model, model_dir).cut_digest(model, num_classes, model_dir)
 
 
 @dataclasses.dataclass(kw_only=True)

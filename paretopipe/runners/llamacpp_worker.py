@@ -232,7 +232,7 @@ class ClientSide:
     # -- one run ------------------------------------------------------------------------------
     def run(self, cfg: RunConfig, conditions: NetworkConditions | None, budget: float) -> dict[str, Any]:
         g = cfg.generation
-        if g is None or len(cfg.cuts) != len(self.relays) or g.prompt is not None:
+        if cfg.workload.refusal("llamacpp") or len(cfg.cuts) != len(self.relays) or g.prompt is not None:
             raise UsageError(f"--engine {llamacpp.ENGINE} runs a language model's split over its {len(self.relays)} "
                              f"server(s) ({len(self.relays)} cut(s), not {len(cfg.cuts)}) on seeded prompts (--prompt-len)")
         placed = llamacpp.offload([split_of(cut) for cut in cfg.cuts], self.facts.layers)

@@ -26,8 +26,8 @@ from .. import records
 from ..analysis import objectives as objective_names
 from ..analysis.session import Session, sweep_session_dir
 from ..errors import ParetoPipeError, UsageError
+from ..llm.families import family_of
 from ..llm.shapes import shape_of
-from ..partition.names import canonical_name
 from ..predict.costmodel import LinkModel, chain_terms
 from ..predict import lm_costmodel
 from ..predict.device_profile import DeviceProfile, codec_key
@@ -63,7 +63,7 @@ class SearchOptions:
 
 def model_name(model: str, opts: SweepOptions) -> str:
     """The model as its records name it (a language model by its shape's name)."""
-    return shape_of(model, opts.model_dir).name if opts.workload.generates else canonical_name(model)
+    return family_of(model, opts.model_dir).record_name(model, opts.model_dir)
 
 
 def objective_values(summary: pd.DataFrame, opts: SweepOptions, space: Space, config: Config, model: str

@@ -169,7 +169,7 @@ def base_value(opts: SweepOptions, name: str) -> Any:
     if name == "codec":
         return f"{opts.wire_dtype}/{opts.compression}"
     if name == "in_flight":
-        return getattr(opts, opts.workload.window)
+        return opts.workload.window_of(opts)
     if name == "batch_size" and name not in opts.workload.variables:  # a language model's: one token of each stream
         return 1
     return getattr(opts, name)

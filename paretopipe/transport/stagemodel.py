@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from ..llm.builder import LMBuilder
-from ..llm.shapes import workload_of
-from ..partition.names import DEFAULT_NUM_CLASSES
-from ..partition.stages import StageBuilder
+from ..llm.families import family_of
 
 
 @runtime_checkable
@@ -39,9 +36,8 @@ class StageModel(Protocol):
 
 def stage_builder(model: str | None, *, num_classes: int | None = None, weights: str | None = None,
                   models_dir: str | None = None, device: str = "cpu",
-                  model_dir: str | None = None) -> StageBuilder | LMBuilder:
-    """Build the stages' model once per process: a language model's from its shape or folder (its
-    head is its vocabulary: ``num_classes`` and ``weights`` are an image model's), else an image model's."""
-    if workload_of(model, model_dir).generates:
-        return LMBuilder(model, model_dir, device)
-    return StageBuilder(model, num_classes or DEFAULT_NUM_CLASSES, weights, models_dir, device)
+                  model_dir: str | None = None) -> StageModel:
+    """Build the stages' model once per process, as the model's family builds it: a language
+    model's from its shape or folder, else an image model's (:mod:`paretopipe.llm.families`)."""
+    return family_of(model, model_dir).builder(model, num_classes=num_classes, weights=weights,
+                                              models_dir=models_dir, device=device, model_dir=model_dir)

@@ -71,7 +71,7 @@ def settings_of(opts: SweepOptions, group: GroupPass | None = None) -> dict[str,
         return value if base is not None and value != base else None
 
     dtype = (group.wire_dtype if group else None) or opts.wire_dtype
-    window = getattr(opts, opts.workload.window)  # the key's in_flight
+    window = opts.workload.window_of(opts)  # the key's in_flight
     return {"codec": f"{dtype}/{opts.compression}", "batch_tag": tag(opts.batch_size, opts.key_batch_size),
             "in_flight_tag": tag(window, opts.key_in_flight),
             "scenario": group.scenario if group else CLOSED_LOOP, "prompt_len": group.prompt_len if group else None,
@@ -87,7 +87,8 @@ def worker_groups(opts: SweepOptions) -> list[GroupPass]:
     (--fault; none when it is not given), once per wire dtype where --wire-dtype lists several,
     once per engine where --engine lists several (the same processes: a stage takes its engine
     from the run), and once per placement of --placements (its hosts are the group's)."""
-    prompts = opts.prompt_lens if opts.workload.generates else [None]
+    own = {key: getattr(opts, option) for key, option in opts.workload.sweep_lists}  # a generation's prompt lengths
+    prompts = own.get("prompt_len", [None])
     dtypes = opts.dtypes if len(opts.dtypes) > 1 else [None]
     labels = opts.engines if len(opts.engines) > 1 else [None]
     return [GroupPass(backend, cipher, transport, scenario, prompt, fault, dtype, placement, engine)
@@ -194,14 +195,13 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
         scenarios += f" x engines {', '.join(opts.engines)}"
     if opts.placements:
         scenarios += f" x placements {', '.join(opts.placements)} (hosts by their place in HOSTS)"
-    work = (f"{opts.streams} stream(s) of {opts.gen_tokens} tokens after a prompt of "
-            f"{'/'.join(map(str, opts.prompt_lens))} tokens each ({opts.warmup} warm-up generation(s)"
-            if opts.workload.generates else f"{per} batches of {opts.batch_size} each ({opts.warmup} warm-up")
+    work = opts.workload.work.format(o=opts, per=per, prompts="/".join(map(str, opts.prompt_lens)))
+    own = "".join(f"{option.replace('_', ' ')} {', '.join(map(str, getattr(opts, option)))} x "
+                  for _, option in opts.workload.sweep_lists)
     lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)}"
              f"{transports}{ciphers}{scenarios} x "
              f"networks {', '.join(opts.networks)} x splits ({opts.splits if not opts.plans else 'plans'}) x "
-             + (f"prompts {', '.join(map(str, opts.prompt_lens))} x " if opts.workload.generates else "")
-             + f"{opts.runs} runs; {work}"
+             + f"{own}{opts.runs} runs; {work}"
              + (")" if opts.warmup_every_run or not opts.warmup else ", on a cut's first run in each worker group)"),
              f"order: {opts.order}" + (f" (seed {opts.seed}), one round per run" if opts.order == "random" else "")
              + (f"; --precision {opts.precision:.0%}: up to {opts.max_runs or 3 * opts.runs} runs per configuration"

@@ -305,7 +305,7 @@ class Sweeper:
         group.meta.drift_checks = [dataclasses.asdict(c) for c in group.drift.checks]
         # Keyed as summary.csv keys a configuration: by the cipher its runs used, and what its runs
         # recorded of their batches and window (a generation's: one token of each of its streams).
-        batch, window = (1, o.streams) if o.workload.generates else (o.batch_size, o.in_flight)
+        batch, window = o.workload.batch_of(o), o.workload.window_of(o)
         self.ledger.stopping.update({ConfigKey(self.info.model, backend, self.cipher_used or group.cipher, group.transport, n,
                                         batch, k.label, settings_of(o, self.group_pass)["codec"], window, self.scenario,
                                         self.group_pass.prompt_len or NO_PROMPT, self.group_pass.fault,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -15,7 +15,6 @@ from ...errors import WireError
 from ...network.conditions import NetworkConditions
 from ...network.emulated import EmulatedLink
 from .. import inputs
-from ...llm.summary import finish_record
 from ..runconfig import RunConfig
 from .messages import check_part, safe_run_id
 
@@ -84,9 +83,11 @@ def write_record(record: dict[str, Any], output_dir: str | Path | None) -> Path 
 
 def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
                     parts: Sequence[dict[str, Any] | None], link: dict[str, Any],
-                    timing: dict[str, Any], loadgen: Any = None) -> dict[str, Any]:
+                    timing: dict[str, Any], finish: Callable[[dict[str, Any], Sequence[dict[str, Any] | None]], None],
+                    loadgen: Any = None) -> dict[str, Any]:
     """Merge the stages' parts, in stage order (a missing one is None). Stage 1's batch records
     already carry the later stages' durations; without stage 1's part, the last stage's batches.
+    ``finish``: the writing stage's endpoint adds its workload's figures (a generation's tokens).
     ``loadgen``: the harness of a LoadGen run at stage 1, whose part and figures join the record."""
     batches = next((p.get("batches") for p in parts if p and p.get("batches")), None) or []
     stages = [p["manifest"] for p in parts if p]
@@ -103,4 +104,5 @@ def assemble_record(run_id: str, status: str, error: str | None, cfg: RunConfig,
         for extra in ("fidelity", "fault"):
             if part and part.get(extra):
                 record["summary"].update(part[extra])
-    return finish_record(record, parts) if cfg.workload.generates else record
+    finish(record, parts)
+    return record

@@ -61,7 +61,8 @@ def _stage_run(connection: Connection, builder: StageBuilder, meta: dict[str, An
     parts = run.exchange_parts(part1)
     merge_peer_seals(parts)
     record = assemble_record(run.run_id, status, error, run.cfg, parts, observed_link or run.start.link,
-                             {"run_wall_s": time.monotonic() - started, "written_by": run.name})
+                             {"run_wall_s": time.monotonic() - started, "written_by": run.name},
+                             run.items.finish_record)
     path = write_record(record, output_dir)
     if failure is not None:
         raise failure

@@ -81,7 +81,7 @@ def run_on_connection(connection: Connection, builder: StageBuilder, cfg: RunCon
         part1["fidelity"] = fidelity.figures(builder, cfg)
     record = assemble_record(run_id, status, error, cfg, [part1, *later], link_manifest,
                              {"run_wall_s": time.monotonic() - started, "written_by": "stage1"},
-                             loadgen=run.harness)
+                             run.finish_record, loadgen=run.harness)
     path = write_record(record, output_dir)
     if failure is not None and status == "incomplete":  # "infeasible" is a measured outcome
         raise failure

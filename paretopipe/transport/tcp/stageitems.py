@@ -6,9 +6,10 @@ is where that is decided, once per run."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 from ...errors import UsageError, WireError
+from ...llm.summary import finish_record
 from ...partition import wirequant
 from ...partition.activation import Activation
 from ...partition.stages import StageBuilder, StageTimer
@@ -48,6 +49,9 @@ class StageItems(Protocol):
 
     def part(self, sequences: Any) -> dict[str, Any]:
         """What this workload adds to the stage's part of the record (sent on too)."""
+
+    def finish_record(self, record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> None:
+        """The record's workload figures once the stage that writes it has built it."""
 
 
 def stage_items(builder: Any, cfg: RunConfig, index: int) -> StageItems:
@@ -110,6 +114,9 @@ class ImageItems:
     def part(self, sequences: Any) -> dict[str, Any]:
         return {}
 
+    def finish_record(self, record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> None:
+        pass  # an image run's summary is whole as built
+
 
 class GenerationItems:
     """A generation's steps: each names its stream, start and step (checked on arrival and again
@@ -148,6 +155,9 @@ class GenerationItems:
 
     def part(self, sequences: Any) -> dict[str, Any]:
         return {"generation": self.gen.part(sequences)}
+
+    def finish_record(self, record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> None:
+        finish_record(record, parts)
 
 
 def described(specs: list[tuple[tuple[int, ...], str]]) -> str:
