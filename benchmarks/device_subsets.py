@@ -30,8 +30,8 @@ from paretopipe.envfile import read_env
 from paretopipe.llm import shapes
 from paretopipe.network.conditions import get_conditions
 from paretopipe.predict import lm_costmodel, subsets
-from paretopipe.runners import lab
-from paretopipe.runners.hosts import Testbed
+from paretopipe.controller import lab
+from paretopipe.controller.hosts import Testbed
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drift detection under a real slowdown (a measurement; the mechanism is tested against a scripted
-stage group in tests/runners/sweep/test_sweep.py).
+stage group in tests/controller/sweep/test_sweep.py).
 
 A real sweep (ResNet18, 4 splits, lan, 2 runs each, a drift check every 2 s) runs on this machine;
 once the reference's baseline is measured, BUSY processes spin on the two cores for the rest of

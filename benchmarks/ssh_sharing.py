@@ -20,8 +20,8 @@ import time
 
 from paretopipe import sshcmd
 from paretopipe.envfile import read_env
-from paretopipe.runners import lab
-from paretopipe.runners.hosts import Testbed
+from paretopipe.controller import lab
+from paretopipe.controller.hosts import Testbed
 
 
 def _commands(host, n: int, shared: bool) -> tuple[float, float]:

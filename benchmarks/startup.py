@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Start-up with a cold and a warm cache, side by side: ``split --list`` and a stage worker's start,
-fresh and forked from the sweep's zygote (``runners.zygote``, torch already imported).
+fresh and forked from the sweep's zygote (``controller.zygote``, torch already imported).
 
 Cold: an empty PARETOPIPE_CACHE_DIR, so the worker calibrates its weights and ``--list`` traces the
 model. Warm: the same folder after the first run. Rounds alternate cold and warm so the machine's
@@ -52,14 +52,14 @@ def _until_ready(proc, t0: float) -> float:
 def worker_start(cache: Path) -> float:
     """From spawning a stage worker to its ``ready`` line (model built, traced, fingerprinted)."""
     t0 = time.monotonic()
-    return _until_ready(subprocess.Popen([sys.executable, "-m", "paretopipe.runners.worker", *WORKER_ARGS],
+    return _until_ready(subprocess.Popen([sys.executable, "-m", "paretopipe.controller.worker", *WORKER_ARGS],
                                          env=_env(cache), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True), t0)
 
 
 def worker_forked(zygote, cache: Path) -> float:
     """The same start, forked from a zygote that has already imported the stage code."""
     t0 = time.monotonic()
-    return _until_ready(zygote.spawn("paretopipe.runners.worker", WORKER_ARGS, _env(cache)), t0)
+    return _until_ready(zygote.spawn("paretopipe.controller.worker", WORKER_ARGS, _env(cache)), t0)
 
 
 def import_floor() -> float:
@@ -69,7 +69,7 @@ def import_floor() -> float:
 
 
 def main() -> int:
-    from paretopipe.runners.zygote import Zygote
+    from paretopipe.controller.zygote import Zygote
 
     base = Path(tempfile.mkdtemp())
     results: dict[str, list[float]] = {k: [] for k in ("list_cold", "list_warm", "worker_cold", "worker_warm", "import",

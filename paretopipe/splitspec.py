@@ -18,7 +18,7 @@ from .errors import UsageError
 
 ADAPTIVE = "adaptive"
 SCIOT = "sciot"
-#: The splits a runtime policy chooses per batch, by name (runners/adaptive_setup.py builds each).
+#: The splits a runtime policy chooses per batch, by name (controller/adaptive_setup.py builds each).
 POLICIES = (ADAPTIVE, SCIOT)
 #: A fine cut's name: fx node names joined by ``+`` (the tensors that cross it).
 CUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\+[A-Za-z_][A-Za-z0-9_]*)*")

@@ -34,7 +34,7 @@ class Workload:
     #: of each stream (a generation's: one token).
     batch: str | None
     #: A sweep's runs, in words, as a template of the sweep options ``o``, the batches a run sends
-    #: ``per`` and the prompt lengths ``prompts`` (:func:`paretopipe.runners.sweep.plan.describe_plan`).
+    #: ``per`` and the prompt lengths ``prompts`` (:func:`paretopipe.controller.sweep.plan.describe_plan`).
     work: str
     #: The sweep's settings a search may vary (``--vary``): a generation's steps are one token of
     #: each stream, so its batch is 1 and its window the streams.

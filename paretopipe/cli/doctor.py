@@ -9,8 +9,8 @@ from typing import Sequence
 from ..llm.shapes import shape_of
 from ..options import flags
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, read_env, setup_logging
-from ..runners.doctor import check_testbed, deploy, format_checks
-from ..runners.hosts import Testbed
+from ..controller.doctor import check_testbed, deploy, format_checks
+from ..controller.hosts import Testbed
 
 
 def parser(prog: str = "paretopipe doctor") -> ArgumentParser:

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from .common import ArgumentParser, HelpFormatter, add_common_flags, example_epilog, positive_int, setup_logging
 from ..compute import cpushare
-from ..runners import lab
+from ..controller import lab
 
 
 def parser(prog: str = "paretopipe lab") -> ArgumentParser:

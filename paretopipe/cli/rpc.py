@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..options import flags
-from ..runners import rpc_ranks
+from ..controller import rpc_ranks
 from ..llm.families import model_structure
 from ..llm.shapes import workload_of
 from .workload_flags import (add_generation_flags, check_workload_flags, generation_from_args, generation_line,
@@ -254,7 +254,7 @@ class _MasterRun:
         choice = None
         if _intelligent(args):
             # lazy for start-up: pandas
-            from ..runners.intelligent import choose_split
+            from ..controller.intelligent import choose_split
 
             args.split_block, choice = choose_split(builder, args.batch_size, self.conditions,
                                                     args.device_profiles.split(",") if args.device_profiles else None)

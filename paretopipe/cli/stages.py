@@ -232,7 +232,7 @@ def main_stage1(argv: Sequence[str] | None = None, prog: str = "partition1.py") 
     policy = None
     if cfg.adaptive:  # its candidates are checked before anything listens
         # lazy for start-up: torch
-        from ..runners.adaptive_setup import adaptive_policy
+        from ..controller.adaptive_setup import adaptive_policy
 
         policy = adaptive_policy(builder, cfg)
     # lazy for start-up: torch

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 
 from ..errors import UsageError
 from ..options import flags
-from ..runners.sweep import SweepOptions, Sweeper, describe_plan
-from ..runners.sweep.plan import plan_runs, splits_for
+from ..controller.sweep import SweepOptions, Sweeper, describe_plan
+from ..controller.sweep.plan import plan_runs, splits_for
 from . import experiment
 from .workload_flags import check_workload_flags
 from .report import print_front_table, print_side_tables
@@ -19,7 +19,7 @@ from .sweep_flags import add_flags, resolved_table
 from .sweep_options import experiment_of, options_from_args
 from ..partition.names import is_model_file
 from ..llm.families import model_structure
-from ..runners.doctor import check_testbed, format_checks
+from ..controller.doctor import check_testbed, format_checks
 
 log = logging.getLogger("paretopipe.sweep")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..analysis.keys import NO_FAULT
 from ..loadgen.settings import CLOSED_LOOP
 from ..options import flags
-from ..runners.sweep.options import FAULT_DEADLINE_S
+from ..controller.sweep.options import FAULT_DEADLINE_S
 from ..transport import aead, messaging
 from .common import (add_common_flags, add_dataset_flags, add_prefetch_flags, nonneg_float, percent,
                      port_or_zero, positive_float, positive_int)
@@ -24,7 +24,7 @@ from .report import add_objectives_flag
 from ..argtypes import backend_list
 
 if TYPE_CHECKING:
-    from ..runners.sweep import SweepOptions
+    from ..controller.sweep import SweepOptions
 
 #: The resolved table leaves out what a session cannot repeat or what is written out elsewhere.
 NOT_STORED = None

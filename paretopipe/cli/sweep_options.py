@@ -12,14 +12,14 @@ from typing import Any
 from .. import engines
 from ..compute import cpushare, cputrace
 from ..errors import UsageError
-from ..runners.hosts import Testbed
-from ..runners.processes import check_stage_devices
+from ..controller.hosts import Testbed
+from ..controller.processes import check_stage_devices
 from ..analysis.session import sweep_session_dir
-from ..runners.sweep import SweepOptions
-from ..runners.sweep.options import FAULT_DEADLINE_S
+from ..controller.sweep import SweepOptions
+from ..controller.sweep.options import FAULT_DEADLINE_S
 from ..analysis.keys import NO_FAULT
 from ..faults import parse_faults
-from ..runners.sweep.placements import parse_placements
+from ..controller.sweep.placements import parse_placements
 from ..splitspec import parse_plans
 from ..network import traces
 from ..transport import aead, messaging

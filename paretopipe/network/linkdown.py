@@ -29,7 +29,7 @@ def up_commands(dev: str, p: Direction) -> list[tctree.Cmd]:
 
 @dataclasses.dataclass(frozen=True)
 class ShapedEgress:
-    """One host's shaped egress, as :func:`paretopipe.runners.sweep.shaping.tc_applied` applied it."""
+    """One host's shaped egress, as :func:`paretopipe.controller.sweep.shaping.tc_applied` applied it."""
 
     runner: tc.Runner
     dev: str

@@ -4,7 +4,7 @@ help. Every parser that takes one adds it from its row here: the sweep's table, 
 RPC ranks, doctor, profile, split, predict, and the command lines of the processes the sweeper
 starts (:class:`CommandLine`: one dataclass writes a process's argv and parses it back).
 
-Here, not in ``cli/``, because the stage workers and ranks (``runners/``) parse them too and
+Here, not in ``cli/``, because the stage workers and ranks (``controller/``) parse them too and
 nothing may import the command-line layer.
 """
 

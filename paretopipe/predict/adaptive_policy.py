@@ -1,7 +1,7 @@
 """The adaptive split's arithmetic: a link estimate from stage 1's own frames, and a split choice
 from device profiles and the cost model, with hysteresis, and :class:`AdaptivePolicy`, the split
 policy they make for stage 1's driver (``transport.policy``). No torch: the driver measures, this
-module decides; runners/adaptive_setup.py builds the policy for a model.
+module decides; controller/adaptive_setup.py builds the policy for a model.
 
 The link seen by one batch is ``net = rtt + up_bytes / goodput`` (the result coming back is a
 few bytes of logits, so its serialisation is folded into the RTT). Stage 1 knows ``net`` for every

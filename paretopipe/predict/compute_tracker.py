@@ -139,7 +139,7 @@ class ComputeTracker:
     def _speed_sample(self, stage: int, observed_s: float, baseline_s: float, profiled_s: float) -> None:
         # Weighting a short span down only slowed the drift: batch after batch of a 5 ms tail on
         # stage 2 (60% of a core) led its speed to a full core's, and the chooser offloaded to it
-        # at full speed (tests/runners/test_adaptive.py's throttled test). Stage 1's compute
+        # at full speed (tests/controller/test_adaptive.py's throttled test). Stage 1's compute
         # probes and the longer spans carry the speed instead.
         if observed_s <= 0 or baseline_s <= 0 or profiled_s < self.shortest_sample_s[stage]:
             return

@@ -35,7 +35,7 @@ from . import loop
 from .space import Config, Space
 from .study import GRACE_S, StudySpec, check_url, identity as study_identity, redacted
 from ..wiredtype import AUTO
-from ..runners.sweep import SweepOptions, Sweeper
+from ..controller.sweep import SweepOptions, Sweeper
 from .sweep_space import (base_value, cut_names, key_value, list_dims, search_space, split_label, trial_options,
                            variables)
 

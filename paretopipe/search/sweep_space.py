@@ -19,8 +19,8 @@ from ..errors import UsageError
 from .space import Config, Dimension, Space
 from ..transport.runconfig import COMPRESSIONS
 from ..wiredtype import AUTO, WIRE_DTYPE_CHOICES
-from ..runners.sweep import SweepOptions
-from ..runners.sweep.plan import splits_for
+from ..controller.sweep import SweepOptions
+from ..controller.sweep.plan import splits_for
 
 #: The sweep lists that become dimensions of the space when they name more than one choice.
 LIST_DIMS = (("network", "networks"), ("backend", "backends"), ("cipher", "ciphers"), ("transport", "transports"),

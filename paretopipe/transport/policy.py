@@ -5,7 +5,7 @@ The driver owns the mechanics every run may use (sending SWITCH before a batch w
 timing probes, the deadline after which stage 1 finishes a batch itself, reconnecting to a stage
 that came back); a policy only decides. :class:`StaticPolicy` is a measured split: always the
 run's cuts. The adaptive policy (``predict.adaptive_policy.AdaptivePolicy``: the link estimator, the
-cost-model chooser and its hysteresis) has the same methods and no torch; the runners build it,
+cost-model chooser and its hysteresis) has the same methods and no torch; the controller builds it,
 because its device profiles may need this node's self-profile. A new policy goes beside these two
 and implements the protocol; nothing in the driver changes.
 """

@@ -1,6 +1,6 @@
 """scripts/gpu_testbed.sh --rehearse, the GPU testbed's script run here with stage 2 on the CPU: an
 emulated Raspberry Pi 4 calibrated from a published figure, image and real language-model sweeps,
-and the one-page summary (paretopipe.analysis.gpu_testbed, paretopipe.runners.pi_calibration)."""
+and the one-page summary (paretopipe.analysis.gpu_testbed, paretopipe.controller.pi_calibration)."""
 
 from __future__ import annotations
 

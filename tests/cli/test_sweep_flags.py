@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from paretopipe.cli import experiment, sweep, sweep_flags, sweep_options
-from paretopipe.runners.sweep import SweepOptions
+from paretopipe.controller.sweep import SweepOptions
 
 FIELDS = {f.name: f for f in dataclasses.fields(SweepOptions)}
 

@@ -145,8 +145,8 @@ def test_share_half_makes_stage_compute_about_twice_as_long():
 
 
 def test_sweeper_refuses_shares_where_they_cannot_apply():
-    from paretopipe.runners.hosts import Host, Testbed
-    from paretopipe.runners.sweep import SweepOptions, Sweeper
+    from paretopipe.controller.hosts import Host, Testbed
+    from paretopipe.controller.sweep import SweepOptions, Sweeper
 
     with pytest.raises(UsageError, match="TCP backend's stage workers"):
         Sweeper(SweepOptions(models=["mobilenetv2"], backends=["rpc"], stage_cpu_trace={"stage1": "pi4-throttle"},

@@ -13,7 +13,7 @@ from conftest import ROOT
 from paretopipe import engines
 from paretopipe.errors import UsageError
 from paretopipe.llm import checkpoints, llamacpp
-from paretopipe.runners.sweep.options import SweepOptions, check_options
+from paretopipe.controller.sweep.options import SweepOptions, check_options
 
 REAL = "smollm2-135m-instruct"
 

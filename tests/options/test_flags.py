@@ -11,8 +11,8 @@ import pytest
 
 from conftest import PYTHON, ROOT
 from paretopipe.options import flags
-from paretopipe.runners.rpc_ranks import RankOptions
-from paretopipe.runners.worker import WorkerOptions
+from paretopipe.controller.rpc_ranks import RankOptions
+from paretopipe.controller.worker import WorkerOptions
 from paretopipe import wiredtype
 from paretopipe.transport import runconfig
 
@@ -53,7 +53,7 @@ def test_choices_are_the_values_where_they_are_defined():
     ["-m", "paretopipe.split", "--model", "mobilenetv2"], ["-m", "paretopipe.profile", "--model", "mobilenetv2",
                                                             "--out", "x.json"],
     ["-m", "paretopipe", "sweep", "--dry-run"], ["-m", "paretopipe", "doctor"],
-    ["-m", "paretopipe.runners.worker", "--role", "stage1", "--model", "mobilenetv2"],
+    ["-m", "paretopipe.controller.worker", "--role", "stage1", "--model", "mobilenetv2"],
 ])
 def test_every_command_refuses_a_non_positive_num_classes_in_one_line(command, tmp_path):
     proc = subprocess.run([PYTHON, *command, "--num-classes", "0"], capture_output=True, text=True, cwd=ROOT,

@@ -15,9 +15,9 @@ from conftest import PYTHON
 from paretopipe.envfile import read_env
 from paretopipe.errors import PeerError
 from paretopipe.llm import checkpoints
-from paretopipe.runners.llamacpp_peer import LlamaCppPeer
-from paretopipe.runners import hosts
-from paretopipe.runners.processes import Placement
+from paretopipe.controller.llamacpp_peer import LlamaCppPeer
+from paretopipe.controller import hosts
+from paretopipe.controller.processes import Placement
 from paretopipe.transport.runconfig import Generation, RunConfig
 from tcp_helpers import run
 

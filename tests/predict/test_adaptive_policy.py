@@ -2,7 +2,7 @@
 equally fast and takes the RTT as the minimum sample; the chooser offloads on a fast link, keeps
 the work local on a slow one and does not flap; ours moves work off a throttled stage 1 and back,
 and follows a busy stage 2 while it runs nothing; SCIoT's rule has no hysteresis and forces local
-batches at its rate. The runtime end to end is tests/runners/test_adaptive.py; the per-segment
+batches at its rate. The runtime end to end is tests/controller/test_adaptive.py; the per-segment
 compute estimates are tests/predict/test_compute_tracker.py."""
 
 from __future__ import annotations

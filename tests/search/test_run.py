@@ -16,7 +16,7 @@ from paretopipe.errors import UsageError
 from paretopipe.predict.device_profile import synthetic_profile
 from paretopipe.search.run import predicted_first
 from paretopipe.search.sweep_space import search_space
-from paretopipe.runners.sweep import SweepOptions
+from paretopipe.controller.sweep import SweepOptions
 import tcp_helpers as cli
 
 

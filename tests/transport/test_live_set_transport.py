@@ -197,7 +197,7 @@ def test_rpc_ranks_split_a_detector_across_its_pyramid_and_return_its_boxes(tmp_
 
 
 def test_a_frame_that_is_not_the_cuts_live_set_is_refused_and_the_real_stage_1_is_served_next():
-    from paretopipe.runners.hosts import StageProcess
+    from paretopipe.controller.hosts import StageProcess
     from paretopipe.transport import tcp, wire
     from paretopipe.transport.runconfig import RunConfig
     from paretopipe.transport.tcp.nextstage import run_start
@@ -205,7 +205,7 @@ def test_a_frame_that_is_not_the_cuts_live_set_is_refused_and_the_real_stage_1_i
     secret = "live-set-secret-0123456789abcdef"
     b = builder("resnet18")
     cfg = RunConfig(model=b.name, cuts=[INSIDE_BLOCK], batch_size=1, num_batches=1, warmup=0, timeout_s=20)
-    worker = StageProcess("stage2", [PYTHON, "-m", "paretopipe.runners.worker", "--role", "stage2", "--model",
+    worker = StageProcess("stage2", [PYTHON, "-m", "paretopipe.controller.worker", "--role", "stage2", "--model",
                                      "resnet18", "--threads", "1"])
     listener = tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), secret.encode())
     try:

@@ -35,7 +35,7 @@ next (``partition2.py --next-port``); it is a sink that forwards:
 Every stage writes the same record with every stage's part; latency is still stamped on stage
 1's clock alone. Each hop's frames take the network's up direction, results the down direction.
 
-An adaptive run (``split_index`` "adaptive", its policy built by runners/adaptive_setup.py) adds three control
+An adaptive run (``split_index`` "adaptive", its policy built by controller/adaptive_setup.py) adds three control
 frames: stage 2 answers RUN_OK with its own brief self-profile; SWITCH {cuts} between two batches
 moves the split from the next batch on (stage 2 holds every segment); PROBE (a few bytes or a
 fixed-size filler) is answered at once by PROBE_ACK, so stage 1 can measure the link between

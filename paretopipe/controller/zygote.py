@@ -1,0 +1,347 @@
+"""A fork server for the stage processes a sweep starts on this machine.
+
+Importing torch and torchvision costs about 4.5 s of CPU on a 2-core x86 VM and several times that
+on a Pi, and a local sweep starts two to five stage processes per model, again after every failure.
+The zygote is one interpreter that imports the stage code (and with it torch and torchvision) once
+and forks each worker or rank from that state; the fork costs milliseconds and shares the imported
+pages. A forked stage is a real process with its own stdio pipes, session, environment, working
+directory and process title (``ps`` shows ``python -m paretopipe.controller.worker --role stage2 ...``),
+and its exit status comes back as ``Popen.returncode`` would. As with a Popen, its pid stays its own
+until this side has read that status: the zygote holds the ended child as a zombie until then, so a
+signal sent by pid (a fault, a stop by process group) never reaches a process that took the pid over.
+
+Why not ``multiprocessing``'s forkserver: its children re-import the parent's ``__main__`` and get
+``/dev/null`` as stdin, while a stage process needs the sweep's pipes and its own argv.
+
+The zygote forks before any thread of its own exists (it serves one request at a time, in one
+thread). A stage whose environment differs from the zygote's in a variable read at interpreter or
+library start (``PYTHON*``, ``OMP_*``, ``LD_*``, ...) is started with ``subprocess.Popen`` instead,
+and so is everything when the zygote cannot start (``PARETOPIPE_NO_ZYGOTE=1`` turns it off).
+Requests carry JSON and three file descriptors over a socketpair between the sweep and its own
+zygote; nothing on it comes from a network. This module is the sweep's side; the zygote process
+is :mod:`paretopipe.controller.zygote_server`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any, Sequence
+
+# What a stage imports on its way to its first run (the stage modules import these lazily, so that
+# their --help stays fast).
+PRELOAD = ("torch", "torchvision", "paretopipe.partition.stages", "paretopipe.transport.tcp",
+           "paretopipe.transport.rpc", "paretopipe.controller.adaptive_setup", "paretopipe.controller.worker",
+           "paretopipe.controller.rpc_ranks")
+# Read once, when an interpreter or a native library starts: a child that needs other values than
+# the zygote's cannot get them by a fork.
+STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_", "MALLOC_", "NUMEXPR_")
+MAX_REQUEST = 1 << 20  # a request's JSON, bytes
+
+
+def _startup_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
+
+
+# -- the sweep's side -----------------------------------------------------------------------------
+class ForkedProcess:
+    """What the sweep holds for a forked stage: the part of ``subprocess.Popen`` it uses."""
+
+    def __init__(self, args: list[str], pid: int, stdin: Any, stdout: Any, stderr: Any) -> None:
+        self.args, self.pid = args, pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode  # type: ignore[return-value]
+
+    def communicate(self, input: str | None = None, timeout: float | None = None) -> tuple[str, str]:
+        """Popen.communicate's contract: write ``input``, close stdin, read both outputs to their
+        end, and wait; TimeoutExpired if the child outlives ``timeout``."""
+        out: dict[str, str] = {}
+
+        def drain(name: str, stream: Any) -> None:
+            out[name] = stream.read() if stream is not None else ""
+
+        readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
+                   for n, s in (("out", self.stdout), ("err", self.stderr))]
+        for reader in readers:
+            reader.start()
+        if self.stdin is not None and not self.stdin.closed:
+            try:
+                if input:
+                    self.stdin.write(input)
+                self.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+        self.wait(timeout)
+        for reader in readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return out["out"], out["err"]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """One fork server, started on first use and ended when this process closes it or exits."""
+
+    def __init__(self, preload: Sequence[str] = PRELOAD, start_timeout: float = 120.0,
+                 env: dict[str, str] | None = None) -> None:
+        self.preload, self.start_timeout = list(preload), start_timeout
+        self.env = dict(os.environ if env is None else env)
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._replies: list[dict[str, Any]] = []
+        self._reply = threading.Condition()
+        self._children: dict[int, ForkedProcess] = {}
+        self._exits: dict[int, int] = {}
+        self.failed: str | None = None
+
+    def _start(self) -> None:
+        self._sock = self._forked_server() or self._new_server()
+        threading.Thread(target=self._listen, daemon=True, name="zygote-replies").start()
+        try:
+            if "ready" not in self._next_reply(self.start_timeout):
+                raise OSError("the zygote did not start")
+        except OSError:
+            if self._proc is not None:
+                self._proc.kill()
+            raise
+
+    def _forked_server(self) -> socket.socket | None:
+        """In a process a zygote forked: the socket of a zygote forked for it from that one."""
+        inherited = _take_inherited(self.env)
+        if inherited is None:
+            return None
+        try:
+            inherited.send(json.dumps({"zygote": self.preload}).encode())
+        except OSError:
+            inherited.close()
+            return None
+        return inherited
+
+    def _new_server(self) -> socket.socket:
+        """The socket of a new zygote interpreter."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "paretopipe.controller.zygote_server", "--fd", str(theirs.fileno()),
+                 "--preload", ",".join(self.preload)], pass_fds=[theirs.fileno()], env=self.env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        return mine
+
+    def _listen(self) -> None:
+        sock = self._sock
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = json.loads(data)
+            if "exit" in msg:
+                with self._reply:
+                    child = self._children.pop(msg["exit"], None)
+                    if child is None:
+                        self._exits[msg["exit"]] = msg["code"]
+                if child is not None:
+                    child._exited(msg["code"])
+                # Only now may the zygote free the pid: until this process knew the child had ended,
+                # a signal it sent by pid had to reach that child (a zombie) and nothing else.
+                try:
+                    sock.send(json.dumps({"reap": msg["exit"]}).encode())
+                except OSError:
+                    pass
+                continue
+            with self._reply:
+                self._replies.append(msg)
+                self._reply.notify_all()
+        # The zygote is gone: its children were reparented, and their codes can no longer be known.
+        with self._reply:
+            self.failed = self.failed or "the zygote exited"
+            orphans, self._children = list(self._children.values()), {}
+            self._reply.notify_all()
+        for child in orphans:
+            child._exited(-signal.SIGKILL)
+
+    def _next_reply(self, timeout: float) -> dict[str, Any]:
+        with self._reply:
+            if not self._reply.wait_for(lambda: self._replies or self.failed, timeout):
+                raise OSError("the zygote did not answer")
+            if not self._replies:
+                raise OSError(self.failed)
+            return self._replies.pop(0)
+
+    def usable_for(self, env: dict[str, str]) -> bool:
+        return self.failed is None and _startup_env(env) == _startup_env(self.env)
+
+    def fork(self, argv: Sequence[str], env: dict[str, str], cwd: str | None = None) -> ForkedProcess | None:
+        """``argv`` (``python -m module ...`` or ``python script.py ...``) forked with this environment,
+        or None where a fork would not be the same start as a fresh interpreter's."""
+        if len(argv) < 2 or argv[0] != sys.executable or not self.usable_for(env):
+            return None
+        try:
+            if argv[1] == "-m" and len(argv) >= 3:
+                return self.spawn(argv[2], argv[3:], env, cwd=cwd)
+            if argv[1].endswith(".py"):
+                return self.spawn(None, argv[2:], env, cwd=cwd, script=os.path.join(cwd or os.getcwd(), argv[1]))
+        except OSError:
+            pass  # a plain start is slower, not different
+        return None
+
+    def warm(self) -> None:
+        """Start the zygote unless it runs already (or could not)."""
+        with self._lock:
+            if self._sock is None and self.failed is None:
+                try:
+                    self._start()
+                except OSError as exc:
+                    self.failed = str(exc)
+
+    def spawn(self, module: str | None, args: Sequence[str], env: dict[str, str], cwd: str | None = None,
+              script: str | None = None) -> ForkedProcess:
+        """Fork ``python -m module args`` (or ``python script args``) with this environment, in ``cwd``
+        (default: ours); OSError when the zygote cannot."""
+        with self._lock:
+            if self.failed:
+                raise OSError(self.failed)
+            try:
+                if self._sock is None:
+                    self._start()
+                pipes = [os.pipe() for _ in range(3)]
+                theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+                req = {"module": module, "script": script, "args": [str(a) for a in args], "env": env,
+                       "cwd": str(cwd or os.getcwd())}
+                try:
+                    socket.send_fds(self._sock, [json.dumps(req).encode()], theirs)
+                    reply = self._next_reply(30.0)
+                finally:
+                    for fd in theirs:
+                        os.close(fd)
+                if "pid" not in reply:
+                    for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
+                        os.close(fd)
+                    raise OSError(f"the zygote refused: {reply.get('error')}")
+            except OSError as exc:
+                self.failed = self.failed or str(exc)
+                raise
+            pid = reply["pid"]
+            child = ForkedProcess([sys.executable, *(["-m", module] if module else [script]), *args], pid,
+                                  open(pipes[0][1], "w", buffering=1), open(pipes[1][0], "r"),
+                                  open(pipes[2][0], "r", errors="backslashreplace"))
+            with self._reply:
+                if pid in self._exits:  # it ended before we got here
+                    child._exited(self._exits.pop(pid))
+                else:
+                    self._children[pid] = child
+            return child
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                self._sock.close()
+                self._sock = None
+            if self._proc is not None:
+                try:
+                    self._proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+                self._proc = None
+            self.failed = self.failed or "the zygote was shut down"
+
+
+_shared: Zygote | None = None
+_shared_lock = threading.Lock()
+# In a process that a zygote forked: the channel on which that zygote forks it a zygote of its own
+# (from its untouched, imported state: no second interpreter), and the start-up environment they share.
+_inherited: tuple[socket.socket, dict[str, str]] | None = None
+_inherited_lock = threading.Lock()
+
+
+def inherit(channel: socket.socket) -> None:
+    """In a process the zygote just forked: the channel on which that zygote forks it a zygote of
+    its own, and the start-up environment they share (read by :meth:`Zygote._forked_server`)."""
+    global _inherited
+    with _inherited_lock:
+        _inherited = (channel, _startup_env(dict(os.environ)))
+
+
+def _take_inherited(env: dict[str, str]) -> socket.socket | None:
+    """The inherited channel, once, for a zygote whose start-up environment is the forking zygote's."""
+    global _inherited
+    with _inherited_lock:
+        if _inherited is None or _startup_env(env) != _inherited[1]:
+            return None
+        channel, _inherited = _inherited[0], None
+        return channel
+
+
+def enabled() -> bool:
+    """False where ``PARETOPIPE_NO_ZYGOTE=1`` asks for plain starts only."""
+    return os.environ.get("PARETOPIPE_NO_ZYGOTE") != "1"
+
+
+def _shared_zygote() -> Zygote | None:
+    global _shared
+    if not enabled():
+        return None
+    with _shared_lock:
+        if _shared is None:
+            _shared = Zygote()
+            atexit.register(_shared.close)
+        return _shared
+
+
+def prestart() -> None:
+    """Start this process's zygote now, in the background, so that its imports overlap the sweep's
+    own set-up instead of delaying the first stage."""
+    zygote = _shared_zygote()
+    if zygote is not None:
+        threading.Thread(target=zygote.warm, daemon=True, name="zygote-start").start()
+
+
+def launch(argv: list[str], env: dict[str, str] | None, fork: bool = True) -> subprocess.Popen | ForkedProcess:
+    """Start a stage process: forked from this process's zygote when ``fork`` allows, ``argv`` is
+    ``python -m module ...`` (or a script) and the environment allows it, else ``subprocess.Popen``
+    (an SSH command line is never forked). Both speak text lines on stdin, stdout and stderr, in a
+    session of their own."""
+    full_env = {**os.environ, **(env or {})}
+    zygote = _shared_zygote() if fork else None
+    forked = zygote.fork(argv, full_env) if zygote is not None else None
+    return forked or subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, bufsize=1, start_new_session=True, env=full_env if env else None)

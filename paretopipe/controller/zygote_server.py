@@ -1,0 +1,235 @@
+"""The zygote process (:mod:`paretopipe.controller.zygote` starts it and speaks to it): it imports the
+stage code once, then forks one child per request, each becoming the stage process the request
+describes with the request's pipes, session, environment, working directory and title, and sends
+back each child's pid and, once reaped, its exit status. A child may ask, on a channel of its own,
+for a zygote of its own: one is forked from this imported state.
+
+    python -m paretopipe.controller.zygote_server --fd N [--preload torch,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import io
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+from typing import Any, Sequence
+
+from paretopipe.controller import zygote
+from paretopipe.controller.zygote import MAX_REQUEST, PRELOAD
+
+
+def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
+    try:
+        sock.send(json.dumps(obj).encode())
+    except OSError:
+        pass  # the sweep is gone; the loop ends at its EOF
+
+
+def _child(req: dict[str, Any], fds: list[int], sock: socket.socket, channel: socket.socket,
+           others: Sequence[socket.socket]) -> None:
+    """In the forked child: become the stage process the request describes, run it, exit. The child
+    keeps ``channel``, on which it can ask for a zygote of its own (see ``Zygote._start``)."""
+    code: Any = 1
+    try:
+        for theirs in (sock, *others):
+            theirs.close()
+        zygote.inherit(channel)
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        module, script, args = req.get("module"), req.get("script"), [str(a) for a in req["args"]]
+        _set_title(" ".join([sys.executable, *(["-m", module] if module else [script]), *args]))
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False),
+                                                       errors="backslashreplace", line_buffering=True)
+        sys.argv = [module or script, *args]
+        import runpy
+
+        try:
+            if module:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python script.py does
+                runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        atexit._run_exitfuncs()  # what a normal interpreter exit runs
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code or 0)
+
+
+def _set_title(title: str) -> None:
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:  # only the title in ps differs
+        pass
+
+
+def _reap(sock: socket.socket, children: set[int], ended: set[int], helpers: set[int]) -> None:
+    """Report each child that ended, but leave it a zombie: its pid stays reserved, as a Popen's does
+    until its owner waits, so that a signal the sweep sends by pid (a fault, a stop by process group)
+    before it has read the exit cannot reach a process that took the pid over. The sweep answers
+    with ``{"reap": pid}`` (:func:`_release`). A child's own zygote is reaped at once: nobody signals it."""
+    for pid in list(helpers):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            helpers.discard(pid)
+    for pid in list(children):
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = None
+            children.discard(pid)
+        if info is None:
+            continue
+        children.discard(pid)
+        ended.add(pid)
+        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        _send(sock, {"exit": pid, "code": code})
+
+
+def _release(pid: Any, ended: set[int]) -> None:
+    """The sweep has read ``pid``'s exit: the pid may now go to another process."""
+    if pid in ended:
+        ended.discard(pid)
+        os.waitpid(pid, 0)
+
+
+def serve(sock: socket.socket, preload: Sequence[str]) -> int:
+    """The zygote's loop: import, say ready, then fork one child per request until the sweep closes
+    its end; children are reaped and their exit codes sent back."""
+    import importlib
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the sweep's to handle
+    for name in preload:
+        importlib.import_module(name)
+    try:
+        import setproctitle
+
+        # Its set-up finds argv through environ, so it runs once here, before a child replaces environ.
+        setproctitle.setproctitle(setproctitle.getproctitle())
+    except ImportError:
+        pass
+    _send(sock, {"ready": os.getpid()})
+    channels: list[socket.socket] = []  # one per live child: where it may ask for a zygote of its own
+    children: set[int] = set()  # forked for the sweep, not yet ended
+    ended: set[int] = set()  # ended and reported, held as zombies until the sweep has read the exit
+    helpers: set[int] = set()
+    while True:
+        readable, _, _ = select.select([sock, *channels], [], [], 0.05)
+        _reap(sock, children, ended, helpers)
+        for channel in readable:
+            if channel is not sock:
+                channels.remove(channel)
+                _serve_a_zygote(channel, sock, channels, helpers)
+        if sock not in readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, 3)
+        except OSError:
+            return 0
+        if not data:
+            return 0  # the sweep is gone: its children see EOF on stdin and end themselves
+        try:
+            req = _request(data, fds)
+        except ValueError as exc:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": str(exc)})
+            continue
+        if "reap" in req:
+            _release(req["reap"], ended)
+            continue
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            _child(req, fds, sock, theirs, [mine, *channels])
+        theirs.close()
+        channels.append(mine)
+        children.add(pid)
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"pid": pid})
+
+
+def _request(data: bytes, fds: list[int]) -> dict[str, Any]:
+    """A fork request (JSON naming a module or a script, with three descriptors) or the sweep's
+    word that it has read an exit (``{"reap": pid}``, no descriptors); ValueError otherwise."""
+    req = json.loads(data)
+    if isinstance(req, dict) and set(req) == {"reap"} and isinstance(req["reap"], int) and not fds:
+        return req
+    if len(fds) != 3 or not isinstance(req, dict):
+        raise ValueError("a request carries JSON and three descriptors")
+    if isinstance(req.get("module"), str) == isinstance(req.get("script"), str):
+        raise ValueError("a request names a module or a script")
+    return req
+
+
+def _serve_a_zygote(channel: socket.socket, sock: socket.socket, channels: list[socket.socket],
+                    helpers: set[int]) -> None:
+    """A child asked on its channel for a zygote of its own (or ended, closing it): fork one from
+    this untouched state, which serves the child on that channel, as a fresh zygote would."""
+    try:
+        req = json.loads(channel.recv(MAX_REQUEST) or b"null")
+    except (OSError, ValueError):
+        req = None
+    if not isinstance(req, dict) or not isinstance(req.get("zygote"), list):
+        channel.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for theirs in (sock, *channels):
+                theirs.close()
+            code = serve(channel, [str(m) for m in req["zygote"]])
+        finally:
+            os._exit(code)
+    helpers.add(pid)
+    channel.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="fork server for local stage processes (started by a sweep)")
+    parser.add_argument("--fd", type=int, required=True, help="this end of the sweep's socketpair")
+    parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import before forking")
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    return serve(sock, [m for m in args.preload.split(",") if m])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The fork server the sweep starts its local stages from: real forks, real pipes, real signals."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from paretopipe.controller import zygote
+
+CHILD = '''
+import json, os, sys
+print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("ZYGOTE_TEST_X"),
+                  "leader": os.getsid(0) == os.getpid(), "main": __name__}), flush=True)
+for line in sys.stdin:
+    if line.strip() == "exit":
+        break
+    print(line.strip().upper(), flush=True)
+code = sys.argv[1] if len(sys.argv) > 1 else "0"
+sys.exit(int(code) if code.lstrip("-").isdigit() else code)
+'''
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "zygote_child.py").write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    z = zygote.Zygote(preload=["json"], env=env)
+    yield z, env
+    z.close()
+
+
+def test_a_forked_stage_has_its_own_pipes_session_env_cwd_and_exit_code(server, tmp_path):
+    z, env = server
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chdir(work)
+    try:
+        child = z.spawn("zygote_child", ["7", "--role", "stage2"], {**env, "ZYGOTE_TEST_X": "forked"})
+    finally:
+        os.chdir(os.path.dirname(__file__))
+    hello = json.loads(child.stdout.readline())
+    assert hello == {"argv": ["7", "--role", "stage2"], "cwd": str(work), "x": "forked", "leader": True,
+                     "main": "__main__"}
+    # ps shows the stage's own command line, not the zygote's
+    assert "zygote_child 7 --role stage2" in " ".join(psutil.Process(child.pid).cmdline())
+    child.stdin.write("ping\n")
+    assert child.stdout.readline() == "PING\n"
+    assert child.poll() is None
+    child.stdin.write("exit\n")
+    assert child.wait(10) == 7 and child.poll() == 7
+    assert psutil.Process(z._proc.pid).is_running()  # the zygote serves on
+
+
+def test_a_message_exit_a_signal_and_a_closed_stdin_end_a_child_as_they_end_a_process(server):
+    z, env = server
+    told = z.spawn("zygote_child", ["bad input, valid: good"], env)
+    told.stdin.write("exit\n")
+    assert told.wait(10) == 1 and "bad input, valid: good" in told.stderr.read()
+    killed = z.spawn("zygote_child", [], env)
+    json.loads(killed.stdout.readline())
+    os.killpg(killed.pid, signal.SIGTERM)  # the sweep stops a stage by its process group
+    assert killed.wait(10) == -signal.SIGTERM
+    orphaned = z.spawn("zygote_child", ["3"], env)
+    orphaned.stdin.close()
+    assert orphaned.wait(10) == 3
+    with pytest.raises(subprocess.TimeoutExpired):
+        z.spawn("zygote_child", [], env).wait(0.2)
+
+
+def test_the_zygote_ends_with_its_sweep_and_its_children_end_at_their_eof(server):
+    z, env = server
+    child = z.spawn("zygote_child", ["0"], env)
+    json.loads(child.stdout.readline())
+    zpid = z._proc.pid
+    z.close()
+    assert not psutil.pid_exists(zpid) or psutil.Process(zpid).status() == psutil.STATUS_ZOMBIE
+    assert psutil.Process(child.pid).is_running()  # a stage outlives the zygote until its stdin ends
+    child.stdin.close()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child.pid) and psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child did not end at EOF"
+        time.sleep(0.05)
+    with pytest.raises(OSError):
+        z.spawn("zygote_child", [], env)
+
+
+def test_a_different_startup_variable_or_the_off_switch_gives_a_plain_process(server, monkeypatch):
+    z, env = server
+    assert z.usable_for({**env, "ZYGOTE_TEST_X": "any"})  # read at run time: a fork can set it
+    assert not z.usable_for({**env, "OMP_NUM_THREADS": "3"})  # read when the library loads: it cannot
+    assert not z.usable_for({**env, "PYTHONPATH": "/elsewhere"})
+    monkeypatch.setenv("PARETOPIPE_NO_ZYGOTE", "1")
+    proc = zygote.launch([sys.executable, "-c", "import sys; print(sys.stdin.readline().upper())"], None)
+    assert isinstance(proc, subprocess.Popen)
+    out, _ = proc.communicate("plain\n", timeout=30)
+    assert out.strip() == "PLAIN" and proc.returncode == 0
+
+
+def test_a_request_without_its_descriptors_is_refused_and_the_zygote_serves_on(server):
+    z, env = server
+    z.spawn("zygote_child", ["0"], env).stdin.close()  # started
+    z._sock.send(b'{"module": "zygote_child"}')
+    assert "three descriptors" in z._next_reply(10)["error"]
+    child = z.spawn("zygote_child", ["5"], env)
+    child.stdin.close()
+    assert child.wait(10) == 5
+
+
+def test_a_script_runs_as_python_script_would_and_communicate_collects_its_output(server, tmp_path):
+    z, env = server
+    child = z.spawn(None, ["4"], env, cwd=str(tmp_path), script=str(tmp_path / "zygote_child.py"))
+    out, err = child.communicate("hi\nexit\n", timeout=10)
+    hello, echoed = out.splitlines()
+    assert json.loads(hello) == {"argv": ["4"], "cwd": str(tmp_path), "x": None, "leader": True, "main": "__main__"}
+    assert echoed == "HI" and err == "" and child.returncode == 4
+
+
+NESTED = '''
+import json, os, sys
+from paretopipe.controller import zygote
+own = zygote.Zygote(preload=["json"])
+child = own.spawn("zygote_child", ["5"], dict(os.environ))
+hello = json.loads(child.stdout.readline())
+import psutil
+helper = psutil.Process(psutil.Process(child.pid).ppid())
+child.stdin.write("exit\\n")
+child.stdin.flush()
+print(json.dumps({"parent": os.getppid(), "fresh": own._proc is not None, "grandchild": hello["argv"],
+                  "code": child.wait(10), "helper": helper.pid, "helper_parent": helper.ppid()}), flush=True)
+own.close()
+'''
+
+
+def test_a_forked_process_gets_its_own_zygote_by_a_fork_not_a_new_interpreter(server, tmp_path):
+    """A sweep forked from a zygote (as the tests' CLIs are) asks that zygote for one of its own:
+    the zygote forks it from its imported state, and the sweep's stages come from there."""
+    z, env = server
+    (tmp_path / "nested_sweep.py").write_text(NESTED)
+    child = z.spawn("nested_sweep", [], env)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    got = json.loads(out)
+    assert not got["fresh"] and got["grandchild"] == ["5"] and got["code"] == 5
+    # The stage's zygote is a child of the first zygote, which started no second interpreter.
+    assert got["helper_parent"] == z._proc.pid == got["parent"] and got["helper"] != z._proc.pid
+    assert psutil.Process(z._proc.pid).is_running()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(got["helper"]):  # it ends with its sweep, and its zygote reaps it
+        assert time.monotonic() < deadline, "the helper zygote outlived its sweep"
+        time.sleep(0.05)
+
+
+# Plays the sweep against a zygote process in a pid namespace of its own (no other process forks
+# there), then asks the kernel for the ended child's pid for a new process (ns_last_pid): while the
+# sweep has not read the exit, that pid must stay the child's, as a Popen's stays until its wait.
+PID_REUSE = '''
+import json, os, socket, subprocess, sys
+mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+zyg = subprocess.Popen([sys.executable, "-m", "paretopipe.controller.zygote_server", "--fd", str(theirs.fileno()),
+                        "--preload", "json"], pass_fds=[theirs.fileno()])
+theirs.close()
+assert "ready" in json.loads(mine.recv(65536))
+null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+req = {"module": None, "script": sys.argv[1], "args": [], "env": dict(os.environ), "cwd": os.getcwd()}
+socket.send_fds(mine, [json.dumps(req).encode()], null)
+pid = json.loads(mine.recv(65536))["pid"]
+ended = json.loads(mine.recv(65536))
+
+def state():
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+held = state()
+with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+    fh.write(str(pid - 1))
+newcomer = subprocess.Popen(["true"])
+newcomer.wait()
+mine.send(json.dumps({"reap": pid}).encode())
+for _ in range(200):
+    if state() is None:
+        break
+    import time; time.sleep(0.01)
+print(json.dumps({"pid": pid, "ended": ended, "held": held, "newcomer": newcomer.pid, "after_reap": state()}))
+mine.close()
+zyg.wait(10)
+'''
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and util-linux's unshare for a pid namespace")
+def test_an_ended_childs_pid_is_not_given_to_another_process_before_the_sweep_reads_its_exit(tmp_path):
+    """The race behind a CI failure (ForkedProcess.poll() gave a live stage's pid someone else's exit
+    status): the zygote freed a child's pid the moment the child ended, so the pid could go to a new
+    process while the sweep still held it for that child; a signal or a status by pid then met the
+    wrong process. Now the zygote keeps the ended child a zombie until the sweep says it has read the
+    exit, as a Popen's pid stays reserved until its wait. The kernel is asked outright to reuse the pid."""
+    (tmp_path / "ends.py").write_text("import sys; sys.exit(3)\n")
+    (tmp_path / "play.py").write_text(PID_REUSE)
+    out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(tmp_path / "play.py"),
+                          str(tmp_path / "ends.py")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["ended"] == {"exit": got["pid"], "code": 3}
+    assert got["newcomer"] != got["pid"]  # asked for, the pid went elsewhere: it was still taken
+    assert got["held"] == "Z"  # by the ended child, reported and kept as a zombie
+    assert got["after_reap"] is None  # the sweep's word frees it
