@@ -74,7 +74,7 @@ test-peers: venv llamacpp
 # (tests/conftest.py exhaustive_sample), this checks them all; .ci/run runs it after make test.
 test-exhaustive: venv
 	PARETOPIPE_EXHAUSTIVE=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests/partition/test_live_sets.py \
-	  tests/partition/test_split.py tests/partition/test_onnxstage.py tests/llm/test_checkpoints.py \
+	  tests/partition/test_fxcuts.py tests/partition/test_onnxstage.py tests/llm/test_checkpoints.py \
 	  tests/partition/test_fingerprints.py \
 	  -k "every_cut or every_fine_cut or every_block_split or fingerprint_equals_aarch64" --durations=5
 

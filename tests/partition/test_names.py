@@ -73,3 +73,9 @@ def test_a_sweep_plan_imports_no_torch(tmp_path):
     assert again.returncode == 0, again.stderr
     assert again.stdout == first.stdout
     assert again.stdout.startswith("6 runs locally") and "resnet34_tcp_lan_k02_r2" in again.stdout, again.stdout
+
+
+def test_names_are_case_and_dash_insensitive():
+    assert names.canonical_name("MobileNet-V2") == "mobilenet_v2"
+    assert names.canonical_name("Wide_ResNet50-2") == "wide_resnet50_2"
+    assert names.input_size("InceptionV3") == 299 and names.input_size("resnet18") == 224

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 from torch import nn
 
-from conftest import PYTHON, ROOT, exhaustive_sample, traced
+from conftest import exhaustive_sample, traced
 from paretopipe.partition import fxcuts, models
 from paretopipe.errors import UsageError
 
@@ -149,40 +147,6 @@ def test_generic_torchvision_model_splits_exactly():
         assert fxcuts.verify(model, part.stages([part.block_cut(k)]), x) <= TOL
 
 
-def test_names_are_case_and_dash_insensitive():
-    assert models.canonical_name("MobileNet-V2") == "mobilenet_v2"
-    assert models.canonical_name("Wide_ResNet50-2") == "wide_resnet50_2"
-    assert models.input_size("InceptionV3") == 299 and models.input_size("resnet18") == 224
-
-
-def test_register_custom_model_and_split_it():
-    @models.register("tiny-test-net", input_size=16)
-    def _tiny(num_classes: int) -> nn.Module:
-        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                             nn.Flatten(), nn.Linear(8, num_classes))
-
-    model = models.build("TinyTestNet", num_classes=4)
-    x = torch.randn(3, 3, 16, 16)
-    part = fxcuts.Partitioner(model, x, models.canonical_name("tiny-test-net"))
-    assert len(part.cuts) == 5  # between each of the six layers
-    for cut in part.cuts:
-        assert fxcuts.verify(model, part.stages([cut.name]), x) <= TOL
-
-
-def test_weights_load_from_file_and_mismatch_is_clear(tmp_path):
-    model = models.build("alexnet")
-    torch.save(model.state_dict(), tmp_path / "alexnet.pth")
-    loaded = models.build("alexnet", models_dir=tmp_path)
-    assert models.fingerprint(loaded) == models.fingerprint(model)
-    with pytest.raises(UsageError, match=r"do not fit the model.*shape mismatches.*num-classes"):
-        models.build("alexnet", num_classes=7, weights=tmp_path / "alexnet.pth")
-
-
-def test_unknown_model_lists_known_names():
-    with pytest.raises(UsageError, match=r"unknown model 'resnet9000'; known: mobilenetv2, resnet18"):
-        models.build("resnet9000")
-
-
 def test_split_out_of_range_states_valid_range():
     _, part, _, _ = traced("resnet18")
     with pytest.raises(UsageError, match=r"split index 12 out of range for resnet18: valid 0\.\.9"):
@@ -198,17 +162,7 @@ def test_untraceable_model_names_the_failing_op():
                 return x
             return -x
 
-    with pytest.raises(UsageError, match=r"cannot trace Branchy at .*test_split.py:\d+ .*make forward traceable"):
+    with pytest.raises(UsageError, match=r"cannot trace Branchy at .*test_fxcuts.py:\d+ .*make forward traceable"):
         fxcuts.cut_points(Branchy(), torch.zeros(1, 3))
 
 
-def test_cli_lists_blocks_and_errors_in_one_line():
-    ok = subprocess.run([PYTHON, "-m", "paretopipe.split", "--model", "resnet18", "--list"],
-                        capture_output=True, text=True, cwd=ROOT)
-    assert ok.returncode == 0
-    lines = ok.stdout.strip().splitlines()
-    assert lines[0].split()[:3] == ["k", "block", "cut"] and len(lines) == 1 + 10
-    assert "layer1.0" in ok.stdout and "(whole model)" in ok.stdout
-    bad = subprocess.run([PYTHON, "-m", "paretopipe.split", "--model", "nope", "--list"],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
