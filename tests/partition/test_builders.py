@@ -3,7 +3,7 @@
 RegNet's builder computes with tensors while it is constructed, which the meta device cannot do
 ("Cannot copy out of meta tensor"): ``models.skeleton`` falls back to a real build for it. The
 structure-only path (``split --list``, ``--dry-run``) is what runs here: exactness on responsive
-weights is proven on the eight named models in test_split.py."""
+weights is proven on the eight named models in test_fxcuts.py."""
 
 from __future__ import annotations
 
