@@ -155,6 +155,13 @@ def main(root: Path) -> int:
     named = [p for p in paths if p.stem not in ("__init__", "__main__")]
     own = [p for p in named if p.stem in tested]
     print(f"modules: {len(named)}, with a test module of their own name: {len(own)}")
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for p in named:
+        by_name[p.name].append(f"{p.parent.relative_to(root)}/")
+    shared = {n: where for n, where in sorted(by_name.items()) if len(where) > 1}
+    print(f"file names several modules share: {len(shared)} ("
+          + "; ".join(f"{n} in {', '.join(sorted(w))}" for n, w in shared.items())
+          + "; each kept, with why, in tests/test_architecture.py SHARED_NAMES)")
     print("package imports inside functions:", lazy)
     print(workload_branches(paths, root))
     for warn, limit, what in ((WARN_MODULE_LINES, MAX_MODULE_LINES, "module"), (WARN_FUNCTION_LINES, MAX_FUNCTION_LINES, "function")):
