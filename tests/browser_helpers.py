@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -33,6 +34,7 @@ class Browser:
                                       "--remote-debugging-pipe", *flags,
                                       "--user-data-dir=" + os.path.join(self.home, "profile"), "about:blank"],
                                      preexec_fn=fds, pass_fds=(3, 4),  # kept open after fds() set them
+                                     start_new_session=True,  # its helpers too, ended as one group
                                      env={**os.environ, "TMPDIR": self.home},
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.close(to_browser_r)
@@ -74,8 +76,41 @@ class Browser:
         return self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True})["result"].get("value")
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        end_group(self.proc)
         os.close(self._to_browser)
         os.close(self._from_browser)
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def end_group(proc: subprocess.Popen, wait_s: float = 10) -> None:
+    """Kill a browser started in a session of its own and every helper it forked, and wait until
+    none is left: a helper outliving the browser went on writing its cache into a profile folder
+    already removed, and left it under /tmp."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def run_chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """One headless Chromium command (``--screenshot``, ``--dump-dom``), its profile and scratch
+    folders in a folder of its own that is removed once it and its helpers have ended."""
+    home = tempfile.mkdtemp(prefix="pp-browser-")
+    proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                             f"--user-data-dir={home}/profile", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": home},
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        end_group(proc)
+        shutil.rmtree(home, ignore_errors=True)

@@ -4,31 +4,25 @@ the screenshot is not blank."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import tempfile
 import zlib
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from browser_helpers import CHROMIUM, run_chromium
 from paretopipe.analysis import objectives
 from paretopipe.analysis.interactive import hover_text
 from paretopipe.analysis.report import HTML_FILE, write_report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_small"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    # Its profile and scratch folders in one of its own, removed after (not left under /tmp).
-    with tempfile.TemporaryDirectory(prefix="pp-browser-") as home:
-        return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                               f"--user-data-dir={home}/profile", "--virtual-time-budget=8000", *args],
-                              capture_output=True, text=True, timeout=timeout, env={**os.environ, "TMPDIR": home})
+    return run_chromium("--virtual-time-budget=8000", *args, timeout=timeout)
 
 
 def _png_pixels(path: Path) -> tuple[int, int, bytes]:
