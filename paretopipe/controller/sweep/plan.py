@@ -180,6 +180,10 @@ def segments(plan: list[PlannedRun], tc_mode: bool) -> list[tuple[str | None, li
     return out
 
 
+#: How the plan's line names a workload's own sweep list (Workload.sweep_lists).
+_LIST_WORDS = {"prompt_lens": "prompts"}
+
+
 def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
     per = opts.warmup + opts.num_batches
     where = ("locally" if not opts.testbed.remote else
@@ -196,7 +200,7 @@ def describe_plan(planned: Sequence[PlannedRun], opts: SweepOptions) -> str:
     if opts.placements:
         scenarios += f" x placements {', '.join(opts.placements)} (hosts by their place in HOSTS)"
     work = opts.workload.work.format(o=opts, per=per, prompts="/".join(map(str, opts.prompt_lens)))
-    own = "".join(f"{option.replace('_', ' ')} {', '.join(map(str, getattr(opts, option)))} x "
+    own = "".join(f"{_LIST_WORDS.get(option, option)} {', '.join(map(str, getattr(opts, option)))} x "
                   for _, option in opts.workload.sweep_lists)
     lines = [f"{len(planned)} runs {where}: models {', '.join(opts.models)} x backends {', '.join(opts.backends)}"
              f"{transports}{ciphers}{scenarios} x "

@@ -92,3 +92,14 @@ def test_the_dry_run_text_names_the_sizes_order_and_first_runs():
                                "7 batches of 8 each (2 warm-up, on a cut's first run")
     assert "order: random (seed 0), one round per run; --precision 10%: up to 18 runs" in lines[1]
     assert len(lines) == 2 + 10 + 1 and lines[-1] == "  ... and 2 more"
+
+
+def test_a_language_models_dry_run_names_its_prompts_streams_and_tokens_and_runs_each_prompt_as_a_pass():
+    opts = SweepOptions(models=["tiny-lm"], splits="1,2", networks=["lan"], runs=1, warmup=1, prompt_lens=[8, 16],
+                        gen_tokens=4, streams=2)
+    planned = plan_runs(opts, {"tiny-lm": 4})
+    assert sorted({p.prompt_len for p in planned}) == [8, 16] and len(planned) == 4
+    first = describe_plan(planned, opts).splitlines()[0]
+    assert first.startswith("4 runs locally: models tiny-lm x backends tcp x networks lan x splits (1,2) x "
+                            "prompts 8, 16 x 1 runs; 2 stream(s) of 4 tokens after a prompt of 8/16 tokens each "
+                            "(1 warm-up generation(s)"), first
