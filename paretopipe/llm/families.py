@@ -1,11 +1,12 @@
 """A model of either kind behind one protocol: an image model of the zoo, or a language model.
 
 Which kind a model is gets decided once, by its name or its folder
-(:func:`paretopipe.llm.shapes.workload_of`), and :func:`family_of` hands out that kind's family. What differs by kind is then a method of
-its family, not a branch in each caller: the controller's view of its splits, the name its
-records give it, the fingerprint and cut digest a host check compares between hosts, and the
-stage builder a stage process holds (:class:`paretopipe.transport.stagemodel.StageModel`).
-No torch at import: each method that needs it imports it.
+(:func:`paretopipe.llm.shapes.workload_of`), and :func:`family_of` hands out that kind's family.
+What differs by kind is then a method of its family, not a branch in each caller: the
+controller's view of its splits, the name its records give it, the fingerprint and cut digest a
+host check compares between hosts, and the stage builder a stage process holds
+(:class:`paretopipe.transport.stagemodel.StageModel`). No torch at import: each method that needs
+it imports it.
 """
 
 from __future__ import annotations
