@@ -65,3 +65,14 @@ def test_each_workload_refuses_the_others_settings_and_names_them_all():
     IMAGES.refuse(eval_text=None, token_bounds=False)  # settings not given are not refused
     with pytest.raises(KeyError, match="no workload setting 'batch'"):
         IMAGES.refusal("batch")
+
+
+def test_a_configurations_key_takes_its_batch_and_window_from_the_workloads_own_options():
+    from paretopipe.controller.sweep import SweepOptions
+
+    images = SweepOptions(models=["mobilenetv2"], batch_size=4, in_flight=3, streams=5)
+    language = SweepOptions(models=["tiny-lm"], batch_size=4, in_flight=3, streams=5)
+    assert images.workload is IMAGES and language.workload is GENERATION
+    assert (IMAGES.batch_of(images), IMAGES.window_of(images)) == (4, 3)
+    assert (GENERATION.batch_of(language), GENERATION.window_of(language)) == (1, 5)  # a step: one token a stream
+    assert IMAGES.dataset is None and GENERATION.dataset == "synthetic"
