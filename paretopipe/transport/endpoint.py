@@ -7,10 +7,11 @@ The inputs are a workload's: image batches (a dataset, or LoadGen's queries) in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import torch
 
+from ..llm.summary import finish_record
 from . import inputs, pipeline
 from .runconfig import RunConfig
 from .bookkeeping import BatchBook
@@ -89,6 +90,10 @@ class SourceEndpoint:
     def result_landed(self, seq: int, fields: dict[str, Any]) -> None:
         """After a batch's record is complete (a generation feeds its token on)."""
 
+    def finish_record(self, record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> None:
+        """The record's workload figures once it is built, on either backend (a generation's token
+        figures; image batches add none)."""
+
     def admit(self, seq: int) -> None:
         self.book.acquire(self.check)
         self.rec = self.book.start(seq, **self.start_fields(self.x), **self.workload_fields(seq))
@@ -166,6 +171,9 @@ class PromptSource(SourceEndpoint):
 
     def result_landed(self, seq: int, fields: dict[str, Any]) -> None:
         self.feed.landed(seq, fields["token"])
+
+    def finish_record(self, record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> None:
+        finish_record(record, parts)
 
     def run(self) -> None:
         if self.harness is not None:

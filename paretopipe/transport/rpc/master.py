@@ -21,7 +21,6 @@ from ...partition.activation import activation_nbytes, to_host
 from ...partition.stages import StageTimer
 from ...sysmon import SystemMonitor
 from .. import inputs
-from ...llm.summary import finish_record
 from ..bookkeeping import BatchBook, measured_images, status_of
 from ..endpoint import PromptSource, SourceEndpoint
 from ..resources import ResourceMeter, stage_meter
@@ -113,9 +112,6 @@ class _MasterSource(SourceEndpoint):
     def add_stage1_part(self, parts: list[dict[str, Any] | None]) -> None:
         """What stage 1's part of the record holds beyond its resources (a generation's prompts)."""
 
-    def finish_record(self, record: dict[str, Any], parts: list[dict[str, Any] | None]) -> None:
-        """The record's workload figures once it is built (a generation's token figures)."""
-
     def send(self, seq: int) -> None:
         x, first, meta = self.x, self.first, self._meta(seq)
         self.sender.submit(activation_nbytes(x),
@@ -145,9 +141,6 @@ class _MasterPrompts(_MasterSource, PromptSource):
         """Stage 1's prompts and tokens beside its blocks' figures (the master's own, or rank 1's)."""
         own = self.feed.stage.part() if self.local else (parts[0] or {}).get("generation") or {}
         parts[0] = {**(parts[0] or {}), "generation": {**self.feed.part(), **own}}
-
-    def finish_record(self, record: dict[str, Any], parts: list[dict[str, Any] | None]) -> None:
-        finish_record(record, parts)
 
 
 def _configure_ranks(cfg: RunConfig, builder: Any, group: RankGroup, ranks: list[int],

@@ -8,9 +8,8 @@ the positions it lacks."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
-from ...llm.summary import finish_record
 from .. import pipeline, wire
 from ..endpoint import PromptSource
 from ..generation import LocalTail
@@ -62,9 +61,6 @@ class PromptStage1Run(Stage1Run, PromptSource):
     def workload_part(self) -> dict[str, Any]:
         """The streams' prompts and tokens, and the stage's own figures."""
         return {"generation": {**self.feed.part(), **self.feed.stage.part()}}
-
-    def finish_record(self, record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> None:
-        finish_record(record, parts)
 
     def stage_engine(self) -> None:
         """None: a language model's stage runs on torch (llama.cpp is a peer system of its own)."""

@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -327,10 +327,6 @@ class Stage1Run(PolicyProbes, SourceEndpoint):
     def workload_part(self) -> dict[str, Any]:
         """What stage 1's part of the record adds for its workload (image batches: nothing)."""
         return {}
-
-    def finish_record(self, record: dict[str, Any], parts: Sequence[dict[str, Any] | None]) -> None:
-        """The record's workload figures once it is built (a generation's token figures; image
-        batches: none)."""
 
     def stage_engine(self) -> dict[str, Any] | None:
         """The engine stage 1 ran its part on, for its manifest."""
