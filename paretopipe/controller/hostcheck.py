@@ -58,25 +58,16 @@ def check(models: Sequence[str], num_classes: int, port: int | None, device: str
                                            (device == "cuda" or int(device.split(":")[1]) < out["cuda_devices"]))
     prints, digests = {}, {}
     for name in models:
+        # Each model's weights and its cuts, as its family reads them: what two hosts with different
+        # torch versions must agree on (a language model's weights by its identity and first layer).
         try:
-            prints[name] = model_fingerprint(name, num_classes, model_dir)
-            digests[name] = cut_digest(name, num_classes, model_dir)
+            family = family_of(name, model_dir)
+            prints[name] = family.fingerprint(name, num_classes, model_dir)
+            digests[name] = family.cut_digest(name, num_classes, model_dir)
         except Exception as exc:  # reported, not raised: the doctor's table shows it
             prints[name] = digests[name] = f"error: {str(exc).splitlines()[0][:200]}"
     out["fingerprints"], out["cut_digests"] = prints, digests
     return out
-
-
-def model_fingerprint(model: str, num_classes: int, model_dir: str | None = None) -> str:
-    """The weights a stage of ``model`` holds, as its family fingerprints them (a language model's
-    by its identity and first layer: a whole model of a billion parameters is not built for a check)."""
-    return family_of(model, model_dir).fingerprint(model, num_classes, model_dir)
-
-
-def cut_digest(model: str, num_classes: int, model_dir: str | None = None) -> str:
-    """A digest of ``model``'s cuts (an image model's cut points and block cuts, a language model's
-    cut table): what two hosts with different torch versions must agree on to split it the same way."""
-    return family_of(model, model_dir).cut_digest(model, num_classes, model_dir)
 
 
 @dataclasses.dataclass(kw_only=True)
