@@ -111,6 +111,15 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.fixture(autouse=True)
+def _working_directory_kept():
+    """A test that changes the working directory puts it back: the next test on this worker reads
+    relative paths (``examples/``, a model file) from the checkout."""
+    before = os.getcwd()
+    yield
+    assert os.getcwd() == before, f"the test left the working directory at {os.getcwd()}, not {before}"
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

@@ -27,6 +27,8 @@ ENV = "PARETOPIPE_TEST_CPU"
 V1 = Path("/sys/fs/cgroup/cpuacct")
 V2 = Path("/sys/fs/cgroup")
 _group: Path | None = None
+# Resolved once, at import: a test that changes the working directory must not move the rows.
+_OUT = Path(os.environ.get(ENV, ".test-cpu")).resolve()
 
 
 def _usage_s(group: Path) -> float:
@@ -92,7 +94,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     cpu0, wall0 = _usage_s(_group), time.monotonic()
     yield
     cpu, wall = _usage_s(_group) - cpu0, time.monotonic() - wall0
-    out = Path(os.environ[ENV])
+    out = _OUT
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.csv", "a") as fh:
         fh.write(f"{cpu:.2f},{wall:.2f},{item.nodeid}\n")

@@ -39,11 +39,12 @@ def test_a_forked_stage_has_its_own_pipes_session_env_cwd_and_exit_code(server, 
     z, env = server
     work = tmp_path / "work"
     work.mkdir()
+    before = os.getcwd()  # later tests on this worker resolve paths from it
     os.chdir(work)
     try:
         child = z.spawn("zygote_child", ["7", "--role", "stage2"], {**env, "ZYGOTE_TEST_X": "forked"})
     finally:
-        os.chdir(os.path.dirname(__file__))
+        os.chdir(before)
     hello = json.loads(child.stdout.readline())
     assert hello == {"argv": ["7", "--role", "stage2"], "cwd": str(work), "x": "forked", "leader": True,
                      "main": "__main__"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 
 from paretopipe.energy import memory
@@ -12,12 +14,13 @@ from paretopipe.transport.resources import ResourceMeter
 def test_a_run_that_holds_200_mb_more_shows_it_within_10_percent():
     def run(extra_mb: int) -> int:
         meter = ResourceMeter("cpu", 10.0).start()  # resets the high-water mark to the RSS now
-        held = bytearray(extra_mb << 20)
-        held[::4096] = b"\x01" * len(held[::4096])  # touch every page: resident, not just reserved
-        meter.stop()
-        peak = meter.part(1)["memory"]["peak_rss_bytes"]
-        del held
-        return peak
+        # Pages of a mapping of its own: malloc may serve 200 MB from free heap pages an earlier
+        # test on this worker left resident, which would not raise the RSS at all.
+        with mmap.mmap(-1, max(extra_mb << 20, mmap.PAGESIZE)) as held:
+            for offset in range(0, extra_mb << 20, mmap.PAGESIZE):  # touch every page: resident, not just reserved
+                held[offset] = 1
+            meter.stop()
+            return meter.part(1)["memory"]["peak_rss_bytes"]
 
     base, more = run(0), run(200)
     assert memory.reset_peak_rss()

@@ -73,18 +73,32 @@ class Broker:
                            **{u: check_namespace(ns) for u, ns in (others or {}).items()}}
         self.passwords = {u: secrets.token_urlsafe(18) for u in self.namespaces}
         self._write_files()
-        self.log = open(self.folder / "mosquitto.log", "wb")
-        self.process = subprocess.Popen([*launcher, *(_with_parent() if tied else []), binary, "-c",
-                                         str(self.folder / "mosquitto.conf")],
-                                        stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=not tied)
-        deadline = time.monotonic() + startup_timeout
-        while not self._running():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_tail()
-                self.stop()
-                raise ParetoPipeError(f"Mosquitto did not start on {self.host}:{self.port}: {tail}")
-            time.sleep(0.05)
+        self._launch([*launcher, *(_with_parent() if tied else []), binary, "-c", str(self.folder / "mosquitto.conf")],
+                     tied, startup_timeout, port_drawn=not port)
+
+    def _launch(self, argv: list[str], tied: bool, startup_timeout: float, port_drawn: bool) -> None:
+        """Start Mosquitto and wait until its own users get in. A port drawn here can be taken by
+        another program between the draw and Mosquitto's bind (it then exits with "Address already
+        in use"): such a port is drawn again, up to three times; a port the caller gave is not."""
+        for attempt in (1, 2, 3):
+            self.log = open(self.folder / "mosquitto.log", "wb")
+            self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=not tied)
+            deadline = time.monotonic() + startup_timeout
+            while not self._running():
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            else:
+                return
+            tail = self.log_tail()
+            if port_drawn and attempt < 3 and self.process.poll() is not None and "Address already in use" in tail:
+                self.log.close()
+                self.port = _free_port(self.host)
+                self._write_conf()
+                continue
+            self.stop()
+            raise ParetoPipeError(f"Mosquitto did not start on {self.host}:{self.port}: {tail}")
 
     def _write_files(self) -> None:
         passwd = self.folder / "passwd"
@@ -97,6 +111,10 @@ class Broker:
         acl = "".join(f"user {u}\ntopic readwrite {ns}/#\ntopic read $SYS/broker/version\n\n"
                       for u, ns in self.namespaces.items())
         (self.folder / "acl").write_text(acl)
+        self._write_conf()
+
+    def _write_conf(self) -> None:
+        passwd = self.folder / "passwd"
         (self.folder / "mosquitto.conf").write_text(
             # As root, Mosquitto would switch to the user "mosquitto", who cannot read this private folder.
             f"user {pwd.getpwuid(os.geteuid()).pw_name}\n"

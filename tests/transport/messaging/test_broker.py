@@ -43,6 +43,27 @@ def test_a_port_in_use_is_one_line_with_the_brokers_own_words():
             Broker(port=port, startup_timeout=5)
 
 
+def test_a_drawn_port_another_program_takes_before_the_bind_is_drawn_again(monkeypatch):
+    """The port is drawn, then bound by Mosquitto: a listener that takes it in between (another
+    test's server, here) makes Mosquitto exit with "Address already in use", and the broker
+    draws a new port and starts there; a port the caller chose is never swapped."""
+    from paretopipe.transport.messaging import broker as broker_module
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        draws = [taken.getsockname()[1]]
+        real_draw = broker_module._free_port
+        monkeypatch.setattr(broker_module, "_free_port", lambda host: draws.pop(0) if draws else real_draw(host))
+        broker = Broker()
+        try:
+            assert broker.port != taken.getsockname()[1] and broker.process.poll() is None
+            with socket.create_connection(("127.0.0.1", broker.port), timeout=2):
+                pass
+        finally:
+            broker.stop()
+
+
 def test_a_broker_stops_when_the_process_that_started_it_is_killed(tmp_path):
     import signal
     import subprocess
