@@ -129,8 +129,9 @@ class StageListener:
             channel = (aead.Channel.for_stage(1, cipher, self.secret, mine, hello.nonce)
                        if cipher != "none" and self.secret else None)
         except (ParetoPipeError, OSError) as exc:
-            conn.close()
+            # The reason first: whoever sees the hang-up (the peer, a test) may read it at once.
             self._refuse(f"{address}: {exc}")
+            conn.close()
             return
         finally:
             with self._pending_lock:
