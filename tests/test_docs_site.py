@@ -132,8 +132,14 @@ def test_the_site_in_chromium_searches_and_requests_nothing_off_the_machine(site
             browser.call("Page.navigate", {"url": base + page})
             _until(browser, "document.readyState === 'complete' && document.querySelector('.md-content h1') !== null")
         browser.eval("document.querySelector('.md-search__input').focus()")
+        # The search's worker loads its index first (slowly on a busy machine); until then the page
+        # says "Initializing search", and a query typed meanwhile could be read before the index.
+        _until(browser, "(document.querySelector('.md-search-result__meta') || {}).textContent !== undefined && "
+                        "!document.querySelector('.md-search-result__meta').textContent.includes('Initializing')", 120)
         browser.call("Input.insertText", {"text": "netem"})
-        count = _until(browser, "document.querySelectorAll('.md-search-result__item').length")
+        # The search reads its box on a key's release, which inserted text does not send.
+        browser.eval("document.querySelector('.md-search__input').dispatchEvent(new KeyboardEvent('keyup'))")
+        count = _until(browser, "document.querySelectorAll('.md-search-result__item').length", 60)
         title = browser.eval("document.title")
     finally:
         browser.close()

@@ -67,7 +67,6 @@ def test_a_drawn_port_another_program_takes_before_the_bind_is_drawn_again(monke
 def test_a_broker_stops_when_the_process_that_started_it_is_killed(tmp_path):
     import signal
     import subprocess
-    import threading
     import sys
     import time
 
