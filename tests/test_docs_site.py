@@ -134,8 +134,8 @@ def test_the_site_in_chromium_searches_and_requests_nothing_off_the_machine(site
         browser.eval("document.querySelector('.md-search__input').focus()")
         # The search's worker loads its index first (slowly on a busy machine); until then the page
         # says "Initializing search", and a query typed meanwhile could be read before the index.
-        _until(browser, "(document.querySelector('.md-search-result__meta') || {}).textContent !== undefined && "
-                        "!document.querySelector('.md-search-result__meta').textContent.includes('Initializing')", 120)
+        _until(browser, "!(document.querySelector('.md-search-result__meta')?.textContent ?? 'Initializing')"
+                        ".includes('Initializing')", 120)
         browser.call("Input.insertText", {"text": "netem"})
         # The search reads its box on a key's release, which inserted text does not send.
         browser.eval("document.querySelector('.md-search__input').dispatchEvent(new KeyboardEvent('keyup'))")
