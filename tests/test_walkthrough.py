@@ -3,7 +3,9 @@ order a newcomer meets them, with only their sizes reduced (fewer batches, split
 repetitions); then what each leaves behind: the files, the figures, and a front table that names
 each run's network.
 
-Each command runs in a fresh folder laid out like a clone (the entry scripts, ``paretopipe/`` for
+Each command is a process of its own, forked from the test process's zygote where it can be
+(``tcp_helpers.popen``: the same argv, folder, environment and pipes as a fresh interpreter's,
+without importing torch again), in a fresh folder laid out like a clone (the entry scripts, ``paretopipe/`` for
 the shipped traces, ``../shared`` beside it), so relative paths in the docs resolve as they would
 for a user, and nothing is written into the checkout. :func:`reduced` checks that a line differs
 from its documented form only in size flags and in where it writes or listens (:data:`SIZES`,
@@ -24,6 +26,7 @@ import pandas as pd
 import pytest
 
 from conftest import PYTHON, ROOT, is_root
+import tcp_helpers
 from notebook_helpers import execute
 from tcp_helpers import STARTED, free_port, wait_for_line
 
@@ -179,8 +182,11 @@ def sh(argv: list[str], cwd: Path, timeout: float = 600, prefix: list[str] | Non
        ok: bool = True) -> subprocess.CompletedProcess:
     """Run one command line (``python`` is this interpreter) and return it; ``ok``: it must succeed."""
     argv = _interpreter(argv)
-    proc = subprocess.run((prefix or []) + argv, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "MPLBACKEND": "Agg"})
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    if prefix:
+        proc = subprocess.run(prefix + argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    else:  # forked from the test process's zygote where it can be (tcp_helpers.popen): the same start, less CPU
+        proc = tcp_helpers.run(argv, cwd=cwd, env=env, timeout=timeout)
     if ok:
         assert proc.returncode == 0, f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr[-2000:]}"
     return proc
@@ -195,7 +201,9 @@ def _interpreter(argv: list[str]) -> list[str]:
 
 def start(argv: list[str], cwd: Path, prefix: list[str] | None = None) -> subprocess.Popen:
     argv = _interpreter(argv)
-    proc = subprocess.Popen((prefix or []) + argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    if not prefix:
+        return tcp_helpers.popen(argv, cwd=cwd)  # forked where it can be; conftest kills it after the test
+    proc = subprocess.Popen(prefix + argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     STARTED.append(proc)  # conftest kills it after the test, pass or fail
     return proc

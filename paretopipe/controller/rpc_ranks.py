@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import importlib
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -20,10 +22,11 @@ import threading
 from typing import Any, Callable, Sequence
 
 from ..compute import cpushare
+from . import zygote
 from ..errors import ParetoPipeError, PeerError
 from ..options import flags
 from .commands import RunCommand, emit, serve_commands
-from .worker import model_report
+from .worker import exit_now, model_report
 from ..options.flags import ModelProcess
 from ..network import deadlines
 from ..network.conditions import NetworkConditions
@@ -96,14 +99,65 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def spawn_local(opts: RankOptions) -> list[subprocess.Popen]:
-    """Ranks 1..world-1 as processes on this machine (for ``--local``); they die with this one."""
-    procs = []
-    for rank in range(1, opts.world_size):
-        argv = dataclasses.replace(opts, rank=rank).to_argv()
-        procs.append(subprocess.Popen([sys.executable, "-m", "paretopipe.controller.rpc_ranks", *argv],
-                                      preexec_fn=_die_with_parent, stdout=subprocess.DEVNULL))
-    return procs
+def spawn_local(opts: RankOptions) -> list[Any]:
+    """Ranks 1..world-1 on this machine (for ``--local``); they die with this one.
+
+    Each is forked from this process once the code a rank runs is imported, as the sweep's zygote
+    forks its stages: a fresh interpreter would import torch again, 2 to 3 s of CPU per rank. The
+    master calls this before it builds anything, so no compute thread of torch's exists yet to be
+    lost in the fork. ``PARETOPIPE_NO_ZYGOTE=1`` starts them as plain processes instead."""
+    argvs = [dataclasses.replace(opts, rank=rank).to_argv() for rank in range(1, opts.world_size)]
+    if not zygote.enabled():
+        return [subprocess.Popen([sys.executable, "-m", __name__, *argv], preexec_fn=_die_with_parent,
+                                 stdout=subprocess.DEVNULL) for argv in argvs]
+    # What each rank imports on its way to joining (torch, the RPC backend, the stage code): here, once
+    # for every fork, rather than once in each rank (deferred until now for --help's start-up).
+    importlib.import_module("paretopipe.transport.rpc")
+    return [ForkedRank(argv) for argv in argvs]
+
+
+class ForkedRank:
+    """A rank forked from this process: the part of ``subprocess.Popen`` the master uses."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self._process = multiprocessing.get_context("fork").Process(target=_be_rank, args=(argv,), daemon=True)
+        self._process.start()
+        self.pid = self._process.pid
+        self.args = [sys.executable, "-m", __name__, *argv]
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        if self._process.exitcode is None:
+            self._process.kill()
+
+
+def _be_rank(argv: list[str]) -> None:
+    """In the forked child: what ``python -m paretopipe.controller.rpc_ranks argv`` would be, with the
+    stdout, signals and logging of a fresh rank rather than the master's."""
+    _die_with_parent()
+    zygote.set_title(" ".join([sys.executable, "-m", __name__, *argv]))
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True)
+    logging.getLogger("paretopipe").setLevel(logging.NOTSET)
+    exit_now(main(argv))
 
 
 def serve_rank(opts: RankOptions, one_run: Callable[[Any, Any, dict], int] | None = None,
@@ -207,7 +261,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .worker import exit_now
-
     exit_now(main())  # after rpc.shutdown: nothing of ours is left to clean up
 

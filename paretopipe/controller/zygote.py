@@ -311,6 +311,16 @@ def _take_inherited(env: dict[str, str]) -> socket.socket | None:
         return channel
 
 
+def set_title(title: str) -> None:
+    """A forked process's command line as ``ps`` shows it: that of the process it stands for."""
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:  # only the title in ps differs
+        pass
+
+
 def enabled() -> bool:
     """False where ``PARETOPIPE_NO_ZYGOTE=1`` asks for plain starts only."""
     return os.environ.get("PARETOPIPE_NO_ZYGOTE") != "1"

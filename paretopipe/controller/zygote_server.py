@@ -51,7 +51,7 @@ def _child(req: dict[str, Any], fds: list[int], sock: socket.socket, channel: so
             if fd > 2:
                 os.close(fd)
         module, script, args = req.get("module"), req.get("script"), [str(a) for a in req["args"]]
-        _set_title(" ".join([sys.executable, *(["-m", module] if module else [script]), *args]))
+        zygote.set_title(" ".join([sys.executable, *(["-m", module] if module else [script]), *args]))
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -86,15 +86,6 @@ def _child(req: dict[str, Any], fds: list[int], sock: socket.socket, channel: so
             except Exception:
                 pass
         os._exit(code or 0)
-
-
-def _set_title(title: str) -> None:
-    try:
-        import setproctitle
-
-        setproctitle.setproctitle(title)
-    except ImportError:  # only the title in ps differs
-        pass
 
 
 def _reap(sock: socket.socket, children: set[int], ended: set[int], helpers: set[int]) -> None:
