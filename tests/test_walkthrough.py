@@ -217,9 +217,10 @@ def hand_run(cwd: Path, stage1: list[str], stage2: list[str], prefix: list[str] 
     assert s1.wait(300) == 0, s1.stderr.read()[-2000:]
 
 
-def report_and_notebook(cwd: Path, folder: Path, networks: set[str]) -> pd.DataFrame:
+def report_and_notebook(cwd: Path, folder: Path, networks: set[str], notebook: bool = True) -> pd.DataFrame:
     """``paretopipe report`` on what a command left, then the notebook on it: every figure of a
-    front is drawn, the front table names each run's network, and the notebook runs."""
+    front is drawn, the front table names each run's network, and the notebook runs. ``notebook``
+    False: the report only, for a kind of folder (hand runs) the notebook has already read here."""
     out = sh(shlex.split(f"python -m paretopipe.report {shlex.quote(str(folder))}"), cwd)
     assert "report written to" in out.stdout
     report = Path(out.stdout.split("report written to")[-1].strip())
@@ -231,7 +232,8 @@ def report_and_notebook(cwd: Path, folder: Path, networks: set[str]) -> pd.DataF
     assert all(n in html for n in networks)
     for network in networks:  # the printed front table names it too
         assert network in out.stdout, out.stdout
-    _notebook(folder, networks)
+    if notebook:
+        _notebook(folder, networks)
     return table
 
 
@@ -266,7 +268,7 @@ def test_the_two_stages_by_hand_with_and_without_a_network_then_report(clone):
     anchor_default = [a for a in reduced(stage1, port=port, **small) if a not in ("--network", "lte")]
     hand_run(clone, anchor_default, reduced(stage2, port=port, output_dir="results/plain"))
     manual = report_and_notebook(clone, clone / "results" / "manual", {"lte"})
-    plain = report_and_notebook(clone, clone / "results" / "plain", {"unshaped"})
+    plain = report_and_notebook(clone, clone / "results" / "plain", {"unshaped"}, notebook=False)
     assert len(manual) == len(plain) == 1
     runs = pd.read_csv(clone / "results" / "plain" / "consolidated" / "runs.csv")
     assert runs["network"].tolist() == ["unshaped"] and runs["link_mode"].tolist() == ["none"]
@@ -330,7 +332,7 @@ def test_network_delay_apply_and_clear_then_a_hand_run_names_the_tree(clone, eth
                   "127.0.0.1", "--port", port, "--output-dir", "results/tc"], prefix=inside)
     finally:
         sh(["python", "network_delay.py", "clear", "--dev", "eth0", "--netns", ns], clone)
-    report_and_notebook(clone, clone / "results" / "tc", {"tc-rate40mbit"})
+    report_and_notebook(clone, clone / "results" / "tc", {"tc-rate40mbit"}, notebook=False)
 
 
 # -- 5. profile and predict ---------------------------------------------------------------------------

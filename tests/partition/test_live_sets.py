@@ -18,6 +18,8 @@ EXPECTED_WIDTHS = {"resnet18": {1: 22, 2: 46}, "efficientnet_b0": {1: 78, 2: 125
 #: image size, so they are checked on small images (12x less compute); ViT takes 224 px only, one image.
 SIZE = {"resnet18": 64, "efficientnet_b0": 64}
 BATCH = {"vit_b_16": 1}
+#: How many cuts make test checks of the models whose every cut takes longest (the first and last among them).
+SAMPLE = {"vit_b_16": 8, "efficientnet_b0": 16}
 
 
 def _widths(part: fxcuts.Partitioner) -> dict[int, int]:
@@ -34,9 +36,10 @@ def test_every_cut_of_up_to_three_live_tensors_is_exact(name):
     assert _widths(part) == EXPECTED_WIDTHS[name]
     with torch.no_grad():
         ref = model(inputs)
-    # ViT's 140 cuts are 140 forward passes of ViT-B: make test checks a seeded sample of them.
+    # ViT's 140 cuts are 140 forward passes of ViT-B: make test checks a seeded sample of them, and of
+    # EfficientNet-B0's (make test-exhaustive: all of both).
     cuts = part.candidate_cuts(3)
-    for cut in exhaustive_sample(cuts, 16) if name == "vit_b_16" else cuts:
+    for cut in exhaustive_sample(cuts, SAMPLE[name]) if name in SAMPLE else cuts:
         first, second = part.stages([cut.name])
         with torch.no_grad():
             mid = first(inputs)
