@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -17,7 +19,7 @@ from conftest import PYTHON, ROOT
 from paretopipe import records
 from paretopipe.partition import models
 from paretopipe.transport import inputs as data
-from tcp_helpers import free_port, popen, run
+from tcp_helpers import free_port, popen, run, wait_for_line
 
 
 def _run(tmp, *args, timeout=300):
@@ -97,6 +99,21 @@ def test_killed_worker_gives_clear_error_and_incomplete_json(tmp_path):
     assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in [victim])
     assert not [c for c in psutil.process_iter(["cmdline"]) if "--master-port" in " ".join(c.info["cmdline"] or [])
                 and str(tmp_path) in " ".join(c.info["cmdline"] or [])]
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_local_master_end_when_it_is_killed(tmp_path):
+    """--local forks each rank from the master: killed mid-run, with no chance to stop them, the
+    master still takes them with it (the kernel's parent-death signal), as it did its started ranks."""
+    proc = popen([PYTHON, "distributed_runner.py", "--local", "--threads", "1", "--world-size", "3",
+                  "--model", "mobilenetv2", "--split-block", "5", "--batch-size", "1",
+                  "--num-test-samples", "100000", "--metrics-dir", str(tmp_path)])
+    wait_for_line(proc, "batches measured", 120)  # every rank joined and serving
+    ranks = [c for c in psutil.Process(proc.pid).children() if "--rank" in " ".join(c.cmdline())]
+    assert len(ranks) == 2, [c.cmdline() for c in psutil.Process(proc.pid).children()]
+    os.kill(proc.pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(ranks, timeout=15)
+    assert not alive, [c.pid for c in alive]
 
 
 def test_a_rank_that_never_joins_fails_within_join_timeout_not_timeout(tmp_path):
