@@ -152,7 +152,9 @@ def test_an_adaptive_run_on_onnx_runtime_computes_every_segment_there_with_the_u
 @pytest.mark.slow
 def test_fallback_serves_every_batch_when_stage2_freezes_dies_and_returns(tmp_path):
     port = str(free_port())
-    total = 500
+    # Enough batches that stage 1, alone once stage 2 is dead, still runs when the new one connects
+    # (as in tests/transport/test_fallback.py: with 500, a quiet machine could finish first).
+    total = 1500
     common = ["--model", MODEL, "--split", "adaptive", "--port", port, "--threads", "1", "--connect-timeout", "90"]
     s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total),
                "--warmup", "0", "--deadline-ms", "300", "--device-profiles", _write_profiles(tmp_path),

@@ -22,7 +22,10 @@ def test_a_static_split_with_a_deadline_serves_every_batch_through_a_frozen_dead
                                                                                                       engine):
     """Under ONNX Runtime too: stage 1 serves the batches it takes back on its own engine."""
     port = str(free_port())
-    total = 500
+    # Enough batches that stage 1, serving alone at full speed once stage 2 is dead, is still running
+    # when the new stage 2 has started and connected: with 500, a fresh clone's run served the last
+    # 270 locally (ONNX Runtime, a few ms each) before it came back, and nothing reconnected.
+    total = 1500
     common = ["--model", MODEL, "--split", "8", "--port", port, "--threads", "1", "--connect-timeout", "90"]
     s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total),
                "--warmup", "0", "--deadline-ms", "300", "--out", str(tmp_path / "s1"),
