@@ -239,13 +239,8 @@ def run(argv: list[str], cwd=ROOT, env=None, timeout: float | None = None,
 
 def start(script: str, *args: str, prefix: list[str] | None = None, env=None):
     """Start a script in its own process group; conftest kills every group after each test."""
-    if prefix:
-        proc = subprocess.Popen(prefix + [PYTHON, str(ROOT / script), *args], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
-        STARTED.append(proc)
-        return proc
-    return popen([PYTHON, script, *args], env={**os.environ, **(env or {})})
+    argv = prefix + [PYTHON, str(ROOT / script)] if prefix else [PYTHON, script]
+    return popen([*argv, *args], env={**os.environ, **(env or {})})  # a prefix is never forked
 
 
 def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:

@@ -28,7 +28,7 @@ import pytest
 from conftest import PYTHON, ROOT, is_root
 import tcp_helpers
 from notebook_helpers import execute
-from tcp_helpers import STARTED, free_port, wait_for_line
+from tcp_helpers import free_port, wait_for_line
 
 pytestmark = pytest.mark.slow
 
@@ -182,11 +182,8 @@ def sh(argv: list[str], cwd: Path, timeout: float = 600, prefix: list[str] | Non
        ok: bool = True) -> subprocess.CompletedProcess:
     """Run one command line (``python`` is this interpreter) and return it; ``ok``: it must succeed."""
     argv = _interpreter(argv)
-    env = {**os.environ, "MPLBACKEND": "Agg"}
-    if prefix:
-        proc = subprocess.run(prefix + argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-    else:  # forked from the test process's zygote where it can be (tcp_helpers.popen): the same start, less CPU
-        proc = tcp_helpers.run(argv, cwd=cwd, env=env, timeout=timeout)
+    # Forked from the test process's zygote where it can be (never behind a prefix): the same start, less CPU.
+    proc = tcp_helpers.run((prefix or []) + argv, cwd=cwd, env={**os.environ, "MPLBACKEND": "Agg"}, timeout=timeout)
     if ok:
         assert proc.returncode == 0, f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr[-2000:]}"
     return proc
@@ -200,13 +197,8 @@ def _interpreter(argv: list[str]) -> list[str]:
 
 
 def start(argv: list[str], cwd: Path, prefix: list[str] | None = None) -> subprocess.Popen:
-    argv = _interpreter(argv)
-    if not prefix:
-        return tcp_helpers.popen(argv, cwd=cwd)  # forked where it can be; conftest kills it after the test
-    proc = subprocess.Popen(prefix + argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    STARTED.append(proc)  # conftest kills it after the test, pass or fail
-    return proc
+    # Forked where it can be (never behind a prefix); conftest kills it after the test, pass or fail.
+    return tcp_helpers.popen((prefix or []) + _interpreter(argv), cwd=cwd)
 
 
 def hand_run(cwd: Path, stage1: list[str], stage2: list[str], prefix: list[str] | None = None) -> None:
