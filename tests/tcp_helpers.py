@@ -269,7 +269,10 @@ def kill_group(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
 def stage2_freezes_dies_and_returns(s1, s2, stage2_args: list[str], out_dir: Path, ready: str,
                                     pause_s: float, settle_s: float):
     """Once stage 1 logs ``ready``: freeze stage 2 past the deadline (SIGSTOP), resume it, kill it,
-    and start a new one with ``stage2_args`` (writing into ``out_dir``); returns the new one."""
+    let stage 1 serve alone for ``settle_s``, and start a new one with ``stage2_args`` (writing into
+    ``out_dir``); returns the new one. Stage 1 is held (SIGSTOP) from the moment the new stage 2
+    starts until it has connected, so the return is seen however fast stage 1 serves alone: a run
+    needs only the batches of these pauses, not enough to outlast a stage 2's start."""
     wait_for_line(s1, ready, 120)
     time.sleep(pause_s)
     kill_group(s2, signal.SIGSTOP)   # frozen: its results come after the deadline
@@ -278,7 +281,28 @@ def stage2_freezes_dies_and_returns(s1, s2, stage2_args: list[str], out_dir: Pat
     time.sleep(pause_s)
     kill_group(s2)                   # dead
     time.sleep(settle_s)
-    return start("partition2.py", *stage2_args, "--out", str(out_dir))  # ...and back
+    kill_group(s1, signal.SIGSTOP)
+    try:
+        back = start("partition2.py", *stage2_args, "--out", str(out_dir))  # ...and back
+        wait_connected(back, 120)
+    finally:
+        kill_group(s1, signal.SIGCONT)
+    return back
+
+
+def wait_connected(proc: subprocess.Popen, timeout: float) -> None:
+    """Block until ``proc`` holds an established TCP connection (the kernel completes it into the
+    listener's backlog even while the listening process is stopped)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited before it connected: {proc.stderr.read()[-2000:]}")
+        if any(c.status == psutil.CONN_ESTABLISHED for c in psutil.Process(proc.pid).net_connections("tcp")):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no connection in {timeout}s")
 
 
 def assert_logits_equal_unsplit(npz: Path, model_name: str, count: int, batch_size: int = 1,

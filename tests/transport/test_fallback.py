@@ -22,13 +22,14 @@ def test_a_static_split_with_a_deadline_serves_every_batch_through_a_frozen_dead
                                                                                                       engine):
     """Under ONNX Runtime too: stage 1 serves the batches it takes back on its own engine."""
     port = str(free_port())
-    # Enough batches that stage 1, serving alone at full speed once stage 2 is dead, is still running
-    # when the new stage 2 has started and connected: with 500, a fresh clone's run served the last
-    # 270 locally (ONNX Runtime, a few ms each) before it came back, and nothing reconnected.
-    total = 1500
+    # Stage 1 is held while the new stage 2 starts (stage2_freezes_dies_and_returns), and a 20 ms
+    # link caps the batches stage 2 serves at 25 a second, so the run reaches the return within
+    # about 150 batches on any machine (without both, 500 were too few: a fresh clone's stage 1,
+    # serving alone on ONNX Runtime at a few ms a batch, finished before the new stage 2 connected).
+    total = 300
     common = ["--model", MODEL, "--split", "8", "--port", port, "--threads", "1", "--connect-timeout", "90"]
     s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total),
-               "--warmup", "0", "--deadline-ms", "300", "--out", str(tmp_path / "s1"),
+               "--warmup", "0", "--deadline-ms", "300", "--delay", "20ms", "--out", str(tmp_path / "s1"),
                "--save-outputs", str(tmp_path / "out.npz"), "--engine", engine)
     s2 = start("partition2.py", *common, "--out", str(tmp_path / "s2"))
     s2b = stage2_freezes_dies_and_returns(s1, s2, common, tmp_path / "s2b", "stage 1: run", 1.0, 0.5)
