@@ -44,6 +44,11 @@ def _own_group(name: str) -> Path:
     if not (root / "cgroup.procs").is_file():
         raise OSError(f"no cgroup hierarchy at {root}")
     for stale in root.glob("paretopipe-test-cpu-*"):  # an earlier run's, left once its last process ended
+        # Not another worker's: it may have made its group and not yet moved in (an empty group,
+        # which the kernel would let us remove under it).
+        owner = stale.name.rsplit("-", 1)[-1]
+        if owner.isdigit() and Path(f"/proc/{owner}").exists():
+            continue
         try:
             stale.rmdir()
         except OSError:
