@@ -262,4 +262,3 @@ REMOTE_PYTHON={PYTHON}
 PORT={free_port()}
 """)
     return path
-
