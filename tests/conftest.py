@@ -19,6 +19,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402  (after OMP_WAIT_POLICY)
 
+from paretopipe.controller.zygote import startup_env  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
@@ -128,13 +130,7 @@ def _working_directory_kept():
     assert os.getcwd() == before, f"the test left the working directory at {os.getcwd()}, not {before}"
 
 
-def _startup_env() -> dict[str, str]:
-    from paretopipe.controller.zygote import STARTUP_PREFIXES
-
-    return {k: v for k, v in os.environ.items() if k.startswith(STARTUP_PREFIXES)}
-
-
-_STARTUP_ENV = _startup_env()
+_STARTUP_ENV = startup_env(dict(os.environ))
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +141,7 @@ def _startup_environment_kept():
     so every later command line on that worker started a fresh interpreter (51 in one pass, 28
     of them the walkthrough's, each 4.5 s of CPU more than a fork)."""
     yield
-    now = _startup_env()
+    now = startup_env(dict(os.environ))
     if now != _STARTUP_ENV:
         for key in set(now) - set(_STARTUP_ENV):
             del os.environ[key]

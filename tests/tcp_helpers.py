@@ -299,8 +299,11 @@ def wait_connected(proc: subprocess.Popen, timeout: float) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"process exited before it connected: {proc.stderr.read()[-2000:]}")
-        if any(c.status == psutil.CONN_ESTABLISHED for c in psutil.Process(proc.pid).net_connections("tcp")):
-            return
+        try:
+            if any(c.status == psutil.CONN_ESTABLISHED for c in psutil.Process(proc.pid).net_connections("tcp")):
+                return
+        except psutil.Error:
+            pass  # it ended (or is ending) since the poll: the next one says so, with its stderr
         time.sleep(0.05)
     raise AssertionError(f"no connection in {timeout}s")
 

@@ -45,7 +45,8 @@ STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_
 MAX_REQUEST = 1 << 20  # a request's JSON, bytes
 
 
-def _startup_env(env: dict[str, str]) -> dict[str, str]:
+def startup_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that an interpreter or a native library reads once, at start."""
     return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
 
 
@@ -203,7 +204,7 @@ class Zygote:
             return self._replies.pop(0)
 
     def usable_for(self, env: dict[str, str]) -> bool:
-        return self.failed is None and _startup_env(env) == _startup_env(self.env)
+        return self.failed is None and startup_env(env) == startup_env(self.env)
 
     def fork(self, argv: Sequence[str], env: dict[str, str], cwd: str | None = None) -> ForkedProcess | None:
         """``argv`` (``python -m module ...`` or ``python script.py ...``) forked with this environment,
@@ -298,14 +299,14 @@ def inherit(channel: socket.socket) -> None:
     its own, and the start-up environment they share (read by :meth:`Zygote._forked_server`)."""
     global _inherited
     with _inherited_lock:
-        _inherited = (channel, _startup_env(dict(os.environ)))
+        _inherited = (channel, startup_env(dict(os.environ)))
 
 
 def _take_inherited(env: dict[str, str]) -> socket.socket | None:
     """The inherited channel, once, for a zygote whose start-up environment is the forking zygote's."""
     global _inherited
     with _inherited_lock:
-        if _inherited is None or _startup_env(env) != _inherited[1]:
+        if _inherited is None or startup_env(env) != _inherited[1]:
             return None
         channel, _inherited = _inherited[0], None
         return channel
