@@ -130,22 +130,30 @@ def _working_directory_kept():
     assert os.getcwd() == before, f"the test left the working directory at {os.getcwd()}, not {before}"
 
 
-_STARTUP_ENV = startup_env(dict(os.environ))
+def pytest_collection_finish(session) -> None:
+    """The start-up environment each test begins with, and the tests' zygote's: as it stands once
+    collection has imported every test module. A library may add to it then (scikit-learn's import
+    sets ``KMP_DUPLICATE_LIB_OK`` and ``KMP_INIT_AT_FORK``)."""
+    import tcp_helpers
+
+    tcp_helpers.STARTUP_ENV = startup_env(dict(os.environ))
 
 
 @pytest.fixture(autouse=True)
 def _startup_environment_kept():
     """A variable read at interpreter start that a test, or a library it imported, changed is put
-    back after the test: OpenCV's import (a detector's transform) adds a LD_LIBRARY_PATH for its
-    subprocesses, and the worker's zygote forks only for the start-up environment it began with,
-    so every later command line on that worker started a fresh interpreter (51 in one pass, 28
-    of them the walkthrough's, each 4.5 s of CPU more than a fork)."""
+    back after the test: the worker's zygote forks only for the start-up environment it began with.
+    OpenCV's import (a detector's transform) adds a LD_LIBRARY_PATH for its subprocesses, and every
+    later command line on that worker started a fresh interpreter (51 in one pass, 28 of them the
+    walkthrough's, each 4.5 s of CPU more than a fork)."""
     yield
-    now = startup_env(dict(os.environ))
-    if now != _STARTUP_ENV:
-        for key in set(now) - set(_STARTUP_ENV):
+    import tcp_helpers
+
+    kept, now = tcp_helpers.STARTUP_ENV, startup_env(dict(os.environ))
+    if kept is not None and now != kept:
+        for key in set(now) - set(kept):
             del os.environ[key]
-        os.environ.update(_STARTUP_ENV)
+        os.environ.update(kept)
 
 
 @pytest.fixture

@@ -179,6 +179,12 @@ CLI_PRELOAD = ("torch", "torchvision", "paretopipe.cli.stages", "paretopipe.cli.
                "paretopipe.partition.stages", "paretopipe.transport.tcp", "paretopipe.transport.rpc",
                "paretopipe.controller.rpc_ranks", "paretopipe.profile")
 _zygote = None
+#: The start-up variables (``zygote.STARTUP_PREFIXES``) every test begins with, once collection has
+#: imported the test modules (tests/conftest.py sets them, and puts them back after each test). The
+#: zygote starts with these, whichever test starts it: one started inside a test that had changed
+#: one (a library imported for the first time) refused every fork after that test: 86 command lines
+#: started as fresh interpreters in one pass.
+STARTUP_ENV: dict[str, str] | None = None
 
 
 def _forked(argv: list[str], env: dict[str, str], cwd) -> object | None:
@@ -189,7 +195,10 @@ def _forked(argv: list[str], env: dict[str, str], cwd) -> object | None:
     if not zygote.enabled():
         return None
     if _zygote is None:
-        _zygote = zygote.Zygote(preload=CLI_PRELOAD, env=dict(os.environ))
+        base = dict(os.environ)
+        if STARTUP_ENV is not None:
+            base = {k: v for k, v in base.items() if k not in zygote.startup_env(base)} | STARTUP_ENV
+        _zygote = zygote.Zygote(preload=CLI_PRELOAD, env=base)
     return _zygote.fork(argv, env, cwd=str(cwd) if cwd else None)
 
 

@@ -215,3 +215,27 @@ def test_an_ended_childs_pid_is_not_given_to_another_process_before_the_sweep_re
     assert got["newcomer"] != got["pid"]  # asked for, the pid went elsewhere: it was still taken
     assert got["held"] == "Z"  # by the ended child, reported and kept as a zombie
     assert got["after_reap"] is None  # the sweep's word frees it
+
+
+def test_the_tests_zygote_forks_for_the_environment_each_test_begins_with_whichever_test_started_it(monkeypatch):
+    """tests/tcp_helpers.py: a zygote first started inside a test that had changed a start-up variable
+    (a library's first import: scikit-learn's sets ``KMP_INIT_AT_FORK``) starts with the variables
+    every test begins with, so it still forks for the tests after that one; before, it took the
+    test's, and refused every later fork on its worker."""
+    import tcp_helpers
+
+    monkeypatch.setattr(tcp_helpers, "_zygote", None)  # a new one, as on a worker's first use
+    monkeypatch.setattr(tcp_helpers, "CLI_PRELOAD", ("json",))
+    monkeypatch.setenv("KMP_ZYGOTE_TEST", "1")  # this test's own change, after collection
+    argv = [sys.executable, "-m", "json.tool"]
+    try:
+        inside = tcp_helpers.popen(argv)
+        inside.communicate("{}", timeout=60)
+        monkeypatch.delenv("KMP_ZYGOTE_TEST")  # as conftest puts it back after each test
+        after = tcp_helpers.popen(argv)
+        out, _ = after.communicate('{"a": 1}', timeout=60)
+    finally:
+        if tcp_helpers._zygote is not None:
+            tcp_helpers._zygote.close()
+    assert isinstance(inside, subprocess.Popen)  # its start-up variables are not the zygote's
+    assert isinstance(after, zygote.ForkedProcess) and after.returncode == 0 and json.loads(out) == {"a": 1}
