@@ -84,7 +84,8 @@ def test_no_secret_beyond_loopback_warns(caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="paretopipe.tcp"):
         tcp.StageListener(tcp.listen("127.0.0.1", 0), tcp.identity_of(b), None).close()
-    assert not caplog.records
+    # Only this warning: the logger may carry another test's listener thread, still winding down.
+    assert not [r for r in caplog.records if "without a shared secret" in r.getMessage()]
 
 
 def _hello(b, **over):
