@@ -14,9 +14,12 @@ Why not ``multiprocessing``'s forkserver: its children re-import the parent's ``
 ``/dev/null`` as stdin, while a stage process needs the sweep's pipes and its own argv.
 
 The zygote forks before any thread of its own exists (it serves one request at a time, in one
-thread). A stage whose environment differs from the zygote's in a variable read at interpreter or
-library start (``PYTHON*``, ``OMP_*``, ``LD_*``, ...) is started with ``subprocess.Popen`` instead,
-and so is everything when the zygote cannot start (``PARETOPIPE_NO_ZYGOTE=1`` turns it off).
+thread). A zygote forks only for the values of the variables read at interpreter or library start
+(``PYTHON*``, ``OMP_*``, ``LD_*``, ...) that it started with. A sweep keeps one zygote per set of
+those values (a few at most): a library that sets one in ``os.environ`` as it loads (OpenCV's
+import sets ``LD_LIBRARY_PATH``, scikit-learn's ``KMP_*``) would otherwise send every later stage
+to a fresh interpreter. Everything is started with ``subprocess.Popen`` when no zygote can start
+(``PARETOPIPE_NO_ZYGOTE=1`` turns them off).
 Requests carry JSON and three file descriptors over a socketpair between the sweep and its own
 zygote; nothing on it comes from a network. This module is the sweep's side; the zygote process
 is :mod:`paretopipe.controller.zygote_server`.
@@ -286,8 +289,12 @@ class Zygote:
             self.failed = self.failed or "the zygote was shut down"
 
 
-_shared: Zygote | None = None
+# This process's zygotes, one per set of start-up values (startup_env), each started on first use.
+_shared: dict[tuple[tuple[str, str], ...], Zygote] = {}
 _shared_lock = threading.Lock()
+#: Beyond this many start-up environments in one process, a stage starts plainly: each zygote holds
+#: an interpreter with torch imported.
+MAX_ZYGOTES = 3
 # In a process that a zygote forked: the channel on which that zygote forks it a zygote of its own
 # (from its untouched, imported state: no second interpreter), and the start-up environment they share.
 _inherited: tuple[socket.socket, dict[str, str]] | None = None
@@ -327,15 +334,20 @@ def enabled() -> bool:
     return os.environ.get("PARETOPIPE_NO_ZYGOTE") != "1"
 
 
-def _shared_zygote() -> Zygote | None:
-    global _shared
+def _shared_zygote(env: dict[str, str] | None = None) -> Zygote | None:
+    """This process's zygote for the start-up values of ``env`` (default: this process's own).
+    Started with this process's environment when those values are its own, else with ``env``'s;
+    an earlier zygote keeps serving its children, and stages started with its values."""
     if not enabled():
         return None
+    full = dict(os.environ if env is None else env)
+    key = tuple(sorted(startup_env(full).items()))
     with _shared_lock:
-        if _shared is None:
-            _shared = Zygote()
-            atexit.register(_shared.close)
-        return _shared
+        zygote = _shared.get(key)
+        if zygote is None and len(_shared) < MAX_ZYGOTES:
+            zygote = _shared[key] = Zygote(PRELOAD, env=full)
+            atexit.register(zygote.close)
+        return zygote
 
 
 def prestart() -> None:
@@ -352,7 +364,7 @@ def launch(argv: list[str], env: dict[str, str] | None, fork: bool = True) -> su
     (an SSH command line is never forked). Both speak text lines on stdin, stdout and stderr, in a
     session of their own."""
     full_env = {**os.environ, **(env or {})}
-    zygote = _shared_zygote() if fork else None
+    zygote = _shared_zygote(full_env) if fork else None
     forked = zygote.fork(argv, full_env) if zygote is not None else None
     return forked or subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, bufsize=1, start_new_session=True, env=full_env if env else None)

@@ -239,3 +239,39 @@ def test_the_tests_zygote_forks_for_the_environment_each_test_begins_with_whiche
             tcp_helpers._zygote.close()
     assert isinstance(inside, subprocess.Popen)  # its start-up variables are not the zygote's
     assert isinstance(after, zygote.ForkedProcess) and after.returncode == 0 and json.loads(out) == {"a": 1}
+
+
+def test_a_library_that_sets_a_startup_variable_gets_later_stages_a_zygote_of_their_own(monkeypatch, tmp_path):
+    """OpenCV's import sets LD_LIBRARY_PATH in os.environ as a sweep runs: the stages started after
+    that are forked from a zygote started with the new value (as a fresh interpreter would start),
+    the first zygote still forks for the old one, and past MAX_ZYGOTES a stage starts plainly."""
+    monkeypatch.setattr(zygote, "_shared", {})
+    monkeypatch.setattr(zygote, "PRELOAD", ("json",))
+    monkeypatch.setattr(zygote, "MAX_ZYGOTES", 2)
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\nprint(os.environ.get('LD_LIBRARY_PATH'), sys.stdin.readline().strip())\n")
+    argv, before = [sys.executable, str(script)], os.environ.get("LD_LIBRARY_PATH")
+
+    def started(value: str | None, expect_fork: bool = True):
+        if value is None:
+            monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+        else:
+            monkeypatch.setenv("LD_LIBRARY_PATH", value)
+        proc = zygote.launch(argv, None)
+        assert isinstance(proc, zygote.ForkedProcess) == expect_fork, type(proc)
+        parent = psutil.Process(proc.pid).ppid() if expect_fork else None
+        out, _ = proc.communicate("go\n", timeout=30)
+        assert out.split() == [str(value), "go"] and proc.returncode == 0
+        return parent
+
+    try:
+        first = started(before)
+        second = started(str(tmp_path))
+        assert started(before) == first != second  # the first zygote forks for the old value still
+        zygotes = {z._proc.pid: z for z in zygote._shared.values()}
+        assert set(zygotes) == {first, second}
+        assert zygotes[second].env.get("LD_LIBRARY_PATH") == str(tmp_path)  # its interpreter started with it
+        started(str(tmp_path / "third"), expect_fork=False)  # past MAX_ZYGOTES: a plain start
+    finally:
+        for z in zygote._shared.values():
+            z.close()
