@@ -1,4 +1,5 @@
-"""Every torchvision classification builder builds and lists its cuts, meta device or not.
+"""Every torchvision classification builder builds and lists its cuts, meta device or not (make
+test a seeded twelve of the 80, make test-exhaustive every one: conftest ``exhaustive_sample``).
 
 RegNet's builder computes with tensors while it is constructed, which the meta device cannot do
 ("Cannot copy out of meta tensor"): ``models.skeleton`` falls back to a real build for it. The
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torchvision.models as tvm
 
+from conftest import exhaustive_sample
 from paretopipe.errors import UsageError
 from paretopipe.partition import models, tables
 
@@ -30,7 +32,7 @@ def test_regnet_falls_back_to_a_real_build_and_lists_its_cuts():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", BUILDERS)
+@pytest.mark.parametrize("name", exhaustive_sample(BUILDERS, k=12))
 def test_every_classification_builder_lists_its_cuts_or_is_refused_in_one_line(name):
     try:
         model, part = tables.partitioner_for(name, structure_only=True)
