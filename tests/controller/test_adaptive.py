@@ -17,13 +17,17 @@ from tcp_helpers import (assert_logits_equal_unsplit, block_profiles, builder, f
                          start)
 
 MODEL = "mobilenetv2"
-# The step test's link: STEP_S fast (FAST_MBIT), STEP_S slow (SLOW_MBIT), repeating. While it keeps
-# the work local, the runtime learns that the link got faster only from its next rate probe, up to
-# PROBE_INTERVAL_S later; one probe moves the estimate past the switch point, and the switch waits
-# for the chooser's patience (2 batches: test_one_rate_probe_after_a_step_up_is_enough). SETTLE_S
-# allows that plus 1 s for the probe and those batches on a loaded machine; a slower link shows in
-# the next offloaded batches themselves. The split is judged only after SETTLE_S into a phase.
+# The step test's link: STEP_S fast (FAST_MBIT), then SLOW_S slow (SLOW_MBIT), repeating. While it
+# keeps the work local, the runtime learns that the link got faster only from its next rate probe,
+# up to PROBE_INTERVAL_S later; one probe moves the estimate past the switch point, and the switch
+# waits for the chooser's patience (2 batches: test_one_rate_probe_after_a_step_up_is_enough).
+# SETTLE_S allows that plus 1 s for the probe and those batches on a loaded machine. A slower link
+# shows only in the offloaded batches that cross it, each 1.2 to 2.5 s at SLOW_MBIT: a slow phase's
+# batch is judged once two batches begun after the step have ended (and SETTLE_S has passed), and
+# the slow phase is the longer so that some are left to judge (4 s was not: a run under the
+# parallel pass switched 3.75 s after one step and not at all before the next).
 STEP_S = 4.0
+SLOW_S = 6.0
 # 2 Mbit/s, not 3: k = 8 beats local at 3 Mbit/s once stage 1 measures 2.5 times slower against
 # stage 2 than the profiles say (3.7 at 2 Mbit/s). A loaded machine moved the ratio that far, the
 # runtime followed it, and a run under -n 2 was left with no batch of a slow phase to judge.
@@ -93,15 +97,34 @@ def _link_decides(batch: dict, rate_bps: float) -> bool:
     return True
 
 
+def _step_phases(batches: list[dict], offset: float, period: float):
+    """A batch's phase where the runtime can know it: "fast" from SETTLE_S after the step up,
+    "slow" from SETTLE_S after the step down and once two batches begun after it have ended;
+    None before that."""
+    known_slow: dict[int, float] = {}  # a slow phase (its period's number) -> when the runtime can know
+    for n in range(int((offset + batches[-1]["start_s"]) // period) + 1):
+        step = n * period + STEP_S - offset  # the step down, on the batches' clock
+        after = [b["end_s"] for b in batches if b["start_s"] >= step][:2]
+        known_slow[n] = max(step + SETTLE_S, after[-1]) if len(after) == 2 else math.inf
+
+    def phase(b: dict) -> str | None:
+        n, t = divmod(offset + b["start_s"], period)
+        if SETTLE_S <= t < STEP_S:
+            return "fast"
+        return "slow" if t >= STEP_S and b["start_s"] >= known_slow[int(n)] else None
+    return phase
+
+
 @pytest.mark.slow
 def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outputs(tmp_path):
     trace = tmp_path / "step.csv"
-    trace.write_text(f"time_s,rate_mbit\n0,{FAST_MBIT}\n{STEP_S:g},{SLOW_MBIT}\n")   # fast, then slow, repeating
+    period = STEP_S + SLOW_S  # a CSV trace's last row holds as long as the step before it, then it repeats
+    trace.write_text(f"time_s,rate_mbit\n0,{FAST_MBIT}\n{STEP_S:g},{SLOW_MBIT}\n{STEP_S + SLOW_S / 2:g},{SLOW_MBIT}\n")
     port = str(free_port())
-    # The run must span two periods of the trace (16 s) whatever this machine's speed: at least as
+    # The run must span two periods of the trace (20 s) whatever this machine's speed: at least as
     # many batches as the whole model runs in that time on one thread (300 spanned 5.5 s, not even
     # one period, on today's machine, and a run that ended local showed no return to the server).
-    total = min(3000, max(300, math.ceil(4 * STEP_S / _whole_model_s())))
+    total = min(3000, max(300, math.ceil(2 * period / _whole_model_s())))
     common = ["--model", MODEL, "--split", "adaptive", "--port", port, "--threads", "1", "--connect-timeout", "90"]
     s1 = start("partition1.py", *common, "--host", "127.0.0.1", "--batch-size", "1", "--num-batches", str(total - 2),
                "--warmup", "2", "--trace", str(trace), "--device-profiles", _write_profiles(tmp_path),
@@ -119,14 +142,11 @@ def test_adaptive_run_follows_a_step_from_fast_to_slow_and_back_with_exact_outpu
     for prev, b in zip(batches, batches[1:]):
         assert b["switched"] == (b["split_k"] != prev["split_k"])
     # The choice follows the trace: offloaded while fast, kept local (k = K) while slow, once the
-    # runtime can know (SETTLE_S after each step).
+    # runtime can know (see SETTLE_S).
     trace_meta = rec["manifest"]["link"]["trace_up"]
     offset = trace_time_at_clock_zero(trace_meta)
     assert offset >= trace_meta["offset_s"]  # the replay starts with the link, before the startup probes
-
-    def phase(b):
-        t = (offset + b["start_s"]) % (2 * STEP_S)
-        return "fast" if SETTLE_S <= t < STEP_S else "slow" if STEP_S + SETTLE_S <= t < 2 * STEP_S else None
+    phase = _step_phases(batches, offset, period)
 
     fast = [b["split_k"] for b in batches if phase(b) == "fast" and _link_decides(b, FAST_MBIT * 1e6)]
     slow = [b["split_k"] for b in batches if phase(b) == "slow" and _link_decides(b, SLOW_MBIT * 1e6)]
