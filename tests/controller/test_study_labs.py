@@ -65,12 +65,19 @@ def _check(url: str, password: str, bench_b, procs: list, tmp_path: Path) -> Non
     while time.monotonic() < deadline and not _running(url, "bench-a"):
         assert doomed.poll() is None, doomed.communicate()[1][-2000:]
         time.sleep(0.5)
-    (hung,) = _running(url, "bench-a")   # bench-a is measuring a configuration of the budget
     survivor = _worker(bench_b, url, "bench-b", tmp_path)
     procs.append(survivor)
     time.sleep(2)
+    # A configuration of 6 batches takes about a second once its stages are up: the one bench-a was
+    # measuring when bench-b started may be done by now (in a rehearsal of .ci/run it was), so it
+    # is killed only while the study shows it measuring one, and the configuration it died in is
+    # the one still running there.
+    while _running(url, "bench-a") == []:
+        assert doomed.poll() is None, doomed.communicate()[1][-2000:]
+        time.sleep(0.05)
     os.killpg(doomed.pid, signal.SIGKILL)   # the worker and its sweep's local processes
     doomed.wait(timeout=30)
+    (hung,) = _running(url, "bench-a")   # it stays running in the study: its worker died in it
     out, err = survivor.communicate(timeout=900)
     assert survivor.returncode == 0, err[-3000:]
     assert password not in out + err
