@@ -335,9 +335,9 @@ def enabled() -> bool:
 
 
 def _shared_zygote(env: dict[str, str] | None = None) -> Zygote | None:
-    """This process's zygote for the start-up values of ``env`` (default: this process's own).
-    Started with this process's environment when those values are its own, else with ``env``'s;
-    an earlier zygote keeps serving its children, and stages started with its values."""
+    """This process's zygote for the start-up values of ``env`` (default: this process's
+    environment), started with ``env`` on first use; an earlier zygote keeps serving its children,
+    and stages started with its values. None past MAX_ZYGOTES, or when zygotes are off."""
     if not enabled():
         return None
     full = dict(os.environ if env is None else env)
