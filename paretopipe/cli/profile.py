@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -80,6 +81,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m paretopipe.pr
     check_workload_flags(p, args, kind, {IMAGES.name: IMAGE_ONLY, GENERATION.name: GENERATION_ONLY})
     if args.cpu_share is not None:
         cpushare.check_share(args.cpu_share)
+        if args.threads is None:  # torch's default, every core, under a fraction of one
+            args.threads = cpushare.threads_within(args.cpu_share, os.cpu_count() or 1)
     return {IMAGES: _profile_image_model, GENERATION: _profile_language_model}[kind](args)
 
 

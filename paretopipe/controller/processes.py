@@ -11,6 +11,7 @@ import socket
 import sys
 from typing import Any
 
+from ..compute import cpushare
 from ..errors import PeerError, UsageError
 from ..network.conditions import NetworkConditions
 from ..network.linkdown import LinkDown
@@ -54,9 +55,13 @@ class Placement:
         per = cores // stages
         return f"{stage * per}-{stage * per + per - 1}"
 
-    def threads_for(self, stage: int, stages: int) -> int:
-        return self.threads[stage] if stage < len(self.threads) and self.threads[stage] else \
-            max(1, (os.cpu_count() or 1) // stages)
+    def threads_for(self, stage: int, stages: int, cores: int | None = None) -> int:
+        """The stage's threads: as given, else its part of the cores, but no more than its CPU
+        share rounds up to (cpushare.threads_within)."""
+        if stage < len(self.threads) and self.threads[stage]:
+            return self.threads[stage]
+        share = self.cpu_shares[stage] if stage < len(self.cpu_shares) else None
+        return cpushare.threads_within(share, max(1, (cores or os.cpu_count() or 1) // stages))
 
     def device_for(self, stage: int, host: Host | None) -> str:
         if host is not None:

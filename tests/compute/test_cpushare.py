@@ -23,6 +23,10 @@ def test_quota_and_period():
         cpushare.quota_period_us((os.cpu_count() or 1) + 1)
 
 
+def test_a_process_under_a_share_gets_no_more_threads_than_the_share_rounds_up_to():
+    assert [cpushare.threads_within(s, 8) for s in (0.35, 1.0, 2.5, 16.0, None)] == [1, 1, 3, 8, 8]
+
+
 def test_parse_shares():
     assert cpushare.parse_shares("0.25,1", 2) == [0.25, 1.0]
     assert cpushare.parse_shares("none,0.5", 2) == [None, 0.5]
