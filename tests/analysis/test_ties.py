@@ -80,6 +80,24 @@ def test_monotone_and_transfer_checks_by_hand():
     assert sanity.transfer_violations(shaped.assign(transfer_median_s=0.05), networks, {"slow": "none"}) == []
 
 
+def test_configurations_of_one_run_are_not_judged_by_their_own_median_and_the_report_says_so():
+    """One run's interval is its own median, so noise read as violations (52 of 76 configurations on
+    the 2026-11-30 GPU testbed). Such configurations are left out of the compute checks, and a note
+    (not a violation) says how many."""
+    s = pd.DataFrame({"model": "m", "backend": "tcp", "network": "lan", "batch_size": 1, "split_index": [1, 2, 3],
+                      "stage1_compute_median_s": [0.013, 0.011, 0.02], "runs": [1, 1, 3],
+                      "stage1_compute_ci95_low_s": [0.013, 0.011, 0.019], "stage1_compute_ci95_high_s": [0.013, 0.011, 0.021]})
+    assert sanity.monotone_violations(s, 1, rising=True) == []
+    assert [v["configurations"] for v in sanity.monotone_violations(s.assign(runs=3), 1, rising=True)] == ["k=1 vs k=2"]
+    table = sanity.sanity_checks(s, pd.DataFrame({"network": ["lan"]}), None)
+    assert list(table["check"]) == [sanity.NOT_JUDGED] and table["configurations"].iloc[0] == "2 of 3 configurations"
+    shown = sanity.format_sanity(table).splitlines()
+    assert shown[0].startswith("sanity checks: none violated") and shown[1].startswith(
+        "  not judged: stage compute of 2 of 3 configurations, measured in one run each")
+    judged = sanity.sanity_checks(s.assign(runs=2), pd.DataFrame({"network": ["lan"]}), None)
+    assert list(judged["check"]) == ["stage1_compute_falls_as_k_grows"]  # no note where every one had two runs
+
+
 def test_the_epsilon_front_keeps_what_the_noise_cannot_rank():
     """The issue's lan: splits within a few percent of each other. Strictly, one point dominates the
     rest; within a 5% noise none is beaten by more than it, and only the one 20% slower drops off."""
