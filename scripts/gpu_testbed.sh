@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The paper's testbed in one box, run on a GPU machine from this tree's root: stage 1 an emulated
 # Raspberry Pi 4 (one core held to the CPU share at which ResNet-18 takes the Pi's published time,
-# paretopipe/controller/pi_calibration.py), stage 2 on CUDA, the link emulated (lan, wifi, lte), as
+# paretopipe/controller/pi_calibration.py), stage 2 on CUDA, the link emulated (lan, lte), as
 # local processes: no sshd, namespaces or tc netem needed. Sweeps mobilenetv2 and resnet50 at every
-# block split, then the real SmolLM2-135M-Instruct at every fifth cut; writes OUTDIR/calibration.json,
+# block split, then the real SmolLM2-135M-Instruct at every tenth cut; writes OUTDIR/calibration.json,
 # each session (with its report.html) and OUTDIR/summary.md (knees, the server's share of each
-# split's time, NVML energy, time to first token and per token). Within 8 minutes on 16 cores.
+# split's time, NVML energy, time to first token and per token). One run of 4 batches (1 warm-up) per
+# configuration, sized for the minutes a GPU machine is lent.
 #
 #     bash scripts/gpu_testbed.sh OUTDIR              # on the GPU machine (its own python, torch with CUDA)
 #     bash scripts/gpu_testbed.sh OUTDIR --rehearse   # here: stage 2 on CPU, fewer splits (tests/test_gpu_testbed.py)
@@ -21,8 +22,12 @@ OUT=$(cd "$OUT" && pwd)
 if [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ]; then PY=.venv/bin/python; else PY=${PYTHON:-python3}; fi
 SITE=${GPU_CHECK_SITE:-/tmp/paretopipe-gpu-site}
 started=$(date +%s)
-if [ -d .gpu-wheels ] && ls .gpu-wheels/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu-wheels/*.whl > "$OUT/install.log" 2>&1
+# The GPU machine's own python lacks some of the project's wheels (scripts/gpu_prepare.sh); the
+# project's .venv has them all, and .gpu-wheels (CPython 3.12) may not even install into it.
+if [ "$PY" != .venv/bin/python ] && [ -d .gpu-wheels ] && ls .gpu-wheels/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    .gpu-wheels/*.whl > "$OUT/install.log" 2>&1 || { echo "gpu_testbed: installing .gpu-wheels failed:" \
+    "$(tail -1 "$OUT/install.log")" >&2; exit 1; }
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PARETOPIPE_OFFLINE=1
@@ -31,8 +36,9 @@ if [ "$MODE" = "--rehearse" ]; then
   DEVICE=cpu IMAGES=(--model mobilenetv2 --splits 0,6,12,19 --network lan,lte --runs 1 --num-batches 4 --warmup 1)
   LLM=(--splits 0,15,30 --network lan --gen-tokens 4)
 elif [ -z "$MODE" ]; then
-  DEVICE=cuda IMAGES=(--model mobilenetv2,resnet50 --splits all --network lan,wifi,lte --runs 2 --num-batches 10 --warmup 2)
-  LLM=(--splits 0,5,10,15,20,25,30 --network lan,wifi,lte --gen-tokens 16)
+  # Sized for a lent GPU machine's minutes: ResNet-50's early cuts send 3.2 MB a batch, 2.1 s at lte.
+  DEVICE=cuda IMAGES=(--model mobilenetv2,resnet50 --splits all --network lan,lte --runs 1 --num-batches 4 --warmup 1)
+  LLM=(--splits 0,10,20,30 --network lan,lte --gen-tokens 16)
 else
   echo "error: $MODE: the only option is --rehearse (stage 2 on CPU, fewer splits)" >&2; exit 2
 fi

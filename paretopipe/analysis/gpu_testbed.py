@@ -40,15 +40,35 @@ def image_section(table: pd.DataFrame) -> list[str]:
         for _, row in knee.iterrows():
             lines.append(f"| {model} | {network} | {int(row['split_index'])} | {_ms(row['latency_median_s'])} | "
                          f"{_server_share(row):.0%} |")
-    lines += ["", "Every split, lan (the server's share of the latency; energy per image where NVML measured it):", "",
-              "| model | split | latency (ms) | server's share | energy per image (J) |", "|---|---|---|---|---|"]
-    shown = "lan" if "lan" in set(table["network"]) else table["network"].iloc[0]
-    for _, row in table[table["network"] == shown].sort_values(["model", "split_index"]).iterrows():
-        energy = row.get("energy_per_image_j", float("nan"))
+    lines += ["", "Every split, lan (the server's share of the latency; the server GPU's energy per image where NVML "
+              "measured it, net of its idle):", "",
+              "| model | split | latency (ms) | server's share | server GPU energy per image (J) |", "|---|---|---|---|---|"]
+    shown = table[table["network"] == ("lan" if "lan" in set(table["network"]) else table["network"].iloc[0])]
+    for _, row in shown.sort_values(["model", "split_index"]).iterrows():
         lines.append(f"| {row['model']} | {int(row['split_index'])} | {_ms(row['latency_median_s'])} | "
-                     f"{_server_share(row):.0%} | "
-                     f"{'n/a (no NVML)' if pd.isna(energy) else format(energy, '.3f')} |")
-    return lines
+                     f"{_server_share(row):.0%} | {_gpu_energy(row)} |")
+    return lines + _energy_note(shown)
+
+
+def _gpu_energy(row: pd.Series) -> str:
+    """Stage 2's NVML energy per image: a window that drew less than the idle measured at start-up
+    is said to, not printed negative (stage2_energy_below_idle)."""
+    if bool(row.get("stage2_energy_below_idle", False)):
+        return "below idle"
+    energy = row.get("stage2_energy_per_image_j", float("nan"))
+    return "n/a (no NVML)" if pd.isna(energy) else format(energy, ".3f")
+
+
+def _energy_note(rows: pd.DataFrame) -> list[str]:
+    """How far the energy figures can be read: on a 2026-11-30 H200, four batches' windows of
+    26-70 ms drew less than idle in half the splits and ranged 0.05-1.8 J with no order by split."""
+    if "stage2_energy_window_s" not in rows or rows["stage2_energy_window_s"].isna().all():
+        return []
+    window = rows["stage2_energy_window_s"].dropna()
+    below = int(rows.get("stage2_energy_below_idle", pd.Series(dtype=bool)).fillna(False).astype(bool).sum())
+    return ["", f"Each energy figure is one window of NVML's total-energy counter, {window.min() * 1e3:.0f} to "
+                f"{window.max() * 1e3:.0f} ms; {below} of {len(rows)} drew less than the idle measured at start-up. "
+                f"Windows this short are too short to rank splits by energy: more batches (--num-batches) lengthen them."]
 
 
 def generation_section(table: pd.DataFrame) -> list[str]:

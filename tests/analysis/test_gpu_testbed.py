@@ -55,3 +55,17 @@ def test_the_calibration_line_says_when_this_core_is_no_faster_than_the_pi():
     slow = gpu_testbed._calibration_line({**base, "share": 1.0, "emulated_resnet18_s": 0.1412})
     assert "no faster than a Pi 4 (ResNet-18 takes 141.2 ms here against the Pi's published 100.3 ms)" in slow
     assert "MobileNetV2 then takes 33.0 ms" in slow
+
+
+def test_the_server_gpus_energy_is_printed_where_nvml_measured_it_and_below_idle_is_said():
+    """Three lan rows of the 2026-11-30 H200 run: stage 2's NVML energy per image (the whole
+    pipeline's energy_per_image_j stays empty there, since stage 1's CPU has no sensor)."""
+    table = pd.DataFrame({
+        "model": ["mobilenet_v2"] * 3, "network": ["lan"] * 3, "split_index": [0, 1, 2], "knee": [True, False, False],
+        "latency_median_s": [0.005926, 0.006926, 0.009345], "stage2_compute_median_s": [0.004535, 0.004195, 0.005185],
+        "energy_per_image_j": [float("nan")] * 3, "stage2_energy_per_image_j": [0.608128, 0.056346, float("nan")],
+        "stage2_energy_below_idle": [False, False, True], "stage2_energy_window_s": [0.070075, 0.025662, 0.033983]})
+    lines = gpu_testbed.image_section(table)
+    assert "| mobilenet_v2 | 0 | 5.9 | 77% | 0.608 |" in lines and "| mobilenet_v2 | 2 | 9.3 | 55% | below idle |" in lines
+    assert lines[-1].startswith("Each energy figure is one window of NVML's total-energy counter, 26 to 70 ms; 1 of 3 "
+                                "drew less than the idle")
