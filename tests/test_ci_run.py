@@ -14,7 +14,7 @@ from conftest import ROOT
 
 FAKE_MAKE = """#!/bin/sh
 case "$1" in
-  lab-arm) echo $$ > "$MARK/build.pid"; sleep 300 & echo $! > "$MARK/child.pid"; wait ;;
+  lab-arm) echo $$ > "$MARK/build.pid"; cat /proc/self/autogroup > "$MARK/build.autogroup" 2>/dev/null; sleep 300 & echo $! > "$MARK/child.pid"; wait ;;
   llamacpp) echo $$ > "$MARK/peers.pid"; sleep 300 & echo $! > "$MARK/peers_child.pid"; wait ;;
   test) while [ ! -s "$MARK/child.pid" ] || [ ! -s "$MARK/peers_child.pid" ]; do sleep 0.05; done
         exit "$TEST_RC" ;;  # fails while the builds run
@@ -54,3 +54,14 @@ def test_a_failing_make_test_ends_the_background_builds_with_it(tmp_path):
     assert done.returncode != 0
     assert len(pids) == 4, "a fake build never started"
     assert all(_gone(pid) for pid in pids), f"the background build outlived .ci/run: {pids}"
+
+
+def test_the_builds_beside_the_tests_run_at_the_lowest_priority_in_an_autogroup_of_their_own(tmp_path):
+    """nice 19 alone weighs nothing against the tests' session where the kernel groups by session
+    (its autogroups): the build's session is set to 19 as well."""
+    done, pids = _run_ci(tmp_path, test_rc=2)
+    assert len(pids) == 4 and all(_gone(pid) for pid in pids)
+    if not os.path.exists("/proc/self/autogroup"):
+        return  # a kernel without autogroups weighs processes by their nice alone
+    build, ours = (tmp_path / "build.autogroup").read_text().split(), open("/proc/self/autogroup").read().split()
+    assert build[-2:] == ["nice", "19"] and build[0] != ours[0], build
