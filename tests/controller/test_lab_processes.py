@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from paretopipe.controller.lab_processes import is_marked, stop_marked
 
@@ -17,6 +19,10 @@ def test_the_marked_process_is_stopped_and_an_unmarked_one_of_the_same_program_i
     theirs = subprocess.Popen([sys.executable, "-c", SLEEP, str(tmp_path / "someone-else")])
     try:
         program = sys.executable.rsplit("/", 1)[-1].encode()
+        for proc in (ours, theirs):  # Popen can return (at exec's close-on-exec) before the kernel sets argv
+            deadline = time.monotonic() + 10
+            while not Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.01)
         assert is_marked(ours.pid, program, marker.encode()) and not is_marked(theirs.pid, program, marker.encode())
         stopped = stop_marked(program, marker.encode(), [])
         assert stopped == [f"{program.decode()} {ours.pid}"]
