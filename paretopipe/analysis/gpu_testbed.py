@@ -61,7 +61,7 @@ def _gpu_energy(row: pd.Series) -> str:
 
 def _energy_note(rows: pd.DataFrame) -> list[str]:
     """How far the energy figures can be read: on a 2026-11-30 H200, four batches' windows of
-    26-70 ms drew less than idle in half the splits and ranged 0.05-1.8 J with no order by split."""
+    26-516 ms drew less than idle in half the splits and ranged 0.05-1.8 J with no order by split."""
     if "stage2_energy_window_s" not in rows or rows["stage2_energy_window_s"].isna().all():
         return []
     window = rows["stage2_energy_window_s"].dropna()

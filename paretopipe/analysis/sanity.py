@@ -81,7 +81,7 @@ def unjudged(summary: pd.DataFrame) -> list[dict[str, Any]]:
     """One note for the configurations whose stage compute no check could judge (one run each)."""
     if "runs" not in summary.columns or summary.empty:
         return []
-    single = int((summary["runs"].fillna(0) < 2).sum())
+    single = int((summary["runs"] == 1).sum())  # an infeasible configuration (0 runs) has nothing to judge
     if not single:
         return []
     return [{"check": NOT_JUDGED, "model": "", "backend": "", "network": "", "batch_size": "",

@@ -94,6 +94,8 @@ def test_configurations_of_one_run_are_not_judged_by_their_own_median_and_the_re
     shown = sanity.format_sanity(table).splitlines()
     assert shown[0].startswith("sanity checks: none violated") and shown[1].startswith(
         "  not judged: stage compute of 2 of 3 configurations, measured in one run each")
+    infeasible = s.assign(runs=[0, 1, 3])  # a configuration with no complete run is not counted as one
+    assert sanity.unjudged(infeasible)[0]["configurations"] == "1 of 3 configurations"
     judged = sanity.sanity_checks(s.assign(runs=2), pd.DataFrame({"network": ["lan"]}), None)
     assert list(judged["check"]) == ["stage1_compute_falls_as_k_grows"]  # no note where every one had two runs
 
