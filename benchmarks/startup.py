@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Start-up with a cold and a warm cache, side by side: ``split --list`` and a stage worker's start,
-fresh and forked from the sweep's zygote (``controller.zygote``, torch already imported).
+fresh, forked from the sweep's zygote (``controller.zygote``, torch already imported), and as a
+remote host starts it over SSH: ``python -m paretopipe.controller.zygote_daemon`` forking it from
+the host's daemon (``controller.zygote_daemon``), which a first start has left running.
 
 Cold: an empty PARETOPIPE_CACHE_DIR, so the worker calibrates its weights and ``--list`` traces the
 model. Warm: the same folder after the first run. Rounds alternate cold and warm so the machine's
@@ -62,6 +64,20 @@ def worker_forked(zygote, cache: Path) -> float:
     return _until_ready(zygote.spawn("paretopipe.controller.worker", WORKER_ARGS, _env(cache)), t0)
 
 
+def worker_from_daemon(cache: Path) -> float:
+    """The command line a remote host runs, with the host's daemon already running."""
+    t0 = time.monotonic()
+    argv = [sys.executable, "-m", "paretopipe.controller.zygote_daemon", "paretopipe.controller.worker", *WORKER_ARGS]
+    return _until_ready(subprocess.Popen(argv, env=_env(cache), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True), t0)
+
+
+def _stop_daemons() -> None:
+    from paretopipe.controller.zygote_daemon import daemon_name
+
+    subprocess.run(["pkill", "-f", f"zygote_server --listen {daemon_name()}"], check=False)
+
+
 def import_floor() -> float:
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-c", "import torch, torchvision"], check=True)
@@ -73,7 +89,7 @@ def main() -> int:
 
     base = Path(tempfile.mkdtemp())
     results: dict[str, list[float]] = {k: [] for k in ("list_cold", "list_warm", "worker_cold", "worker_warm", "import",
-                                                       "worker_forked")}
+                                                       "worker_forked", "worker_daemon")}
     zygote = Zygote()
     try:
         for r in range(ROUNDS):
@@ -85,8 +101,12 @@ def main() -> int:
             results["worker_warm"].append(worker_start(cold2))
             results["import"].append(import_floor())
             results["worker_forked"].append(worker_forked(zygote, cold2))
+            if r == 0:
+                worker_from_daemon(cold2)  # the host's first start: it starts the daemon
+            results["worker_daemon"].append(worker_from_daemon(cold2))
     finally:
         zygote.close()
+        _stop_daemons()
         shutil.rmtree(base, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"{MODEL}, medians of {ROUNDS} alternating rounds (seconds):")
@@ -96,6 +116,8 @@ def main() -> int:
           f"{med['worker_cold'] / med['worker_warm']:6.1f}x")
     print(f"  worker start forked from the zygote (warm) {med['worker_forked']:6.2f}   fresh/forked "
           f"{med['worker_warm'] / med['worker_forked']:6.1f}x")
+    print(f"  worker start over a host's daemon (warm)   {med['worker_daemon']:6.2f}   fresh/daemon "
+          f"{med['worker_warm'] / med['worker_daemon']:6.1f}x")
     print(f"  import torch + torchvision alone: {med['import']:.2f} s "
           f"({med['import'] / med['worker_warm']:.0%} of a warm worker start)")
     return 0

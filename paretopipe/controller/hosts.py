@@ -24,6 +24,7 @@ from ..network import tc
 from ..transport.auth import load_secret
 from ..sshcmd import check_host, check_user, remote_path, ssh_argv
 from . import zygote
+from .zygote_daemon import ATTACH
 from ..energy.memory import parse_size
 from .. import strict
 
@@ -116,17 +117,20 @@ class Host:
         return tc.Runner(self.target, self.key, sudo=self.user not in (None, "root"), ssh_port=self.ssh_port,
                          known_hosts=self.known_hosts)
 
-    def shell_line(self, module: str, args: Sequence[str], env: dict[str, str] | None = None) -> str:
-        """``cd REMOTE_DIR && exec [env K=V] REMOTE_PYTHON -m module args``, every value quoted."""
+    def shell_line(self, module: str, args: Sequence[str], env: dict[str, str] | None = None,
+                   fork: bool = False) -> str:
+        """``cd REMOTE_DIR && exec [env K=V] REMOTE_PYTHON -m module args``, every value quoted;
+        ``fork``: the module is forked from the host's zygote daemon (``-m zygote_daemon module args``)."""
         prefix = ""
         if env:
             prefix = "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
+        modules = [ATTACH, module] if fork else [module]
         return (f"cd {remote_path(self.remote_dir)} && exec {prefix}{shlex.quote(self.remote_python)} -m "
-                f"{shlex.quote(module)} {shlex.join(list(args))}")
+                f"{shlex.join(modules + list(args))}")
 
-    def argv(self, module: str, args: Sequence[str], env: dict[str, str] | None = None) -> list[str]:
-        return self.ssh() + [self.shell_line(module, args, env)]
-
+    def argv(self, module: str, args: Sequence[str], env: dict[str, str] | None = None,
+             fork: bool = False) -> list[str]:
+        return self.ssh() + [self.shell_line(module, args, env, fork)]
 
 @dataclasses.dataclass
 class Testbed:

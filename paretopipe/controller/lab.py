@@ -30,7 +30,7 @@ from typing import Any
 from ..compute import cpushare
 from ..errors import NetemError, UsageError
 from ..sshcmd import close_shared
-from .lab_processes import stop_marked
+from .lab_processes import stop_marked, stop_zygote_daemons
 
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_HOSTS = 8
@@ -337,12 +337,12 @@ def down(name: str = "pplab") -> list[str]:
     for group in lab.cgroups if lab else []:  # a host's CPU share: what is left in it goes back to the root
         cpushare.remove_group(group)
         removed.append(f"cgroup {Path(group).name}")
-    namespaces = _run("ip", "netns", "list", check=False).stdout.split("\n")
-    for line in namespaces:
-        ns = line.split(" ")[0]
-        if re.fullmatch(rf"{re.escape(name)}-h\d+", ns):
-            _run("ip", "netns", "del", ns, check=False)
-            removed.append(f"namespace {ns}")
+    ours = [line.split(" ")[0] for line in _run("ip", "netns", "list", check=False).stdout.split("\n")
+            if re.fullmatch(rf"{re.escape(name)}-h\d+", line.split(" ")[0])]
+    removed += stop_zygote_daemons(ours)  # started by the stages' sessions: nothing else ends them now
+    for ns in ours:
+        _run("ip", "netns", "del", ns, check=False)
+        removed.append(f"namespace {ns}")
     links = _run("ip", "-o", "link", "show", check=False).stdout.split("\n")
     for line in links:
         parts = line.split(":")

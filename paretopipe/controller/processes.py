@@ -74,7 +74,7 @@ def spawn_process(role: str, module: str, args: list[str], host: Host | None,
     """``python -m module args`` as a sweep's process speaking JSON lines: here, or on ``host`` over SSH."""
     if host is None:
         return StageProcess(role, [sys.executable, "-m", module, *args], env=env)
-    return StageProcess(f"{role} on {host.address}", host.argv(module, args, env), ssh=host.ssh())
+    return StageProcess(f"{role} on {host.address}", host.argv(module, args, env, fork=True), ssh=host.ssh())
 
 
 def received_record(event: dict[str, Any], who: str) -> RunRecord:

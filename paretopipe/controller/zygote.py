@@ -32,9 +32,11 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Sequence
 
 # What a stage imports on its way to its first run (the stage modules import these lazily, so that
@@ -116,8 +118,9 @@ class Zygote:
     """One fork server, started on first use and ended when this process closes it or exits."""
 
     def __init__(self, preload: Sequence[str] = PRELOAD, start_timeout: float = 120.0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, daemon: str | None = None) -> None:
         self.preload, self.start_timeout = list(preload), start_timeout
+        self.daemon = daemon  # the name of a host's zygote daemon to use (zygote_daemon), not one of our own
         self.env = dict(os.environ if env is None else env)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -129,7 +132,7 @@ class Zygote:
         self.failed: str | None = None
 
     def _start(self) -> None:
-        self._sock = self._forked_server() or self._new_server()
+        self._sock = self._forked_server() or (self._daemon_server() if self.daemon else self._new_server())
         threading.Thread(target=self._listen, daemon=True, name="zygote-replies").start()
         try:
             if "ready" not in self._next_reply(self.start_timeout):
@@ -162,6 +165,31 @@ class Zygote:
         finally:
             theirs.close()
         return mine
+
+    def _daemon_server(self) -> socket.socket:
+        """A connection to this user's zygote daemon of our name, started here (detached) if none
+        listens: it binds before it imports, so the connection waits for its imports, not a poll."""
+        deadline, started = time.monotonic() + self.start_timeout, False
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                sock.connect("\0" + self.daemon)  # abstract: one name space per network namespace
+                if not same_user(sock):
+                    raise OSError(f"the zygote daemon {self.daemon!r} runs as another user")
+                return sock
+            except (ConnectionRefusedError, FileNotFoundError):
+                sock.close()
+            except OSError:
+                sock.close()
+                raise
+            if not started:
+                subprocess.Popen([sys.executable, "-m", "paretopipe.controller.zygote_server", "--listen", self.daemon,
+                                  "--preload", ",".join(self.preload)], env=self.env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                started = True
+            if time.monotonic() > deadline:
+                raise OSError(f"the zygote daemon {self.daemon!r} did not start")
+            time.sleep(0.02)
 
     def _listen(self) -> None:
         sock = self._sock
@@ -233,36 +261,37 @@ class Zygote:
                     self.failed = str(exc)
 
     def spawn(self, module: str | None, args: Sequence[str], env: dict[str, str], cwd: str | None = None,
-              script: str | None = None) -> ForkedProcess:
+              script: str | None = None, stdio: tuple[int, int, int] | None = None) -> ForkedProcess:
         """Fork ``python -m module args`` (or ``python script args``) with this environment, in ``cwd``
-        (default: ours); OSError when the zygote cannot."""
+        (default: ours), on new pipes or on the descriptors ``stdio`` (then the ForkedProcess has no
+        streams); OSError when the zygote cannot."""
         with self._lock:
             if self.failed:
                 raise OSError(self.failed)
             try:
                 if self._sock is None:
                     self._start()
-                pipes = [os.pipe() for _ in range(3)]
-                theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+                pipes = [os.pipe() for _ in range(3)] if stdio is None else []
+                theirs = list(stdio) if stdio is not None else [pipes[0][0], pipes[1][1], pipes[2][1]]
                 req = {"module": module, "script": script, "args": [str(a) for a in args], "env": env,
                        "cwd": str(cwd or os.getcwd())}
                 try:
                     socket.send_fds(self._sock, [json.dumps(req).encode()], theirs)
                     reply = self._next_reply(30.0)
                 finally:
-                    for fd in theirs:
+                    for fd in theirs if stdio is None else ():
                         os.close(fd)
                 if "pid" not in reply:
-                    for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
+                    for fd in (pipes[0][1], pipes[1][0], pipes[2][0]) if pipes else ():
                         os.close(fd)
                     raise OSError(f"the zygote refused: {reply.get('error')}")
             except OSError as exc:
                 self.failed = self.failed or str(exc)
                 raise
             pid = reply["pid"]
-            child = ForkedProcess([sys.executable, *(["-m", module] if module else [script]), *args], pid,
-                                  open(pipes[0][1], "w", buffering=1), open(pipes[1][0], "r"),
-                                  open(pipes[2][0], "r", errors="backslashreplace"))
+            streams = (open(pipes[0][1], "w", buffering=1), open(pipes[1][0], "r"),
+                       open(pipes[2][0], "r", errors="backslashreplace")) if pipes else (None, None, None)
+            child = ForkedProcess([sys.executable, *(["-m", module] if module else [script]), *args], pid, *streams)
             with self._reply:
                 if pid in self._exits:  # it ended before we got here
                     child._exited(self._exits.pop(pid))
@@ -317,6 +346,13 @@ def _take_inherited(env: dict[str, str]) -> socket.socket | None:
             return None
         channel, _inherited = _inherited[0], None
         return channel
+
+
+def same_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of a unix socket runs as our user (its SO_PEERCRED):
+    an abstract socket has no file permissions, so this is what keeps other users off a zygote."""
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid == os.getuid()
 
 
 def set_title(title: str) -> None:

@@ -5,6 +5,11 @@ back each child's pid and, once reaped, its exit status. A child may ask, on a c
 for a zygote of its own: one is forked from this imported state.
 
     python -m paretopipe.controller.zygote_server --fd N [--preload torch,...]
+    python -m paretopipe.controller.zygote_server --listen NAME [--preload torch,...]
+
+With ``--listen`` it is a host's daemon (:mod:`paretopipe.controller.zygote_daemon` starts and uses
+it): it listens on an abstract unix socket, serves each connection of its own user from a fork of
+itself, as a sweep's own zygote would, and exits once it has served nothing for IDLE_S.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any, Sequence
 
@@ -61,7 +67,10 @@ def _child(req: dict[str, Any], fds: list[int], sock: socket.socket, channel: so
                                                        errors="backslashreplace", line_buffering=True)
         sys.argv = [module or script, *args]
         import runpy
+        import warnings
 
+        # The stage's module was imported before the fork (that is the point), and runpy says so.
+        warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)
         try:
             if module:
                 runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -213,11 +222,67 @@ def _serve_a_zygote(channel: socket.socket, sock: socket.socket, channels: list[
     channel.close()
 
 
+#: A daemon with no connection for this long exits: a sweep starts a model's stages seconds after
+#: the last model's ended, and an idle interpreter holding torch is memory a Pi needs.
+IDLE_S = 30.0
+
+
+def listen(name: str, preload: Sequence[str], idle_s: float = IDLE_S) -> int:
+    """A host's zygote daemon: bind the abstract socket ``name`` (or leave, when another daemon holds
+    it), import, then serve each connection from our user in a fork running :func:`serve`."""
+    import importlib
+
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        srv.bind("\0" + name)
+    except OSError:
+        return 0  # another daemon started first: it serves
+    srv.listen(64)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Without the preload list, which names the stage modules: whatever looks for a stage by its
+    # command line (a fault, a test) must not take the daemon for one.
+    zygote.set_title(f"{sys.executable} -m paretopipe.controller.zygote_server --listen {name}")
+    for module in preload:
+        importlib.import_module(module)
+    handlers: set[int] = set()  # one per connection: a fork of this imported state serving it
+    last = time.monotonic()
+    while True:
+        ready, _, _ = select.select([srv], [], [], 1.0)
+        for pid in list(handlers):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                handlers.discard(pid)
+        if handlers:
+            last = time.monotonic()
+        if not ready:
+            if time.monotonic() - last > idle_s:
+                return 0
+            continue
+        conn, _ = srv.accept()
+        if not zygote.same_user(conn):
+            conn.close()
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                srv.close()
+                code = serve(conn, [])
+            finally:
+                os._exit(code)
+        handlers.add(pid)
+        conn.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fork server for local stage processes (started by a sweep)")
-    parser.add_argument("--fd", type=int, required=True, help="this end of the sweep's socketpair")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fd", type=int, help="this end of the sweep's socketpair")
+    where.add_argument("--listen", metavar="NAME", help="serve as a host's daemon on this abstract unix socket")
     parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import before forking")
+    parser.add_argument("--idle", type=float, default=IDLE_S, help="a daemon exits after this many seconds unused")
     args = parser.parse_args(argv)
+    if args.listen:
+        return listen(args.listen, [m for m in args.preload.split(",") if m], args.idle)
     sock = socket.socket(fileno=args.fd)
     return serve(sock, [m for m in args.preload.split(",") if m])
 
