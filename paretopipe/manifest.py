@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import allocator
+from .sourcefiles import source_files
 
 
 STAMP = ".paretopipe-deploy.json"  # written next to the package by `--deploy`, where no .git exists
@@ -46,9 +47,8 @@ def source_digest() -> str:
     with or without git (a dirty tree or a hand edit changes it)."""
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.suffix in (".py", ".toml", ".json") and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in source_files(root):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 

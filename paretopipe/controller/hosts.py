@@ -132,6 +132,7 @@ class Host:
              fork: bool = False) -> list[str]:
         return self.ssh() + [self.shell_line(module, args, env, fork)]
 
+
 @dataclasses.dataclass
 class Testbed:
     """The hosts of an experiment (none: every stage runs on this machine) and their shared settings."""

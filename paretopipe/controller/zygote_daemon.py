@@ -28,11 +28,13 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from . import zygote
+from ..sourcefiles import source_files
 
 ATTACH = "paretopipe.controller.zygote_daemon"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -45,10 +47,9 @@ def daemon_name(env: dict[str, str] | None = None) -> str:
     digest = hashlib.sha256()
     for part in (sys.executable, str(package), *sorted(f"{k}={v}" for k, v in zygote.startup_env(env).items())):
         digest.update(part.encode(errors="surrogateescape") + b"\0")
-    for path in sorted(package.rglob("*")):  # a changed or shipped tree is another daemon's
-        if path.suffix in (".py", ".toml", ".json") and "__pycache__" not in path.parts:
-            stat = path.stat()
-            digest.update(f"{path.relative_to(package)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    for path in source_files(package):  # a changed or shipped tree is another daemon's
+        stat = path.stat()
+        digest.update(f"{path.relative_to(package)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return f"paretopipe-zygote-{os.getuid()}-{digest.hexdigest()[:16]}"
 
 
@@ -72,7 +73,7 @@ def _stand_in(child: zygote.ForkedProcess) -> int:
     while True:
         try:
             return child.wait(timeout=1.0)
-        except zygote.subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:
             continue
 
 

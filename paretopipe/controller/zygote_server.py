@@ -209,17 +209,23 @@ def _serve_a_zygote(channel: socket.socket, sock: socket.socket, channels: list[
     if not isinstance(req, dict) or not isinstance(req.get("zygote"), list):
         channel.close()
         return
+    helpers.add(_fork_serving(channel, [sock, *channels], [str(m) for m in req["zygote"]]))
+    channel.close()
+
+
+def _fork_serving(channel: socket.socket, others: Sequence[socket.socket], preload: Sequence[str]) -> int:
+    """Fork a copy of this imported state that closes ``others`` and serves ``channel`` as a zygote
+    of its own (:func:`serve`) until its peer is gone; the fork's pid."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            for theirs in (sock, *channels):
+            for theirs in others:
                 theirs.close()
-            code = serve(channel, [str(m) for m in req["zygote"]])
+            code = serve(channel, preload)
         finally:
             os._exit(code)
-    helpers.add(pid)
-    channel.close()
+    return pid
 
 
 #: A daemon with no connection for this long exits: a sweep starts a model's stages seconds after
@@ -261,15 +267,7 @@ def listen(name: str, preload: Sequence[str], idle_s: float = IDLE_S) -> int:
         if not zygote.same_user(conn):
             conn.close()
             continue
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                srv.close()
-                code = serve(conn, [])
-            finally:
-                os._exit(code)
-        handlers.add(pid)
+        handlers.add(_fork_serving(conn, [srv], []))
         conn.close()
 
 

@@ -158,3 +158,24 @@ def test_a_daemon_exits_once_idle_and_a_second_one_for_the_same_name_leaves_at_o
     assert daemon.wait(30) == 0 and time.monotonic() - started < 10
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock, pytest.raises(ConnectionRefusedError):
         sock.connect("\0" + name)  # the abstract name went with it: nothing on disk to clean up
+
+
+def test_the_daemons_name_changes_with_the_packages_source_files_and_with_nothing_else(tmp_path, monkeypatch):
+    """A changed or shipped tree must not be served by a daemon that imported the old one; a new
+    bytecode cache or a stray file is no change of code."""
+    package = tmp_path / "paretopipe"
+    (package / "controller" / "__pycache__").mkdir(parents=True)
+    (package / "controller" / "zygote.py").write_text("# stands in for the module the name is found from\n")
+    (package / "units.py").write_text("A = 1\n")
+    monkeypatch.setattr(zygote, "__file__", str(package / "controller" / "zygote.py"))
+    env = {"PATH": os.environ.get("PATH", "")}
+    before = zygote_daemon.daemon_name(env)
+    (package / "controller" / "__pycache__" / "zygote.cpython-311.pyc").write_bytes(b"\0")
+    (package / "notes.txt").write_text("not code\n")
+    assert zygote_daemon.daemon_name(env) == before
+    (package / "units.py").write_text("A = 2\n")  # the same size: its time tells
+    os.utime(package / "units.py", ns=(1, 1))
+    changed = zygote_daemon.daemon_name(env)
+    assert changed != before
+    assert zygote_daemon.daemon_name({**env, "OMP_NUM_THREADS": "1"}) != changed  # a start-up variable
+    assert zygote_daemon.daemon_name({**env, "ZYGOTE_TEST_X": "1"}) == changed  # any other: the request's
