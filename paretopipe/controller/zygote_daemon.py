@@ -66,10 +66,21 @@ def fork_from_daemon(module: str, args: Sequence[str]) -> zygote.ForkedProcess |
         return None
 
 
-def _stand_in(child: zygote.ForkedProcess) -> int:
-    """Forward signals to the stage and wait for it; its exit status, or minus its signal."""
+def _hold_signals() -> list[int]:
+    """Keep the forwarded signals that come before the stage exists: the stage reports its pid on
+    our stdout as soon as it is forked, so the sweep may signal us before the spawn has returned."""
+    held: list[int] = []
+    for sig in FORWARDED:
+        signal.signal(sig, lambda num, frame: held.append(num))
+    return held
+
+
+def _stand_in(child: zygote.ForkedProcess, held: list[int]) -> int:
+    """Forward signals to the stage (those held first) and wait for it; its exit status, or minus its signal."""
     for sig in FORWARDED:
         signal.signal(sig, lambda num, frame: child.send_signal(num))
+    for sig in held:
+        child.send_signal(sig)
     while True:
         try:
             return child.wait(timeout=1.0)
@@ -83,12 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"usage: python -m {ATTACH} MODULE [ARGS...]", file=sys.stderr)
         return 2
     module, args = argv[0], argv[1:]
+    held = _hold_signals()
     zygote.set_title("paretopipe zygote attach")  # before the stage exists, so that it is never taken for it
     child = fork_from_daemon(module, args)
     if child is None:
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        if held:  # what the stage would have died of
+            os.kill(os.getpid(), held[0])
         os.execv(sys.executable, [sys.executable, "-m", module, *args])
     zygote.set_title(f"paretopipe zygote attach (pid {child.pid})")
-    code = _stand_in(child)
+    code = _stand_in(child, held)
     if code < 0:  # die as the stage did, so that SSH reports the same signal
         if -code in FORWARDED:  # our handler for it would forward it again
             signal.signal(-code, signal.SIG_DFL)
