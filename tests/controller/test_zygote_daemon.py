@@ -38,7 +38,12 @@ def env(tmp_path):
 
 
 def _daemons(name: str) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if f"--listen {name}" in " ".join(p.info["cmdline"] or [])]
+    """The daemons listening as ``name``: not the forks that serve their connections, which carry
+    the daemon's title until they exit (one still ending made this list two)."""
+    titled = [p for p in psutil.process_iter(["cmdline", "ppid"])
+              if f"--listen {name}" in " ".join(p.info["cmdline"] or [])]
+    pids = {p.pid for p in titled}
+    return [p for p in titled if p.info["ppid"] not in pids]
 
 
 def _attach(env, *args: str, cwd=None) -> subprocess.Popen:
