@@ -57,6 +57,11 @@ class Workload:
     #: The dataset every run reads, or None where ``--dataset`` names it (a generation's prompts
     #: are seeded token ids: its dataset is always synthetic).
     dataset: str | None = None
+    #: What a stage of this workload imports on its way to its first run beyond an image stage's
+    #: (``zygote.PRELOAD``): a sweep's zygote imports it once, before it forks the stages. A
+    #: language model's stage imported transformers and its Llama code itself: 1.4 s of CPU a stage
+    #: here, again in every stage a sweep starts.
+    preload: tuple[str, ...] = ()
     #: The settings this workload does not take, each with why (:meth:`refusal`).
     refusals: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
@@ -115,6 +120,8 @@ GENERATION = Workload("generation", "token", True, ("ttft", "tpot"), window="str
                       drawn_on="time to first token and per token", breakdown_unit="step", figures=("tokens_memory",),
                       front_units="time to first token and per token: medians, s; throughput in tokens/s",
                       dataset="synthetic",
+                      preload=("transformers.models.auto.modeling_auto", "transformers.cache_utils",
+                               "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2"),
                       refusals={"engines": "a language model's stages run on torch or as llama.cpp (--engine llamacpp)",
                                 "adaptive": "a language model runs static splits over its prompts: drop adaptive "
                                             "from --splits"})

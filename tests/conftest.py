@@ -39,6 +39,10 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # processes the tests start inherit both.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PARETOPIPE_OFFLINE", "1")
+# Figures are drawn off screen, as on a headless machine matplotlib would choose anyway. Said once,
+# here, because matplotlib reads it as it is imported: a command line given another value is not
+# forked from the tests' zygote, which imported matplotlib (tcp_helpers.CLI_PRELOAD).
+os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 #: make test checks a seeded sample of each exhaustive set (every cut of a large model: each is a

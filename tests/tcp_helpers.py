@@ -15,6 +15,7 @@ from conftest import PYTHON, ROOT
 from paretopipe.partition.stages import StageBuilder
 from paretopipe.transport import messaging, tcp
 from paretopipe.transport.runconfig import DEFAULT_MAX_PAYLOAD, RunConfig
+from paretopipe.workload import GENERATION
 
 TCP = messaging.TransportSpec("tcp")
 
@@ -175,9 +176,12 @@ STARTED: list = []
 # with its own pipes, session and exit code; a start-up variable it needs (faketime's LD_PRELOAD, a
 # PYTHONPATH) or a prefix command makes it a plain Popen. Tests about a fresh interpreter (--help
 # imports no torch) start theirs with subprocess directly.
+# With them, what a sweep's report draws with (1 s of CPU a sweep or report), and what a language
+# model's command line builds its stage with (Workload.preload: 1.4 s of CPU each).
 CLI_PRELOAD = ("torch", "torchvision", "paretopipe.cli.stages", "paretopipe.cli.rpc", "paretopipe.cli.main",
                "paretopipe.partition.stages", "paretopipe.transport.tcp", "paretopipe.transport.rpc",
-               "paretopipe.controller.rpc_ranks", "paretopipe.profile")
+               "paretopipe.controller.rpc_ranks", "paretopipe.profile", "paretopipe.analysis.report",
+               "matplotlib.pyplot", "adjustText", *GENERATION.preload)
 _zygote = None
 #: The start-up variables (``zygote.STARTUP_PREFIXES``) every test begins with, once collection has
 #: imported the test modules (tests/conftest.py sets them, and puts them back after each test). The

@@ -44,9 +44,12 @@ from typing import Any, Sequence
 PRELOAD = ("torch", "torchvision", "paretopipe.partition.stages", "paretopipe.transport.tcp",
            "paretopipe.transport.rpc", "paretopipe.controller.adaptive_setup", "paretopipe.controller.worker",
            "paretopipe.controller.rpc_ranks")
-# Read once, when an interpreter or a native library starts: a child that needs other values than
-# the zygote's cannot get them by a fork.
-STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_", "MALLOC_", "NUMEXPR_")
+# Read once, when an interpreter, a native library or a module a zygote imports starts: a child
+# that needs other values than the zygote's cannot get them by a fork. Hugging Face's (HF_*,
+# TRANSFORMERS_*, and XDG_CACHE_HOME under HF_HOME) are read as transformers is imported, which a
+# language model's zygote does (Workload.preload); matplotlib's (MPLBACKEND, MPLCONFIGDIR) as it is.
+STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_", "MALLOC_", "NUMEXPR_",
+                    "HF_", "TRANSFORMERS_", "XDG_CACHE_HOME", "MPL")
 MAX_REQUEST = 1 << 20  # a request's JSON, bytes
 
 
@@ -120,6 +123,7 @@ class Zygote:
     def __init__(self, preload: Sequence[str] = PRELOAD, start_timeout: float = 120.0,
                  env: dict[str, str] | None = None, daemon: str | None = None) -> None:
         self.preload, self.start_timeout = list(preload), start_timeout
+        self.imports: list[str] = []  # a workload's modules, imported once it is ready (preload_more)
         self.daemon = daemon  # the name of a host's zygote daemon to use (zygote_daemon), not one of our own
         self.env = dict(os.environ if env is None else env)
         self._lock = threading.Lock()
@@ -137,6 +141,8 @@ class Zygote:
         try:
             if "ready" not in self._next_reply(self.start_timeout):
                 raise OSError("the zygote did not start")
+            if self.imports:
+                self._sock.send(json.dumps({"import": self.imports}).encode())
         except OSError:
             if self._proc is not None:
                 self._proc.kill()
@@ -250,6 +256,19 @@ class Zygote:
         except OSError:
             pass  # a plain start is slower, not different
         return None
+
+    def preload_more(self, modules: Sequence[str]) -> None:
+        """Have the zygote import ``modules`` too, before it forks the next stage: once it has
+        started, or at once where it runs already. Unlike ``preload``, one that fails to import
+        leaves the zygote serving: the stage that imports it reports it as its own error."""
+        with self._lock:
+            new = [m for m in modules if m not in self.preload + self.imports]
+            self.imports += new
+            if new and self._sock is not None:
+                try:
+                    self._sock.send(json.dumps({"import": new}).encode())
+                except OSError:
+                    pass  # a zygote that is gone fails the next fork, which starts the stage plainly
 
     def warm(self) -> None:
         """Start the zygote unless it runs already (or could not)."""
@@ -386,11 +405,13 @@ def _shared_zygote(env: dict[str, str] | None = None) -> Zygote | None:
         return zygote
 
 
-def prestart() -> None:
+def prestart(preload: Sequence[str] = ()) -> None:
     """Start this process's zygote now, in the background, so that its imports overlap the sweep's
-    own set-up instead of delaying the first stage."""
+    own set-up instead of delaying the first stage; ``preload``: the modules its workload's stages
+    import beyond ``PRELOAD`` (``Workload.preload``)."""
     zygote = _shared_zygote()
     if zygote is not None:
+        zygote.preload_more(preload)
         threading.Thread(target=zygote.warm, daemon=True, name="zygote-start").start()
 
 

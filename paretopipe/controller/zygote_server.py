@@ -171,6 +171,9 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
         if "reap" in req:
             _release(req["reap"], ended)
             continue
+        if "import" in req:
+            _import_quietly(req["import"])
+            continue
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -185,11 +188,27 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
         _send(sock, {"pid": pid})
 
 
+def _import_quietly(modules: Sequence[str]) -> None:
+    """Import a workload's stage modules in this state, which the next forks share; one that fails
+    is left to the stage that imports it, which reports it as its own error."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the stage's own import says what is wrong
+            pass
+
+
 def _request(data: bytes, fds: list[int]) -> dict[str, Any]:
-    """A fork request (JSON naming a module or a script, with three descriptors) or the sweep's
-    word that it has read an exit (``{"reap": pid}``, no descriptors); ValueError otherwise."""
+    """A fork request (JSON naming a module or a script, with three descriptors), the sweep's word
+    that it has read an exit (``{"reap": pid}``) or a workload's modules to import first
+    (``{"import": [names]}``), the last two without descriptors; ValueError otherwise."""
     req = json.loads(data)
     if isinstance(req, dict) and set(req) == {"reap"} and isinstance(req["reap"], int) and not fds:
+        return req
+    if (isinstance(req, dict) and set(req) == {"import"} and isinstance(req["import"], list) and not fds
+            and all(isinstance(m, str) for m in req["import"])):
         return req
     if len(fds) != 3 or not isinstance(req, dict):
         raise ValueError("a request carries JSON and three descriptors")

@@ -275,3 +275,49 @@ def test_a_library_that_sets_a_startup_variable_gets_later_stages_a_zygote_of_th
     finally:
         for z in zygote._shared.values():
             z.close()
+
+
+LOADED = '''
+import json, sys
+print(json.dumps({name: name in sys.modules for name in sys.argv[1:]}), flush=True)
+'''
+HEAVY = '''
+import os, sys
+with open(os.environ["ZYGOTE_HEAVY_LOG"], "a") as log:
+    log.write(f"{os.getpid()}\\n")
+'''
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["before-its-start", "while-it-runs"])
+def test_a_workloads_modules_are_imported_once_by_the_zygote_before_the_stages_it_forks(server, tmp_path, started):
+    """An LM sweep's stages import transformers (1.4 s of CPU each here): the sweep has its zygote
+    import its workload's modules once (``Workload.preload``), at its start or while it runs; a
+    module that fails to import leaves it serving, for the stage to report."""
+    z, env = server
+    (tmp_path / "zygote_loaded.py").write_text(LOADED)
+    (tmp_path / "zygote_heavy.py").write_text(HEAVY)
+    log = tmp_path / "heavy.log"
+    env = {**env, "ZYGOTE_HEAVY_LOG": str(log)}
+    z.env["ZYGOTE_HEAVY_LOG"] = str(log)
+    if started:
+        before = z.spawn("zygote_loaded", ["zygote_heavy"], env)
+        assert json.loads(before.stdout.readline()) == {"zygote_heavy": False} and before.wait(30) == 0
+    z.preload_more(["zygote_heavy", "no_such_module_anywhere"])
+    for _ in range(2):
+        child = z.spawn("zygote_loaded", ["zygote_heavy", "no_such_module_anywhere"], env)
+        assert json.loads(child.stdout.readline()) == {"zygote_heavy": True, "no_such_module_anywhere": False}
+        assert child.wait(30) == 0
+    assert log.read_text().split() == [str(z._proc.pid)]  # imported once, in the zygote
+
+
+def test_a_language_models_preload_holds_the_code_of_every_named_language_model():
+    import importlib
+
+    from paretopipe.llm import shapes
+    from paretopipe.workload import GENERATION, IMAGES
+
+    assert IMAGES.preload == ()
+    for shape in shapes.NAMED.values():
+        assert f"transformers.models.{shape.architecture}.modeling_{shape.architecture}" in GENERATION.preload, shape
+    for name in GENERATION.preload:
+        importlib.import_module(name)

@@ -216,7 +216,7 @@ class Sweeper:
         opts["testbed"] = o.testbed.describe()
         meta = self.ledger.load_meta(opts, {n: c.to_dict() for n, c in self.networks.items()})
         if not o.testbed.remote and self.group_factory is process_group:
-            zygote.prestart()
+            zygote.prestart(o.workload.preload)
         interrupted = ended = False
         total = 0
         failed: list[PlannedRun] = []
