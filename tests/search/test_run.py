@@ -117,7 +117,10 @@ def test_a_search_may_vary_the_codec_and_the_batch_size_each_a_configuration_of_
     them get their own run files and summary rows, and each trial's objectives are its own."""
     proc = cli.run([PYTHON, "-m", "paretopipe", "search", "--model", "mobilenetv2", "--budget", "all", "--splits",
                     "0,19", "--vary", "codec=float32/none,float16/zstd", "--vary", "batch_size=1,2", "--runs", "1",
-                    "--num-batches", "3", "--warmup", "1", "--drift-every", "0", "--local", "--out", str(tmp_path),
+                    # 4 evaluation samples, not a lossy wire's 64: nothing here reads the fidelity figures
+                    # (tests/transport/test_fidelity.py does), and the pass was half of this test's CPU.
+                    "--num-batches", "3", "--warmup", "1", "--eval-samples", "4", "--drift-every", "0", "--local",
+                    "--out", str(tmp_path),
                     "--session", "s", "--no-report"], timeout=600)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "s" / "search.json").read_text())
