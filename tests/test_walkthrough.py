@@ -183,7 +183,9 @@ def sh(argv: list[str], cwd: Path, timeout: float = 600, prefix: list[str] | Non
     """Run one command line (``python`` is this interpreter) and return it; ``ok``: it must succeed."""
     argv = _interpreter(argv)
     # Forked from the test process's zygote where it can be (never behind a prefix): the same start, less CPU.
-    proc = tcp_helpers.run((prefix or []) + argv, cwd=cwd, env={**os.environ, "MPLBACKEND": "Agg"}, timeout=timeout)
+    # Off-screen figures come from conftest's MPLBACKEND, which the zygote imported matplotlib with:
+    # another value here would start every line as a fresh interpreter.
+    proc = tcp_helpers.run((prefix or []) + argv, cwd=cwd, env=dict(os.environ), timeout=timeout)
     if ok:
         assert proc.returncode == 0, f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr[-2000:]}"
     return proc
