@@ -10,6 +10,8 @@ import signal
 import time
 from pathlib import Path
 
+from .zygote_server import DAEMON_MARK
+
 
 def _cmdline(proc: Path) -> bytes:
     try:
@@ -70,7 +72,7 @@ def stop_zygote_daemons(namespaces: list[str]) -> list[str]:
     killed = []
     for proc in Path("/proc").iterdir():
         line = _cmdline(proc) if proc.name.isdigit() else b""
-        if b"paretopipe.controller.zygote_server" not in line or b"--listen" not in line:
+        if DAEMON_MARK.encode() not in line:
             continue
         with contextlib.suppress(OSError):
             if os.stat(proc / "ns" / "net").st_ino in inodes:

@@ -142,7 +142,7 @@ class Zygote:
             if "ready" not in self._next_reply(self.start_timeout):
                 raise OSError("the zygote did not start")
             if self.imports:
-                self._sock.send(json.dumps({"import": self.imports}).encode())
+                self._ask_to_import(self.imports)
         except OSError:
             if self._proc is not None:
                 self._proc.kill()
@@ -266,9 +266,14 @@ class Zygote:
             self.imports += new
             if new and self._sock is not None:
                 try:
-                    self._sock.send(json.dumps({"import": new}).encode())
+                    self._ask_to_import(new)
                 except OSError:
                     pass  # a zygote that is gone fails the next fork, which starts the stage plainly
+
+    def _ask_to_import(self, modules: Sequence[str]) -> None:
+        """The zygote's import request (``{"import": [names]}``, served between forks); OSError
+        where the zygote is gone."""
+        self._sock.send(json.dumps({"import": list(modules)}).encode())
 
     def warm(self) -> None:
         """Start the zygote unless it runs already (or could not)."""

@@ -247,6 +247,9 @@ def _fork_serving(channel: socket.socket, others: Sequence[socket.socket], prelo
     return pid
 
 
+#: In a daemon's command line, as it is started and as it titles itself (NULs read as spaces):
+#: what ``lab down`` looks for (``lab_processes.stop_zygote_daemons``).
+DAEMON_MARK = "paretopipe.controller.zygote_server --listen"
 #: A daemon with no connection for this long exits: a sweep starts a model's stages seconds after
 #: the last model's ended, and an idle interpreter holding torch is memory a Pi needs.
 IDLE_S = 30.0
@@ -266,7 +269,7 @@ def listen(name: str, preload: Sequence[str], idle_s: float = IDLE_S) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Without the preload list, which names the stage modules: whatever looks for a stage by its
     # command line (a fault, a test) must not take the daemon for one.
-    zygote.set_title(f"{sys.executable} -m paretopipe.controller.zygote_server --listen {name}")
+    zygote.set_title(f"{sys.executable} -m {DAEMON_MARK} {name}")
     for module in preload:
         importlib.import_module(module)
     handlers: set[int] = set()  # one per connection: a fork of this imported state serving it
