@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import io
 import json
 import os
@@ -177,7 +178,7 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        pid = _fork()
         if pid == 0:
             _child(req, fds, sock, theirs, [mine, *channels])
         theirs.close()
@@ -186,6 +187,16 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
         for fd in fds:
             os.close(fd)
         _send(sock, {"pid": pid})
+
+
+def _fork() -> int:
+    """``os.fork()``, with every object this state holds frozen out of the cyclic collector's view
+    first (``gc.freeze``, as Python's docs advise before a fork without exec). Otherwise a child's
+    first full collection walks the zygote's half-million imported objects (torch, torchvision,
+    transformers): 0.3 s of CPU in a stage that built its model in 0.2 s, and, as it writes to each
+    object's header, a copy of every page the child shared with its zygote."""
+    gc.freeze()
+    return os.fork()
 
 
 def _import_quietly(modules: Sequence[str]) -> None:
@@ -235,7 +246,7 @@ def _serve_a_zygote(channel: socket.socket, sock: socket.socket, channels: list[
 def _fork_serving(channel: socket.socket, others: Sequence[socket.socket], preload: Sequence[str]) -> int:
     """Fork a copy of this imported state that closes ``others`` and serves ``channel`` as a zygote
     of its own (:func:`serve`) until its peer is gone; the fork's pid."""
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:
         code = 1
         try:
