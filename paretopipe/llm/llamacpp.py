@@ -17,6 +17,7 @@ the head.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import http.client
 import json
 import os
@@ -106,6 +107,21 @@ def gguf_facts(path: str) -> GgufFacts:
         import gguf  # lazy: only a llama.cpp sweep reads a GGUF's header here
     except ImportError:
         raise UsageError(f"--engine {ENGINE}: reading {path} needs the gguf package (pip install 'paretopipe[real]')")
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise UsageError(f"--engine {ENGINE}: {path} is not a GGUF llama.cpp reads ({str(exc)[:80]})")
+    return _read_facts(path, stat.st_size, stat.st_mtime_ns)
+
+
+# gguf's reader parses every field, the 49,152 tokens of SmolLM2's vocabulary among them: about 2 s
+# of CPU here for four facts. A process that checks several sweeps (a notebook, the tests) reads the
+# same file again, so the facts are kept per path, size and modification time: a file rewritten in
+# place is read afresh.
+@functools.lru_cache(maxsize=8)
+def _read_facts(path: str, size: int, mtime_ns: int) -> GgufFacts:
+    import gguf
+
     try:
         reader = gguf.GGUFReader(path)
         arch = str(reader.get_field("general.architecture").contents())

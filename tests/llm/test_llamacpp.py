@@ -71,6 +71,17 @@ def test_the_real_models_gguf_header_gives_its_layers_vocabulary_and_quantisatio
     assert (facts.architecture, facts.layers, facts.vocab, facts.quantisation) == ("llama", 30, 49152, "Q4_1")
 
 
+def test_a_gguf_replaced_at_the_same_path_is_read_again_not_taken_from_the_facts_kept(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.symlink_to(checkpoints.real_file(REAL))
+    assert llamacpp.gguf_facts(str(path)).layers == 30
+    assert llamacpp.gguf_facts(str(path)) is llamacpp.gguf_facts(str(path))  # kept, not parsed again
+    path.unlink()
+    path.write_bytes(b"not a gguf at all" * 10)
+    with pytest.raises(UsageError, match=r"model.gguf is not a GGUF llama.cpp reads"):
+        llamacpp.gguf_facts(str(path))
+
+
 def test_a_file_that_is_not_a_gguf_is_refused_in_one_line(tmp_path):
     junk = tmp_path / "model.gguf"
     junk.write_bytes(b"not a gguf at all" * 10)
