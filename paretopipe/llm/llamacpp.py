@@ -103,9 +103,9 @@ class GgufFacts:
 def gguf_facts(path: str) -> GgufFacts:
     """The GGUF's architecture, layer count and quantisation; a file that is not a readable GGUF
     is refused in one line."""
-    try:
-        import gguf  # lazy: only a llama.cpp sweep reads a GGUF's header here
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:  # imported only where a llama.cpp sweep reads a header
         raise UsageError(f"--engine {ENGINE}: reading {path} needs the gguf package (pip install 'paretopipe[real]')")
     try:
         stat = os.stat(path)
