@@ -156,14 +156,17 @@ def test_workers_opening_a_new_postgresql_study_at_once_all_get_it(tmp_path):
     PostgreSQL lets one CREATE win and refuses the rest (a unique violation in pg_type; a lab
     test's second worker exited 2 on it), and every opener must still get the study."""
     with postgres(tmp_path) as (url, _password):
-        go = tmp_path / "go"
-        script = ("import os, sys, time\nfrom paretopipe.search.study import open_storage\n"
-                  f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+        # Each opener says it is ready once imported, then blocks on its stdin: the parent's word
+        # reaches all eight within microseconds, where polling a file cost a core's CPU between them.
+        script = ("import sys\nfrom paretopipe.search.study import open_storage\n"
+                  "print('ready', flush=True)\nsys.stdin.readline()\n"
                   "open_storage(sys.argv[1])\nprint('opened')\n")
-        procs = [subprocess.Popen([PYTHON, "-c", script, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for _ in range(8)]
-        time.sleep(3)  # every interpreter started and waiting
-        go.touch()
+        procs = [subprocess.Popen([PYTHON, "-c", script, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(8)]
+        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 8
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
         results = [p.communicate(timeout=120) for p in procs]
         assert [p.returncode for p in procs] == [0] * 8, [err[-500:] for _, err in results if err]
         assert all(out.strip() == "opened" for out, _ in results)
