@@ -110,8 +110,12 @@ def gguf_facts(path: str) -> GgufFacts:
     try:
         stat = os.stat(path)
     except OSError as exc:
-        raise UsageError(f"--engine {ENGINE}: {path} is not a GGUF llama.cpp reads ({str(exc)[:80]})")
+        raise _not_a_gguf(path, exc)
     return _read_facts(path, stat.st_size, stat.st_mtime_ns)
+
+
+def _not_a_gguf(path: str, exc: Exception) -> UsageError:
+    return UsageError(f"--engine {ENGINE}: {path} is not a GGUF llama.cpp reads ({str(exc)[:80]})")
 
 
 # gguf's reader parses every field, the 49,152 tokens of SmolLM2's vocabulary among them: about 2 s
@@ -130,7 +134,7 @@ def _read_facts(path: str, size: int, mtime_ns: int) -> GgufFacts:
         kind = reader.get_field("general.file_type")
         quant = gguf.LlamaFileType(kind.contents()).name if kind is not None else "unknown"
     except (OSError, ValueError, AttributeError, KeyError, IndexError) as exc:
-        raise UsageError(f"--engine {ENGINE}: {path} is not a GGUF llama.cpp reads ({str(exc)[:80]})")
+        raise _not_a_gguf(path, exc)
     return GgufFacts(path, arch, layers, vocab, quant.removeprefix("MOSTLY_"))
 
 
