@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -306,10 +307,10 @@ def test_an_unknown_candidate_cut_is_refused_in_one_line_before_anything_starts(
 
 
 # -- when the device changes ----------------------------------------------------------------------
-def _phase_splits(rec: dict, trace_rows: list[tuple[float, float]], period_s: float,
-                  settle_s: dict[float, float]) -> dict:
-    """Each measured batch's split by the share its stage 1 had, judged from ``settle_s[share]``
-    after the step to that share (the trace repeats: a row that keeps the share is no step)."""
+def _phase_batches(rec: dict, trace_rows: list[tuple[float, float]], period_s: float,
+                   settle_s: dict[float, float]) -> dict[float, list[dict]]:
+    """Each measured batch by the share its stage 1 had, judged from ``settle_s[share]`` after the
+    step to that share (the trace repeats: a row that keeps the share is no step)."""
     offset = rec["manifest"]["stages"][0]["cpu_traces"][0]["offset_s"]
     steps = [(t, share) for i, (t, share) in enumerate(trace_rows) if share != trace_rows[i - 1][1]]
     out: dict[float, list] = {}
@@ -319,13 +320,12 @@ def _phase_splits(rec: dict, trace_rows: list[tuple[float, float]], period_s: fl
         t = (offset + b["start_s"]) % period_s
         since, share = min(((t - start) % period_s, s) for start, s in steps)
         if since >= settle_s[share]:
-            out.setdefault(share, []).append(b["split_k"])
+            out.setdefault(share, []).append(b)
     return out
 
 
 def _whole_model_s() -> float:
     """The whole model's median time for one image on one thread here (a full core)."""
-    import statistics
     import time
 
     import torch
@@ -375,12 +375,19 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
     10 ms quota period cuts a short span: k = 5 was predicted at 21 ms and measured 28 ms. A real
     device throttles its clock, so that quantisation is this emulation's, not a choice to test.
 
-    At full speed, "back" means stage 1 keeps at least half of the model, not k = 18 or 19: the
-    later splits tie there too. Over three runs here local measured 14.1 ms a batch and k = 15, 16
-    and 17 14.4 to 14.7 (k = 0: 19.1), inside the chooser's 10% margin, so a run may sit at k = 17
-    for seconds (a CI run kept 61% of its full-speed batches below k = 18). Ours once sat at k = 11
-    (56% of the model) for the 3 s after its return, 16 to 18 ms a batch against local's 15: stage
-    2's speed, sampled on its short tails, read 1.3 times as fast as its profile."""
+    At full speed, "back" means stage 1 keeps more of the model than while throttled, and SCIoT at
+    least half of it, not k = 18 or 19: the later splits tie there too. Over three runs here local
+    measured 14.1 ms a batch and k = 15, 16 and 17 14.4 to 14.7 (k = 0: 19.1), inside the chooser's
+    10% margin, so a run may sit at k = 17 for seconds (a CI run kept 61% of its full-speed batches
+    below k = 18). Ours need not keep half: once stage 1 is fast again, stage 2's tail fits inside
+    its 60% quota's 10 ms period and runs at a full core's speed, and ours measures that (its
+    stage-2 ratio read 0.55 to 0.89 over thirteen runs here), so local and the middle splits tie. A CI
+    run and a fresh clone's kept k = 8 and k = 5 (46% and 34%) for most full-speed batches, and one
+    run here k = 8 and 12 with stage 1's estimate at 1.00.
+    SCIoT keeps stage 2's profiled times for the segments it offloads (its rule), so it sees stage 2
+    at 60% and goes local. What both must show is that they saw the recovery: stage 1's estimated
+    speed against its profile, at least 1.5 while throttled and at most 1.3 at full speed (thirteen
+    runs here: 1.87 to 3.53, and 0.93 to 1.07)."""
     from paretopipe.compute import cpushare
 
     try:
@@ -405,16 +412,22 @@ def test_both_policies_move_work_off_a_throttled_stage_1_and_back_with_every_rep
     runs = tmp_path / "out" / "s" / "runs"
     for policy in ("adaptive", "sciot"):
         rec = json.loads((runs / f"mobilenetv2_tcp_lan_k{policy}_r0.json").read_text())
-        phases = _phase_splits(rec, rows, period_s, settle_s={0.25: 1.5, 1.0: 4.0})
-        throttled, full = phases[0.25], phases[1.0]
+        phases = _phase_batches(rec, rows, period_s, settle_s={0.25: 1.5, 1.0: 4.0})
+        throttled, full = ([b["split_k"] for b in phases[share]] for share in (0.25, 1.0))
         adaptive = rec["manifest"]["stages"][0]["adaptive"]
-        why = (policy, "speed against the profiles at the end", adaptive["compute"]["ratios"])
+        # Stage 1's speed against its profile as the policy estimated it, per phase.
+        ratio = {share: statistics.median(b["compute_ratio_stage1"] for b in batches)
+                 for share, batches in phases.items()}
+        why = (policy, "stage 1's median estimated slowdown per share", ratio, "throttled", throttled, "full", full)
+        assert ratio[0.25] >= 1.5 and ratio[1.0] <= 1.3, why
         stage1 = adaptive["self_profiles"]["stage1"]["segment_compute_s"]
         kept = [sum(stage1[:k]) / sum(stage1) for k in throttled]  # stage 1's part of the model
-        # At most half of the model on stage 1 while throttled; at least half at full speed.
         kept_at_full = [sum(stage1[:k]) / sum(stage1) for k in full]
-        assert sum(part <= 0.5 for part in kept) >= 0.6 * len(kept), (why, throttled)
-        assert sum(part >= 0.5 for part in kept_at_full) >= 0.6 * len(full), (why, full)
+        # At most half of the model on stage 1 while throttled; more of it back at full speed.
+        assert sum(part <= 0.5 for part in kept) >= 0.6 * len(kept), why
+        assert statistics.fmean(kept_at_full) >= statistics.fmean(kept) + 0.1, why
+        if policy == "sciot":  # stage 2 as profiled, at 60%: local wins
+            assert sum(part >= 0.5 for part in kept_at_full) >= 0.6 * len(full), why
         assert adaptive["policy"] == policy and adaptive["switches"] >= 2
         events = adaptive["compute"]["reprofile_events"]
         assert events and {"seq", "stage", "segment", "why", "old_s", "new_s"} <= set(events[0])
