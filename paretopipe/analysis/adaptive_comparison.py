@@ -35,7 +35,7 @@ from ..splitspec import ADAPTIVE, POLICIES
 from .session import Session
 from .keys import split_sort_key
 from .. import records
-from .plotting import save_figure
+from .plotting import plain_log_ticks, save_figure
 
 GOAL_WITHIN = 0.10   # adaptive's median latency within 10% of the best static split's
 COLUMNS = ["model", "backend", "network", "batch_size", "split_index", "role", "latency_median_s",
@@ -279,6 +279,7 @@ def plot_over_time(session: Session, runs: pd.DataFrame, verdict: dict[str, Any]
             top.plot(xs, ys, ".-" if label in POLICIES else ".", ms=3, lw=0.6, label=label, alpha=0.85)
     top.set_ylabel("latency per batch (ms)")
     top.set_yscale("log")
+    plain_log_ticks(top.yaxis)
     top.legend(fontsize=7)
     top.set_title(title)
     batches = [b for b in adaptive["batches"] if b.get("latency_s") is not None]

@@ -20,7 +20,7 @@ import pandas as pd
 from .. import records, workload
 from ..errors import UsageError
 from ..workload import GENERATION, IMAGES
-from .plotting import front_axes, front_line, front_plot_data, pyplot, save_figure
+from .plotting import front_axes, front_line, front_plot_data, plain_log_ticks, pyplot, save_figure
 from .report import GROUP, pareto_table
 from . import objectives as objectives_mod, pareto
 from .keys import CONFIG_KEY, PANEL_KEY, ordered_splits, panel_names, split_sort_key
@@ -164,6 +164,7 @@ def _figures(ta: pd.DataFrame, tb: pd.DataFrame, out: Path, fmt: str, name_a: st
                         ax.annotate(p["label"], (p["x"] * 1e3, p["y"] * ys), fontsize=7, color=colour,
                                     xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
+        plain_log_ticks(ax.xaxis)
         title, stem = panel_names(key, ta["in_flight"].nunique() > 1)
         ax.set(xlabel=x.label.replace("(s)", "(ms, log)"), ylabel=y.label.replace("(s)", "(ms)"),
                title=f"{title}: {name_a} (solid) vs {name_b} (dashed)")

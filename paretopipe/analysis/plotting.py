@@ -4,6 +4,7 @@ versus split, payload per split. Every figure is written atomically on the file-
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -186,6 +187,7 @@ def plot_vs_split(table: pd.DataFrame, fig, title: str, objectives: Sequence[Any
                 ax.fill_between(k, grp[o.low] * scale, grp[o.high] * scale, color=c, alpha=0.2)
     if first.column == "latency_median_s" and second is THROUGHPUT:  # as it has always been labelled
         axes[0].set_yscale("log")
+        plain_log_ticks(axes[0].yaxis)
         axes[0].set(xlabel="split index k", ylabel="latency per batch, median (ms, log)", title="latency (95% CI band)")
         axes[1].set(xlabel="split index k", ylabel="throughput (images/s)", title="throughput (95% CI band)")
     else:
@@ -207,6 +209,7 @@ def plot_payload(table: pd.DataFrame, ax, title: str) -> None:
     ax.bar(x, values, color=PALETTE[0])
     ax.set_xticks(x, [str(k) for k in grp["split_index"]], fontsize=7)
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     ax.set(xlabel="split index k", ylabel=f"bytes sent stage 1 -> 2 per {item} (log)",
            title=title)
     ax.grid(True, axis="y", alpha=0.3)
@@ -239,11 +242,28 @@ def nothing_to_draw(table: pd.DataFrame, figure: str, kind: workload.Workload = 
 
 def plain_log_ticks(axis: Any) -> None:
     """Label a log axis in plain numbers, at 1, 2 and 5 of each decade: matplotlib's default labels
-    every minor tick of a short range as 3x10^1, 4x10^1, ..., and the labels run into each other."""
+    every minor tick of a short range as 3x10^1, 4x10^1, ..., and the labels run into each other
+    (and each is a mathtext parse: an eighth of a report's CPU). A range too short to hold two of
+    those (27 to 29 ms, say) labels each of its ticks instead: it would otherwise show no number."""
     from matplotlib.ticker import FuncFormatter
 
+    def minor(v: float, _: Any) -> str:
+        if len(_one_two_five(*axis.get_view_interval())) < 2:
+            return f"{v:.4g}"
+        return f"{v:g}" if _one_two_five(v, v) and not math.isclose(v, 10 ** round(math.log10(v))) else ""
+
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
+def _one_two_five(low: float, high: float) -> list[float]:
+    """The values 1, 2 and 5 times a power of ten between ``low`` and ``high`` (either order)."""
+    low, high = sorted((low, high))
+    if not 0 < low <= high or not math.isfinite(high):
+        return []
+    marks = (m * 10.0 ** e for e in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
+             for m in (1, 2, 5))
+    return [v for v in marks if low * (1 - 1e-9) <= v <= high * (1 + 1e-9)]
 
 
 def pyplot():

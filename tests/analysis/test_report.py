@@ -11,6 +11,7 @@ import pandas as pd
 
 from conftest import PYTHON, ROOT
 from paretopipe import records
+from paretopipe.analysis import plotting
 from paretopipe.analysis.report import write_report
 
 
@@ -51,3 +52,33 @@ def test_a_figure_with_nothing_to_draw_is_left_out_with_one_line(tmp_path, caplo
     assert any(line.startswith("report: front_mobilenet_v2_tcp_b1.png not drawn: no configuration has a measured")
                for line in lines), lines
     assert not (out / "front_mobilenet_v2_tcp_b1.png").exists() and (out / "pareto.csv").is_file()
+
+
+def _tick_labels(ax) -> list[str]:
+    """The non-empty labels of the x ticks inside the axis's view, major and minor."""
+    low, high = ax.get_xlim()
+    axis = ax.xaxis
+    labels = [fmt(v) for locs, fmt in ((axis.get_majorticklocs(), axis.get_major_formatter()),
+                                       (axis.get_minorticklocs(), axis.get_minor_formatter()))
+              for v in locs if low <= v <= high]
+    return [label for label in labels if label]
+
+
+def test_a_log_axis_reads_in_plain_numbers_at_1_2_and_5_and_a_short_range_labels_each_tick():
+    """A report's latency axis over 27 to 29 ms held none of 10, 20 or 50 and showed no number at
+    all; one over decades is labelled at 1, 2 and 5 of each, never in mathtext (2.8x10^1)."""
+    plt = plotting.pyplot()
+    for low, high in ((27.3, 28.6), (3.0, 400.0)):
+        fig, ax = plt.subplots()
+        ax.plot([low, high], [1, 2])
+        ax.set_xscale("log")
+        plotting.plain_log_ticks(ax.xaxis)
+        fig.canvas.draw()
+        labels = _tick_labels(ax)
+        plt.close(fig)
+        assert len(labels) >= 3 and not any("$" in label for label in labels), labels
+        if high / low < 10:  # each tick, in its own plain number
+            assert all(27 <= float(label) <= 29 for label in labels), labels
+        else:
+            assert {"5", "10", "20", "50", "100", "200"} <= set(labels) <= {"2", "5", "10", "20", "50", "100", "200",
+                                                                            "500"}, labels
