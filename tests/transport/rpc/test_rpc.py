@@ -144,12 +144,14 @@ def test_bad_flags_one_line_errors(tmp_path, args, match):
     assert len(lines) == 1 and __import__("re").search(match, lines[0]), proc.stderr[-500:]
 
 
-@pytest.mark.alone
 @pytest.mark.root
 @pytest.mark.slow
 def test_the_uv_transport_really_is_tcp_and_auto_is_not(tmp_path):
     """Row 7 of the attack table: --rpc-transport uv must reach TensorPipe. Inside a namespace whose
-    loopback is shaped to 20 Mbit/s, uv's TCP pays for the 602 KB input; shared memory does not."""
+    loopback is shaped to 20 Mbit/s, uv's TCP pays for the 602 KB input; shared memory does not.
+
+    Not an ``alone`` test: the link's 0.48 s is a floor that a busy machine only raises, and shared
+    memory's batch (ResNet-18 on one thread) took 0.05 s alone, 8 times under the 0.4 s between."""
     from lab_helpers import LAB_SKIP
 
     if LAB_SKIP:
