@@ -29,7 +29,8 @@ def _run_ci(tmp_path, test_rc: int) -> tuple[subprocess.CompletedProcess, list[i
     bin_dir.mkdir()
     (bin_dir / "make").write_text(FAKE_MAKE)
     (bin_dir / "make").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARK": str(tmp_path), "TEST_RC": str(test_rc)}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MARK": str(tmp_path), "TEST_RC": str(test_rc),
+           "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen(["bash", str(ROOT / ".ci" / "run")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=60)
@@ -55,6 +56,7 @@ def test_a_failing_make_test_ends_the_background_builds_with_it(tmp_path):
     assert done.returncode != 0
     assert len(pids) == 4, "a fake build never started"
     assert all(_gone(pid) for pid in pids), f"the background build outlived .ci/run: {pids}"
+    assert not list(tmp_path.glob("paretopipe-*")), "the build logs outlived .ci/run"
 
 
 def test_the_builds_beside_the_tests_run_at_the_lowest_priority_in_an_autogroup_of_their_own(tmp_path):
