@@ -41,12 +41,8 @@ ALONE_MODULES   := $(shell grep -rl "mark\.alone" tests --include='*.py')
 # BUILD_PIDS: processes building beside the tests (.ci/run starts the aarch64 sysroot's and
 # llama.cpp's at the lowest priority): the parallel pass shares the machine with them, the "alone"
 # pass waits for them to end.
-# The pass's minutes scale with this VM's per-core speed, which has varied twofold between machines
-# of the same kind (docs/testing.md): the yardstick line makes a run's times comparable with another's.
-YARDSTICK := import torch; torch.set_num_threads(1); from paretopipe.controller.pi_calibration import whole_model_s; \
-  print('yardstick: MobileNetV2 takes %.1f ms an image on one thread here' % (whole_model_s('mobilenetv2') * 1e3))
 test: venv sysdeps
-	@$(PY) -c "$(YARDSTICK)"
+	@$(PY) -m paretopipe.controller.pi_calibration --yardstick  # the VM's core speed: the minutes below scale with it
 	.venv/bin/lint-imports --no-logo --no-cache
 	$(PY) scripts/house_metrics.py
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "$(PARALLEL_MARKS)" --durations=25

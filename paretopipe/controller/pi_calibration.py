@@ -58,14 +58,26 @@ def calibrate(threads: int = 1) -> dict:
             "emulated_mobilenet_v2_s": mobilenet / share, "emulated_resnet18_s": resnet18 / share}
 
 
+def yardstick_line() -> str:
+    """This core's speed in one line, on the threads already set: a test pass's or a sweep's minutes
+    scale with it, and VMs of the same kind have differed twofold (docs/testing.md)."""
+    return f"yardstick: MobileNetV2 takes {whole_model_s('mobilenetv2') * 1e3:.1f} ms an image on one thread here"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     flags.CPUS.add_to(p, help="pin to these CPUs first (as the sweep pins stage 1)")
     flags.THREADS.add_to(p, default=1, help="torch threads (stage 1's)")
     flags.OUT.add_to(p, help="write the calibration here as JSON")
+    p.add_argument("--yardstick", action="store_true", help="print MobileNetV2's time on one thread and stop "
+                   "(make test's first line)")
     args = p.parse_args(argv)
     from ..partition.stages import apply_cpu_limits  # lazy for start-up: torch (--help without it)
 
+    if args.yardstick:
+        apply_cpu_limits(args.cpus, 1)
+        print(yardstick_line())
+        return 0
     apply_cpu_limits(args.cpus, args.threads)
     result = calibrate(args.threads)
     if args.out:

@@ -5,6 +5,7 @@ and the one-page summary (paretopipe.analysis.gpu_testbed, paretopipe.controller
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pandas as pd
@@ -13,6 +14,7 @@ import pytest
 from conftest import ROOT, cgroups_missing
 from paretopipe.errors import UsageError
 from paretopipe.analysis import gpu_testbed
+from paretopipe.controller import pi_calibration
 
 
 @pytest.mark.root
@@ -46,6 +48,12 @@ def test_a_folder_without_sessions_is_one_line(tmp_path, capsys):
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --fast: the only option is --rehearse (stage 2 on " \
                                                         "CPU, fewer splits)"
+
+
+def test_the_yardstick_is_one_line_of_mobilenetv2s_time_on_one_thread(capsys):
+    assert pi_calibration.main(["--yardstick"]) == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"yardstick: MobileNetV2 takes \d+\.\d ms an image on one thread here\n", out), out
 
 
 def test_the_calibration_line_says_when_this_core_is_no_faster_than_the_pi():
