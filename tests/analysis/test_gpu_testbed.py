@@ -30,10 +30,10 @@ def test_the_rehearsal_calibrates_a_pi_sweeps_both_workloads_and_summarises(tmp_
     if calibration["share"] < 1:  # the share makes ResNet-18 take the Pi's 100.3 ms
         assert calibration["emulated_resnet18_s"] == pytest.approx(0.1003, rel=1e-3)
     images = pd.read_csv(next(out.glob("images/*/report/pareto.csv")))
-    assert set(images["split_index"]) == {0, 6, 12, 19} and set(images["network"]) == {"lan", "lte"}
+    assert set(images["split_index"]) == {0, 12} and set(images["network"]) == {"lan", "lte"}
     assert images.groupby("network")["knee"].sum().eq(1).all()  # one knee per network
     llm = pd.read_csv(next(out.glob("llm/*/report/pareto.csv")))
-    assert set(llm["split_index"]) == {0, 15, 30} and llm["tpot_median_s"].gt(0).all()
+    assert set(llm["split_index"]) == {0, 15} and llm["tpot_median_s"].gt(0).all()
     summary = (out / "summary.md").read_text()
     assert f"held to a CPU share of {calibration['share']:.3f}" in summary
     assert "| mobilenet_v2 | lan |" in summary and "| smollm2-135m-instruct | lan | 15 |" in summary
