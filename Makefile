@@ -74,14 +74,14 @@ test-peers: venv llamacpp
 # Every cut of the large models (ViT-B/16's 140 cuts of up to three live tensors, VGG16's, ResNet50's
 # and Inception's fine cuts, MobileNetV2's block splits under ONNX Runtime, the real
 # SmolLM2-135M-Instruct's 33 cuts generating 8 tokens), each a forward pass, every zoo model's
-# weights built from scratch against aarch64's fingerprints, and every one of torchvision's 80
-# classification builders listing its cuts: make test checks a seeded sample of each
+# weights built from scratch against aarch64's fingerprints, every one of torchvision's 80
+# classification builders listing its cuts, and Faster R-CNN's 18 block splits: make test checks a seeded sample of each
 # (tests/conftest.py exhaustive_sample), this checks them all; .ci/run runs it after make test.
 test-exhaustive: venv
 	PARETOPIPE_EXHAUSTIVE=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests/partition/test_live_sets.py \
 	  tests/partition/test_fxcuts.py tests/partition/test_onnxstage.py tests/llm/test_checkpoints.py \
-	  tests/partition/test_fingerprints.py tests/partition/test_builders.py \
-	  -k "every_cut or every_fine_cut or every_block_split or fingerprint_equals_aarch64 or every_classification_builder" \
+	  tests/partition/test_fingerprints.py tests/partition/test_builders.py tests/partition/test_detection.py \
+	  -k "every_cut or every_fine_cut or every_block_split or fingerprint_equals_aarch64 or every_classification_builder or widest_cuts" \
 	  --durations=5
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).

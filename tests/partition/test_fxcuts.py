@@ -21,8 +21,8 @@ FINE_PARAMS = [n if n in ("alexnet",) else pytest.param(n, marks=pytest.mark.slo
                if n not in ("resnet18", "efficientnet_b0", "vit_b_16")]
 TOL = 1e-5
 #: Every fine cut is one full forward; these two take any image size (adaptive pooling before the
-#: classifier), and their graphs and cuts do not depend on it, so their fine cuts are checked on
-#: smaller images (12x and 3.5x less compute). The block baselines still run at the full size.
+#: classifier), and their graphs and cuts do not depend on it, so their cuts are checked on smaller
+#: images (12x and 3.5x less compute): the fine cuts, the block baselines and the three-way splits.
 FINE_SIZE = {"vgg16": 64, "inceptionv3": 160}
 #: ViT only takes 224 px: its 31 fine cuts run on one image (half the compute). Batches of two cross
 #: its cuts in its three-way partitions and block baselines, where the class token is expanded per image.
@@ -66,7 +66,7 @@ def test_every_block_split_is_a_fine_cut_and_the_baselines_are_exact(name):
     """Block split k runs ``stages([block_cut(k)])``, the very call the fine-cut test checks for
     every cut, so the block splits are exact when their cuts are fine cuts in block order; only the
     k = 0 and k = K baselines (input and output) are left to check here."""
-    model, part, inputs, _ = traced(name)
+    model, part, inputs, _ = traced(name, size=FINE_SIZE.get(name))
     if name in EXPECTED_K:
         assert part.num_blocks == EXPECTED_K[name]
     assert part.block_cut(0) == fxcuts.INPUT and part.block_cut(part.num_blocks) == fxcuts.OUTPUT
@@ -84,7 +84,7 @@ def test_every_block_split_is_a_fine_cut_and_the_baselines_are_exact(name):
 
 @pytest.mark.parametrize("name", NAMED_PARAMS)
 def test_three_way_partitions_are_exact(name):
-    model, part, inputs, _ = traced(name)
+    model, part, inputs, _ = traced(name, size=FINE_SIZE.get(name))
     n = len(part.cuts)
     pairs = {(n // 4, n // 2), (n // 3, 2 * n // 3), (0, n - 1), (n // 2, n // 2 + 1)}
     with torch.no_grad():
