@@ -14,6 +14,7 @@ import torch
 
 from conftest import PYTHON, ROOT, exhaustive_sample, unexportable_model
 from tcp_helpers import reference_outputs, run_in_threads
+from tcp_helpers import run as tcp_run
 from paretopipe.partition import onnxstage
 from paretopipe.partition.activation import call_stage, live_tensors
 from paretopipe.partition.stages import StageBuilder
@@ -131,13 +132,20 @@ def test_an_export_is_cached_beside_the_weights_and_reused_by_the_next_process(t
     env = {**os.environ, "PARETOPIPE_CACHE_DIR": str(tmp_path)}
     import json
 
-    runs = [json.loads(subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                                      timeout=300, check=True).stdout.splitlines()[-1]) for _ in range(2)]
+    # Forked from the test process's zygote (the cache folder is read at each call, not at import).
+    script = tmp_path / "export_once.py"
+    script.write_text(code)
+    runs = []
+    for _ in range(2):
+        done = tcp_run([PYTHON, str(script)], cwd=ROOT, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
     assert [r["export"] for r in runs] == ["built", "cache"]
     assert runs[0]["max_rel_error"] == runs[1]["max_rel_error"] < TOLERANCE
     files = list((tmp_path / "engines").glob("*.onnx"))
     assert len(files) == 1 and files[0].stat().st_size == runs[0]["onnx_bytes"]
     # With the cache turned off, a process exports into a folder of its own and removes it at exit.
+    # A fresh interpreter: a fork would keep the zygote's temporary folder, not this TMPDIR.
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     done = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+import tcp_helpers
 from paretopipe.partition import models, weightcache
 
 
@@ -82,8 +83,10 @@ def test_concurrent_builders_build_once(cache):
         print(how, models.fingerprint(model))
     """)
     env = {**os.environ, weightcache.CACHE_ENV: str(cache)}
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=ROOT) for _ in range(4)]
+    # Forked from the test process's zygote where it can be (the cache folder is read at each call).
+    (cache.parent / "build_slowly.py").write_text(script)
+    procs = [tcp_helpers.popen([sys.executable, str(cache.parent / "build_slowly.py")], env=env, cwd=ROOT)
+             for _ in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
     hows = sorted(o.split()[0] for o, _ in outs)
