@@ -48,8 +48,9 @@ PRELOAD = ("torch", "torchvision", "paretopipe.partition.stages", "paretopipe.tr
 # that needs other values than the zygote's cannot get them by a fork. Hugging Face's (HF_*,
 # TRANSFORMERS_*, and XDG_CACHE_HOME under HF_HOME) are read as transformers is imported, which a
 # language model's zygote does (Workload.preload); matplotlib's (MPLBACKEND, MPLCONFIGDIR) as it is.
+# TMPDIR: tempfile keeps the folder it first found, and the preload (torch) has asked for it.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_", "MALLOC_", "NUMEXPR_",
-                    "HF_", "TRANSFORMERS_", "XDG_CACHE_HOME", "MPL")
+                    "HF_", "TRANSFORMERS_", "XDG_CACHE_HOME", "MPL", "TMPDIR")
 MAX_REQUEST = 1 << 20  # a request's JSON, bytes
 
 

@@ -96,6 +96,7 @@ def test_a_different_startup_variable_or_the_off_switch_gives_a_plain_process(se
     assert z.usable_for({**env, "ZYGOTE_TEST_X": "any"})  # read at run time: a fork can set it
     assert not z.usable_for({**env, "OMP_NUM_THREADS": "3"})  # read when the library loads: it cannot
     assert not z.usable_for({**env, "PYTHONPATH": "/elsewhere"})
+    assert not z.usable_for({**env, "TMPDIR": "/elsewhere"})  # tempfile keeps the first folder it found
     monkeypatch.setenv("PARETOPIPE_NO_ZYGOTE", "1")
     proc = zygote.launch([sys.executable, "-c", "import sys; print(sys.stdin.readline().upper())"], None)
     assert isinstance(proc, subprocess.Popen)
@@ -357,3 +358,16 @@ def test_a_forked_child_s_collector_passes_over_the_zygote_s_objects_and_still_f
     assert child.wait(30) == 0
     assert seen["hoard"] == 50_000 and seen["own_cycle_freed"], seen
     assert seen["frozen"] >= 50_000 and seen["tracked"] < 50_000, seen
+
+
+def test_a_child_with_its_own_tmpdir_gets_that_folder_for_its_temporary_files(tmp_path):
+    """The test process's zygote has imported torch, which asked tempfile for its folder: a child
+    started with another TMPDIR must still make its temporary files there (a fresh interpreter)."""
+    import tcp_helpers
+
+    script, mine = tmp_path / "where.py", tmp_path / "mine"
+    script.write_text("import tempfile\nprint(tempfile.gettempdir())\n")
+    mine.mkdir()
+    done = tcp_helpers.run([sys.executable, str(script)], cwd=tmp_path, env={**os.environ, "TMPDIR": str(mine)},
+                           timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == str(mine), done.stdout + done.stderr

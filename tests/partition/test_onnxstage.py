@@ -145,7 +145,7 @@ def test_an_export_is_cached_beside_the_weights_and_reused_by_the_next_process(t
     files = list((tmp_path / "engines").glob("*.onnx"))
     assert len(files) == 1 and files[0].stat().st_size == runs[0]["onnx_bytes"]
     # With the cache turned off, a process exports into a folder of its own and removes it at exit.
-    # A fresh interpreter: a fork would keep the zygote's temporary folder, not this TMPDIR.
+    # A fresh interpreter, as the zygote would start it too for another TMPDIR (zygote.STARTUP_PREFIXES).
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     done = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
