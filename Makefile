@@ -75,8 +75,9 @@ test-peers: venv llamacpp
 # and Inception's fine cuts, MobileNetV2's block splits under ONNX Runtime, the real
 # SmolLM2-135M-Instruct's 33 cuts generating 8 tokens), each a forward pass, every zoo model's
 # weights built from scratch against aarch64's fingerprints, every one of torchvision's 80
-# classification builders listing its cuts, and Faster R-CNN's 18 block splits: make test checks a seeded sample of each
-# (tests/conftest.py exhaustive_sample), this checks them all; .ci/run runs it after make test.
+# classification builders listing its cuts, and Faster R-CNN's 18 block splits: make test checks
+# a seeded sample of each (tests/conftest.py exhaustive_sample), this checks them all; .ci/run runs
+# it after make test.
 test-exhaustive: venv
 	PARETOPIPE_EXHAUSTIVE=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests/partition/test_live_sets.py \
 	  tests/partition/test_fxcuts.py tests/partition/test_onnxstage.py tests/llm/test_checkpoints.py \

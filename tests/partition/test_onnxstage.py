@@ -7,7 +7,6 @@ a real two-stage run over TCP returns the unsplit model's outputs."""
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 import torch
@@ -129,28 +128,27 @@ def test_an_export_is_cached_beside_the_weights_and_reused_by_the_next_process(t
             "cuts = [b.partitioner.block_cut(2)]\n"
             "b.engine_stage(cuts, 0, 'onnxruntime', 4)\n"
             "print(json.dumps(b.engine_checks[(tuple(cuts), 0, 'onnxruntime', 4)].manifest()))\n")
-    env = {**os.environ, "PARETOPIPE_CACHE_DIR": str(tmp_path)}
     import json
 
-    # Forked from the test process's zygote (the cache folder is read at each call, not at import).
     script = tmp_path / "export_once.py"
     script.write_text(code)
-    runs = []
-    for _ in range(2):
-        done = tcp_run([PYTHON, str(script)], cwd=ROOT, env=env, timeout=300)
+
+    def export(**env: str) -> dict:
+        """The manifest of one process's export: forked from the test process's zygote where its
+        start-up variables allow (the cache folder is read at each call), else a fresh interpreter."""
+        done = tcp_run([PYTHON, str(script)], cwd=ROOT, env={**os.environ, **env}, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        runs.append(json.loads(done.stdout.splitlines()[-1]))
+        return json.loads(done.stdout.splitlines()[-1])
+
+    runs = [export(PARETOPIPE_CACHE_DIR=str(tmp_path)) for _ in range(2)]
     assert [r["export"] for r in runs] == ["built", "cache"]
     assert runs[0]["max_rel_error"] == runs[1]["max_rel_error"] < TOLERANCE
     files = list((tmp_path / "engines").glob("*.onnx"))
     assert len(files) == 1 and files[0].stat().st_size == runs[0]["onnx_bytes"]
     # With the cache turned off, a process exports into a folder of its own and removes it at exit.
-    # A fresh interpreter, as the zygote would start it too for another TMPDIR (zygote.STARTUP_PREFIXES).
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    done = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
-                          env={**env, "PARETOPIPE_CACHE_DIR": "none", "TMPDIR": str(scratch)})
-    assert json.loads(done.stdout.splitlines()[-1])["export"] == "uncached"
+    assert export(PARETOPIPE_CACHE_DIR="none", TMPDIR=str(scratch))["export"] == "uncached"
     assert not list(scratch.glob("paretopipe-engines-*"))  # torch leaves its own folders there
 
 

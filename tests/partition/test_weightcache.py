@@ -84,9 +84,9 @@ def test_concurrent_builders_build_once(cache):
     """)
     env = {**os.environ, weightcache.CACHE_ENV: str(cache)}
     # Forked from the test process's zygote where it can be (the cache folder is read at each call).
-    (cache.parent / "build_slowly.py").write_text(script)
-    procs = [tcp_helpers.popen([sys.executable, str(cache.parent / "build_slowly.py")], env=env, cwd=ROOT)
-             for _ in range(4)]
+    path = cache.parent / "build_slowly.py"
+    path.write_text(script)
+    procs = [tcp_helpers.popen([sys.executable, str(path)], env=env, cwd=ROOT) for _ in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
     hows = sorted(o.split()[0] for o, _ in outs)
