@@ -55,16 +55,16 @@ def _echo(port_box: "mp.Queue", cpus: set[int] | None) -> None:
         conn.close()
 
 
-def hop_fixed_s(reps: int = 60, warmup: int = 10) -> float:
-    """Half the median round trip of a 10-float frame through two processes' backend threads."""
+def hop_fixed_s(reps: int = 60, warmup: int = 10, start_method: str = "fork") -> float:
+    """Half the median round trip of a 10-float frame through two processes' backend threads;
+    ``start_method``: how the echo process starts (``benchmarks/hop_probe.py`` compares them)."""
     mine = os.sched_getaffinity(0)
     others = set(range(os.cpu_count() or 1)) - mine
-    # Forked, not spawned: a spawned echo imported torch again (1.5 s of CPU and 3 s of wall time a
-    # profile, ten times the probe). The profile calls this before its own threads, its CPU share
-    # and any engine's session exist, and the echo runs torch on one thread: the fork inherits no
-    # pool to deadlock on. The round trip measured the same either way (2026-12-02, three rounds
-    # alternated: 110-228 us forked, 130-238 us spawned).
-    ctx = mp.get_context("fork")
+    # Forked, not spawned: a spawned echo imports torch again, about 3 s of CPU and of wall time a
+    # profile, 30 times a forked one's CPU for the same round trip (benchmarks/hop_probe.py). The
+    # profile calls this before its own threads, its CPU share and any engine's session exist, and
+    # the echo runs torch on one thread: the fork inherits no pool to deadlock on.
+    ctx = mp.get_context(start_method)
     port_box = ctx.Queue()
     child = ctx.Process(target=_echo, args=(port_box, others or None), daemon=True)
     child.start()
