@@ -2,7 +2,7 @@
 meta device (no memory), and only the blocks a stage holds are made real and filled, from the
 portable generator or from a local folder's safetensors.
 
-Default weights: every matrix and bias drawn from :func:`partition.models.portable_uniform`
+Default weights: every matrix and bias drawn from :func:`partition.models.portable_stream`
 (PCG64, seeded per model and parameter name, exact on x86 and aarch64 alike) at the scales
 :func:`_bound` explains, norms at one as transformers leaves them. Drawing by parameter name is what lets a stage build only its own parameters and
 still hold the same bits as the whole model built on another machine."""
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..partition.models import fingerprint as module_fingerprint
+from ..partition.models import fingerprint as module_fingerprint, portable_stream
 from . import blockcache
 from .checkpoints import check_architecture, display_name, folder_config, is_real
 from .shapes import LMShape, named, shape_from_config, stage_blocks, stage_layers
@@ -30,7 +30,6 @@ GENERATOR = "portable-uniform-v1/embed0.1/gain2"
 INIT_STD = 0.02       # biases, as transformers' initializer_range
 EMBED_STD = 0.1
 RESIDUAL_GAIN = 2.0
-_CHUNK = 1 << 22  # values drawn at a time: a 128k x 2048 embedding would take 4 GiB in one go
 
 
 @dataclasses.dataclass
@@ -218,15 +217,9 @@ def _bound(full: str, p: torch.Tensor) -> float:
 
 def portable_values(shape: torch.Size | tuple[int, ...], *key: str) -> torch.Tensor:
     """Uniform values in [-1, 1), as float32, the same bits on every CPU (the stream of
-    :func:`partition.models.portable_uniform`, drawn in chunks so a large embedding fits)."""
+    :func:`partition.models.portable_stream`, seeded by every key's SHA-256)."""
     entropy = [int(hashlib.sha256(str(k).encode()).hexdigest()[:16], 16) for k in key]
-    bits = np.random.PCG64(np.random.SeedSequence(entropy))
-    n = math.prod(shape)
-    out = np.empty(n, dtype=np.float32)
-    for start in range(0, n, _CHUNK):
-        raw = bits.random_raw(min(_CHUNK, n - start))
-        out[start:start + raw.size] = (raw >> np.uint64(11)).astype(np.float64) * 2.0 ** -52 - 1.0
-    return torch.from_numpy(out.reshape(tuple(shape)))
+    return portable_stream(np.random.SeedSequence(entropy), shape, dtype=torch.float32)
 
 
 def _fill_from_folder(src: LMSource, prefix: str, module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:

@@ -23,6 +23,7 @@ import hashlib
 import math
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from .names import (_CUSTOM, ANCHOR_ALIASES, DEFAULT_NUM_CLASSES, DETECTORS, ENT
 
 __all__ = ["ANCHOR_ALIASES", "DETECTORS", "ENTRY_POINT_GROUP", "NAMED_MODELS", "build", "canonical_name", "construct",
            "default_weights_path", "fingerprint", "fingerprint_tensors", "input_size", "is_model_file", "known_models", "load_weights",
-           "normalize", "portable_uniform", "register", "skeleton", "source_digest"]
+           "normalize", "portable_stream", "portable_uniform", "register", "skeleton", "source_digest"]
 
 MODELS_DIR_ENV = "PARETOPIPE_MODELS_DIR"
 CALIBRATION_BATCHES = 2
@@ -93,19 +94,41 @@ def skeleton(canonical: str, num_classes: int) -> nn.Module:
         return construct(canonical, num_classes).to("meta")
 
 
-def portable_uniform(shape: tuple[int, ...] | torch.Size, *key: int | str) -> torch.Tensor:
-    """Uniform float64 values in [-1, 1) that are the same bits on every CPU.
+#: Values drawn at a time. Drawn whole, VGG16's 103-million-value layer made five passes over
+#: 800 MB arrays: 6.8 s of one core where 2 MiB chunks, which stay in cache, take 0.5 s
+#: (benchmarks/portable_draws.py).
+_DRAW_CHUNK = 1 << 18
+
+
+def portable_stream(seed: np.random.SeedSequence, shape: tuple[int, ...] | torch.Size, scale: float = 1.0,
+                    dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """PCG64's stream from ``seed`` as values in [-scale, scale), the same bits on every CPU.
 
     PCG64 and numpy's SeedSequence are integer arithmetic; each raw 64-bit output keeps its top 53
-    bits, scaled by 2**-52 and shifted by one: both exact in float64. ``key`` (ints and strings)
-    seeds the stream."""
+    bits, scaled by 2**-52 and shifted by one: both exact in float64. The value is then multiplied
+    by ``scale`` in float64 and rounded once to ``dtype`` (float32 or float64)."""
+    bits = np.random.PCG64(seed)
+    n = math.prod(shape)
+    out = torch.empty(n, dtype=dtype)
+    flat = out.numpy()
+    for start in range(0, n, _DRAW_CHUNK):
+        raw = bits.random_raw(min(_DRAW_CHUNK, n - start))
+        raw >>= np.uint64(11)
+        values = raw.astype(np.float64)
+        values *= 2.0 ** -52
+        values -= 1.0
+        if scale != 1.0:
+            values *= scale
+        flat[start:start + values.size] = values
+    return out.reshape(tuple(shape))
+
+
+def portable_uniform(shape: tuple[int, ...] | torch.Size, *key: int | str, scale: float = 1.0,
+                     dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """:func:`portable_stream` seeded by ``key`` (ints as they are, strings by their SHA-256)."""
     entropy = [int(hashlib.sha256(str(k).encode()).hexdigest()[:16], 16) if isinstance(k, str) else int(k)
                for k in key]
-    bits = np.random.PCG64(np.random.SeedSequence(entropy))
-    n = math.prod(shape)
-    raw = bits.random_raw(n) if n else np.zeros(0, dtype=np.uint64)
-    values = (raw >> np.uint64(11)).astype(np.float64) * 2.0 ** -52 - 1.0
-    return torch.from_numpy(values.reshape(tuple(shape)))
+    return portable_stream(np.random.SeedSequence(entropy), shape, scale, dtype)
 
 
 def _fan_in(tensor: torch.Tensor) -> int:
@@ -137,18 +160,29 @@ def _portable_init(model: nn.Module, seed: int) -> None:
             bound = math.sqrt(3.0) * math.sqrt(2.0 / _fan_in(p))
         else:
             bound = 1.0 / math.sqrt(_fan_in(weights[owner]) if owner in weights else p.numel())
-        p.copy_((portable_uniform(p.shape, seed, name) * bound).to(p.dtype))
+        exact = p.dtype if p.dtype in (torch.float32, torch.float64) else torch.float64
+        p.copy_(portable_uniform(p.shape, seed, name, scale=bound, dtype=exact))
 
 
 def _calibration_batch(size: int, seed: int, index: int) -> torch.Tensor:
     """A float64 calibration batch with unit variance (uniform in +-sqrt(3)), the same on every CPU."""
-    return portable_uniform((CALIBRATION_BATCH_SIZE, 3, size, size), seed, "calibration", index) * math.sqrt(3.0)
+    return portable_uniform((CALIBRATION_BATCH_SIZE, 3, size, size), seed, "calibration", index, scale=math.sqrt(3.0))
 
 
 def _round_mantissa(t: torch.Tensor) -> torch.Tensor:
     mant, exp = torch.frexp(t)
     scale = float(2 ** _ROUND_BITS)
     return torch.ldexp(torch.round(mant * scale) / scale, exp)
+
+
+def _through_last_norm(model: nn.Module) -> nn.Module | Callable[[torch.Tensor], Any]:
+    """What calibration must run: a detector whose heads hold no BatchNorm stops after its body.
+    Its heads see the statistics' outputs and feed nothing back, and Faster R-CNN's box head on
+    a thousand proposals was 8 of its 20 s of calibration."""
+    if isinstance(model, detection.Detector) and not any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.post.modules()):
+        return lambda x: model.body(model.pre(x))
+    return model
 
 
 @torch.no_grad()
@@ -163,7 +197,7 @@ def _calibrate_batchnorm(model: nn.Module, size: int, seed: int) -> None:
         bn.momentum = None  # cumulative average over the calibration batches
         bn.train()
     for i in range(CALIBRATION_BATCHES):
-        model(_calibration_batch(size, seed, i))
+        _through_last_norm(model)(_calibration_batch(size, seed, i))
     for bn in bns:
         var = _round_mantissa(bn.running_var)
         # Means that are zero in exact arithmetic come out as +-1e-16 noise, which relative

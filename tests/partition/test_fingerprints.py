@@ -35,7 +35,7 @@ def test_default_weights_fingerprint_equals_aarch64(name, monkeypatch):
     """Built here and now (a cached copy proves nothing), in this process, with two threads: the golden
     file was built in another process with one thread, so this also proves that neither the process
     nor the thread count (which changes float summation order in calibration) moves a bit. Each
-    build takes 5-14 s of CPU: ``make test`` builds a seeded sample (mobilenetv2, alexnet and
+    build takes 1-9 s of CPU (VGG16 the most): ``make test`` builds a seeded sample (mobilenetv2, alexnet and
     vit_b_16: depthwise convolutions with batch norm, plain convolutions and linear layers,
     attention), ``make test-exhaustive`` all eight."""
     monkeypatch.setenv(weightcache.CACHE_ENV, "none")
