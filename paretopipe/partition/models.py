@@ -196,8 +196,9 @@ def _calibrate_batchnorm(model: nn.Module, size: int, seed: int) -> None:
         bn.reset_running_stats()
         bn.momentum = None  # cumulative average over the calibration batches
         bn.train()
+    forward = _through_last_norm(model)
     for i in range(CALIBRATION_BATCHES):
-        _through_last_norm(model)(_calibration_batch(size, seed, i))
+        forward(_calibration_batch(size, seed, i))
     for bn in bns:
         var = _round_mantissa(bn.running_var)
         # Means that are zero in exact arithmetic come out as +-1e-16 noise, which relative

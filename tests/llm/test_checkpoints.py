@@ -98,18 +98,24 @@ def test_chat_puts_the_prompt_in_the_models_template(real):
     assert ids.count(1) == 3 and ids.count(2) == 2 and ids[0] == 1
 
 
-def test_bad_real_inputs_are_one_line(tmp_path, monkeypatch):
+def _write_gguf(path, arch: str, blocks: int, embedding):
+    """A GGUF of ``arch`` with ``blocks`` blocks and one tensor, its token embedding."""
     import gguf
-    import numpy as np
 
-    bert = tmp_path / "bert.gguf"
-    writer = gguf.GGUFWriter(str(bert), "bert")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(blocks)
+    writer.add_tensor("token_embd.weight", embedding)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_bad_real_inputs_are_one_line(tmp_path, monkeypatch):
+    import numpy as np
+
+    bert = _write_gguf(tmp_path / "bert.gguf", "bert", 1, np.zeros((8, 4), dtype=np.float32))
     with pytest.raises(UsageError, match="architecture bert is not supported.*decoder-only"):
         build.source(None, str(bert))
     with pytest.raises(UsageError, match="not in the Hugging Face cache.*HF_HUB_OFFLINE is set"):
@@ -132,14 +138,7 @@ def test_a_conversion_parses_each_gguf_once_and_leaves_gguf_as_it_was(tmp_path):
     import gguf
     import numpy as np
 
-    path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(2)
-    writer.add_tensor("token_embd.weight", np.arange(32, dtype=np.float32).reshape(8, 4))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = _write_gguf(tmp_path / "tiny.gguf", "llama", 2, np.arange(32, dtype=np.float32).reshape(8, 4))
     make_reader, make_map = gguf.GGUFReader, gguf.get_tensor_name_map
     with checkpoints._gguf_parsed_once():
         first = gguf.GGUFReader(str(path))
