@@ -14,7 +14,6 @@ hits both; printed: the medians of each one's CPU and the whole / chunked ratio.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import os
 import statistics
@@ -26,8 +25,9 @@ def whole_array_uniform(shape, *key, scale: float = 1.0, dtype=None):
     import numpy as np
     import torch
 
-    entropy = [int(hashlib.sha256(str(k).encode()).hexdigest()[:16], 16) if isinstance(k, str) else int(k)
-               for k in key]
+    from paretopipe.partition.models import key_entropy
+
+    entropy = [key_entropy(k) if isinstance(k, str) else int(k) for k in key]
     raw = np.random.PCG64(np.random.SeedSequence(entropy)).random_raw(math.prod(shape))
     values = torch.from_numpy(((raw >> np.uint64(11)).astype(np.float64) * 2.0 ** -52 - 1.0).reshape(tuple(shape)))
     return (values * scale).to(dtype or torch.float64)
