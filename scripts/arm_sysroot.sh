@@ -10,6 +10,7 @@
 #   bash scripts/arm_sysroot.sh venv           install this checkout as a Pi user would: a wheel built
 #                                              here, pip-installed into /opt/venv in the sysroot, and
 #                                              print the host-side python wrapper a lab host runs
+#   bash scripts/arm_sysroot.sh sources DIR    copy what that wheel is built from into DIR
 #
 # QEMU_CPU is a Pi's core (cortex-a72 by default; cortex-a76 for a Pi 5): qemu's default "max"
 # CPU (512-bit SVE) computes F.linear wrongly. PyPI's aarch64 torch 2.14 wheels are CUDA builds
@@ -111,6 +112,15 @@ run_python() {
     OMP_NUM_THREADS=1 python3 "$@" 2> >(grep -v -e NNPACK -e cpuinfo >&2)
 }
 
+# What the wheel is built from, copied into $1 (pyproject.toml, README.md and paretopipe/, without
+# bytecode). Files are named one by one, never a directory: the tests write __pycache__ folders into
+# paretopipe/ meanwhile, and tar fails a copy when a directory it reads changes under it ("file
+# changed as we read it", exit 1), which ended a CI run.
+copy_wheel_sources() {
+  (cd "$HERE" && find pyproject.toml README.md paretopipe -name __pycache__ -prune -o -type f -print0) \
+    | tar -C "$HERE" --null --no-recursion -T - -cf - | tar -C "$1" -xf -
+}
+
 # The aarch64 install path: the project's wheel and the aarch64 wheels of its other dependencies
 # (fetched here, with torch pinned to the sysroot's CPU build), installed offline by the sysroot's own
 # pip under qemu into a venv that sees /opt/site. The wheel is rebuilt and reinstalled every time, so
@@ -121,7 +131,7 @@ install_venv() {
   # the tests' own wheel build (tests/install) may be running at the same time (.ci/run overlaps them).
   local src
   src=$(mktemp -d)
-  tar -C "$HERE" --exclude=__pycache__ -cf - pyproject.toml README.md paretopipe | tar -C "$src" -xf -
+  copy_wheel_sources "$src"
   "$HERE/.venv/bin/python" -m pip wheel -q "$src" --no-deps --no-build-isolation --no-index -w "$WHEELS/project" >&2
   rm -rf "$src"
   local wheel
@@ -200,5 +210,7 @@ case "${1:-}" in
   venv) setup; install_venv ;;
   fingerprints) setup; run_python /opt/paretopipe/scripts/zoo_fingerprints.py ;;
   python) shift; setup; run_python "$@" ;;
-  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  sources) [ -d "${2:-}" ] || { echo "usage: arm_sysroot.sh sources DIR (an existing folder)" >&2; exit 2; }
+    copy_wheel_sources "$2" ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

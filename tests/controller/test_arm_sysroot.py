@@ -6,7 +6,9 @@ before the markers counts as whole when it is. Real files in a scratch ARM_CACHE
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -53,3 +55,38 @@ def test_a_sysroot_from_before_the_markers_is_whole_when_debootstrap_finished_it
     # a site that lacks its dependencies was interrupted: setup installs it again
     assert got.endswith("site complete" if whole else "site interrupted")
     assert (site / ".paretopipe-site-complete").is_file() == whole
+
+
+def test_the_wheels_sources_are_copied_whole_while_a_new_pycache_folder_appears_beside_them(tmp_path):
+    """CI's lab-arm copy failed once ("tar: paretopipe: file changed as we read it"): the parallel
+    tests create __pycache__ folders in the checkout while .ci/run builds the aarch64 wheel. Here a
+    real folder appears in paretopipe/ while the copy's reading side is held back, as a busy
+    machine's may be; the copy still holds every file and no bytecode."""
+    repo, dest, gate = tmp_path / "repo", tmp_path / "dest", tmp_path / "gate"
+    for folder in (repo / "scripts", repo / "paretopipe" / "sub" / "__pycache__", dest, gate / "bin"):
+        folder.mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "arm_sysroot.sh", repo / "scripts")
+    files = {"pyproject.toml": "[project]\n", "README.md": "# r\n", "paretopipe/__init__.py": "",
+             "paretopipe/sub/big.py": "#" * (1 << 20)}  # more than a pipe holds: the reading tar blocks
+    for name, text in files.items():
+        (repo / name).write_text(text)
+    (repo / "paretopipe" / "sub" / "__pycache__" / "big.cpython-311.pyc").write_bytes(b"\0")
+    # The extracting tar waits for the test's word, so the archiving one blocks mid-folder.
+    (gate / "bin" / "tar").write_text(f'#!/bin/sh\ncase "$*" in *-xf*) touch {gate}/waiting; '
+                                      f'while [ ! -e {gate}/go ]; do sleep 0.05; done;; esac\n'
+                                      f'exec {shutil.which("tar")} "$@"\n')
+    (gate / "bin" / "tar").chmod(0o755)
+    copy = subprocess.Popen(["bash", str(repo / "scripts" / "arm_sysroot.sh"), "sources", str(dest)],
+                            env={**os.environ, "PATH": f"{gate / 'bin'}:{os.environ['PATH']}"},
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (gate / "waiting").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the archiving tar is into paretopipe/ by now, blocked on the full pipe
+    (repo / "paretopipe" / "__pycache__").mkdir()
+    (gate / "go").touch()
+    _, err = copy.communicate(timeout=60)
+    assert copy.returncode == 0, err
+    copied = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()}
+    assert copied == set(files)
+    assert all((dest / name).read_text() == text for name, text in files.items())
