@@ -82,7 +82,7 @@ test-exhaustive: venv
 	PARETOPIPE_EXHAUSTIVE=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests/partition/test_live_sets.py \
 	  tests/partition/test_fxcuts.py tests/partition/test_onnxstage.py tests/llm/test_checkpoints.py \
 	  tests/partition/test_fingerprints.py tests/partition/test_builders.py tests/partition/test_detection.py \
-	  -k "every_cut or every_fine_cut or every_block_split or fingerprint_equals_aarch64 or every_classification_builder or widest_cuts" \
+	  -k "every_cut or every_fine_cut or every_block_split or fingerprint_equals or every_classification_builder or widest_cuts" \
 	  --durations=5
 
 # While working on the code: no root, no lab, nothing over 20 s (markers slow, root, lab).
