@@ -30,6 +30,18 @@ def test_the_golden_file_comes_from_a_pi_core_with_this_initialisation():
     assert set(GOLDEN["fingerprints"]) == set(models.NAMED_MODELS)
 
 
+def _fingerprint_built_afresh_on_two_threads(name: str, monkeypatch) -> str:
+    """``name``'s default weights built with the cache off and two torch threads (the golden
+    values came from one thread, and the thread count changes calibration's summation order)."""
+    monkeypatch.setenv(weightcache.CACHE_ENV, "none")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        return models.fingerprint(models.build(name))
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", exhaustive_sample(models.NAMED_MODELS, k=3))
 def test_default_weights_fingerprint_equals_aarch64(name, monkeypatch):
@@ -39,13 +51,7 @@ def test_default_weights_fingerprint_equals_aarch64(name, monkeypatch):
     build takes 1-9 s of CPU (VGG16 the most): ``make test`` builds a seeded sample (mobilenetv2, alexnet and
     vit_b_16: depthwise convolutions with batch norm, plain convolutions and linear layers,
     attention), ``make test-exhaustive`` all eight."""
-    monkeypatch.setenv(weightcache.CACHE_ENV, "none")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        got = models.fingerprint(models.build(name))
-    finally:
-        torch.set_num_threads(threads)
+    got = _fingerprint_built_afresh_on_two_threads(name, monkeypatch)
     assert got == GOLDEN["fingerprints"][name], (
         f"{name}: this {torch.__version__} build differs from aarch64's {GOLDEN['torch']}")
 
@@ -72,14 +78,7 @@ def test_a_detectors_default_weights_fingerprint_equals_the_recorded_one(name, m
     assert set(DETECTOR_FINGERPRINTS) == set(DETECTORS)
     if name.startswith("yolox"):
         pytest.importorskip("libreyolo", reason="YOLOX needs libreyolo (paretopipe[detection])")
-    monkeypatch.setenv(weightcache.CACHE_ENV, "none")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        got = models.fingerprint(models.build(name))
-    finally:
-        torch.set_num_threads(threads)
-    assert got == DETECTOR_FINGERPRINTS[name]
+    assert _fingerprint_built_afresh_on_two_threads(name, monkeypatch) == DETECTOR_FINGERPRINTS[name]
 
 
 def test_portable_draws_are_exact_arithmetic_on_pcg64():
