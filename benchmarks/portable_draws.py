@@ -25,10 +25,9 @@ def whole_array_uniform(shape, *key, scale: float = 1.0, dtype=None):
     import numpy as np
     import torch
 
-    from paretopipe.partition.models import key_entropy
+    from paretopipe.partition.models import portable_seed
 
-    entropy = [key_entropy(k) if isinstance(k, str) else int(k) for k in key]
-    raw = np.random.PCG64(np.random.SeedSequence(entropy)).random_raw(math.prod(shape))
+    raw = np.random.PCG64(portable_seed(*key)).random_raw(math.prod(shape))
     values = torch.from_numpy(((raw >> np.uint64(11)).astype(np.float64) * 2.0 ** -52 - 1.0).reshape(tuple(shape)))
     return (values * scale).to(dtype or torch.float64)
 

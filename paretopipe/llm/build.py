@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..partition.models import fingerprint as module_fingerprint, key_entropy, portable_stream
+from ..partition.models import fingerprint as module_fingerprint, portable_seed, portable_stream
 from . import blockcache
 from .checkpoints import check_architecture, display_name, folder_config, is_real
 from .shapes import LMShape, named, shape_from_config, stage_blocks, stage_layers
@@ -218,7 +218,7 @@ def _bound(full: str, p: torch.Tensor) -> float:
 def portable_values(shape: torch.Size | tuple[int, ...], *key: str) -> torch.Tensor:
     """Uniform values in [-1, 1), as float32, the same bits on every CPU (the stream of
     :func:`partition.models.portable_stream`, seeded by every key's SHA-256)."""
-    return portable_stream(np.random.SeedSequence([key_entropy(k) for k in key]), shape, dtype=torch.float32)
+    return portable_stream(portable_seed(*key), shape, dtype=torch.float32)
 
 
 def _fill_from_folder(src: LMSource, prefix: str, module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:

@@ -39,8 +39,8 @@ from .names import (_CUSTOM, ANCHOR_ALIASES, DEFAULT_NUM_CLASSES, DETECTORS, ENT
                     is_model_file, known_models, normalize, register, source_digest)
 
 __all__ = ["ANCHOR_ALIASES", "DETECTORS", "ENTRY_POINT_GROUP", "NAMED_MODELS", "build", "canonical_name", "construct",
-           "default_weights_path", "fingerprint", "fingerprint_tensors", "input_size", "is_model_file", "key_entropy",
-           "known_models", "load_weights",
+           "default_weights_path", "fingerprint", "fingerprint_tensors", "input_size", "is_model_file", "known_models",
+           "load_weights", "portable_seed",
            "normalize", "portable_stream", "portable_uniform", "register", "skeleton", "source_digest"]
 
 MODELS_DIR_ENV = "PARETOPIPE_MODELS_DIR"
@@ -124,16 +124,16 @@ def portable_stream(seed: np.random.SeedSequence, shape: tuple[int, ...] | torch
     return out.reshape(tuple(shape))
 
 
-def key_entropy(key: object) -> int:
-    """A seed word for ``key``: the first 64 bits of the SHA-256 of its text."""
-    return int(hashlib.sha256(str(key).encode()).hexdigest()[:16], 16)
+def portable_seed(*key: int | str) -> np.random.SeedSequence:
+    """The seed of a portable draw: ints as they are, strings by the first 64 bits of their SHA-256."""
+    return np.random.SeedSequence([int(hashlib.sha256(k.encode()).hexdigest()[:16], 16) if isinstance(k, str)
+                                   else int(k) for k in key])
 
 
 def portable_uniform(shape: tuple[int, ...] | torch.Size, *key: int | str, scale: float = 1.0,
                      dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """:func:`portable_stream` seeded by ``key`` (ints as they are, strings by :func:`key_entropy`)."""
-    entropy = [key_entropy(k) if isinstance(k, str) else int(k) for k in key]
-    return portable_stream(np.random.SeedSequence(entropy), shape, scale, dtype)
+    """:func:`portable_stream` seeded by :func:`portable_seed` of ``key``."""
+    return portable_stream(portable_seed(*key), shape, scale, dtype)
 
 
 def _fan_in(tensor: torch.Tensor) -> int:
